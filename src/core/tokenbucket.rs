@@ -1,0 +1,472 @@
+//! Token bucket, exact.
+//!
+//! The bucket holds at most `capacity` tokens and regains `rate` tokens every
+//! `period_ms`, continuously. With `P = period_ms × 1000` (µs), one token is
+//! worth `P` *units*, and the bucket regains exactly `rate` units per µs. The
+//! level is therefore an integer number of units and refill is integer
+//! arithmetic with no rounding at all:
+//!
+//! ```text
+//! level(now) = min(capacity × P, level(last) + (now − last) × rate)
+//! ```
+//!
+//! The state stores the level as whole tokens plus a fraction `frac / den`
+//! (`den` = the `P` it was written under, `frac < den`), and the time of the
+//! last write. When a call arrives with another `period_ms` (a runtime rule
+//! change) the fraction is rescaled to the new denominator, rounding down:
+//! at most one unit (1/P of a token, i.e. under one µs of refill) is lost,
+//! never gained. Whole tokens carry over unchanged and are capped at the new
+//! capacity.
+//!
+//! Products are computed in `u128`: `capacity × P < 2^53 × 2^63 = 2^116`,
+//! `Δt × rate < 2^64 × 2^53 = 2^117`, so nothing can overflow.
+
+use super::{div_ceil_u128, ms_to_us, to_i64, DecodeError, Decision, Reader, MAX_ARG};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    pub capacity: u64,
+    pub rate: u64,
+    pub period_ms: u64,
+}
+
+/// Stored state of a bucket that is not full. `den == 0` means "no state"
+/// (a fresh, full bucket); it is never stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    /// Whole tokens.
+    pub tokens: u64,
+    /// Fractional token, in units of `1/den` token; `frac < den`.
+    pub frac: u64,
+    /// `period_ms × 1000` of the call that wrote this state.
+    pub den: u64,
+    /// Time of the write, µs since the Unix epoch.
+    pub last_us: u64,
+}
+
+/// Encoding version written by `encode` (first byte).
+pub const ENCODING_VERSION: u8 = 1;
+
+impl State {
+    pub const ENCODED_LEN: usize = 1 + 4 * 8;
+
+    pub fn is_fresh(&self) -> bool {
+        self.den == 0
+    }
+
+    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        out[0] = ENCODING_VERSION;
+        out[1..9].copy_from_slice(&self.tokens.to_le_bytes());
+        out[9..17].copy_from_slice(&self.frac.to_le_bytes());
+        out[17..25].copy_from_slice(&self.den.to_le_bytes());
+        out[25..33].copy_from_slice(&self.last_us.to_le_bytes());
+        out
+    }
+
+    /// Strict decoder: every invariant is checked, trailing bytes refused.
+    pub fn decode(bytes: &[u8]) -> Result<State, DecodeError> {
+        let mut r = Reader::new(bytes);
+        if r.u8()? != ENCODING_VERSION {
+            return Err(DecodeError::UnknownVersion);
+        }
+        let s = State {
+            tokens: r.u64()?,
+            frac: r.u64()?,
+            den: r.u64()?,
+            last_us: r.u64()?,
+        };
+        r.finish()?;
+        if s.den == 0 || s.den % 1000 != 0 || s.den / 1000 > MAX_ARG {
+            return Err(DecodeError::Invalid("period"));
+        }
+        if s.frac >= s.den {
+            return Err(DecodeError::Invalid("fraction"));
+        }
+        if s.tokens >= MAX_ARG {
+            // A stored bucket is never full, so it holds fewer than
+            // capacity ≤ MAX_ARG tokens.
+            return Err(DecodeError::Invalid("tokens"));
+        }
+        Ok(s)
+    }
+}
+
+/// `(state, params, cost, now) -> (decision, new state)`. Pure. The new state
+/// is what the key must hold if the call is written (granted > 0, not
+/// DRYRUN); it is never fresh then.
+pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
+    let den = u128::from(ms_to_us(p.period_ms).max(1));
+    let rate = u128::from(p.rate);
+    let full = u128::from(p.capacity) * den;
+
+    // Current level in units, after refill.
+    let (level, now_eff) = if state.is_fresh() {
+        (full, now_us)
+    } else {
+        let now_eff = now_us.max(state.last_us);
+        // Rescale the fraction if the period changed (rounding down).
+        let frac = if u128::from(state.den) == den {
+            u128::from(state.frac)
+        } else {
+            u128::from(state.frac) * den / u128::from(state.den)
+        };
+        let stored = u128::from(state.tokens) * den + frac;
+        let refill = u128::from(now_eff - state.last_us) * rate;
+        (stored.saturating_add(refill).min(full), now_eff)
+    };
+
+    let whole = level / den; // ≤ capacity
+    let cost_w = u128::from(cost);
+    let granted = if cost_w <= whole {
+        cost
+    } else if partial {
+        // whole < cost ≤ u64::MAX here.
+        u64::try_from(whole).unwrap_or(0)
+    } else {
+        0
+    };
+    let after = level - u128::from(granted) * den;
+
+    // Units regained per ms, for the ms-rounded waits.
+    let per_ms = rate * 1000;
+    let reset_after_ms = u64::try_from(div_ceil_u128(full - after, per_ms)).unwrap_or(u64::MAX);
+    let retry_after_ms = if granted == cost {
+        0
+    } else if cost > p.capacity {
+        -1
+    } else {
+        let need = cost_w * den - after; // > 0: the call was not fully granted
+        to_i64(u64::try_from(div_ceil_u128(need, per_ms)).unwrap_or(u64::MAX))
+    };
+
+    let decision = Decision {
+        granted,
+        limit: p.capacity,
+        remaining: u64::try_from(after / den).unwrap_or(u64::MAX),
+        retry_after_ms,
+        reset_after_ms,
+    };
+    let new_state = State {
+        tokens: u64::try_from(after / den).unwrap_or(u64::MAX),
+        frac: u64::try_from(after % den).unwrap_or(0),
+        den: u64::try_from(den).unwrap_or(0),
+        last_us: now_eff,
+    };
+    (decision, new_state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tb(capacity: u64, rate: u64, period_ms: u64) -> Params {
+        Params { capacity, rate, period_ms }
+    }
+
+    /// Apply a call the way the glue does: write only when something was
+    /// granted (and not DRYRUN).
+    fn call(s: &mut State, p: &Params, cost: u64, partial: bool, now: u64) -> Decision {
+        let (d, n) = step(s, p, cost, partial, now);
+        if d.granted > 0 {
+            *s = n;
+        }
+        d
+    }
+
+    #[test]
+    fn fresh_bucket_is_full() {
+        let s = State::default();
+        let (d, n) = step(&s, &tb(10, 1, 1000), 1, false, 5_000_000);
+        assert_eq!(d, Decision { granted: 1, limit: 10, remaining: 9, retry_after_ms: 0, reset_after_ms: 1000 });
+        assert_eq!(n, State { tokens: 9, frac: 0, den: 1_000_000, last_us: 5_000_000 });
+    }
+
+    #[test]
+    fn drains_then_refills_continuously() {
+        let p = tb(3, 10, 1000); // one token every 100 ms
+        let mut s = State::default();
+        let t0 = 1_000_000_000;
+        for i in 0..3 {
+            let d = call(&mut s, &p, 1, false, t0);
+            assert_eq!(d.granted, 1);
+            assert_eq!(d.remaining, 2 - i);
+        }
+        let d = call(&mut s, &p, 1, false, t0);
+        assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (0, 0, 100, 300));
+        // 99.999 ms later: still not a whole token; retry rounds up to 1 ms.
+        let d = call(&mut s, &p, 1, false, t0 + 99_999);
+        assert_eq!((d.granted, d.retry_after_ms), (0, 1));
+        let d = call(&mut s, &p, 1, false, t0 + 100_000);
+        assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (1, 0, 0, 300));
+        // Half a token accrued: reset accounts for it exactly.
+        let d = call(&mut s, &p, 1, false, t0 + 150_000);
+        assert_eq!((d.granted, d.retry_after_ms, d.reset_after_ms), (0, 50, 250));
+    }
+
+    #[test]
+    fn one_per_hour() {
+        let p = tb(1, 1, 3_600_000);
+        let mut s = State::default();
+        assert_eq!(call(&mut s, &p, 1, false, 0).granted, 1);
+        let d = call(&mut s, &p, 1, false, 1);
+        assert_eq!((d.granted, d.retry_after_ms, d.reset_after_ms), (0, 3_600_000, 3_600_000));
+        assert_eq!(call(&mut s, &p, 1, false, 3_600_000_000).granted, 1);
+    }
+
+    #[test]
+    fn cost_above_capacity_never() {
+        let p = tb(5, 1, 1000);
+        let s = State::default();
+        let (d, _) = step(&s, &p, 6, false, 0);
+        assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (0, 5, -1, 0));
+        let (d, n) = step(&s, &p, 6, true, 0);
+        assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (5, 0, -1, 5000));
+        assert_eq!(n.tokens, 0);
+    }
+
+    #[test]
+    fn partial_takes_what_is_there() {
+        let p = tb(10, 1, 1000);
+        let mut s = State::default();
+        call(&mut s, &p, 7, false, 0);
+        let d = call(&mut s, &p, 5, true, 0);
+        assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (3, 0, 5000, 10_000));
+        assert_eq!(d.allowed(5, true), 3);
+        assert_eq!(d.allowed(5, false), 0);
+    }
+
+    #[test]
+    fn cost_zero_reports_and_changes_nothing() {
+        let p = tb(10, 1, 1000);
+        let mut s = State::default();
+        call(&mut s, &p, 4, false, 0);
+        let before = s;
+        let (d, _) = step(&s, &p, 0, false, 500_000);
+        assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (0, 6, 0, 3500));
+        assert_eq!(d.allowed(0, false), 1);
+        assert_eq!(s, before);
+    }
+
+    #[test]
+    fn clock_step_back_counts_as_zero() {
+        let p = tb(2, 1, 1000);
+        let mut s = State::default();
+        call(&mut s, &p, 2, false, 10_000_000);
+        // An hour earlier: no refill, no error, no wrap-around.
+        let d = call(&mut s, &p, 1, false, 10_000_000 - 3_600_000_000_u64.min(10_000_000));
+        assert_eq!((d.granted, d.retry_after_ms), (0, 1000));
+        let d = call(&mut s, &p, 1, false, 0);
+        assert_eq!(d.granted, 0);
+        assert_eq!(call(&mut s, &p, 1, false, 11_000_000).granted, 1);
+    }
+
+    #[test]
+    fn capacity_lowered_caps_tokens() {
+        let mut s = State::default();
+        call(&mut s, &tb(100, 1, 1000), 1, false, 0); // 99 left
+        let (d, _) = step(&s, &tb(10, 1, 1000), 0, false, 0);
+        assert_eq!((d.remaining, d.reset_after_ms), (10, 0));
+        let d = call(&mut s, &tb(10, 1, 1000), 1, false, 0);
+        assert_eq!((d.granted, d.remaining, d.reset_after_ms), (1, 9, 1000));
+    }
+
+    #[test]
+    fn extremes_do_not_overflow() {
+        let m = MAX_ARG;
+        for &(c, r, per) in &[(m, m, m), (1, 1, m), (m, 1, m), (1, m, 1), (m, m, 1), (1, 1, 1)] {
+            let p = tb(c, r, per);
+            let mut s = State::default();
+            for &now in &[0, 1, u64::MAX / 2, u64::MAX - 1, u64::MAX, 0] {
+                for &cost in &[0, 1, m, m - 1] {
+                    for partial in [false, true] {
+                        let d = call(&mut s, &p, cost, partial, now);
+                        assert!(d.granted <= cost && d.remaining <= c);
+                        assert!(d.retry_after_ms >= -1);
+                        let enc = s.encode();
+                        if !s.is_fresh() {
+                            assert_eq!(State::decode(&enc), Ok(s));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn decode_rejects_bad_payloads() {
+        let good = State { tokens: 3, frac: 5, den: 1000, last_us: 7 };
+        let enc = good.encode();
+        assert_eq!(State::decode(&enc), Ok(good));
+        for n in 0..enc.len() {
+            assert_eq!(State::decode(&enc[..n]), Err(DecodeError::Truncated));
+        }
+        let mut long = enc.to_vec();
+        long.push(0);
+        assert_eq!(State::decode(&long), Err(DecodeError::TrailingBytes));
+        let mut v = enc;
+        v[0] = 2;
+        assert_eq!(State::decode(&v), Err(DecodeError::UnknownVersion));
+        for bad in [
+            State { den: 0, ..good },
+            State { den: 1001, ..good },
+            State { frac: 1000, ..good },
+            State { tokens: MAX_ARG, ..good },
+            State { den: (MAX_ARG + 1) * 1000, ..good },
+        ] {
+            assert!(matches!(State::decode(&bad.encode()), Err(DecodeError::Invalid(_))), "{bad:?}");
+        }
+    }
+
+    // ---- Reference model: exact rationals (num / den as u128 pairs, reduced
+    // by never dividing: levels are kept as num over a common denominator
+    // that changes only when the period changes). ----
+
+    /// The model keeps the level as an exact rational `num / d` tokens where
+    /// `d = period_us`; on a period change it rounds the fractional part down
+    /// to a multiple of 1/d_new, the documented quantization.
+    #[derive(Clone, Debug)]
+    struct Model {
+        num: u128,
+        d: u128,
+        last: u64,
+        fresh: bool,
+    }
+
+    impl Model {
+        fn call(&mut self, p: &Params, cost: u64, partial: bool, now: u64, write: bool) -> Decision {
+            let d = u128::from(p.period_ms) * 1000;
+            let full = u128::from(p.capacity) * d;
+            let (mut num, now_eff) = if self.fresh {
+                (full, now)
+            } else {
+                let now_eff = now.max(self.last);
+                let whole = self.num / self.d;
+                let frac = (self.num % self.d) * d / self.d;
+                let num = whole * d + frac + u128::from(now_eff - self.last) * u128::from(p.rate);
+                (num.min(full), now_eff)
+            };
+            let avail = num / d;
+            let g = if u128::from(cost) <= avail {
+                cost
+            } else if partial {
+                avail as u64
+            } else {
+                0
+            };
+            num -= u128::from(g) * d;
+            // Waits by brute force over rationals: smallest t (µs, real) with
+            // num + t*rate >= target*d, i.e. t = (target*d - num)/rate; in ms
+            // rounded up.
+            let ceil_ms = |target: u128| -> u64 {
+                if num >= target {
+                    return 0;
+                }
+                let deficit = target - num;
+                let r = u128::from(p.rate) * 1000;
+                ((deficit + r - 1) / r) as u64
+            };
+            let dec = Decision {
+                granted: g,
+                limit: p.capacity,
+                remaining: (num / d) as u64,
+                retry_after_ms: if g == cost {
+                    0
+                } else if cost > p.capacity {
+                    -1
+                } else {
+                    ceil_ms(u128::from(cost) * d) as i64
+                },
+                reset_after_ms: ceil_ms(full),
+            };
+            if write && g > 0 {
+                self.num = num;
+                self.d = d;
+                self.last = now_eff;
+                self.fresh = false;
+            }
+            dec
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    struct Op {
+        dt: i64,
+        cost: u64,
+        partial: bool,
+        dryrun: bool,
+        params: usize,
+    }
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        let op = (
+            prop_oneof![8 => 0i64..2_000_000, 1 => Just(0i64), 1 => -5_000_000i64..0],
+            prop_oneof![6 => 0u64..6, 1 => 0u64..40, 1 => Just(u64::from(u32::MAX))],
+            any::<bool>(),
+            prop_oneof![9 => Just(false), 1 => Just(true)],
+            prop_oneof![12 => Just(0usize), 1 => 0usize..4],
+        )
+            .prop_map(|(dt, cost, partial, dryrun, params)| Op { dt, cost, partial, dryrun, params });
+        proptest::collection::vec(op, 1..400)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 12000, ..ProptestConfig::default() })]
+
+        /// Every reply field agrees with the exact rational model over random
+        /// sequences with clock steps back, equal times, parameter changes,
+        /// PARTIAL and DRYRUN (~2.4 million steps).
+        #[test]
+        fn agrees_with_rational_model(
+            caps in proptest::collection::vec((1u64..50, 1u64..20, 1u64..5000), 4),
+            ops in ops(),
+            t0 in 0u64..u64::MAX / 2,
+        ) {
+            let params: Vec<Params> = caps.iter().map(|&(c, r, p)| tb(c, r, p)).collect();
+            let mut s = State::default();
+            let mut m = Model { num: 0, d: 1, last: 0, fresh: true };
+            let mut now = t0;
+            for op in ops {
+                now = now.saturating_add_signed(op.dt);
+                let p = &params[op.params];
+                let (d, n) = step(&s, p, op.cost, op.partial, now);
+                let md = m.call(p, op.cost, op.partial, now, !op.dryrun);
+                prop_assert_eq!(d, md);
+                if d.granted > 0 && !op.dryrun {
+                    prop_assert!(!n.is_fresh());
+                    prop_assert!(d.reset_after_ms > 0);
+                    prop_assert_eq!(State::decode(&n.encode()), Ok(n));
+                    s = n;
+                }
+            }
+        }
+
+        /// Never more than capacity + refill: over any sequence at one
+        /// parameter set, total granted ≤ capacity + rate × elapsed / period.
+        #[test]
+        fn grants_never_exceed_the_limit(
+            c in 1u64..1000, r in 1u64..100, per in 1u64..100_000,
+            steps in proptest::collection::vec((0u64..50_000, 0u64..50, any::<bool>()), 1..300),
+        ) {
+            let p = tb(c, r, per);
+            let mut s = State::default();
+            let t0 = 1_700_000_000_000_000u64;
+            let mut now = t0;
+            let mut total: u128 = 0;
+            for (dt, cost, partial) in steps {
+                now += dt;
+                total += u128::from(call(&mut s, &p, cost, partial, now).granted);
+                let bound = u128::from(c) + u128::from(now - t0) * u128::from(r) / (u128::from(per) * 1000);
+                prop_assert!(total <= bound, "granted {} > bound {}", total, bound);
+            }
+        }
+
+        #[test]
+        fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(s) = State::decode(&bytes) {
+                prop_assert_eq!(&s.encode()[..], &bytes[..]);
+            }
+        }
+    }
+}
