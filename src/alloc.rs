@@ -1,0 +1,54 @@
+//! Global allocator: Redis's allocator inside the server (so MEMORY USAGE,
+//! `used_memory` and maxmemory see every byte), the system allocator where
+//! Redis is absent (unit tests, fuzzing, benchmarks of the pure cores).
+//!
+//! The choice is made per call from whether the API pointers are set. They
+//! are set by `RedisModule_Init` before the module allocates anything, and
+//! never unset, so a block is always freed by the allocator that made it.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::ffi::c_void;
+
+use redis_module::raw;
+
+pub struct ModuleAlloc;
+
+/// Redis's allocator (jemalloc) aligns to 16 bytes; larger alignments go to
+/// a size rounded up to a multiple of the alignment, as redis-module does.
+#[inline]
+fn size_for(layout: Layout) -> usize {
+    (layout.size() + layout.align() - 1) & !(layout.align() - 1)
+}
+
+unsafe impl GlobalAlloc for ModuleAlloc {
+    #[inline]
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        match raw::RedisModule_Alloc {
+            Some(f) => f(size_for(layout)).cast(),
+            None => System.alloc(layout),
+        }
+    }
+    #[inline]
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        match raw::RedisModule_Free {
+            Some(f) => f(ptr.cast::<c_void>()),
+            None => System.dealloc(ptr, layout),
+        }
+    }
+    #[inline]
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        match raw::RedisModule_Realloc {
+            Some(f) if layout.align() <= 16 => f(ptr.cast::<c_void>(), new_size).cast(),
+            Some(_) => {
+                let new_layout = Layout::from_size_align_unchecked(new_size, layout.align());
+                let new = self.alloc(new_layout);
+                if !new.is_null() {
+                    std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size));
+                    self.dealloc(ptr, layout);
+                }
+                new
+            }
+            None => System.realloc(ptr, layout, new_size),
+        }
+    }
+}

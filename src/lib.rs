@@ -1,0 +1,74 @@
+//! redis-ratelimit: native rate-limit commands for Redis.
+//!
+//! Layout:
+//! - `core/`: the pure algorithms (token bucket, sliding log, sliding
+//!   counter) with their state types and versioned encodings; no Redis.
+//! - `args.rs`: argument parsing; `codec.rs`: the RL.STATE effect payload.
+//! - the glue: `clock.rs` (server clock), `ffi.rs` (raw API: keys, expiry,
+//!   replies, replication), `types.rs` (module data types), `commands.rs`
+//!   (handlers), `stats.rs` (INFO), and registration here.
+
+pub mod alloc;
+pub mod args;
+pub mod clock;
+pub mod codec;
+pub mod commands;
+pub mod core;
+pub mod ffi;
+pub mod stats;
+pub mod types;
+
+use std::ffi::{c_int, CStr};
+
+use redis_module::{raw, redis_module, Context, RedisString, Status};
+
+use crate::types::{SLIDINGCOUNTER_TYPE, SLIDINGLOG_TYPE, TOKENBUCKET_TYPE};
+
+/// Flags of the rate-limit commands: they write, are refused when Redis is
+/// out of memory, and are O(1) (amortized for the sliding log).
+const RL_FLAGS: &CStr = c"write deny-oom fast";
+
+fn create_command(ctx: *mut raw::RedisModuleCtx, name: &CStr, f: raw::RedisModuleCmdFunc, flags: &CStr) -> bool {
+    match unsafe { raw::RedisModule_CreateCommand } {
+        // The key is the first argument: Redis Cluster routes on it.
+        Some(create) => (unsafe { create(ctx, name.as_ptr(), f, flags.as_ptr(), 1, 1, 1) }) == ffi::OK,
+        None => false,
+    }
+}
+
+fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+    let raw_ctx = ctx.ctx;
+    if let Some(set_options) = unsafe { raw::RedisModule_SetModuleOptions } {
+        // HANDLE_IO_ERRORS: a truncated RESTORE payload makes rdb_load see
+        // an error instead of aborting the server. NO_IMPLICIT_SIGNAL_MODIFIED:
+        // only calls that really write signal the key as modified.
+        unsafe {
+            set_options(
+                raw_ctx,
+                (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int,
+            )
+        };
+    }
+    if !types::publish_type_pointers() {
+        return Status::Err;
+    }
+    let ok = create_command(raw_ctx, c"RL.TOKENBUCKET", Some(commands::tokenbucket), RL_FLAGS)
+        && create_command(raw_ctx, c"RL.SLIDINGLOG", Some(commands::slidinglog), RL_FLAGS)
+        && create_command(raw_ctx, c"RL.SLIDINGCOUNTER", Some(commands::slidingcounter), RL_FLAGS)
+        && create_command(raw_ctx, c"RL.STATE", Some(commands::state), c"write deny-oom");
+    if !ok {
+        return Status::Err;
+    }
+    if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
+        unsafe { register_info(raw_ctx, Some(stats::info)) };
+    }
+    Status::Ok
+}
+
+redis_module! {
+    name: "ratelimit",
+    version: 1,
+    allocator: (crate::alloc::ModuleAlloc, crate::alloc::ModuleAlloc),
+    data_types: [TOKENBUCKET_TYPE, SLIDINGLOG_TYPE, SLIDINGCOUNTER_TYPE],
+    init: init,
+}
