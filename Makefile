@@ -1,0 +1,57 @@
+# redis-ratelimit — build, run and test.
+#   make run    install what is missing, build, run redis-server with the module (PORT=6379)
+#   make test   install what is missing, build, run every test suite
+SHELL := /bin/bash
+PORT ?= 6379
+CARGO ?= cargo
+MODULE := $(CURDIR)/target/release/libredis_ratelimit.so
+VENV := $(CURDIR)/.venv
+PY := $(VENV)/bin/python
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PKGS := redis-server redis-tools clang libclang-dev python3-venv
+
+.PHONY: all deps build run test test-unit test-rust test-py venv bench fuzz demo soak clean
+
+all: build
+
+# Install what is missing (Debian/Ubuntu). Nothing is done when all is present.
+deps:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
+	command -v redis-benchmark >/dev/null || missing="$$missing redis-tools"; \
+	command -v clang >/dev/null || missing="$$missing clang"; \
+	ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || ls /usr/lib/x86_64-linux-gnu/libclang*.so* >/dev/null 2>&1 || missing="$$missing libclang-dev"; \
+	python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+	@command -v $(CARGO) >/dev/null || { echo "cargo (Rust toolchain) is required"; exit 1; }
+
+build: deps
+	$(CARGO) build --release
+
+run: build
+	redis-server --port $(PORT) --bind 127.0.0.1 --loadmodule $(MODULE) --enable-debug-command local
+
+$(PY): integration/requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r integration/requirements.txt
+	touch $(PY)
+
+venv: deps $(PY)
+
+test: build venv test-rust test-py
+
+# Unit and property tests of the pure cores, then the Rust integration tests
+# against real redis-server processes they start themselves.
+test-rust: build
+	RL_MODULE=$(MODULE) $(CARGO) test --release -- --test-threads=2
+
+test-py: build venv
+	cd integration && RL_MODULE=$(MODULE) $(PY) -m pytest -q -x -p no:cacheprovider .
+
+clean:
+	$(CARGO) clean
+	rm -rf $(VENV)
