@@ -42,7 +42,32 @@ $(PY): integration/requirements.txt
 
 venv: deps $(PY)
 
-test: build venv test-rust test-py
+test: build venv test-rust test-py test-fuzz test-bench
+
+FUZZ_SECONDS ?= 600
+# Coverage-guided fuzzing of the parsers and decoders (long run: make fuzz).
+fuzz: deps
+	./fuzz/run.sh $(FUZZ_SECONDS)
+
+# A short fuzz run of every target, as part of make test.
+test-fuzz: deps
+	./fuzz/run.sh 15
+
+# Benchmarks against INCR and the Lua twins; writes BENCHMARKS.md and docs/.
+bench: build venv
+	$(PY) bench/bench.py
+
+# The benchmark script once with tiny counts: proves it works (no timing).
+test-bench: build venv
+	$(PY) bench/bench.py --quick --out /tmp/rl-bench-quick
+
+# Live demo: three algorithms under one traffic profile, charted.
+demo: build venv
+	$(PY) demo/demo.py
+
+# Long soak and connection storm (minutes); make test runs short versions.
+soak: build venv
+	cd integration && RL_SOAK=long RL_MODULE=$(MODULE) $(PY) -m pytest -q -p no:cacheprovider test_resources.py
 
 # Unit and property tests of the pure cores, then the Rust integration tests
 # against real redis-server processes they start themselves.
