@@ -1,0 +1,989 @@
+"""The Lua twins (lua/*.lua): the three limiters as scripts, for servers that
+cannot load the module.
+
+Two kinds of tests:
+
+* The twins on their own, on a plain redis-server without the module: fresh
+  keys, draining, PARTIAL, COST 0, DRYRUN and denials write nothing, TTLs,
+  errors, exact arithmetic at the edges of their range (including the
+  helpers, checked against Python integers), replication by effects.
+
+* Differential: the module command and its twin on the same server, on two
+  different keys, given the same call sequence. Each pair goes out in one
+  pipeline bracketed by two TIME calls:
+
+      TIME -> T0, RL.X key_m ..., EVALSHA twin key_t ..., TIME -> T1
+
+  The server runs them in that order, so both calls read a clock within
+  [T0, T1]. Every state-changing event of the twin happens at most
+  D = max(T1 - T0 over the sequence so far) after the module's, so any time
+  the two replies compute (retry_after_ms, reset_after_ms) differ by less
+  than D/1000 + 1 ms (the +1 is the rounding up to whole ms). allowed, limit
+  and remaining must be equal: the sequences use periods and windows long
+  enough that nothing refills or expires while they run, and the tests that
+  do let time pass check exact equality only where the brackets prove that
+  no token, window or expiry boundary can fall between the two calls.
+"""
+import hashlib
+import os
+import random
+import re
+import socket
+
+import pytest
+import redis
+
+from harness import ROOT, wait_until
+
+LUA_DIR = os.path.join(ROOT, "lua")
+MAX = 2**53 - 1
+FILES = {
+    "RL.TOKENBUCKET": "tokenbucket.lua",
+    "RL.SLIDINGLOG": "slidinglog.lua",
+    "RL.SLIDINGCOUNTER": "slidingcounter.lua",
+}
+CMDS = list(FILES)
+
+
+def source(cmd):
+    with open(os.path.join(LUA_DIR, FILES[cmd])) as f:
+        return f.read()
+
+
+class Twins:
+    """The three scripts loaded on one server, called like the commands."""
+
+    def __init__(self, client):
+        self.c = client
+        self.sha = {cmd: client.script_load(source(cmd)) for cmd in CMDS}
+
+    def __call__(self, cmd, key, *args):
+        return self.c.evalsha(self.sha[cmd], 1, key, *args)
+
+
+def now_us(c):
+    s, us = c.time()
+    return s * 1_000_000 + us
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+def dirty(c):
+    return int(c.info("persistence")["rdb_changes_since_last_save"])
+
+
+def err_of(fn, *a):
+    with pytest.raises(redis.ResponseError) as ei:
+        fn(*a)
+    return str(ei.value)
+
+
+def raw_reply(port, *args):
+    """The first line of the raw RESP reply (to see error codes like 'ERR')."""
+    payload = f"*{len(args)}\r\n".encode()
+    for a in args:
+        b = a if isinstance(a, bytes) else str(a).encode()
+        payload += b"$%d\r\n%s\r\n" % (len(b), b)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(payload)
+        buf = b""
+        while b"\r\n" not in buf:
+            chunk = s.recv(4096)
+            if not chunk:
+                break
+            buf += chunk
+    return buf.split(b"\r\n", 1)[0].decode()
+
+
+def timed(c, fn):
+    """(T0, result, T1): server clock read right before and after `fn`,
+    in the same pipeline, so the call saw a time within [T0, T1]."""
+    p = c.pipeline(transaction=False)
+    p.time()
+    fn(p)
+    p.time()
+    out = p.execute(raise_on_error=False)
+    t0, t1 = out[0], out[-1]
+    return t0[0] * 1_000_000 + t0[1], out[1:-1], t1[0] * 1_000_000 + t1[1]
+
+
+@pytest.fixture
+def plain(server_factory):
+    """A redis-server without the module: the twins' natural habitat."""
+    s = server_factory(module=False)
+    c = s.client()
+    c.port = s.port
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def tw(plain):
+    return Twins(plain)
+
+
+# --------------------------------------------------------------------------
+# Python models (exact integers) used to check the twins' arithmetic.
+# --------------------------------------------------------------------------
+
+def tb_model(state, C, rate, period_ms, cost, partial, now):
+    """Token bucket at time `now` from `state` = (tokens, frac, ts, scale)
+    or None. Returns (reply, new_state or None when nothing is written)."""
+    P = period_ms * 1000
+    if state is None:
+        S, t = C * P, now
+    else:
+        n, f, ts, sp = state
+        if sp != P:
+            f = f * P // sp
+        S, t = min(n * P + f, C * P), ts
+        if now > t:
+            S, t = min(C * P, S + rate * (now - t)), now
+    n = S // P
+    g = cost if cost <= n else (n if partial else 0)
+    S -= g * P
+    n -= g
+    if g == cost:
+        retry = 0
+    elif cost > C:
+        retry = -1
+    else:
+        retry = ceil_div(ceil_div(cost * P - S, rate), 1000)
+    reset = 0 if S == C * P else ceil_div(ceil_div(C * P - S, rate), 1000)
+    allowed = g if partial else int(g == cost)
+    new = (n, S % P, t, P) if g > 0 else None
+    return [allowed, C, n, retry, reset], new
+
+
+def tb_state(c, key):
+    h = c.hgetall(key)
+    if not h:
+        return None
+    return tuple(int(h[k]) for k in (b"tokens", b"frac", b"ts", b"scale"))
+
+
+def log_model(entries, limit, window_ms, cost, partial, now):
+    """Sliding log at `now`; entries = [(t_us, units)] ascending."""
+    W = window_ms * 1000
+    if entries and entries[-1][0] > now:
+        now = entries[-1][0]
+    live = [(t, u) for t, u in entries if t > now - W]
+    used = sum(u for _, u in live)
+    avail = max(0, limit - used)
+    g = cost if cost <= avail else (avail if partial else 0)
+    after = used + g
+    if g == cost:
+        retry = 0
+    elif cost > limit:
+        retry = -1
+    else:
+        need, acc, tk = after + cost - limit, 0, now
+        for t, u in live + [(now, g)]:
+            acc += u
+            if acc >= need:
+                tk = t
+                break
+        retry = ceil_div(tk + W - now, 1000)
+    if g > 0:
+        reset = window_ms
+    elif live:
+        reset = ceil_div(live[-1][0] + W - now, 1000)
+    else:
+        reset = 0
+    allowed = g if partial else int(g == cost)
+    return [allowed, limit, max(0, limit - after), retry, reset]
+
+
+def sc_model(state, limit, window_ms, cost, partial, now):
+    """Sliding counter at `now`; state = (win, cur, prev) or None."""
+    W = window_ms * 1000
+    k, e = divmod(now, W)
+    cur = prev = 0
+    if state is not None:
+        win, scur, sprev = state
+        ks = win // W
+        if ks > k:
+            k, e, cur, prev = ks, 0, scur, sprev
+        elif ks == k:
+            cur, prev = scur, sprev
+        elif ks == k - 1:
+            prev = scur
+    weight = ceil_div(prev * (W - e), W)
+    avail = max(0, limit - cur - weight)
+    g = cost if cost <= avail else (avail if partial else 0)
+    cur2 = cur + g
+    if g == cost:
+        retry = 0
+    elif cost > limit:
+        retry = -1
+    else:
+        # smallest wait (us) after which the same call fits, by the definition
+        if cur2 + cost <= limit:
+            m = (limit - cost - cur2) * W // prev
+            wait = max(0, W - m - e)
+        else:
+            m = (limit - cost) * W // cur2
+            wait = (W - e) + max(0, W - m)
+        retry = ceil_div(wait, 1000)
+    if cur2 > 0:
+        reset = ceil_div(2 * W - e, 1000)
+    elif prev > 0:
+        reset = ceil_div(W - e, 1000)
+    else:
+        reset = 0
+    allowed = g if partial else int(g == cost)
+    return [allowed, limit, max(0, limit - cur2 - weight), retry, reset]
+
+
+def assert_between(reply, lo, hi):
+    """Each field of `reply` lies between the models at T0 and T1."""
+    for i, (v, a, b) in enumerate(zip(reply, lo, hi)):
+        assert min(a, b) <= v <= max(a, b), (i, reply, lo, hi)
+
+
+# --------------------------------------------------------------------------
+# The scripts themselves
+# --------------------------------------------------------------------------
+
+def test_scripts_load_with_script_load(tw):
+    for cmd in CMDS:
+        src = source(cmd)
+        assert tw.sha[cmd] == hashlib.sha1(src.encode()).hexdigest()
+        assert tw.c.script_exists(tw.sha[cmd]) == [True]
+
+
+def test_scripts_touch_only_their_declared_key():
+    """Cluster safety: every redis.call except TIME names `key` (= KEYS[1])."""
+    for cmd in CMDS:
+        src = source(cmd)
+        assert re.search(r"^local key = KEYS\[1\]$", src, re.M)
+        calls = re.findall(r"redis\.p?call\(\s*'([A-Z]+)'\s*(?:,\s*([A-Za-z_\[\]0-9]+))?", src)
+        assert calls
+        for name, first in calls:
+            if name == "TIME":
+                assert not first
+            else:
+                assert first == "key", (cmd, name, first)
+        # no key enumeration
+        assert not re.search(r"'(KEYS|SCAN)'", src)
+
+
+def test_shared_helpers_are_identical():
+    """The three scripts carry copies of the same helpers; keep them in step."""
+    def block(src, name):
+        m = re.search(r"^local function %s\(.*?^end$" % name, src, re.M | re.S)
+        return m and m.group(0)
+
+    for name in ("parse_int", "fmt"):
+        assert len({block(source(c), name) for c in CMDS}) == 1, name
+    assert block(source("RL.TOKENBUCKET"), "muldiv") == block(source("RL.SLIDINGCOUNTER"), "muldiv")
+    assert block(source("RL.TOKENBUCKET"), "divmod") == block(source("RL.SLIDINGCOUNTER"), "divmod")
+
+
+def helper_script(cmd, call):
+    src = source(cmd)
+    names = ["MAX", "TWO52", "fmod"]
+    head = "\n".join(
+        m.group(0) for n in names for m in [re.search(r"^local %s = .*$" % n, src, re.M)] if m
+    )
+    funcs = "\n".join(
+        re.search(r"^local function %s\(.*?^end$" % n, src, re.M | re.S).group(0)
+        for n in ("fmt", "divmod", "muldiv", "ceil_ms", "wait_us")
+        if re.search(r"^local function %s\(" % n, src, re.M)
+    )
+    return head + "\n" + funcs + "\n" + call
+
+
+def test_muldiv_is_exact(plain):
+    """floor(a*b/c) and the remainder, against Python integers, on the slow
+    (two-limb) and fast paths, including overflow detection."""
+    script = helper_script("RL.TOKENBUCKET", """
+local out = {}
+for i = 1, #ARGV, 3 do
+  local q, r = muldiv(tonumber(ARGV[i]), tonumber(ARGV[i+1]), tonumber(ARGV[i+2]))
+  if q == nil then out[#out+1] = 'nil' else out[#out+1] = fmt(q) .. ' ' .. fmt(r) end
+end
+return out
+""")
+    rng = random.Random(5)
+    edge = [0, 1, 2, 3, 999, 1000, 1001, 2**26, 2**26 + 1, 2**52 - 1, 2**52, 2**52 + 1, MAX - 1, MAX]
+    cases = []
+    for a in edge:
+        for b in edge:
+            for c in (1, 2, 3, 1000, 2**26 + 3, 2**52 + 7, MAX - 2, MAX):
+                cases.append((a, b, c))
+    for _ in range(3000):
+        bits = [rng.randint(1, 53) for _ in range(3)]
+        cases.append(tuple(rng.randint(1 if i == 2 else 0, 2**b - 1) for i, b in enumerate(bits)))
+    sha = plain.script_load(script)
+    for i in range(0, len(cases), 500):
+        chunk = cases[i:i + 500]
+        got = plain.evalsha(sha, 0, *[x for t in chunk for x in t])
+        for (a, b, c), g in zip(chunk, got):
+            q, r = divmod(a * b, c)
+            want = b"nil" if q >= 2**53 else f"{q} {r}".encode()
+            assert g == want, (a, b, c, g, want)
+
+
+def test_wait_us_and_ceil_ms_are_exact(plain):
+    script = helper_script("RL.TOKENBUCKET", """
+local out = {}
+for i = 1, #ARGV, 4 do
+  local w = wait_us(tonumber(ARGV[i]), tonumber(ARGV[i+1]), tonumber(ARGV[i+2]), tonumber(ARGV[i+3]))
+  if w == nil then out[#out+1] = 'nil' else out[#out+1] = fmt(w) .. ' ' .. fmt(ceil_ms(w)) end
+end
+return out
+""")
+    rng = random.Random(7)
+    cases = []
+    for _ in range(2000):
+        P = rng.choice([1000, 3_600_000_000, rng.randint(1, 2**53 - 1), rng.randint(1000, 10**12)])
+        rate = rng.choice([1, 7, rng.randint(1, 2**53 - 1), rng.randint(1, 10**6)])
+        d = rng.choice([1, 2, rng.randint(1, 2**53 - 1), rng.randint(1, 10**9)])
+        f = rng.randint(0, P - 1)
+        cases.append((d, f, P, rate))
+    sha = plain.script_load(script)
+    for i in range(0, len(cases), 400):
+        chunk = cases[i:i + 400]
+        got = plain.evalsha(sha, 0, *[x for t in chunk for x in t])
+        for (d, f, P, rate), g in zip(chunk, got):
+            w = ceil_div(d * P - f, rate)
+            # the q from muldiv(d, P, rate) must stay < 2^53 for an answer
+            want = b"nil" if d * P // rate >= 2**53 else f"{w} {ceil_div(w, 1000)}".encode()
+            assert g == want, (d, f, P, rate, g, want)
+
+
+# --------------------------------------------------------------------------
+# The twins on their own (no module)
+# --------------------------------------------------------------------------
+
+def test_fresh_key_replies(tw):
+    c = tw.c
+    assert tw("RL.TOKENBUCKET", "b", 5, 2, 1000) == [1, 5, 4, 0, 500]
+    assert tw("RL.SLIDINGLOG", "l", 5, 1000) == [1, 5, 4, 0, 1000]
+    t0, (rep,), t1 = timed(c, lambda p: p.evalsha(tw.sha["RL.SLIDINGCOUNTER"], 1, "c", 5, 60_000))
+    assert_between(rep, sc_model(None, 5, 60_000, 1, False, t0), sc_model(None, 5, 60_000, 1, False, t1))
+    assert rep[:4] == [1, 5, 4, 0] and 60_000 < rep[4] <= 120_000
+    # the counter stores the aligned window start
+    h = c.hgetall("c")
+    assert int(h[b"win"]) % 60_000_000 == 0 and int(h[b"cur"]) == 1 and int(h[b"prev"]) == 0
+
+
+def test_token_bucket_drain_and_refill_wait(tw):
+    c = tw.c
+    C, rate, period = 3, 1, 3_600_000
+    state = None
+    for left in (2, 1, 0):
+        rep = tw("RL.TOKENBUCKET", "b", C, rate, period)
+        new = tb_state(c, "b")
+        want, _ = tb_model(state, C, rate, period, 1, False, new[2])
+        assert rep == want and rep[2] == left
+        state = new
+    # denied: exact against the model for the bracketing server times
+    t0, (rep,), t1 = timed(c, lambda p: p.evalsha(tw.sha["RL.TOKENBUCKET"], 1, "b", C, rate, period))
+    lo, _ = tb_model(state, C, rate, period, 1, False, t0)
+    hi, _ = tb_model(state, C, rate, period, 1, False, t1)
+    assert_between(rep, lo, hi)
+    assert rep[:3] == [0, 3, 0] and 0 < rep[3] <= period and 2 * period < rep[4] <= 3 * period
+    assert tb_state(c, "b") == state  # a denial writes nothing
+
+
+def test_token_bucket_state_is_exact_with_big_numbers(tw):
+    """Refill across the two-limb path: a crafted state in the past, then
+    grants; the stored ts says exactly which `now` the script used."""
+    c = tw.c
+    C, rate, period = 10**15, 10**12 + 7, 86_400_000  # C*P = 8.64e25, refill 8.6e13 us
+    P = period * 1000
+    now = now_us(c)
+    state = (123_456_789_012, P - 12345, now - 3_000_000, P)
+    c.hset("b", mapping=dict(zip(["tokens", "frac", "ts", "scale"], map(str, state))))
+    for cost, partial in [(10**12, False), (7, True), (3 * 10**14, True), (0, False), (1, False)]:
+        args = [C, rate, period, "COST", cost] + (["PARTIAL"] if partial else [])
+        rep = tw("RL.TOKENBUCKET", "b", *args)
+        new = tb_state(c, "b")
+        if new != state:
+            want, st = tb_model(state, C, rate, period, cost, partial, new[2])
+            assert rep == want and st == new
+            state = new
+    # the period changes: the fraction is recounted in the new unit (floor)
+    period2 = 86_400_001
+    rep = tw("RL.TOKENBUCKET", "b", C, rate, period2, "COST", 5)
+    new = tb_state(c, "b")
+    want, st = tb_model(state, C, rate, period2, 5, False, new[2])
+    assert rep == want and st == new
+
+
+def test_token_bucket_extreme_arguments(tw):
+    c = tw.c
+    big_p = 9007199254740  # the largest period the script takes
+    rep = tw("RL.TOKENBUCKET", "b", MAX, MAX, big_p, "COST", MAX)
+    assert rep == [1, MAX, 0, 0, big_p]
+    st = tb_state(c, "b")
+    assert st[:2] == (0, 0)
+    assert c.pttl("b") <= big_p
+    # about a token per us comes back; a DRYRUN for all of them is refused
+    args = [MAX, MAX, big_p, "COST", MAX, "DRYRUN"]
+    t0, (rep2,), t1 = timed(c, lambda p: p.evalsha(tw.sha["RL.TOKENBUCKET"], 1, "b", *args))
+    lo, _ = tb_model(st, MAX, MAX, big_p, MAX, False, t0)
+    hi, _ = tb_model(st, MAX, MAX, big_p, MAX, False, t1)
+    assert_between(rep2, lo, hi)
+    assert rep2[0] == 0 and rep2[3] > 0 and tb_state(c, "b") == st
+    # capacity lowered: tokens are capped at the new capacity
+    assert tw("RL.TOKENBUCKET", "k", 10, 1, 3_600_000, "COST", 2) [2] == 8
+    assert tw("RL.TOKENBUCKET", "k", 4, 1, 3_600_000, "COST", 0)[2] == 4
+
+
+def test_token_bucket_clock_stepping_back_counts_as_zero(tw):
+    c = tw.c
+    P = 60_000 * 1000
+    future = now_us(c) + 10**12
+    c.hset("b", mapping={"tokens": 2, "frac": P - 1, "ts": future, "scale": P})
+    rep = tw("RL.TOKENBUCKET", "b", 5, 1, 60_000)
+    want, st = tb_model((2, P - 1, future, P), 5, 1, 60_000, 1, False, future)
+    assert rep == want and tb_state(c, "b") == st
+    assert st[2] == future  # time never goes backwards in the state
+
+
+def test_sliding_log_drain_and_retry(tw):
+    c = tw.c
+    for left in (2, 1, 0):
+        assert tw("RL.SLIDINGLOG", "l", 3, 60_000)[:4] == [1, 3, left, 0]
+    entries = [(int(s), int(m.split(b":")[1])) for m, s in c.zrange("l", 0, -1, withscores=True) if m != b"#"]
+    assert len(entries) == 3 and c.zscore("l", "#") == -3
+    t0, (rep,), t1 = timed(c, lambda p: p.evalsha(tw.sha["RL.SLIDINGLOG"], 1, "l", 3, 60_000, "COST", 2))
+    assert_between(rep, log_model(entries, 3, 60_000, 2, False, t0), log_model(entries, 3, 60_000, 2, False, t1))
+    assert rep[:3] == [0, 3, 0]
+
+
+def test_sliding_log_retry_walks_the_window(tw):
+    """The retry time is that of the oldest grant whose expiry frees enough:
+    100 crafted grants one second apart, with varied units, walked across
+    several read batches."""
+    c = tw.c
+    W_ms = 3_600_000
+    now = now_us(c)
+    rng = random.Random(3)
+    entries = [(now - 200_000_000 + j * 1_000_000, rng.randint(1, 5)) for j in range(100)]
+    total = sum(u for _, u in entries)
+    c.zadd("l", {"#": -total, **{f"{t}:{u}": t for t, u in entries}})
+    for cost in (1, 7, total // 2, total - 1, total):
+        t0, (rep,), t1 = timed(c, lambda p: p.evalsha(tw.sha["RL.SLIDINGLOG"], 1, "l", total, W_ms, "COST", cost))
+        lo = log_model(entries, total, W_ms, cost, False, t0)
+        hi = log_model(entries, total, W_ms, cost, False, t1)
+        assert_between(rep, lo, hi)
+        assert rep[0] == 0 and rep[3] > 0
+    # a grant trims nothing here (all inside the window), folds nothing, and
+    # keeps the running total in "#"
+    rep = tw("RL.SLIDINGLOG", "l", total + 5, W_ms, "COST", 3, "PARTIAL")
+    assert rep[:3] == [3, total + 5, 2]
+    assert c.zscore("l", "#") == -(total + 3) and c.zcard("l") == 102
+
+
+def test_sliding_log_trims_expired_grants_on_grant_only(tw):
+    c = tw.c
+    now = now_us(c)
+    W_ms = 10_000
+    old = [(now - 50_000_000 + j, 1) for j in range(5)]  # long expired
+    live = [(now - 1_000_000, 2)]
+    c.zadd("l", {"#": -7, **{f"{t}:{u}": t for t, u in old + live}})
+    # 2 units in the window, limit 3: COST 2 is refused and trims nothing
+    before = dirty(c)
+    rep = tw("RL.SLIDINGLOG", "l", 3, W_ms, "COST", 2)
+    assert rep[:3] == [0, 3, 1] and dirty(c) == before and c.zcard("l") == 7
+    rep = tw("RL.SLIDINGLOG", "l", 3, W_ms, "COST", 1)
+    assert rep[:3] == [1, 3, 0]
+    members = c.zrange("l", 0, -1, withscores=True)
+    assert members[0] == (b"#", -3.0) and len(members) == 3  # "#", live, new
+    assert c.pttl("l") <= W_ms
+
+
+def test_sliding_log_same_time_grants_share_an_entry(tw):
+    """After the clock steps back (a grant stored in the future), the newest
+    grant time is used as now, and grants at that time fold into one entry."""
+    c = tw.c
+    future = now_us(c) + 5_000_000_000
+    c.zadd("l", {"#": -2, f"{future}:2": future})
+    rep = tw("RL.SLIDINGLOG", "l", 10, 1000, "COST", 3)
+    assert rep == [1, 10, 5, 0, 1000]
+    assert c.zrange("l", 0, -1, withscores=True) == [(b"#", -5.0), (f"{future}:5".encode(), float(future))]
+
+
+def test_sliding_counter_previous_window_and_retry(tw):
+    """A crafted previous window: the weight prev*(W-e)/W, the retry inside
+    the window and across into the next one, against the exact model."""
+    c = tw.c
+    # (limit, window_ms, stored window relative to now's, stored cur, stored prev, cost)
+    for limit, W_ms, back, scur, sprev, cost in [
+        (10, 60_000, 1, 8, 0, 3),     # last window's 8 become prev
+        (10, 60_000, 1, 10, 3, 10),
+        (10, 60_000, 2, 10, 10, 10),  # older: both windows are empty again
+        (10, 60_000, 0, 1, 8, 9),     # fits once prev's weight is gone
+        (10, 60_000, 0, 3, 8, 9),     # fits only well into the next window
+        (10, 60_000, 0, 3, 8, 7),
+        (MAX, 4503599627370, 0, 1, MAX - 5, 7),  # two-limb weight, widest window
+        (MAX, 4503599627370, 0, MAX - 9, MAX, 11),
+        (10**15, 86_400_000, 0, 10**9, 10**15 - 1, 10**14),
+        (10**15, 86_400_000, 1, 10**15 - 1, 0, 10**14),
+    ]:
+        W = W_ms * 1000
+        k = now_us(c) // W
+        if k < back:
+            continue
+        state = ((k - back) * W, scur, sprev)
+        c.hset("c", mapping=dict(zip(["win", "cur", "prev"], map(str, state))))
+        args = [limit, W_ms, "COST", cost]
+        t0, (rep,), t1 = timed(c, lambda p: p.evalsha(tw.sha["RL.SLIDINGCOUNTER"], 1, "c", *args))
+        c.delete("c")
+        if t0 // W != k or t1 // W != k:
+            continue  # a window began while setting up: the case is void
+        lo = sc_model(state, limit, W_ms, cost, False, t0)
+        hi = sc_model(state, limit, W_ms, cost, False, t1)
+        assert_between(rep, lo, hi)
+
+
+def test_sliding_counter_clock_back_stays_in_stored_window(tw):
+    c = tw.c
+    W = 60_000_000
+    future = (now_us(c) // W + 1000) * W
+    c.hset("c", mapping={"win": future, "cur": 3, "prev": 4})
+    rep = tw("RL.SLIDINGCOUNTER", "c", 10, 60_000, "COST", 2)
+    assert rep == sc_model((future, 3, 4), 10, 60_000, 2, False, future)
+    assert rep == [1, 10, 1, 0, 120_000]
+    assert c.hgetall("c") == {b"win": str(future).encode(), b"cur": b"5", b"prev": b"4"}
+
+
+@pytest.mark.parametrize("cmd", CMDS)
+def test_partial_cost_zero_and_impossible_cost(tw, cmd):
+    c = tw.c
+    lim = [5, 1, 3_600_000] if cmd == "RL.TOKENBUCKET" else [5, 3_600_000]
+    call = lambda *o: tw(cmd, "k", *lim, *o)  # noqa: E731
+    # COST 0 on a fresh key: granted, reports the state, creates nothing
+    before = dirty(c)
+    r0 = call("COST", 0)
+    assert r0[:4] == [1, 5, 5, 0] and r0[4] == 0
+    assert call("COST", 0, "PARTIAL")[0] == 0  # PARTIAL: units granted
+    assert not c.exists("k") and dirty(c) == before
+    # PARTIAL takes what is there
+    assert call("COST", 3)[:3] == [1, 5, 2]
+    r = call("PARTIAL", "COST", 4)
+    assert r[:3] == [2, 5, 0] and r[3] > 0
+    # COST above the limit can never be granted: -1, nothing written
+    before = dirty(c)
+    r = call("COST", 6)
+    assert r[0] == 0 and r[3] == -1 and dirty(c) == before
+    assert call("COST", 6, "PARTIAL")[3] == -1
+
+
+@pytest.mark.parametrize("cmd", CMDS)
+def test_dryrun_and_denials_write_nothing(tw, cmd):
+    c = tw.c
+    lim = [3, 1, 3_600_000] if cmd == "RL.TOKENBUCKET" else [3, 3_600_000]
+    before = dirty(c)
+    r = tw(cmd, "k", *lim, "DRYRUN")
+    assert r[:4] == [1, 3, 2, 0] and not c.exists("k") and dirty(c) == before
+    # DRYRUN answers what the call would: compare with the real call
+    r_dry = tw(cmd, "k", *lim, "dryrun", "COST", 2)
+    r_real = tw(cmd, "k", *lim, "COST", 2)
+    assert r_dry[:4] == r_real[:4] and abs(r_dry[4] - r_real[4]) <= 1_000
+    dump, ttl = c.dump("k"), c.pttl("k")
+    assert ttl > 0
+    before = dirty(c)
+    for opts in (["DRYRUN"], ["COST", 2], ["COST", 5], ["COST", 0], ["COST", 2, "DRYRUN", "PARTIAL"]):
+        tw(cmd, "k", *lim, *opts)
+    assert c.dump("k") == dump and dirty(c) == before and 0 < c.pttl("k") <= ttl
+    # a grant is a write
+    tw(cmd, "k", *lim)
+    assert dirty(c) > before
+
+
+@pytest.mark.parametrize("cmd", CMDS)
+def test_ttl_is_reset_after_and_key_vanishes_when_fresh(tw, cmd):
+    c = tw.c
+    lim = [2, 1, 300] if cmd == "RL.TOKENBUCKET" else [2, 300]
+    t0, (r,), _ = timed(c, lambda p: p.evalsha(tw.sha[cmd], 1, "k", *lim))
+    ttl = c.pttl("k")
+    assert 0 < ttl <= r[4]
+    wait_until(lambda: not c.exists("k"), timeout=10, what="key to expire")
+    # the key was gone exactly because the limiter was fresh again
+    r = tw(cmd, "k", *lim, "DRYRUN", "COST", 2)
+    assert r[:4] == [1, 2, 0, 0]
+    assert tw(cmd, "k", *lim, "COST", 0)[4] == 0
+
+
+def test_options_any_order_any_case(tw):
+    a = tw("RL.SLIDINGLOG", "a", 5, 60_000, "dryrun", "cost", "2", "Partial")
+    b = tw("RL.SLIDINGLOG", "b", 5, 60_000, "PARTIAL", "DRYRUN", "COST", "2")
+    assert a == b == [2, 5, 3, 0, 60_000]
+
+
+ARG_ERRORS = {
+    "RL.TOKENBUCKET": [
+        ([0, 1, 1000], "capacity"), (["-1", 1, 1000], "capacity"), (["x", 1, 1000], "capacity"),
+        ([2**53, 1, 1000], "capacity"), (["1.5", 1, 1000], "capacity"), (["", 1, 1000], "capacity"),
+        ([" 1", 1, 1000], "capacity"), (["+1", 1, 1000], "capacity"), (["01", 1, 1000], "capacity"),
+        ([1, 0, 1000], "rate"), ([1, "1e3", 1000], "rate"), ([1, 1, 0], "period_ms"),
+        ([1, 1, "99999999999999999999"], "period_ms"),
+    ],
+    "RL.SLIDINGLOG": [
+        ([0, 1000], "limit"), ([2**53, 1000], "limit"), ([1, 0], "window_ms"), ([1, "-5"], "window_ms"),
+    ],
+    "RL.SLIDINGCOUNTER": [
+        ([0, 1000], "limit"), (["ten", 1000], "limit"), ([1, 0], "window_ms"), ([1, 2**53], "window_ms"),
+    ],
+}
+
+
+@pytest.mark.parametrize("cmd", CMDS)
+def test_errors(tw, cmd):
+    c = tw.c
+    lim = [5, 1, 1000] if cmd == "RL.TOKENBUCKET" else [5, 1000]
+    name = cmd.lower()
+    c.set("str", "x")
+    call = lambda *a: tw(cmd, "k", *a)  # noqa: E731
+    assert err_of(call, *lim[:-1]) == f"wrong number of arguments for '{name}' command"
+    assert err_of(call) == f"wrong number of arguments for '{name}' command"
+    for args, arg in ARG_ERRORS[cmd]:
+        lo = 0 if arg == "cost" else 1
+        assert err_of(call, *args) == f"{arg} must be an integer between {lo} and {MAX}", args
+    for bad in ("-1", "x", str(2**53), "1.0"):
+        assert err_of(call, *lim, "COST", bad) == f"cost must be an integer between 0 and {MAX}"
+    for opts in (["FOO"], ["COST"], ["COST", 1, "COST", 1], ["PARTIAL", "partial"],
+                 ["DRYRUN", "DRYRUN"], ["COST", 1, "x"], [""]):
+        assert err_of(call, *lim, *opts) == "syntax error", opts
+    # the wrong number of keys
+    assert "exactly 1 key" in err_of(c.evalsha, tw.sha[cmd], 0, *lim)
+    assert "exactly 1 key" in err_of(c.evalsha, tw.sha[cmd], 2, "a", "b", *lim)
+    # another type, including another twin's key
+    other = {"RL.TOKENBUCKET": "RL.SLIDINGCOUNTER", "RL.SLIDINGCOUNTER": "RL.TOKENBUCKET",
+             "RL.SLIDINGLOG": "RL.TOKENBUCKET"}[cmd]
+    tw(other, "o", *([5, 1, 1000] if other == "RL.TOKENBUCKET" else [5, 1000]))
+    before = dirty(c)
+    for key in ("str", "o"):
+        assert err_of(tw, cmd, key, *lim).startswith("WRONGTYPE"), key
+    assert dirty(c) == before and not c.exists("k")
+    # the error code is ERR (redis-py strips it), for a raw client
+    assert raw_reply(c.port, "EVALSHA", tw.sha[cmd], 1, "k", *lim, "BAD") == "-ERR syntax error"
+
+
+def test_arguments_beyond_the_exact_range_are_refused(tw):
+    c = tw.c
+    e = err_of(tw, "RL.TOKENBUCKET", "k", 1, 1, 9007199254741)
+    assert e.startswith("period_ms is beyond the exact range of the Lua script")
+    # a full refill must take < 2^53 us: capacity 2^53-1 at one token a second does not
+    e = err_of(tw, "RL.TOKENBUCKET", "k", MAX, 1, 1000)
+    assert e.startswith("capacity*period_ms*1000/rate is beyond the exact range")
+    assert tw("RL.TOKENBUCKET", "k", MAX, 2 * 10**6, 1000, "DRYRUN")[0] == 1  # 2^52 us: fine
+    e = err_of(tw, "RL.SLIDINGLOG", "k", 1, 9007199254741)
+    assert e.startswith("window_ms is beyond the exact range of the Lua script")
+    assert tw("RL.SLIDINGLOG", "k", 1, 9007199254740, "DRYRUN")[0] == 1
+    e = err_of(tw, "RL.SLIDINGCOUNTER", "k", 1, 4503599627371)
+    assert e.startswith("window_ms is beyond the exact range of the Lua script")
+    assert tw("RL.SLIDINGCOUNTER", "k", 1, 4503599627370, "DRYRUN")[0] == 1
+    assert not c.exists("k")
+
+
+def test_huge_limits_and_costs(tw):
+    c = tw.c
+    assert tw("RL.SLIDINGLOG", "l", MAX, 60_000, "COST", MAX - 1) == [1, MAX, 1, 0, 60_000]
+    r = tw("RL.SLIDINGLOG", "l", MAX, 60_000, "COST", 2, "PARTIAL")
+    assert r[:3] == [1, MAX, 0] and 0 < r[3] <= 60_000
+    assert c.zscore("l", "#") == -MAX
+    r = tw("RL.SLIDINGLOG", "l", MAX, 60_000, "COST", MAX)
+    assert r[:3] == [0, MAX, 0] and 0 < r[3] <= 60_000
+    r = tw("RL.SLIDINGCOUNTER", "c", MAX, 60_000, "COST", MAX)
+    assert r[:4] == [1, MAX, 0, 0]
+    r = tw("RL.SLIDINGCOUNTER", "c", MAX, 60_000, "COST", MAX, "DRYRUN")
+    assert r[:3] == [0, MAX, 0] and r[3] > 0
+    assert c.hget("c", "cur") == str(MAX).encode()
+
+
+def test_replicated_by_effects(server_factory):
+    master = server_factory(module=False)
+    replica = server_factory(module=False)
+    m, rp = master.client(), replica.client()
+    rp.replicaof("127.0.0.1", master.port)
+    wait_until(lambda: rp.info("replication").get("master_link_status") == "up", what="replica link")
+    tw = Twins(m)
+    rng = random.Random(11)
+    keys = []
+    for i in range(300):
+        cmd = CMDS[i % 3]
+        key = f"{cmd}:{i % 7}"
+        keys.append(key)
+        lim = [10, 3, 60_000] if cmd == "RL.TOKENBUCKET" else [10, 60_000]
+        opts = rng.choice([[], ["COST", rng.randint(0, 12)], ["PARTIAL", "COST", 4], ["DRYRUN"]])
+        tw(cmd, key, *lim, *opts)
+    wait_until(lambda: rp.info("replication")["master_repl_offset"] == m.info("replication")["master_repl_offset"],
+               what="replica to catch up")
+    for key in set(keys):
+        if not m.exists(key):
+            continue
+        assert m.execute_command("DEBUG", "DIGEST-VALUE", key) == rp.execute_command("DEBUG", "DIGEST-VALUE", key)
+        assert rp.pttl(key) > 0
+    m.close()
+    rp.close()
+
+
+def test_cluster_mode_with_hash_tags(server_factory):
+    s = server_factory(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf"], module=False)
+    c = s.client()
+    c.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+    wait_until(lambda: c.execute_command("CLUSTER", "INFO").decode().find("cluster_state:ok") >= 0,
+               what="cluster ok")
+    tw = Twins(c)
+    assert tw("RL.TOKENBUCKET", "rl:{tenant}:a", 2, 1, 1000)[0] == 1
+    assert tw("RL.SLIDINGLOG", "rl:{tenant}:b", 2, 1000)[0] == 1
+    assert tw("RL.SLIDINGCOUNTER", "rl:{tenant}:c", 2, 1000)[0] == 1
+    c.close()
+
+
+# --------------------------------------------------------------------------
+# Differential: module vs twin on the same server
+# --------------------------------------------------------------------------
+
+@pytest.fixture
+def both(server_factory):
+    s = server_factory()  # with the module
+    c = s.client()
+    tw = Twins(c)
+    yield c, tw
+    c.close()
+
+
+class Pair:
+    """Sends the same call to the module (key m:*) and the twin (key t:*)."""
+
+    def __init__(self, c, tw, cmd, name):
+        self.c, self.tw, self.cmd = c, tw, cmd
+        self.km, self.kt = f"m:{name}", f"t:{name}"
+        self.D = 0  # the widest [T0, T1] bracket so far, us
+        self.log = []
+
+    def call(self, *args):
+        sha = self.tw.sha[self.cmd]
+
+        def fn(p):
+            p.execute_command(self.cmd, self.km, *args)
+            p.evalsha(sha, 1, self.kt, *args)
+
+        t0, (rm, rt), t1 = timed(self.c, fn)
+        self.D = max(self.D, t1 - t0)
+        self.log.append((args, rm, rt, t0, t1))
+        return t0, rm, rt, t1
+
+    def agree(self, rm, rt, exact=True):
+        ctx = self.log[-1:]
+        if isinstance(rm, Exception) or isinstance(rt, Exception):
+            assert isinstance(rm, Exception) and isinstance(rt, Exception), ctx
+            return
+        tol = self.D / 1000 + 1
+        if exact:
+            assert rm[:3] == rt[:3], ctx
+        else:
+            assert rm[1] == rt[1], ctx
+        for i in (3, 4):
+            if exact and (rm[i] <= 0 or rt[i] <= 0):
+                assert rm[i] == rt[i], (i, ctx)
+            elif rm[i] >= 0 and rt[i] >= 0:
+                assert abs(rm[i] - rt[i]) <= tol, (i, tol, ctx)
+            else:
+                assert rm[i] == rt[i], (i, ctx)
+
+    def check(self, *args):
+        t0, rm, rt, t1 = self.call(*args)
+        self.agree(rm, rt)
+        return rm, rt
+
+
+def random_opts(rng, limit):
+    cost = rng.choice([0, 1, 1, 1, 2, 3, limit, limit + 1, rng.randint(0, limit + 2),
+                       max(1, limit // 3)])
+    groups = []
+    if cost != 1 or rng.random() < 0.3:
+        groups.append([rng.choice(["COST", "cost", "Cost"]), str(cost)])
+    if rng.random() < 0.3:
+        groups.append([rng.choice(["PARTIAL", "partial"])])
+    if rng.random() < 0.2:
+        groups.append([rng.choice(["DRYRUN", "dryRun"])])
+    rng.shuffle(groups)
+    return [x for g in groups for x in g]
+
+
+# Periods and windows long enough that nothing refills or expires while a
+# sequence runs (a token every minute or slower: < 1 token in the test).
+SEQ_PARAMS = {
+    "RL.TOKENBUCKET": lambda rng, lim: [lim, rng.choice([1, 2]), rng.choice([3_600_000, 86_400_000])]
+    if lim <= 100 else [lim, 1, 60_000],
+    "RL.SLIDINGLOG": lambda rng, lim: [lim, rng.choice([3_600_000, 86_400_000])],
+    "RL.SLIDINGCOUNTER": lambda rng, lim: [lim, rng.choice([3_600_000, 86_400_000])],
+}
+
+
+@pytest.mark.parametrize("cmd", CMDS)
+@pytest.mark.parametrize("seed", range(8))
+def test_differential_random_sequences(both, cmd, seed):
+    c, tw = both
+    rng = random.Random(seed * 31 + CMDS.index(cmd))
+    lim = rng.choice([1, 3, 10, 50, 10**8 if cmd == "RL.TOKENBUCKET" else 10**15])
+    params = SEQ_PARAMS[cmd](rng, lim)
+    for attempt in range(3):
+        pair = Pair(c, tw, cmd, f"{seed}:{attempt}")
+        for i in range(60):
+            if rng.random() < 0.05 and lim < 10**8:
+                params[0] = rng.choice([1, 2, 5, 10, 60])  # a rule change: new limit
+            pair.check(*params, *random_opts(rng, params[0]))
+        if cmd != "RL.SLIDINGCOUNTER":
+            break
+        W = params[1] * 1000
+        if pair.log[0][3] // W == pair.log[-1][4] // W:
+            break  # no window boundary crossed: the comparison stands
+        # a fixed window began during the sequence: rerun with new keys
+
+
+def test_differential_errors_and_wrongtype(both):
+    c, tw = both
+    cases = []
+    for cmd in CMDS:
+        lim = [5, 1, 1000] if cmd == "RL.TOKENBUCKET" else [5, 1000]
+        cases += [(cmd, lim[:-1], None), (cmd, lim + ["FOO"], "syntax error"),
+                  (cmd, lim + ["COST"], "syntax error"), (cmd, lim + ["DRYRUN", "dryrun"], "syntax error"),
+                  (cmd, lim + ["COST", "1", "PARTIAL", "COST", "2"], "syntax error"),
+                  (cmd, lim + ["COST", "-1"], "cost"), (cmd, lim + ["COST", "x"], "cost")]
+        cases += [(cmd, a, arg) for a, arg in ARG_ERRORS[cmd] if arg in ("capacity", "rate", "period_ms", "limit", "window_ms")]
+    for cmd, args, what in cases:
+        pair = Pair(c, tw, cmd, "err")
+        _, rm, rt, _ = pair.call(*args)
+        assert isinstance(rm, redis.ResponseError) and isinstance(rt, redis.ResponseError), (cmd, args, rm, rt)
+        em, et = str(rm), str(rt)
+        if what is None:
+            assert em.lower() == et.lower(), (cmd, args, em, et)
+        elif what == "syntax error":
+            assert em == et == "syntax error", (cmd, args, em, et)
+        else:
+            assert what in em.lower() and what in et.lower(), (cmd, args, em, et)
+    assert not c.keys("*")
+    # each refuses the other's keys (and strings) with WRONGTYPE
+    c.set("s", "x")
+    for cmd in CMDS:
+        lim = [5, 1, 1000] if cmd == "RL.TOKENBUCKET" else [5, 1000]
+        c.execute_command(cmd, f"m:{cmd}", *lim)
+        tw(cmd, f"t:{cmd}", *lim)
+    for cmd in CMDS:
+        lim = [5, 1, 1000] if cmd == "RL.TOKENBUCKET" else [5, 1000]
+        for other in CMDS:
+            with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
+                tw(cmd, f"m:{other}", *lim)
+            with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
+                c.execute_command(cmd, f"t:{other}", *lim)
+        for do in (lambda: tw(cmd, "s", *lim), lambda: c.execute_command(cmd, "s", *lim)):
+            with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
+                do()
+
+
+def test_differential_token_bucket_refill(both):
+    """A fast bucket (a token every 50 ms) drained, then watched while it
+    refills. The twin's state is the module's shifted later by at most D, so
+    the module's whole tokens at its call equal some twin token count over
+    [T0, T1 + D]; where the twin's floor is constant over that span, the
+    replies must agree exactly."""
+    c, tw = both
+    C, rate, period = 5, 1, 50
+    P = period * 1000
+    pair = Pair(c, tw, "RL.TOKENBUCKET", "refill")
+    for _ in range(C):
+        pair.check(C, rate, period)
+    state = tb_state(c, pair.kt)
+    exact = 0
+    deadline_us = state[2] + 6 * period * 1000
+    while True:
+        t0, rm, rt, t1 = pair.call(C, rate, period, "COST", 2, "DRYRUN")
+
+        def tokens(x):  # the twin's whole tokens at time x
+            return min(C, (state[0] * P + state[1] + rate * max(0, x - state[2])) // P)
+
+        if tokens(t0) == tokens(t1 + pair.D):
+            pair.agree(rm, rt)
+            exact += 1
+        else:
+            pair.agree(rm, rt, exact=False)
+            assert abs(rm[2] - rt[2]) <= 1
+        if t0 > deadline_us:
+            break
+        wait_until(lambda: now_us(c) > t1 + 7_000, timeout=5, what="7 ms to pass")
+    assert rm[:3] == rt[:3] == [1, C, C - 2] and exact > 0
+
+
+def test_differential_sliding_log_expiry(both):
+    """Two bursts of grants 400 ms apart in a 1 s window, compared while the
+    first burst expires and then the second. An entry's in-window status is
+    certain for both when its bracket [T0_j, T1_j] lies entirely before or
+    after now - W for every now in the query's bracket; then the replies
+    must agree exactly."""
+    c, tw = both
+    W_ms = 1000
+    W = W_ms * 1000
+    pair = Pair(c, tw, "RL.SLIDINGLOG", "expiry")
+    grants = []  # brackets of the grant pairs
+    for _ in range(2):
+        pair.check(6, W_ms, "COST", 2)
+        grants.append(pair.log[-1][3:])
+    first_end = pair.log[-1][4]
+    wait_until(lambda: now_us(c) > first_end + 400_000, timeout=5, what="400 ms to pass")
+    for _ in range(2):
+        pair.check(6, W_ms)
+        grants.append(pair.log[-1][3:])
+    exact = 0
+    end = pair.log[-1][4] + W + 50_000
+    while True:
+        t0, rm, rt, t1 = pair.call(6, W_ms, "COST", 3, "DRYRUN")
+        certain = all(g1 <= t0 - W or g0 > t1 - W for g0, g1 in grants)
+        pair.agree(rm, rt, exact=certain)
+        exact += certain
+        if t0 > end:
+            break
+        wait_until(lambda: now_us(c) > t1 + 20_000, timeout=5, what="20 ms to pass")
+    assert rm == rt == [1, 6, 3, 0, 0] and exact > 0
+
+
+def test_differential_sliding_counter_previous_window(both):
+    """Fill a 1 s window, then compare while its count fades as the previous
+    window. Both keys hold the same (window, cur, prev) when the fill pairs
+    fell inside one window; the weight ceil(prev*(W-e)/W) is the same for
+    both calls when it is constant over the query's bracket."""
+    c, tw = both
+    W_ms, limit = 1000, 10
+    W = W_ms * 1000
+    for attempt in range(5):
+        # start early in a window so the fill stays inside it
+        wait_until(lambda: now_us(c) % W < W // 4, timeout=5, what="a window to begin")
+        pair = Pair(c, tw, "RL.SLIDINGCOUNTER", f"prev:{attempt}")
+        for cost in (4, 3, 3):
+            pair.check(limit, W_ms, "COST", cost)
+        k = pair.log[0][3] // W
+        if pair.log[-1][4] // W == k:
+            break
+    else:
+        pytest.fail("could not fill a window within one window")
+    state = (k * W, 10, 0)
+    exact = 0
+    while True:
+        t0, rm, rt, t1 = pair.call(limit, W_ms, "COST", 2, "DRYRUN")
+        if t0 // W == k and t1 // W == k:
+            pair.agree(rm, rt)  # still the filled window: exact
+            exact += 1
+        elif t0 // W == k + 1 and t1 // W == k + 1:
+            w0 = ceil_div(10 * (W - (t0 - (k + 1) * W)), W)
+            w1 = ceil_div(10 * (W - (t1 - (k + 1) * W)), W)
+            pair.agree(rm, rt, exact=(w0 == w1))
+            exact += w0 == w1
+            if w0 == w1:
+                assert rm[:3] == sc_model(state, limit, W_ms, 2, False, t0)[:3]
+        elif t0 // W >= k + 2:
+            pair.agree(rm, rt)
+            break
+        else:
+            pair.agree(rm, rt, exact=False)  # the pair straddled a boundary
+        wait_until(lambda: now_us(c) > t1 + 20_000, timeout=5, what="20 ms to pass")
+    assert rm == rt == [1, limit, limit - 2, 0, 0] and exact > 1
