@@ -197,40 +197,47 @@ def log_model(entries, limit, window_ms, cost, partial, now):
 
 
 def sc_model(state, limit, window_ms, cost, partial, now):
-    """Sliding counter at `now`; state = (win, cur, prev) or None."""
+    """Sliding counter at `now`; state = (win, cur, prev) or None. The call
+    is evaluated at max(now, win); durations are measured from `now`."""
     W = window_ms * 1000
-    k, e = divmod(now, W)
-    cur = prev = 0
+    at, cur, prev = now, 0, 0
     if state is not None:
         win, scur, sprev = state
-        ks = win // W
-        if ks > k:
-            k, e, cur, prev = ks, 0, scur, sprev
-        elif ks == k:
+        at = max(now, win)
+        k, ks = at // W, win // W
+        if ks == k:
             cur, prev = scur, sprev
         elif ks == k - 1:
             prev = scur
+    e, lag = at % W, at - now
     weight = ceil_div(prev * (W - e), W)
     avail = max(0, limit - cur - weight)
     g = cost if cost <= avail else (avail if partial else 0)
     cur2 = cur + g
+
+    def first_fit(p, base, frm):
+        # the first x >= frm in [0, W) with p*(W - x) + base <= limit*W
+        if base > limit * W:
+            return None
+        x = max(W - (limit * W - base) // p if p else 0, frm)
+        return x if x < W else None
+
     if g == cost:
         retry = 0
     elif cost > limit:
         retry = -1
     else:
-        # smallest wait (us) after which the same call fits, by the definition
-        if cur2 + cost <= limit:
-            m = (limit - cost - cur2) * W // prev
-            wait = max(0, W - m - e)
+        x = first_fit(prev, (cur2 + cost) * W, e)
+        if x is not None:
+            wait = x - e
         else:
-            m = (limit - cost) * W // cur2
-            wait = (W - e) + max(0, W - m)
-        retry = ceil_div(wait, 1000)
+            x2 = first_fit(cur2, cost * W, 0)
+            wait = (W - e) + (W if x2 is None else x2)
+        retry = ceil_div(wait + lag, 1000)
     if cur2 > 0:
-        reset = ceil_div(2 * W - e, 1000)
+        reset = ceil_div(2 * W - e + lag, 1000)
     elif prev > 0:
-        reset = ceil_div(W - e, 1000)
+        reset = ceil_div(W - e + lag, 1000)
     else:
         reset = 0
     allowed = g if partial else int(g == cost)
@@ -522,8 +529,9 @@ def test_sliding_counter_previous_window_and_retry(tw):
         (10, 60_000, 0, 1, 8, 9),     # fits once prev's weight is gone
         (10, 60_000, 0, 3, 8, 9),     # fits only well into the next window
         (10, 60_000, 0, 3, 8, 7),
-        (MAX, 4503599627370, 0, 1, MAX - 5, 7),  # two-limb weight, widest window
-        (MAX, 4503599627370, 0, MAX - 9, MAX, 11),
+        (MAX, 9007199254740, 0, 1, MAX - 5, 7),  # two-limb weight, widest window
+        (MAX, 9007199254740, 0, MAX - 9, MAX, 11),
+        (MAX, 4503599627370, 0, MAX - 9, MAX, MAX),
         (10**15, 86_400_000, 0, 10**9, 10**15 - 1, 10**14),
         (10**15, 86_400_000, 1, 10**15 - 1, 0, 10**14),
     ]:
@@ -544,14 +552,22 @@ def test_sliding_counter_previous_window_and_retry(tw):
 
 
 def test_sliding_counter_clock_back_stays_in_stored_window(tw):
+    """A stored window in the future (the clock stepped back): the call is
+    evaluated at its start, and the waits count the gap from the real clock."""
     c = tw.c
     W = 60_000_000
     future = (now_us(c) // W + 1000) * W
-    c.hset("c", mapping={"win": future, "cur": 3, "prev": 4})
-    rep = tw("RL.SLIDINGCOUNTER", "c", 10, 60_000, "COST", 2)
-    assert rep == sc_model((future, 3, 4), 10, 60_000, 2, False, future)
-    assert rep == [1, 10, 1, 0, 120_000]
-    assert c.hgetall("c") == {b"win": str(future).encode(), b"cur": b"5", b"prev": b"4"}
+    for win in (future, future + 12_345_678):  # the second: written under another window_ms
+        c.hset("c", mapping={"win": win, "cur": 3, "prev": 4})
+        for cost in (2, 5, 11):
+            args = [10, 60_000, "COST", cost, "DRYRUN"]
+            t0, (rep,), t1 = timed(c, lambda p: p.evalsha(tw.sha["RL.SLIDINGCOUNTER"], 1, "c", *args))
+            assert_between(rep, sc_model((win, 3, 4), 10, 60_000, cost, False, t0),
+                           sc_model((win, 3, 4), 10, 60_000, cost, False, t1))
+        rep = tw("RL.SLIDINGCOUNTER", "c", 10, 60_000, "COST", 2)
+        assert rep[:4] == sc_model((win, 3, 4), 10, 60_000, 2, False, win)[:4] == [1, 10, 1, 0]
+        assert rep[4] >= (2 * W - win % W + win - now_us(c)) // 1000
+        assert c.hgetall("c") == {b"win": str(win).encode(), b"cur": b"5", b"prev": b"4"}
 
 
 @pytest.mark.parametrize("cmd", CMDS)
@@ -612,6 +628,12 @@ def test_ttl_is_reset_after_and_key_vanishes_when_fresh(tw, cmd):
     assert tw(cmd, "k", *lim, "COST", 0)[4] == 0
 
 
+def test_numbers_as_the_module_reads_them(tw):
+    """1 to 16 ASCII digits, leading zeros allowed."""
+    assert tw("RL.SLIDINGLOG", "a", "0000000000000005", "060000", "COST", "0002")[:3] == [1, 5, 3]
+    assert tw("RL.SLIDINGLOG", "a", "9007199254740991", 60_000, "COST", "0")[:3] == [1, MAX, MAX - 2]
+
+
 def test_options_any_order_any_case(tw):
     a = tw("RL.SLIDINGLOG", "a", 5, 60_000, "dryrun", "cost", "2", "Partial")
     b = tw("RL.SLIDINGLOG", "b", 5, 60_000, "PARTIAL", "DRYRUN", "COST", "2")
@@ -622,7 +644,8 @@ ARG_ERRORS = {
     "RL.TOKENBUCKET": [
         ([0, 1, 1000], "capacity"), (["-1", 1, 1000], "capacity"), (["x", 1, 1000], "capacity"),
         ([2**53, 1, 1000], "capacity"), (["1.5", 1, 1000], "capacity"), (["", 1, 1000], "capacity"),
-        ([" 1", 1, 1000], "capacity"), (["+1", 1, 1000], "capacity"), (["01", 1, 1000], "capacity"),
+        ([" 1", 1, 1000], "capacity"), (["+1", 1, 1000], "capacity"), (["1 ", 1, 1000], "capacity"),
+        (["00000000000000001", 1, 1000], "capacity"),
         ([1, 0, 1000], "rate"), ([1, "1e3", 1000], "rate"), ([1, 1, 0], "period_ms"),
         ([1, 1, "99999999999999999999"], "period_ms"),
     ],
@@ -648,7 +671,7 @@ def test_errors(tw, cmd):
         lo = 0 if arg == "cost" else 1
         assert err_of(call, *args) == f"{arg} must be an integer between {lo} and {MAX}", args
     for bad in ("-1", "x", str(2**53), "1.0"):
-        assert err_of(call, *lim, "COST", bad) == f"cost must be an integer between 0 and {MAX}"
+        assert err_of(call, *lim, "COST", bad) == f"COST must be an integer between 0 and {MAX}"
     for opts in (["FOO"], ["COST"], ["COST", 1, "COST", 1], ["PARTIAL", "partial"],
                  ["DRYRUN", "DRYRUN"], ["COST", 1, "x"], [""]):
         assert err_of(call, *lim, *opts) == "syntax error", opts
@@ -678,9 +701,9 @@ def test_arguments_beyond_the_exact_range_are_refused(tw):
     e = err_of(tw, "RL.SLIDINGLOG", "k", 1, 9007199254741)
     assert e.startswith("window_ms is beyond the exact range of the Lua script")
     assert tw("RL.SLIDINGLOG", "k", 1, 9007199254740, "DRYRUN")[0] == 1
-    e = err_of(tw, "RL.SLIDINGCOUNTER", "k", 1, 4503599627371)
+    e = err_of(tw, "RL.SLIDINGCOUNTER", "k", 1, 9007199254741)
     assert e.startswith("window_ms is beyond the exact range of the Lua script")
-    assert tw("RL.SLIDINGCOUNTER", "k", 1, 4503599627370, "DRYRUN")[0] == 1
+    assert tw("RL.SLIDINGCOUNTER", "k", 1, 9007199254740, "DRYRUN")[0] == 1
     assert not c.exists("k")
 
 

@@ -10,44 +10,41 @@
 -- prev in the one before and e us since the current window began, a call is
 -- granted when  prev*(W-e)/W + cur + COST <= limit,  compared exactly as
 -- cur + COST + ceil(prev*(W-e)/W) <= limit (the same thing for integers).
--- If the clock steps back into an earlier window, the stored window stays
--- the current one, with e = 0.
+-- A call is evaluated at max(now, win): if the clock stepped back behind the
+-- stored window start, elapsed time counts as zero, and the durations in the
+-- reply are measured from the real clock reading to the same instants (so
+-- they include the gap), exactly as the module does.
 --
 -- State: one hash at KEYS[1], written only when units are granted:
 --   win   start (us) of the window `cur` counts
 --   cur   units granted in that window
 --   prev  units granted in the window before it
 -- Its TTL is reset_after_ms, so it disappears exactly when both windows have
--- stopped counting.
+-- stopped counting. If window_ms changes, the stored window is the one that
+-- holds `win` under the new window_ms (counts carry over, as in the module).
 --
 -- Exact arithmetic. Lua numbers are doubles, exact for integers below 2^53.
 -- prev*(W-e)/W and the retry bounds go through muldiv(), an exact
--- floor(a*b/c) with remainder, so limit and COST have the module's full range
--- (up to 2^53-1). Waits can span two windows, so the script needs
--- 2 * window_ms * 1000 < 2^53: it accepts window_ms up to 4503599627370
--- (about 142 years) and refuses more with an error (the module accepts
--- 1..2^53-1).
+-- floor(a*b/c) with remainder, and sums of durations are rounded to ms part
+-- by part, so limit and COST have the module's full range (up to 2^53-1).
+-- The script needs W = window_ms * 1000 < 2^53: it accepts window_ms up to
+-- 9007199254740 (about 285 years) and refuses more with an error (the module
+-- accepts 1..2^53-1).
 
 local MAX = 9007199254740991 -- 2^53 - 1, the largest argument
 local TWO52 = 4503599627370496
-local MAX_WINDOW_MS = 4503599627370 -- 2 * window_ms * 1000 < 2^53
+local MAX_WINDOW_MS = 9007199254740 -- window_ms * 1000 < 2^53
 local fmod = math.fmod
 
 local function fmt(x)
   return string.format('%d', x)
 end
 
--- An integer argument written the way Redis writes integers (optional '-',
--- no leading zeros, no '+', no spaces) within lo..hi, or nil.
+-- A numeric argument as the module reads it: 1 to 16 ASCII digits (no sign,
+-- no spaces; leading zeros allowed) with a value in lo..hi, or nil.
 local function parse_int(s, lo, hi)
-  local neg, digits = string.match(s, '^(%-?)([0-9]+)$')
-  if not digits or #digits > 16 then return nil end
-  if #digits > 1 and string.sub(digits, 1, 1) == '0' then return nil end
-  local v = tonumber(digits)
-  if neg == '-' then
-    if v == 0 then return nil end
-    v = -v
-  end
+  if #s > 16 or not string.find(s, '^[0-9]+$') then return nil end
+  local v = tonumber(s) -- exact: at most 16 digits, checked against hi < 2^53
   if v < lo or v > hi then return nil end
   return v
 end
@@ -102,10 +99,17 @@ local function muldiv(a, b, c)
   return q, r
 end
 
--- ceil(us / 1000)
-local function ceil_ms(us)
-  local q, r = divmod(us, 1000)
-  if r > 0 then q = q + 1 end
+-- ceil((a + b + c) / 1000) for integers 0 <= a, b, c < 2^53 (the sum itself
+-- may exceed 2^53; the milliseconds do not).
+local function ceil_ms(a, b, c)
+  local qa, ra = divmod(a, 1000)
+  local qb, rb = divmod(b or 0, 1000)
+  local qc, rc = divmod(c or 0, 1000)
+  local q, r = qa + qb + qc, ra + rb + rc -- r < 3000
+  while r > 0 do
+    q = q + 1
+    r = r - 1000
+  end
   return q
 end
 
@@ -137,7 +141,7 @@ while i <= nargs do
   if opt == 'COST' and not has_cost and i < nargs then
     cost = parse_int(ARGV[i + 1], 0, MAX)
     if not cost then
-      return err('ERR cost must be an integer between 0 and 9007199254740991')
+      return err('ERR COST must be an integer between 0 and 9007199254740991')
     end
     has_cost = true
     i = i + 2
@@ -152,7 +156,7 @@ while i <= nargs do
   end
 end
 if window_ms > MAX_WINDOW_MS then
-  return err('ERR window_ms is beyond the exact range of the Lua script (at most 4503599627370)')
+  return err('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
 end
 local W = window_ms * 1000
 
@@ -169,24 +173,32 @@ if st[4] then
   return err('WRONGTYPE Operation against a key holding the wrong kind of value')
 end
 
-local k, e = divmod(now, W) -- current window index, us since it began
+local at = now -- the instant the call is evaluated at
+local k, e = divmod(now, W) -- its window index, us since that window began
+local start = k * W
 local cur, prev = 0, 0
 if st[1] then
   local swin, scur, sprev = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
   if not (swin and scur and sprev) or swin < 0 or scur < 0 or sprev < 0 then
     return err('ERR the sliding counter state at this key is corrupt')
   end
-  local ks = divmod(swin, W) -- (window_ms may have changed: realign)
-  if ks > k then
-    k, e = ks, 0 -- the clock stepped back: stay in the stored window
+  if swin > at then
+    -- the clock stepped back behind the stored window: nothing elapsed
+    at = swin
+    k, e = divmod(at, W)
+  end
+  local ks = divmod(swin, W) -- the stored window under this window_ms
+  if ks == k then
     cur, prev = scur, sprev
-  elseif ks == k then
-    cur, prev = scur, sprev
-  elseif ks == k - 1 then
-    prev = scur
-  end -- older: both windows are empty
+    -- (a start written under another window_ms may lie inside this window:
+    -- keep it, so the evaluation instant never moves backwards)
+    start = math.max(k * W, swin)
+  else
+    start = k * W
+    if ks == k - 1 then prev = scur end -- older: both windows are empty
+  end
 end
-local start = k * W
+local lag = at - now -- > 0 only when the clock stepped back
 
 -- Decision -------------------------------------------------------------------
 
@@ -212,33 +224,37 @@ if granted < cost then
   if cost > limit then
     retry = -1
   else
-    local wait
-    if cur2 <= limit - cost then
-      -- It fits in this window once prev's weight has shrunk enough:
-      -- prev*(W-e') <= (limit-cost-cur2)*W  <=>  e' >= W - floor((limit-cost-cur2)*W/prev).
-      -- (prev > 0 here, or the call would have been granted.)
-      wait = 0
-      if prev > 0 then
-        local m = muldiv(limit - cost - cur2, W, prev)
-        if m ~= nil and m < W and W - m > e then wait = (W - m) - e end
-      end
+    local wait, wait2 = 0, 0 -- in us: wait + wait2 (each < 2^53)
+    local m = nil
+    if cur2 <= limit - cost and prev > 0 then
+      -- In this window once prev's weight has shrunk enough:
+      -- prev*(W-x) <= (limit-cost-cur2)*W  <=>  x >= W - floor((limit-cost-cur2)*W/prev).
+      m = muldiv(limit - cost - cur2, W, prev) -- nil: beyond 2^53, so >= W
+    end
+    if cur2 <= limit - cost and (prev == 0 or m == nil or m > 0) then
+      if m ~= nil and W - m > e then wait = (W - m) - e end
     else
       -- Only in the next window, where cur2 becomes prev:
-      -- cur2*(W-f) + cost*W <= limit*W  <=>  f >= W - floor((limit-cost)*W/cur2).
-      local f = 0
-      local m = muldiv(limit - cost, W, cur2)
-      if m ~= nil and m < W then f = W - m end
-      wait = (W - e) + f
+      -- cur2*(W-x) + cost*W <= limit*W  <=>  x >= W - floor((limit-cost)*W/cur2),
+      -- or else at the start of the window after, where both count zero.
+      wait = W - e
+      local m2 = nil -- (cur2 == 0: nothing counts against it there)
+      if cur2 > 0 then m2 = muldiv(limit - cost, W, cur2) end
+      if m2 == nil or m2 >= W then
+        wait2 = 0
+      else
+        wait2 = W - m2 -- (W when cost == limit: the window after)
+      end
     end
-    retry = ceil_ms(wait)
+    retry = ceil_ms(wait, wait2, lag)
   end
 end
 
 local reset = 0
 if cur2 > 0 then
-  reset = ceil_ms(2 * W - e)
+  reset = ceil_ms(W, W - e, lag)
 elseif prev > 0 then
-  reset = ceil_ms(W - e)
+  reset = ceil_ms(W - e, lag)
 end
 
 if granted > 0 and not dryrun then

@@ -37,17 +37,11 @@ local function fmt(x)
   return string.format('%d', x)
 end
 
--- An integer argument written the way Redis writes integers (optional '-',
--- no leading zeros, no '+', no spaces) within lo..hi, or nil.
+-- A numeric argument as the module reads it: 1 to 16 ASCII digits (no sign,
+-- no spaces; leading zeros allowed) with a value in lo..hi, or nil.
 local function parse_int(s, lo, hi)
-  local neg, digits = string.match(s, '^(%-?)([0-9]+)$')
-  if not digits or #digits > 16 then return nil end
-  if #digits > 1 and string.sub(digits, 1, 1) == '0' then return nil end
-  local v = tonumber(digits)
-  if neg == '-' then
-    if v == 0 then return nil end
-    v = -v
-  end
+  if #s > 16 or not string.find(s, '^[0-9]+$') then return nil end
+  local v = tonumber(s) -- exact: at most 16 digits, checked against hi < 2^53
   if v < lo or v > hi then return nil end
   return v
 end
@@ -93,7 +87,7 @@ while i <= nargs do
   if opt == 'COST' and not has_cost and i < nargs then
     cost = parse_int(ARGV[i + 1], 0, MAX)
     if not cost then
-      return err('ERR cost must be an integer between 0 and 9007199254740991')
+      return err('ERR COST must be an integer between 0 and 9007199254740991')
     end
     has_cost = true
     i = i + 2
