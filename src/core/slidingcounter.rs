@@ -1,0 +1,1200 @@
+//! RL.SLIDINGCOUNTER — the sliding-window counter (the approximation
+//! Cloudflare describes), as a pure function of (state, parameters, cost,
+//! now). Nothing here knows about Redis.
+//!
+//! # Algorithm
+//!
+//! Let `W = window_ms × 1000` µs. Time is cut into fixed windows aligned to
+//! multiples of `W` on the Unix clock: window `k` is `[k·W, (k+1)·W)`. The
+//! state remembers `cur`, the units granted in the window that starts at
+//! `start_us`, and `prev`, the units granted in the window before it.
+//!
+//! A call at `now_us` is evaluated at `now_eff = max(now_us, start_us)`: if
+//! the clock stepped back, elapsed time counts as zero. With
+//! `k_now = now_eff / W`, `k_stored = start_us / W` and
+//! `e = now_eff − k_now·W` (µs elapsed in the current window):
+//!
+//! | `k_now − k_stored` | prev          | cur          |
+//! |--------------------|---------------|--------------|
+//! | 0                  | stored `prev` | stored `cur` |
+//! | 1                  | stored `cur`  | 0            |
+//! | ≥ 2                | 0             | 0            |
+//!
+//! The estimate of the units in the sliding window ending now is
+//! `prev × (W − e) / W + cur`, and a call for `n` units fits when
+//! estimate + n ≤ limit. That is compared **exactly**, multiplied out by `W`
+//! in `u128`, with no floating point and no rounding:
+//!
+//! ```text
+//! prev·(W − e) + (cur + n)·W  ≤  limit·W
+//! ```
+//!
+//! The counts and the limit are at most `MAX_ARG < 2^53` and `W` is at most
+//! `MAX_ARG·1000 < 2^63`, so each product is below 2^116 and the sums cannot
+//! overflow a `u128`; saturating operations are used anyway so that
+//! out-of-range inputs (a hand-built `State`) cannot panic.
+//!
+//! * The largest `n` that fits is `avail = ⌊(limit·W − prev·(W−e) − cur·W) / W⌋`
+//!   (0 when the left side is negative).
+//! * Without PARTIAL the call is granted `cost` units when `cost ≤ avail`,
+//!   else 0. With PARTIAL it is granted `min(cost, avail)`. COST 0 is granted
+//!   0 units and changes nothing.
+//! * A grant of `g > 0` stores `start_us = k_now·W`, `cur = cur + g`,
+//!   `prev = prev` (after the shift in the table). (Exception: a state
+//!   written under another window may have `start_us` inside window `k_now`
+//!   rather than at its start; then `start_us` is kept, so the instant calls
+//!   are evaluated at never moves backwards.) A call that grants nothing
+//!   returns the input state unchanged: the caller writes only when `g > 0`.
+//!   Because a grant needs `cur + g ≤ limit`, no fixed window ever counts
+//!   more than the limit in force when its last grant was made.
+//! * `remaining = avail − g`.
+//! * `retry_after_ms` (when `g < cost ≤ limit`) is exact: from the state
+//!   after this call's grant, the smallest whole µs `e' ≥ e` of the current
+//!   window with `prev·(W−e') + (cur + cost)·W ≤ limit·W`, that is
+//!   `e' = max(e, W − ⌊(limit·W − (cur+cost)·W) / prev⌋)`; failing that, the
+//!   same in the next window (where prev is this window's `cur` and cur is
+//!   0), and failing that the start of the window after, where everything is
+//!   0. It is −1 when `cost > limit` and 0 when the call was fully granted.
+//!   The estimate never increases with time while nothing is granted (it is
+//!   continuous across a boundary: `cur` at the end of a window, `cur·W/W`
+//!   at the start of the next), so the first such instant is the answer.
+//! * `reset_after_ms` is the time until both windows count zero: the end of
+//!   the next window when `cur > 0`, the end of the current one when only
+//!   `prev > 0`, else 0.
+//!
+//! Durations in the reply are measured from the real clock reading `now_us`,
+//! rounded up to whole ms. Normally `now_us = now_eff` and they are
+//! `⌈(e' − e)/1000⌉` etc. as above. If the clock has stepped back behind
+//! `start_us`, every call until it catches up is evaluated at `start_us`, so
+//! the honest waits include that gap: `retry_after_ms` and `reset_after_ms`
+//! are measured to the same absolute instants from `now_us`. Thus a key whose
+//! TTL is set to `reset_after_ms` expires no earlier than the instant
+//! `fresh_at_us` reports, when it is indistinguishable from a fresh key.
+//!
+//! # Runtime rule changes
+//!
+//! The state holds no parameters. A state written under another `window_ms`
+//! is read under the new one: its window is `start_us / W_new`, and its
+//! counts are taken as that window's `cur` and the one before's `prev`. The
+//! counts are carried over, never dropped or rescaled; after at most two new
+//! windows the old state has aged out. A changed `limit` simply applies to
+//! the counts as they are (a lowered limit denies until they age out).
+//!
+//! # State encoding (version 1, 25 bytes)
+//!
+//! | offset | size | field                                        |
+//! |--------|------|----------------------------------------------|
+//! | 0      | 1    | encoding version = 1                         |
+//! | 1      | 8    | `start_us`, u64 little-endian                |
+//! | 9      | 8    | `cur`, u64 little-endian                     |
+//! | 17     | 8    | `prev`, u64 little-endian                    |
+//!
+//! `decode` accepts exactly what a grant can store: `1 ≤ cur ≤ MAX_ARG`
+//! (a stored state always counts the grant that wrote it, so `cur = 0` — in
+//! particular the all-zero fresh state — is never stored),
+//! `prev ≤ MAX_ARG`, and `start_us` a whole number of milliseconds (it is a
+//! multiple of `W = window_ms·1000`). Anything else, a short or long input,
+//! or an unknown version is refused without panicking.
+
+use super::{ms_to_us, to_i64, us_to_ms_ceil, Decision, DecodeError, Reader, MAX_ARG};
+
+/// The rule of a call. Both fields are validated by the caller to be in
+/// `1..=MAX_ARG`. Out-of-range values never panic: for the arithmetic a limit
+/// above `MAX_ARG` counts as `MAX_ARG` (0 grants nothing) and `window_ms` is
+/// clamped to `1..=MAX_ARG`; `Decision::limit` reports `limit` as given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Params {
+    pub limit: u64,
+    pub window_ms: u64,
+}
+
+/// The stored state of one key. `Default` is the fresh state (all zero).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    /// Start (µs since the Unix epoch) of the window that `cur` counts.
+    pub start_us: u64,
+    /// Units granted in the window starting at `start_us`.
+    pub cur: u64,
+    /// Units granted in the window before it.
+    pub prev: u64,
+}
+
+const ENCODING_VERSION: u8 = 1;
+
+impl State {
+    /// Size of the binary encoding: version byte + three u64.
+    pub const ENCODED_LEN: usize = 1 + 8 + 8 + 8;
+
+    /// Version byte, then `start_us`, `cur`, `prev` as little-endian u64.
+    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        let bytes = core::iter::once(ENCODING_VERSION)
+            .chain(self.start_us.to_le_bytes())
+            .chain(self.cur.to_le_bytes())
+            .chain(self.prev.to_le_bytes());
+        for (slot, byte) in out.iter_mut().zip(bytes) {
+            *slot = byte;
+        }
+        out
+    }
+
+    /// Strict inverse of `encode`: refuses short or long input, unknown
+    /// versions and any state a grant cannot produce. Never panics.
+    pub fn decode(bytes: &[u8]) -> Result<State, DecodeError> {
+        let mut r = Reader::new(bytes);
+        if r.u8()? != ENCODING_VERSION {
+            return Err(DecodeError::UnknownVersion);
+        }
+        let start_us = r.u64()?;
+        let cur = r.u64()?;
+        let prev = r.u64()?;
+        r.finish()?;
+        if cur == 0 {
+            return Err(DecodeError::Invalid(
+                "sliding counter: cur is 0 (a stored state always counts the grant that wrote it)",
+            ));
+        }
+        if cur > MAX_ARG {
+            return Err(DecodeError::Invalid("sliding counter: cur exceeds 2^53-1"));
+        }
+        if prev > MAX_ARG {
+            return Err(DecodeError::Invalid("sliding counter: prev exceeds 2^53-1"));
+        }
+        if start_us % 1000 != 0 {
+            return Err(DecodeError::Invalid(
+                "sliding counter: window start is not a whole millisecond",
+            ));
+        }
+        Ok(State { start_us, cur, prev })
+    }
+
+    /// Both windows count zero: indistinguishable from no key at all.
+    pub fn is_fresh(&self) -> bool {
+        self.cur == 0 && self.prev == 0
+    }
+}
+
+/// Window length in µs for the arithmetic: `window_ms` clamped to
+/// `1..=MAX_ARG`, so it is never 0 and always a whole number of ms.
+fn window_us(window_ms: u64) -> u64 {
+    ms_to_us(window_ms.clamp(1, MAX_ARG))
+}
+
+/// The state as seen at an instant: counts shifted into the window of
+/// `now_eff`, and the position inside that window.
+struct View {
+    /// Window length in µs (≥ 1000).
+    w: u64,
+    /// `max(now_us, start_us)`.
+    now_eff: u64,
+    /// Start of the window containing `now_eff`.
+    window_start: u64,
+    /// µs elapsed in that window, `< w`.
+    e: u64,
+    prev: u64,
+    cur: u64,
+}
+
+impl View {
+    fn at(state: &State, w: u64, now_us: u64) -> View {
+        let now_eff = now_us.max(state.start_us);
+        let e = now_eff % w;
+        let window_start = now_eff - e; // e ≤ now_eff: cannot underflow
+        let k_now = now_eff / w;
+        let k_stored = state.start_us / w; // ≤ k_now since start_us ≤ now_eff
+        let (prev, cur) = match k_now.saturating_sub(k_stored) {
+            0 => (state.prev, state.cur),
+            1 => (state.cur, 0),
+            _ => (0, 0),
+        };
+        View { w, now_eff, window_start, e, prev, cur }
+    }
+
+    /// Largest `n` with `prev·(W−e) + (cur + n)·W ≤ limit·W`, or 0 if none.
+    fn available(&self, limit: u64) -> u64 {
+        max_fit(
+            u128::from(self.prev),
+            u128::from(self.cur),
+            u128::from(limit),
+            u128::from(self.w),
+            u128::from(self.e),
+        )
+    }
+}
+
+/// `⌊(limit·W − prev·(W−e) − cur·W) / W⌋`, or 0 when that is negative.
+/// The result is at most `limit`, so it fits back in a `u64`.
+fn max_fit(prev: u128, cur: u128, limit: u128, w: u128, e: u128) -> u64 {
+    let cap = limit.saturating_mul(w);
+    let used = prev
+        .saturating_mul(w.saturating_sub(e))
+        .saturating_add(cur.saturating_mul(w));
+    match cap.checked_sub(used) {
+        Some(free) => u64::try_from(free / w.max(1)).unwrap_or(u64::MAX),
+        None => 0,
+    }
+}
+
+/// Smallest whole `x` in `[from, w)` with `prev·(w − x) + base ≤ cap`, if any.
+/// (`base` is `(cur + cost)·W`, `cap` is `limit·W`.)
+fn first_fit(prev: u128, base: u128, cap: u128, w: u128, from: u128) -> Option<u128> {
+    let room = cap.checked_sub(base)?;
+    // prev·(w − x) ≤ room  ⇔  w − x ≤ ⌊room / prev⌋  ⇔  x ≥ w − ⌊room / prev⌋.
+    let lowest = match room.checked_div(prev) {
+        Some(q) => w.saturating_sub(q),
+        None => 0, // prev == 0: every x fits
+    };
+    let x = lowest.max(from);
+    (x < w).then_some(x)
+}
+
+/// Decide a call and compute the state the key should hold if the caller
+/// writes (it writes only when `granted > 0`; otherwise the returned state is
+/// `*state`, unchanged).
+pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
+    let limit = p.limit.min(MAX_ARG);
+    let v = View::at(state, window_us(p.window_ms), now_us);
+    let avail = v.available(limit);
+
+    let granted = if cost == 0 {
+        0
+    } else if cost <= avail {
+        cost
+    } else if partial {
+        avail
+    } else {
+        0
+    };
+
+    let cur_after = v.cur.saturating_add(granted);
+    let new_state = if granted > 0 {
+        // `max`: a state written under another window may start inside this
+        // window (after `window_start`); keeping that instant keeps the
+        // evaluation time from moving backwards if the clock is behind it.
+        // Both lie in window k_now, so the reading is the same.
+        State { start_us: v.window_start.max(state.start_us), cur: cur_after, prev: v.prev }
+    } else {
+        *state
+    };
+
+    // Subtracting g whole units from the numerator lowers the floor by g.
+    let remaining = avail - granted.min(avail);
+
+    let w = u128::from(v.w);
+    let e = u128::from(v.e);
+    // µs between the real clock reading and the instant the call is
+    // evaluated at (non-zero only if the clock stepped back).
+    let lag = u128::from(v.now_eff - now_us.min(v.now_eff));
+
+    let retry_after_ms = if granted == cost {
+        0
+    } else if cost > limit {
+        -1
+    } else {
+        let cap = u128::from(limit).saturating_mul(w);
+        let cost128 = u128::from(cost);
+        let cur128 = u128::from(cur_after);
+        let base_now = cur128.saturating_add(cost128).saturating_mul(w);
+        let wait_us = match first_fit(u128::from(v.prev), base_now, cap, w, e) {
+            Some(x) => x - e,
+            None => {
+                let base_next = cost128.saturating_mul(w);
+                match first_fit(cur128, base_next, cap, w, 0) {
+                    Some(x) => (w - e).saturating_add(x),
+                    None => (w - e).saturating_add(w),
+                }
+            }
+        };
+        to_i64(us_to_ms_ceil(wait_us.saturating_add(lag)))
+    };
+
+    let reset_after_ms = if cur_after > 0 {
+        us_to_ms_ceil(w.saturating_mul(2).saturating_sub(e).saturating_add(lag))
+    } else if v.prev > 0 {
+        us_to_ms_ceil((w - e).saturating_add(lag))
+    } else {
+        0
+    };
+
+    let decision = Decision {
+        granted,
+        limit: p.limit,
+        remaining,
+        retry_after_ms,
+        reset_after_ms,
+    };
+    (decision, new_state)
+}
+
+/// The instant (µs since the epoch) from which `state` is indistinguishable
+/// from a fresh one under `window_ms` (both windows count zero), or `None` if
+/// it already is fresh whatever the time. The instant may lie in the past;
+/// it saturates at `u64::MAX`. For the state `step` returns,
+/// `reset_after_ms = ⌈(fresh_at_us − now_us) / 1000⌉` (0 if in the past).
+pub fn fresh_at_us(state: &State, window_ms: u64) -> Option<u64> {
+    if state.is_fresh() {
+        return None;
+    }
+    let w = window_us(window_ms);
+    let window_start = state.start_us - state.start_us % w;
+    let windows = if state.cur > 0 { 2 } else { 1 };
+    Some(window_start.saturating_add(w.saturating_mul(windows)))
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::Config as PropConfig;
+    use std::collections::HashMap;
+
+    // ------------------------------------------------------------------
+    // Reference model: SPEC.md's definitions evaluated literally in exact
+    // rational arithmetic, with every answer found by searching (linear
+    // scans, or bisection over predicates whose monotonicity the linear
+    // scans confirm in `linear_model_matches_step_and_bisection`) instead
+    // of the closed forms `step` uses.
+    // ------------------------------------------------------------------
+
+    /// An exact non-negative rational `n / d` (`d > 0`), never rounded.
+    #[derive(Clone, Copy, Debug)]
+    struct Ratio {
+        n: u128,
+        d: u128,
+    }
+
+    impl Ratio {
+        fn new(n: u128, d: u128) -> Ratio {
+            assert!(d > 0);
+            Ratio { n, d }
+        }
+        /// `self + k ≤ limit`, i.e. `n + k·d ≤ limit·d`.
+        fn plus_int_le(self, k: u128, limit: u128) -> bool {
+            let lhs = self.n.checked_add(k.checked_mul(self.d).unwrap()).unwrap();
+            lhs <= limit.checked_mul(self.d).unwrap()
+        }
+    }
+
+    /// What a key's two windows count for a call arriving at real time `t`
+    /// (evaluated at `max(t, start_us)`): (prev, cur, µs into the window).
+    /// Times are u128 so instants past `u64::MAX` can be searched.
+    fn m_counts(s: &State, w: u128, t: u128) -> (u128, u128, u128) {
+        let t = t.max(u128::from(s.start_us));
+        let (ks, kt) = (u128::from(s.start_us) / w, t / w);
+        let e = t - kt * w;
+        if kt == ks {
+            (u128::from(s.prev), u128::from(s.cur), e)
+        } else if kt == ks + 1 {
+            (u128::from(s.cur), 0, e)
+        } else {
+            (0, 0, e)
+        }
+    }
+
+    /// `prev × (W − elapsed) / W + cur` as an exact rational over `W`.
+    fn m_estimate(s: &State, w: u128, t: u128) -> Ratio {
+        let (prev, cur, e) = m_counts(s, w, t);
+        Ratio::new(prev * (w - e) + cur * w, w)
+    }
+
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum Search {
+        Linear,
+        Bisect,
+    }
+
+    /// Largest `n` in `0..=hi` with `pred(n)`, for `pred` true then false.
+    fn largest(hi: u128, mode: Search, pred: impl Fn(u128) -> bool) -> Option<u128> {
+        match mode {
+            Search::Linear => (0..=hi).rev().find(|&n| pred(n)),
+            Search::Bisect => {
+                if !pred(0) {
+                    return None;
+                }
+                let (mut lo, mut hi) = (0u128, hi); // pred(lo) holds
+                while lo < hi {
+                    let mid = lo + (hi - lo).div_ceil(2);
+                    if pred(mid) {
+                        lo = mid;
+                    } else {
+                        hi = mid - 1;
+                    }
+                }
+                Some(lo)
+            }
+        }
+    }
+
+    /// Smallest `t` in `lo..=hi` with `pred(t)`, for `pred` false then true;
+    /// `pred(hi)` must hold.
+    fn smallest(lo: u128, hi: u128, mode: Search, pred: impl Fn(u128) -> bool) -> u128 {
+        assert!(pred(hi), "model: predicate must hold at the search horizon");
+        match mode {
+            Search::Linear => (lo..=hi).find(|&t| pred(t)).unwrap(),
+            Search::Bisect => {
+                let (mut lo, mut hi) = (lo, hi); // pred(hi) holds
+                while lo < hi {
+                    let mid = lo + (hi - lo) / 2;
+                    if pred(mid) {
+                        hi = mid;
+                    } else {
+                        lo = mid + 1;
+                    }
+                }
+                lo
+            }
+        }
+    }
+
+    fn ceil_ms(us: u128) -> u128 {
+        us.div_ceil(1000)
+    }
+
+    /// The reference decision, for params in `1..=MAX_ARG` and cost ≤ MAX_ARG.
+    fn model(s: &State, p: &Params, cost: u64, partial: bool, now: u64, mode: Search) -> (Decision, State) {
+        let w = u128::from(p.window_ms) * 1000;
+        let limit = u128::from(p.limit);
+        let cost_ = u128::from(cost);
+        let t = u128::from(now);
+        let fits = |st: &State, at: u128, n: u128| m_estimate(st, w, at).plus_int_le(n, limit);
+
+        let granted = if cost == 0 {
+            0
+        } else if partial {
+            largest(cost_.min(limit), mode, |n| fits(s, t, n)).unwrap_or(0)
+        } else if fits(s, t, cost_) {
+            cost_
+        } else {
+            0
+        };
+
+        let t_eff = t.max(u128::from(s.start_us));
+        let (prev, cur, e) = m_counts(s, w, t);
+        let after = if granted > 0 {
+            State {
+                // The window of the call, but never earlier than the instant
+                // the state already pins (only differs for states written
+                // under another window, read with the clock behind them).
+                start_us: u64::try_from(t_eff - e).unwrap().max(s.start_us),
+                cur: u64::try_from(cur + granted).unwrap(),
+                prev: u64::try_from(prev).unwrap(),
+            }
+        } else {
+            *s
+        };
+        let remaining = largest(limit, mode, |n| fits(&after, t, n)).unwrap_or(0);
+        // Everything has aged out at the start of the window after next.
+        let horizon = t_eff - e + 2 * w;
+        let retry = if granted == cost_ {
+            0
+        } else if cost_ > limit {
+            -1
+        } else {
+            let at = smallest(t, horizon, mode, |at| fits(&after, at, cost_));
+            i64::try_from(ceil_ms(at - t)).unwrap()
+        };
+        let fresh = smallest(t, horizon, mode, |at| {
+            let (p2, c2, _) = m_counts(&after, w, at);
+            p2 == 0 && c2 == 0
+        });
+        let d = Decision {
+            granted: u64::try_from(granted).unwrap(),
+            limit: p.limit,
+            remaining: u64::try_from(remaining).unwrap(),
+            retry_after_ms: retry,
+            reset_after_ms: u64::try_from(ceil_ms(fresh - t)).unwrap(),
+        };
+        (d, after)
+    }
+
+    /// Properties every call keeps, whatever its inputs.
+    fn check_invariants(state: &State, p: &Params, cost: u64, partial: bool, now: u64, d: &Decision, ns: &State) {
+        assert!(d.granted <= cost);
+        if !partial {
+            assert!(d.granted == 0 || d.granted == cost);
+        }
+        assert_eq!(d.limit, p.limit);
+        assert!(d.remaining <= p.limit);
+        assert!(d.retry_after_ms >= -1);
+        assert_eq!(d.retry_after_ms == 0, d.granted == cost);
+        if d.granted == 0 {
+            assert_eq!(ns, state, "a call that grants nothing must not change the state");
+        } else {
+            assert!(ns.cur >= 1);
+            assert!(ns.start_us <= now.max(state.start_us));
+        }
+        // reset_after is measured to the instant fresh_at_us reports.
+        let (stored, win) = (if d.granted > 0 { ns } else { state }, p.window_ms);
+        match fresh_at_us(stored, win) {
+            None => assert_eq!(d.reset_after_ms, 0),
+            Some(f) if f < u64::MAX => {
+                let want = us_to_ms_ceil(u128::from(f.saturating_sub(now)));
+                assert_eq!(d.reset_after_ms, want);
+            }
+            Some(_) => {} // saturated at the end of time
+        }
+    }
+
+    fn call(state: &State, limit: u64, window_ms: u64, cost: u64, partial: bool, now: u64) -> (Decision, State) {
+        let p = Params { limit, window_ms };
+        let (d, ns) = step(state, &p, cost, partial, now);
+        check_invariants(state, &p, cost, partial, now, &d, &ns);
+        (d, ns)
+    }
+
+    fn dec(granted: u64, limit: u64, remaining: u64, retry_after_ms: i64, reset_after_ms: u64) -> Decision {
+        Decision { granted, limit, remaining, retry_after_ms, reset_after_ms }
+    }
+
+    // ------------------------------------------------------------------
+    // Hand-computed examples.
+    // ------------------------------------------------------------------
+
+    const MIN: u64 = 60_000; // window of 60 s, in ms
+    const W60: u64 = 60_000_000; // the same in µs
+    /// 2023-11-14T22:14:00Z, a multiple of 60 s.
+    const T0: u64 = 28_333_334 * W60;
+
+    #[test]
+    fn estimate_across_a_boundary() {
+        // 100 granted in the last µs of a window.
+        let (d, s) = call(&State::default(), 100, MIN, 100, false, T0 + W60 - 1);
+        assert_eq!(d, dec(100, 100, 0, 0, 60_001));
+        assert_eq!(s, State { start_us: T0, cur: 100, prev: 0 });
+
+        // Just after the boundary the estimate is still 100: denied.
+        let t1 = T0 + W60;
+        let (d, s1) = call(&s, 100, MIN, 1, false, t1);
+        // 100·(W − e') + 1·W ≤ 100·W  ⇔  e' ≥ W/100 = 600 ms.
+        assert_eq!(d, dec(0, 100, 0, 600, 60_000));
+        assert_eq!(s1, s);
+        // 1 µs later: 100·(W−1)/W ≈ 99.9999983 → still nothing whole left.
+        let (d, _) = call(&s, 100, MIN, 0, false, t1 + 1);
+        assert_eq!(d, dec(0, 100, 0, 0, 60_000));
+        // The exact boundary: at e = 600 ms the estimate is exactly 99.
+        let (d, _) = call(&s, 100, MIN, 1, false, t1 + 599_999);
+        assert_eq!(d, dec(0, 100, 0, 1, 59_401));
+        let (d, n) = call(&s, 100, MIN, 1, false, t1 + 600_000);
+        assert_eq!(d, dec(1, 100, 0, 0, 119_400));
+        assert_eq!(n, State { start_us: t1, cur: 1, prev: 100 });
+
+        // Halfway through the next window 50 are available.
+        let half = t1 + W60 / 2;
+        let (d, _) = call(&s, 100, MIN, 0, false, half);
+        assert_eq!(d, dec(0, 100, 50, 0, 30_000));
+        let (d, _) = call(&s, 100, MIN, 51, false, half);
+        assert_eq!(d.granted, 0);
+        let (d, n) = call(&s, 100, MIN, 50, false, half);
+        assert_eq!(d, dec(50, 100, 0, 0, 90_000));
+        assert_eq!(n, State { start_us: t1, cur: 50, prev: 100 });
+        // One µs earlier, 100·(W/2 + 1)/W + 50 > 100, but 49 fit.
+        let (d, _) = call(&s, 100, MIN, 50, true, half - 1);
+        assert_eq!(d.granted, 49);
+        assert_eq!(d.remaining, 0);
+
+        // PARTIAL 80 at half-time: 50 now; the full 80 needs the next window
+        // with prev' = 50: 50·(W − e'') + 80·W ≤ 100·W ⇔ e'' ≥ 0.6·W,
+        // i.e. 30 s + 36 s from now.
+        let (d, n) = call(&s, 100, MIN, 80, true, half);
+        assert_eq!(d, dec(50, 100, 0, 66_000, 90_000));
+        assert_eq!(n, State { start_us: t1, cur: 50, prev: 100 });
+        // And that retry is exact: denied 1 µs before, granted at it.
+        let (d, _) = call(&n, 100, MIN, 80, false, half + 66_000_000 - 1);
+        assert_eq!(d.granted, 0);
+        let (d, _) = call(&n, 100, MIN, 80, false, half + 66_000_000);
+        assert_eq!(d.granted, 80);
+
+        // Two windows later everything has aged out.
+        let (d, _) = call(&s, 100, MIN, 100, false, T0 + 2 * W60);
+        assert_eq!(d, dec(100, 100, 0, 0, 120_000));
+    }
+
+    #[test]
+    fn retry_after_searches_up_to_two_windows_ahead() {
+        let w = 1_000_000u64; // 1 s
+        let t = 1_000 * w;
+        let (_, s) = call(&State::default(), 10, 1000, 10, false, t);
+        // Another 10 cannot fit before the window after next.
+        let (d, _) = call(&s, 10, 1000, 10, false, t);
+        assert_eq!(d, dec(0, 10, 0, 2000, 2000));
+        // 1 fits in the next window once 10·(W − e'') ≤ 9·W: e'' ≥ 0.1 s.
+        let (d, _) = call(&s, 10, 1000, 1, false, t);
+        assert_eq!(d, dec(0, 10, 0, 1100, 2000));
+        // Over the limit: never.
+        let (d, _) = call(&s, 10, 1000, 11, false, t);
+        assert_eq!(d, dec(0, 10, 0, -1, 2000));
+        let (d, n) = call(&State::default(), 10, 1000, 11, true, t);
+        assert_eq!(d, dec(10, 10, 0, -1, 2000));
+        assert_eq!(n, State { start_us: t, cur: 10, prev: 0 });
+
+        // Rounding: smallest whole µs, then ms rounded up. prev = 3 after
+        // the shift, limit 3, e = 0: 3·(W − e') ≤ 2·W ⇔ W − e' ≤ 666_666.
+        let s = State { start_us: t - w, cur: 3, prev: 0 };
+        let (d, _) = call(&s, 3, 1000, 1, false, t);
+        assert_eq!(d, dec(0, 3, 0, 334, 1000));
+        let (d, _) = call(&s, 3, 1000, 1, false, t + 333_000);
+        assert_eq!(d.retry_after_ms, 1); // 334 µs → 1 ms
+        let (d, _) = call(&s, 3, 1000, 1, false, t + 333_333);
+        assert_eq!(d.retry_after_ms, 1); // 1 µs → 1 ms
+        let (d, _) = call(&s, 3, 1000, 1, false, t + 333_334);
+        assert_eq!(d.granted, 1);
+    }
+
+    #[test]
+    fn cost_zero_reports_and_changes_nothing() {
+        let s = State { start_us: T0, cur: 30, prev: 40 };
+        let (d, n) = call(&s, 100, MIN, 0, false, T0 + W60 / 4);
+        // 40·3/4 + 30 = 60 → 40 remain.
+        assert_eq!(d, dec(0, 100, 40, 0, 105_000));
+        assert_eq!(n, s);
+        let (d, n) = call(&State::default(), 100, MIN, 0, true, T0);
+        assert_eq!(d, dec(0, 100, 100, 0, 0));
+        assert_eq!(n, State::default());
+        // Even when over the limit it reports, with retry 0.
+        let (d, n) = call(&s, 10, MIN, 0, false, T0);
+        assert_eq!(d, dec(0, 10, 0, 0, 120_000));
+        assert_eq!(n, s);
+    }
+
+    #[test]
+    fn denied_calls_leave_the_state_unchanged_even_when_stale() {
+        // A state from long ago, and one whose window has just shifted: a
+        // denial returns the input untouched (the caller writes nothing).
+        let s = State { start_us: T0, cur: 100, prev: 0 };
+        let (d, n) = call(&s, 100, MIN, 1, false, T0 + W60 + 5);
+        assert_eq!(d.granted, 0);
+        assert_eq!(n, s);
+        // After both windows passed, the stale state behaves as no state.
+        let later = T0 + 2 * W60;
+        assert_eq!(fresh_at_us(&s, MIN), Some(later));
+        // Only `prev` left: fresh at the end of the stored window.
+        assert_eq!(fresh_at_us(&State { start_us: T0, cur: 0, prev: 5 }, MIN), Some(T0 + W60));
+        assert_eq!(fresh_at_us(&State { start_us: T0, cur: 0, prev: 0 }, MIN), None);
+        // Read under another window, the stored instant's window counts.
+        assert_eq!(fresh_at_us(&State { start_us: T0 + 1_500_000, cur: 1, prev: 0 }, 1000),
+                   Some(T0 + 3_000_000));
+        assert_eq!(step(&s, &Params { limit: 100, window_ms: MIN }, 7, false, later).0,
+                   step(&State::default(), &Params { limit: 100, window_ms: MIN }, 7, false, later).0);
+    }
+
+    #[test]
+    fn clock_stepping_back_counts_as_zero_elapsed() {
+        let w = 1_000_000u64;
+        let t = 5_000 * w;
+        let (_, s) = call(&State::default(), 5, 1000, 5, false, t + 500_000);
+        assert_eq!(s, State { start_us: t, cur: 5, prev: 0 });
+        // 10 s back: evaluated at the stored window start (e = 0), so the
+        // same counts apply, and the waits include the 10 s the clock needs
+        // to catch up: the next window is at t + 1 s, where
+        // 5·(W − e'') + W ≤ 5·W ⇔ e'' ≥ 0.2 s.
+        let back = t - 10 * w;
+        let (d, n) = call(&s, 5, 1000, 1, false, back);
+        assert_eq!(d, dec(0, 5, 0, 11_200, 12_000));
+        assert_eq!(n, s);
+        let (d, _) = call(&s, 5, 1000, 1, false, back + 11_200_000 - 1);
+        assert_eq!(d.granted, 0);
+        let (d, _) = call(&s, 5, 1000, 1, false, back + 11_200_000);
+        assert_eq!(d.granted, 1);
+        // A grant while the clock is behind goes into the stored window and
+        // never lets that window exceed the limit.
+        let s2 = State { start_us: t, cur: 2, prev: 0 };
+        let (d, n) = call(&s2, 5, 1000, 9, true, back);
+        assert_eq!(d, dec(3, 5, 0, -1, 12_000));
+        assert_eq!(n, State { start_us: t, cur: 5, prev: 0 });
+        // Stepping back inside the window: elapsed is as stored (e = 0 at
+        // start_us), so the estimate uses prev fully.
+        let s3 = State { start_us: t, cur: 1, prev: 4 };
+        let (d, _) = call(&s3, 5, 1000, 0, false, t - 1);
+        assert_eq!(d.remaining, 0); // 4·W/W + 1 = 5
+        let (d, _) = call(&s3, 5, 1000, 0, false, t + 250_000);
+        assert_eq!(d.remaining, 1); // 4·3/4 + 1 = 4
+    }
+
+    #[test]
+    fn runtime_window_change_reinterprets_the_stored_window() {
+        // Written under 1 s windows: window 5 counts 3, window 4 counted 2.
+        let s = State { start_us: 5_000_000, cur: 3, prev: 2 };
+        // Read under 2 s windows: 5_000_000 lies in window 2 = [4 s, 6 s), the
+        // same window as 5.5 s: prev 2, cur 3, e = 1.5 s →
+        // 2·0.5/2 + 3 = 3.5, so 1 of 5 remains.
+        let (d, _) = call(&s, 5, 2000, 0, false, 5_500_000);
+        assert_eq!(d, dec(0, 5, 1, 0, 2_500));
+        // Read under 0.5 s windows: stored window 10, now (5.6 s) is in 11:
+        // prev 3, cur 0, e = 0.1 s → 3·0.4/0.5 = 2.4 → 2 remain.
+        let (d, _) = call(&s, 5, 500, 0, false, 5_600_000);
+        assert_eq!(d, dec(0, 5, 2, 0, 400));
+        let (d, n) = call(&s, 5, 500, 2, false, 5_600_000);
+        assert_eq!(d, dec(2, 5, 0, 0, 900));
+        assert_eq!(n, State { start_us: 5_500_000, cur: 2, prev: 3 });
+        // A lowered limit applies to the carried counts: denied, not reset.
+        let (d, _) = call(&s, 2, 1000, 1, false, 5_100_000);
+        assert_eq!(d.granted, 0);
+        assert_eq!(d.remaining, 0);
+        // 2·(W − e') + 4·W ≤ 2·W has no solution in this window; next
+        // window: 3·(W − e'') + W ≤ 2·W ⇔ e'' ≥ 2/3 W; 0.9 s + 666_667 µs.
+        assert_eq!(d.retry_after_ms, 1_567);
+    }
+
+    #[test]
+    fn never_more_than_limit_per_fixed_window_under_hammering() {
+        // One call per 37 µs for 30 windows of 20 ms, limit 9, mixed costs.
+        let (limit, window_ms) = (9u64, 20u64);
+        let w = window_ms * 1000;
+        let mut s = State::default();
+        let mut per_window: HashMap<u64, u64> = HashMap::new();
+        let mut total = 0u64;
+        let mut t = 123 * w;
+        let end = t + 30 * w;
+        let mut i = 0u64;
+        while t < end {
+            let cost = 1 + i % 3;
+            let (d, n) = call(&s, limit, window_ms, cost, i.is_multiple_of(5), t);
+            if d.granted > 0 {
+                s = n;
+                let k = t / w;
+                let c = *per_window.entry(k).and_modify(|c| *c += d.granted).or_insert(d.granted);
+                assert!(c <= limit);
+                // Sliding estimate over the grants themselves ≤ limit.
+                let prev = per_window.get(&(k - 1)).copied().unwrap_or(0);
+                let e = t % w;
+                assert!(u128::from(prev) * u128::from(w - e) + u128::from(c) * u128::from(w)
+                    <= u128::from(limit) * u128::from(w));
+                total += d.granted;
+            }
+            t += 37;
+            i += 1;
+        }
+        // Not overly strict either: with steady demand each window after the
+        // first gets at least some, and the whole run at least half the
+        // fixed-window maximum.
+        assert!(total >= 30 * limit / 2, "total {total}");
+    }
+
+    // ------------------------------------------------------------------
+    // Extremes.
+    // ------------------------------------------------------------------
+
+    #[test]
+    fn extremes_never_panic_and_match_the_model_in_range() {
+        let big_start = u64::MAX - u64::MAX % 1000;
+        let limits = [1, 2, MAX_ARG - 1, MAX_ARG, 0, MAX_ARG + 1, u64::MAX];
+        let windows = [1, 2, MAX_ARG, 0, MAX_ARG + 1, u64::MAX];
+        let costs = [0, 1, 2, MAX_ARG - 1, MAX_ARG, MAX_ARG + 1, u64::MAX];
+        let nows = [0, 1, 999, 1000, MAX_ARG * 1000 - 1, MAX_ARG * 1000, u64::MAX - 1, u64::MAX];
+        let states = [
+            State::default(),
+            State { start_us: 0, cur: 1, prev: 0 },
+            State { start_us: 0, cur: MAX_ARG, prev: MAX_ARG },
+            State { start_us: big_start, cur: MAX_ARG, prev: MAX_ARG },
+            State { start_us: big_start, cur: 1, prev: MAX_ARG },
+            State { start_us: (MAX_ARG - 1) * 1000, cur: MAX_ARG, prev: 1 },
+            State { start_us: u64::MAX, cur: u64::MAX, prev: u64::MAX },
+            State { start_us: 12_345, cur: 7, prev: u64::MAX },
+            State { start_us: u64::MAX - 1, cur: 0, prev: 3 },
+        ];
+        let in_range = |v: u64| (1..=MAX_ARG).contains(&v);
+        let mut compared = 0;
+        for &limit in &limits {
+            for &window_ms in &windows {
+                for &cost in &costs {
+                    for &now in &nows {
+                        for s in &states {
+                            for partial in [false, true] {
+                                let (d, ns) = call(s, limit, window_ms, cost, partial, now);
+                                let valid_state = s.is_fresh() || State::decode(&s.encode()).is_ok();
+                                if in_range(limit) && in_range(window_ms) && cost <= MAX_ARG && valid_state {
+                                    let p = Params { limit, window_ms };
+                                    let (md, ms) = model(s, &p, cost, partial, now, Search::Bisect);
+                                    assert_eq!(d, md, "{s:?} {p:?} cost {cost} partial {partial} now {now}");
+                                    assert_eq!(ns, ms);
+                                    if d.granted > 0 {
+                                        assert_eq!(State::decode(&ns.encode()), Ok(ns));
+                                    }
+                                    compared += 1;
+                                }
+                                let _ = fresh_at_us(&ns, window_ms);
+                                let _ = fresh_at_us(s, window_ms);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(compared > 1000);
+    }
+
+    #[test]
+    fn extreme_values_give_exact_answers() {
+        // Largest limit, window and cost from fresh: granted, 0 left, and the
+        // key is fresh again two windows (2·MAX_ARG ms) later.
+        let t = MAX_ARG * 1000; // window 1 of the largest window
+        let (d, s) = call(&State::default(), MAX_ARG, MAX_ARG, MAX_ARG, false, t);
+        assert_eq!(d, dec(MAX_ARG, MAX_ARG, 0, 0, 2 * MAX_ARG));
+        assert_eq!(s, State { start_us: t, cur: MAX_ARG, prev: 0 });
+        // (3·W is past u64::MAX µs: the instant saturates, the reply does not.)
+        assert_eq!(fresh_at_us(&s, MAX_ARG), Some(u64::MAX));
+        // One more unit needs the next window: MAX·(W − e'') + W ≤ MAX·W,
+        // e'' ≥ W/MAX = 1000 µs, so MAX_ARG + 1 ms.
+        let (d, _) = call(&s, MAX_ARG, MAX_ARG, 1, false, t);
+        assert_eq!(d, dec(0, MAX_ARG, 0, to_i64(MAX_ARG + 1), 2 * MAX_ARG));
+        // Smallest everything.
+        let (d, s) = call(&State::default(), 1, 1, 1, false, 0);
+        assert_eq!(d, dec(1, 1, 0, 0, 2));
+        assert_eq!(s, State { start_us: 0, cur: 1, prev: 0 });
+        let (d, _) = call(&s, 1, 1, 1, false, 0);
+        assert_eq!(d, dec(0, 1, 0, 2, 2));
+        // The end of time: the window start is representable, fresh_at
+        // saturates, and no arithmetic overflows.
+        let (d, s) = call(&State::default(), 3, 1, 2, false, u64::MAX);
+        assert_eq!(d.granted, 2);
+        assert_eq!(s.start_us, u64::MAX - u64::MAX % 1000);
+        assert_eq!(fresh_at_us(&s, 1), Some(u64::MAX));
+        let (d, _) = call(&s, 3, 1, 2, false, u64::MAX);
+        assert_eq!(d.granted, 0);
+        assert!(d.retry_after_ms > 0);
+    }
+
+    // ------------------------------------------------------------------
+    // Encoding.
+    // ------------------------------------------------------------------
+
+    #[test]
+    fn encoding_layout_and_round_trip() {
+        let s = State { start_us: 0x0102_0304_0506_0708, cur: 5, prev: MAX_ARG };
+        let b = s.encode();
+        assert_eq!(b.len(), State::ENCODED_LEN);
+        assert_eq!(State::ENCODED_LEN, 25);
+        let mut want = vec![1u8];
+        want.extend_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
+        want.extend_from_slice(&5u64.to_le_bytes());
+        want.extend_from_slice(&MAX_ARG.to_le_bytes());
+        assert_eq!(b.to_vec(), want);
+        // start_us above is not whole ms: refused; a real one round-trips.
+        assert!(matches!(State::decode(&b), Err(DecodeError::Invalid(_))));
+        let s = State { start_us: 1_700_000_000_000_000, cur: 5, prev: MAX_ARG };
+        assert_eq!(State::decode(&s.encode()), Ok(s));
+    }
+
+    #[test]
+    fn decode_refuses_what_no_grant_produces() {
+        let ok = State { start_us: 7_000, cur: 1, prev: 0 };
+        assert_eq!(State::decode(&ok.encode()), Ok(ok));
+        assert_eq!(State::decode(&[]), Err(DecodeError::Truncated));
+        assert_eq!(State::decode(&ok.encode()[..24]), Err(DecodeError::Truncated));
+        let mut long = ok.encode().to_vec();
+        long.push(0);
+        assert_eq!(State::decode(&long), Err(DecodeError::TrailingBytes));
+        let mut v2 = ok.encode();
+        v2[0] = 2;
+        assert_eq!(State::decode(&v2), Err(DecodeError::UnknownVersion));
+        assert_eq!(State::decode(&[0]), Err(DecodeError::UnknownVersion));
+        let invalid = |s: State| matches!(State::decode(&s.encode()), Err(DecodeError::Invalid(_)));
+        assert!(invalid(State::default()));
+        assert!(invalid(State { start_us: 7_000, cur: 0, prev: 0 }));
+        assert!(invalid(State { start_us: 7_000, cur: 0, prev: 4 }));
+        assert!(invalid(State { start_us: 7_000, cur: MAX_ARG + 1, prev: 0 }));
+        assert!(invalid(State { start_us: 7_000, cur: 1, prev: MAX_ARG + 1 }));
+        assert!(invalid(State { start_us: 7_001, cur: 1, prev: 0 }));
+        assert!(!invalid(State { start_us: 7_000, cur: MAX_ARG, prev: MAX_ARG }));
+    }
+
+    // ------------------------------------------------------------------
+    // Property tests.
+    // ------------------------------------------------------------------
+
+    fn cfg(cases: u32) -> PropConfig {
+        // No regression files: this crate's source tree belongs to others.
+        PropConfig { cases, failure_persistence: None, ..PropConfig::default() }
+    }
+
+    /// Numbers that hit both ends of `0..=MAX_ARG`.
+    fn wide(lo: u64) -> impl Strategy<Value = u64> {
+        prop_oneof![
+            2 => lo..=lo + 3,
+            2 => MAX_ARG - 3..=MAX_ARG,
+            3 => lo..=MAX_ARG,
+            2 => lo..=1_000u64,
+            1 => lo..=(1u64 << 32),
+        ]
+    }
+
+    fn time_from(base: u64, delta: u64, back: bool) -> u64 {
+        if back {
+            base.saturating_sub(delta)
+        } else {
+            base.saturating_add(delta)
+        }
+    }
+
+    proptest! {
+        #![proptest_config(cfg(4_000))]
+
+        /// Small everything: the model with plain linear scans agrees with
+        /// `step` and with its own bisection (which the big tests rely on).
+        #[test]
+        fn linear_model_matches_step_and_bisection(
+            limit in 1u64..=8, window_ms in 1u64..=3,
+            k in 0u64..=6, cur in 0u64..=10, prev in 0u64..=10,
+            offset in -3_000i64..=9_000, cost in 0u64..=10, partial: bool,
+        ) {
+            let s = State { start_us: (1_000 + k) * 1000, cur, prev };
+            let now = (1_000 * 1000 + 6 * 1000u64).checked_add_signed(offset).unwrap();
+            let p = Params { limit, window_ms };
+            let (d, ns) = step(&s, &p, cost, partial, now);
+            check_invariants(&s, &p, cost, partial, now, &d, &ns);
+            let lin = model(&s, &p, cost, partial, now, Search::Linear);
+            let bis = model(&s, &p, cost, partial, now, Search::Bisect);
+            prop_assert_eq!(lin, bis);
+            prop_assert_eq!(d, lin.0);
+            prop_assert_eq!(ns, lin.1);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(cfg(20_000))]
+
+        /// Full ranges: exact agreement with the model on huge limits,
+        /// windows, costs and times, including the clock behind the state.
+        #[test]
+        fn large_values_match_model(
+            limit in wide(1), window_ms in wide(1), cost in wide(0),
+            start_ms in prop_oneof![0u64..=u64::MAX / 1000, Just(u64::MAX / 1000)],
+            cur in wide(0), prev in wide(0), partial: bool,
+            delta in prop_oneof![wide(0), any::<u64>(), 0u64..=10_000_000], back in prop::bool::weighted(0.2),
+            unaligned: bool,
+        ) {
+            let mut start_us = start_ms * 1000;
+            if unaligned {
+                // Written under another window: not aligned to this one.
+                start_us = start_us.saturating_sub(start_us % (window_ms.saturating_mul(1000)) / 2 / 1000 * 1000);
+            }
+            let s = if cur == 0 { State::default() } else { State { start_us, cur, prev } };
+            let now = time_from(start_us, delta, back);
+            let p = Params { limit, window_ms };
+            let (d, ns) = step(&s, &p, cost, partial, now);
+            check_invariants(&s, &p, cost, partial, now, &d, &ns);
+            let (md, ms) = model(&s, &p, cost, partial, now, Search::Bisect);
+            prop_assert_eq!(d, md);
+            prop_assert_eq!(ns, ms);
+            if d.granted > 0 {
+                prop_assert_eq!(State::decode(&ns.encode()), Ok(ns));
+            }
+        }
+
+        /// Any u64 anywhere (state fields, params out of range, cost): no
+        /// panic or overflow (overflow checks are on in the scratch build),
+        /// and the basic invariants hold.
+        #[test]
+        fn arbitrary_u64_inputs_never_panic(
+            start_us: u64, cur: u64, prev: u64, limit: u64, window_ms: u64,
+            cost: u64, partial: bool, now: u64,
+        ) {
+            let s = State { start_us, cur, prev };
+            let p = Params { limit, window_ms };
+            let (d, ns) = step(&s, &p, cost, partial, now);
+            prop_assert!(d.granted <= cost);
+            prop_assert_eq!(d.limit, limit);
+            prop_assert!(d.retry_after_ms >= -1);
+            if d.granted == 0 {
+                prop_assert_eq!(ns, s);
+            } else {
+                prop_assert!(ns.cur <= limit.min(MAX_ARG));
+                if prev <= MAX_ARG {
+                    prop_assert_eq!(State::decode(&ns.encode()), Ok(ns));
+                }
+            }
+            let _ = fresh_at_us(&s, window_ms);
+            let _ = fresh_at_us(&ns, window_ms);
+        }
+
+        /// Random bytes never make decode panic; whatever it accepts
+        /// re-encodes to exactly the same bytes.
+        #[test]
+        fn decode_random_bytes(bytes in prop::collection::vec(any::<u8>(), 0..40)) {
+            if let Ok(s) = State::decode(&bytes) {
+                prop_assert_eq!(s.encode().to_vec(), bytes);
+                prop_assert!(!s.is_fresh());
+            }
+        }
+
+        /// Version-1 payloads with random fields: the accepted ones satisfy
+        /// the invariants and round-trip; the rest are `Invalid`.
+        #[test]
+        fn decode_random_v1_payloads(
+            start_ms in prop_oneof![any::<u64>(), 0u64..=u64::MAX / 1000],
+            cur in prop_oneof![any::<u64>(), 0u64..=MAX_ARG + 2],
+            prev in prop_oneof![any::<u64>(), 0u64..=MAX_ARG + 2],
+            scale: bool,
+        ) {
+            let start_us = if scale { start_ms.saturating_mul(1000) } else { start_ms };
+            let s = State { start_us, cur, prev };
+            let bytes = s.encode();
+            match State::decode(&bytes) {
+                Ok(d) => {
+                    prop_assert_eq!(d, s);
+                    prop_assert!((1..=MAX_ARG).contains(&cur) && prev <= MAX_ARG && start_us.is_multiple_of(1000));
+                }
+                Err(e) => {
+                    prop_assert!(matches!(e, DecodeError::Invalid(_)));
+                    prop_assert!(cur == 0 || cur > MAX_ARG || prev > MAX_ARG || start_us % 1000 != 0);
+                }
+            }
+        }
+    }
+
+    // ------------------------------------------------------------------
+    // Long random call sequences against the model and a log of grants.
+    // ------------------------------------------------------------------
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Call { dt: i64, cost: u64, partial: bool },
+        Limit(u64),
+        Window(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        // µs; mostly forward, sometimes equal, sometimes back (by less or
+        // more than a window: windows here are 1–4 ms).
+        let dt = prop_oneof![
+            8 => Just(0i64),
+            24 => 0i64..=400,
+            16 => 0i64..=4_000,
+            6 => 0i64..=15_000,
+            2 => -3_000i64..0,
+            1 => -12_000i64..-3_000,
+        ];
+        let cost = prop_oneof![1 => Just(0u64), 8 => 1u64..=4, 3 => 0u64..=15];
+        prop_oneof![
+            80 => (dt, cost, any::<bool>()).prop_map(|(dt, cost, partial)| Op::Call { dt, cost, partial }),
+            1 => (1u64..=12).prop_map(Op::Limit),
+            1 => (1u64..=4).prop_map(Op::Window),
+        ]
+    }
+
+    /// What the test itself knows: units granted per fixed window (keyed by
+    /// window index, i128 so "the window before 0" exists), and the instant
+    /// time can no longer run behind: the start of the latest window a
+    /// grant went into (or, after a window change, the stored `start_us`).
+    #[derive(Default)]
+    struct GrantLog {
+        per_window: HashMap<i128, u64>,
+        anchor: u64,
+    }
+
+    impl GrantLog {
+        fn get(&self, k: i128) -> u64 {
+            self.per_window.get(&k).copied().unwrap_or(0)
+        }
+        /// (window, prev, cur, e) a call at `now` sees.
+        fn view(&self, w: u64, now: u64) -> (i128, u64, u64, u64) {
+            let t = now.max(self.anchor);
+            let k = i128::from(t / w);
+            (k, self.get(k - 1), self.get(k), t % w)
+        }
+    }
+
+    fn run_sequence(start: u64, limit0: u64, window0: u64, ops: &[Op]) -> Result<u64, TestCaseError> {
+        let (mut limit, mut window_ms) = (limit0, window0);
+        let mut now = start;
+        let mut stored = State::default();
+        let mut log = GrantLog::default();
+        // Simulated key expiry: the caller sets TTL = reset_after_ms.
+        let mut expiry: Option<(u64, u64)> = None; // (expires at µs, window_ms then)
+        let mut calls = 0u64;
+        for op in ops {
+            match *op {
+                Op::Limit(l) => limit = l,
+                Op::Window(wm) => {
+                    window_ms = wm;
+                    // The stored state is now read under the new window:
+                    // seed the log with that reading.
+                    log = GrantLog::default();
+                    if !stored.is_fresh() {
+                        let k = i128::from(stored.start_us / (wm * 1000));
+                        log.per_window.insert(k, stored.cur);
+                        log.per_window.insert(k - 1, stored.prev);
+                        log.anchor = stored.start_us;
+                    }
+                }
+                Op::Call { dt, cost, partial } => {
+                    calls += 1;
+                    now = if dt >= 0 { now.saturating_add(dt as u64) } else { now.saturating_sub(dt.unsigned_abs()) };
+                    let w = window_ms * 1000;
+                    if let Some((at, win)) = expiry {
+                        if now >= at {
+                            if win == window_ms {
+                                // The key expires only once it is fresh.
+                                let (_, lp, lc, _) = log.view(w, now);
+                                prop_assert_eq!((lp, lc), (0, 0));
+                            }
+                            stored = State::default();
+                            log = GrantLog::default();
+                            expiry = None;
+                        }
+                    }
+                    // The state agrees with the log of grants.
+                    let (k, lp, lc, le) = log.view(w, now);
+                    let (sp, sc, se) = m_counts(&stored, u128::from(w), u128::from(now));
+                    prop_assert_eq!((u128::from(lp), u128::from(lc), u128::from(le)), (sp, sc, se));
+
+                    let p = Params { limit, window_ms };
+                    let (d, ns) = step(&stored, &p, cost, partial, now);
+                    check_invariants(&stored, &p, cost, partial, now, &d, &ns);
+                    let (md, ms) = model(&stored, &p, cost, partial, now, Search::Bisect);
+                    prop_assert_eq!(d, md, "now {} stored {:?} params {:?} cost {} partial {}", now, stored, p, cost, partial);
+                    prop_assert_eq!(ns, ms);
+                    // A state past its fresh instant acts exactly as no key.
+                    if let Some(f) = fresh_at_us(&stored, window_ms) {
+                        if now >= f && f < u64::MAX {
+                            prop_assert_eq!(d, step(&State::default(), &p, cost, partial, now).0);
+                        }
+                    }
+                    if d.granted > 0 {
+                        prop_assert_eq!(State::decode(&ns.encode()), Ok(ns));
+                        prop_assert_eq!(i128::from(ns.start_us / w), k);
+                        let c = log.per_window.entry(k).or_insert(0);
+                        *c += d.granted;
+                        let c = *c;
+                        log.anchor = log.anchor.max(now.max(log.anchor) - le);
+                        // Never more than the limit in a fixed window, and the
+                        // sliding estimate over the actual grants ≤ limit.
+                        prop_assert!(c <= limit);
+                        let est = u128::from(lp) * u128::from(w - le) + u128::from(c) * u128::from(w);
+                        prop_assert!(est <= u128::from(limit) * u128::from(w));
+                        let at = now.saturating_add(d.reset_after_ms.saturating_mul(1000));
+                        if let Some(f) = fresh_at_us(&ns, window_ms) {
+                            prop_assert!(at >= f || at == u64::MAX);
+                        }
+                        // (At the end of u64 time the expiry saturates: never.)
+                        expiry = (at < u64::MAX).then_some((at, window_ms));
+                        stored = ns;
+                    }
+                }
+            }
+        }
+        Ok(calls)
+    }
+
+    proptest! {
+        #![proptest_config(cfg(5_000))]
+
+        /// ~5 million calls in total: random time steps (equal, forward,
+        /// backward), costs 0..15 (often above the limit), PARTIAL, limit
+        /// and window changes; every reply field equals the model's, and
+        /// the state always equals what the log of grants says.
+        #[test]
+        fn random_sequences_match_model(
+            start in prop_oneof![
+                0u64..=100_000,
+                1_600_000_000_000_000u64..=1_800_000_000_000_000,
+                u64::MAX - 300_000..=u64::MAX,
+            ],
+            limit in 1u64..=12, window_ms in 1u64..=4,
+            ops in prop::collection::vec(op(), 600..=1_400),
+        ) {
+            run_sequence(start, limit, window_ms, &ops)?;
+        }
+    }
+}
