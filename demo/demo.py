@@ -115,7 +115,7 @@ def run(r, tag):
             pipe.execute_command(cmd, key, *args, *cost)
         replies = pipe.execute()
         for i, reply in enumerate(replies):
-            allowed, _limit, remaining = reply[0], reply[1], reply[2]
+            allowed, remaining = reply[0], reply[2]
             if kind == "req":
                 results[i].append((t, allowed == 1, remaining))
             else:
