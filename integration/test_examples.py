@@ -436,3 +436,22 @@ def test_fallback_when_redis_is_slow(env, lang):
     wait_until(lambda: gw.get("/api/x", key="k")[1].get("x-ratelimit-limit") == "10",
                timeout=30, what="the gateway back on Redis")
     assert gw.stats()["redis_errors"] >= 1
+
+
+def test_demo_runs_and_draws_the_chart(tmp_path):
+    """make demo end to end (19 s of real time): it starts its own server,
+    prints the summary for the three algorithms and writes a well-formed SVG
+    with one panel (bars and a state line) per algorithm."""
+    import xml.etree.ElementTree as ET
+
+    out = tmp_path / "demo.svg"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "demo", "demo.py"), "--out", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {line.split("  ")[0]: line for line in p.stdout.splitlines()}
+    for label in ("Token bucket", "Sliding log", "Sliding counter"):
+        assert label in rows and " of 40" in rows[label], p.stdout
+    svg = ET.parse(out).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(svg.findall(f"{ns}polyline")) == 3
+    assert len(svg.findall(f"{ns}rect")) > 100   # bars of granted / denied requests

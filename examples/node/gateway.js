@@ -367,7 +367,15 @@ function main() {
   const rulesFile = new RulesFile(opts.rules, stats);
   const limiter = new Limiter(opts.redis, opts["redis-timeout-ms"], opts["redis-retry-ms"], stats);
 
-  const server = http.createServer(async (req, res) => {
+  const server = http.createServer((req, res) => {
+    handle(req, res).catch((e) => {
+      log(`request failed: ${e.stack || e}`);
+      if (!res.headersSent) problem(req, res, 500, "Internal Server Error", "the gateway failed");
+      else res.destroy();
+    });
+  });
+
+  async function handle(req, res) {
     const p = req.url.split("?")[0] || "/";
     if (p === STATS_PATH && req.method === "GET") {
       const rules = rulesFile.rules;
@@ -399,7 +407,8 @@ function main() {
       stats.unlimited += 1;
     }
     forward(req, res, upstream, extra, stats);
-  });
+  }
+
   // Give the first Redis connection a moment before taking traffic; if Redis
   // is down at start, serve anyway on the local limits.
   const ready = new Promise((resolve) => {
