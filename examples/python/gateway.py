@@ -53,6 +53,7 @@ HOP_BY_HOP = {
     "content-length",
 }
 STATS_PATH = "/_gateway/stats"
+MAX_BODY = 16 * 1024 * 1024   # request bodies are read whole before forwarding
 
 
 def log(msg):
@@ -298,6 +299,7 @@ def rate_limit_headers(route, d):
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "rl-gateway-py"
+    timeout = 60   # seconds a client connection may sit idle
     # set by main(): rules, limiter, stats, upstream (host, port)
 
     def log_message(self, fmt, *args):   # no access log
@@ -327,10 +329,16 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return self.problem(411, "Length Required", "send a Content-Length body")
         try:
-            body = self.rfile.read(int(length)) if length else b""
+            n = int(length or 0)
+            if n < 0:
+                raise ValueError
         except ValueError:
             self.close_connection = True
             return self.problem(400, "Bad Request", "bad Content-Length")
+        if n > MAX_BODY:
+            self.close_connection = True
+            return self.problem(413, "Content Too Large", f"at most {MAX_BODY} bytes")
+        body = self.rfile.read(n)
 
         rules = self.rules.rules
         route = rules.route_for(self.command, path)
