@@ -957,7 +957,8 @@ class Report:
         pw, ph_, gap = 330, 190, 20
         left, top = 50, 90
         W = left + len(kss) * (pw + gap) + 10
-        H = top + len(rows) * (ph_ + 45) + 30
+        mem_top = top + len(rows) * (ph_ + 45) + 10
+        H = mem_top + 260
         groups = [(a, rg) for a in ALGS for rg in REGIMES]
         vmax = 1.2
         for ph, P in rows:
@@ -1028,8 +1029,49 @@ class Report:
                                      % (bx + bw / 2.0, yv(r) - 2, r))
                     o.append('<text x="%.1f" y="%d" text-anchor="middle" fill="#333">%s</text>'
                              % (gx + gw / 2.0, py1 + 12, rg[0]))
+        self.svg_memory(o, left, mem_top, W - left - 10)
         o.append('</svg>')
         return "\n".join(o) + "\n"
+
+    def svg_memory(self, o, x, y, width):
+        """Bottom row: bytes per key, and sliding-log bytes per grant."""
+        mem = self.d["memory"]
+        half = (width - 40) / 2.0
+        o.append('<text x="%d" y="%d" font-weight="bold">Memory: bytes per key (used_memory growth over %s keys, one grant each)</text>'
+                 % (x, y + 12, "{:,}".format(self.cfg["mem_keys"])))
+        bars = [(m["label"], m["bytes_per_key"], "#777" if m["alg"] is None else
+                 ("#1f5fa8", "#2e8b57", "#b8562b")[["tb", "sc", "sl"].index(m["alg"])] if m["kind"] == "rl" else
+                 ("#9cc0ea", "#a6dcb9", "#f0bfa4")[["tb", "sc", "sl"].index(m["alg"])]) for m in mem]
+        self.svg_hbars(o, x, y + 22, half, bars, "B")
+        x2 = x + half + 40
+        o.append('<text x="%d" y="%d" font-weight="bold">Sliding log: bytes per grant (key bytes / grants; distinct grant times)</text>'
+                 % (x2, y + 12))
+        lb = []
+        for m in self.d["log_memory"]:
+            lb.append(("%s, %d grants/key" % ("RL.SLIDINGLOG" if m["twin"] == "module" else "Lua sorted set", m["grants"]),
+                       m["bytes_per_key"] / float(m["grants"]), "#b8562b" if m["twin"] == "module" else "#f0bfa4"))
+        self.svg_hbars(o, x2, y + 22, half, lb, "B/grant", mark=8.0)
+
+    @staticmethod
+    def svg_hbars(o, x, y, width, bars, unit, mark=None):
+        if not bars:
+            return
+        label_w = 170
+        bh = 200.0 / max(len(bars), 1)
+        vmax = max(v for _, v, _ in bars) * 1.15
+        if mark:
+            vmax = max(vmax, mark * 1.15)
+        span = width - label_w - 10
+        for i, (label, v, color) in enumerate(bars):
+            by = y + i * bh
+            o.append('<text x="%.1f" y="%.1f" text-anchor="end" fill="#333">%s</text>' % (x + label_w - 6, by + bh * 0.65, label))
+            wv = span * v / vmax
+            o.append('<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"/>' % (x + label_w, by + 2, wv, bh - 4, color))
+            o.append('<text x="%.1f" y="%.1f" fill="#000">%.1f %s</text>' % (x + label_w + wv + 4, by + bh * 0.65, v, unit))
+        if mark:
+            mx = x + label_w + span * mark / vmax
+            o.append('<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#c00" stroke-dasharray="2,2"/>' % (mx, y, mx, y + bh * len(bars)))
+            o.append('<text x="%.1f" y="%.1f" fill="#c00" font-size="9">target %g</text>' % (mx + 3, y + bh * len(bars) + 10, mark))
 
 
 # --------------------------------------------------------------------------
