@@ -172,10 +172,6 @@ def keyed_commands(head, prefix, indices, tail):
     return [pre + kh + pfx + b"%012d" % i + b"\r\n" + post for i in indices]
 
 
-def info(c, section):
-    return c.info(section)
-
-
 def cmdstat(stats, name):
     want = "cmdstat_" + name.lower()
     for k, v in stats.items():
@@ -723,6 +719,7 @@ class Report:
         w("")
         self.md_targets(w)
         self.md_summary(w)
+        self.md_usec(w)
         self.md_memory(w)
         self.md_method(w)
         self.md_details(w)
@@ -790,6 +787,32 @@ class Report:
                         self.fmt_rps(self.first_incr(ph, ks, P)))
                     for ks, P in cols) + ".")
                 w("")
+
+    def md_usec(self, w):
+        cols = [(ks, P) for P in self.cfg["pipelines"] for ks in self.keyspaces()]
+        w("## Server µs per call (INFO commandstats, no replica)")
+        w("")
+        w("The server's own time per call, `usec_per_call` after `CONFIG RESETSTAT`; INCR is the mean "
+          "of the INCR runs in the same column; for the Lua twin it is EVALSHA's time, which includes "
+          "the commands the script calls.")
+        w("")
+        w("| command | regime | " + " | ".join("%s P%d" % (ks, P) for ks, P in cols) + " |")
+        w("|---|---|" + "---:|" * len(cols))
+        incr = []
+        for ks, P in cols:
+            xs = [r["usec_per_call"] for r in self.res
+                  if (r["phase"], r["ks"], r["P"], r["kind"]) == ("primary", ks, P, "INCR")]
+            incr.append("%.2f" % statistics.mean(xs) if xs else "–")
+        w("| INCR | | " + " | ".join(incr) + " |")
+        for kind in ("RL", "LUA"):
+            for alg in ALGS:
+                for rg in REGIMES:
+                    vals = []
+                    for ks, P in cols:
+                        r = self.cell("primary", ks, P, kind, alg.tag, rg)
+                        vals.append("–" if r is None else "%.2f" % r["usec_per_call"])
+                    w("| %s | %s | %s |" % (alg.cmd if kind == "RL" else "Lua " + alg.lua, rg, " | ".join(vals)))
+        w("")
 
     def first_incr(self, phase, ks, P):
         for r in self.res:
