@@ -68,12 +68,15 @@ unsafe fn reply(ctx: *mut RedisModuleCtx, cmd: Cmd, d: &Decision, call: &Call) -
     )
 }
 
-/// Absolute expiry (Unix ms) for a state written at `now_eff_us` whose
-/// reset is `reset_ms` away: the key then lives exactly until it would be
+/// Absolute expiry (Unix ms) for a state written at `now_us` whose reset is
+/// `reset_ms` away (the cores measure waits from the real clock, also when
+/// it stepped back): the key then lives exactly until it would be
 /// indistinguishable from a fresh one, and its TTL equals reset_after_ms.
+/// Redis deletes a key once `mstime() > expiry`, so it survives the whole
+/// millisecond `now_ms + reset_ms`, which ends after the exact µs reset.
 #[inline]
-fn abs_expiry(now_eff_us: u64, reset_ms: u64) -> u64 {
-    (now_eff_us / 1000).saturating_add(reset_ms)
+fn abs_expiry(now_us: u64, reset_ms: u64) -> u64 {
+    (now_us / 1000).saturating_add(reset_ms)
 }
 
 /// Store `new` in the key (in place when it already holds our type).
@@ -107,7 +110,7 @@ pub unsafe extern "C" fn tokenbucket(ctx: *mut RedisModuleCtx, argv: *mut *mut R
         };
         let (d, new) = tb::step(&cur, &p, call.cost, call.partial, now);
         if d.granted > 0 && !call.dryrun && store(&key, &slot, new) {
-            let abs = abs_expiry(new.last_us, d.reset_after_ms);
+            let abs = abs_expiry(now, d.reset_after_ms);
             key.set_abs_expire(abs);
             key.signal_modified();
             ffi::replicate_state(ctx, name, codec::tokenbucket(&new, abs).as_bytes());
@@ -135,7 +138,7 @@ pub unsafe extern "C" fn slidingcounter(ctx: *mut RedisModuleCtx, argv: *mut *mu
         };
         let (d, new) = sc::step(&cur, &p, call.cost, call.partial, now);
         if d.granted > 0 && !call.dryrun && store(&key, &slot, new) {
-            let abs = abs_expiry(now.max(cur.start_us), d.reset_after_ms);
+            let abs = abs_expiry(now, d.reset_after_ms);
             key.set_abs_expire(abs);
             key.signal_modified();
             ffi::replicate_state(ctx, name, codec::slidingcounter(&new, abs).as_bytes());
@@ -164,20 +167,22 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
         };
         let d = sl::decide(cur, &p, call.cost, call.partial, now);
         if d.granted > 0 && !call.dryrun {
-            let now_eff = now.max(cur.newest_us().unwrap_or(0));
+            // The key lives through the millisecond in which the newest grant
+            // leaves the window; that is `reset_after_ms` from now.
             let written = match slot {
                 Slot::Ours(s) => {
                     sl::grant(&mut *s, p.window_ms, d.granted, now);
-                    true
+                    Some(sl::fresh_at_us(&*s, p.window_ms))
                 }
                 _ => {
                     let mut s = Box::new(sl::State::default());
                     sl::grant(&mut s, p.window_ms, d.granted, now);
-                    key.set_value(sl::State::redis_type(), s)
+                    let fresh = sl::fresh_at_us(&s, p.window_ms);
+                    key.set_value(sl::State::redis_type(), s).then_some(fresh)
                 }
             };
-            if written {
-                let abs = abs_expiry(now_eff, d.reset_after_ms);
+            if let Some(fresh_at) = written {
+                let abs = fresh_at.map_or(0, |us| us / 1000);
                 key.set_abs_expire(abs);
                 key.signal_modified();
                 let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };

@@ -409,7 +409,7 @@ fn replica_matches_master_after_random_workload() {
         assert_eq!(pexpiretime(&mut r, &k), exp, "{k}: expiry differs on the replica");
         compared += 1;
     }
-    assert!(compared > 50, "compared {compared} keys");
+    assert!(compared > 30, "compared {compared} keys");
 }
 
 #[test]

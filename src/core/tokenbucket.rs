@@ -21,7 +21,7 @@
 //! Products are computed in `u128`: `capacity × P < 2^53 × 2^63 = 2^116`,
 //! `Δt × rate < 2^64 × 2^53 = 2^117`, so nothing can overflow.
 
-use super::{div_ceil_u128, ms_to_us, to_i64, DecodeError, Decision, Reader, MAX_ARG};
+use super::{div_ceil_u128, ms_to_us, to_i64, us_to_ms_ceil, DecodeError, Decision, Reader, MAX_ARG};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
@@ -128,16 +128,23 @@ pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) ->
     };
     let after = level - u128::from(granted) * den;
 
-    // Units regained per ms, for the ms-rounded waits.
-    let per_ms = rate * 1000;
-    let reset_after_ms = u64::try_from(div_ceil_u128(full - after, per_ms)).unwrap_or(u64::MAX);
+    // Waits are measured from the real `now_us`: while the clock is behind
+    // the stored time, the refill resumes only once it catches up, so the
+    // gap is part of every wait (and of the key's TTL).
+    let gap = u128::from(now_eff - now_us);
+    let wait_ms = |deficit: u128| -> u64 {
+        if deficit == 0 {
+            return 0;
+        }
+        us_to_ms_ceil(div_ceil_u128(deficit, rate).saturating_add(gap))
+    };
+    let reset_after_ms = wait_ms(full - after);
     let retry_after_ms = if granted == cost {
         0
     } else if cost > p.capacity {
         -1
     } else {
-        let need = cost_w * den - after; // > 0: the call was not fully granted
-        to_i64(u64::try_from(div_ceil_u128(need, per_ms)).unwrap_or(u64::MAX))
+        to_i64(wait_ms(cost_w * den - after)) // > 0: the call was not fully granted
     };
 
     let decision = Decision {
@@ -254,11 +261,11 @@ mod tests {
         let p = tb(2, 1, 1000);
         let mut s = State::default();
         call(&mut s, &p, 2, false, 10_000_000);
-        // An hour earlier: no refill, no error, no wrap-around.
-        let d = call(&mut s, &p, 1, false, 10_000_000 - 3_600_000_000_u64.min(10_000_000));
-        assert_eq!((d.granted, d.retry_after_ms), (0, 1000));
+        // Ten seconds earlier: no refill, no error, no wrap-around; the wait
+        // includes the time until the clock is back where it was.
         let d = call(&mut s, &p, 1, false, 0);
-        assert_eq!(d.granted, 0);
+        assert_eq!((d.granted, d.retry_after_ms, d.reset_after_ms), (0, 11_000, 12_000));
+        assert_eq!(call(&mut s, &p, 1, false, 10_999_999).granted, 0);
         assert_eq!(call(&mut s, &p, 1, false, 11_000_000).granted, 1);
     }
 
@@ -359,13 +366,17 @@ mod tests {
             // Waits by brute force over rationals: smallest t (µs, real) with
             // num + t*rate >= target*d, i.e. t = (target*d - num)/rate; in ms
             // rounded up.
+            let gap = u128::from(now_eff - now);
             let ceil_ms = |target: u128| -> u64 {
                 if num >= target {
                     return 0;
                 }
+                // Real-valued wait (deficit / rate µs) plus the clock gap,
+                // rounded up to whole µs (time is counted in µs), then ms.
                 let deficit = target - num;
-                let r = u128::from(p.rate) * 1000;
-                ((deficit + r - 1) / r) as u64
+                let r = u128::from(p.rate);
+                let us = (deficit + r - 1) / r + gap;
+                ((us + 999) / 1000) as u64
             };
             let dec = Decision {
                 granted: g,
