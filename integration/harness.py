@@ -147,3 +147,274 @@ def module_commands():
         ("RL.SLIDINGLOG", lambda limit, ms: [limit, ms]),
         ("RL.SLIDINGCOUNTER", lambda limit, ms: [limit, ms]),
     ]
+
+
+# ---------------------------------------------------------------------------
+# Helpers for the topology suites (replication, persistence, cluster).
+# ---------------------------------------------------------------------------
+
+import json  # noqa: E402
+import threading  # noqa: E402
+
+from redis.crc import key_slot  # noqa: E402
+
+# Parameters under which no unit ever comes back in a test's lifetime (the
+# next token, window or log entry is ~285,000 years away): replies are then
+# time-independent and grants can be counted exactly.
+HUGE = (1 << 53) - 1
+NEVER = {
+    "RL.TOKENBUCKET": lambda limit: [limit, 1, HUGE],
+    "RL.SLIDINGLOG": lambda limit: [limit, HUGE],
+    "RL.SLIDINGCOUNTER": lambda limit: [limit, HUGE],
+}
+COMMANDS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER")
+TYPE_NAMES = {
+    "RL.TOKENBUCKET": "rl-tokbkt",
+    "RL.SLIDINGLOG": "rl-slilog",
+    "RL.SLIDINGCOUNTER": "rl-slicnt",
+}
+
+
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def rl(client, cmd, key, params, cost=None, partial=False, dryrun=False):
+    """One rate-limit call; returns the five integers, checked for shape."""
+    args = [cmd, key, *params]
+    if cost is not None:
+        args += ["COST", cost]
+    if partial:
+        args.append("PARTIAL")
+    if dryrun:
+        args.append("DRYRUN")
+    reply = client.execute_command(*args)
+    check_reply(reply, cost if cost is not None else 1, partial, params[0])
+    return reply
+
+
+def check_reply(reply, cost, partial, limit):
+    """Invariants every reply keeps, whatever the state."""
+    assert isinstance(reply, list) and len(reply) == 5, reply
+    assert all(isinstance(x, int) for x in reply), reply
+    allowed, lim, remaining, retry, reset = reply
+    assert lim == limit, reply
+    assert 0 <= remaining <= limit, reply
+    assert reset >= 0, reply
+    if partial:
+        assert 0 <= allowed <= cost, reply
+        full = allowed == cost
+    else:
+        assert allowed in (0, 1), reply
+        full = allowed == 1
+    if full:
+        assert retry == 0, reply
+    elif cost > limit:
+        assert retry == -1, reply
+    else:
+        assert retry > 0, reply
+
+
+def granted_units(reply, cost, partial):
+    """Units a reply says were granted."""
+    if partial:
+        return reply[0]
+    return cost if reply[0] == 1 else 0
+
+
+def info_field(client, field, section=None):
+    """One field of INFO (as returned by redis-py: int, str, ...)."""
+    return client.info(section or "everything").get(field)
+
+
+def wait_replica_synced(master, replica, timeout=30):
+    """Wait until the replica has the master's full stream (by offset)."""
+    def synced():
+        ri = replica.info("replication")
+        if ri.get("master_link_status") != "up":
+            return False
+        mo = master.info("replication")["master_repl_offset"]
+        return ri.get("slave_repl_offset", -1) >= mo
+    wait_until(synced, timeout=timeout, what="replica caught up with the master")
+
+
+def start_replica(server_factory, master_server, args=()):
+    """A replica of `master_server`, fully synced. The master's diskless sync
+    delay is set to 0 so the initial sync starts at once."""
+    m = master_server.client()
+    m.config_set("repl-diskless-sync-delay", 0)
+    rep = server_factory(
+        ["--replicaof", "127.0.0.1", str(master_server.port), "--repl-timeout", "3600", *args]
+    )
+    rc = rep.client()
+    wait_until(
+        lambda: rc.info("replication").get("master_link_status") == "up",
+        what="replica link up",
+    )
+    wait_replica_synced(m, rc)
+    return rep
+
+
+def wait_ack(master, replicas=1):
+    """WAIT until `replicas` replicas acknowledged everything written so far."""
+    wait_until(lambda: master.wait(replicas, 1000) >= replicas, what="WAIT acknowledged")
+
+
+def keyspace(client, pattern="*"):
+    """{key: (type, DEBUG DIGEST-VALUE, PEXPIRETIME)} for every key."""
+    out = {}
+    for k in client.scan_iter(match=pattern, count=1000):
+        t = _s(client.type(k))
+        if t == "none":
+            continue
+        d = _s(client.execute_command("DEBUG", "DIGEST-VALUE", k)[0])
+        out[_s(k)] = (t, d, client.execute_command("PEXPIRETIME", k))
+    return out
+
+
+def db_digest(client):
+    """DEBUG DIGEST: the whole dataset, values and expiries."""
+    return _s(client.execute_command("DEBUG", "DIGEST"))
+
+
+def wait_aof_rewrite(client, timeout=60):
+    """Wait until no AOF rewrite is running or scheduled, then check it
+    succeeded."""
+    def done():
+        p = client.info("persistence")
+        return p["aof_rewrite_in_progress"] == 0 and p["aof_rewrite_scheduled"] == 0
+    wait_until(done, timeout=timeout, what="AOF rewrite finished")
+    assert client.info("persistence")["aof_last_bgrewrite_status"] == "ok"
+
+
+def wait_bgsave(client, timeout=60):
+    wait_until(
+        lambda: client.info("persistence")["rdb_bgsave_in_progress"] == 0,
+        timeout=timeout, what="BGSAVE finished",
+    )
+    assert client.info("persistence")["rdb_last_bgsave_status"] == "ok"
+
+
+def run_cli(*args, timeout=120):
+    """Run redis-cli; fail with its output when it exits non-zero."""
+    p = subprocess.run(
+        [REDIS_CLI, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        timeout=timeout, text=True,
+    )
+    if p.returncode != 0:
+        raise AssertionError(f"redis-cli {' '.join(map(str, args))} failed: {p.stdout[-4000:]}")
+    return p.stdout
+
+
+def tags_in_slots(lo, hi, n, prefix="t"):
+    """`n` hash tags whose slot lies in [lo, hi)."""
+    out, i = [], 0
+    while len(out) < n:
+        tag = f"{prefix}{i}"
+        if lo <= key_slot(tag.encode()) < hi:
+            out.append(tag)
+        i += 1
+    return out
+
+
+CLUSTER_ARGS = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", "5000", "--repl-diskless-sync-delay", "0")
+
+
+class Cluster:
+    """A Redis Cluster of module-loaded nodes, created with redis-cli."""
+
+    def __init__(self, server_factory, primaries=3):
+        self.factory = server_factory
+        self.nodes = [server_factory(list(CLUSTER_ARGS)) for _ in range(primaries)]
+        run_cli("--cluster", "create", *[f"127.0.0.1:{s.port}" for s in self.nodes],
+                "--cluster-replicas", "0", "--cluster-yes")
+        self.wait_ok()
+
+    def wait_ok(self):
+        """Every node reports cluster_state ok and all agree on the slot map."""
+        def ok():
+            maps = set()
+            for s in self.nodes:
+                c = s.client()
+                if c.cluster("info")["cluster_state"] != "ok":
+                    return False
+                maps.add(self._slot_map(c))
+            return len(maps) == 1
+        wait_until(ok, timeout=60, what="cluster state ok and consistent")
+
+    @staticmethod
+    def _slot_map(c):
+        return tuple(sorted(
+            (int(r[0]), int(r[1]), int(r[2][1])) for r in c.execute_command("CLUSTER", "SLOTS")
+        ))
+
+    def node_id(self, server):
+        return _s(server.client().execute_command("CLUSTER", "MYID"))
+
+    def owner(self, slot):
+        """The server that serves `slot` as a primary (per the first node)."""
+        for lo, hi, port in self._slot_map(self.nodes[0].client()):
+            if lo <= slot <= hi:
+                return next(s for s in self.nodes if s.port == port)
+        raise AssertionError(f"slot {slot} unassigned")
+
+    def client(self, **kw):
+        from redis.cluster import RedisCluster
+        return RedisCluster(host="127.0.0.1", port=self.nodes[0].port, socket_timeout=30, **kw)
+
+    def add_replica(self, primary):
+        """A new node joined as a replica of `primary`, fully synced."""
+        rep = self.factory(list(CLUSTER_ARGS) + ["--repl-timeout", "3600"])
+        self.nodes.append(rep)
+        primary.client().config_set("repl-diskless-sync-delay", 0)
+        run_cli("--cluster", "add-node", f"127.0.0.1:{rep.port}", f"127.0.0.1:{primary.port}",
+                "--cluster-slave", "--cluster-master-id", self.node_id(primary))
+        rc = rep.client()
+        wait_until(lambda: rc.info("replication").get("master_link_status") == "up",
+                   timeout=60, what="cluster replica link up")
+        wait_replica_synced(primary.client(), rc)
+        self.wait_ok()
+        return rep
+
+    def reshard(self, src, dst, nslots):
+        """redis-cli --cluster reshard: move the first `nslots` slots of
+        `src` to `dst` (MIGRATE, i.e. DUMP/RESTORE, key by key)."""
+        run_cli("--cluster", "reshard", f"127.0.0.1:{self.nodes[0].port}",
+                "--cluster-from", self.node_id(src), "--cluster-to", self.node_id(dst),
+                "--cluster-slots", nslots, "--cluster-yes", timeout=180)
+        self.wait_ok()
+
+
+class Workload(threading.Thread):
+    """Calls `fn(i)` for i = 0, 1, ... in a thread until stopped or `limit`
+    calls were made. The first exception is kept and re-raised by
+    `finish()`, so a failing call fails the test."""
+
+    def __init__(self, fn, limit=10**6):
+        super().__init__(daemon=True)
+        self.fn = fn
+        self.limit = limit
+        self.calls = 0
+        self.error = None
+        self._stop_evt = threading.Event()
+
+    def run(self):
+        try:
+            while not self._stop_evt.is_set() and self.calls < self.limit:
+                self.fn(self.calls)
+                self.calls += 1
+        except BaseException as e:  # noqa: BLE001 - reported by finish()
+            self.error = e
+
+    def finish(self, timeout=60):
+        self._stop_evt.set()
+        self.join(timeout)
+        assert not self.is_alive(), "workload thread did not stop"
+        if self.error is not None:
+            raise self.error
+
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
