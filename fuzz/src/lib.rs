@@ -1,0 +1,586 @@
+//! Shared pieces of the fuzz targets: the input layout, an independent
+//! argument-parser oracle, reply invariants, and a plain-list model of the
+//! sliding log (read back from its canonical encoding).
+//!
+//! Input layout of the `args_*` targets (short inputs read as zero-padded):
+//!
+//! ```text
+//! [0..8)    now_us, u64 LE: the clock of the call
+//! [8..16)   now2_us, u64 LE: the clock of a follow-up call (may step back)
+//! [16]      state mode: 0 fresh, 1 decode the state bytes, 2 synthesize
+//!           a valid state from them, 3 = 1 falling back to 2
+//! [17..19)  state_len, u16 LE
+//! [19..19+state_len)  state bytes
+//! rest      the arguments after the key, separated by NUL bytes
+//! ```
+//!
+//! Nothing here panics on any input: the only panics are the assertions,
+//! which are the findings.
+
+use std::ffi::CStr;
+
+// The main crate's pure modules, compiled from its own sources (they use
+// only std and `crate::core`). Linking the whole cdylib would also build
+// redis-module and bindgen with coverage flags: minutes of compilation on a
+// fresh machine for no extra fuzzed code.
+#[path = "../../src/args.rs"]
+pub mod args;
+#[path = "../../src/codec.rs"]
+pub mod codec;
+#[path = "../../src/core/mod.rs"]
+pub mod core;
+
+use crate::args::{ArgError, Call};
+use crate::core::{Decision, MAX_ARG};
+
+/// The parts of an `args_*` input.
+pub struct Input<'a> {
+    pub now: u64,
+    pub now2: u64,
+    pub mode: u8,
+    pub state: &'a [u8],
+    pub args: Vec<&'a [u8]>,
+}
+
+fn le_u64(b: &[u8]) -> u64 {
+    let mut a = [0u8; 8];
+    for (d, s) in a.iter_mut().zip(b) {
+        *d = *s;
+    }
+    u64::from_le_bytes(a)
+}
+
+impl<'a> Input<'a> {
+    pub fn parse(data: &'a [u8]) -> Input<'a> {
+        let get = |from: usize, to: usize| data.get(from.min(data.len())..to.min(data.len())).unwrap_or(&[]);
+        let now = le_u64(get(0, 8));
+        let now2 = le_u64(get(8, 16));
+        let mode = get(16, 17).first().copied().unwrap_or(0) & 3;
+        let sl = get(17, 19);
+        let state_len = usize::from(sl.first().copied().unwrap_or(0)) | usize::from(sl.get(1).copied().unwrap_or(0)) << 8;
+        let state = get(19, 19 + state_len);
+        let rest = get(19 + state_len, data.len());
+        let args = if rest.is_empty() { Vec::new() } else { rest.split(|&b| b == 0).collect() };
+        Input { now, now2, mode, state, args }
+    }
+}
+
+/// Little-endian u64 words of `b` (the last one zero-padded).
+pub fn words(b: &[u8]) -> impl Iterator<Item = u64> + '_ {
+    b.chunks(8).map(le_u64)
+}
+
+/// An independent statement of the argument grammar (SPEC.md "Ranges",
+/// "Bad input", and args.rs's documented "ASCII digits, at most 16").
+fn oracle_num(s: &[u8], min: u64) -> Option<u64> {
+    if s.is_empty() || s.len() > 16 || !s.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let v: u128 = std::str::from_utf8(s).ok()?.parse().ok()?;
+    (u128::from(min)..=u128::from(MAX_ARG)).contains(&v).then_some(v as u64)
+}
+
+/// What the parser must answer: `Err(None)` arity, `Err(Some(i))` the i-th
+/// positional number (i = positional count: COST), `Err(Some(usize::MAX))`
+/// syntax.
+pub fn oracle_parse(args: &[&[u8]], npos: usize) -> Result<Call, Option<usize>> {
+    if args.len() < npos {
+        return Err(None);
+    }
+    let mut nums = [0u64; 3];
+    for i in 0..npos {
+        nums[i] = oracle_num(args[i], 1).ok_or(Some(i))?;
+    }
+    let (mut cost, mut partial, mut dryrun) = (None, false, false);
+    let mut i = npos;
+    while i < args.len() {
+        let up = args[i].to_ascii_uppercase();
+        match &up[..] {
+            b"COST" if cost.is_none() => {
+                let v = args.get(i + 1).ok_or(Some(usize::MAX))?;
+                cost = Some(oracle_num(v, 0).ok_or(Some(npos))?);
+                i += 2;
+            }
+            b"PARTIAL" if !partial => {
+                partial = true;
+                i += 1;
+            }
+            b"DRYRUN" if !dryrun => {
+                dryrun = true;
+                i += 1;
+            }
+            _ => return Err(Some(usize::MAX)),
+        }
+    }
+    Ok(Call { nums, cost: cost.unwrap_or(1), partial, dryrun })
+}
+
+/// Runs `args::parse` and checks it against the oracle, error text included.
+pub fn parse_checked(args: &[&[u8]], positional: &[(&str, &'static CStr)]) -> Option<Call> {
+    let got = crate::args::parse(args.iter().copied(), positional);
+    let want = oracle_parse(args, positional.len());
+    match (&got, &want) {
+        (Ok(g), Ok(w)) => assert_eq!(g, w, "args {args:?}"),
+        (Err(ArgError::Arity), Err(None)) => {}
+        (Err(ArgError::Syntax), Err(Some(usize::MAX))) => {}
+        (Err(ArgError::Number(msg)), Err(Some(i))) if *i < positional.len() => {
+            assert_eq!(*msg, positional[*i].1, "args {args:?}");
+        }
+        (Err(ArgError::Number(msg)), Err(Some(i))) if *i == positional.len() => {
+            let text = msg.to_str().unwrap_or("");
+            assert!(text.starts_with("ERR COST "), "{text}");
+        }
+        _ => panic!("args {args:?}: parser {got:?}, oracle {want:?}"),
+    }
+    if let Err(ArgError::Number(msg)) = got {
+        // Every error names the argument and is a valid RESP error line.
+        let text = msg.to_str().unwrap_or("");
+        assert!(text.starts_with("ERR ") && !text.contains('\r') && !text.contains('\n'), "{text}");
+    }
+    got.ok()
+}
+
+/// The reply invariants every command keeps (SPEC.md "Reply").
+pub fn check_decision(d: &Decision, limit: u64, cost: u64, partial: bool) {
+    assert!(d.granted <= cost, "{d:?}");
+    if !partial {
+        assert!(d.granted == 0 || d.granted == cost, "{d:?}");
+    }
+    assert_eq!(d.limit, limit, "{d:?}");
+    assert!(d.remaining <= limit, "{d:?}");
+    assert!(d.granted.saturating_add(d.remaining) <= limit, "{d:?}");
+    assert!(d.retry_after_ms >= -1, "{d:?}");
+    assert_eq!(d.retry_after_ms == 0, d.granted == cost, "{d:?} cost {cost}");
+    assert_eq!(d.retry_after_ms == -1, d.granted < cost && cost > limit, "{d:?} cost {cost}");
+    if d.granted > 0 {
+        assert!(d.reset_after_ms > 0, "{d:?}");
+    }
+    if cost == 0 {
+        assert_eq!(d.allowed(cost, partial), if partial { 0 } else { 1 });
+    }
+    let allowed = d.allowed(cost, partial);
+    assert!(allowed <= cost.max(1));
+}
+
+/// `remaining` is exact: right after the call, at the same instant, exactly
+/// `remaining` more units fit, and no more. `probe(cost, partial)` asks the
+/// stored state.
+pub fn check_remaining_exact(remaining: u64, limit: u64, mut probe: impl FnMut(u64, bool) -> Decision) {
+    let d0 = probe(0, false);
+    assert_eq!(d0.remaining, remaining, "cost 0 after the call");
+    if remaining > 0 {
+        assert_eq!(probe(remaining, false).granted, remaining, "remaining units must fit");
+    }
+    if remaining < limit {
+        assert_eq!(probe(remaining + 1, false).granted, 0, "one more than remaining must not fit");
+    }
+}
+
+/// The sliding log's logical content, `(time µs, units)` oldest first, read
+/// back from its canonical encoding (format in core/slidinglog.rs).
+pub fn log_entries(enc: &[u8]) -> Vec<(u64, u64)> {
+    assert!(enc.len() >= 9 && enc[0] == 1, "{enc:?}");
+    let n = le_u64(&enc[1..9]) as usize;
+    if n == 0 {
+        assert_eq!(enc.len(), 9);
+        return Vec::new();
+    }
+    let mut t = le_u64(&enc[9..17]);
+    let words = usize::from(enc[17]);
+    let cbits = u32::from(enc[18]);
+    let body = &enc[19..];
+    assert_eq!(body.len(), n * 4 * words);
+    let mut out = Vec::with_capacity(n);
+    for (i, chunk) in body.chunks(4 * words).enumerate() {
+        let mut v = [0u8; 16];
+        v[..chunk.len()].copy_from_slice(chunk);
+        let v = u128::from_le_bytes(v);
+        let mask = if cbits >= 128 { u128::MAX } else { (1u128 << cbits) - 1 };
+        let delta = (v >> cbits) as u64;
+        let count = (v & mask) as u64 + 1;
+        if i > 0 {
+            t += delta;
+        }
+        out.push((t, count));
+    }
+    out
+}
+
+/// A plain-list model of the sliding log, exact in i128.
+#[derive(Clone, Debug, Default)]
+pub struct LogModel {
+    pub log: Vec<(u64, u64)>,
+}
+
+impl LogModel {
+    pub fn now_eff(&self, now: u64) -> u64 {
+        self.log.last().map_or(now, |&(t, _)| now.max(t))
+    }
+    fn live(&self, now: u64, window_ms: u64) -> Vec<(u64, u64)> {
+        let w = i128::from(window_ms) * 1000;
+        self.log.iter().copied().filter(|&(t, _)| i128::from(now) - w < i128::from(t)).collect()
+    }
+    /// Waits are measured from the real clock reading `now`, also when it
+    /// is behind the newest entry (the log is then evaluated at that entry).
+    pub fn decide(&self, limit: u64, window_ms: u64, cost: u64, partial: bool, now_real: u64) -> Decision {
+        let now = self.now_eff(now_real);
+        let live = self.live(now, window_ms);
+        let used: i128 = live.iter().map(|&(_, u)| i128::from(u)).sum();
+        let (l, c) = (i128::from(limit), i128::from(cost));
+        let granted = if partial {
+            c.min((l - used).max(0))
+        } else if used + c <= l {
+            c
+        } else {
+            0
+        };
+        let w = i128::from(window_ms) * 1000;
+        let ceil_ms = |us: i128| (us + 999).div_euclid(1000);
+        let mut after = live.clone();
+        if granted > 0 {
+            after.push((now, granted as u64));
+        }
+        let retry = if granted == c {
+            0
+        } else if c > l {
+            -1
+        } else {
+            let excess = used + granted + c - l;
+            let mut acc = 0i128;
+            let mut wait = None;
+            for &(t, u) in &after {
+                acc += i128::from(u);
+                if acc >= excess {
+                    wait = Some(ceil_ms(i128::from(t) + w - i128::from(now_real)));
+                    break;
+                }
+            }
+            wait.unwrap_or_else(|| ceil_ms(i128::from(now) + w - i128::from(now_real)))
+        };
+        let reset = after.last().map_or(0, |&(t, _)| ceil_ms(i128::from(t) + w - i128::from(now_real)).max(0));
+        Decision {
+            granted: granted as u64,
+            limit,
+            remaining: (l - used - granted).max(0) as u64,
+            retry_after_ms: i64::try_from(retry).unwrap_or(i64::MAX),
+            reset_after_ms: u64::try_from(reset).unwrap_or(u64::MAX),
+        }
+    }
+    pub fn grant(&mut self, window_ms: u64, units: u64, now: u64) {
+        let now = self.now_eff(now);
+        match self.log.last_mut() {
+            Some((t, u)) if *t == now => *u += units,
+            _ => self.log.push((now, units)),
+        }
+        self.log = self.live(now, window_ms);
+    }
+}
+
+// ---------------------------------------------------------------------
+// The three argument targets: parse, then run the pure core on the parsed
+// call against an arbitrary stored state, at arbitrary times.
+// ---------------------------------------------------------------------
+
+use crate::args::{TOKENBUCKET_ARGS, WINDOW_ARGS};
+pub use crate::core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
+
+/// A valid token-bucket state built from arbitrary words.
+pub fn synth_tb(b: &[u8]) -> tb::State {
+    let mut w = words(b);
+    let mut next = || w.next().unwrap_or(0);
+    let tokens = next() % MAX_ARG;
+    let den = (next() % MAX_ARG + 1) * 1000;
+    let frac = next() % den;
+    tb::State { tokens, frac, den, last_us: next() }
+}
+
+/// A valid sliding-counter state built from arbitrary words.
+pub fn synth_sc(b: &[u8]) -> sc::State {
+    let mut w = words(b);
+    let mut next = || w.next().unwrap_or(0);
+    let s = next();
+    sc::State { start_us: s - s % 1000, cur: next() % MAX_ARG + 1, prev: next() % (MAX_ARG + 1) }
+}
+
+/// A sliding log built by grants read from arbitrary words (window, start
+/// time, then `(dt, units)` pairs), mirrored in the model, which must agree
+/// with what the state encodes.
+pub fn synth_sl(b: &[u8]) -> sl::State {
+    let mut w = words(b);
+    let window_ms = w.next().unwrap_or(0) % MAX_ARG + 1;
+    let mut t = w.next().unwrap_or(0);
+    let mut s = sl::State::default();
+    let mut m = LogModel::default();
+    for _ in 0..64 {
+        let (Some(dt), Some(u)) = (w.next(), w.next()) else { break };
+        // Mostly small steps and counts, sometimes anything.
+        let dt = if dt >> 63 == 1 { dt & !(1 << 63) } else { dt % 100_000 };
+        let units = if u >> 63 == 1 { u % MAX_ARG + 1 } else { u % 1000 + 1 };
+        // A master never grants past the limit: keep the log's sum ≤ MAX_ARG.
+        let used = m.decide(MAX_ARG, window_ms, 0, false, t).remaining;
+        let units = units.min(used);
+        t = t.saturating_add(dt);
+        if units > 0 {
+            sl::grant(&mut s, window_ms, units, t);
+            m.grant(window_ms, units, t);
+        }
+    }
+    let mut enc = Vec::new();
+    s.encode(&mut enc);
+    assert_eq!(log_entries(&enc), m.log, "synthesized log differs from the model");
+    s
+}
+
+fn state_of<S>(inp: &Input, decode: impl Fn(&[u8]) -> Result<S, crate::core::DecodeError>, synth: impl Fn(&[u8]) -> S, fresh: S) -> S {
+    match inp.mode {
+        0 => fresh,
+        1 => decode(inp.state).unwrap_or(fresh),
+        2 => synth(inp.state),
+        _ => decode(inp.state).unwrap_or_else(|_| synth(inp.state)),
+    }
+}
+
+pub fn args_tokenbucket(data: &[u8]) {
+    let inp = Input::parse(data);
+    let Some(call) = parse_checked(&inp.args, TOKENBUCKET_ARGS) else { return };
+    let cur = state_of(&inp, tb::State::decode, synth_tb, tb::State::default());
+    let p = tb::Params { capacity: call.nums[0], rate: call.nums[1], period_ms: call.nums[2] };
+    tb_call(&cur, &p, &call, inp.now, inp.now2);
+}
+
+/// One token-bucket call and everything that must hold after it.
+pub fn tb_call(cur: &tb::State, p: &tb::Params, call: &Call, now: u64, now2: u64) {
+    let (d, new) = tb::step(cur, p, call.cost, call.partial, now);
+    check_decision(&d, p.capacity, call.cost, call.partial);
+    if d.granted == 0 {
+        return;
+    }
+    // What the key would hold: a valid, non-fresh state that round-trips
+    // through RDB/RESTORE and the RL.STATE payload.
+    assert!(!new.is_fresh());
+    assert_eq!(tb::State::decode(&new.encode()), Ok(new));
+    let abs = now / 1000;
+    let payload = codec::tokenbucket(&new, abs);
+    assert_eq!(codec::decode(payload.as_bytes()), Ok((codec::Effect::TokenBucket(new), abs)));
+    let t = new.last_us;
+    assert_eq!(t, now.max(if cur.is_fresh() { 0 } else { cur.last_us }));
+    check_remaining_exact(d.remaining, p.capacity, |c, part| tb::step(&new, p, c, part, t).0);
+    // Fresh exactly when reset_after_ms says (the key's TTL).
+    // Waits are measured from the real clock reading `now`.
+    let fresh = tb::State::default();
+    if let Some(at) = d.reset_after_ms.checked_mul(1000).and_then(|r| now.checked_add(r)) {
+        assert_eq!(tb::step(&new, p, call.cost, call.partial, at).0, tb::step(&fresh, p, call.cost, call.partial, at).0, "not fresh at reset");
+        let before = at - 1000;
+        assert!(tb::step(&new, p, 0, false, before).0.reset_after_ms > 0, "fresh before reset");
+    }
+    // A follow-up at another time (the clock may step back).
+    let (d2, new2) = tb::step(&new, p, call.cost, call.partial, now2);
+    check_decision(&d2, p.capacity, call.cost, call.partial);
+    if d2.granted > 0 {
+        assert_eq!(tb::State::decode(&new2.encode()), Ok(new2));
+        assert!(new2.last_us >= new.last_us, "time went backwards");
+    }
+}
+
+pub fn args_slidingcounter(data: &[u8]) {
+    let inp = Input::parse(data);
+    let Some(call) = parse_checked(&inp.args, WINDOW_ARGS) else { return };
+    let cur = state_of(&inp, sc::State::decode, synth_sc, sc::State::default());
+    let p = sc::Params { limit: call.nums[0], window_ms: call.nums[1] };
+    sc_call(&cur, &p, &call, inp.now, inp.now2);
+}
+
+pub fn sc_call(cur: &sc::State, p: &sc::Params, call: &Call, now: u64, now2: u64) {
+    let (d, new) = sc::step(cur, p, call.cost, call.partial, now);
+    check_decision(&d, p.limit, call.cost, call.partial);
+    if d.granted == 0 {
+        assert_eq!(new, *cur, "a call that grants nothing must not change the state");
+        return;
+    }
+    assert!(!new.is_fresh());
+    assert_eq!(sc::State::decode(&new.encode()), Ok(new));
+    let abs = now / 1000;
+    let payload = codec::slidingcounter(&new, abs);
+    assert_eq!(codec::decode(payload.as_bytes()), Ok((codec::Effect::SlidingCounter(new), abs)));
+    assert!(new.start_us >= cur.start_us, "window start moved backwards");
+    // The instant the call was evaluated at (the clock may be behind).
+    let t = now.max(cur.start_us);
+    check_remaining_exact(d.remaining, p.limit, |c, part| sc::step(&new, p, c, part, t).0);
+    // The reply's reset is measured from the real clock reading `now`.
+    let fresh_at = sc::fresh_at_us(&new, p.window_ms).expect("a written state is not fresh");
+    let fresh = sc::State::default();
+    if let Some(at) = d.reset_after_ms.checked_mul(1000).and_then(|r| now.checked_add(r)) {
+        assert!(fresh_at <= at, "reset {} ms but fresh only at {fresh_at} (now {now})", d.reset_after_ms);
+        assert!(fresh_at > at - 1000, "reset {} ms overstates (fresh at {fresh_at}, now {now})", d.reset_after_ms);
+        assert_eq!(sc::step(&new, p, call.cost, call.partial, at).0, sc::step(&fresh, p, call.cost, call.partial, at).0, "not fresh at reset");
+    }
+    let (d2, new2) = sc::step(&new, p, call.cost, call.partial, now2);
+    check_decision(&d2, p.limit, call.cost, call.partial);
+    if d2.granted > 0 {
+        assert_eq!(sc::State::decode(&new2.encode()), Ok(new2));
+    }
+}
+
+pub fn args_slidinglog(data: &[u8]) {
+    let inp = Input::parse(data);
+    let Some(call) = parse_checked(&inp.args, WINDOW_ARGS) else { return };
+    let cur = state_of(&inp, sl::State::decode, synth_sl, sl::State::default());
+    let p = sl::Params { limit: call.nums[0], window_ms: call.nums[1] };
+    sl_call(&cur, &p, &call, inp.now, inp.now2);
+}
+
+fn sl_encode(s: &sl::State) -> Vec<u8> {
+    let mut v = Vec::new();
+    s.encode(&mut v);
+    v
+}
+
+pub fn sl_call(cur: &sl::State, p: &sl::Params, call: &Call, now: u64, now2: u64) {
+    let enc_before = sl_encode(cur);
+    let mut model = LogModel { log: log_entries(&enc_before) };
+    let t = model.now_eff(now);
+    let d = sl::decide(cur, p, call.cost, call.partial, now);
+    check_decision(&d, p.limit, call.cost, call.partial);
+    let md = model.decide(p.limit, p.window_ms, call.cost, call.partial, now);
+    assert_eq!(d, md, "sliding log differs from the model: {:?}", model.log);
+    if d.granted == 0 {
+        return;
+    }
+    // Master: grant in place. Replica: decode the same state and apply the
+    // replicated grant. Both must encode (and so DEBUG DIGEST) equally.
+    let mut new = cur.clone();
+    sl::grant(&mut new, p.window_ms, d.granted, now);
+    let enc = sl_encode(&new);
+    let mut replica = sl::State::decode(&enc_before).expect("a stored log decodes");
+    let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
+    let payload = codec::log_grant(&g, 0);
+    match codec::decode(payload.as_bytes()) {
+        Ok((codec::Effect::LogGrant(g2), 0)) => {
+            assert_eq!(g2, g);
+            sl::grant(&mut replica, g2.window_ms, g2.units, g2.now_us);
+        }
+        other => panic!("grant payload does not decode: {other:?}"),
+    }
+    assert_eq!(sl_encode(&replica), enc, "replica diverges");
+    let decoded = sl::State::decode(&enc).expect("a written log decodes");
+    assert_eq!(decoded, new);
+    assert_eq!(sl_encode(&decoded), enc);
+    // Memory bound (SPEC: at most 8 bytes per distinct grant time).
+    let n = log_entries(&enc).len();
+    assert!(new.heap_bytes() <= 16 * (n + 1) * 2, "heap {} bytes for {n} entries", new.heap_bytes());
+    model.grant(p.window_ms, d.granted, now);
+    assert_eq!(log_entries(&enc), model.log, "log after grant differs from the model");
+    // Evaluated at max(now, newest entry), where the grant now is.
+    let fresh_at = sl::fresh_at_us(&new, p.window_ms).expect("a written log is not empty");
+    assert_eq!(fresh_at, t.saturating_add(p.window_ms * 1000));
+    check_remaining_exact(d.remaining, p.limit, |c, part| sl::decide(&new, p, c, part, t));
+    // Waits are measured from the real clock reading `now`.
+    let fresh = sl::State::default();
+    if let Some(at) = d.reset_after_ms.checked_mul(1000).and_then(|r| now.checked_add(r)) {
+        assert!(fresh_at <= at, "reset {} ms but fresh only at {fresh_at} (now {now})", d.reset_after_ms);
+        assert!(fresh_at > at - 1000, "reset {} ms overstates (fresh at {fresh_at}, now {now})", d.reset_after_ms);
+        assert_eq!(sl::decide(&new, p, call.cost, call.partial, at), sl::decide(&fresh, p, call.cost, call.partial, at), "not fresh at reset");
+    }
+    let d2 = sl::decide(&new, p, call.cost, call.partial, now2);
+    check_decision(&d2, p.limit, call.cost, call.partial);
+    if d2.granted > 0 {
+        sl::grant(&mut new, p.window_ms, d2.granted, now2);
+        let enc2 = sl_encode(&new);
+        assert_eq!(sl::State::decode(&enc2).map(|s| sl_encode(&s)), Ok(enc2));
+    }
+}
+
+// ---------------------------------------------------------------------
+// The decoder targets: what RDB load, RESTORE and RL.STATE run on bytes
+// from outside. Anything accepted re-encodes to the same bytes and is a
+// state the commands handle.
+// ---------------------------------------------------------------------
+
+fn calls(cost_max: u64) -> impl Iterator<Item = Call> {
+    [0, 1, cost_max].into_iter().flat_map(|cost| {
+        [false, true].into_iter().map(move |partial| Call { nums: [0; 3], cost, partial, dryrun: false })
+    })
+}
+
+pub fn decode_tokenbucket(data: &[u8]) {
+    let Ok(s) = tb::State::decode(data) else { return };
+    assert_eq!(&s.encode()[..], data, "accepted bytes do not re-encode");
+    let period_ms = s.den / 1000;
+    for p in [
+        tb::Params { capacity: s.tokens + 1, rate: 1, period_ms },
+        tb::Params { capacity: 1, rate: 1, period_ms: 1 },
+        tb::Params { capacity: MAX_ARG, rate: MAX_ARG, period_ms: MAX_ARG },
+    ] {
+        for now in [s.last_us, s.last_us.saturating_add(s.den), 0, u64::MAX] {
+            for call in calls(p.capacity) {
+                tb_call(&s, &p, &call, now, now.wrapping_add(999_999));
+            }
+        }
+    }
+}
+
+pub fn decode_slidingcounter(data: &[u8]) {
+    let Ok(s) = sc::State::decode(data) else { return };
+    assert_eq!(&s.encode()[..], data, "accepted bytes do not re-encode");
+    assert!(!s.is_fresh(), "a fresh state is never stored, so never accepted");
+    for p in [
+        sc::Params { limit: s.cur.max(s.prev).saturating_add(1).min(MAX_ARG), window_ms: 1000 },
+        sc::Params { limit: 1, window_ms: 1 },
+        sc::Params { limit: MAX_ARG, window_ms: MAX_ARG },
+    ] {
+        for now in [s.start_us, s.start_us.saturating_add(1_500_000), 0, u64::MAX] {
+            for call in calls(p.limit) {
+                sc_call(&s, &p, &call, now, now.wrapping_add(999_999));
+            }
+        }
+    }
+}
+
+pub fn decode_slidinglog(data: &[u8]) {
+    let Ok(s) = sl::State::decode(data) else { return };
+    assert_eq!(sl_encode(&s), data, "accepted bytes do not re-encode");
+    // The decoder allocates only what the input holds.
+    assert!(s.heap_bytes() <= data.len() + 16, "heap {} for {} input bytes", s.heap_bytes(), data.len());
+    let entries = log_entries(data);
+    let (first, last) = (entries.first().map_or(0, |e| e.0), entries.last().map_or(0, |e| e.0));
+    for p in [
+        sl::Params { limit: 10, window_ms: 1000 },
+        sl::Params { limit: 1, window_ms: 1 },
+        sl::Params { limit: MAX_ARG, window_ms: MAX_ARG },
+    ] {
+        for now in [first, last, last.saturating_add(500_000), 0, u64::MAX] {
+            for call in calls(p.limit) {
+                sl_call(&s, &p, &call, now, now.wrapping_add(999_999));
+            }
+        }
+    }
+}
+
+pub fn decode_codec(data: &[u8]) {
+    let Ok((effect, abs)) = codec::decode(data) else { return };
+    let again: Vec<u8> = match &effect {
+        codec::Effect::TokenBucket(s) => codec::tokenbucket(s, abs).as_bytes().to_vec(),
+        codec::Effect::SlidingCounter(s) => codec::slidingcounter(s, abs).as_bytes().to_vec(),
+        codec::Effect::SlidingLog(s) => codec::slidinglog(s, abs),
+        codec::Effect::LogGrant(g) => codec::log_grant(g, abs).as_bytes().to_vec(),
+    };
+    assert_eq!(again, data, "accepted payload does not re-encode");
+    // Apply it the way RL.STATE does, then use the key.
+    let call = Call { nums: [0; 3], cost: 1, partial: true, dryrun: false };
+    match effect {
+        codec::Effect::TokenBucket(s) => tb_call(&s, &tb::Params { capacity: 5, rate: 1, period_ms: 1000 }, &call, s.last_us, 0),
+        codec::Effect::SlidingCounter(s) => sc_call(&s, &sc::Params { limit: 5, window_ms: 1000 }, &call, s.start_us, 0),
+        codec::Effect::SlidingLog(s) => sl_call(&s, &sl::Params { limit: 5, window_ms: 1000 }, &call, abs, 0),
+        codec::Effect::LogGrant(g) => {
+            let mut s = sl::State::default();
+            sl::grant(&mut s, g.window_ms, g.units, g.now_us);
+            // Applied twice (a replayed AOF): still a valid log.
+            sl::grant(&mut s, g.window_ms, g.units, g.now_us);
+            let enc = sl_encode(&s);
+            assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc.clone()));
+            let entries = log_entries(&enc);
+            assert_eq!(entries.len(), 1);
+            assert_eq!(entries[0], (g.now_us, g.units * 2));
+        }
+    }
+}
