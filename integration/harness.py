@@ -374,6 +374,18 @@ class Cluster:
         wait_until(lambda: rc.info("replication").get("master_link_status") == "up",
                    timeout=60, what="cluster replica link up")
         wait_replica_synced(primary.client(), rc)
+        # Every node (the primary above all: it must accept the replica's
+        # failover request) knows the new node as the primary's replica.
+        rid, pid = self.node_id(rep), self.node_id(primary)
+
+        def known():
+            for s in self.nodes:
+                nodes = _s(s.client().execute_command("CLUSTER", "NODES"))
+                row = next((ln.split() for ln in nodes.splitlines() if ln.startswith(rid)), None)
+                if row is None or "slave" not in row[2] or row[3] != pid:
+                    return False
+            return True
+        wait_until(known, timeout=60, what="replica known to every node")
         self.wait_ok()
         return rep
 
@@ -391,11 +403,13 @@ class Workload(threading.Thread):
     calls were made. The first exception is kept and re-raised by
     `finish()`, so a failing call fails the test."""
 
-    def __init__(self, fn, limit=10**6):
+    def __init__(self, fn, limit=10**6, stop_on=()):
         super().__init__(daemon=True)
         self.fn = fn
         self.limit = limit
+        self.stop_on = tuple(stop_on)  # exceptions that end the run quietly
         self.calls = 0
+        self.stopped_by = None
         self.error = None
         self._stop_evt = threading.Event()
 
@@ -404,6 +418,8 @@ class Workload(threading.Thread):
             while not self._stop_evt.is_set() and self.calls < self.limit:
                 self.fn(self.calls)
                 self.calls += 1
+        except self.stop_on as e:
+            self.stopped_by = e
         except BaseException as e:  # noqa: BLE001 - reported by finish()
             self.error = e
 

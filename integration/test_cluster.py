@@ -1,0 +1,186 @@
+"""Redis Cluster: three primaries made with `redis-cli --cluster create`,
+driven through redis.cluster.RedisCluster with hash-tagged per-tenant keys
+(rl:{tenant}:route). Grants are exact per tenant, and limits continue exactly
+when their slots move to another node (`redis-cli --cluster reshard`, i.e.
+MIGRATE = DUMP/RESTORE) or when a replica takes over (CLUSTER FAILOVER)."""
+import random
+
+from harness import (
+    COMMANDS, NEVER, Cluster, Workload, db_digest, granted_units, keyspace, key_slot, rl,
+    tags_in_slots, wait_replica_synced, wait_until,
+)
+
+ROUTES = ("login", "search", "upload")
+
+
+def abbrev(cmd):
+    return {"RL.TOKENBUCKET": "tb", "RL.SLIDINGLOG": "sl", "RL.SLIDINGCOUNTER": "sc"}[cmd]
+
+
+def tenant_keys(tenants, kind):
+    """(cmd, key) for every tenant, route and command."""
+    return [(cmd, f"rl:{{{t}}}:{route}:{kind}:{abbrev(cmd)}")
+            for t in tenants for route in ROUTES for cmd in COMMANDS]
+
+
+class Counting:
+    """Calls from several threads, each with its own cluster client; counts
+    the units each key was granted (exact: no call may fail)."""
+
+    def __init__(self, cluster, keys, limit, threads=2, seed=1):
+        self.keys = keys
+        self.limit = limit
+        self.granted = [dict.fromkeys((k for _, k in keys), 0) for _ in range(threads)]
+        self.workers = []
+        for t in range(threads):
+            client = cluster.client()
+            rnd = random.Random(seed * 100 + t)
+            self.workers.append(Workload(self._caller(client, rnd, self.granted[t]), limit=10**6))
+
+    def _caller(self, client, rnd, granted):
+        def call(i):
+            cmd, key = self.keys[rnd.randrange(len(self.keys))]
+            cost = rnd.randint(1, 3)
+            partial = rnd.random() < 0.3
+            reply = rl(client, cmd, key, NEVER[cmd](self.limit), cost=cost, partial=partial)
+            granted[key] += granted_units(reply, cost, partial)
+        return call
+
+    @property
+    def calls(self):
+        return sum(w.calls for w in self.workers)
+
+    def start(self):
+        for w in self.workers:
+            w.start()
+
+    def finish(self):
+        errors = []
+        for w in self.workers:
+            try:
+                w.finish()
+            except Exception as e:  # noqa: BLE001 - collected, re-raised below
+                errors.append(e)
+        if errors:
+            raise errors[0]
+
+    def total(self, key):
+        return sum(g[key] for g in self.granted)
+
+
+def assert_remaining_exact(rc, keys, limit, counting):
+    for cmd, key in keys:
+        reply = rl(rc, cmd, key, NEVER[cmd](limit), cost=0)
+        assert reply[:3] == [1, limit, limit - counting.total(key)], (key, reply, counting.total(key))
+
+
+def test_cluster_tenant_limits_exact_and_survive_reshard(server_factory):
+    cluster = Cluster(server_factory)
+    rc = cluster.client()
+    src = cluster.owner(0)
+    dst = next(s for s in cluster.nodes if s is not src)
+    moved = tags_in_slots(0, 64, 3, prefix="m")  # the first 64 slots of src
+    stay = tags_in_slots(8000, 16384, 3, prefix="s")  # elsewhere
+    assert all(cluster.owner(key_slot(t.encode())) is src for t in moved)
+
+    # Hash tags: every key of a tenant lives in one slot, on one node.
+    for t in moved + stay:
+        slots = {rc.execute_command("CLUSTER", "KEYSLOT", k) for _, k in tenant_keys([t], "x")}
+        assert slots == {key_slot(t.encode())}
+
+    # 1. Exact per tenant under concurrency: two clients race to drain small
+    #    limits; exactly the limit is granted per key, not one more.
+    burst = tenant_keys(moved + stay, "burst")
+    c1 = Counting(cluster, burst, limit=30, seed=1)
+    c1.start()
+    try:
+        wait_until(lambda: all(c1.total(k) == 30 for _, k in burst) or
+                   any(not w.is_alive() for w in c1.workers), timeout=60, what="burst limits drained")
+        n = c1.calls
+        wait_until(lambda: c1.calls >= n + 100 or any(not w.is_alive() for w in c1.workers),
+                   what="calls after draining")
+    finally:
+        c1.finish()
+    for cmd, key in burst:
+        assert c1.total(key) == 30, key
+        owner = cluster.owner(key_slot(key.encode()))
+        assert owner.client().exists(key) == 1  # stored on the slot's owner
+
+    # 2. Move the moved tenants' slots to dst while calls keep coming.
+    live = tenant_keys(moved + stay, "live")
+    big = 10**6
+    owners_before = {t: cluster.owner(key_slot(t.encode())) for t in stay}
+    c2 = Counting(cluster, live, limit=big, seed=2)
+    c2.start()
+    try:
+        wait_until(lambda: c2.calls >= 300 or any(not w.is_alive() for w in c2.workers),
+                   what="workload under way")
+        before = c2.calls
+        cluster.reshard(src, dst, 64)
+        during = c2.calls - before
+        wait_until(lambda: c2.calls >= before + during + 300 or any(not w.is_alive() for w in c2.workers),
+                   what="workload after reshard")
+    finally:
+        c2.finish()
+    assert during > 0, "the reshard should have happened during the workload"
+
+    for t in moved:
+        assert cluster.owner(key_slot(t.encode())) is dst
+    for t in stay:
+        assert cluster.owner(key_slot(t.encode())) is owners_before[t]
+    for cmd, key in live + burst:
+        owner = cluster.owner(key_slot(key.encode()))
+        assert owner.client().exists(key) == 1, key
+        if key.startswith("rl:{m"):
+            assert owner is dst
+            slot = key_slot(key.encode())
+            assert src.client().execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    assert sum(c2.total(k) for _, k in live) > 0
+    rc = cluster.client()
+    assert_remaining_exact(rc, live, big, c2)
+    for cmd, key in burst:  # still drained on the new owner
+        assert rl(rc, cmd, key, NEVER[cmd](30))[:3] == [0, 30, 0], key
+
+
+def test_cluster_replica_failover_continues_limits(server_factory):
+    cluster = Cluster(server_factory)
+    primary = cluster.owner(0)
+    tenants = tags_in_slots(0, 64, 4, prefix="f")
+    assert all(cluster.owner(key_slot(t.encode())) is primary for t in tenants)
+    replica = cluster.add_replica(primary)
+
+    small = tenant_keys(tenants, "small")
+    live = tenant_keys(tenants, "live")
+    big = 10**6
+    rc = cluster.client()
+    for cmd, key in small:  # drained before the failover
+        assert rl(rc, cmd, key, NEVER[cmd](5), cost=5)[0] == 1
+
+    work = Counting(cluster, live, limit=big, seed=3)
+    work.start()
+    try:
+        wait_until(lambda: work.calls >= 300 or any(not w.is_alive() for w in work.workers),
+                   what="workload under way")
+        replica.client().execute_command("CLUSTER", "FAILOVER")
+        wait_until(lambda: replica.client().info("replication")["role"] == "master" and
+                   primary.client().info("replication")["role"] == "slave",
+                   timeout=60, what="replica promoted")
+        cluster.wait_ok()
+        n = work.calls
+        wait_until(lambda: work.calls >= n + 300 or any(not w.is_alive() for w in work.workers),
+                   what="workload after failover")
+    finally:
+        work.finish()
+
+    assert cluster.owner(key_slot(tenants[0].encode())) is replica
+    rc = cluster.client()
+    assert_remaining_exact(rc, live, big, work)
+    for cmd, key in small:
+        assert rl(rc, cmd, key, NEVER[cmd](5))[:3] == [0, 5, 0], key
+    # The old primary, now a replica, holds the same states.
+    new, old = replica.client(), primary.client(single_connection_client=True)
+    old.execute_command("READONLY")  # reads on a cluster replica
+    wait_replica_synced(new, old)
+    assert keyspace(new) == keyspace(old)
+    assert db_digest(new) == db_digest(old)
+    assert sum(work.total(k) for _, k in live) > 0
