@@ -124,7 +124,7 @@ if #KEYS ~= 1 then
 end
 local nargs = #ARGV
 if nargs < 2 then
-  return err("ERR wrong number of arguments for 'rl.slidingcounter' command")
+  return err("ERR wrong number of arguments for 'RL.SLIDINGCOUNTER' command")
 end
 local limit = parse_int(ARGV[1], 1, MAX)
 if not limit then

@@ -70,7 +70,7 @@ if #KEYS ~= 1 then
 end
 local nargs = #ARGV
 if nargs < 2 then
-  return err("ERR wrong number of arguments for 'rl.slidinglog' command")
+  return err("ERR wrong number of arguments for 'RL.SLIDINGLOG' command")
 end
 local limit = parse_int(ARGV[1], 1, MAX)
 if not limit then

@@ -135,7 +135,7 @@ if #KEYS ~= 1 then
 end
 local nargs = #ARGV
 if nargs < 3 then
-  return err("ERR wrong number of arguments for 'rl.tokenbucket' command")
+  return err("ERR wrong number of arguments for 'RL.TOKENBUCKET' command")
 end
 local capacity = parse_int(ARGV[1], 1, MAX)
 if not capacity then
