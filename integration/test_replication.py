@@ -309,7 +309,7 @@ def test_failover_continues_limits(server_factory):
     rep = start_replica(server_factory, primary)
     old, new = primary.client(), rep.client()
 
-    LIMIT = 100
+    LIMIT = 300
     keys = [(cmd, f"rl:fo:{cmd}:{i}") for cmd in COMMANDS for i in range(4)]
     granted = {k: 0 for _, k in keys}
     state = {"client": old, "retried": 0}
@@ -350,11 +350,14 @@ def test_failover_continues_limits(server_factory):
         state["client"] = new
         primary.kill9()
         n_at_failover = w.calls
+        granted_at_failover = sum(granted.values())
         wait_until(lambda: w.calls >= n_at_failover + 150 or w.error, what="workload continues")
     finally:
         w.finish()
 
     assert new.info("replication")["role"] == "master"
+    # Units were granted by both primaries, not all by one of them.
+    assert 0 < granted_at_failover < sum(granted.values()) < LIMIT * len(keys)
     for cmd, key in keys:
         # Drain what is left on the new primary: the total is exactly LIMIT.
         reply = rl(new, cmd, key, NEVER[cmd](LIMIT), cost=LIMIT, partial=True)
