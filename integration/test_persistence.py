@@ -47,7 +47,7 @@ def populate(c):
         exact[key] = (cmd, NEVER[cmd](big), 3)
     # Real-looking parameters (the keys live minutes to hours): digests only.
     real = {
-        "RL.TOKENBUCKET": [[10, 10, 60000], [100, 1, 600000], [7, 3, 3600000]],
+        "RL.TOKENBUCKET": [[10, 1, 600000], [100, 1, 600000], [7, 3, 3600000]],
         "RL.SLIDINGLOG": [[10, 60000], [100, 600000], [7, 3600000]],
         "RL.SLIDINGCOUNTER": [[10, 60000], [100, 600000], [7, 3600000]],
     }
