@@ -223,6 +223,21 @@ class Bench:
                 self.sha[alg.tag] = self.c.script_load(f.read())
         self.sanity()
 
+    def server_cmdline(self):
+        line = []
+        for x in self.master.command_line():
+            if x == str(self.master.port):
+                x = "<port>"
+            elif x == self.master.dir:
+                x = "<tmpdir>"
+            elif x == harness.MODULE and x.startswith(ROOT + os.sep):
+                x = os.path.relpath(x, ROOT)
+            elif x == "":
+                x = '""'
+            line.append(x)
+        line[0] = os.path.basename(line[0])
+        return " ".join(line)
+
     def stop(self):
         for s in (self.replica, self.master):
             if s is not None:
@@ -372,8 +387,10 @@ class Bench:
         elif kind == "LUA":
             w = cmdstat(stats, a.lua_write)
             granted = (w["calls"] if w else 0) / float(cs["calls"])
+        shown = ["redis-benchmark"] + cmd[1:]
+        shown[shown.index("-p") + 1] = "<port>"
         rec = dict(id=rid, phase=phase, ks=ks, K=K, P=P, kind=kind, alg=alg, regime=regime,
-                   n=n, r=r, argv=argv, rps=rps, avg_ms=avg, p50_ms=p50, p95_ms=p95,
+                   n=n, r=r, argv=argv, cmdline=" ".join(shown), rps=rps, avg_ms=avg, p50_ms=p50, p95_ms=p95,
                    p99_ms=p99, max_ms=mx, usec_per_call=cs["usec_per_call"], calls=cs["calls"],
                    granted=granted, incr_ref=None, wall_s=round(wall, 3))
         if regime is not None:
@@ -723,6 +740,7 @@ class Report:
         self.md_memory(w)
         self.md_method(w)
         self.md_details(w)
+        self.md_commands(w)
         return "\n".join(L) + "\n"
 
     def md_targets(self, w):
@@ -884,6 +902,10 @@ class Report:
           "\"replica\" half of each block, and before every run the script waits until the replica "
           "has applied everything the master sent.")
         w("")
+        w("```")
+        w(self.d.get("server_cmdline", "?"))
+        w("```")
+        w("")
         w("Every run is one redis-benchmark process:")
         w("")
         w("```")
@@ -937,6 +959,19 @@ class Report:
           "by running the script once on a template key and copying it with DUMP/RESTORE (the same "
           "stored state; running the script 1.5 million times would take minutes). Memory commands: "
           "see the Memory section.")
+        w("")
+
+    def md_commands(self, w):
+        w("## Every command line, in order")
+        w("")
+        w("<details><summary>%d redis-benchmark runs (click)</summary>" % len(self.res))
+        w("")
+        w("```")
+        for r in self.res:
+            w(r.get("cmdline", "?"))
+        w("```")
+        w("")
+        w("</details>")
         w("")
 
     def md_details(self, w):
@@ -1144,6 +1179,7 @@ def main():
     b.algs = [ALG_BY_TAG[t] for t in a.algs.split(",")]
     try:
         b.start()
+        server_cmdline = b.server_cmdline()
         b.throughput(["primary"] if a.no_replica else ["primary", "replica"])
         log("memory")
         mem = b.memory()
@@ -1155,7 +1191,7 @@ def main():
                             seconds=cfg["seconds"], nmin={str(k): v for k, v in cfg["nmin"].items()},
                             nmax=cfg["nmax"], mem_keys=cfg["mem_keys"], log_grants=cfg["log_grants"],
                             clients=CLIENTS),
-                results=b.results, memory=mem, log_memory=lmem, problems=b.problems,
+                server_cmdline=server_cmdline, results=b.results, memory=mem, log_memory=lmem, problems=b.problems,
                 lua_sha=b.sha)
     os.makedirs(os.path.join(out, "bench"), exist_ok=True)
     with open(os.path.join(out, "bench", "results.json"), "w") as f:
