@@ -8,6 +8,7 @@ import random
 import subprocess
 import time
 
+import pytest
 import redis
 
 from harness import (
@@ -56,10 +57,12 @@ class RandomWorkload:
         rnd = self.rnd
         if rnd.random() < 0.01:
             return ("copy",)
-        if rnd.random() < 0.01:
+        if rnd.random() < 0.02:
+            # Another type's key (a string, or another algorithm's limiter
+            # that never expires): WRONGTYPE, nothing changes.
             cmd = rnd.choice(COMMANDS)
-            return ("call", cmd, "rl:string", [5, 5, 1000][: 3 if cmd == "RL.TOKENBUCKET" else 2],
-                    1, False, False)
+            other = rnd.choice(["rl:string"] + [f"rl:typed:{_abbrev(c)}" for c in COMMANDS if c != cmd])
+            return ("call", cmd, other, NEVER[cmd](5), 1, False, False)
         cmd, key, ps = rnd.choice(self.keys)
         if rnd.random() < 0.15:
             self.params[key] = rnd.choice(ps)
@@ -109,7 +112,7 @@ class RandomWorkload:
             self.stats["copies"] += 1
             return
         _, cmd, key, params, cost, partial, dryrun = op
-        if key == "rl:string":
+        if key == "rl:string" or key.startswith("rl:typed:"):
             assert isinstance(reply, redis.exceptions.ResponseError), reply
             assert str(reply).startswith("WRONGTYPE"), reply
             self.stats["wrongtype"] += 1
@@ -133,19 +136,24 @@ def assert_same_keyspace(m, r):
     mk, rk = keyspace(m), keyspace(r)
     assert set(mk) == set(rk)
     for k in mk:
-        assert mk[k] == rk[k], f"{k}: primary {mk[k]} != replica {rk[k]} (seed {SEED})"
+        assert mk[k] == rk[k], f"{k}: primary {mk[k]} != replica {rk[k]} (RL_SEED={SEED})"
     assert db_digest(m) == db_digest(r)
     return mk
 
 
-def test_random_workload_replica_matches_primary(server_factory):
-    """A randomized workload on the primary, with the replica attached in the
-    middle (initial sync by RDB, then the effect stream): after WAIT every
-    key has the same type, DEBUG DIGEST-VALUE and exact PEXPIRETIME on both."""
+@pytest.mark.parametrize("run", range(3))
+def test_random_workload_replica_matches_primary(server_factory, run):
+    """A randomized workload on the primary, with a replica attached in the
+    middle (initial sync by RDB, then the effect stream) and a replica of
+    that replica: after WAIT every key has the same type, DEBUG
+    DIGEST-VALUE and exact PEXPIRETIME on all three servers. The seed is
+    random per session (RL_SEED=n repeats one); failures print it."""
     primary = server_factory()
     m = primary.client()
     m.set("rl:string", "not a limiter")
-    w = RandomWorkload(SEED)
+    for cmd in COMMANDS:
+        rl(m, cmd, f"rl:typed:{_abbrev(cmd)}", NEVER[cmd](5))
+    w = RandomWorkload(SEED + run)
 
     def settled():
         """Every short-lived key (and COPY of one) has expired on the primary
@@ -162,16 +170,19 @@ def test_random_workload_replica_matches_primary(server_factory):
     assert_same_keyspace(m, r)
 
     w.run(m, 1500)
+    sub = start_replica(server_factory, rep)  # a chained replica
     wait_until(settled, timeout=20, what="short keys expired")
     w.run(m, 1500)  # the expired keys come back as fresh limiters
     wait_until(settled, timeout=20, what="short keys expired")
     wait_ack(m)
     ks = assert_same_keyspace(m, r)
+    wait_replica_synced(r, sub.client())
+    assert_same_keyspace(m, sub.client())
 
     # The workload did what it claims (it would be vacuous otherwise).
     s = w.stats
     assert min(s["granted"], s["denied"], s["cost0"], s["dryrun"], s["partial"],
-               s["changes"], s["wrongtype"], s["copies"]) > 0, (s, SEED)
+               s["changes"], s["wrongtype"], s["copies"]) > 0, (s, f"RL_SEED={SEED}")
     types = {t for t, _, _ in ks.values()}
     assert types == {TYPE_NAMES[c] for c in COMMANDS} | {"string"}, types
     # Every limiter key carries an expiry (its reset): none lives forever.
