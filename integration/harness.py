@@ -4,15 +4,18 @@ Every server runs on 127.0.0.1 on a free port, in its own temp directory,
 with the module loaded, and is killed (SIGKILL after a grace period) when
 the test that started it finishes — also when the test fails.
 """
+import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 import redis
+from redis.crc import key_slot
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE = os.environ.get(
@@ -152,11 +155,6 @@ def module_commands():
 # ---------------------------------------------------------------------------
 # Helpers for the topology suites (replication, persistence, cluster).
 # ---------------------------------------------------------------------------
-
-import json  # noqa: E402
-import threading  # noqa: E402
-
-from redis.crc import key_slot  # noqa: E402
 
 # Parameters under which no unit ever comes back in a test's lifetime (the
 # next token, window or log entry is ~285,000 years away): replies are then
