@@ -432,3 +432,49 @@ class Workload(threading.Thread):
 def load_json(path):
     with open(path) as f:
         return json.load(f)
+
+
+class ReplicationTap:
+    """`redis-cli --replica` attached to a primary: the replication stream as
+    text lines, one command per line ("RL.STATE","key","\\x01...")."""
+
+    def __init__(self, server):
+        self.client = server.client()
+        self.client.config_set("repl-diskless-sync-delay", 0)
+        self.path = os.path.join(server.dir, f"tap-{id(self)}.txt")
+        self.marks = 0
+        self.seen = 0
+        with open(self.path, "w") as out:
+            self.proc = subprocess.Popen([REDIS_CLI, "-p", str(server.port), "--replica"],
+                                         stdout=out, stderr=subprocess.STDOUT)
+        wait_until(lambda: "Logging commands from master" in self._text(),
+                   what="redis-cli --replica synced")
+        self.seen = len(self._text().splitlines())
+
+    def _text(self):
+        with open(self.path, errors="replace") as f:
+            return f.read()
+
+    def take(self):
+        """The commands streamed since the last take(): writes a marker key
+        and reads up to it (the marker itself is not returned)."""
+        self.marks += 1
+        marker = f'"SET","rl:tap:mark","{self.marks}"'
+        self.client.set("rl:tap:mark", self.marks)
+        wait_until(lambda: marker in self._text(), what="replication stream read to the marker")
+        lines = self._text().splitlines()
+        end = lines.index(marker, self.seen)
+        out = lines[self.seen:end]
+        self.seen = end + 1
+        return [ln for ln in out if not ln.startswith('"PING"') and not ln.startswith("sending REPLCONF")]
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

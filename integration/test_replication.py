@@ -5,14 +5,13 @@ call that grants nothing, and a promoted replica continues every limit where
 the primary left it."""
 import os
 import random
-import subprocess
 import time
 
 import pytest
 import redis
 
 from harness import (
-    REDIS_CLI,    COMMANDS, NEVER, TYPE_NAMES, Workload, check_reply, db_digest, granted_units, keyspace, rl,
+    ReplicationTap,    COMMANDS, NEVER, TYPE_NAMES, Workload, check_reply, db_digest, granted_units, keyspace, rl,
     start_replica, wait_ack, wait_replica_synced, wait_until,
 )
 
@@ -198,16 +197,7 @@ def test_stream_carries_one_effect_per_grant(server_factory):
     nothing for denied, COST 0 or DRYRUN calls."""
     primary = server_factory()
     m = primary.client()
-    m.config_set("repl-diskless-sync-delay", 0)
-    out_path = os.path.join(primary.dir, "stream.txt")
-    with open(out_path, "w") as out:
-        cli = subprocess.Popen([REDIS_CLI, "-p", str(primary.port), "--replica"],
-                               stdout=out, stderr=subprocess.STDOUT)
-    try:
-        def stream():
-            with open(out_path, errors="replace") as f:
-                return f.read()
-        wait_until(lambda: "Logging commands from master" in stream(), what="redis-cli --replica synced")
+    with ReplicationTap(primary) as tap:
         grants = 0
         for cmd in COMMANDS:
             for i in range(3):
@@ -220,15 +210,68 @@ def test_stream_carries_one_effect_per_grant(server_factory):
                     if granted_units(reply, cost, partial) and not dryrun:
                         grants += 1
         assert grants == len(COMMANDS) * 3 * 2  # COST 3, then PARTIAL 8 takes the other 7
-        m.set("rl:end", 1)
-        wait_until(lambda: '"SET","rl:end"' in stream(), what="stream read to the end")
-        lines = stream().splitlines()
-    finally:
-        cli.kill()
-        cli.wait()
+        lines = tap.take()
     rl_lines = [ln for ln in lines if ln.upper().startswith('"RL.')]
     assert all(ln.startswith('"RL.STATE","rl:eff:') for ln in rl_lines), rl_lines[:5]
     assert len(rl_lines) == grants, rl_lines
+    assert len(rl_lines) == len(lines) - lines.count('"SELECT","0"'), lines
+
+
+def test_transactions_scripts_and_functions_replicate_effects(server_factory):
+    """Calls inside MULTI/EXEC, EVAL and FCALL replicate their effects (one
+    RL.STATE per grant, inside the transaction) and nothing when nothing was
+    granted; the replica ends up identical."""
+    primary = server_factory()
+    rep = start_replica(server_factory, primary)
+    m, r = primary.client(), rep.client()
+    m.execute_command(
+        "FUNCTION", "LOAD",
+        "#!lua name=rltest\n"
+        "redis.register_function('take', function(keys, args)\n"
+        "  return redis.call(args[1], keys[1], unpack(args, 2))\n"
+        "end)")
+    script = "return redis.call(ARGV[1], KEYS[1], unpack(ARGV, 2))"
+
+    def via(kind, cmd, key, params, *opts):
+        args = [cmd, *params, *opts]
+        if kind == "eval":
+            return m.eval(script, 1, key, *args)
+        if kind == "fcall":
+            return m.fcall("take", 1, key, *args)
+        return m.execute_command(cmd, key, *params, *opts)
+
+    with ReplicationTap(primary) as tap:
+        for cmd in COMMANDS:
+            key = f"rl:tx:{cmd}"
+            params = NEVER[cmd](10)
+            # Nothing granted: nothing in the stream, not even MULTI/EXEC.
+            pipe = m.pipeline(transaction=True)
+            pipe.execute_command(cmd, key, *params, "COST", 11)
+            pipe.execute_command(cmd, key, *params, "COST", 0)
+            pipe.execute_command(cmd, key, *params, "COST", 2, "DRYRUN")
+            assert [x[0] for x in pipe.execute()] == [0, 1, 1]
+            assert via("eval", cmd, key, params, "COST", 3, "DRYRUN")[0] == 1
+            assert via("fcall", cmd, key, params, "COST", 0)[0] == 1
+            assert tap.take() == [], cmd
+            assert m.exists(key) == 0
+
+            # Two grants and a denial in one transaction: two effects in it.
+            pipe = m.pipeline(transaction=True)
+            pipe.execute_command(cmd, key, *params, "COST", 2)
+            pipe.execute_command(cmd, key, *params, "COST", 20)
+            pipe.execute_command(cmd, key, *params, "COST", 3)
+            assert [x[:3] for x in pipe.execute()] == [[1, 10, 8], [0, 10, 8], [1, 10, 5]]
+            lines = [ln for ln in tap.take() if ln != '"SELECT","0"']
+            assert lines[0] == '"MULTI"' and lines[-1] == '"EXEC"', lines
+            assert len(lines) == 4 and all(ln.startswith(f'"RL.STATE","{key}"') for ln in lines[1:3]), lines
+
+            assert via("eval", cmd, key, params, "COST", 1)[:3] == [1, 10, 4]
+            assert via("fcall", cmd, key, params, "COST", 4, "PARTIAL")[:3] == [4, 10, 0]
+            assert via("eval", cmd, key, params)[:3] == [0, 10, 0]
+            lines = [ln for ln in tap.take() if ln not in ('"SELECT","0"', '"MULTI"', '"EXEC"')]
+            assert len(lines) == 2 and all(ln.startswith(f'"RL.STATE","{key}"') for ln in lines), lines
+    wait_ack(m)
+    assert_same_keyspace(m, r)
 
 
 def test_calls_that_grant_nothing_replicate_nothing(server_factory):
