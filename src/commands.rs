@@ -3,7 +3,7 @@
 //! the expiry and replicate the effect. Registered with the raw API so that a
 //! request costs no heap allocation for arguments or the reply.
 
-use std::ffi::c_int;
+use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
@@ -40,7 +40,7 @@ unsafe fn argv_slice<'a>(argv: *mut *mut RedisModuleString, argc: c_int) -> &'a 
 unsafe fn parse(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
-    positional: &[(&str, &'static std::ffi::CStr)],
+    positional: &[(&str, &'static CStr)],
 ) -> Result<(*mut RedisModuleString, Call), c_int> {
     let (Some(&key), Some(rest)) = (argv.get(1), argv.get(2..)) else {
         return Err(ffi::wrong_arity(ctx));
@@ -91,61 +91,91 @@ unsafe fn store<T: Stored>(key: &Key, slot: &Slot<T>, new: T) -> bool {
     }
 }
 
-pub unsafe extern "C" fn tokenbucket(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
+/// A limiter whose whole state is a few machine words (token bucket,
+/// sliding counter): the pure `step` returns the new state by value, and the
+/// effect replicated is that state.
+trait WordLimiter: Stored + Copy + Default {
+    type Params;
+    const ARGS: &'static [(&'static str, &'static CStr)];
+    const CMD: Cmd;
+    fn params(nums: [u64; 3]) -> Self::Params;
+    fn step(&self, p: &Self::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self);
+    fn effect(&self, abs_expire_ms: u64) -> codec::Small;
+}
+
+impl WordLimiter for tb::State {
+    type Params = tb::Params;
+    const ARGS: &'static [(&'static str, &'static CStr)] = args::TOKENBUCKET_ARGS;
+    const CMD: Cmd = Cmd::TokenBucket;
+    #[inline]
+    fn params([capacity, rate, period_ms]: [u64; 3]) -> tb::Params {
+        tb::Params { capacity, rate, period_ms }
+    }
+    #[inline]
+    fn step(&self, p: &tb::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self) {
+        tb::step(self, p, cost, partial, now_us)
+    }
+    #[inline]
+    fn effect(&self, abs: u64) -> codec::Small {
+        codec::tokenbucket(self, abs)
+    }
+}
+
+impl WordLimiter for sc::State {
+    type Params = sc::Params;
+    const ARGS: &'static [(&'static str, &'static CStr)] = args::WINDOW_ARGS;
+    const CMD: Cmd = Cmd::SlidingCounter;
+    #[inline]
+    fn params([limit, window_ms, _]: [u64; 3]) -> sc::Params {
+        sc::Params { limit, window_ms }
+    }
+    #[inline]
+    fn step(&self, p: &sc::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self) {
+        sc::step(self, p, cost, partial, now_us)
+    }
+    #[inline]
+    fn effect(&self, abs: u64) -> codec::Small {
+        codec::slidingcounter(self, abs)
+    }
+}
+
+/// Read the key once, decide, and on a grant write once, expire, signal and
+/// replicate the new state.
+#[inline]
+unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
     guarded(ctx, || {
         let argv = argv_slice(argv, argc);
-        let (name, call) = match parse(ctx, argv, args::TOKENBUCKET_ARGS) {
+        let (name, call) = match parse(ctx, argv, T::ARGS) {
             Ok(v) => v,
             Err(rc) => return rc,
         };
-        let [capacity, rate, period_ms] = call.nums;
-        let p = tb::Params { capacity, rate, period_ms };
+        let p = T::params(call.nums);
         let now = clock::now_us();
         let key = Key::open(ctx, name, call.dryrun);
-        let slot = key.slot::<tb::State>(tb::State::redis_type());
+        let slot = key.slot::<T>(T::redis_type());
         let cur = match slot {
             Slot::WrongType => return ffi::reply_error(ctx, ffi::WRONGTYPE),
             Slot::Ours(p) => *p,
-            Slot::Empty => tb::State::default(),
+            Slot::Empty => T::default(),
         };
-        let (d, new) = tb::step(&cur, &p, call.cost, call.partial, now);
+        let (d, new) = cur.step(&p, call.cost, call.partial, now);
         if d.granted > 0 && !call.dryrun && store(&key, &slot, new) {
             let abs = abs_expiry(now, d.reset_after_ms);
             key.set_abs_expire(abs);
             key.signal_modified();
-            ffi::replicate_state(ctx, name, codec::tokenbucket(&new, abs).as_bytes());
+            ffi::replicate_state(ctx, name, new.effect(abs).as_bytes());
         }
         drop(key);
-        reply(ctx, Cmd::TokenBucket, &d, &call)
+        reply(ctx, T::CMD, &d, &call)
     })
 }
 
+pub unsafe extern "C" fn tokenbucket(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
+    word_limiter::<tb::State>(ctx, argv, argc)
+}
+
 pub unsafe extern "C" fn slidingcounter(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
-    guarded(ctx, || {
-        let argv = argv_slice(argv, argc);
-        let (name, call) = match parse(ctx, argv, args::WINDOW_ARGS) {
-            Ok(v) => v,
-            Err(rc) => return rc,
-        };
-        let p = sc::Params { limit: call.nums[0], window_ms: call.nums[1] };
-        let now = clock::now_us();
-        let key = Key::open(ctx, name, call.dryrun);
-        let slot = key.slot::<sc::State>(sc::State::redis_type());
-        let cur = match slot {
-            Slot::WrongType => return ffi::reply_error(ctx, ffi::WRONGTYPE),
-            Slot::Ours(p) => *p,
-            Slot::Empty => sc::State::default(),
-        };
-        let (d, new) = sc::step(&cur, &p, call.cost, call.partial, now);
-        if d.granted > 0 && !call.dryrun && store(&key, &slot, new) {
-            let abs = abs_expiry(now, d.reset_after_ms);
-            key.set_abs_expire(abs);
-            key.signal_modified();
-            ffi::replicate_state(ctx, name, codec::slidingcounter(&new, abs).as_bytes());
-        }
-        drop(key);
-        reply(ctx, Cmd::SlidingCounter, &d, &call)
-    })
+    word_limiter::<sc::State>(ctx, argv, argc)
 }
 
 pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
