@@ -62,7 +62,10 @@ def schedule():
     ev = []
     for _, start, end, rate in PHASES:
         n = round((end - start) * rate)
-        ev += [(start + k / rate, "req") for k in range(n)]
+        # Each request in the middle of its slot: none falls exactly on a
+        # phase edge, a window edge, or one window after another request,
+        # where a millisecond of scheduling jitter would decide the outcome.
+        ev += [(start + (k + 0.5) / rate, "req") for k in range(n)]
     # Probes sit between requests (offset 12.5 ms) so they read the state
     # just after whatever was granted at that tick.
     n = round(DURATION / PROBE_EVERY)
