@@ -8,6 +8,10 @@
 //!   replies, replication), `types.rs` (module data types), `commands.rs`
 //!   (handlers), `stats.rs` (INFO), and registration here.
 
+// The unsafe functions are Redis callbacks and thin wrappers over the raw
+// module API; their contract is Redis's (valid pointers from the server).
+#![allow(clippy::missing_safety_doc)]
+
 pub mod alloc;
 pub mod args;
 pub mod clock;

@@ -67,7 +67,7 @@ pub const fn div_ceil_u128(n: u128, d: u128) -> u128 {
         return u128::MAX;
     }
     let q = n / d;
-    if n % d == 0 {
+    if n.is_multiple_of(d) {
         q
     } else {
         q + 1

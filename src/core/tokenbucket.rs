@@ -77,7 +77,7 @@ impl State {
             last_us: r.u64()?,
         };
         r.finish()?;
-        if s.den == 0 || s.den % 1000 != 0 || s.den / 1000 > MAX_ARG {
+        if s.den == 0 || !s.den.is_multiple_of(1000) || s.den / 1000 > MAX_ARG {
             return Err(DecodeError::Invalid("period"));
         }
         if s.frac >= s.den {
