@@ -30,7 +30,7 @@ PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); prin
 echo "valgrind.sh: logs in $DIR, port $PORT"
 valgrind --tool=memcheck --leak-check=full --show-leak-kinds=definite,indirect \
   --errors-for-leak-kinds=definite,indirect --soname-synonyms=somalloc=libjemalloc.so* \
-  --num-callers=40 --trace-children=no --child-silent-after-fork=no \
+  --num-callers=40 --trace-children=no --child-silent-after-fork=no ${VALGRIND_EXTRA:-} \
   --log-file="$DIR/vg.%p.log" \
   "$REDIS_SERVER" --port "$PORT" --bind 127.0.0.1 --dir "$DIR" --save "" --appendonly yes \
     --aof-use-rdb-preamble no --enable-debug-command yes --hz 50 --loadmodule "$MODULE" \
@@ -58,7 +58,10 @@ for path in sorted(glob.glob(sys.argv[1] + "/vg.*.log")):
         lost[m.group(1)] = lost.get(m.group(1), 0) + int(m.group(2).replace(",", ""))
     # An error or leak record: lines after "==pid== " until an empty record.
     for block in re.split(r"\n==\d+== \n", text):
-        if not re.search(r"Invalid|uninitialised|Mismatched|lost in loss record|overlap|free\(\)", block):
+        # Errors, and definite/indirect leaks (not "possibly lost" or
+        # "still reachable", shown only with VALGRIND_EXTRA=--show-leak-kinds=all).
+        if not re.search(r"Invalid|uninitialised|Mismatched|(definitely|indirectly) lost in loss record"
+                         r"|overlap|free\(\)|Syscall param", block):
             continue
         blocks += 1
         if "redis_ratelimit" in block:
