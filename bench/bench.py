@@ -31,6 +31,7 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -230,8 +231,8 @@ class Bench:
                 x = "<port>"
             elif x == self.master.dir:
                 x = "<tmpdir>"
-            elif x == harness.MODULE and x.startswith(ROOT + os.sep):
-                x = os.path.relpath(x, ROOT)
+            elif x == harness.MODULE:
+                x = self.module_shown
             elif x == "":
                 x = '""'
             line.append(x)
@@ -1187,6 +1188,13 @@ def main():
         raise BenchError("module not built: %s (make build)" % harness.MODULE)
     mc = machine()
     b = Bench(cfg, a.quick, log)
+    # Load a private copy: a rebuild of the original during the run must not
+    # change the code under a running server.
+    tmpd = tempfile.mkdtemp(prefix="rl-bench-")
+    b.module_shown = mc["module"]
+    copy = os.path.join(tmpd, os.path.basename(harness.MODULE))
+    shutil.copy2(harness.MODULE, copy)
+    harness.MODULE = copy
     b.algs = [ALG_BY_TAG[t] for t in a.algs.split(",")]
     try:
         b.start()
@@ -1197,6 +1205,7 @@ def main():
         lmem = b.log_memory()
     finally:
         b.stop()
+        shutil.rmtree(tmpd, ignore_errors=True)
     data = dict(quick=a.quick, machine=mc, elapsed_s=time.monotonic() - t0,
                 config=dict(keyspaces=cfg["keyspaces"], pipelines=cfg["pipelines"],
                             seconds=cfg["seconds"], nmin={str(k): v for k, v in cfg["nmin"].items()},
