@@ -454,7 +454,8 @@ class Bench:
         self.c.config_set("latency-tracking", "no")
         N = self.cfg["mem_keys"]
         sample = min(self.cfg["mem_sample"], N)
-        kinds = [("INCR + PEXPIRE", "incr_ttl", None), ("INCR (no TTL)", "incr", None)]
+        kinds = [("INCR + PEXPIRE", "incr_ttl", None), ("INCR (no TTL)", "incr", None),
+                 ("INCRBY 10000 + PEXPIRE", "incrby_ttl", None)]
         for alg in self.algs:
             kinds.append((alg.cmd, "rl", alg))
             kinds.append(("Lua " + alg.lua, "lua", alg))
@@ -466,6 +467,12 @@ class Bench:
             if kind == "incr_ttl":
                 chunks = []
                 for a, b in zip(keyed_commands(["INCR"], pfx, range(N), []),
+                                keyed_commands(["PEXPIRE"], pfx, range(N), [HOUR])):
+                    chunks += [a, b]
+            elif kind == "incrby_ttl":
+                # a counter past Redis's shared integers (0..9999) owns its object
+                chunks = []
+                for a, b in zip(keyed_commands(["INCRBY"], pfx, range(N), [10000]),
                                 keyed_commands(["PEXPIRE"], pfx, range(N), [HOUR])):
                     chunks += [a, b]
             elif kind == "incr":
@@ -587,6 +594,10 @@ TARGETS = [
     ("sc_incr", "RL.SLIDINGCOUNTER ≥ 0.7× INCR", 0.7),
     ("sl_incr", "RL.SLIDINGLOG (limit 100, 60 s window) ≥ 0.6× INCR", 0.6),
     ("lua", "every RL command ≥ 7× its Lua twin with pipelining (P16)", 7.0),
+    ("lua_ceiling", "↳ supporting figure, not the target: INCR ÷ Lua twin at P16 "
+     "(the highest ratio any command could show here)", 7.0),
+    ("lua_server", "↳ supporting figure, not the target: server µs per call, Lua twin ÷ RL command, "
+     "P16 runs", 7.0),
     ("replica", "with a replica attached, every RL command ≥ 0.6× INCR", 0.6),
     ("mem_tb", "token bucket key ≤ 1.5× an INCR counter key with a TTL", 1.5),
     ("mem_sc", "sliding counter key ≤ 1.5× an INCR counter key with a TTL", 1.5),
@@ -658,6 +669,20 @@ class Report:
         vals = [(self.ratio_lua("primary", ks, 16, alg.tag, rg), "%s %s, %s" % (alg.cmd, rg, ks_label(ks)))
                 for alg in ALGS for ks in self.keyspaces() for rg in REGIMES]
         out.append(("lua", worst(vals, 7.0, "lua")))
+        # What limits that ratio here: INCR itself vs the twin, and server time.
+        ceil_vals, srv_vals = [], []
+        for alg in ALGS:
+            for ks in self.keyspaces():
+                for rg in REGIMES:
+                    m = self.cell("primary", ks, 16, "RL", alg.tag, rg)
+                    l = self.cell("primary", ks, 16, "LUA", alg.tag, rg)
+                    inc = self.incr_of(l)
+                    where = "%s %s, %s" % (alg.cmd, rg, ks_label(ks))
+                    ceil_vals.append((inc / l["rps"] if inc and l and l["rps"] else None, where))
+                    srv_vals.append((l["usec_per_call"] / m["usec_per_call"]
+                                     if m and l and m["usec_per_call"] else None, where))
+        out.append(("lua_ceiling", worst(ceil_vals, 7.0, "lua ceiling")))
+        out.append(("lua_server", worst(srv_vals, 7.0, "lua server time")))
         if "replica" in self.phases():
             vals = [(self.ratio_incr(self.cell("replica", ks, P, "RL", alg.tag, rg)),
                      "%s %s, %s, P%d" % (alg.cmd, rg, ks_label(ks), P))
@@ -774,7 +799,14 @@ class Report:
             else:
                 res = "worst %.2f× (%s); median %.2f× over %d cells" % (val, where, med, total)
             status = "met" if bad == 0 else "**missed** (%d of %d)" % (bad, total)
+            if tid in ("lua_ceiling", "lua_server"):
+                status = "(≥ 7 in %d of %d)" % (total - bad, total)
             w("| %s | %s | %s |" % (texts[tid], res, status))
+        w("")
+        w("The Lua target is judged, as written, on requests/s. With pipelining, redis-benchmark (on "
+          "the same 2 cores) sets the pace: INCR itself is only the \"ceiling\" figure above times "
+          "faster than a Lua twin, so no command can show more than that here. The server-time ratio "
+          "(INFO commandstats) is what the module itself changes.")
         w("")
         w("Throughput targets are checked in every cell: 3 regimes × %d keyspaces × pipeline %s "
           "(the Lua target at pipeline 16 only). Memory: used_memory growth over %s keys and "
@@ -871,8 +903,10 @@ class Report:
         mem = self.d["memory"]
         base = next((m for m in mem if m["label"] == "INCR + PEXPIRE"), None)
         for m in mem:
-            args = "`%s`" % " ".join(str(a) for a in m["args"]) if m["args"] else (
-                "`INCR k` + `PEXPIRE k %d`" % HOUR if m["kind"] == "incr_ttl" else "`INCR k`")
+            args = "`%s`" % " ".join(str(a) for a in m["args"]) if m["args"] else {
+                "incr_ttl": "`INCR k` + `PEXPIRE k %d` (the target's baseline)" % HOUR,
+                "incrby_ttl": "`INCRBY k 10000` + `PEXPIRE k %d` (a counter ≥ 10,000: not a shared integer)" % HOUR,
+                "incr": "`INCR k`"}[m["kind"]]
             r1 = m["bytes_per_key"] / base["bytes_per_key"] if base else float("nan")
             r2 = m["memory_usage"] / base["memory_usage"] if base else float("nan")
             w("| %s | %s | %.1f | %.2f | %.1f | %.2f |" % (m["label"], args, m["bytes_per_key"], r1,
@@ -1131,7 +1165,7 @@ class Report:
         vmax = max(v for _, v, _ in bars) * 1.15
         if mark:
             vmax = max(vmax, mark * 1.15)
-        span = width - label_w - 10
+        span = width - label_w - 90   # room for the value label
         for i, (label, v, color) in enumerate(bars):
             by = y + i * bh
             o.append('<text x="%.1f" y="%.1f" text-anchor="end" fill="#333">%s</text>' % (x + label_w - 6, by + bh * 0.65, label))
