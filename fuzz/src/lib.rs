@@ -176,6 +176,68 @@ pub fn check_remaining_exact(remaining: u64, limit: u64, mut probe: impl FnMut(u
     }
 }
 
+/// `retry_after_ms` is exact: `probe(t)` asks the state the call left
+/// behind for the same call (without PARTIAL) at time `t`. It is fully
+/// granted exactly `retry_after_ms` after the real clock reading `now` and
+/// not one millisecond earlier (availability only grows while nothing is
+/// granted, so two probes decide it).
+pub fn check_retry_exact(d: &Decision, cost: u64, now: u64, mut probe: impl FnMut(u64) -> Decision) {
+    if d.retry_after_ms <= 0 {
+        return;
+    }
+    let r = d.retry_after_ms as u64;
+    let Some(at) = r.checked_mul(1000).and_then(|x| now.checked_add(x)) else { return };
+    assert_eq!(probe(at).granted, cost, "the call is not granted retry_after_ms ({r}) later");
+    assert_eq!(probe(at - 1000).granted, 0, "the call is granted before retry_after_ms ({r})");
+}
+
+/// An independent reading of SPEC.md's sliding counter: units per absolute
+/// window index (`k = t / W`), estimate `prev × (W − e) / W + cur` compared
+/// exactly in i128. A stored state is its two windows: `start_us / W` holds
+/// `cur`, the one before holds `prev`.
+pub struct CounterModel {
+    pub w: i128,
+    pub start: u64,
+    pub windows: std::collections::BTreeMap<i128, i128>,
+}
+
+impl CounterModel {
+    pub fn new(s: &sc::State, window_ms: u64) -> CounterModel {
+        let w = i128::from(window_ms) * 1000;
+        let k = i128::from(s.start_us) / w;
+        let mut windows = std::collections::BTreeMap::new();
+        windows.insert(k, i128::from(s.cur));
+        windows.insert(k - 1, i128::from(s.prev));
+        CounterModel { w, start: s.start_us, windows }
+    }
+    fn at(&self, now: u64) -> (i128, i128, i128, i128) {
+        let t = i128::from(now.max(self.start));
+        let k = t / self.w;
+        let count = |k| self.windows.get(&k).copied().unwrap_or(0);
+        (k, t % self.w, count(k - 1), count(k))
+    }
+    /// (granted, remaining) of a call at `now`.
+    pub fn decide(&self, limit: u64, cost: u64, partial: bool, now: u64) -> (u64, u64) {
+        let (_, e, prev, cur) = self.at(now);
+        let free = i128::from(limit) * self.w - prev * (self.w - e) - cur * self.w;
+        let avail = if free < 0 { 0 } else { free / self.w };
+        let c = i128::from(cost);
+        let g = if c <= avail { c } else if partial { avail } else { 0 };
+        (g as u64, (avail - g) as u64)
+    }
+    pub fn grant(&mut self, units: u64, now: u64) {
+        let (k, ..) = self.at(now);
+        *self.windows.entry(k).or_insert(0) += i128::from(units);
+    }
+    /// The state must hold what the model counts in its window and the one
+    /// before.
+    pub fn check_state(&self, s: &sc::State) {
+        let k = i128::from(s.start_us) / self.w;
+        let count = |k| self.windows.get(&k).copied().unwrap_or(0);
+        assert_eq!((i128::from(s.cur), i128::from(s.prev)), (count(k), count(k - 1)), "counter state differs from the model");
+    }
+}
+
 /// The sliding log's logical content, `(time µs, units)` oldest first, read
 /// back from its canonical encoding (format in core/slidinglog.rs).
 pub fn log_entries(enc: &[u8]) -> Vec<(u64, u64)> {
@@ -352,6 +414,28 @@ pub fn args_tokenbucket(data: &[u8]) {
 pub fn tb_call(cur: &tb::State, p: &tb::Params, call: &Call, now: u64, now2: u64) {
     let (d, new) = tb::step(cur, p, call.cost, call.partial, now);
     check_decision(&d, p.capacity, call.cost, call.partial);
+    // The level in units of 1/P token (P = period in µs), as the spec and
+    // the core's documented quantization define it: refill `rate` units per
+    // µs up to `capacity × P`; a fraction written under another period is
+    // rescaled rounding down.
+    let pu = u128::from(p.period_ms) * 1000;
+    let full = u128::from(p.capacity) * pu;
+    let level = if cur.is_fresh() {
+        full
+    } else {
+        let t = u128::from(now.max(cur.last_us));
+        let frac = u128::from(cur.frac) * pu / u128::from(cur.den);
+        (u128::from(cur.tokens) * pu + frac + (t - u128::from(cur.last_us)) * u128::from(p.rate)).min(full)
+    };
+    let whole = level / pu;
+    let c = u128::from(call.cost);
+    let g = if c <= whole { c } else if call.partial { whole } else { 0 };
+    assert_eq!((u128::from(d.granted), u128::from(d.remaining)), (g, (level - g * pu) / pu), "bucket differs from the model");
+    if d.granted > 0 {
+        assert_eq!(u128::from(new.tokens) * pu + u128::from(new.frac), level - g * pu, "stored level differs from the model");
+    }
+    let after = if d.granted > 0 { new } else { *cur };
+    check_retry_exact(&d, call.cost, now, |t| tb::step(&after, p, call.cost, false, t).0);
     if d.granted == 0 {
         return;
     }
@@ -393,6 +477,14 @@ pub fn args_slidingcounter(data: &[u8]) {
 pub fn sc_call(cur: &sc::State, p: &sc::Params, call: &Call, now: u64, now2: u64) {
     let (d, new) = sc::step(cur, p, call.cost, call.partial, now);
     check_decision(&d, p.limit, call.cost, call.partial);
+    let mut m = CounterModel::new(cur, p.window_ms);
+    assert_eq!(m.decide(p.limit, call.cost, call.partial, now), (d.granted, d.remaining), "counter differs from the model");
+    if d.granted > 0 {
+        m.grant(d.granted, now);
+        m.check_state(&new);
+    }
+    let after = if d.granted > 0 { new } else { *cur };
+    check_retry_exact(&d, call.cost, now, |t| sc::step(&after, p, call.cost, false, t).0);
     if d.granted == 0 {
         assert_eq!(new, *cur, "a call that grants nothing must not change the state");
         return;
@@ -444,6 +536,7 @@ pub fn sl_call(cur: &sl::State, p: &sl::Params, call: &Call, now: u64, now2: u64
     let md = model.decide(p.limit, p.window_ms, call.cost, call.partial, now);
     assert_eq!(d, md, "sliding log differs from the model: {:?}", model.log);
     if d.granted == 0 {
+        check_retry_exact(&d, call.cost, now, |t| sl::decide(cur, p, call.cost, false, t));
         return;
     }
     // Master: grant in place. Replica: decode the same state and apply the
@@ -462,6 +555,7 @@ pub fn sl_call(cur: &sl::State, p: &sl::Params, call: &Call, now: u64, now2: u64
         other => panic!("grant payload does not decode: {other:?}"),
     }
     assert_eq!(sl_encode(&replica), enc, "replica diverges");
+    check_retry_exact(&d, call.cost, now, |t| sl::decide(&new, p, call.cost, false, t));
     let decoded = sl::State::decode(&enc).expect("a written log decodes");
     assert_eq!(decoded, new);
     assert_eq!(sl_encode(&decoded), enc);
@@ -497,7 +591,7 @@ pub fn sl_call(cur: &sl::State, p: &sl::Params, call: &Call, now: u64, now2: u64
 // ---------------------------------------------------------------------
 
 fn calls(cost_max: u64) -> impl Iterator<Item = Call> {
-    [0, 1, cost_max].into_iter().flat_map(|cost| {
+    [0, 1, cost_max, cost_max + 1].into_iter().flat_map(|cost| {
         [false, true].into_iter().map(move |partial| Call { nums: [0; 3], cost, partial, dryrun: false })
     })
 }
@@ -583,4 +677,90 @@ pub fn decode_codec(data: &[u8]) {
             assert_eq!(entries[0], (g.now_us, g.units * 2));
         }
     }
+}
+
+// ---------------------------------------------------------------------
+// Coverage report support (feature "coverage", used by coverage.sh).
+// ---------------------------------------------------------------------
+
+/// Describes `pc` in the format language libFuzzer's coverage printer asks
+/// for: `%s` file, `%l` line, `%F` "in function", `%L` file:line, `%p` pc.
+#[cfg(feature = "coverage")]
+pub fn describe_pc(pc: usize, fmt: &str) -> String {
+    let (mut name, mut file, mut line) = (String::new(), String::new(), 0u32);
+    backtrace::resolve(pc as *mut std::ffi::c_void, |sym| {
+        if name.is_empty() {
+            if let Some(n) = sym.name() {
+                name = format!("{n:#}");
+            }
+        }
+        if file.is_empty() {
+            if let Some(f) = sym.filename() {
+                file = f.display().to_string();
+                line = sym.lineno().unwrap_or(0);
+            }
+        }
+    });
+    let mut out = String::new();
+    let mut chars = fmt.chars();
+    while let Some(ch) = chars.next() {
+        if ch != '%' {
+            out.push(ch);
+            continue;
+        }
+        match chars.next() {
+            Some('s') => out.push_str(if file.is_empty() { "<null>" } else { &file }),
+            Some('l') => out.push_str(&line.to_string()),
+            Some('F') => out.push_str(&format!("in {name}")),
+            Some('L') => out.push_str(&format!("{file}:{line}")),
+            Some('p') => out.push_str(&format!("{pc:#x}")),
+            Some(other) => out.push(other),
+            None => {}
+        }
+    }
+    out
+}
+
+/// Defines the two sanitizer-runtime entry points libFuzzer looks up
+/// (weakly) to print coverage. Expanded in each target binary, so the
+/// linker keeps them.
+#[macro_export]
+macro_rules! coverage_hooks {
+    () => {
+        #[cfg(feature = "coverage")]
+        #[no_mangle]
+        pub unsafe extern "C" fn __sanitizer_symbolize_pc(
+            pc: *mut std::ffi::c_void,
+            fmt: *const std::ffi::c_char,
+            out: *mut std::ffi::c_char,
+            out_size: usize,
+        ) {
+            if fmt.is_null() || out.is_null() || out_size == 0 {
+                return;
+            }
+            let fmt = std::ffi::CStr::from_ptr(fmt).to_string_lossy();
+            let s = $crate::describe_pc(pc as usize, &fmt);
+            let n = s.len().min(out_size - 1);
+            std::ptr::copy_nonoverlapping(s.as_ptr(), out.cast::<u8>(), n);
+            *out.add(n) = 0;
+        }
+
+        #[cfg(feature = "coverage")]
+        #[no_mangle]
+        pub unsafe extern "C" fn __sanitizer_get_module_and_offset_for_pc(
+            pc: *mut std::ffi::c_void,
+            module: *mut std::ffi::c_char,
+            module_len: usize,
+            offset: *mut *mut std::ffi::c_void,
+        ) -> std::ffi::c_int {
+            if !module.is_null() && module_len > 1 {
+                *module = b'?' as std::ffi::c_char;
+                *module.add(1) = 0;
+            }
+            if !offset.is_null() {
+                *offset = pc;
+            }
+            1
+        }
+    };
 }
