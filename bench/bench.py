@@ -808,6 +808,9 @@ class Report:
           "faster than a Lua twin, so no command can show more than that here. The server-time ratio "
           "(INFO commandstats) is what the module itself changes.")
         w("")
+        w("Single cells are noisy on a shared machine (the same cell can move by tens of percent from "
+          "one run to the next); the medians are the steadier figures.")
+        w("")
         w("Throughput targets are checked in every cell: 3 regimes × %d keyspaces × pipeline %s "
           "(the Lua target at pipeline 16 only). Memory: used_memory growth over %s keys and "
           "MEMORY USAGE; the worse of the two is shown. The sliding log figure is the marginal "
