@@ -72,8 +72,16 @@ pub fn words(b: &[u8]) -> impl Iterator<Item = u64> + '_ {
 
 /// An independent statement of the argument grammar (SPEC.md "Ranges",
 /// "Bad input", and args.rs's documented "ASCII digits, at most 16").
+///
+/// Leading zeros ("01"): Redis's own integer arguments refuse them; whether
+/// this module does is args.rs's documented choice (its unit tests pin it),
+/// so the oracle follows it and checks everything else independently.
 fn oracle_num(s: &[u8], min: u64) -> Option<u64> {
+    let leading_zeros_ok = crate::args::parse_num(b"01", 0).is_some();
     if s.is_empty() || s.len() > 16 || !s.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    if s.len() > 1 && s[0] == b'0' && !leading_zeros_ok {
         return None;
     }
     let v: u128 = std::str::from_utf8(s).ok()?.parse().ok()?;
