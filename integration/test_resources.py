@@ -250,6 +250,8 @@ def test_allkeys_lru_evicts_limiter_keys_cleanly(server_factory, lazy):
 # ---------------------------------------------------------------------------
 
 STORM_CONNECTIONS = 500
+# Calls per connection: 6,000 in all by default, 50,000 with RL_SOAK=long.
+STORM_CALLS = 100 if LONG_SOAK else 12
 
 
 async def _storm(port, keys, calls_per_conn, seed):
@@ -314,7 +316,7 @@ def test_connection_storm_grants_exactly(server):
         keys[f"hot:{short}:a"] = (cmd, 300, False)
         keys[f"hot:{short}:b"] = (cmd, 1000, False)
         keys[f"hot:{short}:exact"] = (cmd, 100, True)
-    granted, dry, pings = asyncio.run(_storm(server.port, keys, 12, seed=1))
+    granted, dry, pings = asyncio.run(_storm(server.port, keys, STORM_CALLS, seed=1))
     assert c.info("clients")["connected_clients"] >= 1
     assert pings > 0
     for key, (cmd, limit, only_cost_1) in keys.items():
@@ -324,7 +326,7 @@ def test_connection_storm_grants_exactly(server):
         # Exact accounting: what was granted is exactly what is gone.
         assert granted[key] + remaining == limit, (key, granted[key], remaining)
         if only_cost_1:
-            # 6,000 calls shared by 9 keys: each cost-1 key was hammered far
+            # 6,000+ calls shared by 9 keys: each cost-1 key was hammered far
             # past its limit, so exactly `limit` calls were granted.
             assert granted[key] == limit, (key, granted[key])
     # The server is still fully responsive and every client left.
@@ -358,9 +360,12 @@ def test_soak_memory_rises_and_falls_back(fast_expiry):
             settle_memory(c, base, f"wave {w}")
     settle_memory(c, base, f"{total} keys")
     print(f"soak: {total} keys in waves of {wave}, peaks above baseline {peaks}")
-    # Same-sized waves peak at about the same size (a growth left behind
-    # would lift every later peak).
-    assert max(peaks) < 3 * min(peaks), peaks
+    # Memory accumulates over a cycle of waves (keys outlive a wave) and is
+    # released at its end; the same wave of every cycle peaks at about the
+    # same size: a growth left behind would lift every later cycle.
+    cycle = 5 if LONG_SOAK else 1
+    for i, p in enumerate(peaks):
+        assert p < peaks[i % cycle] * 1.25, (i, peaks)
 
 
 # ---------------------------------------------------------------------------
