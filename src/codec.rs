@@ -44,6 +44,13 @@ pub struct LogGrant {
     pub units: u64,
 }
 
+// `Small::new` would silently cut a body longer than its buffer holds.
+const _: () = assert!(
+    HEADER_LEN + tb::State::ENCODED_LEN <= 64
+        && HEADER_LEN + sc::State::ENCODED_LEN <= 64
+        && HEADER_LEN + GRANT_BODY_LEN <= 64
+);
+
 /// A small payload built on the stack (hot path: no heap allocation).
 pub struct Small {
     buf: [u8; 64],

@@ -115,11 +115,15 @@ unsafe extern "C" fn rdb_load<T: Stored>(rdb: *mut RedisModuleIO, encver: c_int)
         }
         return ptr::null_mut();
     }
-    let decoded = T::decode_body(std::slice::from_raw_parts(p.cast::<u8>(), len));
+    // The decoders never panic (fuzzed: fuzz/decode_*), but these bytes come
+    // from outside (RESTORE, replication, RDB files): a panic unwinding out of
+    // this extern "C" callback would abort the server, so refuse instead.
+    let bytes = std::slice::from_raw_parts(p.cast::<u8>(), len);
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| T::decode_body(bytes)));
     free(p.cast::<c_void>());
     match decoded {
-        Ok(v) => Box::into_raw(Box::new(v)).cast::<c_void>(),
-        Err(_) => ptr::null_mut(),
+        Ok(Ok(v)) => Box::into_raw(Box::new(v)).cast::<c_void>(),
+        _ => ptr::null_mut(),
     }
 }
 
