@@ -74,7 +74,7 @@ class Alg:
 
 ALGS = [
     Alg("tb", "RL.TOKENBUCKET", "tokenbucket", "tokenbucket.lua", "hset",
-        {"granted": [1000000000, 1, HOUR],
+        {"granted": [1000000000, 1, 1000],
          "denied": [1, 1, HOUR],
          "mix": [2000000, 1, HOUR]},
         None, 2000000, [100, 1, HOUR]),
