@@ -161,7 +161,7 @@ unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut
         let (d, new) = cur.step(&p, call.cost, call.partial, now);
         if d.granted > 0 && !call.dryrun && store(&key, &slot, new) {
             let abs = abs_expiry(now, d.reset_after_ms);
-            key.set_abs_expire(abs);
+            key.set_abs_expire(abs, now / 1000);
             key.signal_modified();
             ffi::replicate_state(ctx, name, new.effect(abs).as_bytes());
         }
@@ -213,7 +213,7 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
             };
             if let Some(fresh_at) = written {
                 let abs = fresh_at.map_or(0, |us| us / 1000);
-                key.set_abs_expire(abs);
+                key.set_abs_expire(abs, now / 1000);
                 key.signal_modified();
                 let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
                 ffi::replicate_state(ctx, name, codec::log_grant(&g, abs).as_bytes());
@@ -263,7 +263,7 @@ pub unsafe extern "C" fn state(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
                 if abs == 0 {
                     key.persist();
                 } else {
-                    key.set_abs_expire(abs);
+                    key.set_abs_expire(abs, clock::now_us() / 1000);
                 }
                 key.signal_modified();
                 drop(key);
