@@ -22,6 +22,8 @@ Usage: demo/demo.py [--out docs/demo.svg] [--redis redis://host:port]
 """
 import argparse
 import os
+import subprocess
+import shutil
 import sys
 import time
 
@@ -336,6 +338,15 @@ def main():
     with open(opts.out, "w") as f:
         f.write(svg_chart(results, probes, summary))
     print(f"\nchart: {os.path.relpath(opts.out)}")
+    # The same chart as PNG (for viewers without SVG), rendered by librsvg's
+    # rsvg-convert, which `make deps` installs.
+    png = os.path.splitext(opts.out)[0] + ".png"
+    rsvg = shutil.which("rsvg-convert")
+    if rsvg:
+        subprocess.run([rsvg, "-f", "png", "-o", png, opts.out], check=True)
+        print(f"chart: {os.path.relpath(png)}")
+    else:
+        print("rsvg-convert not found (apt-get install librsvg2-bin): PNG not written")
 
 
 if __name__ == "__main__":

@@ -455,3 +455,6 @@ def test_demo_runs_and_draws_the_chart(tmp_path):
     ns = "{http://www.w3.org/2000/svg}"
     assert len(svg.findall(f"{ns}polyline")) == 3
     assert len(svg.findall(f"{ns}rect")) > 100   # bars of granted / denied requests
+    if shutil.which("rsvg-convert"):
+        png = out.with_suffix(".png").read_bytes()
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
