@@ -245,14 +245,19 @@ def check_key_behaves(c, key, ctx):
             break
         rep = c.execute_command(own, key, *params, *opts)
         check_reply(rep, cost, partial, params[0])
-    if c.exists(key):
-        d = c.dump(key)
-        assert d is not None
-        assert isinstance(c.execute_command("DEBUG", "DIGEST-VALUE", key)[0], bytes)
-        assert c.memory_usage(key) > 0
-        c.copy(key, key + ":copy", replace=True)
-        assert c.execute_command("DEBUG", "DIGEST-VALUE", key) == \
-            c.execute_command("DEBUG", "DIGEST-VALUE", key + ":copy")
+    # One transaction, so a restored state near its end cannot expire between
+    # the checks (EXEC runs its commands at one instant of the key clock).
+    p = c.pipeline(transaction=True)
+    p.dump(key)
+    p.execute_command("DEBUG", "DIGEST-VALUE", key)
+    p.memory_usage(key)
+    p.copy(key, key + ":copy", replace=True)
+    p.execute_command("DEBUG", "DIGEST-VALUE", key + ":copy")
+    d, digest, mem, copied, copy_digest = p.execute()
+    if d is not None:
+        assert isinstance(digest[0], bytes)
+        assert mem > 0
+        assert copied and digest == copy_digest
         c.restore(key + ":again", 0, d, replace=True)
         c.delete(key + ":copy", key + ":again")
     return t
