@@ -60,8 +60,7 @@ pub struct Small {
 impl Small {
     fn new(kind: u8, abs_expire_ms: u64, body: &[u8]) -> Small {
         let mut buf = [0u8; 64];
-        buf[0] = kind;
-        buf[1..HEADER_LEN].copy_from_slice(&abs_expire_ms.to_le_bytes());
+        buf[..HEADER_LEN].copy_from_slice(&header(kind, abs_expire_ms));
         let len = (HEADER_LEN + body.len()).min(buf.len());
         if let Some(dst) = buf.get_mut(HEADER_LEN..len) {
             dst.copy_from_slice(body.get(..len - HEADER_LEN).unwrap_or_default());
@@ -90,12 +89,20 @@ pub fn log_grant(g: &LogGrant, abs_expire_ms: u64) -> Small {
     Small::new(KIND_LOG_GRANT, abs_expire_ms, &body)
 }
 
-/// A whole sliding log (AOF rewrite only; not on the request path).
-pub fn slidinglog(state: &sl::State, abs_expire_ms: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HEADER_LEN + 16 + state.heap_bytes());
-    out.push(KIND_SLIDINGLOG);
-    out.extend_from_slice(&abs_expire_ms.to_le_bytes());
-    state.encode(&mut out);
+/// The header every payload starts with: kind, then the absolute expiry.
+fn header(kind: u8, abs_expire_ms: u64) -> [u8; HEADER_LEN] {
+    let mut h = [0u8; HEADER_LEN];
+    h[0] = kind;
+    h[1..].copy_from_slice(&abs_expire_ms.to_le_bytes());
+    h
+}
+
+/// A whole state as the AOF rewrite emits it: no expiry in the payload
+/// (Redis appends the key's PEXPIREAT itself). Not on the request path.
+pub fn aof_state(kind: u8, body_len_hint: usize, encode_body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HEADER_LEN + body_len_hint);
+    out.extend_from_slice(&header(kind, 0));
+    encode_body(&mut out);
     out
 }
 

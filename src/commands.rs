@@ -197,22 +197,19 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
         };
         let d = sl::decide(cur, &p, call.cost, call.partial, now);
         if d.granted > 0 && !call.dryrun {
-            // The key lives through the millisecond in which the newest grant
-            // leaves the window; that is `reset_after_ms` from now.
             let written = match slot {
                 Slot::Ours(s) => {
                     sl::grant(&mut *s, p.window_ms, d.granted, now);
-                    Some(sl::fresh_at_us(&*s, p.window_ms))
+                    true
                 }
                 _ => {
                     let mut s = Box::new(sl::State::default());
                     sl::grant(&mut s, p.window_ms, d.granted, now);
-                    let fresh = sl::fresh_at_us(&s, p.window_ms);
-                    key.set_value(sl::State::redis_type(), s).then_some(fresh)
+                    key.set_value(sl::State::redis_type(), s)
                 }
             };
-            if let Some(fresh_at) = written {
-                let abs = fresh_at.map_or(0, |us| us / 1000);
+            if written {
+                let abs = abs_expiry(now, d.reset_after_ms);
                 key.set_abs_expire(abs, now / 1000);
                 key.signal_modified();
                 let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };

@@ -131,10 +131,7 @@ unsafe extern "C" fn rdb_load<T: Stored>(rdb: *mut RedisModuleIO, encver: c_int)
 /// appends the key's PEXPIREAT itself.
 unsafe extern "C" fn aof_rewrite<T: Stored>(aof: *mut RedisModuleIO, key: *mut RedisModuleString, value: *mut c_void) {
     let Some(v) = value.cast::<T>().as_ref() else { return };
-    let mut payload = Vec::with_capacity(codec::HEADER_LEN + 48 + v.heap_bytes());
-    payload.push(T::KIND);
-    payload.extend_from_slice(&0u64.to_le_bytes());
-    v.encode_body(&mut payload);
+    let payload = codec::aof_state(T::KIND, 48 + v.heap_bytes(), |out| v.encode_body(out));
     if let Some(emit) = raw::RedisModule_EmitAOF {
         emit(aof, c"RL.STATE".as_ptr(), c"sb".as_ptr(), key, payload.as_ptr().cast::<c_char>(), payload.len());
     }
