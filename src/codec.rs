@@ -97,13 +97,19 @@ fn header(kind: u8, abs_expire_ms: u64) -> [u8; HEADER_LEN] {
     h
 }
 
-/// A whole state as the AOF rewrite emits it: no expiry in the payload
-/// (Redis appends the key's PEXPIREAT itself). Not on the request path.
-pub fn aof_state(kind: u8, body_len_hint: usize, encode_body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+/// A whole state of any size in a heap buffer (the AOF rewrite, with
+/// `abs_expire_ms` 0: Redis appends the key's PEXPIREAT itself). Not on the
+/// request path.
+pub fn full_state(kind: u8, abs_expire_ms: u64, body_len_hint: usize, encode_body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_LEN + body_len_hint);
-    out.extend_from_slice(&header(kind, 0));
+    out.extend_from_slice(&header(kind, abs_expire_ms));
     encode_body(&mut out);
     out
+}
+
+/// A whole sliding log with its expiry.
+pub fn slidinglog(state: &sl::State, abs_expire_ms: u64) -> Vec<u8> {
+    full_state(KIND_SLIDINGLOG, abs_expire_ms, 16 + state.heap_bytes(), |out| state.encode(out))
 }
 
 /// Strict decoder for a payload: returns the effect and its absolute expiry

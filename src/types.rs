@@ -131,7 +131,7 @@ unsafe extern "C" fn rdb_load<T: Stored>(rdb: *mut RedisModuleIO, encver: c_int)
 /// appends the key's PEXPIREAT itself.
 unsafe extern "C" fn aof_rewrite<T: Stored>(aof: *mut RedisModuleIO, key: *mut RedisModuleString, value: *mut c_void) {
     let Some(v) = value.cast::<T>().as_ref() else { return };
-    let payload = codec::aof_state(T::KIND, 48 + v.heap_bytes(), |out| v.encode_body(out));
+    let payload = codec::full_state(T::KIND, 0, 48 + v.heap_bytes(), |out| v.encode_body(out));
     if let Some(emit) = raw::RedisModule_EmitAOF {
         emit(aof, c"RL.STATE".as_ptr(), c"sb".as_ptr(), key, payload.as_ptr().cast::<c_char>(), payload.len());
     }
