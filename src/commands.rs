@@ -79,16 +79,29 @@ fn abs_expiry(now_us: u64, reset_ms: u64) -> u64 {
     (now_us / 1000).saturating_add(reset_ms)
 }
 
-/// Store `new` in the key (in place when it already holds our type).
+/// Store `new` in the key: in place when it already holds our type in a
+/// form that can hold `new`, else as a new value.
 #[inline]
-unsafe fn store<T: Stored>(key: &Key, slot: &Slot<T>, new: T) -> bool {
-    match *slot {
-        Slot::Ours(p) => {
-            *p = new;
-            true
-        }
-        _ => key.set_value(T::redis_type(), Box::new(new)),
+unsafe fn store<T: Stored>(key: &Key, slot: &Slot, new: T) -> bool {
+    let new = match *slot {
+        Slot::Ours(p) => match T::overwrite(p, new) {
+            Ok(()) => return true,
+            Err(v) => v,
+        },
+        _ => new,
+    };
+    set_new(key, new)
+}
+
+/// Set the key to a new value holding `v`.
+#[inline]
+unsafe fn set_new<T: Stored>(key: &Key, v: T) -> bool {
+    let p = v.into_value();
+    let ok = key.set_value(T::redis_type(), p);
+    if !ok {
+        T::free_value(p);
     }
+    ok
 }
 
 /// A limiter whose whole state is a few machine words (token bucket,
@@ -152,10 +165,10 @@ unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut
         let p = T::params(call.nums);
         let now = clock::now_us();
         let key = Key::open(ctx, name, call.dryrun);
-        let slot = key.slot::<T>(T::redis_type());
+        let slot = key.slot(T::redis_type());
         let cur = match slot {
             Slot::WrongType => return ffi::reply_error(ctx, ffi::WRONGTYPE),
-            Slot::Ours(p) => *p,
+            Slot::Ours(p) => T::with_value(p, |v| *v).unwrap_or_default(),
             Slot::Empty => T::default(),
         };
         let (d, new) = cur.step(&p, call.cost, call.partial, now);
@@ -188,24 +201,28 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
         let p = sl::Params { limit: call.nums[0], window_ms: call.nums[1] };
         let now = clock::now_us();
         let key = Key::open(ctx, name, call.dryrun);
-        let slot = key.slot::<sl::State>(sl::State::redis_type());
+        let slot = key.slot(sl::State::redis_type());
+        let log = match slot {
+            Slot::Ours(p) => p.cast::<sl::State>().as_mut(),
+            _ => None,
+        };
         let empty = sl::State::default();
-        let cur: &sl::State = match slot {
-            Slot::WrongType => return ffi::reply_error(ctx, ffi::WRONGTYPE),
-            Slot::Ours(p) => &*p,
-            Slot::Empty => &empty,
+        let cur: &sl::State = match (&slot, &log) {
+            (Slot::WrongType, _) => return ffi::reply_error(ctx, ffi::WRONGTYPE),
+            (_, Some(s)) => s,
+            _ => &empty,
         };
         let d = sl::decide(cur, &p, call.cost, call.partial, now);
         if d.granted > 0 && !call.dryrun {
-            let written = match slot {
-                Slot::Ours(s) => {
-                    sl::grant(&mut *s, p.window_ms, d.granted, now);
+            let written = match log {
+                Some(s) => {
+                    sl::grant(s, p.window_ms, d.granted, now);
                     true
                 }
-                _ => {
-                    let mut s = Box::new(sl::State::default());
+                None => {
+                    let mut s = sl::State::default();
                     sl::grant(&mut s, p.window_ms, d.granted, now);
-                    key.set_value(sl::State::redis_type(), s)
+                    set_new(&key, s)
                 }
             };
             if written {
@@ -240,16 +257,19 @@ pub unsafe extern "C" fn state(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
             Effect::TokenBucket(s) => put(&key, s),
             Effect::SlidingCounter(s) => put(&key, s),
             Effect::SlidingLog(s) => put(&key, s),
-            Effect::LogGrant(g) => match key.slot::<sl::State>(sl::State::redis_type()) {
+            Effect::LogGrant(g) => match key.slot(sl::State::redis_type()) {
                 Slot::WrongType => Err(()),
-                Slot::Ours(s) => {
-                    sl::grant(&mut *s, g.window_ms, g.units, g.now_us);
-                    Ok(true)
-                }
+                Slot::Ours(p) => match p.cast::<sl::State>().as_mut() {
+                    Some(s) => {
+                        sl::grant(s, g.window_ms, g.units, g.now_us);
+                        Ok(true)
+                    }
+                    None => Err(()),
+                },
                 Slot::Empty => {
-                    let mut s = Box::new(sl::State::default());
+                    let mut s = sl::State::default();
                     sl::grant(&mut s, g.window_ms, g.units, g.now_us);
-                    Ok(key.set_value(sl::State::redis_type(), s))
+                    Ok(set_new(&key, s))
                 }
             },
         };
@@ -273,7 +293,7 @@ pub unsafe extern "C" fn state(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
 
 /// Replace the key's value with `s` if the key is empty or of `T`'s type.
 unsafe fn put<T: Stored>(key: &Key, s: T) -> Result<bool, ()> {
-    match key.slot::<T>(T::redis_type()) {
+    match key.slot(T::redis_type()) {
         Slot::WrongType => Err(()),
         slot => Ok(store(key, &slot, s)),
     }

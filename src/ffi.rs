@@ -87,10 +87,11 @@ fn server_ms() -> i64 {
     }
 }
 
-/// What an opened key holds.
-pub enum Slot<T> {
+/// What an opened key holds: nothing, our type's value pointer (non-NULL;
+/// its layout is the type's business, see `types::Stored`), or anything else.
+pub enum Slot {
     Empty,
-    Ours(*mut T),
+    Ours(*mut c_void),
     WrongType,
 }
 
@@ -119,7 +120,7 @@ impl Key {
 
     /// The value if the key is empty or holds our type `ty`.
     #[inline]
-    pub unsafe fn slot<T>(&self, ty: *mut RedisModuleType) -> Slot<T> {
+    pub unsafe fn slot(&self, ty: *mut RedisModuleType) -> Slot {
         if self.key.is_null() {
             return Slot::Empty;
         }
@@ -139,7 +140,7 @@ impl Key {
         if get_type(self.key) != ty || ty.is_null() {
             return Slot::WrongType;
         }
-        let v = get_value(self.key).cast::<T>();
+        let v = get_value(self.key);
         if v.is_null() {
             Slot::WrongType
         } else {
@@ -147,18 +148,14 @@ impl Key {
         }
     }
 
-    /// Store a new value (the key takes ownership of the box).
+    /// Store a new value; on success the key owns `value`, on failure the
+    /// caller still does.
     #[inline]
-    pub unsafe fn set_value<T>(&self, ty: *mut RedisModuleType, value: Box<T>) -> bool {
-        let p = Box::into_raw(value);
-        let ok = match raw::RedisModule_ModuleTypeSetValue {
-            Some(f) if !self.key.is_null() => f(self.key, ty, p.cast::<c_void>()) == OK,
+    pub unsafe fn set_value(&self, ty: *mut RedisModuleType, value: *mut c_void) -> bool {
+        match raw::RedisModule_ModuleTypeSetValue {
+            Some(f) if !self.key.is_null() => f(self.key, ty, value) == OK,
             _ => false,
-        };
-        if !ok {
-            drop(Box::from_raw(p));
         }
-        ok
     }
 
     /// Set the key's absolute expiry (Unix ms) exactly.

@@ -18,7 +18,10 @@ use crate::core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Dec
 /// byte too, so a future change can be read side by side with this one).
 pub const ENCVER: i32 = 1;
 
-/// What each stored state provides to the generic callbacks.
+/// What each stored state provides to the generic callbacks, and how it sits
+/// behind the key's value pointer. By default the pointer is a `Box<Self>`;
+/// the word-sized states override the four value functions with the compact
+/// form below.
 pub trait Stored: Sized + Clone {
     /// Kind byte in an RL.STATE payload.
     const KIND: u8;
@@ -29,6 +32,148 @@ pub trait Stored: Sized + Clone {
     }
     /// The registered type.
     fn redis_type() -> *mut RedisModuleType;
+
+    /// A new value pointer owning `self`.
+    fn into_value(self) -> *mut c_void {
+        Box::into_raw(Box::new(self)).cast::<c_void>()
+    }
+    /// Run `f` on the state behind a value pointer (None for NULL).
+    unsafe fn with_value<R>(p: *const c_void, f: impl FnOnce(&Self) -> R) -> Option<R> {
+        p.cast::<Self>().as_ref().map(f)
+    }
+    /// Replace the state behind `p` in place, or hand `v` back when the
+    /// pointer's form cannot hold it (the caller then sets a new value).
+    unsafe fn overwrite(p: *mut c_void, v: Self) -> Result<(), Self> {
+        match p.cast::<Self>().as_mut() {
+            Some(slot) => {
+                *slot = v;
+                Ok(())
+            }
+            None => Err(v),
+        }
+    }
+    /// Free a value pointer made by `into_value`.
+    unsafe fn free_value(p: *mut c_void) {
+        if !p.is_null() {
+            drop(Box::from_raw(p.cast::<Self>()));
+        }
+    }
+    /// Bytes behind a value pointer, for MEMORY USAGE.
+    unsafe fn value_size(p: *const c_void) -> usize {
+        Self::with_value(p, |v| std::mem::size_of::<Self>() + v.heap_bytes()).unwrap_or(0)
+    }
+}
+
+/// Word-sized states with a two-word compact form (`pack`/`unpack` in the
+/// cores). Their value pointer is tagged: bit 0 set means it points to the
+/// two packed words (16 bytes, the smallest allocation class that holds
+/// them), clear means a `Box<Self>` (the wide form, for the rare state
+/// outside the compact ranges). A bucket or counter key thus costs 16 bytes
+/// of state instead of 24–32.
+pub trait Compact: Copy {
+    fn pack(&self) -> Option<[u64; 2]>;
+    fn unpack(w: [u64; 2]) -> Self;
+}
+
+const COMPACT_TAG: usize = 1;
+const _: () = assert!(std::mem::align_of::<[u64; 2]>() > COMPACT_TAG);
+
+#[inline]
+fn compact_words(p: *const c_void) -> Option<*mut [u64; 2]> {
+    (p.addr() & COMPACT_TAG != 0).then(|| p.map_addr(|a| a & !COMPACT_TAG).cast::<[u64; 2]>().cast_mut())
+}
+
+#[inline]
+fn compact_into_value<T: Compact>(v: T) -> *mut c_void {
+    match v.pack() {
+        Some(w) => Box::into_raw(Box::new(w)).map_addr(|a| a | COMPACT_TAG).cast::<c_void>(),
+        None => Box::into_raw(Box::new(v)).cast::<c_void>(),
+    }
+}
+
+#[inline]
+unsafe fn compact_load<T: Compact>(p: *const c_void) -> Option<T> {
+    match compact_words(p) {
+        Some(w) => w.as_ref().map(|w| T::unpack(*w)),
+        None => p.cast::<T>().as_ref().copied(),
+    }
+}
+
+#[inline]
+unsafe fn compact_overwrite<T: Compact>(p: *mut c_void, v: T) -> Result<(), T> {
+    match (compact_words(p), v.pack()) {
+        (Some(w), Some(new)) if !w.is_null() => {
+            *w = new;
+            Ok(())
+        }
+        (None, None) if !p.is_null() => {
+            *p.cast::<T>() = v;
+            Ok(())
+        }
+        _ => Err(v),
+    }
+}
+
+unsafe fn compact_free<T: Compact>(p: *mut c_void) {
+    match compact_words(p) {
+        Some(w) => drop(Box::from_raw(w)),
+        None if !p.is_null() => drop(Box::from_raw(p.cast::<T>())),
+        None => {}
+    }
+}
+
+unsafe fn compact_size<T: Compact>(p: *const c_void) -> usize {
+    match compact_words(p) {
+        Some(_) => std::mem::size_of::<[u64; 2]>(),
+        None if !p.is_null() => std::mem::size_of::<T>(),
+        None => 0,
+    }
+}
+
+/// The value functions of `Stored` for a `Compact` state.
+macro_rules! compact_value_fns {
+    () => {
+        #[inline]
+        fn into_value(self) -> *mut c_void {
+            compact_into_value(self)
+        }
+        #[inline]
+        unsafe fn with_value<R>(p: *const c_void, f: impl FnOnce(&Self) -> R) -> Option<R> {
+            compact_load::<Self>(p).map(|v| f(&v))
+        }
+        #[inline]
+        unsafe fn overwrite(p: *mut c_void, v: Self) -> Result<(), Self> {
+            compact_overwrite(p, v)
+        }
+        unsafe fn free_value(p: *mut c_void) {
+            compact_free::<Self>(p)
+        }
+        unsafe fn value_size(p: *const c_void) -> usize {
+            compact_size::<Self>(p)
+        }
+    };
+}
+
+impl Compact for tb::State {
+    #[inline]
+    fn pack(&self) -> Option<[u64; 2]> {
+        tb::State::pack(self)
+    }
+    #[inline]
+    fn unpack(w: [u64; 2]) -> Self {
+        tb::State::unpack(w)
+    }
+}
+
+impl Compact for sc::State {
+    #[inline]
+    fn pack(&self) -> Option<[u64; 2]> {
+        sc::State::pack(self)
+    }
+    #[inline]
+    fn unpack(w: [u64; 2]) -> Self {
+        sc::State::unpack(w)
+    }
 }
 
 pub static TOKENBUCKET_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
@@ -47,6 +192,7 @@ impl Stored for tb::State {
     fn redis_type() -> *mut RedisModuleType {
         TOKENBUCKET_PTR.load(Ordering::Relaxed)
     }
+    compact_value_fns!();
 }
 
 impl Stored for sc::State {
@@ -61,6 +207,7 @@ impl Stored for sc::State {
     fn redis_type() -> *mut RedisModuleType {
         SLIDINGCOUNTER_PTR.load(Ordering::Relaxed)
     }
+    compact_value_fns!();
 }
 
 impl Stored for sl::State {
@@ -87,8 +234,7 @@ fn body_of<T: Stored>(v: &T) -> Vec<u8> {
 }
 
 unsafe extern "C" fn rdb_save<T: Stored>(rdb: *mut RedisModuleIO, value: *mut c_void) {
-    let Some(v) = value.cast::<T>().as_ref() else { return };
-    let body = body_of(v);
+    let Some(body) = T::with_value(value, body_of) else { return };
     if let Some(save) = raw::RedisModule_SaveStringBuffer {
         save(rdb, body.as_ptr().cast::<c_char>(), body.len());
     }
@@ -122,7 +268,7 @@ unsafe extern "C" fn rdb_load<T: Stored>(rdb: *mut RedisModuleIO, encver: c_int)
     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| T::decode_body(bytes)));
     free(p.cast::<c_void>());
     match decoded {
-        Ok(Ok(v)) => Box::into_raw(Box::new(v)).cast::<c_void>(),
+        Ok(Ok(v)) => v.into_value(),
         _ => ptr::null_mut(),
     }
 }
@@ -130,23 +276,22 @@ unsafe extern "C" fn rdb_load<T: Stored>(rdb: *mut RedisModuleIO, encver: c_int)
 /// AOF rewrite: `RL.STATE key payload` with no expiry in the payload; Redis
 /// appends the key's PEXPIREAT itself.
 unsafe extern "C" fn aof_rewrite<T: Stored>(aof: *mut RedisModuleIO, key: *mut RedisModuleString, value: *mut c_void) {
-    let Some(v) = value.cast::<T>().as_ref() else { return };
-    let payload = codec::full_state(T::KIND, 0, 48 + v.heap_bytes(), |out| v.encode_body(out));
+    let Some(payload) =
+        T::with_value(value, |v| codec::full_state(T::KIND, 0, 48 + v.heap_bytes(), |out| v.encode_body(out)))
+    else {
+        return;
+    };
     if let Some(emit) = raw::RedisModule_EmitAOF {
         emit(aof, c"RL.STATE".as_ptr(), c"sb".as_ptr(), key, payload.as_ptr().cast::<c_char>(), payload.len());
     }
 }
 
 unsafe extern "C" fn mem_usage<T: Stored>(value: *const c_void) -> usize {
-    match value.cast::<T>().as_ref() {
-        Some(v) => std::mem::size_of::<T>() + v.heap_bytes(),
-        None => 0,
-    }
+    T::value_size(value)
 }
 
 unsafe extern "C" fn digest<T: Stored>(md: *mut RedisModuleDigest, value: *mut c_void) {
-    let Some(v) = value.cast::<T>().as_ref() else { return };
-    let body = body_of(v);
+    let Some(body) = T::with_value(value, body_of) else { return };
     if let (Some(add), Some(end)) = (raw::RedisModule_DigestAddStringBuffer, raw::RedisModule_DigestEndSequence) {
         add(md, body.as_ptr().cast::<c_char>(), body.len());
         end(md);
@@ -154,9 +299,7 @@ unsafe extern "C" fn digest<T: Stored>(md: *mut RedisModuleDigest, value: *mut c
 }
 
 unsafe extern "C" fn free<T: Stored>(value: *mut c_void) {
-    if !value.is_null() {
-        drop(Box::from_raw(value.cast::<T>()));
-    }
+    T::free_value(value)
 }
 
 unsafe extern "C" fn copy<T: Stored>(
@@ -164,10 +307,7 @@ unsafe extern "C" fn copy<T: Stored>(
     _to: *mut RedisModuleString,
     value: *const c_void,
 ) -> *mut c_void {
-    match value.cast::<T>().as_ref() {
-        Some(v) => Box::into_raw(Box::new(v.clone())).cast::<c_void>(),
-        None => ptr::null_mut(),
-    }
+    T::with_value(value, |v| v.clone().into_value()).unwrap_or(ptr::null_mut())
 }
 
 const fn methods<T: Stored>() -> raw::RedisModuleTypeMethods {

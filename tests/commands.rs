@@ -380,7 +380,8 @@ fn replica_matches_master_after_random_workload() {
         let a = ALGOS[rng.below(3) as usize];
         let k = format!("w:{}:{}", a.name(), rng.below(60));
         let limit = [1, 5, 20, 100][rng.below(4) as usize];
-        let ms = [50, 1000, 60_000, 3_600_000, 3_600_000][rng.below(5) as usize];
+        // FOREVER_MS moves a bucket to its wide form and back (rule change).
+        let ms = [50, 1000, 60_000, 3_600_000, 3_600_000, FOREVER_MS][rng.below(6) as usize];
         let mut opts: Vec<String> = vec![];
         if rng.below(3) == 0 {
             opts.extend(["COST".into(), rng.below(8).to_string()]);
@@ -452,4 +453,87 @@ fn sliding_log_memory_is_compact() {
     let big: i64 = redis::cmd("MEMORY").arg("USAGE").arg("big").query(&mut con).unwrap();
     let one: i64 = redis::cmd("MEMORY").arg("USAGE").arg("one").query(&mut con).unwrap();
     assert_eq!(big, one);
+}
+
+fn mem(con: &mut Connection, key: &str) -> i64 {
+    redis::cmd("MEMORY").arg("USAGE").arg(key).arg("SAMPLES").arg(0).query(con).expect("memory usage")
+}
+
+/// Bucket and counter states are kept in a 16-byte compact form when they
+/// fit it (the usual case) and in full otherwise. The two forms must be
+/// invisible: same replies, digests, DUMPs and expiries, across switches
+/// between them in both directions, reloads, RESTORE, COPY and replication.
+#[test]
+fn compact_and_wide_states_behave_the_same() {
+    let master = Server::start();
+    let replica = Server::with_args(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    let mut con = master.con();
+    let mut r = replica.con();
+    wait_for("replication link", Duration::from_secs(30), || {
+        (info_field(&mut r, "replication", "master_link_status")? == "up").then_some(())
+    });
+    let tb = |con: &mut Connection, k: &str, cap: u64, period: u64, cost: u64| -> Vec<i64> {
+        redis::cmd("RL.TOKENBUCKET")
+            .arg(k)
+            .arg(cap)
+            .arg(1)
+            .arg(period)
+            .arg("COST")
+            .arg(cost)
+            .query(con)
+            .expect("RL.TOKENBUCKET")
+    };
+    // Per-hour bucket: compact. A bucket refilling over 2^40 ms: wide (its
+    // level needs more than 128 bits with the time). Same name length.
+    assert_eq!(tb(&mut con, "tb:c", 100, 3_600_000, 1)[..3], [1, 100, 99]);
+    assert_eq!(tb(&mut con, "tb:w", 100, FOREVER_MS, 1)[..3], [1, 100, 99]);
+    assert_eq!(mem(&mut con, "tb:w") - mem(&mut con, "tb:c"), 16, "bucket state: 16 bytes compact, 32 wide");
+    // Switch forms both ways through rule changes; the level carries over.
+    assert_eq!(tb(&mut con, "tb:c", 100, FOREVER_MS, 1)[..3], [1, 100, 98]);
+    assert_eq!(mem(&mut con, "tb:c"), mem(&mut con, "tb:w"), "compact -> wide");
+    assert_eq!(tb(&mut con, "tb:c", 100, 3_600_000, 1)[..3], [1, 100, 97]);
+    assert_eq!(mem(&mut con, "tb:w") - mem(&mut con, "tb:c"), 16, "wide -> compact");
+    assert_eq!(tb(&mut con, "tb:w", 100, FOREVER_MS, 1)[..3], [1, 100, 98]);
+
+    // Counter: compact until a window counts 2^43 units or more.
+    let sc = |con: &mut Connection, k: &str, cost: u64| -> Vec<i64> {
+        redis::cmd("RL.SLIDINGCOUNTER").arg(k).arg(MAX).arg(3_600_000).arg("COST").arg(cost).query(con).expect("counter")
+    };
+    let big = 1u64 << 43;
+    assert_eq!(sc(&mut con, "sc:c", 5)[..3], [1, MAX as i64, (MAX - 5) as i64]);
+    assert_eq!(sc(&mut con, "sc:w", big)[..3], [1, MAX as i64, (MAX - big) as i64]);
+    assert_eq!(mem(&mut con, "sc:w") - mem(&mut con, "sc:c"), 8, "counter state: 16 bytes compact, 24 wide");
+    assert_eq!(sc(&mut con, "sc:c", big)[..3], [1, MAX as i64, (MAX - big - 5) as i64]);
+    assert_eq!(mem(&mut con, "sc:c"), mem(&mut con, "sc:w"), "compact -> wide");
+
+    // Both forms survive every way a value is copied, with equal digests.
+    let keys = ["tb:c", "tb:w", "sc:c", "sc:w"];
+    let before: Vec<(String, i64, Vec<u8>)> = keys
+        .iter()
+        .map(|k| (digest(&mut con, k), pexpiretime(&mut con, k), redis::cmd("DUMP").arg(*k).query(&mut con).unwrap()))
+        .collect();
+    assert_ne!(before[0].0, before[1].0, "different states, different digests");
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut con).unwrap();
+    assert_eq!(acked, 1);
+    for (k, (d, e, _)) in keys.iter().zip(&before) {
+        assert_eq!(&digest(&mut r, k), d, "{k} on the replica");
+        assert_eq!(pexpiretime(&mut r, k), *e, "{k} expiry on the replica");
+    }
+    let _: String = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).expect("DEBUG RELOAD");
+    for (k, (d, e, dump)) in keys.iter().zip(&before) {
+        assert_eq!(&digest(&mut con, k), d, "{k} after DEBUG RELOAD");
+        let again: Vec<u8> = redis::cmd("DUMP").arg(*k).query(&mut con).unwrap();
+        assert_eq!(&again, dump, "{k}: the RDB bytes do not depend on the form");
+        let restored = format!("{k}:r");
+        let _: String = redis::cmd("RESTORE").arg(&restored).arg(*e).arg(dump).arg("ABSTTL").query(&mut con).unwrap();
+        assert_eq!(&digest(&mut con, &restored), d, "{k} after RESTORE");
+        let copied = format!("{k}:c");
+        let _: i64 = redis::cmd("COPY").arg(*k).arg(&copied).query(&mut con).unwrap();
+        assert_eq!(&digest(&mut con, &copied), d, "{k} after COPY");
+    }
+    // After the reload the compact key is still compact.
+    assert_eq!(mem(&mut con, "tb:w") - mem(&mut con, "tb:c"), 16, "forms kept across DEBUG RELOAD");
+    // And the restored keys go on from the same state.
+    assert_eq!(tb(&mut con, "tb:c:r", 100, 3_600_000, 1)[..3], [1, 100, 96]);
+    assert_eq!(tb(&mut con, "tb:w:c", 100, FOREVER_MS, 1)[..3], [1, 100, 97]);
 }

@@ -17,6 +17,11 @@ pub mod slidingcounter;
 pub mod slidinglog;
 pub mod tokenbucket;
 
+/// Start of the time range covered by the compact in-memory forms
+/// (`State::pack`): 2020-01-01T00:00:00Z in µs since the Unix epoch. A state
+/// whose times fall outside the range is simply kept in its wide form.
+pub const PACK_EPOCH_US: u64 = 1_577_836_800_000_000;
+
 /// Largest value accepted for any numeric argument: 2^53 − 1, exact in every
 /// client language's numbers.
 pub const MAX_ARG: u64 = (1u64 << 53) - 1;
@@ -80,6 +85,17 @@ pub const fn div_ceil_u128(n: u128, d: u128) -> u128 {
 pub fn us_to_ms_ceil(us: u128) -> u64 {
     let ms = div_ceil_u128(us, 1000);
     u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+/// A 128-bit word as two `u64`, low word first.
+pub fn split(x: u128) -> [u64; 2] {
+    [low_bits(x, 64), low_bits(x >> 64, 64)]
+}
+
+/// The low `bits` (≤ 64) bits of `x`.
+pub fn low_bits(x: u128, bits: u32) -> u64 {
+    let mask = if bits >= 64 { u128::from(u64::MAX) } else { (1u128 << bits) - 1 };
+    u64::try_from(x & mask).unwrap_or(u64::MAX)
 }
 
 /// Clamp to `i64` for the reply (saturating; never panics).

@@ -96,7 +96,7 @@
 //! multiple of `W = window_ms·1000`). Anything else, a short or long input,
 //! or an unknown version is refused without panicking.
 
-use super::{ms_to_us, to_i64, us_to_ms_ceil, Decision, DecodeError, Reader, MAX_ARG};
+use super::{low_bits, ms_to_us, split, to_i64, us_to_ms_ceil, Decision, DecodeError, Reader, MAX_ARG, PACK_EPOCH_US};
 
 /// The rule of a call. Both fields are validated by the caller to be in
 /// `1..=MAX_ARG`. Out-of-range values never panic: for the arithmetic a limit
@@ -120,6 +120,12 @@ pub struct State {
 }
 
 const ENCODING_VERSION: u8 = 1;
+
+/// Compact in-memory form (`State::pack`), one 128-bit word, low bits first:
+/// the window start in ms since `PACK_EPOCH_US` (42 bits: until 2159),
+/// `cur` and `prev` (43 bits each: up to ~8.8 × 10^12 units per window).
+const PACK_START_BITS: u32 = 42;
+const PACK_COUNT_BITS: u32 = 43;
 
 impl State {
     /// Size of the binary encoding: version byte + three u64.
@@ -166,6 +172,34 @@ impl State {
             ));
         }
         Ok(State { start_us, cur, prev })
+    }
+
+    /// The state in two words, when it fits the compact form (see
+    /// `PACK_START_BITS`); `unpack` gives back exactly this state. `None`
+    /// for states outside it, which are then stored in full.
+    pub fn pack(&self) -> Option<[u64; 2]> {
+        if !self.start_us.is_multiple_of(1000) {
+            return None;
+        }
+        let start = self.start_us.checked_sub(PACK_EPOCH_US)? / 1000;
+        if start >> PACK_START_BITS != 0 || self.cur >> PACK_COUNT_BITS != 0 || self.prev >> PACK_COUNT_BITS != 0 {
+            return None;
+        }
+        let x = u128::from(start)
+            | (u128::from(self.cur) << PACK_START_BITS)
+            | (u128::from(self.prev) << (PACK_START_BITS + PACK_COUNT_BITS));
+        Some(split(x))
+    }
+
+    /// Inverse of `pack`. Total: any two words give some state (only words
+    /// written by `pack` are ever passed).
+    pub fn unpack(w: [u64; 2]) -> State {
+        let x = u128::from(w[0]) | (u128::from(w[1]) << 64);
+        State {
+            start_us: low_bits(x, PACK_START_BITS) * 1000 + PACK_EPOCH_US,
+            cur: low_bits(x >> PACK_START_BITS, PACK_COUNT_BITS),
+            prev: low_bits(x >> (PACK_START_BITS + PACK_COUNT_BITS), PACK_COUNT_BITS),
+        }
     }
 
     /// Both windows count zero: indistinguishable from no key at all.
@@ -1156,6 +1190,13 @@ mod tests {
                     }
                     if d.granted > 0 {
                         prop_assert_eq!(State::decode(&ns.encode()), Ok(ns));
+                        // The compact in-memory form holds every state of
+                        // the years it covers, exactly.
+                        let packed = ns.pack();
+                        prop_assert_eq!(packed.map(State::unpack).unwrap_or(ns), ns);
+                        if (PACK_EPOCH_US..PACK_EPOCH_US + (1u64 << 51)).contains(&ns.start_us) {
+                            prop_assert!(packed.is_some(), "{:?} did not pack", ns);
+                        }
                         prop_assert_eq!(i128::from(ns.start_us / w), k);
                         let c = log.per_window.entry(k).or_insert(0);
                         *c += d.granted;
@@ -1199,5 +1240,40 @@ mod tests {
         ) {
             run_sequence(start, limit, window_ms, &ops)?;
         }
+
+        /// Whatever the compact form accepts, it gives back exactly; and any
+        /// two words unpack without panicking.
+        #[test]
+        fn pack_round_trips_or_declines(
+            start_ms in prop_oneof![any::<u64>(), 1_500_000_000_000u64..1_700_000_000_000, 0u64..10],
+            sub_ms in prop_oneof![Just(0u64), 0u64..1000],
+            cur in prop_oneof![any::<u64>(), 0u64..1_000_000, Just((1u64 << 43) - 1), Just(1u64 << 43)],
+            prev in prop_oneof![any::<u64>(), 0u64..1_000_000, Just((1u64 << 43) - 1), Just(1u64 << 43)],
+            words in any::<[u64; 2]>(),
+        ) {
+            let s = State { start_us: start_ms.saturating_mul(1000).saturating_add(sub_ms), cur, prev };
+            if let Some(w) = s.pack() {
+                prop_assert_eq!(State::unpack(w), s);
+            } else {
+                prop_assert!(s.start_us < PACK_EPOCH_US || sub_ms != 0 || !s.start_us.is_multiple_of(1000)
+                    || (s.start_us - PACK_EPOCH_US) / 1000 >= 1 << 42 || cur >= 1 << 43 || prev >= 1 << 43);
+            }
+            let _ = State::unpack(words);
+        }
+    }
+
+    #[test]
+    fn pack_edges() {
+        let s = State { start_us: PACK_EPOCH_US, cur: 1, prev: 0 };
+        assert_eq!(s.pack().map(State::unpack), Some(s));
+        assert_eq!(State { start_us: PACK_EPOCH_US - 1000, ..s }.pack(), None);
+        assert_eq!(State { start_us: PACK_EPOCH_US + 1, ..s }.pack(), None);
+        let last = PACK_EPOCH_US + ((1u64 << 42) - 1) * 1000;
+        let big = State { start_us: last, cur: (1 << 43) - 1, prev: (1 << 43) - 1 };
+        assert_eq!(big.pack().map(State::unpack), Some(big));
+        assert_eq!(State { start_us: last + 1000, ..big }.pack(), None);
+        assert_eq!(State { cur: 1 << 43, ..big }.pack(), None);
+        assert_eq!(State { prev: 1 << 43, ..big }.pack(), None);
+        assert_eq!(State { cur: MAX_ARG, prev: MAX_ARG, ..s }.pack(), None);
     }
 }

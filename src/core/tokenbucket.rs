@@ -21,7 +21,7 @@
 //! Products are computed in `u128`: `capacity × P < 2^53 × 2^63 = 2^116`,
 //! `Δt × rate < 2^64 × 2^53 = 2^117`, so nothing can overflow.
 
-use super::{div_ceil_u128, ms_to_us, to_i64, us_to_ms_ceil, DecodeError, Decision, Reader, MAX_ARG};
+use super::{div_ceil_u128, ms_to_us, to_i64, us_to_ms_ceil, DecodeError, Decision, Reader, MAX_ARG, PACK_EPOCH_US, low_bits, split};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
@@ -47,6 +47,15 @@ pub struct State {
 /// Encoding version written by `encode` (first byte).
 pub const ENCODING_VERSION: u8 = 1;
 
+/// Compact in-memory form (`State::pack`), one 128-bit word, low bits first:
+/// `last_us − PACK_EPOCH_US` (51 bits: until 2091), `pb` = the bit length of
+/// `period_ms` (6 bits), `period_ms` (`pb` bits), then the level in units,
+/// `tokens × den + frac` (the remaining `71 − pb` bits). Per-second,
+/// per-minute and per-hour buckets up to ~10^5 tokens fit; anything else
+/// stays in the wide form.
+const PACK_T_BITS: u32 = 51;
+const PACK_PB_BITS: u32 = 6;
+
 impl State {
     pub const ENCODED_LEN: usize = 1 + 4 * 8;
 
@@ -62,6 +71,46 @@ impl State {
         out[17..25].copy_from_slice(&self.den.to_le_bytes());
         out[25..33].copy_from_slice(&self.last_us.to_le_bytes());
         out
+    }
+
+    /// The state in two words, when it fits the compact form (see
+    /// `PACK_T_BITS`); `unpack` gives back exactly this state. `None` for
+    /// states outside it, which are then stored in full.
+    pub fn pack(&self) -> Option<[u64; 2]> {
+        let t = self.last_us.checked_sub(PACK_EPOCH_US)?;
+        if t >> PACK_T_BITS != 0 || self.den == 0 || !self.den.is_multiple_of(1000) || self.frac >= self.den {
+            return None;
+        }
+        let period = self.den / 1000;
+        let pb = u64::BITS - period.leading_zeros(); // 1..=54
+        let shift = PACK_T_BITS + PACK_PB_BITS + pb; // ≤ 111
+        let level = u128::from(self.tokens) * u128::from(self.den) + u128::from(self.frac);
+        if level >> (u128::BITS - shift) != 0 {
+            return None;
+        }
+        let x = u128::from(t)
+            | (u128::from(pb) << PACK_T_BITS)
+            | (u128::from(period) << (PACK_T_BITS + PACK_PB_BITS))
+            | (level << shift);
+        Some(split(x))
+    }
+
+    /// Inverse of `pack`. Total: any two words give some state (only words
+    /// written by `pack` are ever passed).
+    pub fn unpack(w: [u64; 2]) -> State {
+        let x = u128::from(w[0]) | (u128::from(w[1]) << 64);
+        let t = low_bits(x, PACK_T_BITS);
+        let pb = low_bits(x >> PACK_T_BITS, PACK_PB_BITS) as u32; // < 64
+        let period = low_bits(x >> (PACK_T_BITS + PACK_PB_BITS), pb);
+        let level = x >> (PACK_T_BITS + PACK_PB_BITS + pb); // shift ≤ 120
+        let den = period.saturating_mul(1000);
+        let d = u128::from(den.max(1));
+        State {
+            tokens: u64::try_from(level / d).unwrap_or(u64::MAX),
+            frac: low_bits(level % d, 64),
+            den,
+            last_us: t + PACK_EPOCH_US,
+        }
     }
 
     /// Strict decoder: every invariant is checked, trailing bytes refused.
@@ -479,5 +528,76 @@ mod tests {
                 prop_assert_eq!(&s.encode()[..], &bytes[..]);
             }
         }
+
+        /// Whatever the compact form accepts, it gives back exactly; and any
+        /// two words unpack without panicking.
+        #[test]
+        fn pack_round_trips_or_declines(
+            tokens in prop_oneof![any::<u64>(), 0u64..1_000_000],
+            frac in any::<u64>(),
+            period in prop_oneof![any::<u64>(), 1u64..10_000_000],
+            last_us in prop_oneof![any::<u64>(), PACK_EPOCH_US - 10..PACK_EPOCH_US + (1u64 << 52)],
+            words in any::<[u64; 2]>(),
+        ) {
+            let den = period.saturating_mul(1000);
+            let s = State { tokens, frac: frac % den.max(1), den, last_us };
+            if let Some(w) = s.pack() {
+                prop_assert_eq!(State::unpack(w), s);
+                prop_assert!(last_us >= PACK_EPOCH_US);
+            }
+            let _ = State::unpack(words);
+        }
+
+        /// The states real buckets reach (per second up to per hour, up to
+        /// 100,000 tokens, any time from 2020 to 2090) all fit the compact
+        /// form, which is what keeps a bucket key at 16 bytes of state.
+        #[test]
+        fn typical_buckets_are_compact(
+            capacity in 1u64..=100_000, rate in 1u64..=100_000, period in 1u64..=3_600_000,
+            t in PACK_EPOCH_US..PACK_EPOCH_US + 70 * 365 * 86_400_000_000,
+            steps in proptest::collection::vec((0u64..10_000_000, 0u64..1000, any::<bool>()), 1..50),
+        ) {
+            let p = tb(capacity, rate, period);
+            let mut s = State::default();
+            let mut now = t;
+            for (dt, cost, partial) in steps {
+                now += dt;
+                let (d, n) = step(&s, &p, cost, partial, now);
+                if d.granted > 0 {
+                    let w = n.pack();
+                    prop_assert!(w.is_some(), "{:?} did not pack", n);
+                    prop_assert_eq!(w.map(State::unpack), Some(n));
+                    s = n;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pack_edges() {
+        let s = State { tokens: 5, frac: 7, den: 1_000_000, last_us: PACK_EPOCH_US };
+        assert_eq!(s.pack().map(State::unpack), Some(s));
+        // Before the epoch, at the end of the 51-bit range, bad fractions
+        // and periods that are not whole ms: wide form.
+        assert_eq!(State { last_us: PACK_EPOCH_US - 1, ..s }.pack(), None);
+        let last = PACK_EPOCH_US + (1u64 << 51) - 1;
+        assert_eq!(State { last_us: last, ..s }.pack().map(State::unpack), Some(State { last_us: last, ..s }));
+        assert_eq!(State { last_us: last + 1, ..s }.pack(), None);
+        assert_eq!(State { frac: 1_000_000, ..s }.pack(), None);
+        assert_eq!(State { den: 1_000_001, frac: 0, ..s }.pack(), None);
+        assert_eq!(State { den: 0, frac: 0, ..s }.pack(), None);
+        // The level fills exactly the bits left: 71 − pb (pb = 10 for 1 s).
+        let den = 1_000_000u64;
+        let top = (1u128 << 61) - 1;
+        let at = |level: u128| State {
+            tokens: u64::try_from(level / u128::from(den)).unwrap(),
+            frac: u64::try_from(level % u128::from(den)).unwrap(),
+            den,
+            last_us: last,
+        };
+        assert_eq!(at(top).pack().map(State::unpack), Some(at(top)));
+        assert_eq!(at(top + 1).pack(), None);
+        // The largest period and capacity the arguments allow: wide.
+        assert_eq!(State { tokens: MAX_ARG - 1, frac: 0, den: MAX_ARG * 1000, last_us: last }.pack(), None);
     }
 }
