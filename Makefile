@@ -9,7 +9,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run test test-unit test-rust test-py venv bench fuzz demo soak clean
+.PHONY: all deps build run test test-unit test-rust test-py venv bench profile fuzz demo soak clean
 
 all: build
 
@@ -25,6 +25,7 @@ deps:
 	command -v node >/dev/null || missing="$$missing nodejs"; \
 	command -v rsvg-convert >/dev/null || missing="$$missing librsvg2-bin"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
+	command -v valgrind >/dev/null || missing="$$missing valgrind"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
@@ -59,9 +60,16 @@ test-fuzz: deps
 bench: build venv
 	$(PY) bench/bench.py
 
-# The benchmark script once with tiny counts: proves it works (no timing).
+# Instructions per request under callgrind (deterministic, unlike
+# requests/s): where a request's time goes. Writes docs/PROFILE.md.
+profile: build
+	python3 bench/profile.py
+
+# The benchmark and profile scripts once with tiny counts: prove they work
+# (no timing).
 test-bench: build venv
 	$(PY) bench/bench.py --quick --out /tmp/rl-bench-quick
+	python3 bench/profile.py --requests 2000 --out /tmp/rl-profile-quick/PROFILE.md --json /tmp/rl-profile-quick.json
 
 # Live demo: three algorithms under one traffic profile, charted.
 demo: build venv

@@ -133,14 +133,13 @@ impl State {
 
     /// Version byte, then `start_us`, `cur`, `prev` as little-endian u64.
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        // Fixed offsets into a fixed-size array: the bounds are checked at
+        // compile time, and this runs on every grant (the effect payload).
         let mut out = [0u8; Self::ENCODED_LEN];
-        let bytes = core::iter::once(ENCODING_VERSION)
-            .chain(self.start_us.to_le_bytes())
-            .chain(self.cur.to_le_bytes())
-            .chain(self.prev.to_le_bytes());
-        for (slot, byte) in out.iter_mut().zip(bytes) {
-            *slot = byte;
-        }
+        out[0] = ENCODING_VERSION;
+        out[1..9].copy_from_slice(&self.start_us.to_le_bytes());
+        out[9..17].copy_from_slice(&self.cur.to_le_bytes());
+        out[17..25].copy_from_slice(&self.prev.to_le_bytes());
         out
     }
 

@@ -49,10 +49,10 @@ pub const ENCODING_VERSION: u8 = 1;
 
 /// Compact in-memory form (`State::pack`), one 128-bit word, low bits first:
 /// `last_us − PACK_EPOCH_US` (51 bits: until 2091), `pb` = the bit length of
-/// `period_ms` (6 bits), `period_ms` (`pb` bits), then the level in units,
-/// `tokens × den + frac` (the remaining `71 − pb` bits). Per-second,
-/// per-minute and per-hour buckets up to ~10^5 tokens fit; anything else
-/// stays in the wide form.
+/// `period_ms` (6 bits), `period_ms` (`pb` bits), `frac` (as many bits as
+/// `den` has), then `tokens` in the bits left (`61 − 2·pb` or so: about
+/// 2·10^12 tokens for a per-second bucket, 4·10^8 per minute, 1.3·10^5 per
+/// hour). Anything else stays in the wide form. No division either way.
 const PACK_T_BITS: u32 = 51;
 const PACK_PB_BITS: u32 = 6;
 
@@ -82,16 +82,16 @@ impl State {
             return None;
         }
         let period = self.den / 1000;
-        let pb = u64::BITS - period.leading_zeros(); // 1..=54
-        let shift = PACK_T_BITS + PACK_PB_BITS + pb; // ≤ 111
-        let level = u128::from(self.tokens) * u128::from(self.den) + u128::from(self.frac);
-        if level >> (u128::BITS - shift) != 0 {
+        let pb = bit_len(period); // 1..=54
+        let tokens_at = PACK_T_BITS + PACK_PB_BITS + pb + bit_len(self.den);
+        if tokens_at > u128::BITS || u128::from(self.tokens) >> (u128::BITS - tokens_at) != 0 {
             return None;
         }
         let x = u128::from(t)
             | (u128::from(pb) << PACK_T_BITS)
             | (u128::from(period) << (PACK_T_BITS + PACK_PB_BITS))
-            | (level << shift);
+            | (u128::from(self.frac) << (PACK_T_BITS + PACK_PB_BITS + pb))
+            | u128::from(self.tokens).checked_shl(tokens_at).unwrap_or(0);
         Some(split(x))
     }
 
@@ -102,12 +102,12 @@ impl State {
         let t = low_bits(x, PACK_T_BITS);
         let pb = low_bits(x >> PACK_T_BITS, PACK_PB_BITS) as u32; // < 64
         let period = low_bits(x >> (PACK_T_BITS + PACK_PB_BITS), pb);
-        let level = x >> (PACK_T_BITS + PACK_PB_BITS + pb); // shift ≤ 120
         let den = period.saturating_mul(1000);
-        let d = u128::from(den.max(1));
+        let frac_at = PACK_T_BITS + PACK_PB_BITS + pb; // ≤ 120
+        let tokens_at = frac_at + bit_len(den);
         State {
-            tokens: u64::try_from(level / d).unwrap_or(u64::MAX),
-            frac: low_bits(level % d, 64),
+            tokens: x.checked_shr(tokens_at).map_or(0, |v| low_bits(v, 64)),
+            frac: low_bits(x >> frac_at, bit_len(den)),
             den,
             last_us: t + PACK_EPOCH_US,
         }
@@ -139,6 +139,11 @@ impl State {
         }
         Ok(s)
     }
+}
+
+/// Number of significant bits of `v` (0 for 0).
+fn bit_len(v: u64) -> u32 {
+    u64::BITS - v.leading_zeros()
 }
 
 /// `(state, params, cost, now) -> (decision, new state)`. Pure. The new state
@@ -586,17 +591,11 @@ mod tests {
         assert_eq!(State { frac: 1_000_000, ..s }.pack(), None);
         assert_eq!(State { den: 1_000_001, frac: 0, ..s }.pack(), None);
         assert_eq!(State { den: 0, frac: 0, ..s }.pack(), None);
-        // The level fills exactly the bits left: 71 − pb (pb = 10 for 1 s).
-        let den = 1_000_000u64;
-        let top = (1u128 << 61) - 1;
-        let at = |level: u128| State {
-            tokens: u64::try_from(level / u128::from(den)).unwrap(),
-            frac: u64::try_from(level % u128::from(den)).unwrap(),
-            den,
-            last_us: last,
-        };
-        assert_eq!(at(top).pack().map(State::unpack), Some(at(top)));
-        assert_eq!(at(top + 1).pack(), None);
+        // Tokens fill exactly the bits left: 128 − 51 − 6 − 10 (period 1000)
+        // − 20 (den 10^6) = 41.
+        let top = State { tokens: (1 << 41) - 1, frac: 999_999, den: 1_000_000, last_us: last };
+        assert_eq!(top.pack().map(State::unpack), Some(top));
+        assert_eq!(State { tokens: 1 << 41, ..top }.pack(), None);
         // The largest period and capacity the arguments allow: wide.
         assert_eq!(State { tokens: MAX_ARG - 1, frac: 0, den: MAX_ARG * 1000, last_us: last }.pack(), None);
     }

@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Where a request's time goes: instruction counts per call under callgrind.
+
+Starts one redis-server (with the module) under `valgrind --tool=callgrind`,
+drives it with redis-benchmark (pipeline 16, 50 clients, as `make bench`),
+and for each case zeroes the counters, runs N requests and dumps them. The
+counts are deterministic (instructions, not time), so unlike throughput they
+do not depend on what else runs on this shared machine. Writes
+docs/PROFILE.md.
+
+Cases: INCR; each RL command granting and denying; the token-bucket Lua twin
+granting. For the module commands the handler is split into the Redis module
+API calls it makes and the module's own code (the handler minus those).
+
+Usage: bench/profile.py [--requests N] [--out docs/PROFILE.md] [--json bench/profile.json]
+"""
+
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODULE = os.environ.get("RL_MODULE", os.path.join(ROOT, "target", "release", "libredis_ratelimit.so"))
+HOUR = 3600000
+
+# (label, redis-benchmark command, kind): kind picks the command body row.
+CASES = [
+    ("INCR", ["INCR", "k:__rand_int__"], "incr"),
+    ("RL.TOKENBUCKET granted", ["RL.TOKENBUCKET", "tb:__rand_int__", "1000000000", "1", "1000"], "module"),
+    ("RL.TOKENBUCKET denied", ["RL.TOKENBUCKET", "tbd:__rand_int__", "1", "1", str(HOUR)], "module"),
+    ("RL.SLIDINGCOUNTER granted", ["RL.SLIDINGCOUNTER", "sc:__rand_int__", "1000000000", "60000"], "module"),
+    ("RL.SLIDINGCOUNTER denied", ["RL.SLIDINGCOUNTER", "scd:__rand_int__", "1", str(HOUR)], "module"),
+    ("RL.SLIDINGLOG granted", ["RL.SLIDINGLOG", "sl:__rand_int__", "1000000000", "60000"], "module"),
+    ("RL.SLIDINGLOG denied", ["RL.SLIDINGLOG", "sld:__rand_int__", "1", str(HOUR)], "module"),
+    ("Lua token bucket granted", None, "lua"),
+]
+
+# Module API calls a handler makes, by row.
+API_ROWS = [
+    ("RM_OpenKey + RM_CloseKey (key lookup, incl. the expiry check)", ["RM_OpenKey", "RM_CloseKey"]),
+    ("RM_ModuleTypeSetValue (new keys only)", ["RM_ModuleTypeSetValue"]),
+    ("RM_SetAbsExpire / RM_SetExpire", ["RM_SetAbsExpire", "RM_SetExpire"]),
+    ("RM_SignalModifiedKey", ["RM_SignalModifiedKey"]),
+    ("RM_Replicate (effect replication)", ["RM_Replicate"]),
+    ("  of which lookupCommandByCString", ["lookupCommandByCString"]),
+    ("RM_ReplyWithArray + 5 × RM_ReplyWithLongLong", ["RM_ReplyWithArray", "RM_ReplyWithLongLong"]),
+    ("RM_StringPtrLen (reading arguments)", ["RM_StringPtrLen"]),
+    ("RM_KeyType, RM_ModuleTypeGetType/GetValue (what the key holds)",
+     ["RM_KeyType", "RM_ModuleTypeGetType", "RM_ModuleTypeGetValue"]),
+]
+# Rows that are part of another row (not subtracted again).
+NESTED = {"lookupCommandByCString"}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cli(port, *args):
+    return subprocess.run(["redis-cli", "-p", str(port)] + [str(a) for a in args],
+                          capture_output=True, text=True, timeout=120).stdout.strip()
+
+
+def inclusive(path):
+    """Function name -> inclusive instruction count (the real function, not
+    its inlined pieces), plus the program total."""
+    out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", path],
+                         capture_output=True, text=True, check=True).stdout
+    total = None
+    funcs = {}
+    for line in out.splitlines():
+        m = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(.*)$", line)
+        if not m:
+            continue
+        n = int(m.group(1).replace(",", ""))
+        rest = m.group(2)
+        if rest.startswith("PROGRAM TOTALS"):
+            total = n
+            continue
+        fm = re.match(r"(.*?):(\S+) \[(.*)\]$", rest)
+        if not fm:
+            continue  # an inlined range, attributed to a source file
+        name = fm.group(2)
+        funcs[name] = max(funcs.get(name, 0), n)
+    return total, funcs
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--requests", type=int, default=100000)
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs", "PROFILE.md"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "profile.json"), help="where the raw counts go")
+    ap.add_argument("--from-json", help="rewrite the report from a saved bench/profile.json")
+    a = ap.parse_args()
+    if a.from_json:
+        with open(a.from_json) as fh:
+            saved = json.load(fh)
+        write(a.out, saved["requests"], saved["results"])
+        return
+    for tool in ("valgrind", "callgrind_annotate", "callgrind_control", "redis-benchmark", "redis-server"):
+        if not shutil.which(tool):
+            sys.exit("profile: %s is required (make deps installs it)" % tool)
+    n = a.requests
+    tmp = tempfile.mkdtemp(prefix="rl-profile-")
+    port = free_port()
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + os.path.join(tmp, "cg.out"),
+         "redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", tmp, "--loadmodule", MODULE],
+        stdout=open(os.path.join(tmp, "server.log"), "w"), stderr=subprocess.STDOUT)
+    results = []
+    try:
+        deadline = time.time() + 120
+        while cli(port, "PING") != "PONG":
+            if time.time() > deadline or server.poll() is not None:
+                sys.exit("profile: redis-server under valgrind did not start (see %s)" % tmp)
+            time.sleep(0.5)
+        with open(os.path.join(ROOT, "lua", "tokenbucket.lua")) as f:
+            sha = cli(port, "SCRIPT", "LOAD", f.read())
+        dumps = 0
+        for label, cmd, kind in CASES:
+            if cmd is None:
+                cmd = ["EVALSHA", sha, "1", "ltb:__rand_int__", "1000000000", "1", "1000"]
+            bench = ["redis-benchmark", "-p", str(port), "-P", "16", "-c", "50", "-r", "1000", "-q"]
+            # Warm up: keys exist, denied keys are drained, buffers are sized.
+            # (20 calls per key on average: every key of a "denied" case is drained.)
+            subprocess.run(bench + ["-n", str(max(n // 5, 20000))] + cmd, capture_output=True, check=True)
+            subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True, check=True)
+            subprocess.run(bench + ["-n", str(n)] + cmd, capture_output=True, check=True)
+            subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True, check=True)
+            dumps += 1
+            files = [p for p in glob.glob(os.path.join(tmp, "cg.out*")) if re.search(r"\.%d$" % dumps, p)]
+            if not files:
+                sys.exit("profile: no callgrind dump for %s" % label)
+            total, funcs = inclusive(files[0])
+            body = {"incr": "incrCommand", "module": "RedisModuleCommandDispatcher", "lua": "evalShaCommand"}[kind]
+            if not total or funcs.get(body, 0) < n:
+                sys.exit("profile: %s: the dump does not show %s run %d times" % (label, body, n))
+            if kind == "module" and ("granted" in label) != (funcs.get("RM_Replicate", 0) > 0):
+                sys.exit("profile: %s: replicated %s" % (label, "nothing" if "granted" in label else "a denied call"))
+            results.append((label, cmd, kind, total, funcs))
+            print("%-28s %7.0f instructions per request" % (label, total / n), flush=True)
+    finally:
+        cli(port, "SHUTDOWN", "NOSAVE")
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    with open(a.json, "w") as fh:
+        json.dump({"requests": n, "results": results}, fh, indent=1)
+    write(a.out, n, results)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write(path, n, results):
+    per = lambda v: v / n
+    incr_total = per(results[0][3])
+    lines = []
+    w = lines.append
+    w("# Profile: instructions per request")
+    w("")
+    w("Generated by `make profile` (`bench/profile.py`) on %s; do not edit by hand." % time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    w("")
+    w("One redis-server (%s) with the module, run under `valgrind --tool=callgrind`; "
+      "each case is `redis-benchmark -P 16 -c 50 -r 1000 -n %d` after a warm-up, with the counters "
+      "zeroed before and dumped after, so every figure is instructions per request, measured on the "
+      "server. Instruction counts are deterministic: unlike requests/s they do not move with the load "
+      "of this shared machine. They are not time (cache misses and system calls cost more than their "
+      "instruction count), so the ratios here differ from `BENCHMARKS.md`, but they show where the "
+      "work is." % (subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()[2], n))
+    w("")
+    w("| case | per request | × INCR | command body | own code of the module |")
+    w("|---|---:|---:|---:|---:|")
+    for label, cmd, kind, total, f in results:
+        body = {"incr": f.get("incrCommand", 0), "module": f.get("RedisModuleCommandDispatcher", 0),
+                "lua": f.get("evalShaCommand", 0)}[kind]
+        own = ""
+        if kind == "module":
+            own = "%.0f" % per(own_code(f))
+        w("| %s | %.0f | %.2f | %.0f | %s |" % (label, per(total), incr_total / per(total), per(body), own))
+    w("")
+    w("\"per request\" is everything the server does for one request: reading and parsing it, the "
+      "command, the reply, bookkeeping. \"× INCR\" is INCR's count divided by the case's (higher is "
+      "cheaper; the throughput ratio's counterpart). \"command body\" is `incrCommand`, the module "
+      "dispatcher (our handler and every API call it makes) or `evalShaCommand`.")
+    w("")
+    w("## Inside a module command")
+    w("")
+    mods = [r for r in results if r[2] == "module"]
+    w("| | " + " | ".join(r[0].replace("RL.", "").lower() for r in mods) + " |")
+    w("|---|" + "---:|" * len(mods))
+    for row, names in API_ROWS:
+        w("| %s | %s |" % (row, " | ".join("%.0f" % per(sum(r[4].get(x, 0) for x in names)) for r in mods)))
+    w("| the module's own code (parse, read the clock, decide, encode the effect) | %s |" % " | ".join("%.0f" % per(own_code(r[4])) for r in mods))
+    w("| other module API calls | %s |" % " | ".join("%.0f" % per(
+        sum(v for k, v in r[4].items() if k.startswith("RM_")) - sum(r[4].get(x, 0) for _, names in API_ROWS
+                                                                     for x in names if x not in NESTED))
+        for r in mods))
+    w("| dispatch (module context set-up and tear-down) | %s |" % " | ".join("%.0f" % per(dispatch(r[4])) for r in mods))
+    w("")
+    floor = [(r[0], per(r[3]) - per(own_code(r[4]))) for r in mods if "granted" in r[0]]
+    w("## What this says about the throughput targets")
+    w("")
+    w("A granted call must look its key up, write it, set its expiry, replicate its effect and send five "
+      "integers; those Redis API calls, plus parsing a request of 5 arguments instead of 2, are the "
+      "floor any module command with this contract pays on Redis 7.0. Removing every instruction of "
+      "the module's own code from the granted cases would leave:")
+    w("")
+    w("| case | per request without the module's own code | × INCR at best |")
+    w("|---|---:|---:|")
+    for label, fl in floor:
+        w("| %s | %.0f | %.2f |" % (label, fl, incr_total / fl))
+    w("")
+    w("The module's own code is a small share of a granted call; the rest is Redis. The largest single "
+      "piece is `RM_Replicate`, which on Redis 7.0 resolves the command name on every call "
+      "(`lookupCommandByCString`: an sds copy, a split on `|`, a case-insensitive dictionary lookup) "
+      "and builds and frees an argument vector, even when nothing is listening. Skipping it when no "
+      "replica or AOF is attached is not safe: the module cannot see whether a replication backlog "
+      "exists, and a replica that later resyncs from it would miss grants.")
+    w("")
+    w("Rerun: `make profile` (about 5 minutes; needs valgrind, which `make deps` installs).")
+    w("")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        fh.write("\n".join(lines))
+    print("wrote", path)
+
+
+def dispatch(f):
+    return f.get("moduleCreateContext", 0) + f.get("moduleFreeContext", 0)
+
+
+def own_code(f):
+    """The dispatcher minus every module API call made under it and the
+    context set-up: what the module's own instructions cost. (Callgrind's
+    inclusive figure for the Rust handler itself is unreliable here, as
+    the API is called through function pointers.)"""
+    api = sum(v for k, v in f.items() if k.startswith("RM_"))
+    return max(f.get("RedisModuleCommandDispatcher", 0) - api - dispatch(f), 0)
+
+
+if __name__ == "__main__":
+    main()
