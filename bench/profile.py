@@ -228,7 +228,7 @@ def write(path, n, results):
       "replica or AOF is attached is not safe: the module cannot see whether a replication backlog "
       "exists, and a replica that later resyncs from it would miss grants.")
     w("")
-    w("Rerun: `make profile` (about 5 minutes; needs valgrind, which `make deps` installs).")
+    w("Rerun: `make profile` (about 2 minutes; needs valgrind, which `make deps` installs).")
     w("")
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as fh:
