@@ -69,7 +69,9 @@ pub trait Stored: Sized + Clone {
 /// two packed words (16 bytes, the smallest allocation class that holds
 /// them), clear means a `Box<Self>` (the wide form, for the rare state
 /// outside the compact ranges). A bucket or counter key thus costs 16 bytes
-/// of state instead of 24–32.
+/// of state instead of 24–32. Redis never looks behind a module value
+/// pointer itself: it only hands it to the callbacks below (active defrag,
+/// with no `defrag` callback registered, moves only its own `moduleValue`).
 pub trait Compact: Copy {
     fn pack(&self) -> Option<[u64; 2]>;
     fn unpack(w: [u64; 2]) -> Self;
