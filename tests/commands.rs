@@ -369,12 +369,9 @@ fn aof_rewrite_and_restart_keep_state() {
 #[test]
 fn replica_matches_master_after_random_workload() {
     let master = Server::start();
-    let replica = Server::with_args(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    let replica = master.replica();
     let mut m = master.con();
     let mut r = replica.con();
-    wait_for("replication link", Duration::from_secs(30), || {
-        (info_field(&mut r, "replication", "master_link_status")? == "up").then_some(())
-    });
     let mut rng = Rng::new(0x5eed);
     for _ in 0..3000 {
         let a = ALGOS[rng.below(3) as usize];
@@ -466,12 +463,9 @@ fn mem(con: &mut Connection, key: &str) -> i64 {
 #[test]
 fn compact_and_wide_states_behave_the_same() {
     let master = Server::start();
-    let replica = Server::with_args(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    let replica = master.replica();
     let mut con = master.con();
     let mut r = replica.con();
-    wait_for("replication link", Duration::from_secs(30), || {
-        (info_field(&mut r, "replication", "master_link_status")? == "up").then_some(())
-    });
     let tb = |con: &mut Connection, k: &str, cap: u64, period: u64, cost: u64| -> Vec<i64> {
         redis::cmd("RL.TOKENBUCKET")
             .arg(k)

@@ -74,6 +74,16 @@ impl Server {
         s
     }
 
+    /// A replica of `self`, returned once its link to `self` is up.
+    pub fn replica(&self) -> Server {
+        let replica = Server::with_args(&["--replicaof", "127.0.0.1", &self.port.to_string()]);
+        let mut r = replica.con();
+        wait_for("replication link", Duration::from_secs(30), || {
+            (info_field(&mut r, "replication", "master_link_status")? == "up").then_some(())
+        });
+        replica
+    }
+
     fn spawn(&mut self) {
         let module = module_path();
         let child = Command::new(std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()))
