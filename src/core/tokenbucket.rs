@@ -429,8 +429,8 @@ mod tests {
                 // rounded up to whole µs (time is counted in µs), then ms.
                 let deficit = target - num;
                 let r = u128::from(p.rate);
-                let us = (deficit + r - 1) / r + gap;
-                ((us + 999) / 1000) as u64
+                let us = deficit.div_ceil(r) + gap;
+                us.div_ceil(1000) as u64
             };
             let dec = Decision {
                 granted: g,
