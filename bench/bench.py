@@ -211,6 +211,9 @@ class Bench:
         # A replica must never be cut off for lagging (it shares the CPUs).
         self.c.config_set("client-output-buffer-limit", "replica 0 0 0")
         self.c.config_set("repl-diskless-sync-delay", "0")
+        # After a replica half, free the backlog within seconds, so that the
+        # next "no replica" half runs on a standalone server again.
+        self.c.config_set("repl-backlog-ttl", "1")
         self.replica = harness.Server()
         self.rc = self.replica.client()
         names = [m.get(b"name") or m.get("name") for m in self.c.module_list()]
@@ -279,6 +282,16 @@ class Bench:
         harness.wait_until(lambda: int(self.c.info("replication").get("connected_slaves", 0)) == 0,
                            timeout=60, what="replica detached")
         self.with_replica = False
+
+    def standalone(self):
+        """Wait until the master has no replica and no backlog and the
+        module has seen it (it then skips building effects nobody can read;
+        INCR feeds no backlog either)."""
+        def alone():
+            ri = self.c.info("replication")
+            return (int(ri.get("connected_slaves", 0)) == 0 and int(ri.get("repl_backlog_active", 1)) == 0
+                    and int(self.c.info("ratelimit").get("ratelimit_effects_replicated", 1)) == 0)
+        harness.wait_until(alone, timeout=60, interval=0.05, what="a standalone master")
 
     def caught_up(self, timeout=120):
         if not self.with_replica:
@@ -417,6 +430,8 @@ class Bench:
                 for phase in phases:
                     if phase == "replica":
                         self.attach()
+                    else:
+                        self.standalone()
                     for P in self.cfg["pipelines"]:
                         if alg is self.algs[0]:
                             self.run(phase, ks, K, P, "PING")
@@ -954,10 +969,15 @@ class Report:
         w("")
         w("Server: one `redis-server` on 127.0.0.1 started as the integration tests start it "
           "(`integration/harness.py`: `--save \"\" --appendonly no`, the module loaded), plus "
-          "`CONFIG SET client-output-buffer-limit \"replica 0 0 0\"` and `repl-diskless-sync-delay 0`. "
+          "`CONFIG SET client-output-buffer-limit \"replica 0 0 0\"`, `repl-diskless-sync-delay 0` "
+          "and `repl-backlog-ttl 1`. "
           "The replica is a second such server; `REPLICAOF` attaches it (full sync) for the "
           "\"replica\" half of each block, and before every run the script waits until the replica "
-          "has applied everything the master sent.")
+          "has applied everything the master sent. Before each \"no replica\" half the script waits "
+          "until the master is standalone again: no replica, no backlog (freed after "
+          "`repl-backlog-ttl`), and the module reporting `ratelimit_effects_replicated:0` — it then "
+          "skips building the effect of a grant, which nothing could read (src/listeners.rs); INCR "
+          "likewise feeds no backlog.")
         w("")
         w("```")
         w(self.d.get("server_cmdline", "?"))

@@ -72,6 +72,12 @@ impl Small {
     }
 }
 
+impl AsRef<[u8]> for Small {
+    fn as_ref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
 pub fn tokenbucket(state: &tb::State, abs_expire_ms: u64) -> Small {
     Small::new(KIND_TOKENBUCKET, abs_expire_ms, &state.encode())
 }

@@ -13,6 +13,7 @@ use crate::clock;
 use crate::codec::{self, Effect};
 use crate::core::{slidingcounter as sc, slidinglog as sl, to_i64, tokenbucket as tb, Decision};
 use crate::ffi::{self, Key, Slot};
+use crate::listeners;
 use crate::stats::{self, Cmd};
 use crate::types::Stored;
 
@@ -176,7 +177,7 @@ unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut
             let abs = abs_expiry(now, d.reset_after_ms);
             key.set_abs_expire(abs, now / 1000);
             key.signal_modified();
-            ffi::replicate_state(ctx, name, new.effect(abs).as_bytes());
+            listeners::replicate(ctx, name, || new.effect(abs));
         }
         drop(key);
         reply(ctx, T::CMD, &d, &call)
@@ -230,7 +231,7 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
                 key.set_abs_expire(abs, now / 1000);
                 key.signal_modified();
                 let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
-                ffi::replicate_state(ctx, name, codec::log_grant(&g, abs).as_bytes());
+                listeners::replicate(ctx, name, || codec::log_grant(&g, abs));
             }
         }
         drop(key);

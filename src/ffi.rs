@@ -6,7 +6,7 @@
 //! API pointer is checked (`if let Some`) rather than unwrapped: a missing
 //! pointer degrades to a no-op or an error reply, never a panic.
 
-use std::ffi::{c_char, c_int, c_long, c_longlong, c_void, CStr};
+use std::ffi::{c_int, c_long, c_longlong, c_void, CStr};
 use std::ptr;
 
 use redis_module::raw::{
@@ -218,22 +218,6 @@ impl Drop for Key {
                 unsafe { f(self.key) };
             }
         }
-    }
-}
-
-/// Replicate the effect `RL.STATE key payload` to replicas and the AOF.
-/// One binary argument, built on the stack: no formatting.
-#[inline]
-pub unsafe fn replicate_state(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, payload: &[u8]) {
-    if let Some(f) = raw::RedisModule_Replicate {
-        f(
-            ctx,
-            c"RL.STATE".as_ptr(),
-            c"sb".as_ptr(),
-            name,
-            payload.as_ptr().cast::<c_char>(),
-            payload.len(),
-        );
     }
 }
 

@@ -5,7 +5,8 @@
 //!   counter) with their state types and versioned encodings; no Redis.
 //! - `args.rs`: argument parsing; `codec.rs`: the RL.STATE effect payload.
 //! - the glue: `clock.rs` (server clock), `ffi.rs` (raw API: keys, expiry,
-//!   replies, replication), `types.rs` (module data types), `commands.rs`
+//!   replies), `listeners.rs` (effect replication, skipped when nothing can
+//!   read it), `types.rs` (module data types), `commands.rs`
 //!   (handlers), `stats.rs` (INFO), and registration here.
 
 // The unsafe functions are Redis callbacks and thin wrappers over the raw
@@ -19,6 +20,7 @@ pub mod codec;
 pub mod commands;
 pub mod core;
 pub mod ffi;
+pub mod listeners;
 pub mod stats;
 pub mod types;
 
@@ -63,6 +65,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if !ok {
         return Status::Err;
     }
+    unsafe { listeners::init(raw_ctx) };
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
         unsafe { register_info(raw_ctx, Some(stats::info)) };
     }

@@ -53,4 +53,7 @@ pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: s
             field(ctx, name.as_ptr(), c.load(Relaxed));
         }
     }
+    // 1 while grants replicate their effect (a replica, a backlog or the
+    // AOF may read it), 0 while nothing can (see listeners.rs).
+    field(ctx, c"effects_replicated".as_ptr(), u64::from(crate::listeners::replicating()));
 }

@@ -531,3 +531,90 @@ fn compact_and_wide_states_behave_the_same() {
     assert_eq!(tb(&mut con, "tb:c:r", 100, 3_600_000, 1)[..3], [1, 100, 96]);
     assert_eq!(tb(&mut con, "tb:w:c", 100, FOREVER_MS, 1)[..3], [1, 100, 97]);
 }
+
+fn effects_replicated(con: &mut Connection) -> Option<String> {
+    info_field(con, "ratelimit", "ratelimit_effects_replicated")
+}
+
+fn snapshot(con: &mut Connection, keys: &[String]) -> Vec<(String, i64)> {
+    keys.iter().map(|k| (digest(con, k), pexpiretime(con, k))).collect()
+}
+
+/// With no replica, no backlog and no AOF, grants skip building and
+/// replicating their effect (it would reach nobody) but still count as
+/// changes. Whatever later reads the stream must still see every grant: a
+/// replica attached afterwards (its snapshot holds the earlier grants, the
+/// fork of the full sync switches effects back on) and an AOF enabled at
+/// run time (its rewrite holds the earlier grants, the per-call AOF check
+/// the later ones).
+#[test]
+fn effects_are_skipped_only_while_nothing_can_read_them() {
+    let mut master = Server::start();
+    let mut m = master.con();
+    wait_for("the module to see no listener", Duration::from_secs(30), || {
+        (effects_replicated(&mut m)? == "0").then_some(())
+    });
+    let mut keys = vec![];
+    let d0 = dirty(&mut m);
+    for i in 0..20 {
+        for a in ALGOS {
+            let k = format!("e:{}:{i}", a.name());
+            a.call(&mut m, &k, 100, 3_600_000, &[]);
+            keys.push(k);
+        }
+    }
+    assert_eq!(dirty(&mut m) - d0, 60, "each grant counts toward save points");
+    assert_eq!(effects_replicated(&mut m).as_deref(), Some("0"));
+
+    let replica = master.replica();
+    let mut r = replica.con();
+    assert_eq!(effects_replicated(&mut m).as_deref(), Some("1"), "the full sync's fork switches effects on");
+    for (i, k) in keys.clone().iter().enumerate() {
+        let a = ALGOS[i % 3];
+        a.call(&mut m, k, 100, 3_600_000, &["COST", "2"]);
+        let fresh = format!("{k}:after");
+        a.call(&mut m, &fresh, 100, 3_600_000, &[]);
+        keys.push(fresh);
+    }
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(10_000).query(&mut m).unwrap();
+    assert_eq!(acked, 1);
+    assert_eq!(snapshot(&mut r, &keys), snapshot(&mut m, &keys), "replica attached after skipped effects");
+    drop(r);
+    drop(replica);
+
+    // AOF switched on at run time, on a server that skips effects.
+    let mut s = Server::with_args(&["--appendfsync", "always"]);
+    let mut con = s.con();
+    wait_for("the module to see no listener", Duration::from_secs(30), || {
+        (effects_replicated(&mut con)? == "0").then_some(())
+    });
+    let mut keys = vec![];
+    for i in 0..30 {
+        let a = ALGOS[i % 3];
+        let k = format!("aof:{i}");
+        a.call(&mut con, &k, 100, 3_600_000, &[]);
+        keys.push(k);
+    }
+    let _: String = redis::cmd("CONFIG").arg("SET").arg("appendonly").arg("yes").query(&mut con).unwrap();
+    wait_for("AOF on", Duration::from_secs(30), || {
+        let on = info_field(&mut con, "persistence", "aof_enabled")? == "1"
+            && info_field(&mut con, "persistence", "aof_rewrite_in_progress")? == "0"
+            && info_field(&mut con, "persistence", "aof_rewrite_scheduled")? == "0";
+        on.then_some(())
+    });
+    for (i, k) in keys.clone().iter().enumerate() {
+        let a = ALGOS[i % 3];
+        a.call(&mut con, k, 100, 3_600_000, &["COST", "3"]);
+        let fresh = format!("{k}:after");
+        a.call(&mut con, &fresh, 100, 3_600_000, &[]);
+        keys.push(fresh);
+    }
+    let before = snapshot(&mut con, &keys);
+    drop(con);
+    s.restart_with(&["--appendonly", "yes"]);
+    let mut con = s.con();
+    wait_for("AOF load", Duration::from_secs(30), || (info_field(&mut con, "persistence", "loading")? == "0").then_some(()));
+    assert_eq!(snapshot(&mut con, &keys), before, "AOF enabled after skipped effects");
+    drop(master.con());
+    master.kill();
+}

@@ -153,6 +153,12 @@ impl Server {
         }
     }
 
+    /// Restart on the same port and directory, with `extra` arguments added.
+    pub fn restart_with(&mut self, extra: &[&str]) {
+        self.args.extend(extra.iter().map(|s| s.to_string()));
+        self.restart();
+    }
+
     /// Restart on the same port and directory with the same arguments.
     pub fn restart(&mut self) {
         self.shutdown();

@@ -1,0 +1,128 @@
+//! Does anything receive this server's replication stream?
+//!
+//! Every grant replicates its effect, `RL.STATE key payload`, with
+//! `RedisModule_Replicate`. On Redis 7.0 that call costs about a quarter of
+//! a granted request (docs/PROFILE.md) even when nothing listens: it
+//! resolves the command name and builds an argument vector before Redis
+//! finds that there is no replica, no replication backlog and no AOF.
+//!
+//! Nothing lost by skipping it requires that nobody could ever read the
+//! stream entries skipped. The stream has three readers:
+//! - the AOF: checked on every call (`REDISMODULE_CTX_FLAGS_AOF`);
+//! - replicas and the backlog a replica can resynchronize from: checked from
+//!   `INFO replication` by a timer (`connected_slaves`, `repl_backlog_active`,
+//!   `role`), and assumed from the moment any of these events fires: a fork
+//!   (every full sync snapshots the dataset in a forked child, and writes
+//!   before the fork are in the snapshot), a role change, a replica going
+//!   online or offline, a load. They fire synchronously, before the next
+//!   command runs.
+//!
+//! Until the first check, and whenever in doubt, effects are replicated.
+//! When nothing listens the call still counts as a change
+//! (`RedisModule_ReplicateVerbatim` bumps the dirty counter that drives
+//! `save` points, and with no reader it propagates nothing).
+
+use std::ffi::{c_char, c_int, c_void, CStr};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent, RedisModuleString};
+
+/// False only while the last check found no replica, no backlog, and this
+/// server a master, and no event has fired since.
+static MAY_LISTEN: AtomicBool = AtomicBool::new(true);
+
+/// How often the timer re-reads INFO replication.
+const RECHECK_MS: i64 = 1000;
+
+/// Replicate a grant's effect, built by `payload` only when something can
+/// receive it.
+#[inline]
+pub unsafe fn replicate<P: AsRef<[u8]>>(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, payload: impl FnOnce() -> P) {
+    if MAY_LISTEN.load(Relaxed) || aof_on(ctx) {
+        let p = payload();
+        let p = p.as_ref();
+        if let Some(f) = raw::RedisModule_Replicate {
+            f(ctx, c"RL.STATE".as_ptr(), c"sb".as_ptr(), name, p.as_ptr().cast::<c_char>(), p.len());
+        }
+    } else if let Some(f) = raw::RedisModule_ReplicateVerbatim {
+        f(ctx);
+    }
+}
+
+#[inline]
+unsafe fn aof_on(ctx: *mut RedisModuleCtx) -> bool {
+    match raw::RedisModule_GetContextFlags {
+        Some(f) => f(ctx) & raw::REDISMODULE_CTX_FLAGS_AOF as c_int != 0,
+        None => true,
+    }
+}
+
+/// True when INFO replication shows a replica, a backlog, or a role other
+/// than master (or cannot be read).
+unsafe fn listeners_possible(ctx: *mut RedisModuleCtx) -> bool {
+    let (Some(get), Some(free), Some(signed), Some(text)) = (
+        raw::RedisModule_GetServerInfo,
+        raw::RedisModule_FreeServerInfo,
+        raw::RedisModule_ServerInfoGetFieldSigned,
+        raw::RedisModule_ServerInfoGetFieldC,
+    ) else {
+        return true;
+    };
+    let info = get(ctx, c"replication".as_ptr());
+    if info.is_null() {
+        return true;
+    }
+    let mut err: c_int = 0;
+    let replicas = signed(info, c"connected_slaves".as_ptr(), &mut err);
+    let mut err2: c_int = 0;
+    let backlog = signed(info, c"repl_backlog_active".as_ptr(), &mut err2);
+    let role = text(info, c"role".as_ptr());
+    let master = !role.is_null() && CStr::from_ptr(role) == c"master";
+    free(ctx, info);
+    err != 0 || err2 != 0 || replicas != 0 || backlog != 0 || !master
+}
+
+unsafe extern "C" fn recheck(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
+    // (The AOF is also checked on every call; here it keeps INFO truthful.)
+    MAY_LISTEN.store(aof_on(ctx) || listeners_possible(ctx), Relaxed);
+    arm(ctx);
+}
+
+unsafe fn arm(ctx: *mut RedisModuleCtx) -> bool {
+    match raw::RedisModule_CreateTimer {
+        Some(f) => {
+            f(ctx, RECHECK_MS, Some(recheck), std::ptr::null_mut());
+            true
+        }
+        None => false,
+    }
+}
+
+unsafe extern "C" fn on_event(_ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent, _sub: u64, _data: *mut c_void) {
+    MAY_LISTEN.store(true, Relaxed);
+}
+
+/// At load: subscribe to the events and start the timer. If any of it is
+/// unavailable, effects are always replicated.
+pub unsafe fn init(ctx: *mut RedisModuleCtx) {
+    let Some(subscribe) = raw::RedisModule_SubscribeToServerEvent else { return };
+    let events = [
+        raw::REDISMODULE_EVENT_FORK_CHILD,
+        raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
+        raw::REDISMODULE_EVENT_REPLICA_CHANGE,
+        raw::REDISMODULE_EVENT_LOADING,
+    ];
+    let all = events.iter().all(|&id| {
+        subscribe(ctx, RedisModuleEvent { id, dataver: 1 }, Some(on_event)) == raw::REDISMODULE_OK as c_int
+    });
+    if all && arm(ctx) {
+        // The first check runs from the timer, in a normal context.
+        return;
+    }
+    MAY_LISTEN.store(true, Relaxed);
+}
+
+/// For INFO: whether effects are currently replicated.
+pub fn replicating() -> bool {
+    MAY_LISTEN.load(Relaxed)
+}
