@@ -44,8 +44,8 @@ pub unsafe fn replicate<P: AsRef<[u8]>>(ctx: *mut RedisModuleCtx, name: *mut Red
         if let Some(f) = raw::RedisModule_Replicate {
             f(ctx, c"RL.STATE".as_ptr(), c"sb".as_ptr(), name, p.as_ptr().cast::<c_char>(), p.len());
         }
-    } else if let Some(f) = raw::RedisModule_ReplicateVerbatim {
-        f(ctx);
+    } else {
+        crate::ffi::replicate_verbatim(ctx);
     }
 }
 
@@ -88,13 +88,9 @@ unsafe extern "C" fn recheck(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
     arm(ctx);
 }
 
-unsafe fn arm(ctx: *mut RedisModuleCtx) -> bool {
-    match raw::RedisModule_CreateTimer {
-        Some(f) => {
-            f(ctx, RECHECK_MS, Some(recheck), std::ptr::null_mut());
-            true
-        }
-        None => false,
+unsafe fn arm(ctx: *mut RedisModuleCtx) {
+    if let Some(f) = raw::RedisModule_CreateTimer {
+        f(ctx, RECHECK_MS, Some(recheck), std::ptr::null_mut());
     }
 }
 
@@ -102,8 +98,7 @@ unsafe extern "C" fn on_event(_ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent,
     MAY_LISTEN.store(true, Relaxed);
 }
 
-/// At load: subscribe to the events and start the timer. If any of it is
-/// unavailable, effects are always replicated.
+/// At load: subscribe to the events and start the timer.
 pub unsafe fn init(ctx: *mut RedisModuleCtx) {
     let Some(subscribe) = raw::RedisModule_SubscribeToServerEvent else { return };
     let events = [
@@ -115,11 +110,11 @@ pub unsafe fn init(ctx: *mut RedisModuleCtx) {
     let all = events.iter().all(|&id| {
         subscribe(ctx, RedisModuleEvent { id, dataver: 1 }, Some(on_event)) == raw::REDISMODULE_OK as c_int
     });
-    if all && arm(ctx) {
-        // The first check runs from the timer, in a normal context.
-        return;
+    // Without every event and the timer, MAY_LISTEN stays true: effects are
+    // always replicated. The first check runs from the timer.
+    if all {
+        arm(ctx);
     }
-    MAY_LISTEN.store(true, Relaxed);
 }
 
 /// For INFO: whether effects are currently replicated.

@@ -64,118 +64,72 @@ pub trait Stored: Sized + Clone {
     }
 }
 
-/// Word-sized states with a two-word compact form (`pack`/`unpack` in the
-/// cores). Their value pointer is tagged: bit 0 set means it points to the
-/// two packed words (16 bytes, the smallest allocation class that holds
-/// them), clear means a `Box<Self>` (the wide form, for the rare state
-/// outside the compact ranges). A bucket or counter key thus costs 16 bytes
-/// of state instead of 24–32. Redis never looks behind a module value
-/// pointer itself: it only hands it to the callbacks below (active defrag,
-/// with no `defrag` callback registered, moves only its own `moduleValue`).
-pub trait Compact: Copy {
-    fn pack(&self) -> Option<[u64; 2]>;
-    fn unpack(w: [u64; 2]) -> Self;
-}
-
+/// Word-sized states (token bucket, sliding counter) with a two-word compact
+/// form (`pack`/`unpack` in the cores). Their value pointer is tagged: bit 0
+/// set means it points to the two packed words (16 bytes, the smallest
+/// allocation class that holds them), clear means a `Box<Self>` (the wide
+/// form, for the rare state outside the compact ranges). A bucket or counter
+/// key thus costs 16 bytes of state instead of 24–32. Redis never looks
+/// behind a module value pointer itself: it only hands it to the callbacks
+/// below (active defrag, with no `defrag` callback registered, moves only its
+/// own `moduleValue`).
 const COMPACT_TAG: usize = 1;
 const _: () = assert!(std::mem::align_of::<[u64; 2]>() > COMPACT_TAG);
 
+/// The packed words behind a tagged pointer; None for the wide form.
 #[inline]
 fn compact_words(p: *const c_void) -> Option<*mut [u64; 2]> {
     (p.addr() & COMPACT_TAG != 0).then(|| p.map_addr(|a| a & !COMPACT_TAG).cast::<[u64; 2]>().cast_mut())
 }
 
-#[inline]
-fn compact_into_value<T: Compact>(v: T) -> *mut c_void {
-    match v.pack() {
-        Some(w) => Box::into_raw(Box::new(w)).map_addr(|a| a | COMPACT_TAG).cast::<c_void>(),
-        None => Box::into_raw(Box::new(v)).cast::<c_void>(),
-    }
-}
-
-#[inline]
-unsafe fn compact_load<T: Compact>(p: *const c_void) -> Option<T> {
-    match compact_words(p) {
-        Some(w) => w.as_ref().map(|w| T::unpack(*w)),
-        None => p.cast::<T>().as_ref().copied(),
-    }
-}
-
-#[inline]
-unsafe fn compact_overwrite<T: Compact>(p: *mut c_void, v: T) -> Result<(), T> {
-    match (compact_words(p), v.pack()) {
-        (Some(w), Some(new)) if !w.is_null() => {
-            *w = new;
-            Ok(())
-        }
-        (None, None) if !p.is_null() => {
-            *p.cast::<T>() = v;
-            Ok(())
-        }
-        _ => Err(v),
-    }
-}
-
-unsafe fn compact_free<T: Compact>(p: *mut c_void) {
-    match compact_words(p) {
-        Some(w) => drop(Box::from_raw(w)),
-        None if !p.is_null() => drop(Box::from_raw(p.cast::<T>())),
-        None => {}
-    }
-}
-
-unsafe fn compact_size<T: Compact>(p: *const c_void) -> usize {
-    match compact_words(p) {
-        Some(_) => std::mem::size_of::<[u64; 2]>(),
-        None if !p.is_null() => std::mem::size_of::<T>(),
-        None => 0,
-    }
-}
-
-/// The value functions of `Stored` for a `Compact` state.
+/// The value functions of `Stored` for a state with inherent `pack` and
+/// `unpack`.
 macro_rules! compact_value_fns {
     () => {
         #[inline]
         fn into_value(self) -> *mut c_void {
-            compact_into_value(self)
+            match self.pack() {
+                Some(w) => Box::into_raw(Box::new(w)).map_addr(|a| a | COMPACT_TAG).cast::<c_void>(),
+                None => Box::into_raw(Box::new(self)).cast::<c_void>(),
+            }
         }
         #[inline]
         unsafe fn with_value<R>(p: *const c_void, f: impl FnOnce(&Self) -> R) -> Option<R> {
-            compact_load::<Self>(p).map(|v| f(&v))
+            let v = match compact_words(p) {
+                Some(w) => w.as_ref().map(|w| Self::unpack(*w)),
+                None => p.cast::<Self>().as_ref().copied(),
+            };
+            v.map(|v| f(&v))
         }
         #[inline]
         unsafe fn overwrite(p: *mut c_void, v: Self) -> Result<(), Self> {
-            compact_overwrite(p, v)
+            match (compact_words(p), v.pack()) {
+                (Some(w), Some(new)) if !w.is_null() => {
+                    *w = new;
+                    Ok(())
+                }
+                (None, None) if !p.is_null() => {
+                    *p.cast::<Self>() = v;
+                    Ok(())
+                }
+                _ => Err(v),
+            }
         }
         unsafe fn free_value(p: *mut c_void) {
-            compact_free::<Self>(p)
+            match compact_words(p) {
+                Some(w) => drop(Box::from_raw(w)),
+                None if !p.is_null() => drop(Box::from_raw(p.cast::<Self>())),
+                None => {}
+            }
         }
         unsafe fn value_size(p: *const c_void) -> usize {
-            compact_size::<Self>(p)
+            match compact_words(p) {
+                Some(_) => std::mem::size_of::<[u64; 2]>(),
+                None if !p.is_null() => std::mem::size_of::<Self>(),
+                None => 0,
+            }
         }
     };
-}
-
-impl Compact for tb::State {
-    #[inline]
-    fn pack(&self) -> Option<[u64; 2]> {
-        tb::State::pack(self)
-    }
-    #[inline]
-    fn unpack(w: [u64; 2]) -> Self {
-        tb::State::unpack(w)
-    }
-}
-
-impl Compact for sc::State {
-    #[inline]
-    fn pack(&self) -> Option<[u64; 2]> {
-        sc::State::pack(self)
-    }
-    #[inline]
-    fn unpack(w: [u64; 2]) -> Self {
-        sc::State::unpack(w)
-    }
 }
 
 pub static TOKENBUCKET_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());

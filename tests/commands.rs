@@ -299,7 +299,7 @@ fn persistence_reload_dump_restore_copy() {
             keys.push(k);
         }
     }
-    let before: Vec<(String, i64)> = keys.iter().map(|k| (digest(&mut con, k), pexpiretime(&mut con, k))).collect();
+    let before = snapshot(&mut con, &keys);
     let _: String = redis::cmd("DEBUG").arg("RELOAD").query(&mut con).expect("DEBUG RELOAD");
     for (k, (d, e)) in keys.iter().zip(&before) {
         assert_eq!(&digest(&mut con, k), d, "{k} after DEBUG RELOAD");
@@ -352,7 +352,7 @@ fn aof_rewrite_and_restart_keep_state() {
                 });
             }
         }
-        let before: Vec<(String, i64)> = keys.iter().map(|k| (digest(&mut con, k), pexpiretime(&mut con, k))).collect();
+        let before = snapshot(&mut con, &keys);
         drop(con);
         s.restart();
         let mut con = s.con();
