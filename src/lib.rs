@@ -16,6 +16,7 @@
 pub mod alloc;
 pub mod args;
 pub mod clock;
+pub mod cmdinfo;
 pub mod codec;
 pub mod commands;
 pub mod core;
@@ -65,6 +66,10 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if !ok {
         return Status::Err;
     }
+    // COMMAND DOCS, key specs, ACL categories (each where the server has it).
+    if !unsafe { cmdinfo::register(raw_ctx) } {
+        return Status::Err;
+    }
     unsafe { listeners::init(raw_ctx) };
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
         unsafe { register_info(raw_ctx, Some(stats::info)) };
@@ -74,7 +79,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
 
 redis_module! {
     name: "ratelimit",
-    version: 1,
+    version: cmdinfo::MODULE_VERSION,
     allocator: (crate::alloc::ModuleAlloc, crate::alloc::ModuleAlloc),
     data_types: [TOKENBUCKET_TYPE, SLIDINGLOG_TYPE, SLIDINGCOUNTER_TYPE],
     init: init,

@@ -47,6 +47,7 @@ pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: s
     let (Some(section), Some(field)) = (raw::RedisModule_InfoAddSection, raw::RedisModule_InfoAddFieldULongLong) else {
         return;
     };
+    crate::cmdinfo::info_section(ctx);
     section(ctx, c"stats".as_ptr());
     for (names, counts) in NAMES.iter().zip(COUNTS.iter()) {
         for (name, c) in names.iter().zip(counts.iter()) {
