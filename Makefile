@@ -9,7 +9,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run test test-unit test-rust test-py venv bench profile fuzz demo soak clean
+.PHONY: all deps build run test test-unit test-rust test-py test-clients-py venv bench profile fuzz demo soak clean
 
 all: build
 
@@ -45,7 +45,7 @@ $(PY): integration/requirements.txt
 
 venv: deps $(PY)
 
-test: build venv test-rust test-py test-fuzz test-bench
+test: build venv test-rust test-py test-fuzz test-bench test-clients-py
 
 FUZZ_SECONDS ?= 600
 # Coverage-guided fuzzing of the parsers and decoders (long run: make fuzz).
@@ -86,6 +86,14 @@ test-rust: build
 
 test-py: build venv
 	cd integration && RL_MODULE=$(MODULE) $(PY) -m pytest -q -x -p no:cacheprovider .
+
+# The Python client library (clients/python) against real servers.
+$(VENV)/.clients-py: clients/python/requirements.txt $(PY)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r clients/python/requirements.txt
+	touch $@
+
+test-clients-py: build venv $(VENV)/.clients-py
+	cd clients/python && RL_MODULE=$(MODULE) $(PY) -m pytest -q -x -p no:cacheprovider tests
 
 clean:
 	$(CARGO) clean

@@ -1,0 +1,23 @@
+"""redis-ratelimit: rate limits shared through Redis (the ratelimit module or
+its Lua twins), with leased local decisions, a circuit breaker and panic
+limits. See clients/DESIGN.md and the package README."""
+from .breaker import Breaker, Panic
+from .client import LeasedLimiter, Limiter, RateLimit
+from .core import RateLimitError, UnsupportedError
+from .decision import Decision, Part, headers, problem
+from .policies import (CrossSlotError, all_of, key_slot, make_key, sliding_counter,
+                       sliding_log, token_bucket)
+
+__version__ = "0.1.0"
+
+__all__ = ["RateLimit", "AsyncRateLimit", "Limiter", "LeasedLimiter", "Breaker", "Panic",
+           "Decision", "Part", "headers", "problem", "token_bucket", "sliding_log",
+           "sliding_counter", "all_of", "make_key", "key_slot", "CrossSlotError",
+           "RateLimitError", "UnsupportedError"]
+
+
+def __getattr__(name):
+    if name == "AsyncRateLimit":
+        from .aio import AsyncRateLimit
+        return AsyncRateLimit
+    raise AttributeError(name)

@@ -1,0 +1,544 @@
+"""The synchronous client: RateLimit, Limiter and LeasedLimiter."""
+import queue
+import threading
+from collections import OrderedDict
+from time import monotonic
+
+import redis
+from redis.cluster import RedisCluster
+
+from .breaker import CLOSED, NO, PROBE, Breaker, Metrics, Panic, PanicBuckets
+from .core import (LOCAL, LUA, MODULE, RateLimitError, UnsupportedError, call_for,
+                   check_cost, is_outage, keys_for, options, panic_decision, scripts,
+                   to_decision)
+from .decision import Decision
+from .policies import AllOf, Policy
+
+__all__ = ["RateLimit", "Limiter", "LeasedLimiter"]
+
+
+def _detect_reply(reply):
+    """COMMAND INFO RL.TOKENBUCKET RL.MULTI -> (has module, has RL.MULTI)."""
+    if isinstance(reply, dict):          # redis-py's parse_command
+        names = {(k.decode() if isinstance(k, bytes) else k).lower() for k in reply}
+        return "rl.tokenbucket" in names, "rl.multi" in names
+    if not isinstance(reply, (list, tuple)) or len(reply) != 2:
+        raise RateLimitError(f"unexpected COMMAND INFO reply: {reply!r}")
+    return reply[0] is not None, reply[1] is not None
+
+
+class _Base:
+    """Backend choice, the breaker and the counters (shared by sync and async)."""
+
+    def _setup(self, client, backend, breaker):
+        if backend not in ("auto", MODULE, LUA):
+            raise ValueError('backend must be "auto", "module" or "lua"')
+        self.client = client
+        self.forced = None if backend == "auto" else backend
+        self.backend = None
+        self.has_multi = False
+        self.breaker = breaker or Breaker()
+        self._metrics = Metrics()
+        self.breaker.metrics = self._metrics
+        self._scripts = scripts()
+
+    def _set_backend(self, reply):
+        module, multi = _detect_reply(reply)
+        if self.forced == MODULE and not module:
+            raise UnsupportedError("backend='module' but the server has no RL.* commands")
+        self.backend = self.forced or (MODULE if module else LUA)
+        self.has_multi = multi if self.backend == MODULE else "multi" in self._scripts.sha
+        return self.backend
+
+    def _lua_args(self, lua):
+        name, keys, argv = lua
+        sha = self._scripts.sha.get(name)
+        if sha is None:
+            raise UnsupportedError(f"the package ships no {name}.lua")
+        return sha, name, keys, argv
+
+    def _check_policy(self, policy):
+        if isinstance(policy, AllOf) and self.backend is not None and not self.has_multi:
+            raise UnsupportedError(f"all_of needs RL.MULTI, which this {self.backend} "
+                                   "backend does not have")
+
+    def metrics(self):
+        m = self._metrics.snapshot()
+        m["state"] = self.breaker.state
+        return m
+
+    def _count(self, d):
+        m = self._metrics
+        s = d.source
+        if s == MODULE:
+            m.decisions_module += 1
+        elif s == LUA:
+            m.decisions_lua += 1
+        elif s == LOCAL:
+            m.decisions_local += 1
+        else:
+            m.decisions_panic += 1
+        if not d.allowed:
+            m.denied += 1
+        return d
+
+
+def _timeout_of(client):
+    if isinstance(client, RedisCluster):
+        kw = client.nodes_manager.connection_kwargs
+    else:
+        kw = client.connection_pool.connection_kwargs
+    return kw.get("socket_timeout")
+
+
+class RateLimit(_Base):
+    """One per Redis client (redis.Redis or redis.cluster.RedisCluster).
+
+    The client's socket_timeout bounds every call; a client without one is
+    refused (a stalled Redis would block callers forever). from_url() builds
+    a client with `timeout_ms`."""
+
+    def __init__(self, client, *, backend="auto", breaker=None):
+        if _timeout_of(client) is None:
+            raise ValueError("the redis client needs a socket_timeout (every call must be "
+                             "bounded); or use RateLimit.from_url(url, timeout_ms=5)")
+        self._setup(client, backend, breaker)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_url(cls, url, timeout_ms=5, cluster=False, **kw):
+        t = timeout_ms / 1000
+        if cluster:
+            client = RedisCluster.from_url(url, socket_timeout=t, socket_connect_timeout=t)
+        else:
+            client = redis.Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t)
+        return cls(client, **kw)
+
+    def detect(self):
+        """Choose the backend (once): the module when its commands exist, else Lua."""
+        if self.backend is None:
+            with self._lock:
+                if self.backend is None:
+                    kw = {"target_nodes": RedisCluster.RANDOM} \
+                        if isinstance(self.client, RedisCluster) else {}
+                    reply = self.client.execute_command("COMMAND INFO", "RL.TOKENBUCKET",
+                                                        "RL.MULTI", **kw)
+                    self._set_backend(reply)
+        return self.backend
+
+    def _send(self, mod_args, lua):
+        if self.backend is None:
+            self.detect()
+        if self.backend == MODULE:
+            return self.client.execute_command(*mod_args)
+        sha, name, keys, argv = self._lua_args(lua)
+        try:
+            return self.client.execute_command("EVALSHA", sha, len(keys), *keys, *argv)
+        except redis.exceptions.NoScriptError:
+            # First use on this node (or after SCRIPT FLUSH / a restart):
+            # EVAL runs it and caches it there.
+            return self.client.execute_command("EVAL", self._scripts.text[name], len(keys),
+                                               *keys, *argv)
+
+    def call(self, mod_args, lua, probe=False):
+        """One Redis call: its reply, or None when Redis is unavailable (the
+        breaker has counted it). Other errors are raised."""
+        m = self._metrics
+        m.calls += 1
+        t0 = monotonic()
+        try:
+            reply = self._send(mod_args, lua)
+        except (RateLimitError, ValueError):
+            if probe:
+                self.breaker.success(0.0, True)
+            raise
+        except Exception as e:
+            if is_outage(e):
+                m.failures += 1
+                self.breaker.failure(probe)
+                return None
+            if probe:
+                self.breaker.success(0.0, True)
+            raise RateLimitError(str(e)) from e
+        self.breaker.success(monotonic() - t0, probe)
+        return reply
+
+    def limiter(self, policy, panic=None):
+        """One shared call per decision (or panic limits while Redis is away)."""
+        return Limiter(self, policy, panic)
+
+    def leased(self, policy, batch=50, low_water=0.2, max_keys=10_000, idle_ms=5_000,
+               recheck_ms=250, panic=None):
+        """Two-tier: decisions from local reservoirs leased in batches."""
+        return LeasedLimiter(self, policy, batch, low_water, max_keys, idle_ms, recheck_ms,
+                             panic)
+
+
+class Limiter:
+    """limit()/refund() on one policy, one shared call each."""
+
+    def __init__(self, rl, policy, panic=None):
+        if not isinstance(policy, (Policy, AllOf)):
+            raise ValueError("policy must come from token_bucket, sliding_log, "
+                             "sliding_counter or all_of")
+        self.rl = rl
+        self.policy = policy
+        self.panic = PanicBuckets(panic or Panic(), policy)
+
+    def limit(self, key, cost=1, partial=False, dry_run=False):
+        check_cost(cost)
+        policy = self.policy
+        rl = self.rl
+        keys = keys_for(policy, key)
+        allow = rl.breaker.allow()
+        if allow != NO:
+            opts = options(cost, partial, dry_run)
+            reply = self._call(policy, keys, opts, allow == PROBE)
+            if reply is not None:
+                return rl._count(to_decision(reply, policy, cost, partial, rl.backend))
+        return rl._count(panic_decision(self.panic, policy, keys, cost, partial, dry_run))
+
+    def _call(self, policy, keys, opts, probe):
+        rl = self.rl
+        if rl.backend is None:
+            try:
+                rl.detect()
+            except Exception as e:
+                if not is_outage(e):
+                    raise
+                rl._metrics.failures += 1
+                rl.breaker.failure(probe)
+                return None
+        rl._check_policy(policy)
+        mod, lua = call_for(policy, keys[0] if isinstance(policy, Policy) else keys, opts)
+        return rl.call(mod, lua, probe)
+
+    def refund(self, key, n):
+        """Give n units back (the request was not served after all). Returns
+        a Decision whose `granted` is the units given back (0 when Redis is
+        unavailable: then nothing was given back)."""
+        check_cost(n, 1)
+        policy = self.policy
+        rl = self.rl
+        keys = keys_for(policy, key)
+        allow = rl.breaker.allow()
+        if allow != NO:
+            reply = self._call(policy, keys, ["REFUND", n], allow == PROBE)
+            if reply is not None:
+                rl._metrics.refunds += 1
+                d = to_decision(reply, policy, n, False, rl.backend, refund=True)
+                rl._metrics.refund_tokens += d.granted
+                return d
+        d = panic_decision(self.panic, policy, keys, 0, False, True)
+        d.granted = 0
+        return d
+
+
+class _Entry:
+    __slots__ = ("tokens", "used", "inflight", "next_try", "remaining", "retry", "reset",
+                 "at", "limit")
+
+    def __init__(self, now):
+        self.tokens = 0
+        self.used = now
+        self.inflight = False
+        self.next_try = 0.0
+        self.remaining = 0
+        self.retry = 0
+        self.reset = 0
+        self.at = now
+        self.limit = 0
+
+
+class _LeasedCore:
+    """The local tier, shared by the sync and asyncio leased limiters."""
+
+    def _init(self, rl, policy, batch, low_water, max_keys, idle_ms, recheck_ms, panic):
+        if not isinstance(policy, Policy):
+            raise ValueError("leased() takes a single policy (all_of is not leased)")
+        if type(batch) is not int or batch < 1:
+            raise ValueError("batch must be an integer >= 1")
+        if not 0 <= low_water < 1:
+            raise ValueError("low_water must be in [0, 1)")
+        if type(max_keys) is not int or max_keys < 1:
+            raise ValueError("max_keys must be an integer >= 1")
+        self.rl = rl
+        self.policy = policy
+        self.batch = min(batch, policy.limit)
+        self.low = low_water * self.batch
+        self.max_keys = max_keys
+        self.idle_s = idle_ms / 1000
+        self.recheck_s = recheck_ms / 1000
+        self.panic = PanicBuckets(panic or Panic(), policy)
+        self.entries = OrderedDict()
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def _local(self, e, key, cost, now):
+        """A local grant from e's reservoir (caller holds the lock)."""
+        t = e.tokens - cost
+        e.tokens = t
+        self.rl._metrics.decisions_local += 1
+        p = self.policy
+        reset = e.reset - int((now - e.at) * 1000)
+        return Decision(True, cost, p.limit, t + e.remaining, 0, reset if reset > 0 else 0,
+                        p.name, p.name, LOCAL, (), p)
+
+    def _local_denial(self, e, now):
+        m = self.rl._metrics
+        m.decisions_local += 1
+        m.denied += 1
+        p = self.policy
+        el = int((now - e.at) * 1000)
+        retry = e.retry if e.retry < 0 else max(1, e.retry - el)
+        reset = e.reset - el
+        return Decision(False, 0, p.limit, e.tokens + e.remaining, retry,
+                        reset if reset > 0 else 0, p.name, p.name, LOCAL, (), p)
+
+    def _lease_call(self, key, n):
+        p = self.policy
+        return call_for(p, key, ["COST", n, "PARTIAL"])
+
+    def _apply(self, e, reply, n, now):
+        """Fold a lease reply into the entry (caller holds the lock)."""
+        g, lim, rem, retry, reset = (int(x) for x in reply)
+        m = self.rl._metrics
+        m.leases += 1
+        m.lease_tokens += g
+        e.tokens += g
+        e.remaining = rem
+        e.retry = retry
+        e.reset = reset
+        e.at = now
+        e.limit = lim
+        if g < n:
+            wait = retry / 1000 if retry > 0 else self.recheck_s
+            e.next_try = now + min(wait, self.recheck_s)
+        else:
+            e.next_try = 0.0
+
+    def _new_entry(self, key, now, evicted):
+        e = _Entry(now)
+        self.entries[key] = e
+        while len(self.entries) > self.max_keys:
+            k, old = self.entries.popitem(last=False)
+            if old.tokens > 0 and not old.inflight:
+                evicted.append((k, old.tokens))
+                old.tokens = 0
+        return e
+
+    def _sweep(self, now):
+        """Keys idle for idle_ms leave; their tokens go back (returned list)."""
+        out = []
+        cutoff = now - self.idle_s
+        with self.lock:
+            ents = self.entries
+            while ents:
+                k = next(iter(ents))
+                e = ents[k]
+                if e.used > cutoff:
+                    break
+                del ents[k]
+                if e.tokens > 0 and not e.inflight:
+                    out.append((k, e.tokens))
+                    e.tokens = 0
+        return out
+
+    def _orphan(self, key, e):
+        """A lease landed on an entry no longer in the table: its tokens go back."""
+        if self.entries.get(key) is not e and e.tokens > 0:
+            n, e.tokens = e.tokens, 0
+            return n
+        return 0
+
+    def stranded(self):
+        """Units leased to this instance and not yet used (all keys)."""
+        with self.lock:
+            return sum(e.tokens for e in self.entries.values())
+
+
+class LeasedLimiter(_LeasedCore):
+    """Decides from local reservoirs; one background thread refills them
+    (single flight per key), refunds idle and evicted keys' tokens."""
+
+    def __init__(self, rl, policy, batch, low_water, max_keys, idle_ms, recheck_ms, panic):
+        self._init(rl, policy, batch, low_water, max_keys, idle_ms, recheck_ms, panic)
+        self.q = queue.SimpleQueue()
+        self.worker = threading.Thread(target=self._work, daemon=True,
+                                       name=f"rl-leases-{policy.name}")
+        self.worker.start()
+
+    def limit(self, key, cost=1):
+        if type(cost) is not int or cost < 0:
+            check_cost(cost)
+        now = monotonic()
+        with self.lock:
+            e = self.entries.get(key)
+            if e is not None:
+                self.entries.move_to_end(key)
+                e.used = now
+                if e.tokens >= cost:
+                    d = self._local(e, key, cost, now)
+                    if e.tokens < self.low and not e.inflight and now >= e.next_try \
+                            and self.rl.breaker.state == CLOSED:
+                        e.inflight = True
+                        self.q.put(("lease", key, e))
+                    return d
+        return self._slow(key, cost, now)
+
+    def _slow(self, key, cost, now):
+        rl = self.rl
+        allow = rl.breaker.allow(now)
+        evicted = []
+        with self.lock:
+            e = self.entries.get(key)
+            if e is None:
+                e = self._new_entry(key, now, evicted)
+            elif e.tokens >= cost:      # a refill landed meanwhile
+                return self._local(e, key, cost, now)
+            if allow != NO:
+                if e.inflight or now < e.next_try:
+                    d = self._local_denial(e, now)
+                    allow = None
+                else:
+                    e.inflight = True
+        for k, n in evicted:
+            self.q.put(("refund", k, n))
+        if allow is None:
+            return d
+        if allow != NO:
+            n = max(self.batch, cost - e.tokens)
+            mod, lua = self._lease_call(key, n)
+            try:
+                reply = self._call(mod, lua, allow == PROBE)
+            except BaseException:
+                with self.lock:
+                    e.inflight = False
+                raise
+            with self.lock:
+                e.inflight = False
+                if reply is not None:
+                    self._apply(e, reply, n, now)
+                    back = self._orphan(key, e)
+                    if back:
+                        self.q.put(("refund", key, back))
+                    if e.tokens >= cost:
+                        e.tokens -= cost
+                        p = self.policy
+                        return rl._count(Decision(True, cost, e.limit, e.tokens + e.remaining,
+                                                  0, e.reset, p.name, p.name, rl.backend, (), p))
+                    m = rl._metrics
+                    m.denied += 1
+                    m.decisions_module += rl.backend == MODULE
+                    m.decisions_lua += rl.backend == LUA
+                    p = self.policy
+                    return Decision(False, 0, e.limit, e.tokens + e.remaining,
+                                    e.retry if e.retry != 0 else 1, e.reset, p.name, p.name,
+                                    rl.backend, (), p)
+        return rl._count(panic_decision(self.panic, self.policy, [key], cost, False, False))
+
+    def _call(self, mod, lua, probe):
+        rl = self.rl
+        if rl.backend is None:
+            try:
+                rl.detect()
+            except Exception as e:
+                if not is_outage(e):
+                    raise
+                rl._metrics.failures += 1
+                rl.breaker.failure(probe)
+                return None
+        return rl.call(mod, lua, probe)
+
+    def refund(self, key, n):
+        """A request that was granted locally was not served: its units go
+        back into this key's reservoir (no I/O)."""
+        check_cost(n, 1)
+        with self.lock:
+            e = self.entries.get(key)
+            if e is not None:
+                e.tokens += n
+        p = self.policy
+        return Decision(True, n if e is not None else 0, p.limit,
+                        e.tokens if e is not None else 0, 0, 0, p.name, p.name, LOCAL, (), p)
+
+    def _give_back(self, key, n):
+        mod, lua = call_for(self.policy, key, ["REFUND", n])
+        if self.rl.breaker.allow() == NO:
+            return False
+        reply = self._call(mod, lua, False)
+        if reply is not None:
+            m = self.rl._metrics
+            m.refunds += 1
+            m.refund_tokens += int(reply[0])
+            return True
+        return False
+
+    def _work(self):
+        tick = max(0.01, min(self.idle_s / 4, 1.0))
+        next_sweep = monotonic() + tick
+        while True:
+            timeout = max(0.0, next_sweep - monotonic())
+            try:
+                job = self.q.get(timeout=timeout)
+            except queue.Empty:
+                job = False
+            if job is None:
+                return
+            try:
+                if job:
+                    self._job(*job)
+                now = monotonic()
+                if now >= next_sweep:
+                    next_sweep = now + tick
+                    for k, n in self._sweep(now):
+                        self._give_back(k, n)
+            except Exception:   # noqa: BLE001 - the worker must outlive a bad reply
+                import traceback
+                traceback.print_exc()
+
+    def _job(self, kind, key, arg):
+        if kind == "refund":
+            self._give_back(key, arg)
+            return
+        e = arg
+        allow = self.rl.breaker.allow()
+        if allow == NO:
+            with self.lock:
+                e.inflight = False
+            return
+        n = self.batch
+        mod, lua = self._lease_call(key, n)
+        try:
+            reply = self._call(mod, lua, allow == PROBE)
+        finally:
+            with self.lock:
+                e.inflight = False
+        if reply is None:
+            return
+        with self.lock:
+            self._apply(e, reply, n, monotonic())
+            back = self._orphan(key, e)
+        if back:
+            self._give_back(key, back)
+
+    def close(self):
+        """Stop the worker and give every reservoir back (REFUND)."""
+        if self.closed:
+            return
+        self.closed = True
+        self.q.put(None)
+        self.worker.join()
+        with self.lock:
+            items = [(k, e.tokens) for k, e in self.entries.items() if e.tokens > 0]
+            for e in self.entries.values():
+                e.tokens = 0
+            self.entries.clear()
+        for k, n in items:
+            self._give_back(k, n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
