@@ -95,6 +95,14 @@ $(VENV)/.clients-py: clients/python/requirements.txt $(PY)
 test-clients-py: build venv $(VENV)/.clients-py
 	cd clients/python && RL_MODULE=$(MODULE) $(PY) -m pytest -q -x -p no:cacheprovider tests
 
+# The Node client library (clients/node): its locked dev dependencies, then
+# node --test against servers the tests start themselves.
+.PHONY: test-clients-node
+test: test-clients-node
+test-clients-node: build
+	cd clients/node && { [ -d node_modules/ioredis ] || npm ci --no-audit --no-fund; } && \
+	  RL_MODULE=$(MODULE) node --test --test-concurrency=1 test/*.test.js
+
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV)

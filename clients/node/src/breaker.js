@@ -1,0 +1,107 @@
+// Circuit breaker for the Redis calls of one RateLimit.
+//
+// closed -> open after `failures` consecutive failures, or when the p95 of
+// the last `latencyWindow` call latencies stays above `latencyBudgetMs` for
+// `latencyPeriodMs`. open: no calls. After `openMs`: half-open, exactly one
+// probe (a real call); success closes the breaker, failure opens it again.
+import { checkInt } from './policy.js';
+
+export class Breaker {
+  constructor({ failures = 5, latencyBudgetMs = 50, latencyPeriodMs = 1000, latencyWindow = 64, openMs = 1000 } = {}) {
+    this.failuresToTrip = checkInt('failures', failures);
+    this.latencyBudgetMs = latencyBudgetMs;
+    this.latencyPeriodMs = latencyPeriodMs;
+    this.latencyWindow = checkInt('latencyWindow', latencyWindow);
+    this.openMs = openMs;
+    for (const [k, v] of [['latencyBudgetMs', latencyBudgetMs], ['latencyPeriodMs', latencyPeriodMs], ['openMs', openMs]]) {
+      if (typeof v !== 'number' || !(v >= 0) || !Number.isFinite(v)) throw new RangeError(`${k} must be a number ≥ 0`);
+    }
+    this.state = 'closed'; // 'closed' | 'open' | 'halfOpen'
+    this.consecutive = 0;
+    this.samples = new Float64Array(this.latencyWindow);
+    this.nSamples = 0;
+    this.next = 0;
+    this.aboveSince = -1;
+    this.openedAt = 0;
+    this.probing = false;
+    this.lastTrip = null; // 'failures' | 'latency'
+    this.trips = 0;
+    this.probesOk = 0;
+    this.probesFailed = 0;
+    this.onChange = null;
+  }
+
+  /**
+   * May a call go out now? Returns 0 (no), 1 (yes), 2 (yes, as the one
+   * half-open probe: report it with success(…, true) / failure(true)).
+   */
+  acquire(now) {
+    if (this.state === 'closed') return 1;
+    if (this.state === 'open') {
+      if (now - this.openedAt < this.openMs) return 0;
+      this.setState('halfOpen');
+    }
+    if (this.probing) return 0;
+    this.probing = true;
+    return 2;
+  }
+
+  success(latencyMs, now, probe) {
+    if (probe) {
+      this.probing = false;
+      this.probesOk++;
+      this.consecutive = 0;
+      this.nSamples = 0;
+      this.next = 0;
+      this.aboveSince = -1;
+      this.setState('closed');
+      return;
+    }
+    this.consecutive = 0;
+    this.samples[this.next] = latencyMs;
+    this.next = (this.next + 1) % this.latencyWindow;
+    if (this.nSamples < this.latencyWindow) this.nSamples++;
+    if (this.state !== 'closed') return;
+    if (this.p95() > this.latencyBudgetMs) {
+      if (this.aboveSince < 0) this.aboveSince = now;
+      if (now - this.aboveSince >= this.latencyPeriodMs) this.trip(now, 'latency');
+    } else {
+      this.aboveSince = -1;
+    }
+  }
+
+  failure(now, probe) {
+    if (probe) {
+      this.probing = false;
+      this.probesFailed++;
+      this.openedAt = now;
+      this.setState('open');
+      return;
+    }
+    this.consecutive++;
+    if (this.state === 'closed' && this.consecutive >= this.failuresToTrip) this.trip(now, 'failures');
+  }
+
+  /** The 95th percentile (nearest rank) of the recorded latencies. */
+  p95() {
+    const n = this.nSamples;
+    if (n === 0) return 0;
+    const a = Array.from(this.samples.subarray(0, n)).sort((x, y) => x - y);
+    return a[Math.min(n - 1, Math.ceil(0.95 * n) - 1)];
+  }
+
+  trip(now, why) {
+    this.trips++;
+    this.lastTrip = why;
+    this.openedAt = now;
+    this.consecutive = 0;
+    this.aboveSince = -1;
+    this.setState('open');
+  }
+
+  setState(s) {
+    if (this.state === s) return;
+    this.state = s;
+    if (this.onChange) this.onChange(s);
+  }
+}

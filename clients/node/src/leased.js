@@ -1,0 +1,241 @@
+// Two-tier leased limiter: each key has a local reservoir of tokens leased
+// in batches from the shared limit (COST batch PARTIAL: pre-debited, so all
+// instances together never exceed it); a decision the reservoir can answer
+// takes no I/O. Refills run in the background, one per key at a time. Idle
+// or evicted keys give their unused tokens back with REFUND.
+import { performance } from 'node:perf_hooks';
+import { isPolicy, checkInt } from './policy.js';
+import {
+  UnavailableError, makeDecision, PanicBuckets, toPanic, decodeSingle, EMPTY,
+} from './ratelimit.js';
+
+class Entry {
+  constructor(now) {
+    this.tokens = 0; // units leased and not yet spent
+    this.lastUse = now;
+    this.ref = true; // used since the eviction hand last passed (CLOCK)
+    this.inflight = null; // the one lease call in flight
+    this.shared = null; // the last shared reply {granted, limit, remaining, retryAfterMs, resetAfterMs}
+    this.sharedAt = 0;
+    this.attemptAt = -Infinity; // when the last lease was started
+    this.dead = false; // evicted or idle: tokens arriving now go back
+    this.lastFailed = false; // the last lease found Redis unavailable
+  }
+}
+
+export class LeasedLimiter {
+  constructor(rl, policy, { batch = 50, lowWater = 0.2, maxKeys = 10000, idleMs = 5000, panic, pollMs = 100 } = {}) {
+    if (!isPolicy(policy)) throw new RangeError('leased() takes a single policy (allOf leases are not supported)');
+    this.rl = rl;
+    this.policy = policy;
+    checkInt('batch', batch);
+    this.batch = Math.min(batch, policy.limit); // a lease never asks for more than the limit
+    if (typeof lowWater !== 'number' || !(lowWater >= 0 && lowWater <= 1)) throw new RangeError('lowWater must be in 0..1');
+    this.lowMark = lowWater * this.batch;
+    this.maxKeys = checkInt('maxKeys', maxKeys);
+    this.idleMs = checkInt('idleMs', idleMs);
+    this.pollMs = pollMs;
+    this.map = new Map();
+    this.panics = new PanicBuckets(policy, toPanic(panic), maxKeys);
+    this.pending = new Set(); // background calls, awaited by close()
+    this.closed = false;
+    this.sweeper = setInterval(() => this.sweep(), Math.max(5, Math.min(1000, Math.floor(idleMs / 4))));
+    this.sweeper.unref();
+  }
+
+  /** await limit(key, {cost = 1}) -> Decision. Local when the reservoir can answer. */
+  limit(key, opts) {
+    const cost = opts === undefined || opts.cost === undefined ? 1 : opts.cost;
+    const e = this.map.get(key);
+    if (e !== undefined && e.tokens >= cost && cost >= 1) {
+      // the hot path: no I/O, no allocation but the decision
+      const now = performance.now();
+      e.tokens -= cost;
+      e.lastUse = now;
+      e.ref = true;
+      if (e.tokens < this.lowMark && e.inflight === null && this.rl.breaker.state === 'closed') this.refill(key, e);
+      return Promise.resolve(this.rl.count(this.localDecision(e, cost, now)));
+    }
+    return this.slow(key, e, cost);
+  }
+
+  localDecision(e, cost, now) {
+    const s = e.shared;
+    const p = this.policy;
+    const since = now - e.sharedAt;
+    const reset = s.resetAfterMs - since;
+    return makeDecision(true, cost, p.limit, e.tokens + s.remaining, 0, reset > 0 ? Math.ceil(reset) : 0,
+      p.name, p.name, 'local', EMPTY, p);
+  }
+
+  async slow(key, e, cost) {
+    checkInt('cost', cost, 0);
+    const rl = this.rl;
+    const p = this.policy;
+    let now = performance.now();
+    if (e === undefined) e = this.insert(key, now);
+    e.lastUse = now;
+    e.ref = true;
+    if (cost === 0 || cost > p.limit) {
+      // nothing to take, or never grantable: report without a lease
+      const s = e.shared;
+      return rl.count(makeDecision(cost === 0, 0, p.limit, e.tokens + (s ? s.remaining : p.limit), cost === 0 ? 0 : -1,
+        s ? Math.max(0, Math.ceil(s.resetAfterMs - (now - e.sharedAt))) : 0, p.name, p.name, 'local', EMPTY, p));
+    }
+    let source = 'local';
+    if (e.inflight !== null) {
+      await e.inflight; // a lease is on its way already: wait for it (bounded by timeoutMs)
+    } else if (e.shared !== null && e.shared.granted === 0 && now - e.sharedAt < e.shared.retryAfterMs) {
+      // the shared limit said no a moment ago: deny locally, poll it in the background
+      if (now - e.attemptAt >= this.pollMs && rl.breaker.state === 'closed') this.refill(key, e);
+    } else {
+      const ok = await this.refill(key, e);
+      if (ok) source = rl._backend.source;
+    }
+    now = performance.now();
+    if (e.tokens >= cost) {
+      e.tokens -= cost;
+      if (e.tokens < this.lowMark && e.inflight === null && rl.breaker.state === 'closed') this.refill(key, e);
+      if (source === 'local') return rl.count(this.localDecision(e, cost, now));
+      const s = e.shared;
+      return rl.count(makeDecision(true, cost, p.limit, e.tokens + s.remaining, 0, s.resetAfterMs, p.name, p.name, source, EMPTY, p));
+    }
+    if (e.shared === null || e.lastFailed) {
+      // Redis unavailable and the reservoir is short: the panic limits decide
+      return rl.count(this.panicDecision(key, cost, now));
+    }
+    const s = e.shared;
+    const since = now - e.sharedAt;
+    const retry = s.retryAfterMs < 0 ? -1 : Math.max(1, Math.ceil(s.retryAfterMs - since));
+    return rl.count(makeDecision(false, 0, p.limit, e.tokens + s.remaining, retry, Math.max(0, Math.ceil(s.resetAfterMs - since)),
+      p.name, p.name, source, EMPTY, p));
+  }
+
+  panicDecision(key, cost, now) {
+    const pb = this.panics;
+    const b = pb.state(key, now);
+    const g = cost <= Math.floor(b.tokens + 1e-9) ? cost : 0;
+    b.tokens -= g;
+    const v = pb.view(b.tokens, cost, g);
+    const p = this.policy;
+    return makeDecision(g === cost, g, v.limit, v.remaining, v.retryAfterMs, v.resetAfterMs, p.name, p.name, 'panic', EMPTY, p);
+  }
+
+  insert(key, now) {
+    if (this.map.size >= this.maxKeys) this.evictOne();
+    const e = new Entry(now);
+    this.map.set(key, e);
+    return e;
+  }
+
+  // CLOCK: the first entry not used since the hand last passed goes.
+  evictOne() {
+    for (let i = 0, n = this.map.size; i <= n; i++) {
+      const [k, e] = this.map.entries().next().value;
+      this.map.delete(k);
+      if (e.ref && i < n) {
+        e.ref = false;
+        this.map.set(k, e);
+        continue;
+      }
+      this.retire(k, e);
+      return;
+    }
+  }
+
+  /** The key leaves the table: its unused tokens go back (now, or when its lease lands). */
+  retire(key, e) {
+    e.dead = true;
+    if (e.inflight === null && e.tokens >= 1) this.giveBack(key, e);
+  }
+
+  giveBack(key, e) {
+    const n = Math.floor(e.tokens);
+    e.tokens -= n;
+    if (n < 1) return;
+    const rl = this.rl;
+    const t = rl.call(() => rl._backend.single(this.policy, key, { refund: n })).then((r) => {
+      rl.m.refunds++;
+      rl.m.refundTokens += Number(r[0]);
+    }, () => { /* unavailable: the tokens come back when the window slides */ });
+    this.track(t);
+  }
+
+  track(t) {
+    this.pending.add(t);
+    t.finally(() => this.pending.delete(t));
+  }
+
+  /**
+   * One lease for `key` (single flight). Resolves true when Redis answered,
+   * false when it was unavailable; other errors reject.
+   */
+  refill(key, e) {
+    if (e.inflight !== null) return e.inflight;
+    const rl = this.rl;
+    const batch = this.batch;
+    e.attemptAt = performance.now();
+    const land = (r) => {
+      const x = decodeSingle(r, batch, true);
+      rl.m.leases++;
+      rl.m.leaseTokens += x.granted;
+      e.tokens += x.granted;
+      e.shared = x;
+      e.sharedAt = performance.now();
+      e.lastFailed = false;
+      if (e.dead || this.closed) this.giveBack(key, e);
+    };
+    const t = rl.call(() => rl._backend.single(this.policy, key, { cost: batch, partial: true }), land)
+      .then((r) => { land(r); return true; }, (err) => {
+        e.lastFailed = true;
+        if (err instanceof UnavailableError) return false;
+        this.lastError = err;
+        throw err;
+      })
+      .finally(() => { e.inflight = null; });
+    e.inflight = t;
+    t.catch(() => {}); // background refills report through the next caller
+    this.track(t);
+    return t;
+  }
+
+  /** Give `n` unused units back to the local reservoir (capped at batch); no I/O. */
+  refund(key, n) {
+    checkInt('refund', n);
+    const e = this.map.get(key);
+    const p = this.policy;
+    let back = 0;
+    if (e !== undefined) {
+      back = Math.max(0, Math.min(n, this.batch - e.tokens));
+      e.tokens += back;
+    }
+    const s = e && e.shared;
+    return makeDecision(true, back, p.limit, (e ? e.tokens : 0) + (s ? s.remaining : 0), 0, 0, p.name, p.name, 'local', EMPTY, p);
+  }
+
+  sweep() {
+    const now = performance.now();
+    for (const [k, e] of this.map) {
+      if (now - e.lastUse >= this.idleMs && e.inflight === null) {
+        this.map.delete(k);
+        this.retire(k, e);
+      }
+    }
+  }
+
+  /** Units held in reservoirs right now (leased, not yet spent). */
+  held() {
+    let n = 0;
+    for (const e of this.map.values()) n += e.tokens;
+    return n;
+  }
+
+  /** Stop the sweeper and give every reservoir back (REFUND). */
+  async close() {
+    this.closed = true;
+    clearInterval(this.sweeper);
+    for (const [k, e] of this.map) this.retire(k, e);
+    this.map.clear();
+    while (this.pending.size > 0) await Promise.allSettled([...this.pending]);
+  }
+}

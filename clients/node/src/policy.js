@@ -1,0 +1,103 @@
+// Policies: what a limit is (algorithm, numbers, name). A policy object is
+// immutable and holds the arguments it sends, prepared once.
+
+const NAME_RE = /^[A-Za-z0-9._-]{1,64}$/;
+const MAX = Number.MAX_SAFE_INTEGER; // 2^53 - 1
+
+function checkName(name) {
+  if (typeof name !== 'string' || !NAME_RE.test(name)) {
+    throw new RangeError(`policy name ${JSON.stringify(name)}: 1-64 of A-Z a-z 0-9 . _ -`);
+  }
+  return name;
+}
+
+export function checkInt(what, v, lo = 1) {
+  if (!Number.isSafeInteger(v) || v < lo || v > MAX) {
+    throw new RangeError(`${what} must be an integer from ${lo} to 2^53-1, not ${v}`);
+  }
+  return v;
+}
+
+// ⌈a·b/c⌉ exactly, for safe integers.
+function ceilMulDiv(a, b, c) {
+  return Number((BigInt(a) * BigInt(b) + BigInt(c) - 1n) / BigInt(c));
+}
+
+class Policy {
+  constructor(kind, name, limit, windowMs, args, weight = 1) {
+    this.kind = kind; // 'tokenBucket' | 'slidingLog' | 'slidingCounter'
+    this.name = name;
+    this.limit = limit;
+    this.windowMs = windowMs;
+    this.weight = weight;
+    this.params = args; // numbers, as given
+    this.args = args.map(String); // as sent
+    this.command = COMMAND[kind];
+    this.multiName = MULTI_NAME[kind];
+    this.script = SCRIPT[kind];
+    this.parts = null;
+    Object.freeze(this);
+  }
+
+  /** The same policy with RL.MULTI's WEIGHT w (only matters inside allOf). */
+  weighted(w) {
+    checkInt('weight', w);
+    return new Policy(this.kind, this.name, this.limit, this.windowMs, this.params, w);
+  }
+}
+
+const COMMAND = { tokenBucket: 'RL.TOKENBUCKET', slidingLog: 'RL.SLIDINGLOG', slidingCounter: 'RL.SLIDINGCOUNTER' };
+const MULTI_NAME = { tokenBucket: 'TOKENBUCKET', slidingLog: 'SLIDINGLOG', slidingCounter: 'SLIDINGCOUNTER' };
+const SCRIPT = { tokenBucket: 'tokenbucket', slidingLog: 'slidinglog', slidingCounter: 'slidingcounter' };
+
+/** A token bucket: at most `capacity`, regains `rate` tokens every `periodMs`. */
+export function tokenBucket(name, capacity, rate, periodMs) {
+  checkName(name);
+  checkInt('capacity', capacity);
+  checkInt('rate', rate);
+  checkInt('periodMs', periodMs);
+  // The window for headers: the time an empty bucket takes to fill.
+  return new Policy('tokenBucket', name, capacity, ceilMulDiv(capacity, periodMs, rate), [capacity, rate, periodMs]);
+}
+
+/** Exact: at most `limit` units in any `windowMs`. */
+export function slidingLog(name, limit, windowMs) {
+  checkName(name);
+  checkInt('limit', limit);
+  checkInt('windowMs', windowMs);
+  return new Policy('slidingLog', name, limit, windowMs, [limit, windowMs]);
+}
+
+/** Cloudflare's approximation of a sliding window, two counters. */
+export function slidingCounter(name, limit, windowMs) {
+  checkName(name);
+  checkInt('limit', limit);
+  checkInt('windowMs', windowMs);
+  return new Policy('slidingCounter', name, limit, windowMs, [limit, windowMs]);
+}
+
+class AllOf {
+  constructor(parts, name) {
+    this.kind = 'allOf';
+    this.parts = parts;
+    this.name = name;
+    Object.freeze(this);
+  }
+}
+
+/** Several policies, all or nothing (RL.MULTI). allOf([p1, p2], {name}). */
+export function allOf(parts, { name } = {}) {
+  if (!Array.isArray(parts) || parts.length < 1 || parts.length > 16) {
+    throw new RangeError('allOf takes an array of 1 to 16 policies');
+  }
+  for (const p of parts) {
+    if (!(p instanceof Policy)) throw new TypeError('allOf parts must be tokenBucket / slidingLog / slidingCounter policies');
+  }
+  if (new Set(parts.map((p) => p.name)).size !== parts.length) throw new RangeError('allOf parts need distinct names');
+  // The default name joins the part names with '+' (not otherwise allowed in
+  // a name, so it cannot collide with a name given by the user).
+  return new AllOf(Object.freeze([...parts]), name === undefined ? parts.map((p) => p.name).join('+') : checkName(name));
+}
+
+export function isPolicy(p) { return p instanceof Policy; }
+export function isAllOf(p) { return p instanceof AllOf; }
