@@ -166,6 +166,7 @@ class AsyncLeasedLimiter(_LeasedCore):
                 if e.tokens < self.low and not e.inflight and now >= e.next_try \
                         and self.rl.breaker.state == CLOSED:
                     e.inflight = True
+                    e.event = asyncio.Event()
                     self._spawn(self._refill(key, e))
                 return d
         return await self._slow(key, cost, now)
@@ -180,17 +181,30 @@ class AsyncLeasedLimiter(_LeasedCore):
         for k, n in evicted:
             self._spawn(self._give_back(k, n))
         if allow != NO:
-            if e.inflight or now < e.next_try:
+            if e.inflight:
+                # a lease for this key is in flight: wait for it (at most the timeout)
+                try:
+                    await asyncio.wait_for(e.event.wait(), rl.timeout)
+                except asyncio.TimeoutError:
+                    pass
+                if e.tokens >= cost:
+                    return self._local(e, key, cost, monotonic())
+                return self._local_denial(e, monotonic())
+            if now < e.next_try:
                 return self._local_denial(e, now)
             e.inflight = True
+            e.event = ev = asyncio.Event()
             n = max(self.batch, cost - e.tokens)
             mod, lua = self._lease_call(key, n)
             try:
                 reply = await rl.call(mod, lua, allow == PROBE)
             finally:
                 e.inflight = False
+                if reply is None:
+                    ev.set()
             if reply is not None:
                 self._apply(e, reply, n, now)
+                ev.set()
                 back = self._orphan(key, e)
                 if back:
                     self._spawn(self._give_back(key, back))
@@ -205,21 +219,23 @@ class AsyncLeasedLimiter(_LeasedCore):
         return rl._count(panic_decision(self.panic, self.policy, [key], cost, False, False))
 
     async def _refill(self, key, e):
-        allow = self.rl.breaker.allow()
-        if allow == NO:
-            e.inflight = False
-            return
-        n = self.batch
-        mod, lua = self._lease_call(key, n)
+        reply = None
+        back = 0
         try:
+            allow = self.rl.breaker.allow()
+            if allow == NO:
+                return
+            n = self.batch
+            mod, lua = self._lease_call(key, n)
             reply = await self.rl.call(mod, lua, allow == PROBE)
         finally:
             e.inflight = False
-        if reply is not None:
-            self._apply(e, reply, n, monotonic())
-            back = self._orphan(key, e)
-            if back:
-                await self._give_back(key, back)
+            if reply is not None:
+                self._apply(e, reply, n, monotonic())
+                back = self._orphan(key, e)
+            e.event.set()
+        if back:
+            await self._give_back(key, back)
 
     def refund(self, key, n):
         """Units granted locally but not used go back into the reservoir (no I/O)."""

@@ -197,10 +197,11 @@ class PanicBuckets:
             for b, (cap, ms), w in zip(bs, self.shape, weights):
                 u = g * w
                 c = cost * w
+                alone = b[0] >= c        # this part alone could take its units
                 tokens = b[0] - u
                 if not dry_run:
                     b[0] = tokens
-                if g == cost:
+                if g == cost or alone:
                     retry = 0
                 elif c > cap:
                     retry = -1

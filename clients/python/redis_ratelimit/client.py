@@ -103,6 +103,7 @@ class RateLimit(_Base):
             raise ValueError("the redis client needs a socket_timeout (every call must be "
                              "bounded); or use RateLimit.from_url(url, timeout_ms=5)")
         self._setup(client, backend, breaker)
+        self.timeout_s = _timeout_of(client)
         self._lock = threading.Lock()
 
     @classmethod
@@ -236,7 +237,7 @@ class Limiter:
 
 class _Entry:
     __slots__ = ("tokens", "used", "inflight", "next_try", "remaining", "retry", "reset",
-                 "at", "limit")
+                 "at", "limit", "event")
 
     def __init__(self, now):
         self.tokens = 0
@@ -248,6 +249,7 @@ class _Entry:
         self.reset = 0
         self.at = now
         self.limit = 0
+        self.event = None     # set when the lease in flight has landed
 
 
 class _LeasedCore:
@@ -382,6 +384,7 @@ class LeasedLimiter(_LeasedCore):
                     if e.tokens < self.low and not e.inflight and now >= e.next_try \
                             and self.rl.breaker.state == CLOSED:
                         e.inflight = True
+                        e.event = threading.Event()
                         self.q.put(("lease", key, e))
                     return d
         return self._slow(key, cost, now)
@@ -396,16 +399,27 @@ class LeasedLimiter(_LeasedCore):
                 e = self._new_entry(key, now, evicted)
             elif e.tokens >= cost:      # a refill landed meanwhile
                 return self._local(e, key, cost, now)
+            wait = None
             if allow != NO:
-                if e.inflight or now < e.next_try:
+                if e.inflight:
+                    wait = e.event
+                elif now < e.next_try:
                     d = self._local_denial(e, now)
                     allow = None
                 else:
                     e.inflight = True
+                    e.event = threading.Event()
         for k, n in evicted:
             self.q.put(("refund", k, n))
         if allow is None:
             return d
+        if wait is not None:
+            # a lease for this key is in flight: wait for it (at most the timeout)
+            wait.wait(self.rl.timeout_s)
+            with self.lock:
+                if e.tokens >= cost:
+                    return self._local(e, key, cost, monotonic())
+                return self._local_denial(e, monotonic())
         if allow != NO:
             n = max(self.batch, cost - e.tokens)
             mod, lua = self._lease_call(key, n)
@@ -414,9 +428,11 @@ class LeasedLimiter(_LeasedCore):
             except BaseException:
                 with self.lock:
                     e.inflight = False
+                    e.event.set()
                 raise
             with self.lock:
                 e.inflight = False
+                e.event.set()
                 if reply is not None:
                     self._apply(e, reply, n, now)
                     back = self._orphan(key, e)
@@ -502,23 +518,22 @@ class LeasedLimiter(_LeasedCore):
             self._give_back(key, arg)
             return
         e = arg
-        allow = self.rl.breaker.allow()
-        if allow == NO:
-            with self.lock:
-                e.inflight = False
-            return
-        n = self.batch
-        mod, lua = self._lease_call(key, n)
+        reply = None
         try:
+            allow = self.rl.breaker.allow()
+            if allow == NO:
+                return
+            n = self.batch
+            mod, lua = self._lease_call(key, n)
             reply = self._call(mod, lua, allow == PROBE)
         finally:
             with self.lock:
                 e.inflight = False
-        if reply is None:
-            return
-        with self.lock:
-            self._apply(e, reply, n, monotonic())
-            back = self._orphan(key, e)
+                back = 0
+                if reply is not None:
+                    self._apply(e, reply, n, monotonic())
+                    back = self._orphan(key, e)
+                e.event.set()
         if back:
             self._give_back(key, back)
 

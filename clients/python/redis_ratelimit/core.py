@@ -124,7 +124,8 @@ def panic_decision(buckets, policy, keys, cost, partial, dry_run):
     else:           # denied: the longest wait, -1 counting as longest
         b = max(range(len(res)), key=lambda i: (res[i][3] < 0, res[i][3], -i))
     _, cap, rem, _, reset = res[b]
-    retry = 0 if g == cost else (-1 if any(r[3] < 0 for r in res) else max(r[3] for r in res))
+    retry = 0 if g == cost else (-1 if any(r[3] < 0 for r in res)
+                                 else max(1, max(r[3] for r in res)))
     return Decision(g == cost, g, cap, rem, retry, reset, policy.name, policy.parts[b].name,
                     PANIC, parts, policy)
 

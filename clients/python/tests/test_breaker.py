@@ -1,0 +1,173 @@
+"""Circuit breaker and panic mode against a real redis-server that is
+stalled (SIGSTOP), killed and restarted, or slow (a busy script).
+
+Bounds checked: no caller waits longer than the configured timeout (plus a
+generous scheduling margin); the breaker trips after exactly `failures`
+failed calls (or on the latency rule); while it is open decisions come from
+the panic limits and never exceed them; after the server is back, a
+half-open probe closes it and shared decisions and leases resume."""
+import asyncio
+import signal
+import threading
+import time
+
+import pytest
+import redis.asyncio
+from harness import wait_until
+from support import LONG, client
+
+from redis_ratelimit import (AsyncRateLimit, Breaker, Panic, RateLimit, sliding_log,
+                             token_bucket)
+
+TIMEOUT_MS = 50
+MARGIN_S = 0.5          # scheduling noise on a busy machine; far above TIMEOUT_MS
+PANIC = 5
+POLICY = token_bucket("api", 100, 1, LONG)
+LEASED = sliding_log("leased", 10_000, LONG)
+
+
+def make(server, failures=3, open_ms=300):
+    rl = RateLimit(client(server.port, TIMEOUT_MS / 1000),
+                   breaker=Breaker(failures=failures, open_ms=open_ms))
+    lim = rl.limiter(POLICY, panic=Panic(limit=PANIC))
+    leased = rl.leased(LEASED, batch=20, idle_ms=60_000, panic=Panic(limit=PANIC))
+    return rl, lim, leased
+
+
+def timed(fn, *a, **kw):
+    t0 = time.monotonic()
+    d = fn(*a, **kw)
+    return d, time.monotonic() - t0
+
+
+def outage_then_recovery(server, stop, resume):
+    rl, lim, leased = make(server)
+    assert lim.limit("rl:{u}:api").source == "module"
+    d = leased.limit("rl:{u}:leased")
+    assert d.source == "module" and d.allowed
+    held = leased.stranded()          # pre-debited units still usable locally
+    assert held == 19
+    calls_before = rl.metrics()["calls"]
+
+    stop()
+    # Callers keep coming; each returns within the timeout; the first
+    # `failures` shared calls fail, then the breaker is open.
+    results = []
+    for i in range(12):
+        d, took = timed(lim.limit, "rl:{u}:api")
+        results.append(d)
+        assert took < TIMEOUT_MS / 1000 + MARGIN_S, (i, took)
+    m = rl.metrics()
+    assert m["failures"] == 3 and m["trips"] == 1 and m["trips_failures"] == 1
+    assert m["state"] == "open"
+    assert all(d.source == "panic" for d in results)
+    # panic limits: exactly PANIC grants for the key, never more
+    assert [d.allowed for d in results] == [True] * PANIC + [False] * (12 - PANIC)
+    assert all(d.limit == PANIC for d in results)
+    assert all(d.retry_after_ms >= 1 for d in results if not d.allowed)
+    # another key has its own panic budget
+    assert sum(lim.limit("rl:{v}:api").allowed for _ in range(9)) == PANIC
+    # the leased limiter spends what it holds (pre-debited), then panic limits
+    ds = [timed(leased.limit, "rl:{u}:leased") for _ in range(held + 10)]
+    assert all(took < TIMEOUT_MS / 1000 + MARGIN_S for _, took in ds)
+    srcs = [d.source for d, _ in ds]
+    assert srcs[:held] == ["local"] * held and set(srcs[held:]) == {"panic"}, srcs
+    assert sum(d.allowed for d, _ in ds[held:]) == PANIC
+    # while open, no call reaches Redis but the half-open probes (one per open_ms)
+    m = rl.metrics()
+    assert m["calls"] - calls_before == m["failures"]
+    assert m["calls"] - calls_before <= 3 + m["probes_failed"] + 1
+
+    resume()
+    # a half-open probe succeeds: back on the shared limit, leases resume
+    wait_until(lambda: lim.limit("rl:{u}:api").source == "module", timeout=30,
+               what="breaker closed again")
+    m = rl.metrics()
+    assert m["state"] == "closed" and m["probes_ok"] == 1
+    leases = m["leases"]
+
+    def leased_again():
+        d = leased.limit("rl:{w}:leased")
+        return d.allowed and d.source in ("module", "local")
+
+    wait_until(leased_again, timeout=30, what="leases resumed")
+    wait_until(lambda: rl.metrics()["leases"] > leases, timeout=30, what="a new lease")
+    return rl
+
+
+def test_sigstop_then_sigcont(server):
+    rl = outage_then_recovery(server, lambda: server.proc.send_signal(signal.SIGSTOP),
+                              lambda: server.proc.send_signal(signal.SIGCONT))
+    assert rl.metrics()["probes_failed"] >= 0
+
+
+def test_killed_then_restarted(server):
+    rl = outage_then_recovery(server, server.kill9, server.start)
+    # the restarted server is empty: the shared limit starts over there
+    assert server.client().exists("rl:{u}:api") == 1
+
+
+def test_busy_script_trips_the_latency_rule(server):
+    rl = RateLimit(client(server.port, 5.0),
+                   breaker=Breaker(failures=1000, latency_budget_ms=20, latency_period_ms=200,
+                                   latency_window=16, open_ms=60_000))
+    lim = rl.limiter(POLICY, panic=Panic(limit=PANIC))
+    assert lim.limit("rl:{u}:api").source == "module"
+    stop = threading.Event()
+    busy = "local function us() local t = redis.call('TIME') return t[1] * 1000000 + t[2] end " \
+           "local s = us() while us() - s < 80000 do end return 1"
+
+    def hog():
+        c = client(server.port, 30.0)
+        while not stop.is_set():
+            c.eval(busy, 0)
+
+    t = threading.Thread(target=hog)
+    t.start()
+    try:
+        def tripped():
+            lim.limit("rl:{u}:api")
+            return rl.metrics()["state"] == "open"
+
+        wait_until(tripped, timeout=60, interval=0, what="latency trip")
+    finally:
+        stop.set()
+        t.join()
+    m = rl.metrics()
+    assert m["trips_latency"] == 1 and m["trips_failures"] == 0 and m["failures"] == 0
+    d = lim.limit("rl:{u}:api")
+    assert d.source == "panic" and d.limit == PANIC
+
+
+def test_async_sigstop_bounded_by_timeout(server):
+    async def main():
+        rl = AsyncRateLimit(redis.asyncio.Redis(host="127.0.0.1", port=server.port),
+                            timeout_ms=TIMEOUT_MS, breaker=Breaker(failures=3, open_ms=300))
+        lim = rl.limiter(POLICY, panic=Panic(limit=PANIC))
+        leased = rl.leased(LEASED, batch=20, idle_ms=60_000, panic=Panic(limit=PANIC))
+        assert (await lim.limit("rl:{u}:api")).source == "module"
+        assert (await leased.limit("rl:{u}:leased")).source == "module"
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            ds = []
+            for i in range(10):
+                t0 = time.monotonic()
+                ds.append(await lim.limit("rl:{u}:api"))
+                assert time.monotonic() - t0 < TIMEOUT_MS / 1000 + MARGIN_S
+            assert [d.source for d in ds] == ["panic"] * 10
+            assert sum(d.allowed for d in ds) == PANIC
+            m = rl.metrics()
+            assert m["trips"] == 1 and m["failures"] == 3 and m["state"] == "open"
+            srcs = [(await leased.limit("rl:{u}:leased")).source for _ in range(25)]
+            assert srcs == ["local"] * 19 + ["panic"] * 6
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        for _ in range(3000):
+            if (await lim.limit("rl:{u}:api")).source == "module":
+                break
+            await asyncio.sleep(0.01)
+        m = rl.metrics()
+        assert m["state"] == "closed" and m["probes_ok"] == 1
+        await rl.client.aclose()
+
+    asyncio.run(main())

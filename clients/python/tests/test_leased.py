@@ -1,0 +1,107 @@
+"""The leased limiter's local tier: no I/O per decision, one refill in
+flight per key, denials from the last shared reply, refunds of idle and
+evicted keys."""
+import asyncio
+import signal
+
+import pytest
+import redis.asyncio
+from harness import wait_until
+from support import LONG, client
+
+from redis_ratelimit import AsyncRateLimit, Breaker, RateLimit, sliding_log, token_bucket
+
+BIG = sliding_log("big", 1_000_000, LONG)
+
+
+def refund_ok(rl):
+    try:
+        rl.limiter(BIG).refund("rl:{probe}:x", 1)
+        return True
+    except Exception:   # noqa: BLE001
+        return False
+
+
+def test_local_decisions_take_no_io(server):
+    rl = RateLimit(client(server.port))
+    lim = rl.leased(BIG, batch=50, low_water=0.2)
+    srcs = [lim.limit("rl:{a}:big").source for _ in range(5000)]
+    m = rl.metrics()
+    # one lease per 40 decisions (refill at 10 left), the first on the caller's path
+    assert srcs[0] == "module" and srcs.count("local") == 4999
+    assert m["calls"] == m["leases"] <= 5000 // 40 + 3
+    assert m["lease_tokens"] >= 5000
+    # the server's count equals what was leased
+    d = rl.limiter(BIG).limit("rl:{a}:big", cost=0)
+    assert d.limit - d.remaining == m["lease_tokens"]
+    lim.close() if refund_ok(rl) else None
+
+
+def test_one_refill_in_flight_per_key(server):
+    rl = RateLimit(client(server.port, 0.3), breaker=Breaker(failures=100))
+    lim = rl.leased(BIG, batch=10, low_water=0.5)
+    for _ in range(4):
+        assert lim.limit("rl:{a}:big").allowed          # 6 left, above the mark
+    calls = rl.metrics()["calls"]
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        # below the mark from here: every decision would want a refill
+        for _ in range(5):
+            d = lim.limit("rl:{a}:big")
+            assert d.allowed and d.source == "local"
+        wait_until(lambda: rl.metrics()["calls"] == calls + 1, timeout=10, what="the refill")
+        for _ in range(1):
+            assert lim.limit("rl:{a}:big").source == "local"
+        assert rl.metrics()["calls"] == calls + 1       # still one: single flight
+        wait_until(lambda: rl.metrics()["failures"] == 1, timeout=10, what="its timeout")
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+
+
+def test_exhausted_shared_limit_is_a_local_denial(server):
+    rl = RateLimit(client(server.port))
+    pol = token_bucket("tb", 30, 1, 3_600_000)
+    lim = rl.leased(pol, batch=20, recheck_ms=60_000)
+    ds = [lim.limit("rl:{a}:tb") for _ in range(40)]
+    assert sum(d.allowed for d in ds) == 30
+    calls = rl.metrics()["calls"]
+    d = lim.limit("rl:{a}:tb")
+    assert not d.allowed and d.source == "local"
+    # the wait from the last shared reply (a 20-unit lease: ~20 h), minus the time since
+    assert 19 * 3_600_000 < d.retry_after_ms <= 20 * 3_600_000
+    assert rl.metrics()["calls"] == calls                 # no call for it
+
+
+def test_idle_and_evicted_keys_give_their_tokens_back(server):
+    rl = RateLimit(client(server.port))
+    if not refund_ok(rl):
+        pytest.skip("REFUND is not in this module build yet")
+    lim = rl.leased(BIG, batch=50, max_keys=2, idle_ms=200)
+    for k in ("a", "b", "c"):             # "a" is evicted when "c" comes in
+        assert lim.limit(f"rl:{{{k}}}:big").allowed
+
+    def used(k):
+        d = rl.limiter(BIG).limit(f"rl:{{{k}}}:big", cost=0)
+        return d.limit - d.remaining
+
+    wait_until(lambda: used("a") == 1, timeout=10, what="the evicted key's refund")
+    assert lim.stranded() == 98
+    wait_until(lambda: used("b") == 1 and used("c") == 1, timeout=10, what="idle refunds")
+    assert lim.stranded() == 0
+    m = rl.metrics()
+    assert m["refund_tokens"] == 3 * 49 + 1 and m["refunds"] == 4
+
+
+def test_async_leased(server):
+    async def main():
+        rl = AsyncRateLimit(redis.asyncio.Redis(host="127.0.0.1", port=server.port),
+                            timeout_ms=2000)
+        lim = rl.leased(BIG, batch=50)
+        srcs = [(await lim.limit("rl:{a}:big")).source for _ in range(2000)]
+        m = rl.metrics()
+        assert srcs.count("local") >= 1999 - 10 and m["leases"] <= 2000 // 40 + 3
+        d = await rl.limiter(BIG).limit("rl:{a}:big", cost=0)
+        assert d.limit - d.remaining == m["lease_tokens"]
+        await rl.client.aclose()
+
+    asyncio.run(main())
