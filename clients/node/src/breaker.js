@@ -26,6 +26,8 @@ export class Breaker {
     this.probing = false;
     this.lastTrip = null; // 'failures' | 'latency'
     this.trips = 0;
+    this.tripsFailures = 0;
+    this.tripsLatency = 0;
     this.probesOk = 0;
     this.probesFailed = 0;
     this.onChange = null;
@@ -92,6 +94,8 @@ export class Breaker {
 
   trip(now, why) {
     this.trips++;
+    if (why === 'latency') this.tripsLatency++;
+    else this.tripsFailures++;
     this.lastTrip = why;
     this.openedAt = now;
     this.consecutive = 0;

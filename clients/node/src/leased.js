@@ -24,7 +24,7 @@ class Entry {
 }
 
 export class LeasedLimiter {
-  constructor(rl, policy, { batch = 50, lowWater = 0.2, maxKeys = 10000, idleMs = 5000, panic, pollMs = 100 } = {}) {
+  constructor(rl, policy, { batch = 50, lowWater = 0.2, maxKeys = 10000, idleMs = 5000, recheckMs = 250, panic } = {}) {
     if (!isPolicy(policy)) throw new RangeError('leased() takes a single policy (allOf leases are not supported)');
     this.rl = rl;
     this.policy = policy;
@@ -34,7 +34,8 @@ export class LeasedLimiter {
     this.lowMark = lowWater * this.batch;
     this.maxKeys = checkInt('maxKeys', maxKeys);
     this.idleMs = checkInt('idleMs', idleMs);
-    this.pollMs = pollMs;
+    if (typeof recheckMs !== 'number' || !(recheckMs >= 0)) throw new RangeError('recheckMs must be a number ≥ 0');
+    this.recheckMs = recheckMs;
     this.map = new Map();
     this.panics = new PanicBuckets(policy, toPanic(panic), maxKeys);
     this.pending = new Set(); // background calls, awaited by close()
@@ -84,10 +85,17 @@ export class LeasedLimiter {
     }
     let source = 'local';
     if (e.inflight !== null) {
-      await e.inflight; // a lease is on its way already: wait for it (bounded by timeoutMs)
-    } else if (e.shared !== null && e.shared.granted === 0 && now - e.sharedAt < e.shared.retryAfterMs) {
-      // the shared limit said no a moment ago: deny locally, poll it in the background
-      if (now - e.attemptAt >= this.pollMs && rl.breaker.state === 'closed') this.refill(key, e);
+      if (e.shared === null) {
+        await e.inflight; // the key's first lease (first use): wait for it, bounded by timeoutMs
+      } else if (e.lastFailed) {
+        return rl.count(this.panicDecision(key, cost, now));
+      } else {
+        // a refill is on its way: deny locally, never wait on the caller's path
+        return rl.count(this.localDenial(e, now));
+      }
+    } else if (rl.breaker.state === 'closed' && this.knownShort(e, now)) {
+      // the shared limit was short a moment ago: deny locally until recheckMs
+      return rl.count(this.localDenial(e, now));
     } else {
       const ok = await this.refill(key, e);
       if (ok) source = rl._backend.source;
@@ -104,11 +112,27 @@ export class LeasedLimiter {
       // Redis unavailable and the reservoir is short: the panic limits decide
       return rl.count(this.panicDecision(key, cost, now));
     }
+    const d = this.localDenial(e, now);
+    if (source === 'local') return rl.count(d);
+    return rl.count(makeDecision(false, 0, d.limit, d.remaining, d.retryAfterMs, d.resetAfterMs, p.name, p.name, source, EMPTY, p));
+  }
+
+  // The last lease got fewer units than it asked for, less than
+  // min(its retry, recheckMs) ago: no new lease for this key yet.
+  knownShort(e, now) {
     const s = e.shared;
+    if (s === null || e.lastFailed || s.granted >= this.batch) return false;
+    const wait = s.retryAfterMs < 0 ? this.recheckMs : Math.min(s.retryAfterMs, this.recheckMs);
+    return now - e.sharedAt < wait;
+  }
+
+  localDenial(e, now) {
+    const s = e.shared;
+    const p = this.policy;
     const since = now - e.sharedAt;
     const retry = s.retryAfterMs < 0 ? -1 : Math.max(1, Math.ceil(s.retryAfterMs - since));
-    return rl.count(makeDecision(false, 0, p.limit, e.tokens + s.remaining, retry, Math.max(0, Math.ceil(s.resetAfterMs - since)),
-      p.name, p.name, source, EMPTY, p));
+    return makeDecision(false, 0, p.limit, e.tokens + s.remaining, retry, Math.max(0, Math.ceil(s.resetAfterMs - since)),
+      p.name, p.name, 'local', EMPTY, p);
   }
 
   panicDecision(key, cost, now) {
@@ -223,8 +247,8 @@ export class LeasedLimiter {
     }
   }
 
-  /** Units held in reservoirs right now (leased, not yet spent). */
-  held() {
+  /** Units held in this instance's reservoirs right now (leased, not yet spent). */
+  stranded() {
     let n = 0;
     for (const e of this.map.values()) n += e.tokens;
     return n;

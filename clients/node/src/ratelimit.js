@@ -127,7 +127,7 @@ export class RateLimit {
 
   metrics() {
     const b = this.breaker;
-    return { ...this.m, trips: b.trips, probesOk: b.probesOk, probesFailed: b.probesFailed, state: b.state };
+    return { ...this.m, trips: b.trips, tripsFailures: b.tripsFailures, tripsLatency: b.tripsLatency, probesOk: b.probesOk, probesFailed: b.probesFailed, state: b.state };
   }
 
   count(d) {

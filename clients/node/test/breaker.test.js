@@ -1,0 +1,154 @@
+// Redis stalled (SIGSTOP), killed and restarted, or slow: callers never wait
+// longer than the timeout, the breaker trips within its budget, panic
+// limits decide and are never exceeded, and leases resume afterwards.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { performance } from 'node:perf_hooks';
+import { startServer, waitUntil } from './harness.js';
+import { connect } from './clients.js';
+import { RateLimit, tokenBucket, slidingLog, Panic } from '../src/index.js';
+
+const TIMEOUT_MS = 100;
+const MARGIN_MS = 400; // event-loop and scheduling slack on a busy machine
+const PANIC = 20;
+
+// Calls limit() and records how long the caller waited and what it got.
+class Caller {
+  constructor(rl) {
+    this.rl = rl;
+    this.maxWait = 0;
+    this.panicGranted = new Map(); // key -> panic grants
+    this.sources = new Set();
+  }
+
+  async limit(lim, key) {
+    const t0 = performance.now();
+    const d = await lim.limit(key);
+    const waited = performance.now() - t0;
+    if (waited > this.maxWait) this.maxWait = waited;
+    this.sources.add(d.source);
+    if (d.source === 'panic') {
+      assert.equal(d.limit, PANIC);
+      if (d.allowed) this.panicGranted.set(key, (this.panicGranted.get(key) || 0) + 1);
+      else assert.ok(d.retryAfterMs >= 1);
+    }
+    return d;
+  }
+
+  // a round of calls over several keys, some new (caller-path leases), at once
+  round(lims, keys) {
+    return Promise.all(lims.flatMap((l, i) => keys.map((k) => this.limit(l, `${k}:${i}`))));
+  }
+}
+
+function setup(client) {
+  const rl = new RateLimit(client, { timeoutMs: TIMEOUT_MS, breaker: { failures: 3, openMs: 300, latencyBudgetMs: 1e9 } });
+  const failuresAtTrip = [];
+  rl.breaker.onChange = (s) => { if (s === 'open') failuresAtTrip.push(rl.metrics().failures); };
+  const panic = new Panic({ limit: PANIC, windowMs: 3600000 }); // no refill while the test runs
+  const policy = tokenBucket('api', 100000, 1, 3600000);
+  const lims = [rl.leased(policy, { batch: 20, panic }), rl.limiter(slidingLog('log', 100000, 3600000), { panic })];
+  return { rl, lims, failuresAtTrip };
+}
+
+async function outage(t, { client, rl, lims, failuresAtTrip }, stop, resume) {
+  const caller = new Caller(rl);
+  const keys = ['rl:{k0}:a', 'rl:{k1}:a', 'rl:{k2}:a'];
+  await caller.round(lims, keys); // warm: leases held, backend known
+  assert.equal(rl.metrics().state, 'closed');
+  assert.ok(caller.sources.has('module'));
+
+  await stop();
+  let round = 0;
+  // fresh keys every round: each needs Redis (a lease or a call)
+  await waitUntil(async () => {
+    round++;
+    await caller.round(lims, [...keys, `rl:{new${round}}:a`]);
+    return rl.metrics().state === 'open';
+  }, { timeout: 30000, interval: 1, what: 'the breaker to open' });
+  // tripped on the `failures` budget: exactly 3 consecutive failures
+  assert.equal(failuresAtTrip[0], 3);
+  // while open: decisions continue at once from panic limits, never above them
+  const t0 = performance.now();
+  for (let i = 0; i < 3 * PANIC; i++) await caller.round(lims, [...keys, 'rl:{burst}:a']);
+  assert.ok(performance.now() - t0 < 3 * PANIC * MARGIN_MS);
+  assert.ok(caller.sources.has('panic'));
+  for (const [k, n] of caller.panicGranted) assert.ok(n <= PANIC, `${k}: ${n} panic grants`);
+  for (let i = 0; i < lims.length; i++) assert.equal(caller.panicGranted.get(`rl:{burst}:a:${i}`), PANIC); // filled, not more
+  const failuresOpen = rl.metrics().failures;
+
+  await resume();
+  // half-open, one probe, closed again; leases resume
+  await waitUntil(async () => {
+    await caller.round(lims, keys);
+    return rl.metrics().state === 'closed';
+  }, { timeout: 30000, interval: 20, what: 'the breaker to close again' });
+  const m = rl.metrics();
+  assert.ok(m.probesOk >= 1);
+  const leasesBefore = m.leases;
+  const fresh = await lims[0].limit('rl:{after}:a:0');
+  assert.equal(fresh.source, 'module');
+  assert.equal((await lims[0].limit('rl:{after}:a:0')).source, 'local');
+  assert.ok(rl.metrics().leases > leasesBefore);
+  assert.ok(caller.maxWait <= TIMEOUT_MS + MARGIN_MS, `a caller waited ${caller.maxWait} ms`);
+  t.diagnostic(`max wait ${caller.maxWait.toFixed(1)} ms (timeout ${TIMEOUT_MS} ms); failures at trip ${failuresAtTrip[0]}, ` +
+    `while open ${failuresOpen}; metrics ${JSON.stringify(rl.metrics())}`);
+}
+
+test('SIGSTOP: bounded waits, trip, panic limits, SIGCONT → half-open → leases resume', async (t) => {
+  const server = await startServer();
+  const { client, close } = await connect('ioredis', server.port);
+  try {
+    await outage(t, { client, ...setup(client) }, async () => server.signal('SIGSTOP'), async () => server.signal('SIGCONT'));
+  } finally {
+    server.signal('SIGCONT');
+    await close();
+    await server.close();
+  }
+});
+
+test('kill and restart: bounded waits, trip, panic limits, recovery (node-redis)', async (t) => {
+  const server = await startServer();
+  const { client, close } = await connect('node-redis5', server.port);
+  try {
+    await outage(t, { client, ...setup(client) }, () => server.kill(), () => server.start());
+  } finally {
+    await close().catch(() => {});
+    await server.close();
+  }
+});
+
+test('a slow Redis (DEBUG SLEEP) trips the latency rule, not the failure rule', async (t) => {
+  const server = await startServer();
+  const { client, close } = await connect('ioredis', server.port);
+  const sleeper = await connect('ioredis', server.port);
+  let sleeping = true;
+  try {
+    const rl = new RateLimit(client, {
+      timeoutMs: 5000,
+      breaker: { failures: 1000, latencyBudgetMs: 20, latencyPeriodMs: 200, latencyWindow: 16, openMs: 60000 },
+    });
+    const lim = rl.limiter(tokenBucket('slow', 100000, 1, 3600000));
+    for (let i = 0; i < 20; i++) assert.equal((await lim.limit('rl:{slow}:a')).source, 'module');
+    assert.equal(rl.metrics().trips, 0); // fast calls: no trip
+    const loop = (async () => { while (sleeping) await sleeper.client.call('DEBUG', 'SLEEP', '0.05'); })();
+    await waitUntil(async () => {
+      await lim.limit('rl:{slow}:a');
+      return rl.metrics().state === 'open';
+    }, { timeout: 30000, interval: 1, what: 'the latency rule to trip' });
+    sleeping = false;
+    await loop;
+    const m = rl.metrics();
+    assert.equal(m.tripsLatency, 1);
+    assert.equal(m.tripsFailures, 0);
+    assert.equal(m.failures, 0);
+    const d = await lim.limit('rl:{slow}:a');
+    assert.equal(d.source, 'panic');
+    t.diagnostic(`p95 at trip ${rl.breaker.p95().toFixed(1)} ms; ${JSON.stringify(m)}`);
+  } finally {
+    sleeping = false;
+    await close();
+    await sleeper.close();
+    await server.close();
+  }
+});
