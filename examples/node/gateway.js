@@ -1,8 +1,11 @@
 #!/usr/bin/env node
 // A small rate-limiting HTTP gateway in front of one upstream.
 //
-// Node's http module plus ioredis (`npm ci`). One RL.* call per request;
-// state is shared by every gateway instance (Python or Node) through Redis.
+// Node's http module, ioredis and the project's client library
+// redis-ratelimit (clients/node, linked by `npm ci`). One shared call per
+// request (the module's RL.* commands, or its Lua twins where the module is
+// not loaded); state is shared by every gateway instance (Python or Node)
+// through Redis.
 //
 //   node gateway.js --port 8080 --upstream http://127.0.0.1:9000 \
 //       --redis redis://127.0.0.1:6379/0 --rules ../rules.json
@@ -15,27 +18,30 @@
 //   route matches are forwarded unlimited. The file is re-read when it
 //   changes; a file that does not parse or validate is ignored (the previous
 //   rules stay) and counted in the stats.
-// * Granted: forwarded; the response carries X-RateLimit-Limit,
-//   X-RateLimit-Remaining, RateLimit and RateLimit-Policy.
-// * Denied: 429 with Retry-After and an application/problem+json body.
-// * Redis down or slower than --redis-timeout-ms: the request is decided by a
-//   local in-process token bucket holding the route's limit divided by the
-//   number of gateway instances ("instances" in the rules file), counted as a
-//   fallback. Redis is tried again --redis-retry-ms after the failure; when it
-//   answers, the gateway is back on the shared limit.
+// * Granted: forwarded; the response carries the library's headers():
+//   RateLimit-Policy, RateLimit, X-RateLimit-Limit/-Remaining/-Reset.
+// * Denied: 429 with Retry-After and the library's problem+json body.
+// * Redis down or slower than --redis-timeout-ms: the library's circuit
+//   breaker opens and its panic limits decide: a local token bucket per
+//   caller holding the route's limit divided by the number of gateway
+//   instances ("instances" in the rules file), counted as a fallback. After
+//   --redis-retry-ms one probe call goes to Redis; once it answers, the
+//   gateway is back on the shared limit.
 // * GET /_gateway/stats: counters as JSON (not forwarded, not limited).
-"use strict";
+import fs from "node:fs";
+import http from "node:http";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import Redis from "ioredis";
+import {
+  RateLimit, Panic, tokenBucket, slidingLog, slidingCounter, makeKey, headers, problem,
+} from "redis-ratelimit";
+import { callerId } from "redis-ratelimit/express";
 
-const crypto = require("crypto");
-const fs = require("fs");
-const http = require("http");
-const path = require("path");
-const Redis = require("ioredis");
-
-const COMMANDS = {
-  tokenbucket: "RL.TOKENBUCKET",
-  slidinglog: "RL.SLIDINGLOG",
-  slidingcounter: "RL.SLIDINGCOUNTER",
+const POLICIES = {
+  tokenbucket: (d, int) => tokenBucket(d.name, int("capacity"), int("rate"), int("period_ms")),
+  slidinglog: (d, int) => slidingLog(d.name, int("limit"), int("window_ms")),
+  slidingcounter: (d, int) => slidingCounter(d.name, int("limit"), int("window_ms")),
 };
 const NAME_RE = /^[A-Za-z0-9._-]{1,64}$/;
 const HOP_BY_HOP = new Set([
@@ -46,11 +52,6 @@ const STATS_PATH = "/_gateway/stats";
 
 function log(msg) {
   process.stderr.write(`gateway[${process.pid}]: ${msg}\n`);
-}
-
-// ⌈a / b⌉ for non-negative safe integers, exact.
-function ceilDiv(a, b) {
-  return Number((BigInt(a) + BigInt(b) - 1n) / BigInt(b));
 }
 
 // ------------------------------------------------------------------ rules
@@ -74,32 +75,21 @@ function parseRoute(d) {
       (!Array.isArray(d.methods) || !d.methods.every((m) => typeof m === "string"))) {
     throw new Error(`route "${name}": methods must be a list of strings`);
   }
-  if (!Object.prototype.hasOwnProperty.call(COMMANDS, d.algorithm)) {
-    throw new Error(`route "${name}": algorithm must be one of ${Object.keys(COMMANDS).join(", ")}`);
+  if (!Object.prototype.hasOwnProperty.call(POLICIES, d.algorithm)) {
+    throw new Error(`route "${name}": algorithm must be one of ${Object.keys(POLICIES).join(", ")}`);
   }
-  const r = {
+  const policy = POLICIES[d.algorithm](d, integer);
+  const cost = d.cost === undefined ? 1 : integer("cost");
+  if (cost > policy.limit) throw new Error(`route "${name}": cost is above the limit`);
+  return {
     name,
     match: d.match,
     methods: d.methods === undefined ? null : new Set(d.methods.map((m) => m.toUpperCase())),
     algorithm: d.algorithm,
+    policy,
+    cost,
+    limiter: null,
   };
-  if (d.algorithm === "tokenbucket") {
-    r.limit = integer("capacity");
-    r.rate = integer("rate");
-    r.periodMs = integer("period_ms");
-    r.args = [r.limit, r.rate, r.periodMs];
-    // Time for an empty bucket to fill: the policy's window.
-    r.windowMs = Number((BigInt(r.limit) * BigInt(r.periodMs) + BigInt(r.rate) - 1n) / BigInt(r.rate));
-  } else {
-    r.limit = integer("limit");
-    r.windowMs = integer("window_ms");
-    r.rate = r.limit;
-    r.periodMs = r.windowMs;
-    r.args = [r.limit, r.windowMs];
-  }
-  r.cost = d.cost === undefined ? 1 : integer("cost");
-  if (r.cost > r.limit) throw new Error(`route "${name}": cost is above the limit`);
-  return r;
 }
 
 function parseRules(doc) {
@@ -123,8 +113,9 @@ function routeFits(r, method, p) {
 }
 
 class RulesFile {
-  constructor(file, stats, pollMs = 200) {
+  constructor(file, stats, makeLimiter, pollMs = 200) {
     this.file = file;
+    this.makeLimiter = makeLimiter;
     this.stats = stats;
     this.sig = null;
     this.badSig = null;
@@ -153,6 +144,7 @@ class RulesFile {
       }
       return;
     }
+    for (const r of rules.routes) r.limiter = this.makeLimiter(r, rules.instances);
     this.sig = sig;
     this.rules = rules;
     this.stats.rules_loads += 1;
@@ -164,113 +156,11 @@ class RulesFile {
   }
 }
 
-// --------------------------------------------------------------- limiters
-
-// In-process fallback: one token bucket per key holding 1/instances of the
-// route's limit, refilled at 1/instances of its rate. Only approximate (a
-// window limit becomes a bucket), but it keeps the whole fleet near the
-// shared limit while Redis is away.
-class LocalLimiter {
-  constructor(maxKeys = 100000) {
-    this.buckets = new Map(); // key -> {tokens, last}
-    this.maxKeys = maxKeys;
-  }
-
-  decide(key, route, instances) {
-    const cap = Math.max(1, Math.floor(route.limit / instances));
-    const msPerToken = (route.periodMs * instances) / route.rate;
-    const now = performance.now();
-    const b = this.buckets.get(key) || { tokens: cap, last: now };
-    this.buckets.delete(key); // re-inserted below: the Map stays in last-use order
-    let tokens = Math.min(cap, b.tokens + (now - b.last) / msPerToken);
-    const cost = Math.min(route.cost, cap);
-    const allowed = tokens >= cost;
-    if (allowed) tokens -= cost;
-    if (this.buckets.size >= this.maxKeys) {
-      this.buckets.delete(this.buckets.keys().next().value);
-    }
-    this.buckets.set(key, { tokens, last: now });
-    return {
-      allowed,
-      limit: cap,
-      remaining: Math.floor(tokens),
-      retryMs: allowed ? 0 : Math.ceil((cost - tokens) * msPerToken),
-      resetMs: Math.ceil((cap - tokens) * msPerToken),
-      source: "local",
-    };
-  }
-}
-
-class Limiter {
-  constructor(url, timeoutMs, retryMs, stats) {
-    this.redis = new Redis(url, {
-      commandTimeout: timeoutMs, // a strict timeout on every call
-      connectTimeout: Math.max(timeoutMs, 500),
-      enableOfflineQueue: false, // fail at once while disconnected, never queue
-      maxRetriesPerRequest: 0,
-      retryStrategy: (times) => Math.min(times * 50, retryMs), // keep reconnecting
-    });
-    this.redisErrorLogged = false;
-    this.redis.on("error", (e) => {
-      if (!this.redisErrorLogged) log(`redis: ${e.message}`);
-      this.redisErrorLogged = true;
-    });
-    this.redis.on("ready", () => {
-      this.redisErrorLogged = false;
-    });
-    this.retryMs = retryMs;
-    this.downUntil = 0; // performance.now() ms; while in the future, skip Redis
-    this.local = new LocalLimiter();
-    this.stats = stats;
-  }
-
-  redisUp() {
-    return performance.now() >= this.downUntil;
-  }
-
-  async decide(key, route, instances) {
-    if (this.redisUp()) {
-      try {
-        const reply = await this.redis.call(COMMANDS[route.algorithm], key, ...route.args, "COST", route.cost);
-        if (!Array.isArray(reply) || reply.length !== 5) throw new Error("unexpected reply");
-        const [allowed, limit, remaining, retryMs, resetMs] = reply.map(Number);
-        this.stats.redis_decisions += 1;
-        return { allowed: allowed === 1, limit, remaining, retryMs, resetMs, source: "redis" };
-      } catch (e) {
-        // Down, slow (timeout), or answering errors (module not loaded,
-        // wrong type): fail open to the local limiter for a while.
-        this.downUntil = performance.now() + this.retryMs;
-        this.stats.redis_errors += 1;
-        log(`redis call failed (${e.message}); local limits for ${this.retryMs} ms`);
-      }
-    }
-    this.stats.fallbacks += 1;
-    return this.local.decide(key, route, instances);
-  }
-}
-
 // ------------------------------------------------------------------- HTTP
-
-function callerId(req) {
-  const apiKey = req.headers["x-api-key"];
-  if (apiKey) {
-    return "key:" + crypto.createHash("sha256").update(apiKey, "utf8").digest("hex").slice(0, 32);
-  }
-  return "ip:" + clientAddress(req);
-}
 
 function clientAddress(req) {
   const a = req.socket.remoteAddress || "unknown";
   return a.startsWith("::ffff:") ? a.slice(7) : a; // IPv4-mapped: plain IPv4
-}
-
-function rateLimitHeaders(route, d) {
-  return {
-    "X-RateLimit-Limit": String(d.limit),
-    "X-RateLimit-Remaining": String(d.remaining),
-    RateLimit: `"${route.name}";r=${d.remaining};t=${ceilDiv(d.resetMs, 1000)}`,
-    "RateLimit-Policy": `"${route.name}";q=${d.limit};w=${ceilDiv(route.windowMs, 1000)}`,
-  };
 }
 
 function sendJson(res, status, type, doc, headers = {}) {
@@ -279,24 +169,18 @@ function sendJson(res, status, type, doc, headers = {}) {
   res.end(body);
 }
 
-function problem(req, res, status, title, detail, headers = {}, ext = {}) {
-  const doc = { type: "about:blank", title, status, detail, instance: req.url.split("?")[0], ...ext };
+function errorProblem(req, res, status, title, detail, headers = {}) {
+  const doc = { type: "about:blank", title, status, detail, instance: req.url.split("?")[0] };
   sendJson(res, status, "application/problem+json", doc, headers);
 }
 
-function denied(req, res, route, d, extra) {
-  const headers = { ...extra };
-  let detail;
-  if (d.retryMs >= 0) {
-    headers["Retry-After"] = String(ceilDiv(d.retryMs, 1000));
-    detail = `Rate limit '${route.name}' exceeded (${d.limit} per ${route.windowMs / 1000} s); ` +
-      `retry in ${ceilDiv(d.retryMs, 1000)} s.`;
-  } else {
-    detail = `This request costs more than the '${route.name}' limit allows.`;
-  }
+function denied(req, res, d, extra) {
   req.resume(); // discard any request body
-  problem(req, res, 429, "Too Many Requests", detail, headers,
-    { policy: route.name, limit: d.limit, remaining: d.remaining, retry_after_ms: d.retryMs });
+  const doc = {
+    ...problem(d, req.url.split("?")[0]),
+    policy: d.policy, limit: d.limit, remaining: d.remaining, retry_after_ms: d.retryAfterMs,
+  };
+  sendJson(res, 429, "application/problem+json", doc, extra);
 }
 
 function forward(req, res, upstream, extra, stats) {
@@ -324,7 +208,7 @@ function forward(req, res, upstream, extra, stats) {
     if (res.headersSent) {
       res.destroy();
     } else {
-      problem(req, res, 502, "Bad Gateway", `upstream failed: ${e.message}`, extra);
+      errorProblem(req, res, 502, "Bad Gateway", `upstream failed: ${e.message}`, extra);
     }
   });
   req.pipe(up);
@@ -336,7 +220,7 @@ function parseArgs(argv) {
     port: 8080,
     upstream: "http://127.0.0.1:9000",
     redis: "redis://127.0.0.1:6379/0",
-    rules: path.join(__dirname, "..", "rules.json"),
+    rules: path.join(path.dirname(fileURLToPath(import.meta.url)), "..", "rules.json"),
     "redis-timeout-ms": 50,
     "redis-retry-ms": 500,
   };
@@ -364,13 +248,36 @@ function main() {
     requests: 0, granted: 0, denied: 0, unlimited: 0, redis_decisions: 0, fallbacks: 0,
     redis_errors: 0, upstream_errors: 0, rules_loads: 0, rules_errors: 0,
   };
-  const rulesFile = new RulesFile(opts.rules, stats);
-  const limiter = new Limiter(opts.redis, opts["redis-timeout-ms"], opts["redis-retry-ms"], stats);
+  const timeoutMs = opts["redis-timeout-ms"];
+  const redis = new Redis(opts.redis, {
+    connectTimeout: Math.max(timeoutMs, 500),
+    enableOfflineQueue: false, // fail at once while disconnected, never queue
+    maxRetriesPerRequest: 0,
+    retryStrategy: (times) => Math.min(times * 50, opts["redis-retry-ms"]), // keep reconnecting
+  });
+  let redisErrorLogged = false;
+  redis.on("error", (e) => {
+    if (!redisErrorLogged) log(`redis: ${e.message}`);
+    redisErrorLogged = true;
+  });
+  redis.on("ready", () => { redisErrorLogged = false; });
+  // Every call bounded by the timeout; one failure opens the breaker for
+  // --redis-retry-ms, then one probe decides whether Redis is back.
+  const rl = new RateLimit(redis, {
+    timeoutMs,
+    breaker: { failures: 1, openMs: opts["redis-retry-ms"], latencyBudgetMs: timeoutMs },
+  });
+  rl.breaker.onChange = (state) => {
+    if (state === "open") log(`redis unavailable; panic limits for ${opts["redis-retry-ms"]} ms`);
+    else if (state === "closed") log("redis answers again: shared limits");
+  };
+  const rulesFile = new RulesFile(opts.rules, stats,
+    (route, instances) => rl.limiter(route.policy, { panic: new Panic({ instances }) }));
 
   const server = http.createServer((req, res) => {
     handle(req, res).catch((e) => {
       log(`request failed: ${e.stack || e}`);
-      if (!res.headersSent) problem(req, res, 500, "Internal Server Error", "the gateway failed");
+      if (!res.headersSent) errorProblem(req, res, 500, "Internal Server Error", "the gateway failed");
       else res.destroy();
     });
   });
@@ -381,25 +288,28 @@ function main() {
       const rules = rulesFile.rules;
       sendJson(res, 200, "application/json", {
         ...stats,
-        redis: limiter.redisUp() ? "up" : "down",
+        redis_errors: rl.metrics().failures,
+        redis: rl.breaker.state === "closed" ? "up" : "down",
+        backend: rl.backend,
         instances: rules.instances,
         routes: rules.routes.map((r) => ({
-          name: r.name, match: r.match, algorithm: r.algorithm, limit: r.limit, window_ms: r.windowMs, cost: r.cost,
+          name: r.name, match: r.match, algorithm: r.algorithm, limit: r.policy.limit,
+          window_ms: r.policy.windowMs, cost: r.cost,
         })),
       });
       return;
     }
     stats.requests += 1;
-    const rules = rulesFile.rules;
     const route = rulesFile.routeFor(req.method, p);
     let extra = {};
     if (route) {
-      const key = `rl:{${callerId(req)}}:${route.name}`;
-      const d = await limiter.decide(key, route, rules.instances);
-      extra = rateLimitHeaders(route, d);
+      const d = await route.limiter.limit(makeKey(callerId(req), route.name), { cost: route.cost });
+      if (d.source === "panic") stats.fallbacks += 1;
+      else stats.redis_decisions += 1;
+      extra = headers(d);
       if (!d.allowed) {
         stats.denied += 1;
-        denied(req, res, route, d, extra);
+        denied(req, res, d, extra);
         return;
       }
       stats.granted += 1;
@@ -410,9 +320,9 @@ function main() {
   }
 
   // Give the first Redis connection a moment before taking traffic; if Redis
-  // is down at start, serve anyway on the local limits.
+  // is down at start, serve anyway on the panic limits.
   const ready = new Promise((resolve) => {
-    limiter.redis.once("ready", resolve);
+    redis.once("ready", resolve);
     setTimeout(resolve, 2000);
   });
   ready.then(() => server.listen(opts.port, opts.host, () => {

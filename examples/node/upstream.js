@@ -1,9 +1,7 @@
 #!/usr/bin/env node
 // A trivial upstream for the gateway: answers every request with a small
 // JSON echo of what it received.  node upstream.js --port 9000
-"use strict";
-
-const http = require("http");
+import http from "node:http";
 
 const args = process.argv.slice(2);
 const opt = (name, dflt) => {
