@@ -175,7 +175,7 @@ unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut
         let (d, new) = cur.step(&p, call.cost, call.partial, now);
         if d.granted > 0 && !call.dryrun && store(&key, &slot, new) {
             let abs = abs_expiry(now, d.reset_after_ms);
-            key.set_abs_expire(abs, now / 1000);
+            key.set_abs_expire(abs);
             key.signal_modified();
             listeners::replicate(ctx, name, || new.effect(abs));
         }
@@ -228,7 +228,7 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
             };
             if written {
                 let abs = abs_expiry(now, d.reset_after_ms);
-                key.set_abs_expire(abs, now / 1000);
+                key.set_abs_expire(abs);
                 key.signal_modified();
                 let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
                 listeners::replicate(ctx, name, || codec::log_grant(&g, abs));
@@ -281,7 +281,7 @@ pub unsafe extern "C" fn state(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
                 if abs == 0 {
                     key.persist();
                 } else {
-                    key.set_abs_expire(abs, clock::now_us() / 1000);
+                    key.set_abs_expire(abs);
                 }
                 key.signal_modified();
                 drop(key);

@@ -2,16 +2,102 @@
 //!
 //! The crate's convenience layer allocates (a `Vec<RedisString>` of
 //! arguments, `RedisValue` replies); a rate limiter answers every request, so
-//! the handlers talk to the raw API through these few wrappers instead. Each
-//! API pointer is checked (`if let Some`) rather than unwrapped: a missing
-//! pointer degrades to a no-op or an error reply, never a panic.
+//! the handlers talk to the raw API through these few wrappers instead.
+//!
+//! Every API function the module calls is either in [`REQUIRED`] (the module
+//! refuses to load, naming the function, unless the server provides all of
+//! them: see [`first_missing`]) or in [`OPTIONAL`] (probed where used, with a
+//! fallback that keeps the same behaviour). So a required pointer is never
+//! absent at run time, and `api!` reads it without a check; a test keeps the
+//! lists and the code in step.
 
 use std::ffi::{c_int, c_long, c_longlong, c_void, CStr};
-use std::ptr;
 
 use redis_module::raw::{
     self, RedisModuleCtx, RedisModuleKey, RedisModuleString, RedisModuleType,
 };
+
+/// A required API function, read without a check: `lib.rs` refuses to load
+/// the module unless every function in [`REQUIRED`] is present (the test
+/// `every_api_use_is_listed` keeps this list and the code in step).
+macro_rules! api {
+    ($name:ident) => {
+        match redis_module::raw::$name {
+            Some(f) => f,
+            // SAFETY: unreachable: the module did not load without it.
+            None => std::hint::unreachable_unchecked(),
+        }
+    };
+}
+pub(crate) use api;
+
+/// `(name, present)` for a table of API functions.
+pub type ApiTable = [(&'static str, fn() -> bool)];
+
+macro_rules! table {
+    ($($name:ident),* $(,)?) => {
+        &[$((stringify!($name), || unsafe { redis_module::raw::$name }.is_some())),*]
+    };
+}
+
+/// Every API function the module calls that has no fallback. All exist in
+/// Redis 7.0 (the oldest server supported) and in Valkey.
+pub static REQUIRED: &ApiTable = table![
+    // requests (ffi.rs, commands)
+    RedisModule_StringPtrLen,
+    RedisModule_ReplyWithError,
+    RedisModule_WrongArity,
+    RedisModule_ReplyWithSimpleString,
+    RedisModule_ReplyWithArray,
+    RedisModule_ReplyWithLongLong,
+    RedisModule_OpenKey,
+    RedisModule_CloseKey,
+    RedisModule_KeyType,
+    RedisModule_ModuleTypeGetType,
+    RedisModule_ModuleTypeGetValue,
+    RedisModule_ModuleTypeSetValue,
+    RedisModule_SetAbsExpire,
+    RedisModule_SetExpire,
+    RedisModule_SignalModifiedKey,
+    RedisModule_ReplicateVerbatim,
+    RedisModule_Replicate,
+    // effect skipping (listeners.rs)
+    RedisModule_GetContextFlags,
+    RedisModule_GetServerInfo,
+    RedisModule_FreeServerInfo,
+    RedisModule_ServerInfoGetFieldSigned,
+    RedisModule_ServerInfoGetFieldC,
+    RedisModule_CreateTimer,
+    RedisModule_SubscribeToServerEvent,
+    // data types (types.rs), INFO (stats.rs), memory (alloc.rs)
+    RedisModule_SaveStringBuffer,
+    RedisModule_LoadStringBuffer,
+    RedisModule_IsIOError,
+    RedisModule_EmitAOF,
+    RedisModule_DigestAddStringBuffer,
+    RedisModule_DigestEndSequence,
+    RedisModule_InfoAddSection,
+    RedisModule_InfoAddFieldULongLong,
+    RedisModule_Alloc,
+    RedisModule_Free,
+    RedisModule_Realloc,
+    // registration (lib.rs)
+    RedisModule_CreateCommand,
+    RedisModule_SetModuleOptions,
+    RedisModule_RegisterInfoFunc,
+    RedisModule_Log,
+];
+
+/// API functions used only where the server has them, each with a fallback
+/// of the same behaviour: the cached command time (Redis 7.2+, Valkey; see
+/// `clock.rs`) and the name lookup that tells Valkey's events apart
+/// (`listeners.rs`).
+pub static OPTIONAL: &ApiTable = table![RedisModule_CachedMicroseconds, RedisModule_GetApi];
+
+/// The first function of `table` the server does not provide, if any.
+pub fn first_missing(table: &ApiTable) -> Option<&'static str> {
+    table.iter().find(|(_, present)| !present()).map(|&(name, _)| name)
+}
 
 pub const OK: c_int = raw::REDISMODULE_OK as c_int;
 pub const ERR: c_int = raw::REDISMODULE_ERR as c_int;
@@ -30,9 +116,8 @@ const MAX_EXPIRE_MS: u64 = 1 << 62;
 /// `s` must be a valid `RedisModuleString` that outlives the returned slice.
 #[inline]
 pub unsafe fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
-    let Some(f) = raw::RedisModule_StringPtrLen else { return &[] };
     let mut len = 0usize;
-    let p = f(s, &mut len);
+    let p = api!(RedisModule_StringPtrLen)(s, &mut len);
     if p.is_null() {
         &[]
     } else {
@@ -42,49 +127,31 @@ pub unsafe fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
 
 #[inline]
 pub unsafe fn reply_error(ctx: *mut RedisModuleCtx, msg: &CStr) -> c_int {
-    if let Some(f) = raw::RedisModule_ReplyWithError {
-        f(ctx, msg.as_ptr());
-    }
+    api!(RedisModule_ReplyWithError)(ctx, msg.as_ptr());
     OK
 }
 
 #[inline]
 pub unsafe fn wrong_arity(ctx: *mut RedisModuleCtx) -> c_int {
-    if let Some(f) = raw::RedisModule_WrongArity {
-        f(ctx);
-    }
+    api!(RedisModule_WrongArity)(ctx);
     OK
 }
 
 #[inline]
 pub unsafe fn reply_simple(ctx: *mut RedisModuleCtx, msg: &CStr) -> c_int {
-    if let Some(f) = raw::RedisModule_ReplyWithSimpleString {
-        f(ctx, msg.as_ptr());
-    }
+    api!(RedisModule_ReplyWithSimpleString)(ctx, msg.as_ptr());
     OK
 }
 
 /// The five-integer reply.
 #[inline]
 pub unsafe fn reply_ints(ctx: *mut RedisModuleCtx, vals: [i64; 5]) -> c_int {
-    let (Some(arr), Some(ll)) = (raw::RedisModule_ReplyWithArray, raw::RedisModule_ReplyWithLongLong) else {
-        return reply_error(ctx, c"ERR module API unavailable");
-    };
-    arr(ctx, vals.len() as c_long);
+    let ll = api!(RedisModule_ReplyWithLongLong);
+    api!(RedisModule_ReplyWithArray)(ctx, vals.len() as c_long);
     for v in vals {
         ll(ctx, v as c_longlong);
     }
     OK
-}
-
-/// `Milliseconds()` of the server: the same clock as `mstime()`, which
-/// Redis 7.0's `RedisModule_SetExpire` adds the relative TTL to.
-#[inline]
-fn server_ms() -> i64 {
-    match unsafe { raw::RedisModule_Milliseconds } {
-        Some(f) => unsafe { f() },
-        None => 0,
-    }
 }
 
 /// What an opened key holds: nothing, our type's value pointer (non-NULL;
@@ -111,10 +178,7 @@ impl Key {
         } else {
             raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
         } as c_int;
-        let key = match raw::RedisModule_OpenKey {
-            Some(f) => f(ctx, name, mode),
-            None => ptr::null_mut(),
-        };
+        let key = api!(RedisModule_OpenKey)(ctx, name, mode);
         Key { ctx, key, name }
     }
 
@@ -124,23 +188,17 @@ impl Key {
         if self.key.is_null() {
             return Slot::Empty;
         }
-        let kt = match raw::RedisModule_KeyType {
-            Some(f) => f(self.key),
-            None => return Slot::WrongType,
-        };
+        let kt = api!(RedisModule_KeyType)(self.key);
         if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
             return Slot::Empty;
         }
         if kt as isize != raw::REDISMODULE_KEYTYPE_MODULE {
             return Slot::WrongType;
         }
-        let (Some(get_type), Some(get_value)) = (raw::RedisModule_ModuleTypeGetType, raw::RedisModule_ModuleTypeGetValue) else {
-            return Slot::WrongType;
-        };
-        if get_type(self.key) != ty || ty.is_null() {
+        if api!(RedisModule_ModuleTypeGetType)(self.key) != ty || ty.is_null() {
             return Slot::WrongType;
         }
-        let v = get_value(self.key);
+        let v = api!(RedisModule_ModuleTypeGetValue)(self.key);
         if v.is_null() {
             Slot::WrongType
         } else {
@@ -152,51 +210,20 @@ impl Key {
     /// caller still does.
     #[inline]
     pub unsafe fn set_value(&self, ty: *mut RedisModuleType, value: *mut c_void) -> bool {
-        match raw::RedisModule_ModuleTypeSetValue {
-            Some(f) if !self.key.is_null() => f(self.key, ty, value) == OK,
-            _ => false,
-        }
+        !self.key.is_null() && api!(RedisModule_ModuleTypeSetValue)(self.key, ty, value) == OK
     }
 
-    /// Set the key's absolute expiry (Unix ms) exactly.
-    ///
-    /// Redis 7.2+ has `SetAbsExpire`. Redis 7.0 only has the relative
-    /// `SetExpire`, which adds `mstime()` read inside the call; reading the
-    /// same clock just before and after brackets that read, and when both
-    /// agree the stored expiry is exactly `abs_ms`. That is what makes a
-    /// replica's expiry (set from the absolute time in the effect) equal the
-    /// master's to the millisecond. A tick between the two reads (rare)
-    /// just repeats the call.
-    ///
-    /// `now_ms` is a reading of the same clock taken earlier in the call; it
-    /// serves as the first "before" (if the clock ticked since, the check
-    /// after the call fails and the loop retries with fresh readings), which
-    /// saves one clock read per write.
+    /// Set the key's absolute expiry (Unix ms) exactly: the same value on
+    /// the master, its replicas and AOF replay, since the effect carries it.
     #[inline]
-    pub unsafe fn set_abs_expire(&self, abs_ms: u64, now_ms: u64) {
-        let abs = abs_ms.min(MAX_EXPIRE_MS) as i64;
-        if let Some(f) = raw::RedisModule_SetAbsExpire {
-            f(self.key, abs);
-            return;
-        }
-        let Some(set) = raw::RedisModule_SetExpire else { return };
-        let mut before = now_ms.min(MAX_EXPIRE_MS) as i64;
-        for _ in 0..8 {
-            set(self.key, (abs - before).max(0));
-            let after = server_ms();
-            if after == before {
-                return;
-            }
-            before = server_ms();
-        }
+    pub unsafe fn set_abs_expire(&self, abs_ms: u64) {
+        api!(RedisModule_SetAbsExpire)(self.key, abs_ms.min(MAX_EXPIRE_MS) as i64);
     }
 
     /// Remove any expiry (an AOF-rewrite payload carries none: Redis
     /// appends its own PEXPIREAT after it).
     pub unsafe fn persist(&self) {
-        if let Some(set) = raw::RedisModule_SetExpire {
-            set(self.key, raw::REDISMODULE_NO_EXPIRE as i64);
-        }
+        api!(RedisModule_SetExpire)(self.key, raw::REDISMODULE_NO_EXPIRE as i64);
     }
 
     /// Tell Redis the key changed (WATCH, client-side caching). The module
@@ -204,9 +231,7 @@ impl Key {
     /// the key for writing but changes nothing, does not signal.
     #[inline]
     pub unsafe fn signal_modified(&self) {
-        if let Some(f) = raw::RedisModule_SignalModifiedKey {
-            f(self.ctx, self.name);
-        }
+        api!(RedisModule_SignalModifiedKey)(self.ctx, self.name);
     }
 }
 
@@ -214,9 +239,7 @@ impl Drop for Key {
     #[inline]
     fn drop(&mut self) {
         if !self.key.is_null() {
-            if let Some(f) = unsafe { raw::RedisModule_CloseKey } {
-                unsafe { f(self.key) };
-            }
+            unsafe { api!(RedisModule_CloseKey)(self.key) };
         }
     }
 }
@@ -224,7 +247,73 @@ impl Drop for Key {
 /// Replicate the command as it was received (RL.STATE itself is
 /// deterministic: it carries an absolute expiry and no clock reads).
 pub unsafe fn replicate_verbatim(ctx: *mut RedisModuleCtx) {
-    if let Some(f) = raw::RedisModule_ReplicateVerbatim {
-        f(ctx);
+    api!(RedisModule_ReplicateVerbatim)(ctx);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_required_function_is_named() {
+        // A fake pointer table: the second and third functions are absent.
+        let table: &ApiTable = &[("RedisModule_A", || true), ("RedisModule_B", || false), ("RedisModule_C", || false)];
+        assert_eq!(first_missing(table), Some("RedisModule_B"));
+        let complete: &ApiTable = &[("RedisModule_A", || true), ("RedisModule_B", || true)];
+        assert_eq!(first_missing(complete), None);
+    }
+
+    #[test]
+    fn the_real_tables_read_the_real_pointers() {
+        // Outside a server no pointer is set: the check names the first one.
+        assert_eq!(first_missing(REQUIRED), Some("RedisModule_StringPtrLen"));
+        assert_eq!(first_missing(OPTIONAL), Some("RedisModule_CachedMicroseconds"));
+    }
+
+    /// Every API function the module's sources read (through `raw::` or
+    /// `api!`) is in REQUIRED or OPTIONAL, and no OPTIONAL one is read with
+    /// `api!`, which does not check.
+    #[test]
+    fn every_api_use_is_listed() {
+        let listed = |t: &ApiTable, n: &str| t.iter().any(|&(name, _)| name == n);
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
+        let mut files = vec![];
+        let mut dirs = vec![std::path::PathBuf::from(dir)];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|x| x == "rs") {
+                    files.push(p);
+                }
+            }
+        }
+        let mut seen = 0;
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (i, _) in text.match_indices("RedisModule_") {
+                let before = &text[..i];
+                let name: String =
+                    text[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                let via_api = before.ends_with("api!(");
+                let via_raw = before.ends_with("raw::");
+                if !(via_api || via_raw) {
+                    continue;
+                }
+                seen += 1;
+                assert!(
+                    listed(REQUIRED, &name) || listed(OPTIONAL, &name),
+                    "{} uses {name}, which is in neither ffi::REQUIRED nor ffi::OPTIONAL",
+                    f.display()
+                );
+                assert!(
+                    !(via_api && listed(OPTIONAL, &name)),
+                    "{} reads the optional {name} with api!",
+                    f.display()
+                );
+            }
+        }
+        assert!(seen > 30, "the scan found only {seen} uses");
     }
 }

@@ -45,6 +45,14 @@ fn create_command(ctx: *mut raw::RedisModuleCtx, name: &CStr, f: raw::RedisModul
 
 fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     let raw_ctx = ctx.ctx;
+    // Refuse to load, naming it, if the server lacks an API function the
+    // module calls without a fallback.
+    if let Some(name) = ffi::first_missing(ffi::REQUIRED) {
+        if unsafe { raw::RedisModule_Log }.is_some() {
+            ctx.log_warning(&format!("ratelimit: not loading: the server lacks {name}, which the module requires"));
+        }
+        return Status::Err;
+    }
     if let Some(set_options) = unsafe { raw::RedisModule_SetModuleOptions } {
         // HANDLE_IO_ERRORS: a truncated RESTORE payload makes rdb_load see
         // an error instead of aborting the server. NO_IMPLICIT_SIGNAL_MODIFIED:

@@ -27,6 +27,8 @@ use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent, RedisModuleString};
 
+use crate::ffi::api;
+
 /// False only while the last check found no replica, no backlog, and this
 /// server a master, and no event has fired since.
 static MAY_LISTEN: AtomicBool = AtomicBool::new(true);
@@ -41,9 +43,7 @@ pub unsafe fn replicate<P: AsRef<[u8]>>(ctx: *mut RedisModuleCtx, name: *mut Red
     if MAY_LISTEN.load(Relaxed) || aof_on(ctx) {
         let p = payload();
         let p = p.as_ref();
-        if let Some(f) = raw::RedisModule_Replicate {
-            f(ctx, c"RL.STATE".as_ptr(), c"sb".as_ptr(), name, p.as_ptr().cast::<c_char>(), p.len());
-        }
+        api!(RedisModule_Replicate)(ctx, c"RL.STATE".as_ptr(), c"sb".as_ptr(), name, p.as_ptr().cast::<c_char>(), p.len());
     } else {
         crate::ffi::replicate_verbatim(ctx);
     }
@@ -51,23 +51,14 @@ pub unsafe fn replicate<P: AsRef<[u8]>>(ctx: *mut RedisModuleCtx, name: *mut Red
 
 #[inline]
 unsafe fn aof_on(ctx: *mut RedisModuleCtx) -> bool {
-    match raw::RedisModule_GetContextFlags {
-        Some(f) => f(ctx) & raw::REDISMODULE_CTX_FLAGS_AOF as c_int != 0,
-        None => true,
-    }
+    api!(RedisModule_GetContextFlags)(ctx) & raw::REDISMODULE_CTX_FLAGS_AOF as c_int != 0
 }
 
 /// True when INFO replication shows a replica, a backlog, or a role other
 /// than master (or cannot be read).
 unsafe fn listeners_possible(ctx: *mut RedisModuleCtx) -> bool {
-    let (Some(get), Some(free), Some(signed), Some(text)) = (
-        raw::RedisModule_GetServerInfo,
-        raw::RedisModule_FreeServerInfo,
-        raw::RedisModule_ServerInfoGetFieldSigned,
-        raw::RedisModule_ServerInfoGetFieldC,
-    ) else {
-        return true;
-    };
+    let (get, free) = (api!(RedisModule_GetServerInfo), api!(RedisModule_FreeServerInfo));
+    let (signed, text) = (api!(RedisModule_ServerInfoGetFieldSigned), api!(RedisModule_ServerInfoGetFieldC));
     let info = get(ctx, c"replication".as_ptr());
     if info.is_null() {
         return true;
@@ -89,9 +80,7 @@ unsafe extern "C" fn recheck(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
 }
 
 unsafe fn arm(ctx: *mut RedisModuleCtx) {
-    if let Some(f) = raw::RedisModule_CreateTimer {
-        f(ctx, RECHECK_MS, Some(recheck), std::ptr::null_mut());
-    }
+    api!(RedisModule_CreateTimer)(ctx, RECHECK_MS, Some(recheck), std::ptr::null_mut());
 }
 
 unsafe extern "C" fn on_event(_ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent, _sub: u64, _data: *mut c_void) {
@@ -100,7 +89,7 @@ unsafe extern "C" fn on_event(_ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent,
 
 /// At load: subscribe to the events and start the timer.
 pub unsafe fn init(ctx: *mut RedisModuleCtx) {
-    let Some(subscribe) = raw::RedisModule_SubscribeToServerEvent else { return };
+    let subscribe = api!(RedisModule_SubscribeToServerEvent);
     let events = [
         raw::REDISMODULE_EVENT_FORK_CHILD,
         raw::REDISMODULE_EVENT_REPLICATION_ROLE_CHANGED,
