@@ -9,7 +9,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run test test-unit test-rust test-py test-clients-py venv bench profile fuzz demo soak clean
+.PHONY: all deps build run test test-unit test-rust test-py test-clients-py venv bench profile fuzz demo soak clean dist
 
 all: build
 
@@ -84,7 +84,7 @@ soak: build venv
 test-rust: build
 	RL_MODULE=$(MODULE) $(CARGO) test --release -- --test-threads=2
 
-test-py: build venv
+test-py: build venv dist
 	cd integration && RL_MODULE=$(MODULE) $(PY) -m pytest -q -x -p no:cacheprovider .
 
 # The Python client library (clients/python) against real servers.
@@ -101,7 +101,7 @@ test-clients-py: build venv $(VENV)/.clients-py
 test: test-clients-node
 test-clients-node: build
 	cd clients/node && { [ -d node_modules/ioredis ] || npm ci --no-audit --no-fund; } && \
-	  RL_MODULE=$(MODULE) node --test --test-concurrency=1 test/*.test.js
+	  RL_MODULE=$(MODULE) node --test --test-concurrency=1 test/*.test.js dist
 
 clean:
 	$(CARGO) clean
