@@ -101,7 +101,25 @@ test-clients-py: build venv $(VENV)/.clients-py
 test: test-clients-node
 test-clients-node: build
 	cd clients/node && { [ -d node_modules/ioredis ] || npm ci --no-audit --no-fund; } && \
-	  RL_MODULE=$(MODULE) node --test --test-concurrency=1 test/*.test.js dist
+	  RL_MODULE=$(MODULE) node --test --test-concurrency=1 test/*.test.js
+
+# The release tarball: dist/redis-ratelimit-<version>-linux-<arch>.tar.gz
+# holding the module (debug info stripped), README.md, LICENSE, CHANGELOG.md,
+# docs/*.md and SHA256SUMS; its checksum beside it. The Python suite unpacks it and
+# loads the packaged module into each server (integration/test_adopt.py).
+dist: build
+	@set -e; \
+	version=$$($(CARGO) metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "redis-ratelimit"))'); \
+	name=redis-ratelimit-$$version-linux-$$(uname -m); \
+	stage=$(CURDIR)/dist/$$name; rm -rf $$stage && mkdir -p $$stage; \
+	objcopy --strip-debug $(MODULE) $$stage/libredis_ratelimit.so; \
+	cp README.md LICENSE CHANGELOG.md $$stage/; mkdir $$stage/docs; cp docs/*.md $$stage/docs/; \
+	(cd $$stage && sha256sum libredis_ratelimit.so README.md LICENSE CHANGELOG.md docs/*.md > SHA256SUMS); \
+	tar -C $(CURDIR)/dist --sort=name --owner=0 --group=0 --numeric-owner \
+	    --mtime="@$$(git log -1 --format=%ct 2>/dev/null || echo 0)" -czf $(CURDIR)/dist/$$name.tar.gz $$name; \
+	rm -rf $$stage; \
+	(cd $(CURDIR)/dist && sha256sum $$name.tar.gz > $$name.tar.gz.sha256); \
+	echo "dist/$$name.tar.gz"
 
 clean:
 	$(CARGO) clean

@@ -269,7 +269,7 @@ def test_dist_tarball_loads(server_factory, tmp_path):
     assert s(mod["path"]) == so, mod
     major, minor, patch = crate_version()
     assert mod["ver"] == major * 10000 + minor * 100 + patch, mod
-    assert c.execute_command("RL.TOKENBUCKET", "rl:dist", 2, 1, 1000) == [1, 2, 1, 0, 500]
+    assert c.execute_command("RL.TOKENBUCKET", "rl:dist", 2, 1, 1000) == [1, 2, 1, 0, 1000]
     print(f"{name}.tar.gz: packaged module loaded by {srv_name(c)}; needs glibc {need}")
     c.close()
 
