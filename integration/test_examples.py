@@ -280,11 +280,10 @@ def test_headers_statuses_and_keys(env, lang):
     assert sf_params(h["ratelimit"])[1]["r"] == 0
     problem = json.loads(body)
     assert problem["status"] == 429 and problem["detail"]
-    if lang == "node":   # the client library's problem(decision) body (clients/DESIGN.md)
-        assert problem["type"] == "https://iana.org/assignments/http-problem-types#quota-exceeded"
-        assert problem["violated-policies"] == ["api"] and problem["instance"] == "/api/items"
-    else:                # TODO: the same once the Python gateway is on clients/python
-        assert problem["title"] == "Too Many Requests" and problem["type"] == "about:blank"
+    # both gateways are built on their client library: its problem(decision) body
+    assert problem["type"] == "https://iana.org/assignments/http-problem-types#quota-exceeded"
+    assert problem["title"] == "Request cannot be satisfied as assigned quota has been exceeded"
+    assert problem["violated-policies"] == ["api"] and problem["instance"] == "/api/items"
     assert problem["policy"] == "api" and problem["retry_after_ms"] > 3590000
 
     # Another API key has its own budget; so has a caller without one (its address).

@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """A small rate-limiting HTTP gateway in front of one upstream.
 
-Standard library plus redis-py (`pip install redis`). One RL.* call per
-request; state is shared by every gateway instance through Redis.
+Standard library plus the redis-ratelimit client library
+(`pip install ./clients/python`, which brings redis-py; run from the repo it
+is found without installing). One shared decision per request; state is
+shared by every gateway instance through Redis (the module, or its Lua
+twins where the module is not loaded).
 
   python3 gateway.py --port 8080 --upstream http://127.0.0.1:9000 \
       --redis redis://127.0.0.1:6379/0 --rules ../rules.json
@@ -15,21 +18,21 @@ request; state is shared by every gateway instance through Redis.
   route matches are forwarded unlimited. The file is re-read when it
   changes; a file that does not parse or validate is ignored (the previous
   rules stay) and counted in the stats.
-* Granted: forwarded; the response carries X-RateLimit-Limit,
-  X-RateLimit-Remaining, RateLimit and RateLimit-Policy.
-* Denied: 429 with Retry-After and an application/problem+json body.
-* Redis down or slower than --redis-timeout-ms: the request is decided by a
-  local in-process token bucket holding the route's limit divided by the
-  number of gateway instances ("instances" in the rules file), counted as a
-  fallback. Redis is tried again --redis-retry-ms after the failure; when it
-  answers, the gateway is back on the shared limit.
+* Granted: forwarded; the response carries the library's headers()
+  (RateLimit, RateLimit-Policy, X-RateLimit-Limit/-Remaining/-Reset).
+* Denied: 429 with Retry-After and the library's problem+json body.
+* Redis down or slower than --redis-timeout-ms: the library's circuit
+  breaker opens at the first failure and the request is decided by its
+  panic limits: the route's limit divided by the number of gateway
+  instances ("instances" in the rules file), counted as a fallback. After
+  --redis-retry-ms the breaker lets one probe through; when it succeeds the
+  gateway is back on the shared limit.
 * GET /_gateway/stats: counters as JSON (not forwarded, not limited).
 """
 import argparse
 import hashlib
 import http.client
 import json
-import math
 import os
 import re
 import sys
@@ -38,14 +41,15 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-import redis
+try:
+    import redis_ratelimit as rrl
+except ImportError:   # running from the repository without installing the package
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                    "..", "..", "clients", "python"))
+    import redis_ratelimit as rrl
 
 MAX_ARG = 2**53 - 1
-COMMANDS = {
-    "tokenbucket": "RL.TOKENBUCKET",
-    "slidinglog": "RL.SLIDINGLOG",
-    "slidingcounter": "RL.SLIDINGCOUNTER",
-}
+ALGORITHMS = ("tokenbucket", "slidinglog", "slidingcounter")
 NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 HOP_BY_HOP = {
     "connection", "keep-alive", "proxy-authenticate", "proxy-authorization",
@@ -58,10 +62,6 @@ MAX_BODY = 16 * 1024 * 1024   # request bodies are read whole before forwarding
 
 def log(msg):
     print(f"gateway[{os.getpid()}]: {msg}", file=sys.stderr, flush=True)
-
-
-def ceil_div(a, b):
-    return -(-a // b)
 
 
 # ------------------------------------------------------------------- rules
@@ -90,23 +90,22 @@ class Route:
             raise ValueError(f"route {self.name!r}: methods must be a list of strings")
         self.methods = None if methods is None else {m.upper() for m in methods}
         self.algorithm = d.get("algorithm")
-        if self.algorithm not in COMMANDS:
-            raise ValueError(f"route {self.name!r}: algorithm must be one of {sorted(COMMANDS)}")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"route {self.name!r}: algorithm must be one of {list(ALGORITHMS)}")
         if self.algorithm == "tokenbucket":
-            self.limit = integer("capacity")
-            self.rate = integer("rate")
-            self.period_ms = integer("period_ms")
-            self.args = [self.limit, self.rate, self.period_ms]
-            # Time for an empty bucket to fill: the policy's window.
-            self.window_ms = ceil_div(self.limit * self.period_ms, self.rate)
+            self.policy = rrl.token_bucket(self.name, integer("capacity"), integer("rate"),
+                                           integer("period_ms"))
+        elif self.algorithm == "slidinglog":
+            self.policy = rrl.sliding_log(self.name, integer("limit"), integer("window_ms"))
         else:
-            self.limit = integer("limit")
-            self.window_ms = integer("window_ms")
-            self.rate, self.period_ms = self.limit, self.window_ms
-            self.args = [self.limit, self.window_ms]
+            self.policy = rrl.sliding_counter(self.name, integer("limit"), integer("window_ms"))
+        self.limit = self.policy.limit
+        self.window_ms = self.policy.window_ms
         self.cost = integer("cost") if "cost" in d else 1
         if self.cost > self.limit:
             raise ValueError(f"route {self.name!r}: cost is above the limit")
+        # what makes two versions of a route the same limiter
+        self.signature = (self.algorithm, self.policy.params)
 
     def fits(self, method, path):
         if self.methods is not None and method not in self.methods:
@@ -185,50 +184,6 @@ class RulesFile:
 
 # -------------------------------------------------------------- limiters
 
-class Decision:
-    __slots__ = ("allowed", "limit", "remaining", "retry_ms", "reset_ms", "source")
-
-    def __init__(self, allowed, limit, remaining, retry_ms, reset_ms, source):
-        self.allowed = allowed
-        self.limit = limit
-        self.remaining = remaining
-        self.retry_ms = retry_ms
-        self.reset_ms = reset_ms
-        self.source = source
-
-
-class LocalLimiter:
-    """In-process fallback: one token bucket per key holding 1/instances of
-    the route's limit, refilled at 1/instances of its rate. Only approximate
-    (a window limit becomes a bucket), but it keeps the whole fleet near the
-    shared limit while Redis is away."""
-
-    MAX_KEYS = 100_000
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.buckets = {}   # key -> (tokens, last monotonic s)
-
-    def decide(self, key, route, instances):
-        cap = max(1, route.limit // instances)
-        ms_per_token = route.period_ms * instances / route.rate
-        now = time.monotonic()
-        with self.lock:
-            # pop + re-insert keeps the dict in last-use order
-            tokens, last = self.buckets.pop(key, (float(cap), now))
-            tokens = min(float(cap), tokens + (now - last) * 1000 / ms_per_token)
-            cost = min(route.cost, cap)
-            allowed = tokens >= cost
-            if allowed:
-                tokens -= cost
-            if len(self.buckets) >= self.MAX_KEYS:   # forget the least recently used
-                self.buckets.pop(next(iter(self.buckets)))
-            self.buckets[key] = (tokens, now)
-        retry = 0 if allowed else math.ceil((cost - tokens) * ms_per_token)
-        reset = math.ceil((cap - tokens) * ms_per_token)
-        return Decision(allowed, cap, int(tokens), retry, reset, "local")
-
-
 class Stats:
     def __init__(self):
         self.lock = threading.Lock()
@@ -246,34 +201,38 @@ class Stats:
 
 
 class Limiter:
+    """The library's RateLimit (backend chosen once, breaker, panic limits)
+    and one limiter per route version."""
+
     def __init__(self, url, timeout_ms, retry_ms, stats):
-        t = timeout_ms / 1000
-        self.redis = redis.Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t)
-        self.retry_s = retry_ms / 1000
-        self.down_until = 0.0     # monotonic; while in the future, skip Redis
-        self.local = LocalLimiter()
+        self.rl = rrl.RateLimit.from_url(
+            url, timeout_ms=timeout_ms,
+            breaker=rrl.Breaker(failures=1, open_ms=retry_ms))
         self.stats = stats
+        self.lock = threading.Lock()
+        self.limiters = {}    # (route name, signature, instances) -> Limiter
 
     def redis_up(self):
-        return time.monotonic() >= self.down_until
+        return self.rl.breaker.state == "closed"
 
     def decide(self, key, route, instances):
-        if self.redis_up():
-            try:
-                reply = self.redis.execute_command(
-                    COMMANDS[route.algorithm], key, *route.args, "COST", route.cost)
-                allowed, limit, remaining, retry, reset = (int(v) for v in reply)
-                self.stats.incr("redis_decisions")
-                return Decision(allowed == 1, limit, remaining, retry, reset, "redis")
-            except (redis.RedisError, OSError, ValueError, TypeError) as e:
-                # Down, slow (timeout), or answering errors (module not loaded,
-                # wrong type): fail open to the local limiter for a while.
-                self.down_until = time.monotonic() + self.retry_s
-                self.stats.incr("redis_errors")
-                log(f"redis call failed ({type(e).__name__}: {e}); local limits "
-                    f"for {self.retry_s * 1000:.0f} ms")
-        self.stats.incr("fallbacks")
-        return self.local.decide(key, route, instances)
+        k = (route.name, route.signature, instances)
+        lim = self.limiters.get(k)
+        if lim is None:
+            with self.lock:
+                if len(self.limiters) > 1000:    # rules changed many times
+                    self.limiters.clear()
+                lim = self.limiters.setdefault(
+                    k, self.rl.limiter(route.policy, panic=rrl.Panic(instances=instances)))
+        before = self.rl.breaker.state
+        d = lim.limit(key, cost=route.cost)
+        if d.source == "panic":
+            self.stats.incr("fallbacks")
+            if before == "closed":
+                log(f"redis unavailable; panic limits for {self.rl.breaker.open_s * 1000:.0f} ms")
+        else:
+            self.stats.incr("redis_decisions")
+        return d
 
 
 # ------------------------------------------------------------------- HTTP
@@ -283,17 +242,6 @@ def caller_id(headers, client_addr):
     if api_key:
         return "key:" + hashlib.sha256(api_key.encode("utf-8", "replace")).hexdigest()[:32]
     return "ip:" + client_addr
-
-
-def rate_limit_headers(route, d):
-    h = [
-        ("X-RateLimit-Limit", str(d.limit)),
-        ("X-RateLimit-Remaining", str(d.remaining)),
-        ("RateLimit", f'"{route.name}";r={d.remaining};t={ceil_div(d.reset_ms, 1000)}'),
-        ("RateLimit-Policy",
-         f'"{route.name}";q={d.limit};w={ceil_div(route.window_ms, 1000)}'),
-    ]
-    return h
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -346,7 +294,7 @@ class Handler(BaseHTTPRequestHandler):
         if route is not None:
             key = f"rl:{{{caller_id(self.headers, self.client_address[0])}}}:{route.name}"
             d = self.limiter.decide(key, route, rules.instances)
-            extra = rate_limit_headers(route, d)
+            extra = list(rrl.headers(d).items())
             if not d.allowed:
                 self.stats.incr("denied")
                 return self.denied(route, d, extra)
@@ -380,17 +328,11 @@ class Handler(BaseHTTPRequestHandler):
         self.send(resp.status, out + extra, data)
 
     def denied(self, route, d, extra):
-        headers = list(extra)
-        if d.retry_ms >= 0:
-            headers.append(("Retry-After", str(ceil_div(d.retry_ms, 1000))))
-            detail = (f"Rate limit {route.name!r} exceeded ({d.limit} per "
-                      f"{route.window_ms / 1000:g} s); retry in "
-                      f"{ceil_div(d.retry_ms, 1000)} s.")
-        else:
-            detail = f"This request costs more than the {route.name!r} limit allows."
-        self.problem(429, "Too Many Requests", detail, headers,
-                     {"policy": route.name, "limit": d.limit, "remaining": d.remaining,
-                      "retry_after_ms": d.retry_ms})
+        doc = rrl.problem(d, instance=urllib.parse.urlsplit(self.path).path)
+        doc.update({"policy": route.name, "limit": d.limit, "remaining": d.remaining,
+                    "retry_after_ms": d.retry_after_ms})
+        self.send(429, [("Content-Type", "application/problem+json"), *extra],
+                  json.dumps(doc).encode())
 
     def problem(self, status, title, detail, headers=(), ext=None):
         doc = {"type": "about:blank", "title": title, "status": status,
@@ -401,6 +343,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def stats_page(self):
         doc = self.stats.snapshot()
+        doc["redis_errors"] = self.limiter.rl.metrics()["failures"]
         rules = self.rules.rules
         doc.update({
             "redis": "up" if self.limiter.redis_up() else "down",
