@@ -9,6 +9,14 @@ import {
   UnavailableError, makeDecision, PanicBuckets, toPanic, decodeSingle, EMPTY,
 } from './ratelimit.js';
 
+// The promise's outcome (true/false; a rejection counts as false), or
+// undefined when `ms` pass first.
+function within(promise, ms) {
+  let timer;
+  const t = new Promise((resolve) => { timer = setTimeout(resolve, Math.max(0, ms), undefined); });
+  return Promise.race([promise.then((v) => v, () => false), t]).finally(() => clearTimeout(timer));
+}
+
 class Entry {
   constructor(now) {
     this.tokens = 0; // units leased and not yet spent
@@ -83,38 +91,40 @@ export class LeasedLimiter {
       return rl.count(makeDecision(cost === 0, 0, p.limit, e.tokens + (s ? s.remaining : p.limit), cost === 0 ? 0 : -1,
         s ? Math.max(0, Math.ceil(s.resetAfterMs - (now - e.sharedAt))) : 0, p.name, p.name, 'local', EMPTY, p));
     }
+    // Until the reservoir can answer: wait for the lease in flight, or take
+    // one on the caller's path; the caller waits timeoutMs at most in all.
     let source = 'local';
-    if (e.inflight !== null) {
-      if (e.shared === null) {
-        await e.inflight; // the key's first lease (first use): wait for it, bounded by timeoutMs
-      } else if (e.lastFailed) {
-        return rl.count(this.panicDecision(key, cost, now));
-      } else {
-        // a refill is on its way: deny locally, never wait on the caller's path
-        return rl.count(this.localDenial(e, now));
+    const deadline = now + rl.timeoutMs;
+    for (;;) {
+      if (e.tokens >= cost) {
+        e.tokens -= cost;
+        if (e.tokens < this.lowMark && e.inflight === null && rl.breaker.state === 'closed') this.refill(key, e);
+        if (source === 'local') return rl.count(this.localDecision(e, cost, now));
+        const s = e.shared;
+        return rl.count(makeDecision(true, cost, p.limit, e.tokens + s.remaining, 0, s.resetAfterMs, p.name, p.name, source, EMPTY, p));
       }
-    } else if (rl.breaker.state === 'closed' && this.knownShort(e, now)) {
-      // the shared limit was short a moment ago: deny locally until recheckMs
-      return rl.count(this.localDenial(e, now));
-    } else {
-      const ok = await this.refill(key, e);
-      if (ok) source = rl._backend.source;
+      const unavailable = e.lastFailed && e.inflight === null && rl.breaker.state !== 'closed';
+      if (unavailable || (e.shared === null && now >= deadline)) {
+        // Redis unavailable and the reservoir is short: the panic limits decide
+        return rl.count(this.panicDecision(key, cost, now));
+      }
+      if (e.shared !== null && (now >= deadline || (rl.breaker.state === 'closed' && this.knownShort(e, now)))) {
+        // the shared limit was short a moment ago (no new lease until
+        // recheckMs), or no lease came in time: deny from the last reply
+        const d = this.localDenial(e, now);
+        if (source === 'local') return rl.count(d);
+        return rl.count(makeDecision(false, 0, d.limit, d.remaining, d.retryAfterMs, d.resetAfterMs, p.name, p.name, source, EMPTY, p));
+      }
+      let mine = false;
+      if (e.inflight === null) {
+        this.refill(key, e);
+        mine = true;
+      }
+      const ok = await within(e.inflight, deadline - now);
+      if (mine && ok === true) source = rl._backend.source;
+      if (ok === false && e.tokens < cost) return rl.count(this.panicDecision(key, cost, performance.now()));
+      now = performance.now();
     }
-    now = performance.now();
-    if (e.tokens >= cost) {
-      e.tokens -= cost;
-      if (e.tokens < this.lowMark && e.inflight === null && rl.breaker.state === 'closed') this.refill(key, e);
-      if (source === 'local') return rl.count(this.localDecision(e, cost, now));
-      const s = e.shared;
-      return rl.count(makeDecision(true, cost, p.limit, e.tokens + s.remaining, 0, s.resetAfterMs, p.name, p.name, source, EMPTY, p));
-    }
-    if (e.shared === null || e.lastFailed) {
-      // Redis unavailable and the reservoir is short: the panic limits decide
-      return rl.count(this.panicDecision(key, cost, now));
-    }
-    const d = this.localDenial(e, now);
-    if (source === 'local') return rl.count(d);
-    return rl.count(makeDecision(false, 0, d.limit, d.remaining, d.retryAfterMs, d.resetAfterMs, p.name, p.name, source, EMPTY, p));
   }
 
   // The last lease got fewer units than it asked for, less than

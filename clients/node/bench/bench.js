@@ -1,0 +1,162 @@
+// Benchmarks of the Node client, each a ratio or a count measured in one run
+// against a redis-server this script starts (module loaded):
+//   1. local decision cost per call of a leased limiter (median, p99);
+//   2. shared calls per decision at steady load, batch 10 / 50 / 200;
+//   3. decisions per second and Redis CPU per decision, leased vs one call
+//      per decision (the ratio is the result);
+//   4. stranded tokens at idle instances before and after their refunds.
+//   node bench/bench.js [--quick] [--out FILE.md]
+import { performance } from 'node:perf_hooks';
+import { writeFileSync } from 'node:fs';
+import IORedis from 'ioredis';
+import { startServer, waitUntil } from '../test/harness.js';
+import { RateLimit, tokenBucket, slidingLog } from '../src/index.js';
+
+const args = process.argv.slice(2);
+const QUICK = args.includes('--quick');
+const OUT = args.includes('--out') ? args[args.indexOf('--out') + 1] : null;
+const BIG = 1e12; // a limit no benchmark reaches
+const lines = [];
+const say = (s = '') => { lines.push(s); console.log(s); };
+
+function pct(sorted, p) { return sorted[Math.min(sorted.length - 1, Math.ceil(p * sorted.length) - 1)]; }
+
+async function cpuUs(c) {
+  const info = await c.info('cpu');
+  const f = (k) => Number(new RegExp(`${k}:([0-9.]+)`).exec(info)[1]);
+  return (f('used_cpu_user') + f('used_cpu_sys')) * 1e6;
+}
+
+const server = await startServer();
+const redis = new IORedis(server.port, '127.0.0.1');
+try {
+  say(`# Node client benchmarks${QUICK ? ' (--quick: tiny counts, numbers not meaningful)' : ''}`);
+  say();
+  say(`node ${process.version}, redis-server on 127.0.0.1 with the module, ioredis; one run of \`node bench/bench.js\`.`);
+  say();
+
+  // 1. Local decision cost ------------------------------------------------
+  {
+    const rl = new RateLimit(redis, { timeoutMs: 1000 });
+    const lim = rl.leased(tokenBucket('local', BIG, BIG, 1000), { batch: 1e9, lowWater: 0 });
+    await lim.limit('rl:{bench}:local'); // the one lease
+    const CHUNK = 1000;
+    const CHUNKS = QUICK ? 50 : 2000;
+    const per = [];
+    for (let w = 0; w < 2; w++) {
+      per.length = 0;
+      for (let c = 0; c < CHUNKS; c++) {
+        const t0 = process.hrtime.bigint();
+        for (let i = 0; i < CHUNK; i++) await lim.limit('rl:{bench}:local');
+        per.push(Number(process.hrtime.bigint() - t0) / CHUNK);
+      }
+    }
+    per.sort((a, b) => a - b);
+    const m = rl.metrics();
+    say('## Local decision cost (leased limiter, reservoir not empty)');
+    say();
+    say(`\`await lim.limit(key)\` in chunks of ${CHUNK} calls, ${CHUNKS} chunks after one warm-up pass: ` +
+      `**median ${(pct(per, 0.5) / 1000).toFixed(3)} µs, p99 ${(pct(per, 0.99) / 1000).toFixed(3)} µs per call** ` +
+      `(goal ≤ 0.3 µs). Redis calls during the run: ${m.calls} for ${m.decisionsLocal + m.decisionsModule} decisions.`);
+    say();
+    await lim.close();
+  }
+
+  // 2. Shared calls per decision --------------------------------------------
+  say('## Shared calls per decision at steady load');
+  say();
+  say('One key, a limit no run reaches, 16 callers at once; lowWater 0.2.');
+  say();
+  say('| batch | decisions | Redis calls | calls per decision | decisions per call |');
+  say('|---:|---:|---:|---:|---:|');
+  const N = QUICK ? 2000 : 200000;
+  for (const batch of [10, 50, 200]) {
+    const rl = new RateLimit(redis, { timeoutMs: 1000 });
+    const lim = rl.leased(tokenBucket(`steady${batch}`, BIG, BIG, 1000), { batch });
+    let left = N;
+    const caller = async () => { while (left-- > 0) await lim.limit(`rl:{bench}:steady${batch}`); };
+    await Promise.all(Array.from({ length: 16 }, caller));
+    const m = rl.metrics();
+    const d = m.decisionsLocal + m.decisionsModule;
+    say(`| ${batch} | ${d} | ${m.calls} | 1/${(d / m.calls).toFixed(1)} | ${(d / m.calls).toFixed(1)} |`);
+    await lim.close();
+  }
+  say();
+
+  // 3. Throughput and Redis CPU: leased vs one call per decision -------------
+  say('## Leased vs one call per decision');
+  say();
+  const T = QUICK ? 300 : 3000;
+  const C = 64;
+  const rows = [];
+  for (const mode of ['one call per decision', 'leased, batch 50']) {
+    const rl = new RateLimit(redis, { timeoutMs: 1000 });
+    const policy = tokenBucket('tput', BIG, BIG, 1000);
+    const lim = mode.startsWith('leased') ? rl.leased(policy, { batch: 50 }) : rl.limiter(policy);
+    const keys = Array.from({ length: 100 }, (_, i) => `rl:{t${i}}:tput`);
+    await lim.limit(keys[0]);
+    const cpu0 = await cpuUs(redis);
+    const t0 = performance.now();
+    let n = 0;
+    const end = t0 + T;
+    const caller = async (j) => {
+      let i = j;
+      while (performance.now() < end) {
+        await lim.limit(keys[i++ % keys.length]);
+        n++;
+      }
+    };
+    await Promise.all(Array.from({ length: C }, (_, j) => caller(j)));
+    const secs = (performance.now() - t0) / 1000;
+    const cpu = (await cpuUs(redis)) - cpu0;
+    rows.push({ mode, rate: n / secs, cpuPer: cpu / n, calls: rl.metrics().calls });
+    if (lim.close) await lim.close();
+  }
+  say(`${C} callers in this one process for ${T / 1000} s each, 100 keys; Redis CPU from INFO cpu (user + sys).`);
+  say();
+  say('| mode | decisions/s | Redis calls | Redis CPU per decision | decisions per Redis core-second |');
+  say('|---|---:|---:|---:|---:|');
+  for (const r of rows) {
+    say(`| ${r.mode} | ${Math.round(r.rate)} | ${r.calls} | ${r.cpuPer.toFixed(3)} µs | ${Math.round(1e6 / r.cpuPer)} |`);
+  }
+  say();
+  say(`**Ratio leased / one call per decision: ${(rows[1].rate / rows[0].rate).toFixed(1)}× decisions/s in this process, ` +
+    `${(rows[0].cpuPer / rows[1].cpuPer).toFixed(1)}× decisions per Redis core-second.**`);
+  say();
+
+  // 4. Stranded tokens at idle instances ------------------------------------
+  say('## Stranded tokens at idle instances');
+  say();
+  const refund = !/ERR/.test(server.cli('RL.SLIDINGLOG', 'rl:{probe}:r', 1, 1000, 'REFUND', 1));
+  const INST = 4;
+  const KEYS = 25;
+  say(`${INST} instances (leased limiters), ${KEYS} keys each, one decision per key, then idle; ` +
+    'sliding log of 1,000,000 per hour per key, idleMs 200. "Stranded": leased by an instance, not used.');
+  say();
+  say('| batch | used | stranded at idle | stranded after refunds | server units counted before / after |');
+  say('|---:|---:|---:|---:|---|');
+  for (const batch of [10, 50, 200]) {
+    const rl = new RateLimit(redis, { timeoutMs: 1000 });
+    const policy = slidingLog(`idle${batch}`, 1000000, 3600000);
+    const lims = Array.from({ length: INST }, () => rl.leased(policy, { batch, idleMs: 200 }));
+    const keys = Array.from({ length: KEYS }, (_, i) => `rl:{idle${batch}-${i}}:x`);
+    for (const l of lims) for (const k of keys) await l.limit(k);
+    const stranded = lims.reduce((s, l) => s + l.stranded(), 0);
+    const counted = () => keys.reduce((s, k) => s + 1000000 - Number(server.cli('RL.SLIDINGLOG', k, 1000000, 3600000, 'COST', 0).split('\n')[2]), 0);
+    const before = counted();
+    let after = '-';
+    let strandedAfter = 'no REFUND in this module build';
+    if (refund) {
+      await waitUntil(() => lims.every((l) => l.stranded() === 0 && l.map.size === 0 && l.pending.size === 0), { what: 'idle refunds' });
+      strandedAfter = String(lims.reduce((s, l) => s + l.stranded(), 0));
+      after = String(counted());
+    }
+    say(`| ${batch} | ${INST * KEYS} | ${stranded} | ${strandedAfter} | ${before} / ${after} |`);
+    for (const l of lims) await l.close();
+  }
+  say();
+} finally {
+  redis.disconnect();
+  await server.close();
+}
+if (OUT) writeFileSync(OUT, lines.join('\n') + '\n');
