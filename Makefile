@@ -96,12 +96,21 @@ test-clients-py: build venv $(VENV)/.clients-py
 	cd clients/python && RL_MODULE=$(MODULE) $(PY) -m pytest -q -x -p no:cacheprovider tests
 
 # The Node client library (clients/node): its locked dev dependencies, then
-# node --test against servers the tests start themselves.
-.PHONY: test-clients-node
+# node --test against servers the tests start themselves, then its benchmark
+# once with tiny counts (make bench-clients-node for the real run).
+.PHONY: test-clients-node bench-clients-node
 test: test-clients-node
-test-clients-node: build
-	cd clients/node && { [ -d node_modules/ioredis ] || npm ci --no-audit --no-fund; } && \
-	  RL_MODULE=$(MODULE) node --test --test-concurrency=1 test/*.test.js
+bench: bench-clients-node
+clients/node/node_modules/.installed: clients/node/package-lock.json
+	cd clients/node && npm ci --no-audit --no-fund
+	touch $@
+
+test-clients-node: build clients/node/node_modules/.installed
+	cd clients/node && RL_MODULE=$(MODULE) node --test --test-concurrency=1 test/*.test.js
+	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --quick --out /tmp/rl-node-bench-quick.md >/dev/null
+
+bench-clients-node: build clients/node/node_modules/.installed
+	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --out BENCH.md
 
 # The release tarball: dist/redis-ratelimit-<version>-linux-<arch>.tar.gz
 # holding the module (debug info stripped), README.md, LICENSE, CHANGELOG.md,

@@ -5,4 +5,4 @@ export { LeasedLimiter } from './leased.js';
 export { Breaker } from './breaker.js';
 export { headers, problem } from './headers.js';
 export { SCRIPTS, BackendError } from './backend.js';
-export { expressRateLimit } from './express.js';
+export { expressRateLimit, callerId } from './express.js';

@@ -1,0 +1,173 @@
+// Types for redis-ratelimit (hand-written; the code is plain ESM JavaScript).
+
+/** Any supported client: ioredis Redis / Cluster, node-redis v4+ client / cluster. */
+export type RedisLike = object;
+
+export type Source = 'module' | 'lua' | 'local' | 'panic';
+
+export interface Policy {
+  readonly kind: 'tokenBucket' | 'slidingLog' | 'slidingCounter';
+  readonly name: string;
+  /** capacity or limit */
+  readonly limit: number;
+  /** the window for headers (token bucket: the time an empty bucket takes to fill) */
+  readonly windowMs: number;
+  /** RL.MULTI WEIGHT inside allOf (default 1) */
+  readonly weight: number;
+  /** the same policy with RL.MULTI's WEIGHT w */
+  weighted(w: number): Policy;
+}
+
+export interface AllOf {
+  readonly kind: 'allOf';
+  readonly name: string;
+  readonly parts: readonly Policy[];
+}
+
+export function tokenBucket(name: string, capacity: number, rate: number, periodMs: number): Policy;
+export function slidingLog(name: string, limit: number, windowMs: number): Policy;
+export function slidingCounter(name: string, limit: number, windowMs: number): Policy;
+/** 1-16 distinct-named policies, all or nothing (RL.MULTI). Default name: the part names joined by '+'. */
+export function allOf(parts: Policy[], opts?: { name?: string }): AllOf;
+
+export interface Part {
+  readonly policy: string;
+  readonly granted: number;
+  readonly limit: number;
+  readonly remaining: number;
+  readonly retryAfterMs: number;
+  readonly resetAfterMs: number;
+}
+
+export interface Decision {
+  /** all `cost` units were granted */
+  readonly allowed: boolean;
+  /** units granted (partial: 0..cost); for refund: units given back */
+  readonly granted: number;
+  readonly limit: number;
+  readonly remaining: number;
+  /** 0 when granted; else ms until the same call could be granted (≥ 1); -1 when it never can */
+  readonly retryAfterMs: number;
+  readonly resetAfterMs: number;
+  /** the policy's name (allOf: its own name) */
+  readonly policy: string;
+  /** the binding policy's name */
+  readonly binding: string;
+  readonly source: Source;
+  /** allOf: one Part per policy; empty for a single policy */
+  readonly parts: readonly Part[];
+  /** the policy object the decision was made for */
+  readonly rule: Policy | AllOf;
+}
+
+export interface LimitOptions { cost?: number; partial?: boolean; dryRun?: boolean }
+
+export interface BreakerOptions {
+  /** consecutive failures that open the breaker (default 5) */
+  failures?: number;
+  /** p95 latency budget (default 50 ms) ... */
+  latencyBudgetMs?: number;
+  /** ... exceeded for this long opens the breaker (default 1000 ms) */
+  latencyPeriodMs?: number;
+  /** latencies the p95 is taken over (default 64) */
+  latencyWindow?: number;
+  /** open this long before one half-open probe (default 1000 ms) */
+  openMs?: number;
+}
+
+export class Breaker {
+  constructor(opts?: BreakerOptions);
+  readonly state: 'closed' | 'open' | 'halfOpen';
+  readonly lastTrip: 'failures' | 'latency' | null;
+  /** called on every state change */
+  onChange: ((state: 'closed' | 'open' | 'halfOpen') => void) | null;
+  p95(): number;
+}
+
+export interface PanicOptions { instances?: number; limit?: number; windowMs?: number }
+/** Panic limits: limit // instances per key (default instances 1), or a fixed limit per windowMs. */
+export class Panic {
+  constructor(opts?: PanicOptions);
+}
+
+export interface Metrics {
+  decisionsModule: number; decisionsLua: number; decisionsLocal: number; decisionsPanic: number;
+  denied: number; calls: number; failures: number;
+  leases: number; leaseTokens: number; refunds: number; refundTokens: number;
+  trips: number; tripsFailures: number; tripsLatency: number;
+  probesOk: number; probesFailed: number;
+  state: 'closed' | 'open' | 'halfOpen';
+}
+
+export interface RateLimitOptions {
+  /** every Redis call's timeout (default 5) */
+  timeoutMs?: number;
+  backend?: 'auto' | 'module' | 'lua';
+  breaker?: Breaker | BreakerOptions;
+}
+
+export class RateLimit {
+  constructor(client: RedisLike, opts?: RateLimitOptions);
+  /** 'module' | 'lua' once known, else null */
+  readonly backend: 'module' | 'lua' | null;
+  readonly breaker: Breaker;
+  readonly timeoutMs: number;
+  detect(): Promise<'module' | 'lua'>;
+  limiter(policy: Policy | AllOf, opts?: { panic?: Panic | PanicOptions; maxKeys?: number }): Limiter;
+  leased(policy: Policy, opts?: LeasedOptions): LeasedLimiter;
+  metrics(): Metrics;
+}
+
+export class Limiter {
+  readonly policy: Policy | AllOf;
+  /** allOf: one key (each part uses `${key}:${part.name}`) or one key per part */
+  limit(key: string | string[], opts?: LimitOptions): Promise<Decision>;
+  refund(key: string | string[], n: number): Promise<Decision>;
+}
+
+export interface LeasedOptions {
+  /** units per lease (default 50, at most the policy's limit) */
+  batch?: number;
+  /** refill in the background below lowWater × batch (default 0.2) */
+  lowWater?: number;
+  /** keys kept (LRU, default 10000) */
+  maxKeys?: number;
+  /** a key unused this long gives its units back with REFUND (default 5000) */
+  idleMs?: number;
+  /** after a short lease, no new lease for min(retry, recheckMs) (default 250) */
+  recheckMs?: number;
+  panic?: Panic | PanicOptions;
+}
+
+export class LeasedLimiter {
+  readonly policy: Policy;
+  limit(key: string, opts?: { cost?: number }): Promise<Decision>;
+  /** back into the local reservoir (capped at batch); no I/O */
+  refund(key: string, n: number): Decision;
+  /** units held in this instance's reservoirs */
+  stranded(): number;
+  /** give every reservoir back (REFUND) and stop */
+  close(): Promise<void>;
+}
+
+export function makeKey(tag: string, ...parts: Array<string | number | { prefix?: string }>): string;
+export function keySlot(key: string | Uint8Array): number;
+export function assertSameSlot(keys: string[]): void;
+export class CrossSlotError extends Error {}
+export class UnavailableError extends Error {}
+export class UnsupportedError extends Error {}
+export class BackendError extends Error {}
+export const SCRIPTS: Record<string, { text: string; sha: string }>;
+
+export function headers(d: Decision): Record<string, string>;
+export function problem(d: Decision, instance?: string): {
+  type: string; title: string; status: 429; detail: string; 'violated-policies': string[]; instance?: string;
+};
+
+/** Express / connect middleware: headers on every limited response, 429 + problem+json on denial. */
+export function expressRateLimit(
+  limiter: Limiter | LeasedLimiter,
+  opts?: { key?: (req: any) => string | string[]; cost?: (req: any) => number },
+): (req: any, res: any, next: (err?: unknown) => void) => void;
+/** `key:<sha256(X-Api-Key), 32 hex>`, else `ip:<client address>` */
+export function callerId(req: any): string;

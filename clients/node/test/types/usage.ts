@@ -1,0 +1,24 @@
+// Compiled by tsc --noEmit in types.test.js: the declarations describe the API as used.
+import {
+  RateLimit, tokenBucket, slidingLog, allOf, Panic, headers, problem, makeKey, keySlot, expressRateLimit,
+  type Decision, type Metrics,
+} from 'redis-ratelimit';
+
+declare const client: object;
+const rl = new RateLimit(client, { timeoutMs: 5, backend: 'auto', breaker: { failures: 3, openMs: 500 } });
+const api = tokenBucket('api', 100, 100, 60000);
+const both = allOf([api, slidingLog('day', 10000, 86400000).weighted(2)], { name: 'both' });
+async function f(): Promise<void> {
+  const d: Decision = await rl.limiter(both, { panic: new Panic({ instances: 4 }) }).limit(makeKey('t', 'u'), { cost: 2, partial: true });
+  const h: Record<string, string> = headers(d);
+  const body = problem(d, '/x');
+  const lim = rl.leased(api, { batch: 50, lowWater: 0.2, maxKeys: 1000, idleMs: 5000, recheckMs: 250, panic: { limit: 10, windowMs: 1000 } });
+  const l: Decision = await lim.limit('k', { cost: 1 });
+  const s: number = lim.stranded() + keySlot('k') + body.status + l.remaining + Object.keys(h).length;
+  const m: Metrics = rl.metrics();
+  const mw = expressRateLimit(lim, { key: (req) => String(req.ip) });
+  void s; void m; void mw; void (await lim.close());
+  // @ts-expect-error: a leased limiter takes a single policy
+  rl.leased(both);
+}
+void f;
