@@ -57,8 +57,9 @@ test-fuzz: deps
 	./fuzz/run.sh 15
 
 # Benchmarks against INCR and the Lua twins; writes BENCHMARKS.md and docs/.
-bench: build venv
+bench: build venv $(VENV)/.clients-py
 	$(PY) bench/bench.py
+	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py
 
 # Instructions per request under callgrind (deterministic, unlike
 # requests/s): where a request's time goes. Writes docs/PROFILE.md.
@@ -94,6 +95,7 @@ $(VENV)/.clients-py: clients/python/requirements.txt $(PY)
 
 test-clients-py: build venv $(VENV)/.clients-py
 	cd clients/python && RL_MODULE=$(MODULE) $(PY) -m pytest -q -x -p no:cacheprovider tests
+	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py --quick --out /tmp/rl-clients-py-bench.md
 
 # The Node client library (clients/node): its locked dev dependencies, then
 # node --test against servers the tests start themselves, then its benchmark
