@@ -22,3 +22,20 @@ def test_packaged_scripts_equal_the_projects():
 def test_public_names():
     for name in redis_ratelimit.__all__:
         assert getattr(redis_ratelimit, name) is not None, name
+
+
+def test_wheel_ships_the_scripts(tmp_path):
+    """`pip install ./clients/python` gets the Lua twins inside the package."""
+    import subprocess
+    import sys
+    import zipfile
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
+                        "--no-build-isolation", "-w", str(tmp_path), here],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    (whl,) = tmp_path.glob("redis_ratelimit-*.whl")
+    names = set(zipfile.ZipFile(whl).namelist())
+    for f in os.listdir(PKG_LUA):
+        assert f"redis_ratelimit/lua/{f}" in names
+    assert "redis_ratelimit/asgi.py" in names and "redis_ratelimit/aio.py" in names
