@@ -1,0 +1,173 @@
+// allOf (RL.MULTI and multi.lua) and refunds (REFUND). Where the module
+// build or the packaged scripts lack them, those tests say so and skip.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { startServer, Cluster } from './harness.js';
+import { connect } from './clients.js';
+import {
+  RateLimit, tokenBucket, slidingLog, slidingCounter, allOf, makeKey, headers, problem, CrossSlotError,
+  UnsupportedError, SCRIPTS,
+} from '../src/index.js';
+
+let server;
+let has;
+before(async () => {
+  server = await startServer();
+  has = {
+    multi: /RL\.MULTI|rl\.multi/i.test(server.cli('COMMAND', 'INFO', 'RL.MULTI')),
+    refund: !/ERR/.test(server.cli('RL.TOKENBUCKET', 'rl:{probe}:r', 1, 1, 1000, 'REFUND', 1)),
+    luaMulti: Boolean(SCRIPTS.multi),
+  };
+  has.luaRefund = !/ERR/.test(server.cli('EVAL', SCRIPTS.tokenbucket.text, 1, 'rl:{probe}:l', 1, 1, 1000, 'REFUND', 1));
+});
+after(async () => { await server.close(); });
+
+const perSecond = tokenBucket('s', 5, 5, 1000);
+const perDay = slidingLog('day', 8, 86400000);
+const bytes = slidingCounter('bytes', 1000, 60000).weighted(100);
+
+test('allOf keys that cannot share a cluster slot: CrossSlotError before any call', async () => {
+  const { client, close } = await connect('ioredis', server.port);
+  try {
+    const rl = new RateLimit(client, { timeoutMs: 2000 });
+    const lim = rl.limiter(allOf([perSecond, perDay]));
+    await assert.rejects(lim.limit(['rl:{a}:s', 'rl:{b}:day']), CrossSlotError);
+    await assert.rejects(lim.limit(['rl:{a}:s', 'rl:{a}:s']), RangeError);
+    assert.equal(rl.metrics().calls, 0);
+  } finally { await close(); }
+});
+
+async function allOrNothing(t, backend, kind = 'ioredis', ports = server.port, cluster = false) {
+  const { client, close } = await connect(kind, ports, { cluster });
+  try {
+    const rl = new RateLimit(client, { timeoutMs: 2000, backend });
+    const rule = allOf([perSecond, perDay, bytes], { name: 'api' });
+    const lim = rl.limiter(rule);
+    const key = makeKey(`all-${backend}-${kind}`, 'u1');
+    const out = [];
+    for (let i = 0; i < 7; i++) out.push(await lim.limit(key));
+    // the bucket (5) binds first: 5 grants, then denials that take nothing
+    assert.deepEqual(out.map((d) => d.allowed), [true, true, true, true, true, false, false]);
+    assert.equal(out[0].source, backend);
+    assert.equal(out[0].policy, 'api');
+    assert.deepEqual(out[0].parts.map((p) => [p.policy, p.granted, p.limit, p.remaining]),
+      [['s', 1, 5, 4], ['day', 1, 8, 7], ['bytes', 100, 1000, 900]]);
+    // granted: the binding part has the fewest whole requests left (bytes: 9, s: 4)
+    assert.equal(out[0].binding, 's');
+    assert.equal(out[4].binding, 's');
+    assert.equal(out[4].remaining, 0);
+    const denied = out[5];
+    assert.equal(denied.binding, 's');
+    assert.ok(denied.retryAfterMs > 0 && denied.retryAfterMs <= 200);
+    assert.deepEqual(denied.parts.map((p) => p.granted), [0, 0, 0]);
+    assert.deepEqual(problem(denied)['violated-policies'], ['s']);
+    const h = headers(denied);
+    assert.equal(h['RateLimit-Policy'], '"s";q=5;w=1, "day";q=8;w=86400, "bytes";q=1000;w=60');
+    assert.match(h.RateLimit, /^"s";r=0;t=1$/);
+    assert.equal(h['Retry-After'], '1');
+    // nothing was taken by the denials: the day log holds exactly 5
+    const day = await rl.limiter(perDay).limit(`${key}:day`, { cost: 0 });
+    assert.equal(day.remaining, 3);
+    // partial: as many whole requests as every part allows
+    const p = await lim.limit(makeKey(`partial-${backend}-${kind}`, 'u'), { cost: 20, partial: true });
+    assert.equal(p.granted, 5);
+    assert.equal(p.allowed, false);
+    t.diagnostic(`${backend}/${kind}: ${JSON.stringify(out.map((d) => [d.allowed, d.binding, d.remaining]))}`);
+    return out;
+  } finally { await close(); }
+}
+
+test('allOf on the module: all or nothing, binding part, headers', async (t) => {
+  if (!has.multi) { t.skip('this module build has no RL.MULTI'); return; }
+  await allOrNothing(t, 'module');
+});
+
+test('allOf on the Lua twins (multi.lua): the same', async (t) => {
+  if (!has.luaMulti) { t.skip('this package ships no multi.lua'); return; }
+  await allOrNothing(t, 'lua');
+});
+
+test('allOf on a cluster, ioredis and node-redis, module and Lua', async (t) => {
+  if (!has.multi || !has.luaMulti) { t.skip('RL.MULTI or multi.lua missing'); return; }
+  const cluster = await Cluster.start(3);
+  try {
+    const ports = cluster.nodes.map((s) => s.port);
+    for (const kind of ['ioredis', 'node-redis5', 'node-redis4']) {
+      for (const backend of ['module', 'lua']) await allOrNothing(t, backend, kind, ports, true);
+    }
+  } finally { await cluster.close(); }
+});
+
+test('allOf without RL.MULTI on the module: UnsupportedError, not a silent fallback', async (t) => {
+  if (has.multi) { t.skip('this module build has RL.MULTI'); return; }
+  const { client, close } = await connect('ioredis', server.port);
+  try {
+    const rl = new RateLimit(client, { timeoutMs: 2000, backend: 'module' });
+    await assert.rejects(rl.limiter(allOf([perSecond, perDay])).limit(makeKey('u', 'x')), UnsupportedError);
+  } finally { await close(); }
+});
+
+test('allOf panic decisions: every part\'s panic bucket, all or nothing', async () => {
+  const { client, close } = await connect('ioredis', server.port, { ioredisOpts: { enableOfflineQueue: false } });
+  await close(); // unavailable: every call fails at once
+  const rl = new RateLimit(client, { timeoutMs: 50 });
+  const lim = rl.limiter(allOf([perSecond, perDay]), { panic: { instances: 2 } }); // 2 per s, 4 per day
+  const out = [];
+  for (let i = 0; i < 4; i++) out.push(await lim.limit(makeKey('p', 'u')));
+  assert.deepEqual(out.map((d) => [d.source, d.allowed]), [['panic', true], ['panic', true], ['panic', false], ['panic', false]]);
+  assert.deepEqual(out[1].parts.map((p) => [p.policy, p.limit, p.remaining]), [['s', 2, 0], ['day', 4, 2]]);
+  assert.equal(out[2].binding, 's');
+  assert.deepEqual(out[2].parts.map((p) => p.granted), [0, 0]);
+  assert.equal(headers(out[2])['RateLimit-Policy'], '"s";q=2;w=1, "day";q=4;w=86400');
+  assert.equal(headers(out[2])['Retry-After'], '1');
+});
+
+test('refund gives units back (module and Lua, single and allOf)', async (t) => {
+  const { client, close } = await connect('node-redis5', server.port);
+  try {
+    for (const backend of ['module', 'lua']) {
+      if (backend === 'module' && !has.refund) { t.diagnostic('module: no REFUND in this build'); continue; }
+      if (backend === 'lua' && !has.luaRefund) { t.diagnostic('lua: no REFUND in the packaged scripts'); continue; }
+      const rl = new RateLimit(client, { timeoutMs: 2000, backend });
+      const lim = rl.limiter(perDay);
+      const key = makeKey(`refund-${backend}`, 'u');
+      await lim.limit(key, { cost: 8 });
+      assert.equal((await lim.limit(key)).allowed, false);
+      const r = await lim.refund(key, 3);
+      assert.equal(r.granted, 3);
+      assert.equal(r.remaining, 3);
+      assert.equal(r.source, backend);
+      assert.equal((await lim.limit(key, { cost: 3 })).allowed, true);
+      assert.equal(rl.metrics().refundTokens, 3);
+      if ((backend === 'module' && has.multi) || (backend === 'lua' && has.luaMulti)) {
+        const all = rl.limiter(allOf([perSecond, perDay]));
+        const k2 = makeKey(`refund-all-${backend}`, 'u');
+        await all.limit(k2, { cost: 4 });
+        const rr = await all.refund(k2, 2);
+        assert.equal(rr.granted, 2);
+        assert.deepEqual(rr.parts.map((p) => [p.policy, p.granted]), [['s', 2], ['day', 2]]);
+      }
+    }
+  } finally { await close(); }
+});
+
+test('leased: an idle key gives its unused units back; close() gives back the rest', async (t) => {
+  if (!has.refund) { t.skip('this module build has no REFUND'); return; }
+  const { client, close } = await connect('ioredis', server.port);
+  try {
+    const rl = new RateLimit(client, { timeoutMs: 2000 });
+    const policy = slidingLog('idle', 1000, 3600000);
+    const lim = rl.leased(policy, { batch: 100, idleMs: 50 });
+    const counted = (k) => 1000 - Number(server.cli('RL.SLIDINGLOG', k, 1000, 3600000, 'COST', 0).split('\n')[2]);
+    await lim.limit('rl:{idle}:a', { cost: 3 });
+    assert.equal(counted('rl:{idle}:a'), 100);
+    assert.equal(lim.stranded(), 97);
+    const { waitUntil } = await import('./harness.js');
+    await waitUntil(() => counted('rl:{idle}:a') === 3, { what: 'the idle refund' });
+    assert.equal(lim.stranded(), 0);
+    await lim.limit('rl:{idle}:b');
+    await lim.close();
+    assert.equal(counted('rl:{idle}:b'), 1);
+    assert.equal(rl.metrics().refundTokens, 97 + 99);
+  } finally { await close(); }
+});
