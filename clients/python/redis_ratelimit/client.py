@@ -102,6 +102,12 @@ class RateLimit(_Base):
         if _timeout_of(client) is None:
             raise ValueError("the redis client needs a socket_timeout (every call must be "
                              "bounded); or use RateLimit.from_url(url, timeout_ms=5)")
+        if isinstance(client, RedisCluster) and client.cluster_error_retry_attempts > 0:
+            raise ValueError(
+                "a RedisCluster client retries a timed-out call (cluster_error_retry_attempts="
+                f"{client.cluster_error_retry_attempts}), so one call could take several "
+                "timeouts: create it with cluster_error_retry_attempts=0 "
+                "(RateLimit.from_url(url, cluster=True) does)")
         self._setup(client, backend, breaker)
         self.timeout_s = _timeout_of(client)
         self._lock = threading.Lock()
@@ -110,7 +116,8 @@ class RateLimit(_Base):
     def from_url(cls, url, timeout_ms=5, cluster=False, **kw):
         t = timeout_ms / 1000
         if cluster:
-            client = RedisCluster.from_url(url, socket_timeout=t, socket_connect_timeout=t)
+            client = RedisCluster.from_url(url, socket_timeout=t, socket_connect_timeout=t,
+                                           cluster_error_retry_attempts=0)
         else:
             client = redis.Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t)
         return cls(client, **kw)

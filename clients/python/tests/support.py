@@ -28,7 +28,7 @@ def client(port, timeout=5.0):
 
 def cluster_client(port, timeout=5.0):
     return RedisCluster(host="127.0.0.1", port=port, socket_timeout=timeout,
-                        socket_connect_timeout=timeout)
+                        socket_connect_timeout=timeout, cluster_error_retry_attempts=0)
 
 
 def sequence(seed, n, with_multi, with_refund):

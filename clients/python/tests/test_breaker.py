@@ -171,3 +171,34 @@ def test_async_sigstop_bounded_by_timeout(server):
         await rl.client.aclose()
 
     asyncio.run(main())
+
+
+def test_cluster_node_stalled(cluster):
+    """A stalled cluster node: calls stay within the timeout, the breaker
+    opens, panic limits decide; SIGCONT and the module decides again. A
+    cluster client that would retry a timed-out call is refused."""
+    from redis.cluster import RedisCluster
+    from redis.crc import key_slot
+    from support import cluster_client
+    port = cluster.nodes[0].port
+    with pytest.raises(ValueError, match="cluster_error_retry_attempts"):
+        RateLimit(RedisCluster(host="127.0.0.1", port=port, socket_timeout=1))
+    rl = RateLimit(cluster_client(port, TIMEOUT_MS / 1000),
+                   breaker=Breaker(failures=3, open_ms=300))
+    lim = rl.limiter(POLICY, panic=Panic(limit=PANIC))
+    key = "rl:{c}:api"
+    assert lim.limit(key).source == "module"
+    victim = cluster.owner(key_slot(key.encode()))
+    victim.proc.send_signal(signal.SIGSTOP)
+    try:
+        ds = []
+        for _ in range(10):
+            d, took = timed(lim.limit, key)
+            ds.append(d)
+            assert took < TIMEOUT_MS / 1000 + MARGIN_S, took
+        assert [d.source for d in ds] == ["panic"] * 10
+        assert sum(d.allowed for d in ds) == PANIC
+        assert rl.metrics()["trips"] == 1
+    finally:
+        victim.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: lim.limit(key).source == "module", timeout=30, what="breaker closed")
