@@ -132,6 +132,13 @@ dist: build
 	(cd $(CURDIR)/dist && sha256sum $$name.tar.gz > $$name.tar.gz.sha256); \
 	echo "dist/$$name.tar.gz"
 
+# lua/*.lua are generated from lua/src/ (python3 lua/build.py); make test
+# checks that the committed ones are what the generator writes.
+.PHONY: lua-check
+test: lua-check
+lua-check:
+	python3 lua/build.py --check
+
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV)

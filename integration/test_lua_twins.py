@@ -28,7 +28,10 @@ import hashlib
 import os
 import random
 import re
+import shutil
 import socket
+import subprocess
+import sys
 
 import pytest
 import redis
@@ -45,20 +48,43 @@ FILES = {
 CMDS = list(FILES)
 
 
-def source(cmd):
-    with open(os.path.join(LUA_DIR, FILES[cmd])) as f:
+# Every file lua/build.py generates from lua/src/.
+GENERATED = sorted(n for n in os.listdir(os.path.join(LUA_DIR, "src")) if n.endswith(".lua"))
+
+
+def generated(name):
+    with open(os.path.join(LUA_DIR, name)) as f:
         return f.read()
 
 
-class Twins:
-    """The three scripts loaded on one server, called like the commands."""
+def source(cmd):
+    return generated(FILES[cmd])
 
-    def __init__(self, client):
-        self.c = client
+
+FUNCTIONS = {"RL.TOKENBUCKET": "rl_tokenbucket", "RL.SLIDINGLOG": "rl_slidinglog",
+             "RL.SLIDINGCOUNTER": "rl_slidingcounter", "RL.MULTI": "rl_multi"}
+
+
+class Twins:
+    """The scripts loaded on one server, called like the commands: with
+    EVALSHA (mode "eval"), or the same limiters from lua/library.lua with
+    FCALL (mode "fcall")."""
+
+    def __init__(self, client, mode="eval"):
+        self.c, self.mode = client, mode
         self.sha = {cmd: client.script_load(source(cmd)) for cmd in CMDS}
+        if mode == "fcall":
+            client.function_load(generated("library.lua"), replace=True)
+
+    def send(self, p, cmd, key, *args):
+        """Queue (on a pipeline) or make the call; `key` may be a list."""
+        keys = key if isinstance(key, list) else [key]
+        if self.mode == "fcall":
+            return p.fcall(FUNCTIONS[cmd], len(keys), *keys, *args)
+        return p.evalsha(self.sha[cmd], len(keys), *keys, *args)
 
     def __call__(self, cmd, key, *args):
-        return self.c.evalsha(self.sha[cmd], 1, key, *args)
+        return self.send(self.c, cmd, key, *args)
 
 
 def now_us(c):
@@ -261,32 +287,49 @@ def test_scripts_load_with_script_load(tw):
         assert tw.c.script_exists(tw.sha[cmd]) == [True]
 
 
-def test_scripts_touch_only_their_declared_key():
-    """Cluster safety: every redis.call except TIME names `key` (= KEYS[1])."""
-    for cmd in CMDS:
-        src = source(cmd)
-        assert re.search(r"^local key = KEYS\[1\]$", src, re.M)
-        calls = re.findall(r"redis\.p?call\(\s*'([A-Z]+)'\s*(?:,\s*([A-Za-z_\[\]0-9]+))?", src)
-        assert calls
-        for name, first in calls:
-            if name == "TIME":
+def test_scripts_touch_only_their_declared_keys():
+    """Cluster safety: every redis.call except TIME names a key the caller
+    declared: `key`, bound only to an element of KEYS (passed down as
+    `keys`), or `s.key`, the same key kept with its state."""
+    for name in GENERATED:
+        src = generated(name)
+        calls = re.findall(r"redis\.p?call\(\s*'([A-Z]+)'\s*(?:,\s*([A-Za-z_.\[\]0-9]+))?", src)
+        assert calls, name
+        for cmd, first in calls:
+            if cmd == "TIME":
                 assert not first
             else:
-                assert first == "key", (cmd, name, first)
-        # no key enumeration
+                assert first in ("key", "s.key"), (name, cmd, first)
+        # `key` is a function parameter or an element of `keys`; `s.key` is
+        # the `key` a state was loaded from
+        for m in re.finditer(r"\bkey\s*=\s*([^,}\n]+)", src):
+            assert m.group(1).strip() in ("key", "keys[1]"), (name, m.group(0))
+        for m in re.finditer(r"\.(load|write)\((\w+(?:\[\w+\])?)", src):
+            assert m.group(2) in ("key", "keys[j]"), (name, m.group(0))
+        # KEYS itself is only handed to the entry point; no key enumeration
+        assert all(re.match(r"return rl_(single\(\w+, |multi\()KEYS, ARGV\)$", line)
+                   for line in src.splitlines() if "KEYS" in line and not line.startswith("--")), name
         assert not re.search(r"'(KEYS|SCAN)'", src)
 
 
-def test_shared_helpers_are_identical():
-    """The three scripts carry copies of the same helpers; keep them in step."""
-    def block(src, name):
-        m = re.search(r"^local function %s\(.*?^end$" % name, src, re.M | re.S)
-        return m and m.group(0)
-
-    for name in ("parse_int", "fmt"):
-        assert len({block(source(c), name) for c in CMDS}) == 1, name
-    assert block(source("RL.TOKENBUCKET"), "muldiv") == block(source("RL.SLIDINGCOUNTER"), "muldiv")
-    assert block(source("RL.TOKENBUCKET"), "divmod") == block(source("RL.SLIDINGCOUNTER"), "divmod")
+def test_generated_scripts_are_up_to_date(tmp_path):
+    """lua/*.lua are generated from lua/src/ by lua/build.py: the committed
+    files are what the generator writes, and the check notices a file edited
+    by hand."""
+    build = os.path.join(LUA_DIR, "build.py")
+    r = subprocess.run([sys.executable, build, "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    for name in GENERATED:
+        assert generated(name).split("\n")[int(name == "library.lua")].startswith(
+            "-- Generated by lua/build.py from lua/src/%s " % name)
+    copy = tmp_path / "lua"
+    shutil.copytree(LUA_DIR, copy)
+    with open(copy / "slidinglog.lua", "a") as f:
+        f.write("-- edited by hand\n")
+    r = subprocess.run([sys.executable, str(copy / "build.py"), "--check"], capture_output=True, text=True)
+    assert r.returncode == 1 and "lua/slidinglog.lua" in r.stderr
+    r = subprocess.run([sys.executable, str(copy / "build.py")], capture_output=True, text=True)
+    assert r.returncode == 0 and (copy / "slidinglog.lua").read_text() == generated("slidinglog.lua")
 
 
 def helper_script(cmd, call):
@@ -765,11 +808,11 @@ def test_cluster_mode_with_hash_tags(server_factory):
 # Differential: module vs twin on the same server
 # --------------------------------------------------------------------------
 
-@pytest.fixture
-def both(server_factory):
+@pytest.fixture(params=["eval", "fcall"])
+def both(server_factory, request):
     s = server_factory()  # with the module
     c = s.client()
-    tw = Twins(c)
+    tw = Twins(c, request.param)
     yield c, tw
     c.close()
 
@@ -789,11 +832,9 @@ class Pair:
         self.log = []
 
     def call(self, *args):
-        sha = self.tw.sha[self.cmd]
-
         def fn(p):
             p.execute_command(self.cmd, self.km, *args)
-            p.evalsha(sha, 1, self.kt, *args)
+            self.tw.send(p, self.cmd, self.kt, *args)
 
         t0, (rm, rt), t1 = timed(self.c, fn)
         self.D = max(self.D, t1 - t0)

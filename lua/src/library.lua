@@ -1,0 +1,21 @@
+#!lua name=ratelimit
+-- Every limiter as one Redis Functions library (Redis 7.0+, Valkey), from the
+-- same parts as the EVAL scripts:
+--
+--   FUNCTION LOAD "$(cat lua/library.lua)"      (REPLACE to upgrade)
+--   FCALL rl_tokenbucket 1 <key> <capacity> <rate> <period_ms> [options]
+--   FCALL rl_slidinglog 1 <key> <limit> <window_ms> [options]
+--   FCALL rl_slidingcounter 1 <key> <limit> <window_ms> [options]
+--   FCALL rl_multi <numkeys> <key> [<key> ...] <limit> [<limit> ...] [options]
+--
+-- Keys and arguments exactly as for the scripts tokenbucket.lua,
+-- slidinglog.lua, slidingcounter.lua and multi.lua, with the same replies.
+-- Unlike the script cache, a library is kept in RDB and AOF and replicated.
+
+--@include single.lua
+--@include compose.lua
+
+redis.register_function('rl_tokenbucket', function(keys, args) return rl_single(TB, keys, args) end)
+redis.register_function('rl_slidinglog', function(keys, args) return rl_single(SL, keys, args) end)
+redis.register_function('rl_slidingcounter', function(keys, args) return rl_single(SC, keys, args) end)
+redis.register_function('rl_multi', rl_multi)

@@ -1,0 +1,139 @@
+--@include tokenbucket.lua
+--@include slidinglog.lua
+--@include slidingcounter.lua
+
+-- Several limits in one atomic call (RL.MULTI): keys = one key per limit,
+-- argv = the limits, then the options:
+--   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
+--          | SLIDINGLOG limit window_ms [WEIGHT w]
+--          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
+--   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+-- The i-th limit applies to keys[i] and takes COST * WEIGHT of its units.
+-- One clock read; every key is read and every limit decided before anything
+-- is written; all or nothing.
+
+local MULTI_ALGS = {TOKENBUCKET = TB, SLIDINGLOG = SL, SLIDINGCOUNTER = SC}
+local MAX_LIMITS = 16
+
+local function rl_multi(keys, argv)
+  local nkeys, nargs = #keys, #argv
+  if nkeys < 1 or nkeys > MAX_LIMITS then
+    return redis.error_reply('ERR numkeys must be between 1 and 16')
+  end
+  -- The limits: an algorithm name, its parameters, an optional WEIGHT.
+  local lims, i = {}, 1
+  while i <= nargs do
+    local A = MULTI_ALGS[string.upper(argv[i])]
+    if not A then break end
+    if i + A.nparams > nargs then return redis.error_reply('ERR syntax error') end
+    local p, e = A.params(argv, i + 1)
+    if not p then return e end
+    i = i + 1 + A.nparams
+    local w = 1
+    if i < nargs and string.upper(argv[i]) == 'WEIGHT' then
+      w = parse_int(argv[i + 1], 1, MAX)
+      if not w then
+        return redis.error_reply('ERR WEIGHT must be an integer between 1 and 9007199254740991')
+      end
+      i = i + 2
+    end
+    lims[#lims + 1] = {A = A, p = p, w = w}
+  end
+  local cost, partial, dryrun, refund = parse_options(argv, i)
+  if not cost then return partial end
+  local n = #lims
+  if n ~= nkeys then
+    return redis.error_reply('ERR numkeys must equal the number of limits')
+  end
+  for j = 1, n do
+    local L = lims[j]
+    if L.p.range_err then return L.p.range_err end
+    -- COST * WEIGHT (or REFUND * WEIGHT) must stay within 2^53 - 1.
+    if L.w > 1 and (refund or cost) > divmod(MAX, L.w) then
+      if refund then
+        return redis.error_reply('ERR REFUND*WEIGHT must be at most 9007199254740991')
+      end
+      return redis.error_reply('ERR COST*WEIGHT must be at most 9007199254740991')
+    end
+    for j2 = 1, j - 1 do
+      if keys[j2] == keys[j] then return redis.error_reply('ERR repeated key') end
+    end
+  end
+
+  local clock = redis.call('TIME')
+  local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  local st = {}
+  for j = 1, n do
+    local L = lims[j]
+    local s, e = L.A.load(keys[j], L.p, now)
+    if not s then return e end
+    st[j] = s
+  end
+
+  -- Decide: took[j] units taken (or given back), wanted[j] = COST * WEIGHT.
+  local took, wanted = {}, {}
+  local allowed, granted = 0, true
+  if refund then
+    for j = 1, n do
+      local L = lims[j]
+      took[j] = L.A.give(L.p, st[j], refund * L.w)
+      wanted[j] = 0
+      if took[j] > 0 then allowed = refund end
+    end
+  else
+    local g = cost
+    for j = 1, n do
+      local L = lims[j]
+      local a = st[j].avail
+      if partial then
+        local q = divmod(a, L.w)
+        if q < g then g = q end
+      elseif a < cost * L.w then
+        g = 0
+      end
+    end
+    for j = 1, n do
+      wanted[j], took[j] = cost * lims[j].w, g * lims[j].w
+    end
+    granted = (g == cost)
+    if partial then
+      allowed = g
+    elseif granted then
+      allowed = 1
+    end
+  end
+
+  -- Each limit takes its units and replies; the binding limit: when granted, the fewest whole
+  -- requests left (remaining / WEIGHT), else the longest wait (-1 longest);
+  -- ties to the lowest index.
+  local replies, b, best = {}, 1, nil
+  local retry = 0
+  for j = 1, n do
+    local L = lims[j]
+    local rem, wait, reset = L.A.report(L.p, st[j], wanted[j], took[j])
+    replies[j] = {took[j], L.p.limit, rem, wait, reset}
+    if granted then
+      local left = divmod(rem, L.w)
+      if best == nil or left < best then b, best = j, left end
+    else
+      if wait == -1 then
+        if best ~= -1 then b, best = j, -1 end
+      elseif best == nil or (best ~= -1 and wait > best) then
+        b, best = j, wait
+      end
+    end
+  end
+  if not granted then retry = best end
+
+  if refund then
+    for j = 1, n do
+      if took[j] > 0 then lims[j].A.write(keys[j], lims[j].p, st[j], replies[j][5]) end
+    end
+  elseif took[1] > 0 and not dryrun then
+    for j = 1, n do
+      lims[j].A.write(keys[j], lims[j].p, st[j], replies[j][5])
+    end
+  end
+  local rb = replies[b]
+  return {allowed, rb[2], rb[3], retry, rb[5], b - 1, replies}
+end

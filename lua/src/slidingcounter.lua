@@ -1,0 +1,16 @@
+-- RL.SLIDINGCOUNTER as a Lua script, for servers that cannot load the module.
+--
+--   EVALSHA <sha> 1 <key> <limit> <window_ms> [COST n] [PARTIAL] [DRYRUN]
+--   EVALSHA <sha> 1 <key> <limit> <window_ms> REFUND n
+--
+--   KEYS[1]  the counter's key
+--   ARGV     the command's arguments after the key, as RL.SLIDINGCOUNTER takes them
+--
+-- Reply: {allowed, limit, remaining, retry_after_ms, reset_after_ms}, the
+-- same five integers as the module command (see SPEC.md); after REFUND n,
+-- allowed is the number of units given back.
+
+--@include slidingcounter.lua
+--@include single.lua
+
+return rl_single(SC, KEYS, ARGV)
