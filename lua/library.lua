@@ -812,7 +812,6 @@ local function rl_multi(keys, argv)
     for j = 1, n do
       local L = lims[j]
       took[j] = L.A.give(L.p, st[j], refund * L.w)
-      wanted[j] = 0
       if took[j] > 0 then allowed = refund end
     end
   else
@@ -845,7 +844,12 @@ local function rl_multi(keys, argv)
   local retry = 0
   for j = 1, n do
     local L = lims[j]
-    local rem, wait, reset = L.A.report(L.p, st[j], wanted[j], took[j])
+    local rem, wait, reset
+    if refund then
+      rem, wait, reset = L.A.report(L.p, st[j], 0, 0)
+    else
+      rem, wait, reset = L.A.report(L.p, st[j], wanted[j], took[j])
+    end
     replies[j] = {took[j], L.p.limit, rem, wait, reset}
     if granted then
       local left = divmod(rem, L.w)
