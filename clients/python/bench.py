@@ -121,9 +121,10 @@ def redis_cpu(port, n, batch):
             "leased_decisions_per_core_s": 1 / leased if leased else 0}
 
 
-def stranded(port, batch, instances=8, keys=20, n=20000):
+def stranded(port, batch, backend, instances=8, keys=20, n=20000):
     """Units leased but unused once traffic stops, before and after refunds."""
-    rls = [RateLimit(redis.Redis(port=port, socket_timeout=2)) for _ in range(instances)]
+    rls = [RateLimit(redis.Redis(port=port, socket_timeout=2), backend=backend)
+           for _ in range(instances)]
     pol = sliding_log(f"strand{batch}", 10**12, HUGE)
     lims = [rl.leased(pol, batch=batch, idle_ms=300) for rl in rls]
     rnd = random.Random(2)
@@ -155,13 +156,16 @@ def stranded(port, batch, instances=8, keys=20, n=20000):
             "after": after_server, "after_local": after_local, "refunds": refunds_ok}
 
 
-def refund_supported(port):
-    rl = RateLimit(redis.Redis(port=port, socket_timeout=2))
-    try:
-        rl.limiter(sliding_log("probe", 10, HUGE)).refund("rl:{probe}:x", 1)
-        return True
-    except Exception:   # noqa: BLE001
-        return False
+def refund_backend(port):
+    """The backend that has REFUND: the module's, else the Lua twins'."""
+    for b in ("module", "lua"):
+        rl = RateLimit(redis.Redis(port=port, socket_timeout=2), backend=b)
+        try:
+            rl.limiter(sliding_log("probe", 10, HUGE)).refund("rl:{probe}:x", 1)
+            return b
+        except Exception:   # noqa: BLE001
+            pass
+    return None
 
 
 def main():
@@ -175,8 +179,8 @@ def main():
         lc = local_cost(s.port, 2000 if q else 200_000)
         st = [steady(s.port, b, 2000 if q else 200_000) for b in (10, 50, 200)]
         cp = redis_cpu(s.port, 200 if q else 20_000, 50)
-        refund = refund_supported(s.port)
-        sd = [stranded(s.port, b, n=1000 if q else 20_000) for b in (10, 50, 200)] \
+        refund = refund_backend(s.port)
+        sd = [stranded(s.port, b, refund, n=1000 if q else 20_000) for b in (10, 50, 200)] \
             if refund else []
     finally:
         s.close()
@@ -221,6 +225,9 @@ def main():
         "## Stranded units at idle (8 instances, 20 keys, idle_ms 300)",
         "",
     ]
+    if sd:
+        lines += [f"Backend: {refund}" + (" (this module build has no REFUND yet; the Lua twins "
+                                          "have it)" if refund == "lua" else "") + ".", ""]
     if sd:
         lines += ["| batch | granted | stranded when traffic stops | after idle refunds |",
                   "|---|---|---|---|"]

@@ -237,7 +237,7 @@ class AsyncLeasedLimiter(_LeasedCore):
         if back:
             await self._give_back(key, back)
 
-    def refund(self, key, n):
+    async def refund(self, key, n):
         """Units granted locally but not used go back into the reservoir (no I/O)."""
         check_cost(n, 1)
         e = self.entries.get(key)

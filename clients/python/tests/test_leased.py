@@ -105,3 +105,24 @@ def test_async_leased(server):
         await rl.client.aclose()
 
     asyncio.run(main())
+
+
+def test_refund_goes_back_into_the_reservoir(server):
+    rl = RateLimit(client(server.port))
+    lim = rl.leased(BIG, batch=10)
+    assert lim.limit("rl:{r}:big").allowed
+    assert lim.stranded() == 9
+    d = lim.refund("rl:{r}:big", 1)
+    assert d.granted == 1 and d.source == "local" and lim.stranded() == 10
+    assert rl.metrics()["calls"] == 1          # no I/O for it
+
+    async def main():
+        arl = AsyncRateLimit(redis.asyncio.Redis(host="127.0.0.1", port=server.port),
+                             timeout_ms=2000)
+        alim = arl.leased(BIG, batch=10)
+        assert (await alim.limit("rl:{ar}:big")).allowed
+        d = await alim.refund("rl:{ar}:big", 1)
+        assert d.granted == 1 and alim.stranded() == 10
+        await arl.client.aclose()
+
+    asyncio.run(main())
