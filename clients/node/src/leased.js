@@ -56,7 +56,7 @@ export class LeasedLimiter {
   limit(key, opts) {
     const cost = opts === undefined || opts.cost === undefined ? 1 : opts.cost;
     const e = this.map.get(key);
-    if (e !== undefined && e.tokens >= cost && cost >= 1) {
+    if (e !== undefined && e.tokens >= cost && cost >= 1 && (cost === 1 || Number.isSafeInteger(cost))) {
       // the hot path: no I/O, no allocation but the decision
       const now = performance.now();
       e.tokens -= cost;

@@ -118,7 +118,16 @@ test('kill and restart: bounded waits, trip, panic limits, recovery (node-redis)
   }
 });
 
-test('a slow Redis (DEBUG SLEEP) trips the latency rule, not the failure rule', async (t) => {
+// A script that keeps the server busy for `ms` (below busy-reply-threshold:
+// other clients wait instead of getting BUSY).
+const BUSY = "local t = redis.call('TIME'); local s = t[1] * 1e6 + t[2]; " +
+  "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s >= tonumber(ARGV[1]) * 1000; return 1";
+const SLOW = {
+  'DEBUG SLEEP': (c) => c.call('DEBUG', 'SLEEP', '0.05'),
+  'a busy script': (c) => c.call('EVAL', BUSY, 0, 50),
+};
+
+for (const [how, slow] of Object.entries(SLOW)) test(`a slow Redis (${how}) trips the latency rule, not the failure rule`, async (t) => {
   const server = await startServer();
   const { client, close } = await connect('ioredis', server.port);
   const sleeper = await connect('ioredis', server.port);
@@ -131,7 +140,7 @@ test('a slow Redis (DEBUG SLEEP) trips the latency rule, not the failure rule', 
     const lim = rl.limiter(tokenBucket('slow', 100000, 1, 3600000));
     for (let i = 0; i < 20; i++) assert.equal((await lim.limit('rl:{slow}:a')).source, 'module');
     assert.equal(rl.metrics().trips, 0); // fast calls: no trip
-    const loop = (async () => { while (sleeping) await sleeper.client.call('DEBUG', 'SLEEP', '0.05'); })();
+    const loop = (async () => { while (sleeping) await slow(sleeper.client); })();
     await waitUntil(async () => {
       await lim.limit('rl:{slow}:a');
       return rl.metrics().state === 'open';
