@@ -87,7 +87,7 @@ def steady(port, batch, n, keys=20):
         lim.limit(ks[rnd.randrange(keys)])
     wall = time.monotonic() - t0
     m = rl.metrics()
-    return {"batch": batch, "decisions": n, "calls": m["calls"],
+    return {"batch": batch, "decisions": n, "calls": m["calls"], "waits": m["lease_waits"],
             "calls_per_decision": m["calls"] / n, "local": m["decisions_local"],
             "wall_s": wall}
 
@@ -203,12 +203,13 @@ def main():
         "",
         "## Shared calls per decision at steady load (20 keys, low_water 0.2)",
         "",
-        "| batch | decisions | shared calls | calls per decision |",
-        "|---|---|---|---|",
+        "| batch | decisions | shared calls | calls per decision | callers that waited for a "
+        "refill |",
+        "|---|---|---|---|---|",
     ]
     for r in st:
         lines.append(f"| {r['batch']} | {r['decisions']} | {r['calls']} | "
-                     f"1/{1 / r['calls_per_decision']:.0f} |")
+                     f"1/{1 / r['calls_per_decision']:.0f} | {r['waits']} |")
     lines += [
         "",
         "## Redis CPU per decision (batch 50)",

@@ -183,6 +183,7 @@ class AsyncLeasedLimiter(_LeasedCore):
         if allow != NO:
             if e.inflight:
                 # a lease for this key is in flight: wait for it (at most the timeout)
+                rl._metrics.lease_waits += 1
                 try:
                     await asyncio.wait_for(e.event.wait(), rl.timeout)
                 except asyncio.TimeoutError:

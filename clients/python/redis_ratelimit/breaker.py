@@ -13,7 +13,7 @@ class Metrics:
     """Counters; `snapshot()` is what RateLimit.metrics() returns."""
 
     FIELDS = ("decisions_module", "decisions_lua", "decisions_local", "decisions_panic",
-              "denied", "calls", "failures", "leases", "lease_tokens", "refunds",
+              "denied", "calls", "failures", "leases", "lease_tokens", "lease_waits", "refunds",
               "refund_tokens", "trips", "trips_failures", "trips_latency", "probes_ok",
               "probes_failed")
     __slots__ = FIELDS

@@ -422,6 +422,7 @@ class LeasedLimiter(_LeasedCore):
             return d
         if wait is not None:
             # a lease for this key is in flight: wait for it (at most the timeout)
+            self.rl._metrics.lease_waits += 1
             wait.wait(self.rl.timeout_s)
             with self.lock:
                 if e.tokens >= cost:
