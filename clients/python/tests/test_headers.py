@@ -93,15 +93,16 @@ def test_all_of_panic_exact(server):
     assert int(headers(d)["Retry-After"]) >= 1
 
 
-def test_all_of_shared_exact(server):
-    rl = RateLimit(client(server.port))
+@pytest.mark.parametrize("backend", ["module", "lua"])
+def test_all_of_shared_exact(server, backend):
+    rl = RateLimit(client(server.port), backend=backend)
     rl.detect()
     if not rl.has_multi:
-        pytest.skip("this module build has no RL.MULTI")
+        pytest.skip(f"this {backend} build has no RL.MULTI")
     pol = all_of(token_bucket("burst", 5, 1, HOUR), sliding_log("day", 3, 86_400_000))
     lim = rl.limiter(pol)
     d = lim.limit("rl:{t}:u")
-    assert d.allowed and d.binding == "day" and d.source == "module"
+    assert d.allowed and d.binding == "day" and d.source == backend
     assert headers(d) == {
         "RateLimit-Policy": '"burst";q=5;w=18000, "day";q=3;w=86400',
         "RateLimit": '"day";r=2;t=86400',
