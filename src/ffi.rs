@@ -78,6 +78,7 @@ pub static REQUIRED: &ApiTable = table![
     RedisModule_DigestEndSequence,
     RedisModule_InfoAddSection,
     RedisModule_InfoAddFieldULongLong,
+    RedisModule_InfoAddFieldCString,
     RedisModule_Alloc,
     RedisModule_Free,
     RedisModule_Realloc,
@@ -86,13 +87,21 @@ pub static REQUIRED: &ApiTable = table![
     RedisModule_SetModuleOptions,
     RedisModule_RegisterInfoFunc,
     RedisModule_Log,
+    // COMMAND DOCS and key specs (cmdinfo.rs)
+    RedisModule_GetCommand,
+    RedisModule_SetCommandInfo,
 ];
 
-/// API functions used only where the server has them, each with a fallback
-/// of the same behaviour: the cached command time (Redis 7.2+, Valkey; see
-/// `clock.rs`) and the name lookup that tells Valkey's events apart
-/// (`listeners.rs`).
-pub static OPTIONAL: &ApiTable = table![RedisModule_CachedMicroseconds, RedisModule_GetApi];
+/// API functions used only where the server has them: the cached command
+/// time (Redis 7.2+, Valkey; `clock.rs`), the name lookup that tells Valkey's
+/// events apart (`listeners.rs`), ACL categories (Redis 7.4+, Valkey 8+;
+/// `cmdinfo.rs`).
+pub static OPTIONAL: &ApiTable = table![
+    RedisModule_CachedMicroseconds,
+    RedisModule_GetApi,
+    RedisModule_AddACLCategory,
+    RedisModule_SetCommandACLCategories,
+];
 
 /// The first function of `table` the server does not provide, if any.
 pub fn first_missing(table: &ApiTable) -> Option<&'static str> {

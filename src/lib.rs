@@ -53,17 +53,6 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         }
         return Status::Err;
     }
-    if let Some(set_options) = unsafe { raw::RedisModule_SetModuleOptions } {
-        // HANDLE_IO_ERRORS: a truncated RESTORE payload makes rdb_load see
-        // an error instead of aborting the server. NO_IMPLICIT_SIGNAL_MODIFIED:
-        // only calls that really write signal the key as modified.
-        unsafe {
-            set_options(
-                raw_ctx,
-                (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int,
-            )
-        };
-    }
     if !types::publish_type_pointers() {
         return Status::Err;
     }
@@ -78,7 +67,15 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if !unsafe { cmdinfo::register(raw_ctx) } {
         return Status::Err;
     }
-    unsafe { listeners::init(raw_ctx) };
+    // HANDLE_IO_ERRORS: a truncated RESTORE payload makes rdb_load see an
+    // error instead of aborting the server. NO_IMPLICIT_SIGNAL_MODIFIED: only
+    // calls that really write signal the key as modified. Valkey 9's atomic
+    // slot migration: only where listeners.rs keeps effects on during exports.
+    let mut options = (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int;
+    if unsafe { listeners::init(raw_ctx) } {
+        options |= listeners::OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION;
+    }
+    unsafe { ffi::api!(RedisModule_SetModuleOptions)(raw_ctx, options) };
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
         unsafe { register_info(raw_ctx, Some(stats::info)) };
     }

@@ -15,7 +15,18 @@
 //!   (every full sync snapshots the dataset in a forked child, and writes
 //!   before the fork are in the snapshot), a role change, a replica going
 //!   online or offline, a load. They fire synchronously, before the next
-//!   command runs.
+//!   command runs;
+//! - a slot export of Valkey 9's atomic slot migration (`CLUSTER
+//!   MIGRATESLOTS`): the source forks a snapshot of the slots, then feeds the
+//!   target from the same propagation stream while `INFO replication` shows
+//!   no replica and no backlog. Effects stay on from the export's STARTED
+//!   event to its COMPLETED or ABORTED event; otherwise the next check would
+//!   switch them off mid-export, and the stream would carry the original
+//!   command, which the target would then recompute with its own clock.
+//!
+//! The module declares that it handles atomic slot migration (without it,
+//! Valkey refuses `CLUSTER MIGRATESLOTS` for the whole cluster) only where
+//! it could subscribe to that event: see [`init`].
 //!
 //! Until the first check, and whenever in doubt, effects are replicated.
 //! When nothing listens the call still counts as a change
@@ -23,15 +34,19 @@
 //! `save` points, and with no reader it propagates nothing).
 
 use std::ffi::{c_char, c_int, c_void, CStr};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent, RedisModuleString};
 
-use crate::ffi::api;
+use crate::ffi::{self, api};
 
 /// False only while the last check found no replica, no backlog, and this
 /// server a master, and no event has fired since.
 static MAY_LISTEN: AtomicBool = AtomicBool::new(true);
+
+/// Slot exports under way (Valkey's atomic slot migration): started and not
+/// yet completed or aborted.
+static EXPORTS: AtomicU64 = AtomicU64::new(0);
 
 /// How often the timer re-reads INFO replication.
 const RECHECK_MS: i64 = 1000;
@@ -75,7 +90,7 @@ unsafe fn listeners_possible(ctx: *mut RedisModuleCtx) -> bool {
 
 unsafe extern "C" fn recheck(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
     // (The AOF is also checked on every call; here it keeps INFO truthful.)
-    MAY_LISTEN.store(aof_on(ctx) || listeners_possible(ctx), Relaxed);
+    MAY_LISTEN.store(EXPORTS.load(Relaxed) > 0 || aof_on(ctx) || listeners_possible(ctx), Relaxed);
     arm(ctx);
 }
 
@@ -87,8 +102,45 @@ unsafe extern "C" fn on_event(_ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent,
     MAY_LISTEN.store(true, Relaxed);
 }
 
-/// At load: subscribe to the events and start the timer.
-pub unsafe fn init(ctx: *mut RedisModuleCtx) {
+/// Valkey's atomic-slot-migration event and the sub-events used
+/// (valkeymodule.h, Valkey 9.0+). On Redis 8.4+ ids 18 and 19 are other
+/// events, and on Valkey 18 is authentication: this id is only subscribed
+/// on a server that exports Valkey's API names.
+const VALKEY_EVENT_ATOMIC_SLOT_MIGRATION: u64 = 19;
+const EXPORT_STARTED: u64 = 1;
+const EXPORT_ABORTED: u64 = 3;
+const EXPORT_COMPLETED: u64 = 5;
+
+/// `VALKEYMODULE_OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION`.
+pub const OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION: c_int = 1 << 5;
+
+unsafe extern "C" fn on_slot_migration(_ctx: *mut RedisModuleCtx, _eid: RedisModuleEvent, sub: u64, _data: *mut c_void) {
+    match sub {
+        EXPORT_STARTED => {
+            EXPORTS.store(EXPORTS.load(Relaxed).saturating_add(1), Relaxed);
+            MAY_LISTEN.store(true, Relaxed);
+        }
+        // The next check switches effects off if nothing else listens.
+        EXPORT_COMPLETED | EXPORT_ABORTED => EXPORTS.store(EXPORTS.load(Relaxed).saturating_sub(1), Relaxed),
+        _ => {}
+    }
+}
+
+/// Subscribe to Valkey's atomic-slot-migration event, where the server is
+/// Valkey (it answers for `ValkeyModule_*` API names, which Redis has not)
+/// and knows the event (Valkey 9+; older servers refuse an unknown id).
+unsafe fn subscribe_slot_migration(ctx: *mut RedisModuleCtx) -> bool {
+    let Some(get_api) = raw::RedisModule_GetApi else { return false };
+    let mut f: *mut c_void = std::ptr::null_mut();
+    let valkey = get_api(c"ValkeyModule_SubscribeToServerEvent".as_ptr(), (&raw mut f).cast::<c_void>()) == ffi::OK;
+    let event = RedisModuleEvent { id: VALKEY_EVENT_ATOMIC_SLOT_MIGRATION, dataver: 1 };
+    valkey && !f.is_null() && api!(RedisModule_SubscribeToServerEvent)(ctx, event, Some(on_slot_migration)) == ffi::OK
+}
+
+/// At load: subscribe to the events and start the timer. True when the
+/// module can declare that it handles atomic slot migration: the server
+/// has it and the module is subscribed to its exports.
+pub unsafe fn init(ctx: *mut RedisModuleCtx) -> bool {
     let subscribe = api!(RedisModule_SubscribeToServerEvent);
     let events = [
         raw::REDISMODULE_EVENT_FORK_CHILD,
@@ -104,6 +156,7 @@ pub unsafe fn init(ctx: *mut RedisModuleCtx) {
     if all {
         arm(ctx);
     }
+    subscribe_slot_migration(ctx)
 }
 
 /// For INFO: whether effects are currently replicated.
