@@ -93,7 +93,10 @@ export class Panic {
 export interface Metrics {
   decisionsModule: number; decisionsLua: number; decisionsLocal: number; decisionsPanic: number;
   denied: number; calls: number; failures: number;
-  leases: number; leaseTokens: number; refunds: number; refundTokens: number;
+  leases: number; leaseTokens: number;
+  /** callers that found their reservoir dry with a lease in flight and waited for it */
+  leaseWaits: number;
+  refunds: number; refundTokens: number;
   trips: number; tripsFailures: number; tripsLatency: number;
   probesOk: number; probesFailed: number;
   state: 'closed' | 'open' | 'halfOpen';

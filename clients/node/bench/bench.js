@@ -67,8 +67,8 @@ try {
   say();
   say('One key, a limit no run reaches, 16 callers at once; lowWater 0.2.');
   say();
-  say('| batch | decisions | Redis calls | calls per decision | decisions per call |');
-  say('|---:|---:|---:|---:|---:|');
+  say('| batch | decisions | Redis calls | calls per decision | decisions per call | lease waits |');
+  say('|---:|---:|---:|---:|---:|---:|');
   const N = QUICK ? 2000 : 200000;
   for (const batch of [10, 50, 200]) {
     const rl = new RateLimit(redis, { timeoutMs: 1000 });
@@ -78,7 +78,7 @@ try {
     await Promise.all(Array.from({ length: 16 }, caller));
     const m = rl.metrics();
     const d = m.decisionsLocal + m.decisionsModule;
-    say(`| ${batch} | ${d} | ${m.calls} | 1/${(d / m.calls).toFixed(1)} | ${(d / m.calls).toFixed(1)} |`);
+    say(`| ${batch} | ${d} | ${m.calls} | 1/${(d / m.calls).toFixed(1)} | ${(d / m.calls).toFixed(1)} | ${m.leaseWaits} |`);
     await lim.close();
   }
   say();

@@ -94,6 +94,7 @@ export class LeasedLimiter {
     // Until the reservoir can answer: wait for the lease in flight, or take
     // one on the caller's path; the caller waits timeoutMs at most in all.
     let source = 'local';
+    let waited = false;
     const deadline = now + rl.timeoutMs;
     for (;;) {
       if (e.tokens >= cost) {
@@ -119,6 +120,9 @@ export class LeasedLimiter {
       if (e.inflight === null) {
         this.refill(key, e);
         mine = true;
+      } else if (!waited) {
+        waited = true;
+        rl.m.leaseWaits++; // a dry reservoir with a lease in flight: low_water or batch too small for the load
       }
       const ok = await within(e.inflight, deadline - now);
       if (mine && ok === true) source = rl._backend.source;

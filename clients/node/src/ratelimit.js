@@ -109,7 +109,7 @@ export class RateLimit {
     this.breaker = breaker instanceof Breaker ? breaker : new Breaker(breaker || {});
     this.m = {
       decisionsModule: 0, decisionsLua: 0, decisionsLocal: 0, decisionsPanic: 0, denied: 0,
-      calls: 0, failures: 0, leases: 0, leaseTokens: 0, refunds: 0, refundTokens: 0,
+      calls: 0, failures: 0, leases: 0, leaseTokens: 0, leaseWaits: 0, refunds: 0, refundTokens: 0,
     };
   }
 

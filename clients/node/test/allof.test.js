@@ -153,23 +153,26 @@ test('refund gives units back (module and Lua, single and allOf)', async (t) => 
   } finally { await close(); }
 });
 
-test('leased: an idle key gives its unused units back; close() gives back the rest', async (t) => {
-  if (!has.refund) { t.skip('this module build has no REFUND'); return; }
+for (const backend of ['module', 'lua']) test(`leased (${backend}): an idle key gives its unused units back; close() gives back the rest`, async (t) => {
+  if (!(backend === 'module' ? has.refund : has.luaRefund)) { t.skip(`no REFUND on the ${backend} backend`); return; }
   const { client, close } = await connect('ioredis', server.port);
   try {
-    const rl = new RateLimit(client, { timeoutMs: 2000 });
-    const policy = slidingLog('idle', 1000, 3600000);
+    const rl = new RateLimit(client, { timeoutMs: 2000, backend });
+    const policy = slidingLog(`idle${backend}`, 1000, 3600000);
     const lim = rl.leased(policy, { batch: 100, idleMs: 50 });
-    const counted = (k) => 1000 - Number(server.cli('RL.SLIDINGLOG', k, 1000, 3600000, 'COST', 0).split('\n')[2]);
-    await lim.limit('rl:{idle}:a', { cost: 3 });
-    assert.equal(counted('rl:{idle}:a'), 100);
+    const probe = rl.limiter(policy);
+    const counted = async (k) => 1000 - (await probe.limit(k, { cost: 0 })).remaining;
+    const a = `rl:{idle-${backend}}:a`;
+    const b = `rl:{idle-${backend}}:b`;
+    await lim.limit(a, { cost: 3 });
+    assert.equal(await counted(a), 100);
     assert.equal(lim.stranded(), 97);
     const { waitUntil } = await import('./harness.js');
-    await waitUntil(() => counted('rl:{idle}:a') === 3, { what: 'the idle refund' });
+    await waitUntil(async () => (await counted(a)) === 3, { what: 'the idle refund' });
     assert.equal(lim.stranded(), 0);
-    await lim.limit('rl:{idle}:b');
+    await lim.limit(b);
     await lim.close();
-    assert.equal(counted('rl:{idle}:b'), 1);
+    assert.equal(await counted(b), 1);
     assert.equal(rl.metrics().refundTokens, 97 + 99);
   } finally { await close(); }
 });
