@@ -83,7 +83,7 @@ def steady(port, batch, n, keys=20):
     rnd = random.Random(1)
     ks = [f"rl:{{k{i}}}:s" for i in range(keys)]
     t0 = time.monotonic()
-    for i in range(n):
+    for _ in range(n):
         lim.limit(ks[rnd.randrange(keys)])
     wall = time.monotonic() - t0
     m = rl.metrics()

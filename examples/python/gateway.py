@@ -161,7 +161,7 @@ class RulesFile:
                 rules = Rules(json.load(f))
         except (OSError, ValueError, RecursionError) as e:
             if initial:
-                raise SystemExit(f"rules file {self.path}: {e}")
+                raise SystemExit(f"rules file {self.path}: {e}") from e
             if not isinstance(e, OSError):
                 self.bad_sig = sig          # report each bad version once
                 self.stats.incr("rules_errors")

@@ -11,7 +11,7 @@ from starlette.applications import Starlette  # noqa: E402
 from starlette.responses import JSONResponse  # noqa: E402
 from starlette.routing import Route  # noqa: E402
 
-from redis_ratelimit import AsyncRateLimit, all_of, sliding_log, token_bucket  # noqa: E402
+from redis_ratelimit import AsyncRateLimit, sliding_log, token_bucket  # noqa: E402
 from redis_ratelimit.asgi import RateLimitMiddleware  # noqa: E402
 
 http_port, redis_port = int(sys.argv[1]), int(sys.argv[2])

@@ -125,7 +125,7 @@ def test_retry_after_never_zero_when_denied(server, backend):
     pols = [token_bucket("tb", 3, 1000, 1000), sliding_log("log", 3, 50),
             sliding_counter("cnt", 3, 50)]
     denials = 0
-    for i in range(600):
+    for _ in range(600):
         p = rnd.choice(pols)
         d = rl.limiter(p).limit(f"rl:{{k}}:{p.name}", cost=rnd.choice([1, 2, 3]))
         if not d.allowed:
