@@ -9,12 +9,12 @@ import {
   UnavailableError, makeDecision, PanicBuckets, toPanic, decodeSingle, EMPTY,
 } from './ratelimit.js';
 
-// The promise's outcome (true/false; a rejection counts as false), or
+// The promise's outcome (true/false, or {error} when it rejected), or
 // undefined when `ms` pass first.
 function within(promise, ms) {
   let timer;
   const t = new Promise((resolve) => { timer = setTimeout(resolve, Math.max(0, ms), undefined); });
-  return Promise.race([promise.then((v) => v, () => false), t]).finally(() => clearTimeout(timer));
+  return Promise.race([promise.then((v) => v, (error) => ({ error })), t]).finally(() => clearTimeout(timer));
 }
 
 class Entry {
@@ -125,6 +125,7 @@ export class LeasedLimiter {
         rl.m.leaseWaits++; // a dry reservoir with a lease in flight: low_water or batch too small for the load
       }
       const ok = await within(e.inflight, deadline - now);
+      if (ok !== undefined && ok.error !== undefined) throw ok.error; // WRONGTYPE and the like: not for panic limits
       if (mine && ok === true) source = rl._backend.source;
       if (ok === false && e.tokens < cost) return rl.count(this.panicDecision(key, cost, performance.now()));
       now = performance.now();
@@ -201,7 +202,8 @@ export class LeasedLimiter {
 
   track(t) {
     this.pending.add(t);
-    t.finally(() => this.pending.delete(t));
+    const done = () => { this.pending.delete(t); };
+    t.then(done, done);
   }
 
   /**

@@ -175,7 +175,11 @@ export class RateLimit {
       this.m.failures++;
       this.breaker.failure(t1, probe);
       if (e === TIMEOUT) {
-        if (onLate) p.then(onLate, () => {});
+        if (onLate) {
+          p.then((r) => {
+            try { onLate(r); } catch { /* a malformed late reply: dropped */ }
+          }, () => {});
+        }
         throw new UnavailableError(`no reply from Redis within ${this.timeoutMs} ms`);
       }
       throw new UnavailableError(`Redis call failed: ${e && e.message}`, e);

@@ -159,3 +159,24 @@ test('a closed connection is a failure: panic decisions, never an exception', as
   assert.equal(rl.metrics().failures, 1);
   assert.ok(UnavailableError);
 });
+
+test('leased: an error reply reaches the caller; nothing is left unhandled', async () => {
+  const { client, close } = await connect('ioredis', server.port);
+  const unhandled = [];
+  const onUnhandled = (e) => unhandled.push(e);
+  process.on('unhandledRejection', onUnhandled);
+  try {
+    await client.set('rl:{lw}:str', 'x');
+    const rl = new RateLimit(client, { timeoutMs: 2000 });
+    const lim = rl.leased(tokenBucket('lw', 100, 1, 1000), { batch: 10 });
+    await assert.rejects(lim.limit('rl:{lw}:str'), /WRONGTYPE/);
+    await assert.rejects(Promise.all([lim.limit('rl:{lw}:str'), lim.limit('rl:{lw}:str')]), /WRONGTYPE/);
+    assert.equal(rl.metrics().failures, 0);
+    await lim.close();
+    await new Promise((r) => setTimeout(r, 20)); // give a stray rejection the chance to surface
+    assert.deepEqual(unhandled, []);
+  } finally {
+    process.off('unhandledRejection', onUnhandled);
+    await close();
+  }
+});
