@@ -4,7 +4,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
-import { startServer, waitUntil } from './harness.js';
+import { startServer, waitUntil, Cluster } from './harness.js';
+import { keySlot } from '../src/index.js';
 import { connect } from './clients.js';
 import { RateLimit, tokenBucket, slidingLog, Panic } from '../src/index.js';
 
@@ -51,9 +52,9 @@ function setup(client) {
   return { rl, lims, failuresAtTrip };
 }
 
-async function outage(t, { client, rl, lims, failuresAtTrip }, stop, resume) {
+async function outage(t, { client, rl, lims, failuresAtTrip }, stop, resume, tag = (s) => s) {
   const caller = new Caller(rl);
-  const keys = ['rl:{k0}:a', 'rl:{k1}:a', 'rl:{k2}:a'];
+  const keys = ['k0', 'k1', 'k2'].map((k) => `rl:{${tag(k)}}:a`);
   await caller.round(lims, keys); // warm: leases held, backend known
   assert.equal(rl.metrics().state, 'closed');
   assert.ok(caller.sources.has('module'));
@@ -63,18 +64,19 @@ async function outage(t, { client, rl, lims, failuresAtTrip }, stop, resume) {
   // fresh keys every round: each needs Redis (a lease or a call)
   await waitUntil(async () => {
     round++;
-    await caller.round(lims, [...keys, `rl:{new${round}}:a`]);
+    await caller.round(lims, [...keys, `rl:{${tag(`new${round}`)}}:a`]);
     return rl.metrics().state === 'open';
   }, { timeout: 30000, interval: 1, what: 'the breaker to open' });
   // tripped on the `failures` budget: exactly 3 consecutive failures
   assert.equal(failuresAtTrip[0], 3);
   // while open: decisions continue at once from panic limits, never above them
   const t0 = performance.now();
-  for (let i = 0; i < 3 * PANIC; i++) await caller.round(lims, [...keys, 'rl:{burst}:a']);
+  const burst = `rl:{${tag('burst')}}:a`;
+  for (let i = 0; i < 3 * PANIC; i++) await caller.round(lims, [...keys, burst]);
   assert.ok(performance.now() - t0 < 3 * PANIC * MARGIN_MS);
   assert.ok(caller.sources.has('panic'));
   for (const [k, n] of caller.panicGranted) assert.ok(n <= PANIC, `${k}: ${n} panic grants`);
-  for (let i = 0; i < lims.length; i++) assert.equal(caller.panicGranted.get(`rl:{burst}:a:${i}`), PANIC); // filled, not more
+  for (let i = 0; i < lims.length; i++) assert.equal(caller.panicGranted.get(`${burst}:${i}`), PANIC); // filled, not more
   const failuresOpen = rl.metrics().failures;
 
   await resume();
@@ -86,9 +88,10 @@ async function outage(t, { client, rl, lims, failuresAtTrip }, stop, resume) {
   const m = rl.metrics();
   assert.ok(m.probesOk >= 1);
   const leasesBefore = m.leases;
-  const fresh = await lims[0].limit('rl:{after}:a:0');
+  const after = `rl:{${tag('after')}}:a:0`;
+  const fresh = await lims[0].limit(after);
   assert.equal(fresh.source, 'module');
-  assert.equal((await lims[0].limit('rl:{after}:a:0')).source, 'local');
+  assert.equal((await lims[0].limit(after)).source, 'local');
   assert.ok(rl.metrics().leases > leasesBefore);
   assert.ok(caller.maxWait <= TIMEOUT_MS + MARGIN_MS, `a caller waited ${caller.maxWait} ms`);
   t.diagnostic(`max wait ${caller.maxWait.toFixed(1)} ms (timeout ${TIMEOUT_MS} ms); failures at trip ${failuresAtTrip[0]}, ` +
@@ -116,6 +119,25 @@ test('kill and restart: bounded waits, trip, panic limits, recovery (node-redis)
     await close().catch(() => {});
     await server.close();
   }
+});
+
+test('cluster: a stalled node (SIGSTOP) — bounded waits, trip, panic, recovery (ioredis and node-redis)', async (t) => {
+  const cluster = await Cluster.start(3);
+  try {
+    // the node that serves slot 0..5460 (redis-cli gives the first node the first third)
+    const stalled = cluster.nodes[0];
+    const onStalled = (base) => { for (let i = 0; ; i++) if (keySlot(`${base}-${i}`) <= 5460) return `${base}-${i}`; };
+    for (const kind of ['ioredis', 'node-redis5']) {
+      const { client, close } = await connect(kind, cluster.nodes.map((s) => s.port), { cluster: true });
+      try {
+        await outage(t, { client, ...setup(client) }, async () => stalled.signal('SIGSTOP'), async () => stalled.signal('SIGCONT'),
+          (k) => onStalled(`${kind}-${k}`));
+      } finally {
+        stalled.signal('SIGCONT');
+        await close();
+      }
+    }
+  } finally { await cluster.close(); }
 });
 
 // A script that keeps the server busy for `ms` (below busy-reply-threshold:
