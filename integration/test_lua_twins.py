@@ -37,6 +37,7 @@ import pytest
 import redis
 
 from harness import ROOT, wait_until
+from models import MODELS, ceil_div, log_model, multi, sc_model, single, tb_model
 
 LUA_DIR = os.path.join(ROOT, "lua")
 MAX = 2**53 - 1
@@ -46,6 +47,7 @@ FILES = {
     "RL.SLIDINGCOUNTER": "slidingcounter.lua",
 }
 CMDS = list(FILES)
+SCRIPTS = {**FILES, "RL.MULTI": "multi.lua"}
 
 
 # Every file lua/build.py generates from lua/src/.
@@ -58,7 +60,7 @@ def generated(name):
 
 
 def source(cmd):
-    return generated(FILES[cmd])
+    return generated(SCRIPTS[cmd])
 
 
 FUNCTIONS = {"RL.TOKENBUCKET": "rl_tokenbucket", "RL.SLIDINGLOG": "rl_slidinglog",
@@ -72,7 +74,7 @@ class Twins:
 
     def __init__(self, client, mode="eval"):
         self.c, self.mode = client, mode
-        self.sha = {cmd: client.script_load(source(cmd)) for cmd in CMDS}
+        self.sha = {cmd: client.script_load(source(cmd)) for cmd in SCRIPTS}
         if mode == "fcall":
             client.function_load(generated("library.lua"), replace=True)
 
@@ -90,10 +92,6 @@ class Twins:
 def now_us(c):
     s, us = c.time()
     return s * 1_000_000 + us
-
-
-def ceil_div(a, b):
-    return -(-a // b)
 
 
 def dirty(c):
@@ -151,123 +149,14 @@ def tw(plain):
 
 
 # --------------------------------------------------------------------------
-# Python models (exact integers) used to check the twins' arithmetic.
+# The twins' states read back, for the models (integration/models.py).
 # --------------------------------------------------------------------------
-
-def tb_model(state, C, rate, period_ms, cost, partial, now):
-    """Token bucket at time `now` from `state` = (tokens, frac, ts, scale)
-    or None. Returns (reply, new_state or None when nothing is written)."""
-    P = period_ms * 1000
-    if state is None:
-        S, t = C * P, now
-    else:
-        n, f, ts, sp = state
-        if sp != P:
-            f = f * P // sp
-        S, t = min(n * P + f, C * P), ts
-        if now > t:
-            S, t = min(C * P, S + rate * (now - t)), now
-    n = S // P
-    g = cost if cost <= n else (n if partial else 0)
-    S -= g * P
-    n -= g
-    if g == cost:
-        retry = 0
-    elif cost > C:
-        retry = -1
-    else:
-        retry = ceil_div(ceil_div(cost * P - S, rate), 1000)
-    reset = 0 if S == C * P else ceil_div(ceil_div(C * P - S, rate), 1000)
-    allowed = g if partial else int(g == cost)
-    new = (n, S % P, t, P) if g > 0 else None
-    return [allowed, C, n, retry, reset], new
-
 
 def tb_state(c, key):
     h = c.hgetall(key)
     if not h:
         return None
     return tuple(int(h[k]) for k in (b"tokens", b"frac", b"ts", b"scale"))
-
-
-def log_model(entries, limit, window_ms, cost, partial, now):
-    """Sliding log at `now`; entries = [(t_us, units)] ascending."""
-    W = window_ms * 1000
-    if entries and entries[-1][0] > now:
-        now = entries[-1][0]
-    live = [(t, u) for t, u in entries if t > now - W]
-    used = sum(u for _, u in live)
-    avail = max(0, limit - used)
-    g = cost if cost <= avail else (avail if partial else 0)
-    after = used + g
-    if g == cost:
-        retry = 0
-    elif cost > limit:
-        retry = -1
-    else:
-        need, acc, tk = after + cost - limit, 0, now
-        for t, u in live + [(now, g)]:
-            acc += u
-            if acc >= need:
-                tk = t
-                break
-        retry = ceil_div(tk + W - now, 1000)
-    if g > 0:
-        reset = window_ms
-    elif live:
-        reset = ceil_div(live[-1][0] + W - now, 1000)
-    else:
-        reset = 0
-    allowed = g if partial else int(g == cost)
-    return [allowed, limit, max(0, limit - after), retry, reset]
-
-
-def sc_model(state, limit, window_ms, cost, partial, now):
-    """Sliding counter at `now`; state = (win, cur, prev) or None. The call
-    is evaluated at max(now, win); durations are measured from `now`."""
-    W = window_ms * 1000
-    at, cur, prev = now, 0, 0
-    if state is not None:
-        win, scur, sprev = state
-        at = max(now, win)
-        k, ks = at // W, win // W
-        if ks == k:
-            cur, prev = scur, sprev
-        elif ks == k - 1:
-            prev = scur
-    e, lag = at % W, at - now
-    weight = ceil_div(prev * (W - e), W)
-    avail = max(0, limit - cur - weight)
-    g = cost if cost <= avail else (avail if partial else 0)
-    cur2 = cur + g
-
-    def first_fit(p, base, frm):
-        # the first x >= frm in [0, W) with p*(W - x) + base <= limit*W
-        if base > limit * W:
-            return None
-        x = max(W - (limit * W - base) // p if p else 0, frm)
-        return x if x < W else None
-
-    if g == cost:
-        retry = 0
-    elif cost > limit:
-        retry = -1
-    else:
-        x = first_fit(prev, (cur2 + cost) * W, e)
-        if x is not None:
-            wait = x - e
-        else:
-            x2 = first_fit(cur2, cost * W, 0)
-            wait = (W - e) + (W if x2 is None else x2)
-        retry = ceil_div(wait + lag, 1000)
-    if cur2 > 0:
-        reset = ceil_div(2 * W - e + lag, 1000)
-    elif prev > 0:
-        reset = ceil_div(W - e + lag, 1000)
-    else:
-        reset = 0
-    allowed = g if partial else int(g == cost)
-    return [allowed, limit, max(0, limit - cur2 - weight), retry, reset]
 
 
 def assert_between(reply, lo, hi):
@@ -773,13 +662,21 @@ def test_replicated_by_effects(server_factory):
     tw = Twins(m)
     rng = random.Random(11)
     keys = []
-    for i in range(300):
+    lims = {"RL.TOKENBUCKET": [10, 3, 60_000], "RL.SLIDINGLOG": [10, 60_000], "RL.SLIDINGCOUNTER": [10, 60_000]}
+    for i in range(400):
         cmd = CMDS[i % 3]
         key = f"{cmd}:{i % 7}"
         keys.append(key)
-        lim = [10, 3, 60_000] if cmd == "RL.TOKENBUCKET" else [10, 60_000]
-        opts = rng.choice([[], ["COST", rng.randint(0, 12)], ["PARTIAL", "COST", 4], ["DRYRUN"]])
-        tw(cmd, key, *lim, *opts)
+        opts = rng.choice([[], ["COST", rng.randint(0, 12)], ["PARTIAL", "COST", 4], ["DRYRUN"],
+                           ["REFUND", rng.randint(1, 4)]])
+        tw(cmd, key, *lims[cmd], *opts)
+        if i % 4 == 0:  # RL.MULTI over keys the single calls use too
+            picked = rng.sample(range(7), 2)
+            mk = [f"{CMDS[(i + j) % 3]}:{k}" for j, k in enumerate(picked)]
+            keys += mk
+            args = [x for j in range(2) for x in [CMDS[(i + j) % 3][3:], *lims[CMDS[(i + j) % 3]],
+                                                  "WEIGHT", j + 1]]
+            tw("RL.MULTI", mk, *args, *rng.choice([[], ["COST", 3, "PARTIAL"], ["REFUND", 2]]))
     wait_until(lambda: rp.info("replication")["master_repl_offset"] == m.info("replication")["master_repl_offset"],
                what="replica to catch up")
     for key in set(keys):
@@ -801,7 +698,383 @@ def test_cluster_mode_with_hash_tags(server_factory):
     assert tw("RL.TOKENBUCKET", "rl:{tenant}:a", 2, 1, 1000)[0] == 1
     assert tw("RL.SLIDINGLOG", "rl:{tenant}:b", 2, 1000)[0] == 1
     assert tw("RL.SLIDINGCOUNTER", "rl:{tenant}:c", 2, 1000)[0] == 1
+    # several keys: one slot (a hash tag) or the server refuses
+    limits = ["TOKENBUCKET", 2, 1, 1000, "SLIDINGLOG", 2, 1000]
+    assert tw("RL.MULTI", ["rl:{tenant}:a", "rl:{tenant}:b"], *limits)[:2] == [1, 2]
+    with pytest.raises(redis.ResponseError, match="^CROSSSLOT"):
+        tw("RL.MULTI", ["rl:{tenant}:a", "rl:{other}:b"], *limits)
     c.close()
+
+
+# --------------------------------------------------------------------------
+# REFUND and RL.MULTI (multi.lua), against the models (integration/models.py)
+# --------------------------------------------------------------------------
+
+ALGS = ["TOKENBUCKET", "SLIDINGLOG", "SLIDINGCOUNTER"]
+
+
+def twin_state(c, alg, key):
+    """A twin's key as the models' state."""
+    if alg == "TOKENBUCKET":
+        return tb_state(c, key)
+    if alg == "SLIDINGLOG":
+        entries = sorted((int(sc), int(m.split(b":")[1])) for m, sc in c.zrange(key, 0, -1, withscores=True)
+                         if m != b"#")
+        return entries or None
+    h = c.hgetall(key)
+    return tuple(int(h[k]) for k in (b"win", b"cur", b"prev")) if h else None
+
+
+def shape(alg, state):
+    """What of a state does not depend on the exact microsecond of a call:
+    whole tokens; the units of each grant; the window and its counts."""
+    if state is None:
+        return None
+    if alg == "TOKENBUCKET":
+        return state[0]
+    if alg == "SLIDINGLOG":
+        return [u for _, u in state]
+    return state
+
+
+def dump_all(c, keys):
+    return [(c.dump(k), c.pttl(k)) for k in keys]
+
+
+@pytest.mark.parametrize("cmd", CMDS)
+def test_refund_gives_back_and_writes_only_a_change(tw, cmd):
+    """REFUND n on a fresh key creates nothing; after grants it gives back
+    what was taken (never more), exactly as the model says; a refund that
+    makes the limiter fresh deletes the key."""
+    c = tw.c
+    alg = cmd[3:]
+    lim = [10, 1, 3_600_000] if cmd == "RL.TOKENBUCKET" else [10, 3_600_000]
+    model = MODELS[alg](*lim)
+    before = dirty(c)
+    assert tw(cmd, "k", *lim, "REFUND", 3) == [0, 10, 10, 0, 0]
+    assert not c.exists("k") and dirty(c) == before
+    for cost in (4, 3):
+        tw(cmd, "k", *lim, "COST", cost)
+    for n, given in ((2, 2), (1, 1), (100, 4)):
+        state = twin_state(c, alg, "k")
+        t0, (rep,), t1 = timed(c, lambda p: tw.send(p, cmd, "k", *lim, "REFUND", n))
+        lo = single(model, state, t0, refund=n)
+        hi = single(model, state, t1, refund=n)
+        assert_between(rep, lo[0], hi[0])
+        assert rep[0] == given and rep[2] == 10 - 7 + (2 + 1 + 4 if given == 4 else 2 + (n == 1))
+        assert shape(alg, twin_state(c, alg, "k")) == shape(alg, lo[2])
+        if rep[4]:
+            assert 0 < c.pttl("k") <= rep[4]
+    assert not c.exists("k")  # fresh again: deleted
+    assert tw(cmd, "k", *lim, "REFUND", 1) == [0, 10, 10, 0, 0] and not c.exists("k")
+
+
+def test_refund_token_bucket_keeps_its_fraction(tw):
+    """tokens + n, capped at the capacity; the fraction of a token stays."""
+    c = tw.c
+    P = 3_600_000 * 1000
+    now = now_us(c)
+    c.hset("b", mapping={"tokens": 2, "frac": P // 3, "ts": now, "scale": P})
+    rep = tw("RL.TOKENBUCKET", "b", 5, 1, 3_600_000, "REFUND", 2)
+    st = tb_state(c, "b")
+    assert rep[:4] == [2, 5, 4, 0] and st[0] == 4 and P // 3 <= st[1] < P // 3 + 10**5
+    rep = tw("RL.TOKENBUCKET", "b", 5, 1, 3_600_000, "REFUND", 2)  # only one missing (and a bit)
+    assert rep == [1, 5, 5, 0, 0] and not c.exists("b")
+
+
+def test_refund_sliding_log_newest_first(tw):
+    """Limit 10 filled by ten grants at distinct times; REFUND 3 takes back
+    the three newest: three grants fit at once, the fourth waits exactly
+    until the oldest grant leaves the window, and retry_after_ms says so."""
+    c = tw.c
+    W_ms = 60_000
+    for _ in range(10):
+        assert tw("RL.SLIDINGLOG", "l", 10, W_ms)[0] == 1
+    entries = twin_state(c, "SLIDINGLOG", "l")
+    assert len(entries) == 10  # distinct times
+    assert tw("RL.SLIDINGLOG", "l", 10, W_ms, "REFUND", 3)[:3] == [3, 10, 3]
+    assert twin_state(c, "SLIDINGLOG", "l") == entries[:7]
+    assert c.zscore("l", "#") == -7
+    for _ in range(3):
+        assert tw("RL.SLIDINGLOG", "l", 10, W_ms)[0] == 1
+    t0, (rep,), t1 = timed(c, lambda p: tw.send(p, "RL.SLIDINGLOG", "l", 10, W_ms))
+    oldest = entries[0][0]
+    assert rep[:3] == [0, 10, 0]
+    assert ceil_div(oldest + W_ms * 1000 - t1, 1000) <= rep[3] <= ceil_div(oldest + W_ms * 1000 - t0, 1000)
+    # a partial entry: REFUND 2 of a grant of 3 keeps 1 unit at its time
+    assert tw("RL.SLIDINGLOG", "m", 10, W_ms, "COST", 3)[0] == 1
+    (t, _), = twin_state(c, "SLIDINGLOG", "m")
+    assert tw("RL.SLIDINGLOG", "m", 10, W_ms, "REFUND", 2)[:3] == [2, 10, 9]
+    assert twin_state(c, "SLIDINGLOG", "m") == [(t, 1)] and c.zscore("m", "#") == -1
+
+
+def test_refund_sliding_counter_never_below_zero(tw):
+    """Off the current window first, then the previous; never below zero."""
+    c = tw.c
+    W = 3_600_000_000
+    k = now_us(c) // W
+    c.hset("c", mapping={"win": k * W, "cur": 3, "prev": 4})
+    rep = tw("RL.SLIDINGCOUNTER", "c", 10, 3_600_000, "REFUND", 5)
+    if now_us(c) // W != k:
+        pytest.skip("a window began during the test")
+    assert rep[0] == 5 and twin_state(c, "SLIDINGCOUNTER", "c") == (k * W, 0, 2)
+    assert tw("RL.SLIDINGCOUNTER", "c", 10, 3_600_000, "REFUND", 5)[:3] == [2, 10, 10]
+    assert not c.exists("c")
+
+
+@pytest.mark.parametrize("cmd", CMDS)
+def test_refund_errors(tw, cmd):
+    c = tw.c
+    lim = [5, 1, 1000] if cmd == "RL.TOKENBUCKET" else [5, 1000]
+    tw(cmd, "k", *lim, "COST", 2)
+    before = (dirty(c), c.dump("k"))
+    for opts in (["REFUND", 1, "COST", 1], ["COST", 1, "REFUND", 1], ["REFUND", 1, "PARTIAL"],
+                 ["DRYRUN", "REFUND", 1], ["REFUND", 1, "REFUND", 1], ["REFUND"]):
+        assert err_of(tw, cmd, "k", *lim, *opts) == "syntax error", opts
+    for bad in ("0", "-1", "x", str(2**53)):
+        assert err_of(tw, cmd, "k", *lim, "REFUND", bad) == f"REFUND must be an integer between 1 and {MAX}"
+    assert (dirty(c), c.dump("k")) == before
+
+
+def random_limits(rng, n):
+    out = []
+    for _ in range(n):
+        alg = rng.choice(ALGS)
+        lim = rng.choice([1, 3, 10, 50, 1000])
+        params = [lim, rng.choice([1, 2]), rng.choice([3_600_000, 86_400_000])] if alg == "TOKENBUCKET" \
+            else [lim, rng.choice([3_600_000, 86_400_000])]
+        out.append((alg, params, rng.choice([1, 1, 2, 3])))
+    return out
+
+
+def limit_args(limits, rng=None):
+    args = []
+    for alg, params, w in limits:
+        args += [alg if rng is None else rng.choice([alg, alg.lower()]), *params]
+        if w != 1 or (rng and rng.random() < 0.2):
+            args += ["WEIGHT", w]
+    return args
+
+
+def random_multi_opts(rng, limits):
+    """(option words, cost, partial, dryrun, refund)."""
+    if rng.random() < 0.2:
+        n = rng.choice([1, 2, 5, rng.randint(1, 60)])
+        return ["REFUND", n], 1, False, False, n
+    top = max(p[0] for _, p, _ in limits)
+    cost = rng.choice([0, 1, 1, 1, 2, 3, rng.randint(0, top + 2)])
+    partial, dryrun = rng.random() < 0.3, rng.random() < 0.15
+    groups = [["COST", cost]] if cost != 1 or rng.random() < 0.3 else []
+    groups += [["PARTIAL"]] * partial + [["DRYRUN"]] * dryrun
+    rng.shuffle(groups)
+    return [x for g in groups for x in g], cost, partial, dryrun, None
+
+
+def agree_multi(rep, want, tol, ctx):
+    """The twin's seven elements against the model's: integers exact,
+    durations within `tol` ms. When the call was denied, two limits whose
+    waits are within the tolerance may bind either way."""
+    def close(a, b):
+        return a == b or (a > 0 and b > 0 and abs(a - b) <= tol)
+
+    assert len(rep) == 7 and len(rep[6]) == len(want[6]), ctx
+    for r, w in zip(rep[6], want[6]):
+        assert r[:3] == w[:3] and close(r[3], w[3]) and close(r[4], w[4]), (r, w, ctx)
+    assert rep[0] == want[0] and close(rep[3], want[3]), ctx
+    b = rep[5]
+    if b != want[5]:
+        assert rep[3] > 0 and want[3] > 0 and close(rep[6][b][3], want[6][want[5]][3]), ctx
+    assert rep[1:3] == rep[6][b][1:3] and rep[4] == rep[6][b][4], ctx
+
+
+@pytest.mark.parametrize("mode", ["eval", "fcall"])
+@pytest.mark.parametrize("seed", range(12))
+def test_multi_random_sequences_match_the_model(plain, mode, seed):
+    """1 to 4 limits of mixed algorithms and weights; COST, PARTIAL, DRYRUN,
+    REFUND; now and then a single-limit call on one of the keys or a rule
+    change. Every reply equals the model's (each limit evaluated on its own
+    at the same instant, committed all or nothing), and the stored states
+    are the model's."""
+    c = plain
+    tw = Twins(c, mode)
+    rng = random.Random(1000 + seed)
+    for attempt in range(3):
+        limits = random_limits(rng, rng.randint(1, 4))
+        keys = [f"{{s{seed}}}:{attempt}:{i}" for i in range(len(limits))]
+        states = [None] * len(limits)
+        D, t_first = 0, None
+        for step in range(50):
+            if rng.random() < 0.05:
+                i = rng.randrange(len(limits))
+                alg, params, w = limits[i]
+                params = list(params)
+                params[0] = rng.choice([1, 2, 5, 10, 60])  # a rule change: new limit
+                limits[i] = (alg, params, w)
+            if rng.random() < 0.15:  # a single-limit call on one key
+                i = rng.randrange(len(limits))
+                alg, params, _ = limits[i]
+                opts, cost, partial, dryrun, refund = random_multi_opts(rng, [limits[i]])
+                t0, (rep,), t1 = timed(c, lambda p: tw.send(p, "RL." + alg, keys[i], *params, *opts))
+                want, _, new = single(MODELS[alg](*params), states[i], t0, cost, partial, dryrun, refund)
+                ctx = (step, alg, params, opts, rep, want)
+                assert rep[:3] == want[:3], ctx
+                states[i] = new
+            else:
+                opts, cost, partial, dryrun, refund = random_multi_opts(rng, limits)
+                args = limit_args(limits, rng) + opts
+                t0, (rep,), t1 = timed(c, lambda p: tw.send(p, "RL.MULTI", keys, *args))
+                D = max(D, t1 - t0)
+                want, _, new = multi([(MODELS[a](*p), s, w) for (a, p, w), s in zip(limits, states)],
+                                     t0, cost, partial, dryrun, refund)
+                agree_multi(rep, want, D / 1000 + 1, (step, args, rep, want))
+                states = new
+            t_first = t_first or t0
+            for (alg, _, _), key, st in zip(limits, keys, states):
+                assert shape(alg, twin_state(c, alg, key)) == shape(alg, st), (step, alg, key)
+        windows = {p[-1] for a, p, _ in limits if a == "SLIDINGCOUNTER"}
+        if all(t_first // (w * 1000) == t1 // (w * 1000) for w in windows):
+            break  # no counter window began during the sequence
+
+
+def test_multi_one_limit_answers_as_the_single_script(tw):
+    """RL.MULTI with one limit of weight 1 answers what the single command
+    answers (elements 1-5; after a REFUND element 1 is n when anything was
+    given back)."""
+    c = tw.c
+    rng = random.Random(77)
+    for alg in ALGS:
+        params = [5, 1, 3_600_000] if alg == "TOKENBUCKET" else [5, 3_600_000]
+        D = 0
+        for step in range(40):
+            opts, *_, refund = random_multi_opts(rng, [(alg, params, 1)])
+
+            def fn(p):
+                tw.send(p, "RL." + alg, f"s:{alg}", *params, *opts)
+                tw.send(p, "RL.MULTI", [f"m:{alg}"], alg, *params, *opts)
+
+            t0, (rs, rm), t1 = timed(c, fn)
+            D = max(D, t1 - t0)
+            ctx = (alg, step, opts, rs, rm)
+            assert rm[1:3] == rs[1:3] and rm[5] == 0 and rm[6][0][1:3] == rs[1:3], ctx
+            assert rm[0] == (rs[0] if refund is None else refund * (rs[0] > 0)), ctx
+            for i in (3, 4):
+                assert rm[i] == rs[i] or (rm[i] > 0 and rs[i] > 0 and abs(rm[i] - rs[i]) <= D / 1000 + 1), ctx
+            assert shape(alg, twin_state(c, alg, f"s:{alg}")) == shape(alg, twin_state(c, alg, f"m:{alg}")), ctx
+
+
+def test_multi_all_or_nothing_per_second_and_per_minute(tw):
+    """5 per second and 20 per minute on two keys: 5 granted in a second;
+    every denial leaves both keys byte-identical with their TTLs; after
+    four seconds at that pace the per-minute limit binds."""
+    c = tw.c
+    keys = ["rl:{u1}:s", "rl:{u1}:m"]
+    limits = ["SLIDINGLOG", 5, 1000, "SLIDINGLOG", 20, 60_000]
+    granted = 0
+    for second in range(5):
+        for i in range(7):
+            before = dump_all(c, keys)
+            rep = tw("RL.MULTI", keys, *limits)
+            if rep[0] == 1:
+                granted += 1
+                # in the last second both have as many left: the tie binds the first
+                assert rep[5] == 0 and rep[2] == min(r[2] for r in rep[6])
+                continue
+            after = dump_all(c, keys)
+            for (d, ttl), (d0, ttl0) in zip(after, before):
+                if ttl0 > 100:  # (a key about to expire may be gone by now)
+                    assert d == d0 and 0 < ttl <= ttl0, (before, after, rep)
+            if granted < 20:
+                assert rep[5] == 0 and 0 < rep[3] <= 1000 and rep[6][1][0] == 0
+            else:
+                assert rep[5] == 1 and 55_000 < rep[3] <= 60_000 and rep[6][0][0] == 0
+        assert granted == min(5 * (second + 1), 20)
+        end = now_us(c)  # after this second's grants: wait until they left the 1 s window
+        wait_until(lambda: now_us(c) > end + 1_000_000, timeout=5, what="a second to pass")
+    assert granted == 20 and twin_state(c, "SLIDINGLOG", keys[1]) and c.zscore(keys[1], "#") == -20
+
+
+def test_multi_partial_with_weights(tw):
+    """Limits with 7 and 10 units left and weights 1 and 2: COST 8 PARTIAL
+    takes 5 requests (5 and 10 units)."""
+    c = tw.c
+    tw("RL.SLIDINGCOUNTER", "{p}a", 10, 3_600_000, "COST", 3)
+    tw("RL.SLIDINGLOG", "{p}b", 12, 3_600_000, "COST", 2)
+    rep = tw("RL.MULTI", ["{p}a", "{p}b"], "SLIDINGCOUNTER", 10, 3_600_000, "SLIDINGLOG", 12, 3_600_000,
+             "WEIGHT", 2, "COST", 8, "PARTIAL")
+    assert rep[:3] == [5, 12, 0] and rep[5] == 1
+    assert [r[:3] for r in rep[6]] == [[5, 10, 2], [10, 12, 0]]
+    assert c.hget("{p}a", "cur") == b"8" and c.zscore("{p}b", "#") == -12
+
+
+def test_multi_concurrent_calls_grant_exactly_the_tightest_limit(server_factory):
+    """Many connections at once on (capacity 100, limit 150): exactly 100
+    granted, and the 150-limit key holds exactly those 100."""
+    import threading
+    s = server_factory(module=False)
+    c = s.client()
+    sha = c.script_load(source("RL.MULTI"))
+    args = ["TOKENBUCKET", 100, 1, 3_600_000, "SLIDINGLOG", 150, 3_600_000]
+    counts = []
+
+    def worker():
+        cc = s.client()
+        p = cc.pipeline(transaction=False)
+        for _ in range(40):
+            p.evalsha(sha, 2, "{c}b", "{c}l", *args)
+        counts.append(sum(r[0] for r in p.execute()))
+        cc.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(20)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(counts) == 20 and sum(counts) == 100
+    assert c.zscore("{c}l", "#") == -100 and int(c.hget("{c}b", "tokens")) == 0
+    c.close()
+
+
+MULTI_ERRORS = [
+    (["TOKENBUCKET", 5, 1, 1000], ["a", "b"], "numkeys must equal the number of limits"),
+    (["SLIDINGLOG", 5, 1000] * 2, ["a"], "numkeys must equal the number of limits"),
+    (["SLIDINGLOG", 5, 1000] * 2, ["a", "a"], "repeated key"),
+    (["SLIDINGLOG", 5, 1000] * 17, [f"k{i}" for i in range(17)], "numkeys must be between 1 and 16"),
+    ([], [], "numkeys must be between 1 and 16"),
+    (["FIXEDWINDOW", 5, 1000], ["a"], "syntax error"),
+    (["SLIDINGLOG", 5], ["a"], "syntax error"),
+    (["SLIDINGLOG", 0, 1000], ["a"], f"limit must be an integer between 1 and {MAX}"),
+    (["TOKENBUCKET", 5, "x", 1000], ["a"], f"rate must be an integer between 1 and {MAX}"),
+    (["SLIDINGLOG", 5, 1000, "WEIGHT", 0], ["a"], f"WEIGHT must be an integer between 1 and {MAX}"),
+    (["SLIDINGLOG", 5, 1000, "WEIGHT"], ["a"], "syntax error"),
+    (["SLIDINGLOG", 5, 1000, "WEIGHT", 3, "COST", 2**52], ["a"], f"COST*WEIGHT must be at most {MAX}"),
+    (["SLIDINGLOG", 5, 1000, "WEIGHT", 3, "REFUND", 2**52], ["a"], f"REFUND*WEIGHT must be at most {MAX}"),
+    (["SLIDINGLOG", 5, 1000, "COST", 1, "REFUND", 1], ["a"], "syntax error"),
+    (["SLIDINGLOG", 5, 1000, "PARTIAL", "PARTIAL"], ["a"], "syntax error"),
+    (["SLIDINGLOG", 5, 1000, "COST", -1], ["a"], f"COST must be an integer between 0 and {MAX}"),
+    (["SLIDINGLOG", 5, 9007199254741], ["a"], "window_ms is beyond the exact range of the Lua script"),
+]
+
+
+def test_multi_errors_change_nothing(tw):
+    c = tw.c
+    for k, alg, lim in (("a", "SLIDINGLOG", [5, 1000]), ("b", "SLIDINGLOG", [5, 1000]),
+                        ("t", "TOKENBUCKET", [5, 1, 1000]), ("c", "SLIDINGCOUNTER", [5, 1000])):
+        tw("RL." + alg, k, *lim)
+    c.set("s", "x")
+    keys = ["a", "b", "t", "c", "s"]
+    before = (dirty(c), dump_all(c, keys))
+    for args, ks, text in MULTI_ERRORS:
+        e = err_of(tw, "RL.MULTI", ks, *args)
+        assert e.startswith(text), (args, ks, e)
+    # WRONGTYPE: a string, or another algorithm's key, anywhere in the call
+    for ks, args in ((["a", "s"], ["SLIDINGLOG", 5, 1000] * 2),
+                     (["a", "t"], ["SLIDINGLOG", 5, 1000, "SLIDINGLOG", 5, 1000]),
+                     (["c", "a"], ["TOKENBUCKET", 5, 1, 1000, "SLIDINGLOG", 5, 1000]),
+                     (["t", "a"], ["SLIDINGCOUNTER", 5, 1000, "SLIDINGLOG", 5, 1000, "REFUND", 1])):
+        assert err_of(tw, "RL.MULTI", ks, *args).startswith("WRONGTYPE"), (ks, args)
+    assert (dirty(c), [d for d, _ in dump_all(c, keys)]) == (before[0], [d for d, _ in before[1]])
+    assert raw_reply(c.port, "EVALSHA", tw.sha["RL.MULTI"], 1, "a", "SLIDINGLOG", 5, 1000, "X") \
+        == "-ERR syntax error"
 
 
 # --------------------------------------------------------------------------

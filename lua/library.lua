@@ -155,7 +155,8 @@ end
 -- One limiter A (TB, SL or SC) called like its command: keys = {key}, argv =
 -- the command's arguments after the key. Replies with the five integers:
 -- {allowed, limit, remaining, retry_after_ms, reset_after_ms}; after
--- REFUND n, allowed is the number of units given back.
+-- REFUND n, allowed is the number of units given back and retry_after_ms
+-- the wait for one unit.
 local function rl_single(A, keys, argv)
   if #keys ~= 1 then
     return redis.error_reply('ERR the ' .. A.script .. ' script takes exactly 1 key')
@@ -176,8 +177,9 @@ local function rl_single(A, keys, argv)
   if not s then return e end
 
   if refund then
+    -- The reply after the refund, for a following request of one unit.
     local given = A.give(p, s, refund)
-    local remaining, retry, reset = A.report(p, s, 0, 0)
+    local remaining, retry, reset = A.report(p, s, 1, 0)
     if given > 0 then A.write(key, p, s, reset) end
     return {given, p.limit, remaining, retry, reset}
   end
@@ -837,16 +839,18 @@ local function rl_multi(keys, argv)
     end
   end
 
-  -- Each limit takes its units and replies; the binding limit: when granted, the fewest whole
-  -- requests left (remaining / WEIGHT), else the longest wait (-1 longest);
-  -- ties to the lowest index.
+  -- Each limit takes its units (or has given some back) and replies. The
+  -- binding limit: when granted (or refunded), the fewest whole requests
+  -- left (remaining / WEIGHT), else the longest wait (-1 longest); ties to
+  -- the lowest index. retry_after_ms: the longest wait (0 when granted; for
+  -- a refund, the wait for one more request).
   local replies, b, best = {}, 1, nil
   local retry = 0
   for j = 1, n do
     local L = lims[j]
     local rem, wait, reset
-    if refund then
-      rem, wait, reset = L.A.report(L.p, st[j], 0, 0)
+    if refund then -- the reply for a following request (WEIGHT units)
+      rem, wait, reset = L.A.report(L.p, st[j], L.w, 0)
     else
       rem, wait, reset = L.A.report(L.p, st[j], wanted[j], took[j])
     end
@@ -854,15 +858,13 @@ local function rl_multi(keys, argv)
     if granted then
       local left = divmod(rem, L.w)
       if best == nil or left < best then b, best = j, left end
-    else
-      if wait == -1 then
-        if best ~= -1 then b, best = j, -1 end
-      elseif best == nil or (best ~= -1 and wait > best) then
-        b, best = j, wait
-      end
+    end
+    if retry ~= -1 and (wait == -1 or wait > retry) then
+      retry = wait
+      if not granted then b = j end
     end
   end
-  if not granted then retry = best end
+  if granted and not refund then retry = 0 end
 
   if refund then
     for j = 1, n do

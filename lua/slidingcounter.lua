@@ -334,7 +334,8 @@ end
 -- One limiter A (TB, SL or SC) called like its command: keys = {key}, argv =
 -- the command's arguments after the key. Replies with the five integers:
 -- {allowed, limit, remaining, retry_after_ms, reset_after_ms}; after
--- REFUND n, allowed is the number of units given back.
+-- REFUND n, allowed is the number of units given back and retry_after_ms
+-- the wait for one unit.
 local function rl_single(A, keys, argv)
   if #keys ~= 1 then
     return redis.error_reply('ERR the ' .. A.script .. ' script takes exactly 1 key')
@@ -355,8 +356,9 @@ local function rl_single(A, keys, argv)
   if not s then return e end
 
   if refund then
+    -- The reply after the refund, for a following request of one unit.
     local given = A.give(p, s, refund)
-    local remaining, retry, reset = A.report(p, s, 0, 0)
+    local remaining, retry, reset = A.report(p, s, 1, 0)
     if given > 0 then A.write(key, p, s, reset) end
     return {given, p.limit, remaining, retry, reset}
   end

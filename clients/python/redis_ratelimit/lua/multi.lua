@@ -802,16 +802,18 @@ local function rl_multi(keys, argv)
     end
   end
 
-  -- Each limit takes its units and replies; the binding limit: when granted, the fewest whole
-  -- requests left (remaining / WEIGHT), else the longest wait (-1 longest);
-  -- ties to the lowest index.
+  -- Each limit takes its units (or has given some back) and replies. The
+  -- binding limit: when granted (or refunded), the fewest whole requests
+  -- left (remaining / WEIGHT), else the longest wait (-1 longest); ties to
+  -- the lowest index. retry_after_ms: the longest wait (0 when granted; for
+  -- a refund, the wait for one more request).
   local replies, b, best = {}, 1, nil
   local retry = 0
   for j = 1, n do
     local L = lims[j]
     local rem, wait, reset
-    if refund then
-      rem, wait, reset = L.A.report(L.p, st[j], 0, 0)
+    if refund then -- the reply for a following request (WEIGHT units)
+      rem, wait, reset = L.A.report(L.p, st[j], L.w, 0)
     else
       rem, wait, reset = L.A.report(L.p, st[j], wanted[j], took[j])
     end
@@ -819,15 +821,13 @@ local function rl_multi(keys, argv)
     if granted then
       local left = divmod(rem, L.w)
       if best == nil or left < best then b, best = j, left end
-    else
-      if wait == -1 then
-        if best ~= -1 then b, best = j, -1 end
-      elseif best == nil or (best ~= -1 and wait > best) then
-        b, best = j, wait
-      end
+    end
+    if retry ~= -1 and (wait == -1 or wait > retry) then
+      retry = wait
+      if not granted then b = j end
     end
   end
-  if not granted then retry = best end
+  if granted and not refund then retry = 0 end
 
   if refund then
     for j = 1, n do

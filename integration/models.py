@@ -1,0 +1,320 @@
+"""Reference models of the three limiters and of RL.MULTI, in exact Python
+integers (no server, no floating point). One model per algorithm, for every
+Python test layer: the Lua twins' tests check the scripts against them, and
+any suite may use them for the module.
+
+Each model reads a state at an instant into a view; a view answers how many
+units it can take now (`avail`), takes units (`take`) or gives them back
+(`give`), then replies for a request of `want` units (`answer`) and says
+what state to store (`state`). `single` and `multi` compose the views into
+the commands' replies (SPEC.md: "Reply", "Composition").
+
+States are kept in the form the Lua twins store them (and that the tests
+can read back from the twins' keys):
+
+* token bucket: (tokens, frac, ts, scale) -- tokens + frac/scale whole
+  tokens at time ts (us), scale = period_ms * 1000 -- or None (full);
+* sliding log: [(t_us, units), ...] ascending, one entry per grant time;
+* sliding counter: (win, cur, prev) -- cur units in the window starting at
+  win (us), prev in the one before -- or None.
+
+Durations are measured from the instant a limiter is evaluated at: the
+clock reading, or later when the clock stepped back behind the state (the
+counter then counts the gap into its durations, as the module does).
+"""
+
+
+def ceil_div(a, b):
+    return -(-a // b)
+
+
+class TokenBucket:
+    """`capacity` tokens, `rate` more every `period_ms`, continuously."""
+
+    def __init__(self, capacity, rate, period_ms):
+        self.limit = capacity
+        self.rate = rate
+        self.P = period_ms * 1000  # 1/P token is the unit of the content S
+
+    def at(self, state, now):
+        return _BucketView(self, state, now)
+
+
+class _BucketView:
+    def __init__(self, m, state, now):
+        C, P = m.limit, m.P
+        if state is None:
+            S, t = C * P, now
+        else:
+            n, f, ts, sp = state
+            if sp != P:
+                f = f * P // sp  # a new period: the fraction recounted, rounded down
+            S, t = min(n * P + f, C * P), ts
+            if now > t:
+                S, t = min(C * P, S + m.rate * (now - t)), now
+        self.m, self.S, self.t, self.taken = m, S, t, 0
+
+    def avail(self):
+        return self.S // self.m.P
+
+    def take(self, g):
+        self.S -= g * self.m.P
+        self.taken += g
+
+    def give(self, k):
+        """min(capacity, tokens + k); the whole tokens given back."""
+        C, P = self.m.limit, self.m.P
+        given = min(k, C - self.S // P)
+        self.S = min(C * P, self.S + k * P)
+        return given
+
+    def _wait_ms(self, target):
+        return ceil_div(ceil_div(target - self.S, self.m.rate), 1000)
+
+    def answer(self, want):
+        C, P = self.m.limit, self.m.P
+        if self.taken == want:
+            retry = 0
+        elif want > C:
+            retry = -1
+        elif want * P <= self.S:
+            retry = 0
+        else:
+            retry = self._wait_ms(want * P)
+        reset = 0 if self.S == C * P else self._wait_ms(C * P)
+        return self.S // P, retry, reset
+
+    def state(self):
+        if self.S == self.m.limit * self.m.P:
+            return None
+        return (self.S // self.m.P, self.S % self.m.P, self.t, self.m.P)
+
+
+class SlidingLog:
+    """Exact: at most `limit` units granted in any `window_ms`."""
+
+    def __init__(self, limit, window_ms):
+        self.limit = limit
+        self.W = window_ms * 1000
+
+    def at(self, state, now):
+        return _LogView(self, state or [], now)
+
+
+class _LogView:
+    def __init__(self, m, entries, now):
+        if entries and entries[-1][0] > now:
+            now = entries[-1][0]  # the clock stepped back: nothing elapsed
+        self.m, self.now, self.taken = m, now, 0
+        self.live = [(t, u) for t, u in entries if t > now - m.W]
+
+    def used(self):
+        return sum(u for _, u in self.live)
+
+    def avail(self):
+        return max(0, self.m.limit - self.used())
+
+    def take(self, g):
+        if g:
+            if self.live and self.live[-1][0] == self.now:
+                self.live[-1] = (self.now, self.live[-1][1] + g)
+            else:
+                self.live.append((self.now, g))
+        self.taken += g
+
+    def give(self, k):
+        """The newest k units in the window leave it, the newest grant first."""
+        given = k = min(k, self.used())
+        while k:
+            t, u = self.live.pop()
+            if u > k:
+                self.live.append((t, u - k))
+                k = 0
+            else:
+                k -= u
+        return given
+
+    def answer(self, want):
+        limit, W, now = self.m.limit, self.m.W, self.now
+        used = self.used()
+        need = used + want - limit  # units that must leave the window first
+        if self.taken == want:
+            retry = 0
+        elif want > limit:
+            retry = -1
+        elif need <= 0:
+            retry = 0
+        else:
+            acc = 0
+            for t, u in self.live:
+                acc += u
+                if acc >= need:
+                    break
+            retry = ceil_div(t + W - now, 1000)
+        reset = ceil_div(self.live[-1][0] + W - now, 1000) if self.live else 0
+        return max(0, limit - used), retry, reset
+
+    def state(self):
+        return list(self.live) or None
+
+
+class SlidingCounter:
+    """prev * (W - e) / W + cur + COST <= limit, windows aligned on the clock."""
+
+    def __init__(self, limit, window_ms):
+        self.limit = limit
+        self.W = window_ms * 1000
+
+    def at(self, state, now):
+        return _CounterView(self, state, now)
+
+
+class _CounterView:
+    def __init__(self, m, state, now):
+        W = m.W
+        at, cur, prev = now, 0, 0
+        start = now // W * W
+        if state is not None:
+            win, scur, sprev = state
+            at = max(now, win)
+            k, ks = at // W, win // W
+            start = k * W
+            if ks == k:
+                cur, prev = scur, sprev
+                start = max(k * W, win)
+            elif ks == k - 1:
+                prev = scur
+        self.m, self.cur, self.prev, self.start, self.taken = m, cur, prev, start, 0
+        self.e, self.lag = at % W, at - now
+
+    def avail(self):
+        W = self.m.W
+        return max(0, self.m.limit - self.cur - ceil_div(self.prev * (W - self.e), W))
+
+    def take(self, g):
+        self.cur += g
+        self.taken += g
+
+    def give(self, k):
+        """k units off the current window's count, the rest off the previous."""
+        a = min(k, self.cur)
+        b = min(k - a, self.prev)
+        self.cur -= a
+        self.prev -= b
+        return a + b
+
+    def answer(self, want):
+        limit, W, e = self.m.limit, self.m.W, self.e
+        cur, prev = self.cur, self.prev
+
+        def first_fit(p, base, frm):
+            # the first x >= frm in [0, W) with p*(W - x) + base <= limit*W
+            if base > limit * W:
+                return None
+            x = max(W - (limit * W - base) // p if p else 0, frm)
+            return x if x < W else None
+
+        if self.taken == want:
+            retry = 0
+        elif want > limit:
+            retry = -1
+        elif want <= self.avail():
+            retry = 0
+        else:
+            x = first_fit(prev, (cur + want) * W, e)
+            if x is not None:
+                wait = x - e
+            else:
+                x2 = first_fit(cur, want * W, 0)
+                wait = (W - e) + (W if x2 is None else x2)
+            retry = ceil_div(wait + self.lag, 1000)
+        if cur > 0:
+            reset = ceil_div(2 * W - e + self.lag, 1000)
+        elif prev > 0:
+            reset = ceil_div(W - e + self.lag, 1000)
+        else:
+            reset = 0
+        return self.avail(), retry, reset
+
+    def state(self):
+        if self.cur == 0 and self.prev == 0:
+            return None
+        return (self.start, self.cur, self.prev)
+
+
+MODELS = {"TOKENBUCKET": TokenBucket, "SLIDINGLOG": SlidingLog, "SLIDINGCOUNTER": SlidingCounter}
+
+
+def single(model, state, now, cost=1, partial=False, dryrun=False, refund=None):
+    """One command at `now`: (five-integer reply, written, new state).
+    `written` says whether the call writes its key (new state None: the
+    key is deleted, or not created)."""
+    v = model.at(state, now)
+    if refund is not None:
+        given = v.give(refund)
+        remaining, retry, reset = v.answer(1)  # the wait for one more unit
+        return [given, model.limit, remaining, retry, reset], given > 0, v.state() if given else state
+    g = min(cost, v.avail())
+    if g < cost and not partial:
+        g = 0
+    v.take(g)
+    remaining, retry, reset = v.answer(cost)
+    allowed = g if partial else int(g == cost)
+    written = g > 0 and not dryrun
+    return [allowed, model.limit, remaining, retry, reset], written, v.state() if written else state
+
+
+def multi(limits, now, cost=1, partial=False, dryrun=False, refund=None):
+    """RL.MULTI at `now` over `limits` = [(model, state, weight)]: each
+    limit decided independently at the same instant, committed all or
+    nothing. Returns (seven-element reply, [written], [new state])."""
+    views = [(m.at(s, now), m, w) for m, s, w in limits]
+    if refund is not None:
+        took = [v.give(refund * w) for v, _, w in views]
+        per = [[t, m.limit, *v.answer(w)] for t, (v, m, w) in zip(took, views)]
+        allowed = refund if any(took) else 0
+        written = [t > 0 for t in took]
+        granted = True
+    else:
+        g = cost
+        for v, _, w in views:
+            g = min(g, v.avail() // w)
+        if g < cost and not partial:
+            g = 0
+        for v, _, w in views:
+            v.take(g * w)
+        per = [[g * w, m.limit, *v.answer(cost * w)] for v, m, w in views]
+        granted = g == cost
+        allowed = g if partial else int(granted)
+        written = [g > 0 and not dryrun] * len(views)
+    if granted:  # the fewest whole requests left, ties to the lowest index
+        b = min(range(len(per)), key=lambda i: (per[i][2] // views[i][2], i))
+    else:  # the longest wait, -1 longest, ties to the lowest index
+        b = min(range(len(per)), key=lambda i: (-(per[i][3] if per[i][3] >= 0 else float("inf")), i))
+    waits = [p[3] for p in per]
+    if granted and refund is None:
+        retry = 0
+    else:
+        retry = -1 if -1 in waits else max(waits)
+    new = [v.state() if wr else s for (v, _, _), wr, (_, s, _) in zip(views, written, limits)]
+    rb = per[b]
+    return [allowed, rb[1], rb[2], retry, rb[4], b, per], written, new
+
+
+# The single-command models with the signatures the twins' tests use.
+
+def tb_model(state, C, rate, period_ms, cost, partial, now):
+    """Token bucket at `now` from `state`: (reply, new state or None when
+    nothing is written)."""
+    reply, written, new = single(TokenBucket(C, rate, period_ms), state, now, cost, partial)
+    return reply, new if written else None
+
+
+def log_model(entries, limit, window_ms, cost, partial, now):
+    """Sliding log at `now`; entries = [(t_us, units)] ascending."""
+    return single(SlidingLog(limit, window_ms), entries, now, cost, partial)[0]
+
+
+def sc_model(state, limit, window_ms, cost, partial, now):
+    """Sliding counter at `now`; state = (win, cur, prev) or None."""
+    return single(SlidingCounter(limit, window_ms), state, now, cost, partial)[0]
