@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Source coverage reached by the fuzz corpus (fuzz/corpus + fuzz/regressions),
-# per file of the code under test (src/args.rs, src/codec.rs, src/core/*).
+# per file of the code under test (crates/ratelimit-core/src/*).
 #
 #   ./fuzz/coverage.sh            (after ./fuzz/run.sh has grown a corpus)
 #
@@ -36,9 +36,10 @@ for line in open(sys.argv[1]):
     if not m:
         continue
     _, hits, cov, tot, func, path, _ = m.groups()
-    path = re.sub(r".*/fuzz/src/\.\./\.\./", "", path)
-    if not re.match(r"src/(args|codec)\.rs$|src/core/", path):
+    core = re.search(r"crates/ratelimit-core/(src/.*)$", path)
+    if not core:
         continue
+    path = core.group(1)
     key = (path, func)
     c, t = int(cov), int(tot)
     if key not in best or c > best[key][0]:

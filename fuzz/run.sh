@@ -54,7 +54,7 @@ for t in "${TARGETS[@]}"; do
   [ -e "${files[0]}" ] || continue
   if ! "$OUT/$t" -runs=1 "${files[@]}" >"target/replay-$t.log" 2>&1; then
     echo "fuzz: REGRESSION in $t:" >&2
-    grep -E "Running:|panicked|^  [0-9]+: redis_ratelimit" -A1 "target/replay-$t.log" | head -30 >&2
+    grep -E "Running:|panicked|^  [0-9]+: (redis_)?ratelimit" -A1 "target/replay-$t.log" | head -30 >&2
     exit 1
   fi
   echo "fuzz: $t: ${#files[@]} regression cases pass"
@@ -97,7 +97,7 @@ for t in "${TARGETS[@]}"; do
     [ -e "$crash" ] || continue
     cp "$crash" "regressions/$t/"
     echo "fuzz: FINDING in $t: regressions/$t/$(basename "$crash")" >&2
-    grep -E "panicked|^  [0-9]+: redis_ratelimit" -A1 "$log" | head -20 >&2
+    grep -E "panicked|^  [0-9]+: (redis_)?ratelimit" -A1 "$log" | head -20 >&2
     failed=1
   done
 done

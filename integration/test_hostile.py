@@ -109,7 +109,7 @@ class Dump:
 
 
 # ---------------------------------------------------------------------------
-# The states' encodings (src/core/*.rs) and the RL.STATE payload (codec.rs).
+# The states' encodings and the RL.STATE payload (crates/ratelimit-core).
 # ---------------------------------------------------------------------------
 
 def tb_body(tokens, frac, den, last_us):

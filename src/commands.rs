@@ -6,16 +6,35 @@
 use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use ratelimit_core::args::{self, Arg, ArgError, Call};
+use ratelimit_core::codec::{self, Effect};
+use ratelimit_core::{slidingcounter as sc, slidinglog as sl, to_i64, tokenbucket as tb, Decision};
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
-use crate::args::{self, ArgError, Call};
 use crate::clock;
-use crate::codec::{self, Effect};
-use crate::core::{slidingcounter as sc, slidinglog as sl, to_i64, tokenbucket as tb, Decision};
 use crate::ffi::{self, Key, Slot};
 use crate::listeners;
 use crate::stats::{self, Cmd};
 use crate::types::Stored;
+use crate::value::Value;
+
+const SYNTAX_ERROR: &CStr = c"ERR syntax error";
+/// The key could not be set (the server refused the value): nothing was
+/// granted or counted.
+const STORE_FAILED: &CStr = c"ERR could not store the value";
+
+/// The reply text of a numeric argument out of range (static: an error
+/// costs no formatting).
+fn arg_error(a: Arg) -> &'static CStr {
+    match a {
+        Arg::Capacity => c"ERR capacity must be an integer between 1 and 9007199254740991",
+        Arg::Rate => c"ERR rate must be an integer between 1 and 9007199254740991",
+        Arg::PeriodMs => c"ERR period_ms must be an integer between 1 and 9007199254740991",
+        Arg::Limit => c"ERR limit must be an integer between 1 and 9007199254740991",
+        Arg::WindowMs => c"ERR window_ms must be an integer between 1 and 9007199254740991",
+        Arg::Cost => c"ERR COST must be an integer between 0 and 9007199254740991",
+    }
+}
 
 /// Run a handler; a panic (a bug: none is reachable by design) answers an
 /// error instead of unwinding into Redis, which would abort the server.
@@ -41,7 +60,7 @@ unsafe fn argv_slice<'a>(argv: *mut *mut RedisModuleString, argc: c_int) -> &'a 
 unsafe fn parse(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
-    positional: &[(&str, &'static CStr)],
+    positional: &[Arg],
 ) -> Result<(*mut RedisModuleString, Call), c_int> {
     let (Some(&key), Some(rest)) = (argv.get(1), argv.get(2..)) else {
         return Err(ffi::wrong_arity(ctx));
@@ -49,8 +68,8 @@ unsafe fn parse(
     match args::parse(rest.iter().map(|&s| ffi::bytes(s)), positional) {
         Ok(call) => Ok((key, call)),
         Err(ArgError::Arity) => Err(ffi::wrong_arity(ctx)),
-        Err(ArgError::Number(msg)) => Err(ffi::reply_error(ctx, msg)),
-        Err(ArgError::Syntax) => Err(ffi::reply_error(ctx, args::SYNTAX_ERROR)),
+        Err(ArgError::Number(a)) => Err(ffi::reply_error(ctx, arg_error(a))),
+        Err(ArgError::Syntax) => Err(ffi::reply_error(ctx, SYNTAX_ERROR)),
     }
 }
 
@@ -85,7 +104,7 @@ fn abs_expiry(now_us: u64, reset_ms: u64) -> u64 {
 #[inline]
 unsafe fn store<T: Stored>(key: &Key, slot: &Slot, new: T) -> bool {
     let new = match *slot {
-        Slot::Ours(p) => match T::overwrite(p, new) {
+        Slot::Ours(p) => match Value::overwrite(p, new) {
             Ok(()) => return true,
             Err(v) => v,
         },
@@ -97,12 +116,36 @@ unsafe fn store<T: Stored>(key: &Key, slot: &Slot, new: T) -> bool {
 /// Set the key to a new value holding `v`.
 #[inline]
 unsafe fn set_new<T: Stored>(key: &Key, v: T) -> bool {
-    let p = v.into_value();
+    let p = Value::new(v);
     let ok = key.set_value(T::redis_type(), p);
     if !ok {
-        T::free_value(p);
+        Value::<T>::free(p);
     }
     ok
+}
+
+/// The write a decided call makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Write {
+    /// Nothing to write: denied, COST 0 or DRYRUN.
+    None,
+    /// The grant was stored: expire, signal and replicate it.
+    Done,
+    /// The grant could not be stored: answer an error, count nothing.
+    Failed,
+}
+
+/// Store a grant (with `store`) when the decision made one and the call is
+/// not a dry run.
+#[inline]
+fn write_grant(d: &Decision, dryrun: bool, store: impl FnOnce() -> bool) -> Write {
+    if d.granted == 0 || dryrun {
+        Write::None
+    } else if store() {
+        Write::Done
+    } else {
+        Write::Failed
+    }
 }
 
 /// A limiter whose whole state is a few machine words (token bucket,
@@ -110,7 +153,7 @@ unsafe fn set_new<T: Stored>(key: &Key, v: T) -> bool {
 /// effect replicated is that state.
 trait WordLimiter: Stored + Copy + Default {
     type Params;
-    const ARGS: &'static [(&'static str, &'static CStr)];
+    const ARGS: &'static [Arg];
     const CMD: Cmd;
     fn params(nums: [u64; 3]) -> Self::Params;
     fn step(&self, p: &Self::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self);
@@ -119,7 +162,7 @@ trait WordLimiter: Stored + Copy + Default {
 
 impl WordLimiter for tb::State {
     type Params = tb::Params;
-    const ARGS: &'static [(&'static str, &'static CStr)] = args::TOKENBUCKET_ARGS;
+    const ARGS: &'static [Arg] = args::TOKENBUCKET_ARGS;
     const CMD: Cmd = Cmd::TokenBucket;
     #[inline]
     fn params([capacity, rate, period_ms]: [u64; 3]) -> tb::Params {
@@ -137,7 +180,7 @@ impl WordLimiter for tb::State {
 
 impl WordLimiter for sc::State {
     type Params = sc::Params;
-    const ARGS: &'static [(&'static str, &'static CStr)] = args::WINDOW_ARGS;
+    const ARGS: &'static [Arg] = args::WINDOW_ARGS;
     const CMD: Cmd = Cmd::SlidingCounter;
     #[inline]
     fn params([limit, window_ms, _]: [u64; 3]) -> sc::Params {
@@ -154,7 +197,7 @@ impl WordLimiter for sc::State {
 }
 
 /// Read the key once, decide, and on a grant write once, expire, signal and
-/// replicate the new state.
+/// replicate the new state (a grant that cannot be stored answers an error).
 #[inline]
 unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
     guarded(ctx, || {
@@ -169,15 +212,19 @@ unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut
         let slot = key.slot(T::redis_type());
         let cur = match slot {
             Slot::WrongType => return ffi::reply_error(ctx, ffi::WRONGTYPE),
-            Slot::Ours(p) => T::with_value(p, |v| *v).unwrap_or_default(),
+            Slot::Ours(p) => Value::<T>::with(p, |v| *v).unwrap_or_default(),
             Slot::Empty => T::default(),
         };
         let (d, new) = cur.step(&p, call.cost, call.partial, now);
-        if d.granted > 0 && !call.dryrun && store(&key, &slot, new) {
-            let abs = abs_expiry(now, d.reset_after_ms);
-            key.set_abs_expire(abs);
-            key.signal_modified();
-            listeners::replicate(ctx, name, || new.effect(abs));
+        match write_grant(&d, call.dryrun, || store(&key, &slot, new)) {
+            Write::None => {}
+            Write::Failed => return ffi::reply_error(ctx, STORE_FAILED),
+            Write::Done => {
+                let abs = abs_expiry(now, d.reset_after_ms);
+                key.set_abs_expire(abs);
+                key.signal_modified();
+                listeners::replicate(ctx, name, || new.effect(abs));
+            }
         }
         drop(key);
         reply(ctx, T::CMD, &d, &call)
@@ -204,7 +251,7 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
         let key = Key::open(ctx, name, call.dryrun);
         let slot = key.slot(sl::State::redis_type());
         let log = match slot {
-            Slot::Ours(p) => p.cast::<sl::State>().as_mut(),
+            Slot::Ours(p) => Value::<sl::State>::wide_mut(p),
             _ => None,
         };
         let empty = sl::State::default();
@@ -214,19 +261,23 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
             _ => &empty,
         };
         let d = sl::decide(cur, &p, call.cost, call.partial, now);
-        if d.granted > 0 && !call.dryrun {
-            let written = match log {
-                Some(s) => {
-                    sl::grant(s, p.window_ms, d.granted, now);
-                    true
-                }
-                None => {
-                    let mut s = sl::State::default();
-                    sl::grant(&mut s, p.window_ms, d.granted, now);
-                    set_new(&key, s)
-                }
-            };
-            if written {
+        // sl::grant decides everything before it mutates the log: a panic
+        // cannot leave it half-updated.
+        let write = write_grant(&d, call.dryrun, || match log {
+            Some(s) => {
+                sl::grant(s, p.window_ms, d.granted, now);
+                true
+            }
+            None => {
+                let mut s = sl::State::default();
+                sl::grant(&mut s, p.window_ms, d.granted, now);
+                set_new(&key, s)
+            }
+        });
+        match write {
+            Write::None => {}
+            Write::Failed => return ffi::reply_error(ctx, STORE_FAILED),
+            Write::Done => {
                 let abs = abs_expiry(now, d.reset_after_ms);
                 key.set_abs_expire(abs);
                 key.signal_modified();
@@ -260,7 +311,7 @@ pub unsafe extern "C" fn state(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
             Effect::SlidingLog(s) => put(&key, s),
             Effect::LogGrant(g) => match key.slot(sl::State::redis_type()) {
                 Slot::WrongType => Err(()),
-                Slot::Ours(p) => match p.cast::<sl::State>().as_mut() {
+                Slot::Ours(p) => match Value::<sl::State>::wide_mut(p) {
                     Some(s) => {
                         sl::grant(s, g.window_ms, g.units, g.now_us);
                         Ok(true)
@@ -276,7 +327,7 @@ pub unsafe extern "C" fn state(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
         };
         match ok {
             Err(()) => ffi::reply_error(ctx, ffi::WRONGTYPE),
-            Ok(false) => ffi::reply_error(ctx, c"ERR could not store the value"),
+            Ok(false) => ffi::reply_error(ctx, STORE_FAILED),
             Ok(true) => {
                 if abs == 0 {
                     key.persist();
@@ -297,5 +348,39 @@ unsafe fn put<T: Stored>(key: &Key, s: T) -> Result<bool, ()> {
     match key.slot(T::redis_type()) {
         Slot::WrongType => Err(()),
         slot => Ok(store(key, &slot, s)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn granted(n: u64) -> Decision {
+        Decision { granted: n, limit: 5, remaining: 0, retry_after_ms: 0, reset_after_ms: 1 }
+    }
+
+    /// A grant whose store fails is a failure (answered with an error, not
+    /// counted), never a silent "granted".
+    #[test]
+    fn a_failed_store_is_not_a_grant() {
+        assert_eq!(write_grant(&granted(1), false, || false), Write::Failed);
+        assert_eq!(write_grant(&granted(1), false, || true), Write::Done);
+    }
+
+    #[test]
+    fn nothing_is_written_without_a_grant_or_on_dryrun() {
+        let never = || -> bool { panic!("no write expected") };
+        assert_eq!(write_grant(&granted(0), false, never), Write::None);
+        assert_eq!(write_grant(&granted(3), true, never), Write::None);
+    }
+
+    #[test]
+    fn error_texts_name_the_argument_and_its_range() {
+        let all = [Arg::Capacity, Arg::Rate, Arg::PeriodMs, Arg::Limit, Arg::WindowMs, Arg::Cost];
+        for a in all {
+            let e = arg_error(a).to_str().unwrap();
+            assert_eq!(e, format!("ERR {} must be an integer between {} and 9007199254740991", a.name(), a.min()));
+        }
+        assert!(args::TOKENBUCKET_ARGS.iter().chain(args::WINDOW_ARGS).all(|a| all.contains(a)));
     }
 }

@@ -1,29 +1,29 @@
 //! redis-ratelimit: native rate-limit commands for Redis.
 //!
-//! Layout:
-//! - `core/`: the pure algorithms (token bucket, sliding log, sliding
-//!   counter) with their state types and versioned encodings; no Redis.
-//! - `args.rs`: argument parsing; `codec.rs`: the RL.STATE effect payload.
-//! - the glue: `clock.rs` (server clock), `ffi.rs` (raw API: keys, expiry,
-//!   replies), `listeners.rs` (effect replication, skipped when nothing can
-//!   read it), `types.rs` (module data types), `commands.rs`
-//!   (handlers), `stats.rs` (INFO), and registration here.
+//! Layout (see docs/architecture.md):
+//! - `crates/ratelimit-core` (`ratelimit_core`): the pure algorithms (token
+//!   bucket, sliding log, sliding counter) with their state types and
+//!   versioned encodings, argument parsing and the RL.STATE effect payload;
+//!   no Redis, no unsafe.
+//! - this crate, the glue: `clock.rs` (server clock), `ffi.rs` (raw API:
+//!   keys, expiry, replies), `listeners.rs` (effect replication, skipped
+//!   when nothing can read it), `value.rs` (a state behind a key's value
+//!   pointer: compact or wide), `types.rs` (module data types),
+//!   `commands.rs` (handlers), `stats.rs` (INFO), and registration here.
 
 // The unsafe functions are Redis callbacks and thin wrappers over the raw
 // module API; their contract is Redis's (valid pointers from the server).
 #![allow(clippy::missing_safety_doc)]
 
-pub mod alloc;
-pub mod args;
-pub mod clock;
-pub mod cmdinfo;
-pub mod codec;
-pub mod commands;
-pub mod core;
-pub mod ffi;
-pub mod listeners;
-pub mod stats;
-pub mod types;
+mod alloc;
+mod clock;
+mod cmdinfo;
+mod commands;
+mod ffi;
+mod listeners;
+mod stats;
+mod types;
+mod value;
 
 use std::ffi::{c_int, CStr};
 

@@ -16,7 +16,7 @@
 //! function the master used, so a log of a thousand entries does not ship
 //! 8 KB per request.
 
-use crate::core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError, Reader, MAX_ARG};
+use crate::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError, Reader, MAX_ARG};
 
 pub const KIND_TOKENBUCKET: u8 = 1;
 pub const KIND_SLIDINGLOG: u8 = 2;

@@ -1,6 +1,12 @@
-//! The pure rate-limit algorithms. Nothing in this module knows about Redis:
-//! every function takes explicit times, so it can be unit- and
-//! property-tested with a fake clock.
+//! The pure core of redis-ratelimit: the three rate-limit algorithms
+//! ([`tokenbucket`], [`slidinglog`], [`slidingcounter`]) with their states
+//! and versioned binary encodings, the argument model ([`args`]) and the
+//! RL.STATE effect payload ([`codec`]). Nothing in this crate knows about
+//! Redis and nothing is `unsafe`: every function takes explicit times, so it
+//! is unit-, property- and fuzz-tested (`fuzz/`) with a fake clock, with no
+//! server, clang or bindgen. The module crate (the repository root) is the
+//! glue that reads keys, calls [`tokenbucket::step`] & co., stores, expires,
+//! replicates and replies.
 //!
 //! Conventions shared by the three algorithms:
 //! - Times are microseconds since the Unix epoch (`u64`). Durations given by
@@ -13,6 +19,10 @@
 //! - `decide` never mutates: a denied, COST 0 or DRYRUN call leaves the
 //!   stored state byte-for-byte unchanged.
 
+#![forbid(unsafe_code)]
+
+pub mod args;
+pub mod codec;
 pub mod slidingcounter;
 pub mod slidinglog;
 pub mod tokenbucket;
@@ -98,7 +108,8 @@ pub fn low_bits(x: u128, bits: u32) -> u64 {
     u64::try_from(x & mask).unwrap_or(u64::MAX)
 }
 
-/// Clamp to `i64` for the reply (saturating; never panics).
+/// Clamp to `i64` (saturating; never panics): the signed wait of a
+/// [`Decision`], and the integers a caller puts in its reply.
 #[inline]
 pub fn to_i64(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)

@@ -1,4 +1,6 @@
-//! Token bucket, exact.
+//! RL.TOKENBUCKET — the token bucket, exact, pure (no Redis symbols).
+//!
+//! # Algorithm
 //!
 //! The bucket holds at most `capacity` tokens and regains `rate` tokens every
 //! `period_ms`, continuously. With `P = period_ms × 1000` (µs), one token is
@@ -18,10 +20,16 @@
 //! never gained. Whole tokens carry over unchanged and are capped at the new
 //! capacity.
 //!
+//! # Why it is exact
+//!
+//! Refill is counted in units (1/P token), so it is integer arithmetic
+//! with no rounding. The only roundings are the rescaling above (down, by
+//! under one unit) and the waits in the reply, rounded up: to the first
+//! whole µs at which the missing units have refilled, then to whole ms.
 //! Products are computed in `u128`: `capacity × P < 2^53 × 2^63 = 2^116`,
 //! `Δt × rate < 2^64 × 2^53 = 2^117`, so nothing can overflow.
 
-use super::{div_ceil_u128, ms_to_us, to_i64, us_to_ms_ceil, DecodeError, Decision, Reader, MAX_ARG, PACK_EPOCH_US, low_bits, split};
+use crate::{div_ceil_u128, ms_to_us, to_i64, us_to_ms_ceil, DecodeError, Decision, Reader, MAX_ARG, PACK_EPOCH_US, low_bits, split};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {

@@ -1,0 +1,226 @@
+//! How a limiter state sits behind a key's value pointer: the one owner of
+//! the compact/wide representation. Everything that creates, reads,
+//! overwrites, frees or measures a value pointer goes through [`Value`].
+//!
+//! A pointer is either
+//! - **compact**: bit 0 set; it points to two packed `u64` words (16 bytes,
+//!   the smallest allocation class that holds them), the form `pack` /
+//!   `unpack` of the token bucket and sliding counter cores produce. A bucket
+//!   or counter key thus costs 16 bytes of state instead of 24–32;
+//! - **wide**: bit 0 clear; a `Box<T>` (the sliding log always, and the rare
+//!   bucket or counter state outside the compact ranges).
+//!
+//! Redis never looks behind a module value pointer itself: it only hands it
+//! to the type callbacks (active defrag, with no `defrag` callback
+//! registered, moves only its own `moduleValue`), so the tag bit is ours.
+
+use std::ffi::c_void;
+use std::marker::PhantomData;
+
+use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
+
+/// A state that can sit behind a value pointer. A type with a two-word
+/// compact form overrides both functions; the defaults mean "always wide".
+pub trait Packable: Sized + Clone {
+    /// The compact form, when this state fits it.
+    fn pack(&self) -> Option<[u64; 2]> {
+        None
+    }
+    /// The state behind compact words (None: this type has no compact form).
+    fn unpack(_words: [u64; 2]) -> Option<Self> {
+        None
+    }
+    /// Heap bytes the state owns beyond its own size (MEMORY USAGE).
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+}
+
+impl Packable for tb::State {
+    #[inline]
+    fn pack(&self) -> Option<[u64; 2]> {
+        tb::State::pack(self)
+    }
+    #[inline]
+    fn unpack(w: [u64; 2]) -> Option<Self> {
+        Some(tb::State::unpack(w))
+    }
+}
+
+impl Packable for sc::State {
+    #[inline]
+    fn pack(&self) -> Option<[u64; 2]> {
+        sc::State::pack(self)
+    }
+    #[inline]
+    fn unpack(w: [u64; 2]) -> Option<Self> {
+        Some(sc::State::unpack(w))
+    }
+}
+
+impl Packable for sl::State {
+    fn heap_bytes(&self) -> usize {
+        sl::State::heap_bytes(self)
+    }
+}
+
+const COMPACT_TAG: usize = 1;
+const _: () = assert!(std::mem::align_of::<[u64; 2]>() > COMPACT_TAG);
+
+/// What a value pointer is, decoded once.
+enum Form<T> {
+    Null,
+    Compact(*mut [u64; 2]),
+    Wide(*mut T),
+}
+
+/// The value-pointer operations for states of type `T` (no instance: every
+/// function takes the raw pointer Redis stores).
+pub struct Value<T>(PhantomData<T>);
+
+impl<T: Packable> Value<T> {
+    #[inline]
+    fn form(p: *const c_void) -> Form<T> {
+        if p.is_null() {
+            Form::Null
+        } else if p.addr() & COMPACT_TAG != 0 {
+            Form::Compact(p.map_addr(|a| a & !COMPACT_TAG).cast::<[u64; 2]>().cast_mut())
+        } else {
+            Form::Wide(p.cast::<T>().cast_mut())
+        }
+    }
+
+    /// A new value pointer owning `v`, compact when `v` fits.
+    #[inline]
+    pub fn new(v: T) -> *mut c_void {
+        match v.pack() {
+            Some(w) => Box::into_raw(Box::new(w)).map_addr(|a| a | COMPACT_TAG).cast::<c_void>(),
+            None => Box::into_raw(Box::new(v)).cast::<c_void>(),
+        }
+    }
+
+    /// Run `f` on the state behind `p` (None for NULL).
+    ///
+    /// # Safety
+    /// `p` is NULL or a pointer made by [`Value::new`] for this `T`, not freed.
+    #[inline]
+    pub unsafe fn with<R>(p: *const c_void, f: impl FnOnce(&T) -> R) -> Option<R> {
+        match Self::form(p) {
+            Form::Null => None,
+            Form::Compact(w) => T::unpack(*w).map(|v| f(&v)),
+            Form::Wide(b) => Some(f(&*b)),
+        }
+    }
+
+    /// The state behind a wide pointer, for mutation in place; None for a
+    /// compact or NULL pointer.
+    ///
+    /// # Safety
+    /// As [`Value::with`]; no other reference to the state may be alive.
+    #[inline]
+    pub unsafe fn wide_mut<'a>(p: *mut c_void) -> Option<&'a mut T> {
+        match Self::form(p) {
+            Form::Wide(b) => Some(&mut *b),
+            _ => None,
+        }
+    }
+
+    /// Replace the state behind `p` in place, or hand `v` back when the
+    /// pointer's form cannot hold it (the caller then sets a new value).
+    ///
+    /// # Safety
+    /// As [`Value::wide_mut`].
+    #[inline]
+    pub unsafe fn overwrite(p: *mut c_void, v: T) -> Result<(), T> {
+        match (Self::form(p), v.pack()) {
+            (Form::Compact(w), Some(new)) => {
+                *w = new;
+                Ok(())
+            }
+            (Form::Wide(b), None) => {
+                *b = v;
+                Ok(())
+            }
+            _ => Err(v),
+        }
+    }
+
+    /// Free a value pointer made by [`Value::new`].
+    ///
+    /// # Safety
+    /// As [`Value::wide_mut`]; `p` is not used afterwards.
+    pub unsafe fn free(p: *mut c_void) {
+        match Self::form(p) {
+            Form::Null => {}
+            Form::Compact(w) => drop(Box::from_raw(w)),
+            Form::Wide(b) => drop(Box::from_raw(b)),
+        }
+    }
+
+    /// Bytes behind a value pointer, for MEMORY USAGE.
+    ///
+    /// # Safety
+    /// As [`Value::with`].
+    pub unsafe fn size(p: *const c_void) -> usize {
+        match Self::form(p) {
+            Form::Null => 0,
+            Form::Compact(_) => std::mem::size_of::<[u64; 2]>(),
+            Form::Wide(b) => std::mem::size_of::<T>() + (*b).heap_bytes(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratelimit_core::PACK_EPOCH_US;
+
+    /// A state in its compact range round-trips through a tagged pointer, a
+    /// state outside it through a box; overwrite switches forms only by
+    /// handing the value back; size and free agree with the form.
+    #[test]
+    fn compact_and_wide_forms_agree() {
+        let small = tb::State { tokens: 3, frac: 0, den: 1000, last_us: PACK_EPOCH_US + 5 };
+        let wide = tb::State { tokens: 3, frac: 0, den: 1000, last_us: 1 };
+        assert!(small.pack().is_some() && wide.pack().is_none());
+        unsafe {
+            let p = Value::new(small);
+            assert_eq!(p.addr() & COMPACT_TAG, 1);
+            assert_eq!(Value::<tb::State>::with(p, |s| *s), Some(small));
+            assert_eq!(Value::<tb::State>::size(p), 16);
+            assert!(Value::<tb::State>::wide_mut(p).is_none());
+            assert_eq!(Value::overwrite(p, wide), Err(wide));
+            let small2 = tb::State { tokens: 4, ..small };
+            assert_eq!(Value::overwrite(p, small2), Ok(()));
+            assert_eq!(Value::<tb::State>::with(p, |s| *s), Some(small2));
+            Value::<tb::State>::free(p);
+
+            let q = Value::new(wide);
+            assert_eq!(q.addr() & COMPACT_TAG, 0);
+            assert_eq!(Value::<tb::State>::with(q, |s| *s), Some(wide));
+            assert_eq!(Value::<tb::State>::size(q), std::mem::size_of::<tb::State>());
+            assert_eq!(Value::overwrite(q, small), Err(small));
+            Value::<tb::State>::free(q);
+
+            assert_eq!(Value::<tb::State>::with(std::ptr::null(), |s| *s), None);
+            assert_eq!(Value::<tb::State>::size(std::ptr::null()), 0);
+            Value::<tb::State>::free(std::ptr::null_mut());
+        }
+    }
+
+    #[test]
+    fn a_sliding_log_is_always_wide() {
+        let mut log = sl::State::default();
+        sl::grant(&mut log, 1000, 1, PACK_EPOCH_US);
+        unsafe {
+            let p = Value::new(log.clone());
+            assert_eq!(p.addr() & COMPACT_TAG, 0);
+            assert_eq!(Value::<sl::State>::with(p, Clone::clone), Some(log.clone()));
+            assert!(Value::<sl::State>::wide_mut(p).is_some());
+            let heap = Value::<sl::State>::with(p, |s| s.heap_bytes()).unwrap();
+            assert!(heap >= 4);
+            assert_eq!(Value::<sl::State>::size(p), std::mem::size_of::<sl::State>() + heap);
+            Value::<sl::State>::free(p);
+        }
+    }
+}
