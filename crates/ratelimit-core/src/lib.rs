@@ -2,9 +2,9 @@
 //! ([`tokenbucket`], [`slidinglog`], [`slidingcounter`]) with their states
 //! and versioned binary encodings, the argument model ([`args`]) and the
 //! RL.STATE effect payload ([`codec`]). Nothing in this crate knows about
-//! Redis and nothing is `unsafe`: every function takes explicit times, so it
-//! is unit-, property- and fuzz-tested (`fuzz/`) with a fake clock, with no
-//! server, clang or bindgen. The module crate (the repository root) is the
+//! Redis, and all of it is safe Rust (forbidden otherwise): every function
+//! takes explicit times, so it is unit-, property- and fuzz-tested (`fuzz/`)
+//! with a fake clock, with no server, clang or bindgen. The module crate (the repository root) is the
 //! glue that reads keys, calls [`tokenbucket::step`] & co., stores, expires,
 //! replicates and replies.
 //!
