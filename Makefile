@@ -9,7 +9,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run test test-unit test-rust test-py test-clients-py venv bench profile fuzz demo soak clean dist
+.PHONY: all deps build run lint test test-unit test-rust test-py test-clients-py venv bench profile fuzz demo soak clean dist
 
 all: build
 
@@ -46,6 +46,19 @@ $(PY): integration/requirements.txt
 venv: deps $(PY)
 
 test: build venv test-rust test-py test-fuzz test-bench test-clients-py
+
+# Lint: rustfmt (rustfmt.toml) over the module, the core
+# and the fuzz crates; clippy with warnings as errors over every target of
+# the workspace; ruff (ruff.toml) over the Python; node --check (syntax) over
+# every JavaScript file outside node_modules.
+lint: deps venv
+	$(CARGO) fmt --all --check
+	cd fuzz && $(CARGO) fmt --check
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+	$(VENV)/bin/ruff check .
+	@command -v node >/dev/null || { echo "lint: node is required"; exit 1; }
+	find . \( -name node_modules -o -name target -o -name .git -o -name .venv \) -prune -o -name '*.js' -print0 \
+	  | xargs -0 -n1 node --check
 
 FUZZ_SECONDS ?= 600
 # Coverage-guided fuzzing of the parsers and decoders (long run: make fuzz).

@@ -116,7 +116,7 @@ unsafe fn store<T: Stored>(key: &Key, slot: &Slot, new: T) -> bool {
 /// Set the key to a new value holding `v`.
 #[inline]
 unsafe fn set_new<T: Stored>(key: &Key, v: T) -> bool {
-    let p = Value::new(v);
+    let p = Value::create(v);
     let ok = key.set_value(T::redis_type(), p);
     if !ok {
         Value::<T>::free(p);

@@ -117,7 +117,7 @@ unsafe extern "C" fn rdb_load<T: Stored>(rdb: *mut RedisModuleIO, encver: c_int)
     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| T::decode_body(bytes)));
     free(p.cast::<c_void>());
     match decoded {
-        Ok(Ok(v)) => Value::new(v),
+        Ok(Ok(v)) => Value::create(v),
         _ => ptr::null_mut(),
     }
 }
@@ -156,7 +156,7 @@ unsafe extern "C" fn copy<T: Stored>(
     _to: *mut RedisModuleString,
     value: *const c_void,
 ) -> *mut c_void {
-    Value::<T>::with(value, |v| Value::new(v.clone())).unwrap_or(ptr::null_mut())
+    Value::<T>::with(value, |v| Value::create(v.clone())).unwrap_or(ptr::null_mut())
 }
 
 const fn methods<T: Stored>() -> raw::RedisModuleTypeMethods {

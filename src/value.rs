@@ -92,7 +92,7 @@ impl<T: Packable> Value<T> {
 
     /// A new value pointer owning `v`, compact when `v` fits.
     #[inline]
-    pub fn new(v: T) -> *mut c_void {
+    pub fn create(v: T) -> *mut c_void {
         match v.pack() {
             Some(w) => Box::into_raw(Box::new(w)).map_addr(|a| a | COMPACT_TAG).cast::<c_void>(),
             None => Box::into_raw(Box::new(v)).cast::<c_void>(),
@@ -102,7 +102,7 @@ impl<T: Packable> Value<T> {
     /// Run `f` on the state behind `p` (None for NULL).
     ///
     /// # Safety
-    /// `p` is NULL or a pointer made by [`Value::new`] for this `T`, not freed.
+    /// `p` is NULL or a pointer made by [`Value::create`] for this `T`, not freed.
     #[inline]
     pub unsafe fn with<R>(p: *const c_void, f: impl FnOnce(&T) -> R) -> Option<R> {
         match Self::form(p) {
@@ -145,7 +145,7 @@ impl<T: Packable> Value<T> {
         }
     }
 
-    /// Free a value pointer made by [`Value::new`].
+    /// Free a value pointer made by [`Value::create`].
     ///
     /// # Safety
     /// As [`Value::wide_mut`]; `p` is not used afterwards.
@@ -184,7 +184,7 @@ mod tests {
         let wide = tb::State { tokens: 3, frac: 0, den: 1000, last_us: 1 };
         assert!(small.pack().is_some() && wide.pack().is_none());
         unsafe {
-            let p = Value::new(small);
+            let p = Value::create(small);
             assert_eq!(p.addr() & COMPACT_TAG, 1);
             assert_eq!(Value::<tb::State>::with(p, |s| *s), Some(small));
             assert_eq!(Value::<tb::State>::size(p), 16);
@@ -195,7 +195,7 @@ mod tests {
             assert_eq!(Value::<tb::State>::with(p, |s| *s), Some(small2));
             Value::<tb::State>::free(p);
 
-            let q = Value::new(wide);
+            let q = Value::create(wide);
             assert_eq!(q.addr() & COMPACT_TAG, 0);
             assert_eq!(Value::<tb::State>::with(q, |s| *s), Some(wide));
             assert_eq!(Value::<tb::State>::size(q), std::mem::size_of::<tb::State>());
@@ -213,7 +213,7 @@ mod tests {
         let mut log = sl::State::default();
         sl::grant(&mut log, 1000, 1, PACK_EPOCH_US);
         unsafe {
-            let p = Value::new(log.clone());
+            let p = Value::create(log.clone());
             assert_eq!(p.addr() & COMPACT_TAG, 0);
             assert_eq!(Value::<sl::State>::with(p, Clone::clone), Some(log.clone()));
             assert!(Value::<sl::State>::wide_mut(p).is_some());
