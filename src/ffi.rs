@@ -104,6 +104,22 @@ pub static OPTIONAL: &ApiTable = table![
     RedisModule_SetCommandACLCategories,
 ];
 
+/// True on Valkey (8.0+): it answers for its own `ValkeyModule_*` API
+/// names, which Redis has not. (Its version number says 8.x or 9.x, which
+/// compares above Redis releases whose event ids and option bits differ.)
+pub unsafe fn server_is_valkey() -> bool {
+    let Some(get_api) = raw::RedisModule_GetApi else { return false };
+    let mut f: *mut c_void = std::ptr::null_mut();
+    get_api(c"ValkeyModule_SubscribeToServerEvent".as_ptr(), (&raw mut f).cast::<c_void>()) == OK && !f.is_null()
+}
+
+/// `VALKEYMODULE_OPTIONS_SKIP_COMMAND_VALIDATION` (Valkey; an unknown bit,
+/// ignored, on Valkey releases before it): `RedisModule_Replicate` and
+/// `EmitAOF` skip looking the command name up (`RL.STATE` is this module's
+/// own), except during a slot export, where Valkey looks it up anyway to
+/// find the slot. On Redis this bit is not set.
+pub const VALKEY_OPTIONS_SKIP_COMMAND_VALIDATION: c_int = 1 << 4;
+
 /// The first function of `table` the server does not provide, if any.
 pub fn first_missing(table: &ApiTable) -> Option<&'static str> {
     table.iter().find(|(_, present)| !present()).map(|&(name, _)| name)

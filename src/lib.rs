@@ -71,9 +71,13 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // error instead of aborting the server. NO_IMPLICIT_SIGNAL_MODIFIED: only
     // calls that really write signal the key as modified. Valkey 9's atomic
     // slot migration: only where listeners.rs keeps effects on during exports.
+    // On Valkey, replicating an effect skips the command-name lookup.
     let mut options = (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int;
     if unsafe { listeners::init(raw_ctx) } {
         options |= listeners::OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION;
+    }
+    if unsafe { ffi::server_is_valkey() } {
+        options |= ffi::VALKEY_OPTIONS_SKIP_COMMAND_VALIDATION;
     }
     unsafe { ffi::api!(RedisModule_SetModuleOptions)(raw_ctx, options) };
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {

@@ -130,11 +130,8 @@ unsafe extern "C" fn on_slot_migration(_ctx: *mut RedisModuleCtx, _eid: RedisMod
 /// Valkey (it answers for `ValkeyModule_*` API names, which Redis has not)
 /// and knows the event (Valkey 9+; older servers refuse an unknown id).
 unsafe fn subscribe_slot_migration(ctx: *mut RedisModuleCtx) -> bool {
-    let Some(get_api) = raw::RedisModule_GetApi else { return false };
-    let mut f: *mut c_void = std::ptr::null_mut();
-    let valkey = get_api(c"ValkeyModule_SubscribeToServerEvent".as_ptr(), (&raw mut f).cast::<c_void>()) == ffi::OK;
     let event = RedisModuleEvent { id: VALKEY_EVENT_ATOMIC_SLOT_MIGRATION, dataver: 1 };
-    valkey && !f.is_null() && api!(RedisModule_SubscribeToServerEvent)(ctx, event, Some(on_slot_migration)) == ffi::OK
+    ffi::server_is_valkey() && api!(RedisModule_SubscribeToServerEvent)(ctx, event, Some(on_slot_migration)) == ffi::OK
 }
 
 /// At load: subscribe to the events and start the timer. True when the
