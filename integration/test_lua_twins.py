@@ -829,7 +829,8 @@ def test_refund_errors(tw, cmd):
     tw(cmd, "k", *lim, "COST", 2)
     before = (dirty(c), c.dump("k"))
     for opts in (["REFUND", 1, "COST", 1], ["COST", 1, "REFUND", 1], ["REFUND", 1, "PARTIAL"],
-                 ["DRYRUN", "REFUND", 1], ["REFUND", 1, "REFUND", 1], ["REFUND"]):
+                 ["DRYRUN", "REFUND", 1], ["REFUND", 1, "REFUND", 1], ["REFUND"],
+                 ["COST", 1, "REFUND", 0], ["REFUND", 1, "COST", "x"]):
         assert err_of(tw, cmd, "k", *lim, *opts) == "syntax error", opts
     for bad in ("0", "-1", "x", str(2**53)):
         assert err_of(tw, cmd, "k", *lim, "REFUND", bad) == f"REFUND must be an integer between 1 and {MAX}"
@@ -1034,21 +1035,25 @@ def test_multi_concurrent_calls_grant_exactly_the_tightest_limit(server_factory)
     c.close()
 
 
-MULTI_ERRORS = [
-    (["TOKENBUCKET", 5, 1, 1000], ["a", "b"], "numkeys must equal the number of limits"),
-    (["SLIDINGLOG", 5, 1000] * 2, ["a"], "numkeys must equal the number of limits"),
-    (["SLIDINGLOG", 5, 1000] * 2, ["a", "a"], "repeated key"),
-    (["SLIDINGLOG", 5, 1000] * 17, [f"k{i}" for i in range(17)], "numkeys must be between 1 and 16"),
-    ([], [], "numkeys must be between 1 and 16"),
+MULTI_ERRORS = [  # (ARGV, KEYS, the error), in the module's wording
+    ([], [], "wrong number of arguments for 'RL.MULTI' command"),
+    (["SLIDINGLOG", 5], ["a"], "wrong number of arguments for 'RL.MULTI' command"),
+    (["SLIDINGLOG", 5, 1000] * 17, [f"k{i}" for i in range(17)], "numkeys must be an integer between 1 and 16"),
+    (["TOKENBUCKET", 5, 1, 1000], ["a", "b"], "the number of limits must equal numkeys"),
+    (["SLIDINGLOG", 5, 1000] * 2, ["a"], "the number of limits must equal numkeys"),
+    (["COST", 1, "X"], ["a"], "the number of limits must equal numkeys"),
+    (["SLIDINGLOG", 5, 1000] * 2, ["a", "a"], "every key must be distinct"),
     (["FIXEDWINDOW", 5, 1000], ["a"], "syntax error"),
-    (["SLIDINGLOG", 5], ["a"], "syntax error"),
+    (["SLIDINGLOG", 5], ["a", "b"], "syntax error"),
+    (["SLIDINGLOG", 0], ["a", "b"], f"limit must be an integer between 1 and {MAX}"),
     (["SLIDINGLOG", 0, 1000], ["a"], f"limit must be an integer between 1 and {MAX}"),
     (["TOKENBUCKET", 5, "x", 1000], ["a"], f"rate must be an integer between 1 and {MAX}"),
     (["SLIDINGLOG", 5, 1000, "WEIGHT", 0], ["a"], f"WEIGHT must be an integer between 1 and {MAX}"),
     (["SLIDINGLOG", 5, 1000, "WEIGHT"], ["a"], "syntax error"),
-    (["SLIDINGLOG", 5, 1000, "WEIGHT", 3, "COST", 2**52], ["a"], f"COST*WEIGHT must be at most {MAX}"),
-    (["SLIDINGLOG", 5, 1000, "WEIGHT", 3, "REFUND", 2**52], ["a"], f"REFUND*WEIGHT must be at most {MAX}"),
+    (["SLIDINGLOG", 5, 1000, "WEIGHT", 3, "COST", 2**52], ["a"], f"COST * WEIGHT must not exceed {MAX}"),
+    (["SLIDINGLOG", 5, 1000, "WEIGHT", 3, "REFUND", 2**52], ["a"], f"REFUND * WEIGHT must not exceed {MAX}"),
     (["SLIDINGLOG", 5, 1000, "COST", 1, "REFUND", 1], ["a"], "syntax error"),
+    (["SLIDINGLOG", 5, 1000, "REFUND", 1, "COST", "x"], ["a"], "syntax error"),
     (["SLIDINGLOG", 5, 1000, "PARTIAL", "PARTIAL"], ["a"], "syntax error"),
     (["SLIDINGLOG", 5, 1000, "COST", -1], ["a"], f"COST must be an integer between 0 and {MAX}"),
     (["SLIDINGLOG", 5, 9007199254741], ["a"], "window_ms is beyond the exact range of the Lua script"),
@@ -1340,3 +1345,125 @@ def test_differential_sliding_counter_previous_window(both):
         wait_until(lambda: now_us(c) > t1 + 20_000, timeout=5, what="20 ms to pass")
     # both windows aged out: fresh (reset is that of the grant the DRYRUN describes)
     assert rm[:4] == rt[:4] == [1, limit, limit - 2, 0] and exact > 1
+
+
+# --------------------------------------------------------------------------
+# Differential: REFUND and RL.MULTI, module vs twin on the same server
+# --------------------------------------------------------------------------
+
+def module_has_multi(c):
+    try:
+        c.execute_command("RL.MULTI")
+    except redis.ResponseError as e:
+        return "unknown command" not in str(e)
+    return True
+
+
+@pytest.fixture
+def both_multi(both):
+    c, tw = both
+    if not module_has_multi(c):
+        pytest.skip("the module has no RL.MULTI / REFUND yet")
+    return c, tw
+
+
+@pytest.mark.parametrize("cmd", CMDS)
+@pytest.mark.parametrize("seed", range(8))
+def test_differential_refund_sequences(both_multi, cmd, seed):
+    """Random single-command sequences in which a quarter of the calls are
+    REFUND n: the same replies from the module and the twin."""
+    c, tw = both_multi
+    rng = random.Random(5000 + seed * 31 + CMDS.index(cmd))
+    lim = rng.choice([1, 3, 10, 50])
+    for attempt in range(3):
+        params = SEQ_PARAMS[cmd](rng, lim)
+        pair = Pair(c, tw, cmd, f"refund:{seed}:{attempt}")
+        for i in range(50):
+            if rng.random() < 0.25:
+                opts = ["REFUND", rng.choice([1, 2, lim, rng.randint(1, 2 * lim + 2)])]
+            else:
+                opts = random_opts(rng, params[0])
+            pair.check(*params, *opts)
+        if cmd != "RL.SLIDINGCOUNTER":
+            break
+        w = params[-1] * 1000
+        if pair.log[0][3] // w == pair.log[-1][4] // w:
+            break  # no window boundary crossed: the comparison stands
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_differential_multi_sequences(both_multi, seed):
+    """Random RL.MULTI sequences (1-4 mixed limits, WEIGHT, COST, PARTIAL,
+    DRYRUN, REFUND, single calls and rule changes on the same keys): the
+    module and multi.lua give the same seven elements."""
+    c, tw = both_multi
+    rng = random.Random(9000 + seed)
+    for attempt in range(3):
+        limits = random_limits(rng, rng.randint(1, 4))
+        km = [f"{{m{seed}}}:{attempt}:{i}" for i in range(len(limits))]
+        kt = [f"{{t{seed}}}:{attempt}:{i}" for i in range(len(limits))]
+        D, log = 0, []
+        for step in range(40):
+            if rng.random() < 0.05:
+                i = rng.randrange(len(limits))
+                alg, params, w = limits[i]
+                limits[i] = (alg, [rng.choice([1, 2, 5, 10, 60])] + list(params[1:]), w)
+            if rng.random() < 0.15:  # a single-limit call on one of the keys
+                i = rng.randrange(len(limits))
+                alg, params, _ = limits[i]
+                opts = random_multi_opts(rng, [limits[i]])[0]
+
+                def fn(p):
+                    p.execute_command("RL." + alg, km[i], *params, *opts)
+                    tw.send(p, "RL." + alg, kt[i], *params, *opts)
+            else:
+                args = limit_args(limits, rng) + random_multi_opts(rng, limits)[0]
+
+                def fn(p):
+                    p.execute_command("RL.MULTI", len(km), *km, *args)
+                    tw.send(p, "RL.MULTI", kt, *args)
+
+            t0, (rm, rt), t1 = timed(c, fn)
+            D = max(D, t1 - t0)
+            log.append((t0, t1))
+            ctx = (step, limits, rm, rt)
+            assert not isinstance(rm, Exception) and not isinstance(rt, Exception), ctx
+            if len(rm) == 7:
+                agree_multi(rt, rm, D / 1000 + 1, ctx)
+            else:
+                tol = D / 1000 + 1
+                assert rm[:3] == rt[:3], ctx
+                assert all(a == b or (a > 0 and b > 0 and abs(a - b) <= tol) for a, b in zip(rm[3:], rt[3:])), ctx
+        windows = {p[-1] * 1000 for a, p, _ in limits if a == "SLIDINGCOUNTER"}
+        if all(log[0][0] // w == log[-1][1] // w for w in windows):
+            break  # no counter window began during the sequence
+
+
+def test_differential_multi_and_refund_errors(both_multi):
+    """Every error: the same text from the module and the twin; WRONGTYPE
+    for another algorithm's key on both sides."""
+    c, tw = both_multi
+    cases = [(args, ks) for args, ks, text in MULTI_ERRORS if "Lua script" not in text]
+    for args, ks in cases:
+        def fn(p):
+            p.execute_command("RL.MULTI", len(ks), *[f"m:{k}" for k in ks], *args)
+            tw.send(p, "RL.MULTI", [f"t:{k}" for k in ks], *args)
+        _, (rm, rt), _ = timed(c, fn)
+        assert isinstance(rm, redis.ResponseError) and isinstance(rt, redis.ResponseError), (args, ks, rm, rt)
+        assert str(rm) == str(rt), (args, ks, str(rm), str(rt))
+    for cmd in CMDS:
+        lim = [5, 1, 1000] if cmd == "RL.TOKENBUCKET" else [5, 1000]
+        for opts in (["REFUND", 0], ["REFUND", 1, "COST", 1], ["COST", 1, "REFUND", 0], ["REFUND"],
+                     ["REFUND", "x"], ["DRYRUN", "REFUND", 2], ["REFUND", 2, "PARTIAL"]):
+            _, rm, rt, _ = Pair(c, tw, cmd, "err").call(*lim, *opts)
+            assert isinstance(rm, redis.ResponseError) and str(rm) == str(rt), (cmd, opts, rm, rt)
+    assert not c.keys("*")
+    for prefix, call in (("m", lambda k, *a: c.execute_command("RL.MULTI", len(k), *k, *a)),
+                         ("t", lambda k, *a: tw("RL.MULTI", list(k), *a))):
+        c.execute_command("RL.TOKENBUCKET", "m:tb", 5, 1, 1000)
+        tw("RL.TOKENBUCKET", "t:tb", 5, 1, 1000)
+        for args in (["SLIDINGLOG", 5, 1000, "SLIDINGLOG", 5, 1000],
+                     ["SLIDINGLOG", 5, 1000, "SLIDINGCOUNTER", 5, 1000, "REFUND", 1]):
+            with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
+                call([f"{prefix}:x", f"{prefix}:tb"], *args)
+        assert not c.exists(f"{prefix}:x")

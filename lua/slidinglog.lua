@@ -138,39 +138,40 @@ end
 
 -- The options every command takes after its parameters, from argv[i] on:
 --   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
--- in any order and case, each at most once; REFUND excludes the others.
+-- in any order and case, each at most once; REFUND and the others exclude
+-- each other (the second one named is a syntax error, as in the module).
 -- Returns cost, partial, dryrun, refund (nil unless REFUND), or nil and an
--- error reply.
-local function parse_options(argv, i)
+-- error reply; a word in `other` (RL.MULTI: an algorithm's name, one limit
+-- too many) answers `other_err` instead of a syntax error.
+local function parse_options(argv, i, other, other_err)
   local nargs = #argv
   local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
   while i <= nargs do
     local opt = string.upper(argv[i])
-    if opt == 'COST' and not has_cost and i < nargs then
+    if opt == 'COST' and not has_cost and not refund and i < nargs then
       cost = parse_int(argv[i + 1], 0, MAX)
       if not cost then
         return nil, redis.error_reply('ERR COST must be an integer between 0 and 9007199254740991')
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial then
+    elseif opt == 'PARTIAL' and not partial and not refund then
       partial = true
       i = i + 1
-    elseif opt == 'DRYRUN' and not dryrun then
+    elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return nil, redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif other and other[opt] then
+      return nil, redis.error_reply(other_err)
     else
       return nil, redis.error_reply('ERR syntax error')
     end
-  end
-  if refund and (has_cost or partial or dryrun) then
-    return nil, redis.error_reply('ERR syntax error')
   end
   return cost, partial, dryrun, refund
 end

@@ -150,39 +150,40 @@ end
 
 -- The options every command takes after its parameters, from argv[i] on:
 --   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
--- in any order and case, each at most once; REFUND excludes the others.
+-- in any order and case, each at most once; REFUND and the others exclude
+-- each other (the second one named is a syntax error, as in the module).
 -- Returns cost, partial, dryrun, refund (nil unless REFUND), or nil and an
--- error reply.
-local function parse_options(argv, i)
+-- error reply; a word in `other` (RL.MULTI: an algorithm's name, one limit
+-- too many) answers `other_err` instead of a syntax error.
+local function parse_options(argv, i, other, other_err)
   local nargs = #argv
   local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
   while i <= nargs do
     local opt = string.upper(argv[i])
-    if opt == 'COST' and not has_cost and i < nargs then
+    if opt == 'COST' and not has_cost and not refund and i < nargs then
       cost = parse_int(argv[i + 1], 0, MAX)
       if not cost then
         return nil, redis.error_reply('ERR COST must be an integer between 0 and 9007199254740991')
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial then
+    elseif opt == 'PARTIAL' and not partial and not refund then
       partial = true
       i = i + 1
-    elseif opt == 'DRYRUN' and not dryrun then
+    elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return nil, redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif other and other[opt] then
+      return nil, redis.error_reply(other_err)
     else
       return nil, redis.error_reply('ERR syntax error')
     end
-  end
-  if refund and (has_cost or partial or dryrun) then
-    return nil, redis.error_reply('ERR syntax error')
   end
   return cost, partial, dryrun, refund
 end
@@ -715,49 +716,72 @@ end
 local MULTI_ALGS = {TOKENBUCKET = TB, SLIDINGLOG = SL, SLIDINGCOUNTER = SC}
 local MAX_LIMITS = 16
 
+local OPTION_WORDS = {COST = true, PARTIAL = true, DRYRUN = true, REFUND = true}
+local LIMIT_COUNT_ERR = 'ERR the number of limits must equal numkeys'
+local SYNTAX_ERR = 'ERR syntax error'
+
+-- The arguments are checked in the module's order, so that a call gets the
+-- same error from both: arity, numkeys, each limit from the left, the
+-- options, distinct keys, COST (REFUND) * WEIGHT; then the script's own
+-- range of exact arithmetic.
 local function rl_multi(keys, argv)
   local nkeys, nargs = #keys, #argv
-  if nkeys < 1 or nkeys > MAX_LIMITS then
-    return redis.error_reply('ERR numkeys must be between 1 and 16')
+  if 1 + nkeys + nargs < 5 then
+    return redis.error_reply("ERR wrong number of arguments for 'RL.MULTI' command")
   end
-  -- The limits: an algorithm name, its parameters, an optional WEIGHT.
+  if nkeys < 1 or nkeys > MAX_LIMITS then
+    return redis.error_reply('ERR numkeys must be an integer between 1 and 16')
+  end
+  -- numkeys limits: an algorithm's name, its parameters, an optional WEIGHT.
   local lims, i = {}, 1
-  while i <= nargs do
-    local A = MULTI_ALGS[string.upper(argv[i])]
-    if not A then break end
-    if i + A.nparams > nargs then return redis.error_reply('ERR syntax error') end
+  for j = 1, nkeys do
+    local word = argv[i]
+    if word == nil then return redis.error_reply(LIMIT_COUNT_ERR) end
+    word = string.upper(word)
+    local A = MULTI_ALGS[word]
+    if not A then
+      return redis.error_reply(OPTION_WORDS[word] and LIMIT_COUNT_ERR or SYNTAX_ERR)
+    end
+    if i + A.nparams > nargs then
+      -- Parameters missing: a bad one before them is named, else syntax.
+      local padded = {}
+      for k = 1, A.nparams do padded[k] = argv[i + k] or '1' end
+      local _, e = A.params(padded, 1)
+      return e or redis.error_reply(SYNTAX_ERR)
+    end
     local p, e = A.params(argv, i + 1)
     if not p then return e end
     i = i + 1 + A.nparams
     local w = 1
-    if i < nargs and string.upper(argv[i]) == 'WEIGHT' then
+    if argv[i] and string.upper(argv[i]) == 'WEIGHT' then
+      if i == nargs then return redis.error_reply(SYNTAX_ERR) end
       w = parse_int(argv[i + 1], 1, MAX)
       if not w then
         return redis.error_reply('ERR WEIGHT must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
     end
-    lims[#lims + 1] = {A = A, p = p, w = w}
+    lims[j] = {A = A, p = p, w = w}
   end
-  local cost, partial, dryrun, refund = parse_options(argv, i)
+  local cost, partial, dryrun, refund = parse_options(argv, i, MULTI_ALGS, LIMIT_COUNT_ERR)
   if not cost then return partial end
-  local n = #lims
-  if n ~= nkeys then
-    return redis.error_reply('ERR numkeys must equal the number of limits')
+  local n = nkeys
+  for j = 2, n do
+    for j2 = 1, j - 1 do
+      if keys[j2] == keys[j] then return redis.error_reply('ERR every key must be distinct') end
+    end
+  end
+  -- COST * WEIGHT (or REFUND * WEIGHT) must stay within 2^53 - 1.
+  for j = 1, n do
+    if lims[j].w > 1 and (refund or cost) > divmod(MAX, lims[j].w) then
+      if refund then
+        return redis.error_reply('ERR REFUND * WEIGHT must not exceed 9007199254740991')
+      end
+      return redis.error_reply('ERR COST * WEIGHT must not exceed 9007199254740991')
+    end
   end
   for j = 1, n do
-    local L = lims[j]
-    if L.p.range_err then return L.p.range_err end
-    -- COST * WEIGHT (or REFUND * WEIGHT) must stay within 2^53 - 1.
-    if L.w > 1 and (refund or cost) > divmod(MAX, L.w) then
-      if refund then
-        return redis.error_reply('ERR REFUND*WEIGHT must be at most 9007199254740991')
-      end
-      return redis.error_reply('ERR COST*WEIGHT must be at most 9007199254740991')
-    end
-    for j2 = 1, j - 1 do
-      if keys[j2] == keys[j] then return redis.error_reply('ERR repeated key') end
-    end
+    if lims[j].p.range_err then return lims[j].p.range_err end
   end
 
   local clock = redis.call('TIME')
