@@ -13,9 +13,7 @@
 
 use std::ffi::{c_int, c_long, c_longlong, c_void, CStr};
 
-use redis_module::raw::{
-    self, RedisModuleCtx, RedisModuleKey, RedisModuleString, RedisModuleType,
-};
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString, RedisModuleType};
 
 /// A required API function, read without a check: `lib.rs` refuses to load
 /// the module unless every function in [`REQUIRED`] is present (the test
@@ -198,11 +196,7 @@ impl Key {
     /// Open `name` for reading, and for writing unless `read_only`.
     #[inline]
     pub unsafe fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, read_only: bool) -> Key {
-        let mode = if read_only {
-            raw::REDISMODULE_READ
-        } else {
-            raw::REDISMODULE_READ | raw::REDISMODULE_WRITE
-        } as c_int;
+        let mode = if read_only { raw::REDISMODULE_READ } else { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } as c_int;
         let key = api!(RedisModule_OpenKey)(ctx, name, mode);
         Key { ctx, key, name }
     }
@@ -319,8 +313,7 @@ mod tests {
             let text = std::fs::read_to_string(&f).unwrap();
             for (i, _) in text.match_indices("RedisModule_") {
                 let before = &text[..i];
-                let name: String =
-                    text[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                let name: String = text[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
                 let via_api = before.ends_with("api!(");
                 let via_raw = before.ends_with("raw::");
                 if !(via_api || via_raw) {
@@ -332,11 +325,7 @@ mod tests {
                     "{} uses {name}, which is in neither ffi::REQUIRED nor ffi::OPTIONAL",
                     f.display()
                 );
-                assert!(
-                    !(via_api && listed(OPTIONAL, &name)),
-                    "{} reads the optional {name} with api!",
-                    f.display()
-                );
+                assert!(!(via_api && listed(OPTIONAL, &name)), "{} reads the optional {name} with api!", f.display());
             }
         }
         assert!(seen > 30, "the scan found only {seen} uses");

@@ -72,7 +72,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // calls that really write signal the key as modified. Valkey 9's atomic
     // slot migration: only where listeners.rs keeps effects on during exports.
     // On Valkey, replicating an effect skips the command-name lookup.
-    let mut options = (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int;
+    let mut options =
+        (raw::REDISMODULE_OPTIONS_HANDLE_IO_ERRORS | raw::REDISMODULE_OPTION_NO_IMPLICIT_SIGNAL_MODIFIED) as c_int;
     if unsafe { listeners::init(raw_ctx) } {
         options |= listeners::OPTIONS_HANDLE_ATOMIC_SLOT_MIGRATION;
     }

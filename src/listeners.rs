@@ -54,7 +54,11 @@ const RECHECK_MS: i64 = 1000;
 /// Replicate a grant's effect, built by `payload` only when something can
 /// receive it.
 #[inline]
-pub unsafe fn replicate<P: AsRef<[u8]>>(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, payload: impl FnOnce() -> P) {
+pub unsafe fn replicate<P: AsRef<[u8]>>(
+    ctx: *mut RedisModuleCtx,
+    name: *mut RedisModuleString,
+    payload: impl FnOnce() -> P,
+) {
     if MAY_LISTEN.load(Relaxed) || aof_on(ctx) {
         let p = payload();
         let p = p.as_ref();
@@ -145,9 +149,9 @@ pub unsafe fn init(ctx: *mut RedisModuleCtx) -> bool {
         raw::REDISMODULE_EVENT_REPLICA_CHANGE,
         raw::REDISMODULE_EVENT_LOADING,
     ];
-    let all = events.iter().all(|&id| {
-        subscribe(ctx, RedisModuleEvent { id, dataver: 1 }, Some(on_event)) == raw::REDISMODULE_OK as c_int
-    });
+    let all = events
+        .iter()
+        .all(|&id| subscribe(ctx, RedisModuleEvent { id, dataver: 1 }, Some(on_event)) == raw::REDISMODULE_OK as c_int);
     // Without every event and the timer, MAY_LISTEN stays true: effects are
     // always replicated. The first check runs from the timer.
     if all {
