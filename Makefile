@@ -70,20 +70,25 @@ test-fuzz: deps
 	./fuzz/run.sh 15
 
 # Benchmarks against INCR and the Lua twins; writes BENCHMARKS.md and docs/.
+# One server build per run (SERVER=name of integration/servers.py or a path;
+# default redis-server); BENCHMARKS.md gets its summary table.
 bench: build venv $(VENV)/.clients-py
-	$(PY) bench/bench.py
+	$(PY) bench/bench.py $(if $(SERVER),--server $(SERVER))
 	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py
 
 # Instructions per request under callgrind (deterministic, unlike
-# requests/s): where a request's time goes. Writes docs/PROFILE.md.
-profile: build
-	python3 bench/profile.py
+# requests/s): where a request's time goes, on every server build and for
+# the floor module. One server: make profile SERVER=valkey9.1 (or a path).
+# Writes docs/PROFILE.md.
+profile: build venv
+	$(PY) bench/profile.py $(if $(SERVER),--server $(SERVER))
 
 # The benchmark and profile scripts once with tiny counts: prove they work
 # (no timing).
 test-bench: build venv
 	$(PY) bench/bench.py --quick --out /tmp/rl-bench-quick
-	python3 bench/profile.py --requests 2000 --out /tmp/rl-profile-quick/PROFILE.md --json /tmp/rl-profile-quick.json
+	python3 bench/profile.py --server "$$(command -v redis-server)" --requests 2000 \
+	  --out /tmp/rl-profile-quick/PROFILE.md --json /tmp/rl-profile-quick.json
 
 # Live demo: three algorithms under one traffic profile, charted.
 demo: build venv
