@@ -79,10 +79,13 @@
 //! counts are carried over, never dropped or rescaled; after at most two new
 //! windows the old state has aged out. A changed `limit` simply applies to
 //! the counts as they are (a lowered limit denies until they age out).
+//!
+//! # Parts
+//!
 //! The state's binary encoding and its compact two-word in-memory form are
-//! in [`encoding`](self::encoding).
+//! in [`encoding`].
 
-mod encoding;
+pub mod encoding;
 
 pub use encoding::ENCODING_VERSION;
 

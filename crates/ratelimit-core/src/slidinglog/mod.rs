@@ -32,19 +32,21 @@
 //! Times are integer microseconds and window comparisons are made as
 //! `t + W > now` in `u128`, so nothing overflows or rounds. Units are summed
 //! in integers; the only rounding is the final ⌈µs / 1000⌉ of the two
-//! durations in the reply. The packed entries below are lossless: when a
+//! durations in the reply. The packed entries ([`packed`]) are lossless: when a
 //! delta or a count does not fit the current entry format, the whole log is
 //! re-packed in a wider format (up to 128-bit entries, which hold any `u64`
 //! delta and count), never truncated. The only saturation is in [`grant`]
 //! for inputs a master can never produce (the sum of all units in the log
 //! beyond `u64::MAX`; on a master it is at most `limit ≤ 2^53 − 1`), so it
 //! keeps the invariants for any replayed input without panicking.
-//! The log's container (entries packed at a variable width) is in
-//! [`packed`](self::packed), its canonical binary encoding in
-//! [`encoding`](self::encoding).
+//!
+//! # Parts
+//!
+//! [`packed`]: the log's container (entries packed at a variable width, its
+//! memory bounds); [`encoding`]: its canonical binary encoding.
 
-mod encoding;
-mod packed;
+pub mod encoding;
+pub mod packed;
 #[cfg(test)]
 mod testutil;
 
