@@ -48,13 +48,13 @@ files = collections.defaultdict(lambda: [0, 0, 0, 0])
 for (path, func), (c, t) in best.items():
     f = files[path]
     f[0] += c; f[1] += t; f[2] += c > 0; f[3] += 1
-print(f"{'file':28} {'edges':>13} {'functions':>11}")
+print(f"{'file':34} {'edges':>13} {'functions':>11}")
 tc = tt = 0
 for path in sorted(files):
     c, t, fc, ft = files[path]
     tc += c; tt += t
-    print(f"{path:28} {c:5}/{t:<5} {100*c/max(t,1):3.0f}% {fc:4}/{ft:<4}")
-print(f"{'total':28} {tc:5}/{tt:<5} {100*tc/max(tt,1):3.0f}%")
+    print(f"{path:34} {c:5}/{t:<5} {100*c/max(t,1):3.0f}% {fc:4}/{ft:<4}")
+print(f"{'total':34} {tc:5}/{tt:<5} {100*tc/max(tt,1):3.0f}%")
 uncovered = sorted((p, f) for (p, f), (c, t) in best.items() if c == 0)
 if uncovered:
     print("functions never reached:", ", ".join(f"{f} ({p})" for p, f in uncovered))
