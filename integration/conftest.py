@@ -4,7 +4,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import MODULE, Server  # noqa: E402
+from harness import MODULE, SERVER, Server  # noqa: E402
 
 
 @pytest.fixture
@@ -37,3 +37,7 @@ def r(server):
 def pytest_sessionstart(session):
     if not os.path.exists(MODULE):
         raise pytest.UsageError(f"module not built: {MODULE} (run `make build`)")
+
+
+def pytest_report_header(config):
+    return f"server: {SERVER} {SERVER.path}\nmodule: {MODULE}"

@@ -25,6 +25,43 @@ REDIS_SERVER = os.environ.get("REDIS_SERVER", shutil.which("redis-server") or "r
 REDIS_CLI = os.environ.get("REDIS_CLI", shutil.which("redis-cli") or "redis-cli")
 
 
+class ServerBuild:
+    """What REDIS_SERVER is, from `REDIS_SERVER --version`:
+    "Redis server v=7.0.15 sha=... malloc=jemalloc-5.3.0 ..." or
+    "Valkey server v=9.1.2 sha=... malloc=libc ...". Tests adapt to it
+    (option names, RDB magic, allocator accounting) or skip with a reason."""
+
+    def __init__(self, path):
+        self.path = path
+        out = subprocess.run([path, "--version"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=30).stdout
+        words = out.split()
+        fields = dict(w.split("=", 1) for w in words if "=" in w)
+        if not words or words[0] not in ("Redis", "Valkey") or "v" not in fields:
+            raise RuntimeError(f"{path} --version: unrecognised answer {out!r}")
+        self.family = words[0].lower()  # "redis" or "valkey"
+        self.version = tuple(int(x) for x in fields["v"].split("."))
+        self.malloc = fields.get("malloc", "?")
+
+    @property
+    def valkey(self):
+        return self.family == "valkey"
+
+    @property
+    def rdb_magic(self):
+        """The first bytes of the RDB files it writes (also an AOF preamble):
+        Valkey 9 writes "VALKEY" + its own RDB version (080), earlier
+        servers "REDIS" + a 4-digit version."""
+        return b"VALKEY" if self.valkey and self.version >= (9,) else b"REDIS"
+
+    def __str__(self):
+        v = ".".join(map(str, self.version))
+        return f"{'Valkey' if self.valkey else 'Redis'} {v} (malloc={self.malloc})"
+
+
+SERVER = ServerBuild(REDIS_SERVER)
+
+
 def free_port():
     """A TCP port that is free now (and whose +10000 cluster bus port is free too)."""
     for _ in range(200):

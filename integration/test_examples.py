@@ -372,7 +372,10 @@ ALGO_ROUTES = [
                          ids=["python-x2", "node-x2", "python+node"])
 def test_exact_cutoff_across_two_gateways(env, langs):
     rules = {"instances": 2, "routes": ALGO_ROUTES}
-    gws = [env.gateway(langs[0], rules), env.gateway(langs[1])]
+    # A generous Redis timeout: this test is about the cutoff, and on a busy
+    # machine a call can take longer than the default 50 ms, which would
+    # switch a gateway to its local fallback (tested below on its own).
+    gws = [env.gateway(langs[0], rules, timeout_ms=2000), env.gateway(langs[1], timeout_ms=2000)]
     for route in ALGO_ROUTES:
         granted, denied = cutoff(gws, route["match"], 30, key="shared-client")
         # exactly the limit, each remaining value once: the grants were serialized

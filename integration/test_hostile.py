@@ -16,7 +16,7 @@ import struct
 import pytest
 import redis
 
-from harness import TYPE_NAMES, check_reply
+from harness import SERVER, TYPE_NAMES, check_reply
 
 MAX_ARG = (1 << 53) - 1
 HUGE = MAX_ARG
@@ -345,7 +345,13 @@ def test_restore_rejects_bodies_of_another_type(r):
 @pytest.mark.parametrize("sanitize", ["yes", "no"])
 def test_restore_mutated_payloads(server, sanitize):
     c = server.client()
-    c.config_set("sanitize-dump-payload", sanitize)
+    if c.config_get("sanitize-dump-payload"):
+        c.config_set("sanitize-dump-payload", sanitize)
+    elif sanitize == "no":
+        # Valkey 9.1 validates every dump payload and dropped the option
+        # (valkey-io/valkey#3721): the [yes] case runs as it is.
+        pytest.skip(f"{SERVER}: no sanitize-dump-payload option (payloads are always "
+                    "validated); the [yes] case covers this server")
     dumps = real_dumps(c)
     rng = random.Random(f"restore-{sanitize}")
     accepted = rejected = 0

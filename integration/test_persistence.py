@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from harness import (
-    COMMANDS, NEVER, TYPE_NAMES, Workload, db_digest, granted_units, keyspace, load_json, rl,
-    wait_aof_rewrite, wait_bgsave, wait_until,
+    COMMANDS, NEVER, SERVER, TYPE_NAMES, Workload, db_digest, granted_units, keyspace, load_json,
+    rl, wait_aof_rewrite, wait_bgsave, wait_until,
 )
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
@@ -151,7 +151,7 @@ def test_aof_replay_and_rewrite_keep_state(server_factory, preamble):
     with open(os.path.join(aofdir, base[0]), "rb") as f:
         data = f.read()
     if preamble == "yes":
-        assert data.startswith(b"REDIS")
+        assert data.startswith(SERVER.rdb_magic), data[:16]
     else:
         # A rewritten AOF holds states (RL.STATE), never the commands.
         assert b"RL.STATE" in data

@@ -31,6 +31,8 @@ LONG_SOAK = os.environ.get("RL_SOAK") == "long"
 # while every workload below stores 30,000+ keys: a leak of one byte per
 # key would exceed it.
 MEMORY_TOLERANCE = 16 * 1024
+# What INFO itself allocates before it reads used_memory.
+INFO_PROBE_BYTES = 1024
 
 
 def used_memory(c):
@@ -198,7 +200,13 @@ def test_allkeys_lru_evicts_limiter_keys_cleanly(server_factory, lazy):
     n = 15_000
     warm_up(s, c, n)
     base = baseline_memory(c)
-    pipe = c.pipeline(transaction=False)
+    # The keys go through a connection of their own, closed afterwards: a
+    # pipeline this long leaves the connection that sent it a private query
+    # buffer (Valkey 8+ serves clients from a shared one until a read ends
+    # mid-command, and frees a private one only after 2 s idle -- which a
+    # polling client never is). Its 16 KB would be counted as the module's.
+    loader = s.client()
+    pipe = loader.pipeline(transaction=False)
     t0 = time.time_ns() // 1000
     for i in range(n):
         cmd = COMMANDS[i % 3]
@@ -211,12 +219,18 @@ def test_allkeys_lru_evicts_limiter_keys_cleanly(server_factory, lazy):
         if len(pipe) >= 3000:
             pipe.execute()
     pipe.execute()
+    loader.close()
     full = used_memory(c)
     assert c.dbsize() == n
     limit = base + (full - base) // 2
     c.config_set("maxmemory", limit)
     # Any command makes Redis evict; eviction may continue in later cycles.
-    wait_until(lambda: c.ping() and used_memory(c) <= limit, timeout=60, what="eviction under maxmemory")
+    # The server evicts until it is under the limit before it runs a
+    # command, then INFO allocates (its section dictionary, the reply
+    # header) before it reads used_memory: the reading may exceed the limit
+    # by that much (~60 bytes seen; the slack is 1 KB of ~1.2 MB evicted).
+    wait_until(lambda: c.ping() and used_memory(c) <= limit + INFO_PROBE_BYTES, timeout=60,
+               what="eviction under maxmemory")
     left = c.dbsize()
     evicted = c.info("stats")["evicted_keys"]
     assert 0 < left < n and evicted >= n - left - 10, (left, evicted)

