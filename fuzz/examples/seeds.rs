@@ -113,4 +113,32 @@ fn main() {
             put(dir, t, &format!("args{i}"), &args_input(now, now + 999_999, 2, &[7; 48], a));
         }
     }
+
+    // REFUND on the single commands, and its exclusions.
+    let refunds: &[&[&str]] = &[&["10", "1000", "REFUND", "3"], &["10", "1000", "refund", "1", "COST", "1"], &["10", "1000", "REFUND", "0"]];
+    for (i, a) in refunds.iter().enumerate() {
+        for t in ["args_slidinglog", "args_slidingcounter"] {
+            put(dir, t, &format!("refund{i}"), &args_input(now, now + 999_999, 2, &[7; 48], a));
+        }
+        let mut tb: Vec<&str> = vec!["10", "1"];
+        tb.extend_from_slice(a);
+        put(dir, "args_tokenbucket", &format!("refund{i}"), &args_input(now, now, 2, &[7; 48], &tb));
+    }
+    let refund = codec::LogGrant { now_us: now, window_ms: 1000, units: 2 };
+    put(dir, "decode_codec", "refund", codec::log_refund(&refund, now / 1000 + 1000).as_bytes());
+
+    // RL.MULTI: every limit kind, WEIGHT, the options, and the errors.
+    let multi_args: &[&[&str]] = &[
+        &["2", "a", "b", "TOKENBUCKET", "10", "1", "1000", "SLIDINGLOG", "5", "60000", "WEIGHT", "2"],
+        &["3", "a", "b", "c", "tokenbucket", "10", "1", "1000", "slidinglog", "5", "1000", "slidingcounter", "7", "2000", "weight", "3", "COST", "2", "PARTIAL"],
+        &["2", "a", "b", "SLIDINGLOG", "5", "1000", "SLIDINGCOUNTER", "5", "1000", "REFUND", "2"],
+        &["1", "a", "SLIDINGCOUNTER", "5", "1000", "DRYRUN", "COST", "9"],
+        &["2", "a", "a", "SLIDINGLOG", "5", "1000", "SLIDINGLOG", "5", "1000"],
+        &["2", "a", "b", "SLIDINGLOG", "5", "1000"],
+        &["1", "a", "SLIDINGLOG", "5", "1000", "WEIGHT", "9007199254740991", "COST", "2"],
+        &["17", "a", "SLIDINGLOG", "5", "1000"],
+    ];
+    for (i, a) in multi_args.iter().enumerate() {
+        put(dir, "args_multi", &format!("args{i}"), &args_input(now, now, (i % 3) as u8, &[7; 96], a));
+    }
 }

@@ -82,8 +82,9 @@ fn oracle_num(s: &[u8], min: u64) -> Option<u64> {
 }
 
 /// What the parser must answer: `Err(None)` arity, `Err(Some(i))` the i-th
-/// positional number (i = positional count: COST), `Err(Some(usize::MAX))`
-/// syntax.
+/// positional number (i = positional count: COST, + 1: REFUND),
+/// `Err(Some(usize::MAX))` syntax. REFUND n (1 or more) excludes COST,
+/// PARTIAL and DRYRUN.
 pub fn oracle_parse(args: &[&[u8]], npos: usize) -> Result<Call, Option<usize>> {
     if args.len() < npos {
         return Err(None);
@@ -92,11 +93,17 @@ pub fn oracle_parse(args: &[&[u8]], npos: usize) -> Result<Call, Option<usize>> 
     for i in 0..npos {
         nums[i] = oracle_num(args[i], 1).ok_or(Some(i))?;
     }
-    let (mut cost, mut partial, mut dryrun) = (None, false, false);
+    let (mut cost, mut partial, mut dryrun, mut refund) = (None, false, false, None);
     let mut i = npos;
     while i < args.len() {
         let up = args[i].to_ascii_uppercase();
         match &up[..] {
+            b"REFUND" if refund.is_none() && cost.is_none() && !partial && !dryrun => {
+                let v = args.get(i + 1).ok_or(Some(usize::MAX))?;
+                refund = Some(oracle_num(v, 1).ok_or(Some(npos + 1))?);
+                i += 2;
+            }
+            _ if refund.is_some() => return Err(Some(usize::MAX)),
             b"COST" if cost.is_none() => {
                 let v = args.get(i + 1).ok_or(Some(usize::MAX))?;
                 cost = Some(oracle_num(v, 0).ok_or(Some(npos))?);
@@ -113,7 +120,7 @@ pub fn oracle_parse(args: &[&[u8]], npos: usize) -> Result<Call, Option<usize>> 
             _ => return Err(Some(usize::MAX)),
         }
     }
-    Ok(Call { nums, cost: cost.unwrap_or(1), partial, dryrun })
+    Ok(Call { nums, cost: cost.unwrap_or(1), partial, dryrun, refund: refund.unwrap_or(0) })
 }
 
 /// Runs `args::parse` and checks it against the oracle, the argument an
@@ -130,6 +137,9 @@ pub fn parse_checked(args: &[&[u8]], positional: &[Arg]) -> Option<Call> {
         }
         (Err(ArgError::Number(a)), Err(Some(i))) if *i == positional.len() => {
             assert_eq!(*a, Arg::Cost, "args {args:?}");
+        }
+        (Err(ArgError::Number(a)), Err(Some(i))) if *i == positional.len() + 1 => {
+            assert_eq!(*a, Arg::Refund, "args {args:?}");
         }
         _ => panic!("args {args:?}: parser {got:?}, oracle {want:?}"),
     }
@@ -403,7 +413,25 @@ pub fn args_tokenbucket(data: &[u8]) {
     let Some(call) = parse_checked(&inp.args, TOKENBUCKET_ARGS) else { return };
     let cur = state_of(&inp, tb::State::decode, synth_tb, tb::State::default());
     let p = tb::Params { capacity: call.nums[0], rate: call.nums[1], period_ms: call.nums[2] };
+    if call.refund > 0 {
+        return tb_refund(&cur, &p, call.refund, inp.now);
+    }
     tb_call(&cur, &p, &call, inp.now, inp.now2);
+}
+
+/// `REFUND n` on a bucket: tokens become min(capacity, tokens + n) in whole
+/// tokens, element 1 says how many came back, a full bucket is fresh.
+pub fn tb_refund(cur: &tb::State, p: &tb::Params, n: u64, now: u64) {
+    let before = tb::step(cur, p, 0, false, now).0.remaining;
+    let (d, new) = tb::refund(cur, p, n, 1, now);
+    assert_eq!(d.remaining, p.capacity.min(before.saturating_add(n)), "{d:?}");
+    assert_eq!(d.granted, d.remaining - before, "{d:?}");
+    assert_eq!(d.reset_after_ms == 0, d.remaining == p.capacity && tb::step(&new, p, 0, false, now).0.reset_after_ms == 0);
+    assert_eq!(d.retry_after_ms, 0, "one token is there after a refund of one or more");
+    if d.granted > 0 && d.reset_after_ms > 0 {
+        assert_eq!(tb::State::decode(&new.encode()), Ok(new));
+        assert_eq!(tb::step(&new, p, 0, false, now).0, tb::View::at(&new, p, now).answer(0, 0));
+    }
 }
 
 /// One token-bucket call and everything that must hold after it.
@@ -467,7 +495,28 @@ pub fn args_slidingcounter(data: &[u8]) {
     let Some(call) = parse_checked(&inp.args, WINDOW_ARGS) else { return };
     let cur = state_of(&inp, sc::State::decode, synth_sc, sc::State::default());
     let p = sc::Params { limit: call.nums[0], window_ms: call.nums[1] };
+    if call.refund > 0 {
+        return sc_refund(&cur, &p, call.refund, inp.now);
+    }
     sc_call(&cur, &p, &call, inp.now, inp.now2);
+}
+
+/// `REFUND n` on a counter: never below zero, never more than n, the
+/// estimate only goes down, what is stored decodes.
+pub fn sc_refund(cur: &sc::State, p: &sc::Params, n: u64, now: u64) {
+    let before = sc::step(cur, p, 0, false, now).0;
+    let (d, new) = sc::refund(cur, p, n, 1, now);
+    assert!(d.granted <= n && d.remaining >= before.remaining && d.reset_after_ms <= before.reset_after_ms, "{d:?} {before:?}");
+    assert_eq!(d.granted == 0, before.reset_after_ms == 0, "only a fresh counter gives nothing back: {d:?} {before:?}");
+    if d.granted > 0 {
+        assert!(new.cur <= cur.cur.max(cur.prev) && new.prev <= cur.prev.max(cur.cur), "{new:?} {cur:?}");
+        if d.reset_after_ms > 0 {
+            assert_eq!(sc::State::decode(&new.encode()), Ok(new));
+            assert_eq!(sc::step(&new, p, 0, false, now).0.remaining, d.remaining);
+        } else {
+            assert!(new.is_fresh(), "{new:?}");
+        }
+    }
 }
 
 pub fn sc_call(cur: &sc::State, p: &sc::Params, call: &Call, now: u64, now2: u64) {
@@ -514,7 +563,44 @@ pub fn args_slidinglog(data: &[u8]) {
     let Some(call) = parse_checked(&inp.args, WINDOW_ARGS) else { return };
     let cur = state_of(&inp, sl::State::decode, synth_sl, sl::State::default());
     let p = sl::Params { limit: call.nums[0], window_ms: call.nums[1] };
+    if call.refund > 0 {
+        return sl_refund(&cur, &p, call.refund, inp.now);
+    }
     sl_call(&cur, &p, &call, inp.now, inp.now2);
+}
+
+/// `REFUND n` on a log: the newest units in the window go, at most n of
+/// them; nothing changes when the window holds none.
+pub fn sl_refund(cur: &sl::State, p: &sl::Params, n: u64, now: u64) {
+    let before = sl::decide(cur, p, 0, false, now);
+    let model = LogModel { log: log_entries(&sl_encode(cur)) };
+    let t = model.now_eff(now);
+    let w = u128::from(p.window_ms) * 1000;
+    let in_window: u64 = model.log.iter().filter(|e| u128::from(e.0) + w > u128::from(t)).map(|e| e.1).sum();
+    let mut s = cur.clone();
+    let removed = sl::refund(&mut s, p.window_ms, n, now);
+    assert_eq!(removed, n.min(in_window));
+    if removed == 0 {
+        assert_eq!(sl_encode(&s), sl_encode(cur), "a refund of nothing changed the log");
+        return;
+    }
+    // The newest entries lost `removed` units; older ones are untouched.
+    let mut want: Vec<(u64, u64)> = model.log.iter().copied().filter(|e| u128::from(e.0) + w > u128::from(t)).collect();
+    let mut left = removed;
+    while left > 0 {
+        let last = want.last_mut().expect("units to remove");
+        let k = left.min(last.1);
+        last.1 -= k;
+        left -= k;
+        if last.1 == 0 {
+            want.pop();
+        }
+    }
+    let enc = sl_encode(&s);
+    assert_eq!(log_entries(&enc), want, "refund removed the wrong units");
+    assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc.clone()));
+    let after = sl::decide(&s, p, 0, false, now);
+    assert!(after.remaining >= before.remaining && after.remaining <= p.limit);
 }
 
 fn sl_encode(s: &sl::State) -> Vec<u8> {
@@ -588,7 +674,7 @@ pub fn sl_call(cur: &sl::State, p: &sl::Params, call: &Call, now: u64, now2: u64
 
 fn calls(cost_max: u64) -> impl Iterator<Item = Call> {
     [0, 1, cost_max, cost_max + 1].into_iter().flat_map(|cost| {
-        [false, true].into_iter().map(move |partial| Call { nums: [0; 3], cost, partial, dryrun: false })
+        [false, true].into_iter().map(move |partial| Call { nums: [0; 3], cost, partial, dryrun: false, refund: 0 })
     })
 }
 
@@ -653,10 +739,11 @@ pub fn decode_codec(data: &[u8]) {
         codec::Effect::SlidingCounter(s) => codec::slidingcounter(s, abs).as_bytes().to_vec(),
         codec::Effect::SlidingLog(s) => codec::slidinglog(s, abs),
         codec::Effect::LogGrant(g) => codec::log_grant(g, abs).as_bytes().to_vec(),
+        codec::Effect::LogRefund(g) => codec::log_refund(g, abs).as_bytes().to_vec(),
     };
     assert_eq!(again, data, "accepted payload does not re-encode");
     // Apply it the way RL.STATE does, then use the key.
-    let call = Call { nums: [0; 3], cost: 1, partial: true, dryrun: false };
+    let call = Call { nums: [0; 3], cost: 1, partial: true, dryrun: false, refund: 0 };
     match effect {
         codec::Effect::TokenBucket(s) => tb_call(&s, &tb::Params { capacity: 5, rate: 1, period_ms: 1000 }, &call, s.last_us, 0),
         codec::Effect::SlidingCounter(s) => sc_call(&s, &sc::Params { limit: 5, window_ms: 1000 }, &call, s.start_us, 0),
@@ -671,6 +758,17 @@ pub fn decode_codec(data: &[u8]) {
             let entries = log_entries(&enc);
             assert_eq!(entries.len(), 1);
             assert_eq!(entries[0], (g.now_us, g.units * 2));
+        }
+        codec::Effect::LogRefund(g) => {
+            // On a log holding one grant at the same instant: the refund
+            // takes back at most what it holds, and what is left is valid.
+            let mut s = sl::State::default();
+            sl::grant(&mut s, g.window_ms, 5, g.now_us);
+            let removed = sl::refund(&mut s, g.window_ms, g.units, g.now_us);
+            assert_eq!(removed, g.units.min(5));
+            let enc = sl_encode(&s);
+            assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc.clone()));
+            assert_eq!(log_entries(&enc).iter().map(|e| e.1).sum::<u64>(), 5 - removed);
         }
     }
 }
@@ -759,4 +857,223 @@ macro_rules! coverage_hooks {
             1
         }
     };
+}
+
+// ---------------------------------------------------------------------
+// RL.MULTI: the parser against an independent oracle, then the call
+// over states synthesized from the input, with the composition's
+// invariants.
+// ---------------------------------------------------------------------
+
+use crate::args::{Kind, LimitSpec, MultiCall, MAX_LIMITS};
+use crate::core::multi;
+
+/// The RL.MULTI grammar (SPEC.md "Composition"), stated by index.
+pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
+    use ArgError::*;
+    if a.len() < 5 {
+        return Err(Arity);
+    }
+    let up = |i: usize| a.get(i).map(|s| s.to_ascii_uppercase());
+    let n = oracle_num(a[0], 1).filter(|&n| n <= 16).ok_or(Number(Arg::NumKeys))? as usize;
+    if a.len() < 1 + n {
+        return Err(LimitCount);
+    }
+    let keys = &a[1..1 + n];
+    let blank = LimitSpec { kind: Kind::TokenBucket, nums: [0; 3], weight: 1 };
+    let mut call = MultiCall { n, limits: [blank; MAX_LIMITS], cost: 1, partial: false, dryrun: false, refund: 0 };
+    let is_opt = |w: &[u8]| matches!(w, b"COST" | b"PARTIAL" | b"DRYRUN" | b"REFUND");
+    let mut i = 1 + n;
+    for j in 0..n {
+        let Some(w) = up(i) else { return Err(LimitCount) };
+        let (kind, args): (Kind, &[Arg]) = match &w[..] {
+            b"TOKENBUCKET" => (Kind::TokenBucket, &[Arg::Capacity, Arg::Rate, Arg::PeriodMs]),
+            b"SLIDINGLOG" => (Kind::SlidingLog, &[Arg::Limit, Arg::WindowMs]),
+            b"SLIDINGCOUNTER" => (Kind::SlidingCounter, &[Arg::Limit, Arg::WindowMs]),
+            w if is_opt(w) => return Err(LimitCount),
+            _ => return Err(Syntax),
+        };
+        call.limits[j].kind = kind;
+        for (k, &arg) in args.iter().enumerate() {
+            let v = a.get(i + 1 + k).ok_or(Syntax)?;
+            call.limits[j].nums[k] = oracle_num(v, 1).ok_or(Number(arg))?;
+        }
+        i += 1 + args.len();
+        if up(i).as_deref() == Some(b"WEIGHT") {
+            let v = a.get(i + 1).ok_or(Syntax)?;
+            call.limits[j].weight = oracle_num(v, 1).ok_or(Number(Arg::Weight))?;
+            i += 2;
+        }
+    }
+    let (mut cost, mut refund) = (None, None);
+    while let Some(w) = up(i) {
+        let opts_taken = cost.is_some() || call.partial || call.dryrun;
+        match &w[..] {
+            b"COST" if cost.is_none() && refund.is_none() => {
+                cost = Some(oracle_num(a.get(i + 1).ok_or(Syntax)?, 0).ok_or(Number(Arg::Cost))?);
+                i += 2;
+            }
+            b"PARTIAL" if !call.partial && refund.is_none() => {
+                call.partial = true;
+                i += 1;
+            }
+            b"DRYRUN" if !call.dryrun && refund.is_none() => {
+                call.dryrun = true;
+                i += 1;
+            }
+            b"REFUND" if refund.is_none() && !opts_taken => {
+                refund = Some(oracle_num(a.get(i + 1).ok_or(Syntax)?, 1).ok_or(Number(Arg::Refund))?);
+                i += 2;
+            }
+            b"TOKENBUCKET" | b"SLIDINGLOG" | b"SLIDINGCOUNTER" => return Err(LimitCount),
+            _ => return Err(Syntax),
+        }
+    }
+    call.cost = cost.unwrap_or(1);
+    call.refund = refund.unwrap_or(0);
+    for x in 0..n {
+        for y in 0..x {
+            if keys[x] == keys[y] {
+                return Err(DuplicateKey);
+            }
+        }
+    }
+    let (units, which) = if call.refund > 0 { (call.refund, Arg::Refund) } else { (call.cost, Arg::Cost) };
+    if call.limits[..n].iter().any(|l| u128::from(units) * u128::from(l.weight) > u128::from(MAX_ARG)) {
+        return Err(Product(which));
+    }
+    Ok(call)
+}
+
+enum Owned {
+    Tb(tb::State),
+    Log(sl::State),
+    Sc(sc::State),
+}
+
+impl Owned {
+    fn digest(&self) -> Vec<u8> {
+        match self {
+            Owned::Tb(s) => s.encode().to_vec(),
+            Owned::Sc(s) => s.encode().to_vec(),
+            Owned::Log(s) => sl_encode(s),
+        }
+    }
+}
+
+/// The arguments follow `RL.MULTI`; the state bytes, cut in `n` pieces,
+/// seed each limit's state (fresh when mode 0).
+pub fn args_multi(data: &[u8]) {
+    let inp = Input::parse(data);
+    let got = crate::args::parse_multi(inp.args.iter().copied());
+    let want = oracle_multi(&inp.args);
+    assert_eq!(got, want, "args {:?}", inp.args);
+    let Ok(call) = got else { return };
+    let n = call.n;
+    let piece = inp.state.len() / n.max(1);
+    let mut states: Vec<Owned> = call.limits[..n]
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let b = inp.state.get(i * piece..(i + 1) * piece).unwrap_or(&[]);
+            let fresh = inp.mode == 0 || b.is_empty();
+            match l.kind {
+                Kind::TokenBucket => Owned::Tb(if fresh { tb::State::default() } else { synth_tb(b) }),
+                Kind::SlidingLog => Owned::Log(if fresh { sl::State::default() } else { synth_sl(b) }),
+                Kind::SlidingCounter => Owned::Sc(if fresh { sc::State::default() } else { synth_sc(b) }),
+            }
+        })
+        .collect();
+    let params: Vec<multi::Params> = call.limits[..n]
+        .iter()
+        .map(|l| match l.kind {
+            Kind::TokenBucket => multi::Params::TokenBucket(tb::Params { capacity: l.nums[0], rate: l.nums[1], period_ms: l.nums[2] }),
+            Kind::SlidingLog => multi::Params::SlidingLog(sl::Params { limit: l.nums[0], window_ms: l.nums[1] }),
+            Kind::SlidingCounter => multi::Params::SlidingCounter(sc::Params { limit: l.nums[0], window_ms: l.nums[1] }),
+        })
+        .collect();
+    let weights: Vec<u64> = call.limits[..n].iter().map(|l| l.weight).collect();
+    let before: Vec<Vec<u8>> = states.iter().map(Owned::digest).collect();
+    let op = if call.refund > 0 {
+        multi::Op::Refund(call.refund)
+    } else {
+        multi::Op::Take { cost: call.cost, partial: call.partial, dryrun: call.dryrun }
+    };
+    let zero = Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 };
+    let mut per = [zero; MAX_LIMITS];
+    let whole = {
+        let mut refs: Vec<Option<multi::StateMut>> = states
+            .iter_mut()
+            .map(|s| {
+                Some(match s {
+                    Owned::Tb(s) => multi::StateMut::TokenBucket(s),
+                    Owned::Log(s) => multi::StateMut::SlidingLog(s),
+                    Owned::Sc(s) => multi::StateMut::SlidingCounter(s),
+                })
+            })
+            .collect();
+        multi::run(&mut refs, &params, &weights, op, inp.now, &mut per)
+    };
+    let per = &per[..n];
+    // The whole reply is the binding limit's, by the rules of SPEC.md.
+    assert!(whole.binding < n);
+    let b = per[whole.binding];
+    assert_eq!((whole.limit, whole.remaining, whole.reset_after_ms), (b.limit, b.remaining, b.reset_after_ms));
+    for ((d, l), &w) in per.iter().zip(&call.limits[..n]).zip(&weights) {
+        assert_eq!(d.limit, l.nums[0]);
+        assert!(d.remaining <= d.limit && d.retry_after_ms >= -1, "{d:?}");
+        if call.refund > 0 {
+            assert!(d.granted <= call.refund * w, "{d:?}");
+        }
+    }
+    let after: Vec<Vec<u8>> = states.iter().map(Owned::digest).collect();
+    match op {
+        multi::Op::Take { cost, partial, dryrun } => {
+            let g = per[0].granted / weights[0];
+            assert!(per.iter().zip(&weights).all(|(d, &w)| d.granted == g * w), "{per:?}");
+            assert!(g <= cost && (partial || g == 0 || g == cost));
+            assert_eq!(whole.allowed, if partial { g } else { u64::from(g == cost) });
+            if g == cost {
+                assert_eq!(whole.retry_after_ms, 0);
+            } else {
+                let never = per.iter().any(|d| d.retry_after_ms == -1);
+                let longest = per.iter().map(|d| d.retry_after_ms).max().unwrap_or(0);
+                assert_eq!(whole.retry_after_ms, if never { -1 } else { longest });
+                assert_eq!(b.retry_after_ms, whole.retry_after_ms);
+            }
+            if g == 0 || dryrun {
+                assert_eq!(after, before, "a call that writes nothing changed a state");
+            }
+            if g > 0 && !dryrun {
+                for (s, d) in states.iter().zip(per) {
+                    assert!(d.reset_after_ms > 0);
+                    match s {
+                        Owned::Tb(s) => assert_eq!(tb::State::decode(&s.encode()), Ok(*s)),
+                        Owned::Sc(s) => assert_eq!(sc::State::decode(&s.encode()), Ok(*s)),
+                        Owned::Log(s) => {
+                            let enc = sl_encode(s);
+                            assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc));
+                        }
+                    }
+                }
+            }
+        }
+        multi::Op::Refund(units) => {
+            assert_eq!(whole.allowed, if per.iter().any(|d| d.granted > 0) { units } else { 0 });
+            for ((s, d), (a, bf)) in states.iter().zip(per).zip(after.iter().zip(&before)) {
+                if d.granted == 0 {
+                    assert_eq!(a, bf, "a limit that gave nothing back changed");
+                } else if d.reset_after_ms > 0 {
+                    match s {
+                        Owned::Tb(s) => assert_eq!(tb::State::decode(&s.encode()), Ok(*s)),
+                        Owned::Sc(s) => assert_eq!(sc::State::decode(&s.encode()), Ok(*s)),
+                        Owned::Log(s) => {
+                            let enc = sl_encode(s);
+                            assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc));
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -1,12 +1,18 @@
-//! Argument parsing for the three commands. Pure: works on byte slices, so
-//! it is unit-tested and fuzzed without a server. Errors name the argument
+//! Argument parsing for the commands. Pure: works on byte slices, so it is
+//! unit-tested and fuzzed without a server. Errors name the argument
 //! ([`Arg`]); the module maps each to its static reply text.
 //!
 //! ```text
-//! RL.TOKENBUCKET    key capacity rate period_ms [COST n] [PARTIAL] [DRYRUN]
-//! RL.SLIDINGLOG     key limit    window_ms      [COST n] [PARTIAL] [DRYRUN]
-//! RL.SLIDINGCOUNTER key limit    window_ms      [COST n] [PARTIAL] [DRYRUN]
+//! RL.TOKENBUCKET    key capacity rate period_ms [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+//! RL.SLIDINGLOG     key limit    window_ms      [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+//! RL.SLIDINGCOUNTER key limit    window_ms      [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+//! RL.MULTI numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+//!   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
+//!          | SLIDINGLOG limit window_ms [WEIGHT w]
+//!          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
 //! ```
+//!
+//! `REFUND n` excludes COST, PARTIAL and DRYRUN (a syntax error).
 
 use crate::MAX_ARG;
 
@@ -18,6 +24,8 @@ pub struct Call {
     pub cost: u64,
     pub partial: bool,
     pub dryrun: bool,
+    /// `REFUND n` (then COST, PARTIAL and DRYRUN are absent); 0 when none.
+    pub refund: u64,
 }
 
 /// A numeric argument, as named in error replies.
@@ -30,6 +38,12 @@ pub enum Arg {
     WindowMs,
     /// The value of the COST option (the only one that may be 0).
     Cost,
+    /// The value of the REFUND option.
+    Refund,
+    /// RL.MULTI's `numkeys` (1 to [`MAX_LIMITS`]).
+    NumKeys,
+    /// The value of a limit's WEIGHT option in RL.MULTI.
+    Weight,
 }
 
 impl Arg {
@@ -42,9 +56,13 @@ impl Arg {
             Arg::Limit => "limit",
             Arg::WindowMs => "window_ms",
             Arg::Cost => "COST",
+            Arg::Refund => "REFUND",
+            Arg::NumKeys => "numkeys",
+            Arg::Weight => "WEIGHT",
         }
     }
-    /// Smallest accepted value (the largest is [`MAX_ARG`] for all).
+    /// Smallest accepted value (the largest is [`MAX_ARG`], for numkeys
+    /// [`MAX_LIMITS`]).
     pub const fn min(self) -> u64 {
         match self {
             Arg::Cost => 0,
@@ -61,6 +79,13 @@ pub enum ArgError {
     Number(Arg),
     /// Unknown or repeated option, or COST without a value.
     Syntax,
+    /// RL.MULTI: the number of limits differs from numkeys.
+    LimitCount,
+    /// RL.MULTI: a key named twice.
+    DuplicateKey,
+    /// RL.MULTI: COST × WEIGHT (`Arg::Cost`) or REFUND × WEIGHT
+    /// (`Arg::Refund`) above 2^53 − 1 for some limit.
+    Product(Arg),
 }
 
 /// Positional numeric arguments of each command.
@@ -95,7 +120,7 @@ pub fn parse<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>, positional: &[Ar
     if args.len() < positional.len() {
         return Err(ArgError::Arity);
     }
-    let mut call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false };
+    let mut call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
     for (i, &arg) in positional.iter().enumerate() {
         let a = args.next().ok_or(ArgError::Arity)?;
         let v = parse_num(a, arg.min()).ok_or(ArgError::Number(arg))?;
@@ -105,17 +130,162 @@ pub fn parse<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>, positional: &[Ar
     }
     let mut seen_cost = false;
     while let Some(opt) = args.next() {
-        if opt.eq_ignore_ascii_case(b"COST") && !seen_cost {
-            seen_cost = true;
-            let v = args.next().ok_or(ArgError::Syntax)?;
-            call.cost = parse_num(v, Arg::Cost.min()).ok_or(ArgError::Number(Arg::Cost))?;
-        } else if opt.eq_ignore_ascii_case(b"PARTIAL") && !call.partial {
-            call.partial = true;
-        } else if opt.eq_ignore_ascii_case(b"DRYRUN") && !call.dryrun {
-            call.dryrun = true;
-        } else {
+        if !option(opt, &mut args, &mut call, &mut seen_cost)? {
             return Err(ArgError::Syntax);
         }
+    }
+    Ok(call)
+}
+
+/// Parse one of the options COST n, PARTIAL, DRYRUN, REFUND n into `call`;
+/// `Ok(false)` when `opt` is none of them, repeated, or REFUND combined
+/// with the others (a syntax error).
+#[inline]
+fn option<'a>(opt: &[u8], args: &mut impl Iterator<Item = &'a [u8]>, call: &mut Call, seen_cost: &mut bool) -> Result<bool, ArgError> {
+    let refund = call.refund > 0;
+    if opt.eq_ignore_ascii_case(b"COST") && !*seen_cost && !refund {
+        *seen_cost = true;
+        let v = args.next().ok_or(ArgError::Syntax)?;
+        call.cost = parse_num(v, Arg::Cost.min()).ok_or(ArgError::Number(Arg::Cost))?;
+    } else if opt.eq_ignore_ascii_case(b"PARTIAL") && !call.partial && !refund {
+        call.partial = true;
+    } else if opt.eq_ignore_ascii_case(b"DRYRUN") && !call.dryrun && !refund {
+        call.dryrun = true;
+    } else if opt.eq_ignore_ascii_case(b"REFUND") && !refund && !*seen_cost && !call.partial && !call.dryrun {
+        let v = args.next().ok_or(ArgError::Syntax)?;
+        call.refund = parse_num(v, Arg::Refund.min()).ok_or(ArgError::Number(Arg::Refund))?;
+    } else {
+        return Ok(false);
+    }
+    Ok(true)
+}
+
+/// The algorithm a limit of RL.MULTI names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    TokenBucket,
+    SlidingLog,
+    SlidingCounter,
+}
+
+impl Kind {
+    fn from_word(w: &[u8]) -> Option<Kind> {
+        if w.eq_ignore_ascii_case(b"TOKENBUCKET") {
+            Some(Kind::TokenBucket)
+        } else if w.eq_ignore_ascii_case(b"SLIDINGLOG") {
+            Some(Kind::SlidingLog)
+        } else if w.eq_ignore_ascii_case(b"SLIDINGCOUNTER") {
+            Some(Kind::SlidingCounter)
+        } else {
+            None
+        }
+    }
+    /// Its positional numeric arguments.
+    pub const fn args(self) -> &'static [Arg] {
+        match self {
+            Kind::TokenBucket => TOKENBUCKET_ARGS,
+            Kind::SlidingLog | Kind::SlidingCounter => WINDOW_ARGS,
+        }
+    }
+}
+
+/// One limit of RL.MULTI.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LimitSpec {
+    pub kind: Kind,
+    /// As in [`Call::nums`].
+    pub nums: [u64; 3],
+    pub weight: u64,
+}
+
+/// Most limits (and keys) one RL.MULTI call may name.
+pub const MAX_LIMITS: usize = crate::multi::MAX_LIMITS;
+
+/// A parsed RL.MULTI call. The keys are arguments `1..=n` after the
+/// command name; `limits[..n]` their limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MultiCall {
+    pub n: usize,
+    pub limits: [LimitSpec; MAX_LIMITS],
+    pub cost: u64,
+    pub partial: bool,
+    pub dryrun: bool,
+    /// `REFUND n` (then COST, PARTIAL and DRYRUN are absent), 0 when none.
+    pub refund: u64,
+}
+
+fn is_option(w: &[u8]) -> bool {
+    [&b"COST"[..], b"PARTIAL", b"DRYRUN", b"REFUND"].iter().any(|o| w.eq_ignore_ascii_case(o))
+}
+
+/// Parse `args` = every argument after `RL.MULTI`:
+///
+/// ```text
+/// numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+///   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
+///          | SLIDINGLOG limit window_ms [WEIGHT w]
+///          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
+/// ```
+///
+/// Errors, first found from the left: fewer than 5 arguments → `Arity`; a
+/// numkeys outside 1..=16 → `Number(NumKeys)`; where a limit is expected,
+/// the end of the arguments or an option → `LimitCount`, another word →
+/// `Syntax`; a limit where an option is expected → `LimitCount`; bad
+/// numbers → `Number(..)`; an unknown, repeated or misplaced option (WEIGHT
+/// after the options, REFUND with COST, PARTIAL or DRYRUN) → `Syntax`; then
+/// a repeated key → `DuplicateKey`, and COST × WEIGHT (or REFUND × WEIGHT)
+/// above 2^53 − 1 → `Product`.
+pub fn parse_multi<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>) -> Result<MultiCall, ArgError> {
+    if args.len() < 5 {
+        return Err(ArgError::Arity);
+    }
+    let mut args = args.peekable();
+    let n = args
+        .next()
+        .and_then(|a| parse_num(a, Arg::NumKeys.min()))
+        .filter(|&n| n <= MAX_LIMITS as u64)
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or(ArgError::Number(Arg::NumKeys))?;
+    let mut keys: [&[u8]; MAX_LIMITS] = [&[]; MAX_LIMITS];
+    for k in keys.iter_mut().take(n) {
+        *k = args.next().ok_or(ArgError::LimitCount)?;
+    }
+    let spec = LimitSpec { kind: Kind::TokenBucket, nums: [0; 3], weight: 1 };
+    let mut call = MultiCall { n, limits: [spec; MAX_LIMITS], cost: 1, partial: false, dryrun: false, refund: 0 };
+    for limit in call.limits.iter_mut().take(n) {
+        let word = args.next().ok_or(ArgError::LimitCount)?;
+        let kind = match Kind::from_word(word) {
+            Some(k) => k,
+            None if is_option(word) => return Err(ArgError::LimitCount),
+            None => return Err(ArgError::Syntax),
+        };
+        limit.kind = kind;
+        for (&arg, slot) in kind.args().iter().zip(limit.nums.iter_mut()) {
+            let a = args.next().ok_or(ArgError::Syntax)?;
+            *slot = parse_num(a, arg.min()).ok_or(ArgError::Number(arg))?;
+        }
+        if args.peek().is_some_and(|w| w.eq_ignore_ascii_case(b"WEIGHT")) {
+            args.next();
+            let a = args.next().ok_or(ArgError::Syntax)?;
+            limit.weight = parse_num(a, Arg::Weight.min()).ok_or(ArgError::Number(Arg::Weight))?;
+        }
+    }
+    let mut opts = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
+    let mut seen_cost = false;
+    while let Some(opt) = args.next() {
+        if !option(opt, &mut args, &mut opts, &mut seen_cost)? {
+            return Err(if Kind::from_word(opt).is_some() { ArgError::LimitCount } else { ArgError::Syntax });
+        }
+    }
+    (call.cost, call.partial, call.dryrun, call.refund) = (opts.cost, opts.partial, opts.dryrun, opts.refund);
+    for (i, k) in keys.iter().enumerate().take(n) {
+        if keys.iter().take(i).any(|prev| prev == k) {
+            return Err(ArgError::DuplicateKey);
+        }
+    }
+    let (units, which) = if call.refund > 0 { (call.refund, Arg::Refund) } else { (call.cost, Arg::Cost) };
+    if call.limits.iter().take(n).any(|l| units.checked_mul(l.weight).is_none_or(|u| u > MAX_ARG)) {
+        return Err(ArgError::Product(which));
     }
     Ok(call)
 }
@@ -145,9 +315,9 @@ mod tests {
     #[test]
     fn options_any_order_case_insensitive() {
         let c = p(&["10", "1", "1000", "dryrun", "Cost", "5", "PARTIAL"], TOKENBUCKET_ARGS).unwrap();
-        assert_eq!(c, Call { nums: [10, 1, 1000], cost: 5, partial: true, dryrun: true });
+        assert_eq!(c, Call { nums: [10, 1, 1000], cost: 5, partial: true, dryrun: true, refund: 0 });
         let c = p(&["10", "1000"], WINDOW_ARGS).unwrap();
-        assert_eq!(c, Call { nums: [10, 1000, 0], cost: 1, partial: false, dryrun: false });
+        assert_eq!(c, Call { nums: [10, 1000, 0], cost: 1, partial: false, dryrun: false, refund: 0 });
     }
 
     #[test]
@@ -164,5 +334,80 @@ mod tests {
         assert_eq!(p(&["1", "1", "FOO"], WINDOW_ARGS), Err(ArgError::Syntax));
         assert_eq!(p(&["1", "1", "COST", "9007199254740992"], WINDOW_ARGS), Err(ArgError::Number(Arg::Cost)));
         assert_eq!(p(&["1", "1", "COST", "0"], WINDOW_ARGS).map(|c| c.cost), Ok(0));
+    }
+
+    #[test]
+    fn refund_excludes_the_other_options() {
+        assert_eq!(p(&["1", "1", "refund", "3"], WINDOW_ARGS).map(|c| (c.refund, c.cost)), Ok((3, 1)));
+        for bad in [
+            &["REFUND", "1", "COST", "1"][..],
+            &["COST", "1", "REFUND", "1"],
+            &["PARTIAL", "REFUND", "1"],
+            &["REFUND", "1", "DRYRUN"],
+            &["REFUND", "1", "REFUND", "1"],
+            &["REFUND"],
+        ] {
+            let args: Vec<&str> = ["1", "1"].iter().chain(bad).copied().collect();
+            assert_eq!(p(&args, WINDOW_ARGS), Err(ArgError::Syntax), "{bad:?}");
+        }
+        assert_eq!(p(&["1", "1", "REFUND", "0"], WINDOW_ARGS), Err(ArgError::Number(Arg::Refund)));
+        assert_eq!(p(&["1", "1", "REFUND", "9007199254740992"], WINDOW_ARGS), Err(ArgError::Number(Arg::Refund)));
+    }
+
+    fn m(args: &str) -> Result<MultiCall, ArgError> {
+        let v: Vec<&[u8]> = args.split(' ').filter(|s| !s.is_empty()).map(str::as_bytes).collect();
+        parse_multi(v.into_iter())
+    }
+
+    #[test]
+    fn multi_parses_limits_and_options() {
+        let c = m("2 a b TOKENBUCKET 10 1 1000 slidinglog 5 60000 weight 3 cost 2 PARTIAL").unwrap();
+        assert_eq!((c.n, c.cost, c.partial, c.dryrun, c.refund), (2, 2, true, false, 0));
+        assert_eq!(c.limits[0], LimitSpec { kind: Kind::TokenBucket, nums: [10, 1, 1000], weight: 1 });
+        assert_eq!(c.limits[1], LimitSpec { kind: Kind::SlidingLog, nums: [5, 60000, 0], weight: 3 });
+        let c = m("1 k SLIDINGCOUNTER 5 1000 REFUND 4").unwrap();
+        assert_eq!((c.n, c.refund, c.limits[0].kind), (1, 4, Kind::SlidingCounter));
+        // A key may be named like a keyword: keys are positional.
+        assert_eq!(m("1 TOKENBUCKET TOKENBUCKET 1 1 1").map(|c| c.n), Ok(1));
+        let sixteen: String = (0..16).map(|i| format!("k{i} ")).collect::<String>() + &"SLIDINGLOG 1 1 ".repeat(16);
+        assert_eq!(m(&format!("16 {sixteen}")).map(|c| c.n), Ok(16));
+    }
+
+    #[test]
+    fn multi_errors() {
+        use ArgError::*;
+        let cases: &[(&str, ArgError)] = &[
+            ("1 k TOKENBUCKET 1", Arity),
+            ("0 k TOKENBUCKET 1 1 1", Number(Arg::NumKeys)),
+            ("17 k TOKENBUCKET 1 1 1", Number(Arg::NumKeys)),
+            ("x k TOKENBUCKET 1 1 1", Number(Arg::NumKeys)),
+            ("2 a b TOKENBUCKET 1 1 1", LimitCount),
+            ("2 a b TOKENBUCKET 1 1 1 COST 1", LimitCount),
+            ("1 a TOKENBUCKET 1 1 1 SLIDINGLOG 1 1", LimitCount),
+            ("3 a b c TOKENBUCKET", Syntax),
+            ("4 a b c TOKENBUCKET", LimitCount),
+            ("1 a LEAKY 1 1 1", Syntax),
+            ("1 a TOKENBUCKET 1 1", Syntax),
+            ("1 a TOKENBUCKET 1 1 1 WEIGHT", Syntax),
+            ("1 a TOKENBUCKET 1 1 1 WEIGHT 2 WEIGHT 2", Syntax),
+            ("1 a TOKENBUCKET 1 1 1 COST 1 WEIGHT 2", Syntax),
+            ("1 a TOKENBUCKET 1 1 1 REFUND 1 COST 1", Syntax),
+            ("1 a TOKENBUCKET 1 1 1 DRYRUN REFUND 1", Syntax),
+            ("1 a TOKENBUCKET 0 1 1", Number(Arg::Capacity)),
+            ("1 a SLIDINGLOG 1 0", Number(Arg::WindowMs)),
+            ("1 a SLIDINGCOUNTER x 1", Number(Arg::Limit)),
+            ("1 a SLIDINGLOG 1 1 WEIGHT 0", Number(Arg::Weight)),
+            ("1 a SLIDINGLOG 1 1 COST -1", Number(Arg::Cost)),
+            ("1 a SLIDINGLOG 1 1 REFUND 0", Number(Arg::Refund)),
+            ("2 a a SLIDINGLOG 1 1 SLIDINGLOG 1 1", DuplicateKey),
+            ("1 a SLIDINGLOG 1 1 WEIGHT 134217728 COST 67108864", Product(Arg::Cost)),
+            ("1 a SLIDINGLOG 1 1 WEIGHT 9007199254740991 REFUND 2", Product(Arg::Refund)),
+        ];
+        for (args, want) in cases {
+            assert_eq!(m(args), Err(*want), "{args}");
+        }
+        // The product at the edge is accepted.
+        assert!(m("1 a SLIDINGLOG 1 1 WEIGHT 9007199254740991 COST 1").is_ok());
+        assert!(m("1 a SLIDINGLOG 1 1 WEIGHT 9007199254740991 COST 0").is_ok());
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! byte 0      kind: 1 token bucket state, 2 sliding log state,
-//!             3 sliding counter state, 4 sliding log grant (a delta)
+//!             3 sliding counter state, 4 sliding log grant (a delta),
+//!             5 sliding log refund (a delta)
 //! bytes 1..9  absolute expiry, Unix ms, little endian; 0 = no expiry
 //!             (AOF rewrite: Redis appends its own PEXPIREAT)
 //! bytes 9..   the body: the type's own versioned encoding (the same bytes
@@ -14,7 +15,9 @@
 //! words). A sliding log replicates the grant it just made — `(now_us,
 //! window_ms, units)` — which the replica applies with the same pure
 //! function the master used, so a log of a thousand entries does not ship
-//! 8 KB per request.
+//! 8 KB per request. A refund on a sliding log replicates the same three
+//! numbers under kind 5, applied with `slidinglog::refund`. (A refund that
+//! leaves a limiter fresh deletes the key and replicates `DEL`.)
 
 use crate::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError, Reader, MAX_ARG};
 
@@ -22,6 +25,7 @@ pub const KIND_TOKENBUCKET: u8 = 1;
 pub const KIND_SLIDINGLOG: u8 = 2;
 pub const KIND_SLIDINGCOUNTER: u8 = 3;
 pub const KIND_LOG_GRANT: u8 = 4;
+pub const KIND_LOG_REFUND: u8 = 5;
 
 pub const HEADER_LEN: usize = 9;
 const GRANT_VERSION: u8 = 1;
@@ -34,6 +38,8 @@ pub enum Effect {
     SlidingLog(sl::State),
     SlidingCounter(sc::State),
     LogGrant(LogGrant),
+    /// A refund made on a sliding log (the same three numbers).
+    LogRefund(LogGrant),
 }
 
 /// A grant made on a sliding log: what the replica applies.
@@ -87,12 +93,20 @@ pub fn slidingcounter(state: &sc::State, abs_expire_ms: u64) -> Small {
 }
 
 pub fn log_grant(g: &LogGrant, abs_expire_ms: u64) -> Small {
+    log_delta(KIND_LOG_GRANT, g, abs_expire_ms)
+}
+
+pub fn log_refund(g: &LogGrant, abs_expire_ms: u64) -> Small {
+    log_delta(KIND_LOG_REFUND, g, abs_expire_ms)
+}
+
+fn log_delta(kind: u8, g: &LogGrant, abs_expire_ms: u64) -> Small {
     let mut body = [0u8; GRANT_BODY_LEN];
     body[0] = GRANT_VERSION;
     body[1..9].copy_from_slice(&g.now_us.to_le_bytes());
     body[9..17].copy_from_slice(&g.window_ms.to_le_bytes());
     body[17..25].copy_from_slice(&g.units.to_le_bytes());
-    Small::new(KIND_LOG_GRANT, abs_expire_ms, &body)
+    Small::new(kind, abs_expire_ms, &body)
 }
 
 /// The header every payload starts with: kind, then the absolute expiry.
@@ -130,7 +144,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Effect, u64), DecodeError> {
         KIND_TOKENBUCKET => Effect::TokenBucket(tb::State::decode(body)?),
         KIND_SLIDINGLOG => Effect::SlidingLog(sl::State::decode(body)?),
         KIND_SLIDINGCOUNTER => Effect::SlidingCounter(sc::State::decode(body)?),
-        KIND_LOG_GRANT => {
+        KIND_LOG_GRANT | KIND_LOG_REFUND => {
             let mut b = Reader::new(body);
             if b.u8()? != GRANT_VERSION {
                 return Err(DecodeError::UnknownVersion);
@@ -143,7 +157,11 @@ pub fn decode(bytes: &[u8]) -> Result<(Effect, u64), DecodeError> {
             if g.units == 0 || g.units > MAX_ARG {
                 return Err(DecodeError::Invalid("units"));
             }
-            Effect::LogGrant(g)
+            if kind == KIND_LOG_GRANT {
+                Effect::LogGrant(g)
+            } else {
+                Effect::LogRefund(g)
+            }
         }
         _ => return Err(DecodeError::Invalid("kind")),
     };
@@ -161,6 +179,8 @@ mod tests {
         assert_eq!(decode(tokenbucket(&s, 99).as_bytes()), Ok((Effect::TokenBucket(s), 99)));
         let g = LogGrant { now_us: 5, window_ms: 6, units: 7 };
         assert_eq!(decode(log_grant(&g, 0).as_bytes()), Ok((Effect::LogGrant(g), 0)));
+        assert_eq!(decode(log_refund(&g, 5).as_bytes()), Ok((Effect::LogRefund(g), 5)));
+        assert!(decode(log_refund(&LogGrant { units: 0, ..g }, 0).as_bytes()).is_err());
         let bad = LogGrant { units: 0, ..g };
         assert!(decode(log_grant(&bad, 0).as_bytes()).is_err());
         let bad = LogGrant { window_ms: MAX_ARG + 1, ..g };

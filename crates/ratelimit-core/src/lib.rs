@@ -23,6 +23,7 @@
 
 pub mod args;
 pub mod codec;
+pub mod multi;
 pub mod slidingcounter;
 pub mod slidinglog;
 pub mod tokenbucket;
@@ -65,6 +66,22 @@ impl Decision {
         } else {
             u64::from(self.granted == cost)
         }
+    }
+}
+
+/// Units a single call takes when `available` can be taken now: all `cost`
+/// when they fit, else with PARTIAL what is there, else none. Every
+/// algorithm's single command decides with it (RL.MULTI decides its common
+/// grant in [`multi::requests`], then each limit answers for it through the
+/// same per-algorithm functions).
+#[inline]
+pub fn grant_size(available: u64, cost: u64, partial: bool) -> u64 {
+    if cost <= available {
+        cost
+    } else if partial {
+        available
+    } else {
+        0
     }
 }
 

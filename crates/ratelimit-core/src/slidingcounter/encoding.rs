@@ -9,11 +9,11 @@
 //! | 9      | 8    | `cur`, u64 little-endian                     |
 //! | 17     | 8    | `prev`, u64 little-endian                    |
 //!
-//! `decode` accepts exactly what a grant can store: `1 ≤ cur ≤ MAX_ARG`
-//! (a stored state always counts the grant that wrote it, so `cur = 0` — in
-//! particular the all-zero fresh state — is never stored),
-//! `prev ≤ MAX_ARG`, and `start_us` a whole number of milliseconds (it is a
-//! multiple of `W = window_ms·1000`). Anything else, a short or long input,
+//! `decode` accepts exactly what a grant or a refund can store: `cur ≤
+//! MAX_ARG` and `prev ≤ MAX_ARG`, not both 0 (the fresh state is never
+//! stored; `cur = 0` with `prev > 0` is what a refund of the current
+//! window's units leaves), and `start_us` a whole number of milliseconds
+//! (it is a multiple of `W = window_ms·1000`). Anything else, a short or long input,
 //! or an unknown version is refused without panicking.
 
 use super::State;
@@ -55,9 +55,9 @@ impl State {
         let cur = r.u64()?;
         let prev = r.u64()?;
         r.finish()?;
-        if cur == 0 {
+        if cur == 0 && prev == 0 {
             return Err(DecodeError::Invalid(
-                "sliding counter: cur is 0 (a stored state always counts the grant that wrote it)",
+                "sliding counter: both windows count 0 (a fresh state is never stored)",
             ));
         }
         if cur > MAX_ARG {
@@ -146,7 +146,8 @@ mod tests {
         let invalid = |s: State| matches!(State::decode(&s.encode()), Err(DecodeError::Invalid(_)));
         assert!(invalid(State::default()));
         assert!(invalid(State { start_us: 7_000, cur: 0, prev: 0 }));
-        assert!(invalid(State { start_us: 7_000, cur: 0, prev: 4 }));
+        // A refund can empty the current window and leave the previous one.
+        assert!(!invalid(State { start_us: 7_000, cur: 0, prev: 4 }));
         assert!(invalid(State { start_us: 7_000, cur: MAX_ARG + 1, prev: 0 }));
         assert!(invalid(State { start_us: 7_000, cur: 1, prev: MAX_ARG + 1 }));
         assert!(invalid(State { start_us: 7_001, cur: 1, prev: 0 }));

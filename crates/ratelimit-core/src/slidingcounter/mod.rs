@@ -128,6 +128,7 @@ fn window_us(window_ms: u64) -> u64 {
 
 /// The state as seen at an instant: counts shifted into the window of
 /// `now_eff`, and the position inside that window.
+#[derive(Clone, Copy, Debug)]
 struct View {
     /// Window length in µs (≥ 1000).
     w: u64,
@@ -194,82 +195,141 @@ fn first_fit(prev: u128, base: u128, cap: u128, w: u128, from: u128) -> Option<u
     (x < w).then_some(x)
 }
 
+/// A counter read at one instant under one call's parameters. The single
+/// command and every sliding-counter limit of RL.MULTI decide through it.
+#[derive(Clone, Copy, Debug)]
+pub struct Assess {
+    v: View,
+    /// `limit` as given (the reply's element 2).
+    limit_given: u64,
+    /// `limit` for the arithmetic (≤ MAX_ARG).
+    limit: u64,
+    /// The stored window start (kept when later than `window_start`).
+    start_us: u64,
+    /// The real clock reading; waits are measured from it.
+    now_us: u64,
+}
+
+impl Assess {
+    #[inline]
+    pub fn at(state: &State, p: &Params, now_us: u64) -> Assess {
+        Assess {
+            v: View::at(state, window_us(p.window_ms), now_us),
+            limit_given: p.limit,
+            limit: p.limit.min(MAX_ARG),
+            start_us: state.start_us,
+            now_us,
+        }
+    }
+
+    /// Units a call could take now.
+    #[inline]
+    pub fn available(&self) -> u64 {
+        self.v.available(self.limit)
+    }
+
+    /// The reply after taking `taken` units (`≤ available()`) for a call
+    /// that asked for `want`: retry_after_ms is 0 when it got them all, −1
+    /// when `want` exceeds the limit, else the exact time until `want`
+    /// units fit again after this take.
+    pub fn answer(&self, taken: u64, want: u64) -> Decision {
+        let v = &self.v;
+        let limit = self.limit;
+        let avail = self.available();
+        // Subtracting g whole units from the numerator lowers the floor by g.
+        let remaining = avail - taken.min(avail);
+        let cur_after = v.cur.saturating_add(taken);
+        let w = u128::from(v.w);
+        let e = u128::from(v.e);
+        // µs between the real clock reading and the instant the call is
+        // evaluated at (non-zero only if the clock stepped back).
+        let lag = u128::from(v.now_eff - self.now_us.min(v.now_eff));
+        let retry_after_ms = if taken == want {
+            0
+        } else if want > limit {
+            -1
+        } else if want <= remaining {
+            0
+        } else {
+            let cap = u128::from(limit).saturating_mul(w);
+            let want128 = u128::from(want);
+            let cur128 = u128::from(cur_after);
+            let base_now = cur128.saturating_add(want128).saturating_mul(w);
+            let wait_us = match first_fit(u128::from(v.prev), base_now, cap, w, e) {
+                Some(x) => x - e,
+                None => {
+                    let base_next = want128.saturating_mul(w);
+                    match first_fit(cur128, base_next, cap, w, 0) {
+                        Some(x) => (w - e).saturating_add(x),
+                        None => (w - e).saturating_add(w),
+                    }
+                }
+            };
+            to_i64(us_to_ms_ceil(wait_us.saturating_add(lag)))
+        };
+        let reset_after_ms = if cur_after > 0 {
+            us_to_ms_ceil(w.saturating_mul(2).saturating_sub(e).saturating_add(lag))
+        } else if v.prev > 0 {
+            us_to_ms_ceil((w - e).saturating_add(lag))
+        } else {
+            0
+        };
+        Decision { granted: taken, limit: self.limit_given, remaining, retry_after_ms, reset_after_ms }
+    }
+
+    /// The state to store after taking `taken` units (`> 0`).
+    ///
+    /// `max`: a state written under another window may start inside this
+    /// window (after `window_start`); keeping that instant keeps the
+    /// evaluation time from moving backwards if the clock is behind it.
+    /// Both lie in window k_now, so the reading is the same.
+    #[inline]
+    pub fn state_after(&self, taken: u64) -> State {
+        State {
+            start_us: self.v.window_start.max(self.start_us),
+            cur: self.v.cur.saturating_add(taken),
+            prev: self.v.prev,
+        }
+    }
+
+    /// The counter after `n` units are given back: off the current window's
+    /// count first, what is left of `n` off the previous window's, never
+    /// below zero. Returns it with the units given back.
+    #[inline]
+    pub fn refunded(&self, n: u64) -> (Assess, u64) {
+        let from_cur = n.min(self.v.cur);
+        let from_prev = (n - from_cur).min(self.v.prev);
+        let mut after = *self;
+        after.v.cur -= from_cur;
+        after.v.prev -= from_prev;
+        (after, from_cur + from_prev)
+    }
+}
+
 /// Decide a call and compute the state the key should hold if the caller
 /// writes (it writes only when `granted > 0`; otherwise the returned state is
 /// `*state`, unchanged).
 pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
-    let limit = p.limit.min(MAX_ARG);
-    let v = View::at(state, window_us(p.window_ms), now_us);
-    let avail = v.available(limit);
+    let a = Assess::at(state, p, now_us);
+    let granted = crate::grant_size(a.available(), cost, partial);
+    let new_state = if granted > 0 { a.state_after(granted) } else { *state };
+    (a.answer(granted, cost), new_state)
+}
 
-    let granted = if cost == 0 {
-        0
-    } else if cost <= avail {
-        cost
-    } else if partial {
-        avail
-    } else {
-        0
-    };
-
-    let cur_after = v.cur.saturating_add(granted);
-    let new_state = if granted > 0 {
-        // `max`: a state written under another window may start inside this
-        // window (after `window_start`); keeping that instant keeps the
-        // evaluation time from moving backwards if the clock is behind it.
-        // Both lie in window k_now, so the reading is the same.
-        State { start_us: v.window_start.max(state.start_us), cur: cur_after, prev: v.prev }
-    } else {
-        *state
-    };
-
-    // Subtracting g whole units from the numerator lowers the floor by g.
-    let remaining = avail - granted.min(avail);
-
-    let w = u128::from(v.w);
-    let e = u128::from(v.e);
-    // µs between the real clock reading and the instant the call is
-    // evaluated at (non-zero only if the clock stepped back).
-    let lag = u128::from(v.now_eff - now_us.min(v.now_eff));
-
-    let retry_after_ms = if granted == cost {
-        0
-    } else if cost > limit {
-        -1
-    } else {
-        let cap = u128::from(limit).saturating_mul(w);
-        let cost128 = u128::from(cost);
-        let cur128 = u128::from(cur_after);
-        let base_now = cur128.saturating_add(cost128).saturating_mul(w);
-        let wait_us = match first_fit(u128::from(v.prev), base_now, cap, w, e) {
-            Some(x) => x - e,
-            None => {
-                let base_next = cost128.saturating_mul(w);
-                match first_fit(cur128, base_next, cap, w, 0) {
-                    Some(x) => (w - e).saturating_add(x),
-                    None => (w - e).saturating_add(w),
-                }
-            }
-        };
-        to_i64(us_to_ms_ceil(wait_us.saturating_add(lag)))
-    };
-
-    let reset_after_ms = if cur_after > 0 {
-        us_to_ms_ceil(w.saturating_mul(2).saturating_sub(e).saturating_add(lag))
-    } else if v.prev > 0 {
-        us_to_ms_ceil((w - e).saturating_add(lag))
-    } else {
-        0
-    };
-
-    let decision = Decision {
-        granted,
-        limit: p.limit,
-        remaining,
-        retry_after_ms,
-        reset_after_ms,
-    };
-    (decision, new_state)
+/// `REFUND n`: `n` units come off the current window's count, what is left
+/// off the previous window's, never below zero. Returns the reply (element
+/// 1: the units given back, 0 only when both windows counted zero, then
+/// nothing changed) for a following call of `want` units, and the state to
+/// store. When the reply's `reset_after_ms` is 0 the counter is fresh: the
+/// key is deleted, not stored. The state may count 0 in the current window
+/// and some units in the previous one.
+pub fn refund(state: &State, p: &Params, n: u64, want: u64, now_us: u64) -> (Decision, State) {
+    let a = Assess::at(state, p, now_us);
+    let (after, given) = a.refunded(n);
+    let mut d = after.answer(0, want);
+    d.granted = given;
+    let new_state = State { start_us: after.v.window_start.max(after.start_us), cur: after.v.cur, prev: after.v.prev };
+    (d, new_state)
 }
 
 /// The instant (µs since the epoch) from which `state` is indistinguishable
@@ -939,11 +999,11 @@ mod tests {
             match State::decode(&bytes) {
                 Ok(d) => {
                     prop_assert_eq!(d, s);
-                    prop_assert!((1..=MAX_ARG).contains(&cur) && prev <= MAX_ARG && start_us.is_multiple_of(1000));
+                    prop_assert!(cur <= MAX_ARG && prev <= MAX_ARG && cur + prev > 0 && start_us.is_multiple_of(1000));
                 }
                 Err(e) => {
                     prop_assert!(matches!(e, DecodeError::Invalid(_)));
-                    prop_assert!(cur == 0 || cur > MAX_ARG || prev > MAX_ARG || start_us % 1000 != 0);
+                    prop_assert!((cur == 0 && prev == 0) || cur > MAX_ARG || prev > MAX_ARG || start_us % 1000 != 0);
                 }
             }
         }

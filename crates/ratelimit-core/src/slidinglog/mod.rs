@@ -62,58 +62,119 @@ pub struct Params {
     pub window_ms: u64,
 }
 
+/// A log read at one instant under one call's parameters. The single
+/// command and every sliding-log limit of RL.MULTI decide through it:
+/// [`View::available`] says how many units a call could take and
+/// [`View::answer`] is the reply after taking some ([`grant`] then records
+/// them).
+#[derive(Clone, Copy, Debug)]
+pub struct View<'a> {
+    state: &'a State,
+    /// Window in µs.
+    w: u128,
+    /// The instant the window is evaluated at: `max(now, newest entry)`.
+    now: u64,
+    /// The real clock reading; waits are measured from it.
+    real: u64,
+    limit: u64,
+    /// Units granted in the window ending at `now`.
+    used: u64,
+}
+
+impl<'a> View<'a> {
+    #[inline]
+    pub fn at(state: &'a State, p: &Params, now_us: u64) -> View<'a> {
+        let w = u128::from(ms_to_us(p.window_ms));
+        // The window is evaluated at `now` (never earlier than the newest
+        // entry); waits are measured from the real clock reading `now_us`.
+        let now = if state.len > 0 { now_us.max(state.tail_time) } else { now_us };
+        View { state, w, now, real: now_us, limit: p.limit, used: state.used_at(now, w) }
+    }
+
+    /// Units a call could take now.
+    #[inline]
+    pub fn available(&self) -> u64 {
+        self.limit.saturating_sub(self.used)
+    }
+
+    /// The reply after taking `taken` units (`≤ available()`, recorded at
+    /// `now` by [`grant`]) for a call that asked for `want`: retry_after_ms
+    /// is 0 when it got them all, −1 when `want` exceeds the limit, else the
+    /// time until `want` units fit again after this take.
+    pub fn answer(&self, taken: u64, want: u64) -> Decision {
+        let now128 = u128::from(self.now);
+        let real = u128::from(self.real);
+        let w = self.w;
+        let limit = self.limit;
+        let remaining = self.available().saturating_sub(taken);
+        // Every entry in the window has `t + w > now ≥ real`, so the waits
+        // below are positive.
+        let retry_after_ms = if taken == want {
+            0
+        } else if want > limit {
+            -1
+        } else {
+            // Units that must leave the window before `want` fits, in the
+            // log as it is after this take.
+            let excess = (u128::from(self.used) + u128::from(taken) + u128::from(want)).saturating_sub(u128::from(limit));
+            if excess == 0 {
+                0
+            } else {
+                let mut acc = 0u128;
+                // Not reached before this call's own take (at `now`, the newest).
+                let mut leaves_at = now128 + w;
+                for (t, count) in self.state.entries() {
+                    if u128::from(t) + w <= now128 {
+                        continue;
+                    }
+                    acc += u128::from(count);
+                    if acc >= excess {
+                        leaves_at = u128::from(t) + w;
+                        break;
+                    }
+                }
+                to_i64(us_to_ms_ceil(leaves_at.saturating_sub(real)))
+            }
+        };
+        let st = self.state;
+        let reset_after_ms = if taken > 0 {
+            us_to_ms_ceil((now128 + w).saturating_sub(real))
+        } else if st.len > 0 && u128::from(st.tail_time) + w > now128 {
+            us_to_ms_ceil((u128::from(st.tail_time) + w).saturating_sub(real))
+        } else {
+            0
+        };
+        Decision { granted: taken, limit, remaining, retry_after_ms, reset_after_ms }
+    }
+}
+
 /// Pure: what the call would answer at `now_us`, without changing anything.
 pub fn decide(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> Decision {
-    let w = u128::from(ms_to_us(p.window_ms));
-    // The window is evaluated at `now` (never earlier than the newest
-    // entry); waits are measured from the real clock reading `now_us`.
-    let now = if state.len > 0 { now_us.max(state.tail_time) } else { now_us };
-    let now128 = u128::from(now);
-    let real = u128::from(now_us);
-    let limit = p.limit;
-    let used = state.used_at(now, w);
-    let avail = limit.saturating_sub(used);
-    let granted = if partial {
-        cost.min(avail)
-    } else if cost <= avail {
-        cost
-    } else {
-        0
-    };
-    let remaining = avail.saturating_sub(granted);
-    // Every entry in the window has `t + w > now ≥ now_us`, so the waits
-    // below are positive.
-    let retry_after_ms = if granted == cost {
-        0
-    } else if cost > limit {
-        -1
-    } else {
-        // Units that must leave the window before the same call fits, in
-        // the log as it is after this call's grant.
-        let excess = (u128::from(used) + u128::from(granted) + u128::from(cost)).saturating_sub(u128::from(limit));
-        let mut acc = 0u128;
-        // Not reached before this call's own grant (at `now`, the newest).
-        let mut leaves_at = now128 + w;
-        for (t, count) in state.entries() {
-            if u128::from(t) + w <= now128 {
-                continue;
-            }
-            acc += u128::from(count);
-            if acc >= excess {
-                leaves_at = u128::from(t) + w;
-                break;
-            }
-        }
-        to_i64(us_to_ms_ceil(leaves_at.saturating_sub(real)))
-    };
-    let reset_after_ms = if granted > 0 {
-        us_to_ms_ceil((now128 + w).saturating_sub(real))
-    } else if state.len > 0 && u128::from(state.tail_time) + w > now128 {
-        us_to_ms_ceil((u128::from(state.tail_time) + w).saturating_sub(real))
-    } else {
-        0
-    };
-    Decision { granted, limit, remaining, retry_after_ms, reset_after_ms }
+    let v = View::at(state, p, now_us);
+    v.answer(crate::grant_size(v.available(), cost, partial), cost)
+}
+
+/// `REFUND units` at `now_us` under window `window_ms`: trims the entries
+/// that left the window, then removes the newest `units` units still in it
+/// (the most recent grant first). Returns the units removed (0 only when
+/// the window held none; then nothing changed but the trim, which no reply
+/// can tell). Deterministic and total like [`grant`]: the replica applies
+/// it with the same arguments.
+pub fn refund(state: &mut State, window_ms: u64, units: u64, now_us: u64) -> u64 {
+    if state.len == 0 || units == 0 {
+        return 0;
+    }
+    let w = ms_to_us(window_ms);
+    let now = now_us.max(state.tail_time);
+    // Nothing in the window: change nothing, not even the trim (a replica
+    // is sent no effect for this call).
+    if state.used_at(now, u128::from(w)) == 0 {
+        return 0;
+    }
+    // Decide everything first, then apply infallibly (as for a grant).
+    let (plan, removed) = state.plan_refund(now, units, w);
+    state.apply(plan);
+    removed
 }
 
 /// Apply a grant of `units` made at `now_us` under window `window_ms`: trims

@@ -377,6 +377,48 @@ impl State {
         plan
     }
 
+    /// Decides how a refund of `units` at `now` (≥ the newest entry) under
+    /// a window of `window_us` changes the log: the entries that left the
+    /// window are dropped, then up to `units` units come off the newest
+    /// entries (an entry whose count drops to 0 goes). Returns the plan and
+    /// the units removed. The buffer keeps its capacity (the next grant
+    /// shrinks it; the key expires at the latest when the window passes).
+    pub(super) fn plan_refund(&self, now: u64, units: u64, window_us: u64) -> (Plan, u64) {
+        let mut plan = Plan {
+            h: self.header(),
+            truncate_to: None,
+            relayout: Relayout::Keep,
+            write: Write::Nothing,
+            buf_len: self.buf.len(),
+        };
+        self.plan_trim(&mut plan, now, window_us);
+        let mut left = units;
+        while left > 0 && plan.h.len > 0 {
+            let idx = plan.h.head + plan.h.len - 1;
+            let (delta, count) = self.raw(idx);
+            if count > left {
+                // A smaller count always fits the entry's format.
+                plan.write = Write::Store(idx, pack(plan.h.cbits, delta, count - left));
+                plan.h.total = plan.h.total.saturating_sub(left);
+                left = 0;
+            } else {
+                left -= count;
+                plan.h.total = plan.h.total.saturating_sub(count);
+                plan.h.len -= 1;
+                if plan.h.len == 0 {
+                    plan.clear();
+                } else {
+                    plan.h.tail_time = plan.h.tail_time.saturating_sub(delta);
+                    let live_words = (plan.h.head + plan.h.len) * self.wn();
+                    plan.truncate(live_words);
+                }
+            }
+        }
+        #[cfg(test)]
+        fail_point();
+        (plan, units - left)
+    }
+
     /// Drops the entries that left the window `W` at `now` (`now ≥ tail_time`).
     fn plan_trim(&self, plan: &mut Plan, now: u64, window_us: u64) {
         let h = &mut plan.h;

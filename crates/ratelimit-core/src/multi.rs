@@ -1,0 +1,300 @@
+//! RL.MULTI: several limits decided in one step, all or nothing. Pure.
+//!
+//! Each limit is read once ([`Limit`]: a token bucket, sliding log or
+//! sliding counter view at the call's one clock reading) and answers two
+//! questions through the same functions the single commands use: how many
+//! units it could take now ([`Limit::available`]) and what it replies after
+//! taking some for a call that asked for more ([`Limit::answer`]). A limit
+//! takes `COST × WEIGHT` of its own units, so the call can take `g`
+//! requests when every limit has `g × WEIGHT` available:
+//!
+//! - without PARTIAL, `g = COST` when every limit can take its units, else 0;
+//! - with PARTIAL, `g` is the largest value `≤ COST` every limit can take
+//!   (`min(COST, ⌊available_i / WEIGHT_i⌋)`), possibly 0.
+//!
+//! Every limit then answers for taking `g × WEIGHT_i` of the `COST ×
+//! WEIGHT_i` it asked for; with one limit of weight 1 that is exactly the
+//! single command's reply. [`combine`] folds the per-limit replies into the
+//! whole reply (SPEC.md, "Composition").
+
+use crate::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision, MAX_ARG};
+
+/// Most limits one call may name.
+pub const MAX_LIMITS: usize = 16;
+
+/// One limit of a call, read at the call's instant.
+#[derive(Clone, Copy, Debug)]
+pub enum Limit<'a> {
+    TokenBucket(tb::View),
+    SlidingLog(sl::View<'a>),
+    SlidingCounter(sc::Assess),
+}
+
+impl Limit<'_> {
+    /// Units this limit could take now.
+    #[inline]
+    pub fn available(&self) -> u64 {
+        match self {
+            Limit::TokenBucket(v) => v.available(),
+            Limit::SlidingLog(v) => v.available(),
+            Limit::SlidingCounter(v) => v.available(),
+        }
+    }
+
+    /// Its reply after taking `taken` of the `want` units asked for.
+    #[inline]
+    pub fn answer(&self, taken: u64, want: u64) -> Decision {
+        match self {
+            Limit::TokenBucket(v) => v.answer(taken, want),
+            Limit::SlidingLog(v) => v.answer(taken, want),
+            Limit::SlidingCounter(v) => v.answer(taken, want),
+        }
+    }
+}
+
+/// The whole reply's first six elements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Whole {
+    /// 1/0, or the requests granted with PARTIAL; for a refund, n when any
+    /// limit took units back, else 0.
+    pub allowed: u64,
+    pub limit: u64,
+    pub remaining: u64,
+    pub retry_after_ms: i64,
+    pub reset_after_ms: u64,
+    /// 0-based index of the binding limit.
+    pub binding: usize,
+}
+
+/// `cost × weight` when it stays within `MAX_ARG` (the parser refuses the
+/// call otherwise).
+#[inline]
+pub fn units(cost: u64, weight: u64) -> Option<u64> {
+    cost.checked_mul(weight).filter(|&u| u <= MAX_ARG)
+}
+
+/// The requests `g` a call takes: with `avail_weight` the `(available,
+/// WEIGHT)` of every limit (WEIGHT ≥ 1), `COST` when every limit can take
+/// `COST × WEIGHT`, else with PARTIAL the largest `g` every limit can take
+/// `g × WEIGHT` of, else 0.
+#[inline]
+pub fn requests(avail_weight: impl Iterator<Item = (u64, u64)>, cost: u64, partial: bool) -> u64 {
+    let mut g = cost;
+    for (avail, weight) in avail_weight {
+        g = g.min(avail / weight.max(1));
+    }
+    if g == cost || partial {
+        g
+    } else {
+        0
+    }
+}
+
+/// `retry_after_ms` values ordered by how long they wait: −1 (never) is the
+/// longest.
+#[inline]
+fn wait_key(retry: i64) -> u128 {
+    if retry < 0 {
+        u128::MAX
+    } else {
+        retry as u128
+    }
+}
+
+/// The limit with the fewest whole requests left (`remaining ÷ WEIGHT`),
+/// ties to the lowest index. `per` is not empty.
+fn fewest_left(per: &[Decision], weights: &[u64]) -> usize {
+    let mut best = 0;
+    let mut best_left = u64::MAX;
+    for (i, (d, &w)) in per.iter().zip(weights).enumerate() {
+        let left = d.remaining / w.max(1);
+        if left < best_left {
+            best = i;
+            best_left = left;
+        }
+    }
+    best
+}
+
+/// The longest of the limits' waits (−1 when any limit never can), with
+/// the index of the first limit that waits that long.
+fn longest_wait(per: &[Decision]) -> (i64, usize) {
+    let mut best = 0;
+    let mut key = 0u128;
+    for (i, d) in per.iter().enumerate() {
+        let k = wait_key(d.retry_after_ms);
+        if k > key {
+            best = i;
+            key = k;
+        }
+    }
+    (per.get(best).map_or(0, |d| d.retry_after_ms), best)
+}
+
+fn whole_from(allowed: u64, retry_after_ms: i64, b: usize, per: &[Decision]) -> Whole {
+    let d = per.get(b).copied().unwrap_or(Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 });
+    Whole { allowed, limit: d.limit, remaining: d.remaining, retry_after_ms, reset_after_ms: d.reset_after_ms, binding: b }
+}
+
+/// The whole reply of a call that took `g` of `cost` requests, from the
+/// per-limit replies: granted (`g == cost`) binds the limit with the fewest
+/// whole requests left and retries in 0; otherwise the longest wait binds
+/// and is the call's wait.
+pub fn combine(per: &[Decision], weights: &[u64], g: u64, cost: u64, partial: bool) -> Whole {
+    let allowed = if partial { g } else { u64::from(g == cost) };
+    if g == cost {
+        whole_from(allowed, 0, fewest_left(per, weights), per)
+    } else {
+        let (retry, b) = longest_wait(per);
+        whole_from(allowed, retry, b, per)
+    }
+}
+
+/// The whole reply of `REFUND n`: element 1 is `n` when any limit took
+/// units back, else 0; the binding limit is the one with the fewest whole
+/// requests left; retry_after_ms is the longest of the limits' waits for
+/// one request.
+pub fn combine_refund(per: &[Decision], weights: &[u64], n: u64) -> Whole {
+    let allowed = if per.iter().any(|d| d.granted > 0) { n } else { 0 };
+    let (retry, _) = longest_wait(per);
+    whole_from(allowed, retry, fewest_left(per, weights), per)
+}
+
+/// Decide a grant over `limits` (each with its WEIGHT): the requests taken
+/// and every limit's reply, in `per` (the first `limits.len()` entries).
+/// Returns `g`; the caller writes every limit (`g × WEIGHT` units each)
+/// when `g > 0` and the call is not a dry run.
+pub fn decide(limits: &[Option<Limit>], weights: &[u64], cost: u64, partial: bool, per: &mut [Decision]) -> u64 {
+    let avail = limits.iter().zip(weights).map(|(l, &w)| (l.map_or(0, |l| l.available()), w));
+    let g = requests(avail, cost, partial);
+    for ((l, &w), d) in limits.iter().zip(weights).zip(per.iter_mut()) {
+        if let Some(l) = l {
+            // The parser checked cost × weight ≤ MAX_ARG, so g × w is too.
+            *d = l.answer(g.saturating_mul(w), cost.saturating_mul(w));
+        }
+    }
+    g
+}
+
+/// What a call does: take `cost` requests (PARTIAL, DRYRUN), or give `n`
+/// back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Take { cost: u64, partial: bool, dryrun: bool },
+    Refund(u64),
+}
+
+/// One limit's stored state, to read and (when the call writes) update in
+/// place. A missing key is a fresh (`Default`) state.
+pub enum StateMut<'a> {
+    TokenBucket(&'a mut tb::State),
+    SlidingLog(&'a mut sl::State),
+    SlidingCounter(&'a mut sc::State),
+}
+
+/// The parameters of one limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Params {
+    TokenBucket(tb::Params),
+    SlidingLog(sl::Params),
+    SlidingCounter(sc::Params),
+}
+
+/// A state read under its limit's parameters (None when the two are not of
+/// the same algorithm, which the caller rules out).
+fn view<'a>(s: &'a Option<StateMut>, p: &Params, now_us: u64) -> Option<Limit<'a>> {
+    Some(match (s.as_ref()?, p) {
+        (StateMut::TokenBucket(s), Params::TokenBucket(p)) => Limit::TokenBucket(tb::View::at(s, p, now_us)),
+        (StateMut::SlidingLog(s), Params::SlidingLog(p)) => Limit::SlidingLog(sl::View::at(s, p, now_us)),
+        (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => Limit::SlidingCounter(sc::Assess::at(s, p, now_us)),
+        _ => return None,
+    })
+}
+
+/// Record a take of `units` (> 0) decided at `now_us`.
+fn take(s: &mut Option<StateMut>, p: &Params, units: u64, now_us: u64) {
+    let Some(s) = s else { return };
+    match (s, p) {
+        (StateMut::TokenBucket(s), Params::TokenBucket(p)) => **s = tb::View::at(s, p, now_us).state_after(units),
+        (StateMut::SlidingLog(s), Params::SlidingLog(p)) => sl::grant(s, p.window_ms, units, now_us),
+        (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => **s = sc::Assess::at(s, p, now_us).state_after(units),
+        _ => {}
+    }
+}
+
+/// Give `units` back to one limit; its reply (element 1: the units given
+/// back) for a following request of `want` units. Changes the state only
+/// when units were given back.
+fn give_back(s: &mut Option<StateMut>, p: &Params, units: u64, want: u64, now_us: u64) -> Decision {
+    let Some(s) = s else { return NONE };
+    match (s, p) {
+        (StateMut::TokenBucket(s), Params::TokenBucket(p)) => {
+            let (d, new) = tb::refund(s, p, units, want, now_us);
+            if d.granted > 0 {
+                **s = new;
+            }
+            d
+        }
+        (StateMut::SlidingLog(s), Params::SlidingLog(p)) => {
+            let given = sl::refund(s, p.window_ms, units, now_us);
+            let mut d = sl::View::at(s, p, now_us).answer(0, want);
+            d.granted = given;
+            d
+        }
+        (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => {
+            let (d, new) = sc::refund(s, p, units, want, now_us);
+            if d.granted > 0 {
+                **s = new;
+            }
+            d
+        }
+        _ => NONE,
+    }
+}
+
+/// The reply slot of a limit that is not there (never for `i < n`).
+const NONE: Decision = Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 };
+
+/// Run a call over `states` (one per limit, all `Some`, with `params` and `weights` in
+/// the same order; each state of its limit's algorithm, as the caller
+/// checked) at `now_us`: decide, and when the call writes, update every
+/// state in place. Fills `per` with the per-limit replies and returns the
+/// whole reply.
+///
+/// Which states changed: with `Op::Take`, every one whose `per[i].granted
+/// > 0` (all of them when any, unless DRYRUN); with `Op::Refund`, likewise
+/// those whose `per[i].granted > 0`. A changed state whose
+/// `reset_after_ms` is 0 is fresh again (a refund gave everything back):
+/// the caller deletes its key. A state that did not change is left
+/// untouched, bit for bit.
+pub fn run(states: &mut [Option<StateMut>], params: &[Params], weights: &[u64], op: Op, now_us: u64, per: &mut [Decision]) -> Whole {
+    let n = states.len().min(params.len()).min(weights.len()).min(per.len()).min(MAX_LIMITS);
+    let (states, params, weights, per) = (&mut states[..n], &params[..n], &weights[..n], &mut per[..n]);
+    match op {
+        Op::Take { cost, partial, dryrun } => {
+            let g = {
+                let mut limits: [Option<Limit>; MAX_LIMITS] = [None; MAX_LIMITS];
+                for ((slot, s), p) in limits.iter_mut().zip(states.iter()).zip(params) {
+                    *slot = view(s, p, now_us);
+                }
+                decide(&limits[..n], weights, cost, partial, per)
+            };
+            if g > 0 && !dryrun {
+                for ((s, p), d) in states.iter_mut().zip(params).zip(per.iter()) {
+                    take(s, p, d.granted, now_us);
+                }
+            }
+            combine(per, weights, g, cost, partial)
+        }
+        Op::Refund(units) => {
+            for (((s, p), &w), d) in states.iter_mut().zip(params).zip(weights).zip(per.iter_mut()) {
+                *d = give_back(s, p, units.saturating_mul(w), w, now_us);
+            }
+            combine_refund(per, weights, units)
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "multi_tests.rs"]
+mod tests;
