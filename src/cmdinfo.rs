@@ -109,10 +109,15 @@ const COST: Arg = opt_int(c"cost", c"COST", c"units this call asks for (default 
 const PARTIAL: Arg = opt_flag(c"partial", c"PARTIAL", c"grant as many units as are available, up to COST");
 const DRYRUN: Arg = opt_flag(c"dryrun", c"DRYRUN", c"reply as the call would, write nothing");
 
-/// The options after the positional numbers of a single-limit command.
-const GRANT_OPTIONS: [Arg; 3] = [COST, PARTIAL, DRYRUN];
+const REFUND: Arg = Arg {
+    since: Some(c"0.2.0"),
+    ..opt_int(c"refund", c"REFUND", c"give n units back instead of taking any (not with COST, PARTIAL or DRYRUN)")
+};
 
-static TOKENBUCKET_ARGS: [Arg; 7] = [
+/// The options after the positional numbers of a single-limit command.
+const GRANT_OPTIONS: [Arg; 4] = [COST, PARTIAL, DRYRUN, REFUND];
+
+static TOKENBUCKET_ARGS: [Arg; 8] = [
     key(c"key"),
     int(c"capacity", c"most tokens the bucket holds (it starts full)"),
     int(c"rate", c"tokens regained every period_ms"),
@@ -120,23 +125,41 @@ static TOKENBUCKET_ARGS: [Arg; 7] = [
     GRANT_OPTIONS[0],
     GRANT_OPTIONS[1],
     GRANT_OPTIONS[2],
+    GRANT_OPTIONS[3],
 ];
-static SLIDINGLOG_ARGS: [Arg; 6] = [
+static SLIDINGLOG_ARGS: [Arg; 7] = [
     key(c"key"),
     int(c"limit", c"most units granted in any window"),
     int(c"window_ms", c"the window in milliseconds"),
     GRANT_OPTIONS[0],
     GRANT_OPTIONS[1],
     GRANT_OPTIONS[2],
+    GRANT_OPTIONS[3],
 ];
-static SLIDINGCOUNTER_ARGS: [Arg; 6] = [
+static SLIDINGCOUNTER_ARGS: [Arg; 7] = [
     key(c"key"),
     int(c"limit", c"most units granted in a window (estimated)"),
     int(c"window_ms", c"the window in milliseconds, aligned on the server's clock"),
     GRANT_OPTIONS[0],
     GRANT_OPTIONS[1],
     GRANT_OPTIONS[2],
+    GRANT_OPTIONS[3],
 ];
+static MULTI_ARGS: [Arg; 8] = [
+    int(c"numkeys", c"the number of keys and of limits, 1 to 16"),
+    Arg { multiple: true, ..key(c"key") },
+    Arg {
+        multiple: true,
+        ..arg(c"limit", Ty::Str)
+    },
+    opt_int(c"cost", c"COST", c"requests this call asks for; each limit takes COST x WEIGHT units"),
+    PARTIAL,
+    DRYRUN,
+    REFUND,
+    // Listed last: the WEIGHT of a limit follows its numbers.
+    opt_int(c"weight", c"WEIGHT", c"after a limit's numbers: the units one request takes from it (default 1)"),
+];
+
 static STATE_ARGS: [Arg; 2] = [
     key(c"key"),
     Arg { summary: Some(c"a versioned state payload with its absolute expiry"), ..arg(c"payload", Ty::Str) },
@@ -147,6 +170,8 @@ static STATE_ARGS: [Arg; 2] = [
 enum Keys {
     /// The key is argument 1.
     First,
+    /// Argument 1 is numkeys, the keys follow it (RL.MULTI, arity −6).
+    NumKeys,
 }
 
 struct Doc {
@@ -172,7 +197,7 @@ const STATE_KEY: u32 = raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UP
 /// The single-limit commands are O(1); the sliding log amortized O(1).
 const LIMITER_ACL: &CStr = c"write fast";
 
-static DOCS: [Doc; 4] = [
+static DOCS: [Doc; 5] = [
     Doc {
         name: c"RL.TOKENBUCKET",
         summary: c"Takes COST tokens from a token bucket that refills continuously; replies allowed, limit, remaining, retry_after_ms, reset_after_ms.",
@@ -202,6 +227,17 @@ static DOCS: [Doc; 4] = [
         since: c"0.1.0",
         args: &SLIDINGCOUNTER_ARGS,
         keys: Keys::First,
+        key_flags: LIMITER_KEY,
+        acl: LIMITER_ACL,
+        user_facing: true,
+    },
+    Doc {
+        name: c"RL.MULTI",
+        summary: c"Decides several limits (TOKENBUCKET capacity rate period_ms | SLIDINGLOG limit window_ms | SLIDINGCOUNTER limit window_ms, each [WEIGHT w], one per key) in one atomic step: all or nothing; replies the five fields of the binding limit, its index, and each limit's reply.",
+        complexity: c"O(N) where N is the number of limits (each as its single command)",
+        since: c"0.2.0",
+        args: &MULTI_ARGS,
+        keys: Keys::NumKeys,
         key_flags: LIMITER_KEY,
         acl: LIMITER_ACL,
         user_facing: true,
@@ -321,6 +357,14 @@ fn key_specs(keys: Keys, flags: u32) -> Vec<RedisModuleCommandKeySpec> {
             spec.fk.range.keystep = 1;
             spec.fk.range.limit = 0;
         }
+        Keys::NumKeys => {
+            spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
+            spec.bs.index.pos = 1;
+            spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
+            spec.fk.keynum.keynumidx = 0;
+            spec.fk.keynum.firstkey = 1;
+            spec.fk.keynum.keystep = 1;
+        }
     }
     vec![spec, unsafe { std::mem::zeroed() }]
 }
@@ -368,7 +412,12 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> bool {
                 since: d.since.as_ptr(),
                 history: ptr::null_mut(),
                 tips: ptr::null(),
-                arity: 0,
+                // 0 keeps the arity given at creation (any); RL.MULTI's
+                // shortest call is `RL.MULTI 1 key SLIDINGLOG limit window_ms`.
+                arity: match d.keys {
+                    Keys::First => 0,
+                    Keys::NumKeys => -6,
+                },
                 key_specs: specs.as_mut_ptr(),
                 args,
             };

@@ -6,8 +6,9 @@
 use std::ffi::{c_int, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-use ratelimit_core::args::{self, Arg, ArgError, Call};
+use ratelimit_core::args::{self, Arg, ArgError, Call, Kind, LimitSpec, MAX_LIMITS};
 use ratelimit_core::codec::{self, Effect};
+use ratelimit_core::multi::{self, Op, StateMut};
 use ratelimit_core::{slidingcounter as sc, slidinglog as sl, to_i64, tokenbucket as tb, Decision};
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
@@ -33,6 +34,22 @@ fn arg_error(a: Arg) -> &'static CStr {
         Arg::Limit => c"ERR limit must be an integer between 1 and 9007199254740991",
         Arg::WindowMs => c"ERR window_ms must be an integer between 1 and 9007199254740991",
         Arg::Cost => c"ERR COST must be an integer between 0 and 9007199254740991",
+        Arg::Refund => c"ERR REFUND must be an integer between 1 and 9007199254740991",
+        Arg::Weight => c"ERR WEIGHT must be an integer between 1 and 9007199254740991",
+        Arg::NumKeys => c"ERR numkeys must be an integer between 1 and 16",
+    }
+}
+
+/// Answer an argument error (the reply is sent; returns the handler's code).
+unsafe fn reply_arg_error(ctx: *mut RedisModuleCtx, e: ArgError) -> c_int {
+    match e {
+        ArgError::Arity => ffi::wrong_arity(ctx),
+        ArgError::Number(a) => ffi::reply_error(ctx, arg_error(a)),
+        ArgError::Syntax => ffi::reply_error(ctx, SYNTAX_ERROR),
+        ArgError::LimitCount => ffi::reply_error(ctx, c"ERR the number of limits must equal numkeys"),
+        ArgError::DuplicateKey => ffi::reply_error(ctx, c"ERR every key must be distinct"),
+        ArgError::Product(Arg::Refund) => ffi::reply_error(ctx, c"ERR REFUND * WEIGHT must not exceed 9007199254740991"),
+        ArgError::Product(_) => ffi::reply_error(ctx, c"ERR COST * WEIGHT must not exceed 9007199254740991"),
     }
 }
 
@@ -67,19 +84,24 @@ unsafe fn parse(
     };
     match args::parse(rest.iter().map(|&s| ffi::bytes(s)), positional) {
         Ok(call) => Ok((key, call)),
-        Err(ArgError::Arity) => Err(ffi::wrong_arity(ctx)),
-        Err(ArgError::Number(a)) => Err(ffi::reply_error(ctx, arg_error(a))),
-        Err(ArgError::Syntax) => Err(ffi::reply_error(ctx, SYNTAX_ERROR)),
+        Err(e) => Err(reply_arg_error(ctx, e)),
     }
 }
 
 #[inline]
 unsafe fn reply(ctx: *mut RedisModuleCtx, cmd: Cmd, d: &Decision, call: &Call) -> c_int {
-    stats::record(cmd, d.granted, call.cost);
+    // A refund's element 1 is the units it gave back.
+    let first = if call.refund > 0 {
+        stats::record_refund(cmd);
+        d.granted
+    } else {
+        stats::record(cmd, d.granted, call.cost);
+        d.allowed(call.cost, call.partial)
+    };
     ffi::reply_ints(
         ctx,
         [
-            to_i64(d.allowed(call.cost, call.partial)),
+            to_i64(first),
             to_i64(d.limit),
             to_i64(d.remaining),
             d.retry_after_ms,
@@ -157,6 +179,8 @@ trait WordLimiter: Stored + Copy + Default {
     const CMD: Cmd;
     fn params(nums: [u64; 3]) -> Self::Params;
     fn step(&self, p: &Self::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self);
+    /// `REFUND n`, replying for a following request of `want` units.
+    fn refund(&self, p: &Self::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self);
     fn effect(&self, abs_expire_ms: u64) -> codec::Small;
 }
 
@@ -171,6 +195,10 @@ impl WordLimiter for tb::State {
     #[inline]
     fn step(&self, p: &tb::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self) {
         tb::step(self, p, cost, partial, now_us)
+    }
+    #[inline]
+    fn refund(&self, p: &tb::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self) {
+        tb::refund(self, p, n, want, now_us)
     }
     #[inline]
     fn effect(&self, abs: u64) -> codec::Small {
@@ -189,6 +217,10 @@ impl WordLimiter for sc::State {
     #[inline]
     fn step(&self, p: &sc::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self) {
         sc::step(self, p, cost, partial, now_us)
+    }
+    #[inline]
+    fn refund(&self, p: &sc::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self) {
+        sc::refund(self, p, n, want, now_us)
     }
     #[inline]
     fn effect(&self, abs: u64) -> codec::Small {
@@ -215,6 +247,25 @@ unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut
             Slot::Ours(p) => Value::<T>::with(p, |v| *v).unwrap_or_default(),
             Slot::Empty => T::default(),
         };
+        if call.refund > 0 {
+            // A refund that gives nothing back writes nothing; one that
+            // leaves the limiter fresh deletes the key.
+            let (d, new) = cur.refund(&p, call.refund, 1, now);
+            if d.granted > 0 {
+                if d.reset_after_ms == 0 {
+                    delete(ctx, &key, name);
+                } else if store(&key, &slot, new) {
+                    let abs = abs_expiry(now, d.reset_after_ms);
+                    key.set_abs_expire(abs);
+                    key.signal_modified();
+                    listeners::replicate(ctx, name, || new.effect(abs));
+                } else {
+                    return ffi::reply_error(ctx, STORE_FAILED);
+                }
+            }
+            drop(key);
+            return reply(ctx, T::CMD, &d, &call);
+        }
         let (d, new) = cur.step(&p, call.cost, call.partial, now);
         match write_grant(&d, call.dryrun, || store(&key, &slot, new)) {
             Write::None => {}
@@ -260,6 +311,29 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
             (_, Some(s)) => s,
             _ => &empty,
         };
+        if call.refund > 0 {
+            let (given, mut d) = match log {
+                Some(s) => {
+                    let given = sl::refund(s, p.window_ms, call.refund, now);
+                    (given, sl::View::at(s, &p, now).answer(0, 1))
+                }
+                None => (0, sl::View::at(&empty, &p, now).answer(0, 1)),
+            };
+            d.granted = given;
+            if given > 0 {
+                if d.reset_after_ms == 0 {
+                    delete(ctx, &key, name);
+                } else {
+                    let abs = abs_expiry(now, d.reset_after_ms);
+                    key.set_abs_expire(abs);
+                    key.signal_modified();
+                    let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: given };
+                    listeners::replicate(ctx, name, || codec::log_refund(&g, abs));
+                }
+            }
+            drop(key);
+            return reply(ctx, Cmd::SlidingLog, &d, &call);
+        }
         let d = sl::decide(cur, &p, call.cost, call.partial, now);
         // sl::grant decides everything before it mutates the log: a panic
         // cannot leave it half-updated.
@@ -288,6 +362,16 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
         drop(key);
         reply(ctx, Cmd::SlidingLog, &d, &call)
     })
+}
+
+/// Delete a limiter's key that a refund made fresh, and replicate the
+/// deletion.
+#[inline]
+unsafe fn delete(ctx: *mut RedisModuleCtx, key: &Key, name: *mut RedisModuleString) {
+    if key.delete() {
+        key.signal_modified();
+        ffi::replicate_del(ctx, name);
+    }
 }
 
 /// `RL.STATE key payload`: set a limiter key to a replicated state, or apply
@@ -324,6 +408,22 @@ pub unsafe extern "C" fn state(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
                     Ok(set_new(&key, s))
                 }
             },
+            // A refund on a log, applied as the master applied it; on a
+            // missing key there is nothing to give back.
+            Effect::LogRefund(g) => match key.slot(sl::State::redis_type()) {
+                Slot::WrongType => Err(()),
+                Slot::Ours(p) => match Value::<sl::State>::wide_mut(p) {
+                    Some(s) => {
+                        sl::refund(s, g.window_ms, g.units, g.now_us);
+                        if s.is_empty() {
+                            key.delete();
+                        }
+                        Ok(true)
+                    }
+                    None => Err(()),
+                },
+                Slot::Empty => Ok(true),
+            },
         };
         match ok {
             Err(()) => ffi::reply_error(ctx, ffi::WRONGTYPE),
@@ -351,6 +451,209 @@ unsafe fn put<T: Stored>(key: &Key, s: T) -> Result<bool, ()> {
     }
 }
 
+/// The registered type of a limit's algorithm.
+#[inline]
+fn kind_type(kind: Kind) -> *mut redis_module::raw::RedisModuleType {
+    match kind {
+        Kind::TokenBucket => tb::State::redis_type(),
+        Kind::SlidingLog => sl::State::redis_type(),
+        Kind::SlidingCounter => sc::State::redis_type(),
+    }
+}
+
+#[inline]
+fn multi_params(l: &LimitSpec) -> multi::Params {
+    let [a, b, c] = l.nums;
+    match l.kind {
+        Kind::TokenBucket => multi::Params::TokenBucket(tb::Params { capacity: a, rate: b, period_ms: c }),
+        Kind::SlidingLog => multi::Params::SlidingLog(sl::Params { limit: a, window_ms: b }),
+        Kind::SlidingCounter => multi::Params::SlidingCounter(sc::Params { limit: a, window_ms: b }),
+    }
+}
+
+const NO_DECISION: Decision = Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 };
+
+/// `RL.MULTI numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL]
+/// [DRYRUN] [REFUND n]`: every limit decided at one clock reading, all or
+/// nothing. Every key is opened and type-checked before anything is
+/// decided (an error changes nothing); each is read once; when the call
+/// writes, each written key gets its TTL and its own effect (Redis wraps
+/// the command's effects in MULTI/EXEC). Fixed-size arrays on the stack:
+/// no allocation per call.
+pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
+    guarded(ctx, || {
+        let argv = argv_slice(argv, argc);
+        if ffi::is_keys_position_request(ctx) {
+            // Redis 7.0's cluster routing asks the command itself (later
+            // servers read the key spec): the keys are arguments 2 ..
+            // 2 + numkeys, as far as they exist.
+            let n = argv.get(1).and_then(|&a| args::parse_num(ffi::bytes(a), 1)).unwrap_or(0);
+            let n = usize::try_from(n).unwrap_or(0).min(MAX_LIMITS).min(argv.len().saturating_sub(2));
+            for pos in 2..2 + n {
+                ffi::key_at_pos(ctx, pos);
+            }
+            return ffi::OK;
+        }
+        let Some(rest) = argv.get(1..) else {
+            return ffi::wrong_arity(ctx);
+        };
+        let call = match args::parse_multi(rest.iter().map(|&s| ffi::bytes(s))) {
+            Ok(c) => c,
+            Err(e) => return reply_arg_error(ctx, e),
+        };
+        let n = call.n.min(MAX_LIMITS);
+        let (Some(names), Some(specs)) = (argv.get(2..2 + n), call.limits.get(..n)) else {
+            return ffi::wrong_arity(ctx);
+        };
+        let read_only = call.dryrun;
+        let now = clock::now_us();
+
+        // Open every key and check its type before deciding anything.
+        let mut keys: [Option<Key>; MAX_LIMITS] = Default::default();
+        let mut slots = [Slot::Empty; MAX_LIMITS];
+        for (((k, slot), &name), spec) in keys.iter_mut().zip(slots.iter_mut()).zip(names).zip(specs) {
+            let key = Key::open(ctx, name, read_only);
+            *slot = key.slot(kind_type(spec.kind));
+            *k = Some(key);
+            if let Slot::WrongType = slot {
+                return ffi::reply_error(ctx, ffi::WRONGTYPE);
+            }
+        }
+
+        // Read each key once: word states by value, logs in place (a
+        // missing log is a fresh local one, stored only if written).
+        let mut tbs = [tb::State::default(); MAX_LIMITS];
+        let mut scs = [sc::State::default(); MAX_LIMITS];
+        let mut fresh_logs: [sl::State; MAX_LIMITS] = Default::default();
+        let mut params = [multi::Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }); MAX_LIMITS];
+        let mut weights = [1u64; MAX_LIMITS];
+        let mut per = [NO_DECISION; MAX_LIMITS];
+        let whole = {
+            let mut states: [Option<StateMut>; MAX_LIMITS] = Default::default();
+            for (i, (((((st, slot), spec), t), c), l)) in states
+                .iter_mut()
+                .zip(&slots)
+                .zip(specs)
+                .zip(tbs.iter_mut())
+                .zip(scs.iter_mut())
+                .zip(fresh_logs.iter_mut())
+                .enumerate()
+            {
+                if let (Some(p), Some(w)) = (params.get_mut(i), weights.get_mut(i)) {
+                    *p = multi_params(spec);
+                    *w = spec.weight;
+                }
+                *st = Some(match (spec.kind, *slot) {
+                    (Kind::TokenBucket, Slot::Ours(p)) => {
+                        *t = Value::<tb::State>::with(p, |v| *v).unwrap_or_default();
+                        StateMut::TokenBucket(t)
+                    }
+                    (Kind::TokenBucket, _) => StateMut::TokenBucket(t),
+                    (Kind::SlidingCounter, Slot::Ours(p)) => {
+                        *c = Value::<sc::State>::with(p, |v| *v).unwrap_or_default();
+                        StateMut::SlidingCounter(c)
+                    }
+                    (Kind::SlidingCounter, _) => StateMut::SlidingCounter(c),
+                    (Kind::SlidingLog, Slot::Ours(p)) => match Value::<sl::State>::wide_mut(p) {
+                        Some(s) => StateMut::SlidingLog(s),
+                        None => StateMut::SlidingLog(l),
+                    },
+                    (Kind::SlidingLog, _) => StateMut::SlidingLog(l),
+                });
+            }
+            let op = if call.refund > 0 {
+                Op::Refund(call.refund)
+            } else {
+                Op::Take { cost: call.cost, partial: call.partial, dryrun: call.dryrun }
+            };
+            multi::run(&mut states[..n], &params[..n], &weights[..n], op, now, &mut per[..n])
+        };
+
+        // Write what changed: every limit when a grant was made, each limit
+        // that gave units back on a refund.
+        let writes = !call.dryrun;
+        let mut failed = false;
+        for i in 0..n {
+            let (Some(Some(key)), Some(&slot), Some(d), Some(&name), Some(spec)) =
+                (keys.get(i), slots.get(i), per.get(i), names.get(i), specs.get(i))
+            else {
+                continue;
+            };
+            if d.granted == 0 || !writes {
+                continue;
+            }
+            if d.reset_after_ms == 0 {
+                delete(ctx, key, name);
+                continue;
+            }
+            let abs = abs_expiry(now, d.reset_after_ms);
+            let stored = match spec.kind {
+                Kind::TokenBucket => tbs.get(i).is_some_and(|&s| store(key, &slot, s)),
+                Kind::SlidingCounter => scs.get(i).is_some_and(|&s| store(key, &slot, s)),
+                Kind::SlidingLog => match slot {
+                    Slot::Ours(_) => true,
+                    _ => fresh_logs.get_mut(i).is_some_and(|l| set_new(key, std::mem::take(l))),
+                },
+            };
+            if !stored {
+                failed = true;
+                continue;
+            }
+            key.set_abs_expire(abs);
+            key.signal_modified();
+            match spec.kind {
+                Kind::TokenBucket => {
+                    let s = tbs.get(i).copied().unwrap_or_default();
+                    listeners::replicate(ctx, name, || s.effect(abs));
+                }
+                Kind::SlidingCounter => {
+                    let s = scs.get(i).copied().unwrap_or_default();
+                    listeners::replicate(ctx, name, || s.effect(abs));
+                }
+                Kind::SlidingLog => {
+                    let window_ms = spec.nums[1];
+                    let g = codec::LogGrant { now_us: now, window_ms, units: d.granted };
+                    if call.refund > 0 {
+                        listeners::replicate(ctx, name, || codec::log_refund(&g, abs));
+                    } else {
+                        listeners::replicate(ctx, name, || codec::log_grant(&g, abs));
+                    }
+                }
+            }
+        }
+        drop(keys);
+        if failed {
+            // The server refused a value (it cannot, for an open key of ours):
+            // never a silent "granted".
+            return ffi::reply_error(ctx, STORE_FAILED);
+        }
+
+        if call.refund > 0 {
+            stats::record_refund(Cmd::Multi);
+        } else {
+            // Requests granted: with PARTIAL element 1 says, else all or none.
+            let g = if call.partial {
+                whole.allowed
+            } else if whole.allowed == 1 {
+                call.cost
+            } else {
+                0
+            };
+            stats::record(Cmd::Multi, g, call.cost);
+        }
+        ffi::reply_array(ctx, 7);
+        for v in [to_i64(whole.allowed), to_i64(whole.limit), to_i64(whole.remaining), whole.retry_after_ms, to_i64(whole.reset_after_ms)] {
+            ffi::reply_int(ctx, v);
+        }
+        ffi::reply_int(ctx, i64::try_from(whole.binding).unwrap_or(0));
+        ffi::reply_array(ctx, n);
+        for d in per.iter().take(n) {
+            ffi::reply_ints(ctx, [to_i64(d.granted), to_i64(d.limit), to_i64(d.remaining), d.retry_after_ms, to_i64(d.reset_after_ms)]);
+        }
+        ffi::OK
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -376,11 +679,13 @@ mod tests {
 
     #[test]
     fn error_texts_name_the_argument_and_its_range() {
-        let all = [Arg::Capacity, Arg::Rate, Arg::PeriodMs, Arg::Limit, Arg::WindowMs, Arg::Cost];
+        let all = [Arg::Capacity, Arg::Rate, Arg::PeriodMs, Arg::Limit, Arg::WindowMs, Arg::Cost, Arg::Refund, Arg::Weight];
         for a in all {
             let e = arg_error(a).to_str().unwrap();
             assert_eq!(e, format!("ERR {} must be an integer between {} and 9007199254740991", a.name(), a.min()));
         }
+        let e = arg_error(Arg::NumKeys).to_str().unwrap();
+        assert_eq!(e, format!("ERR numkeys must be an integer between 1 and {MAX_LIMITS}"));
         assert!(args::TOKENBUCKET_ARGS.iter().chain(args::WINDOW_ARGS).all(|a| all.contains(a)));
     }
 }

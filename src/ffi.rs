@@ -59,6 +59,9 @@ pub static REQUIRED: &ApiTable = table![
     RedisModule_SignalModifiedKey,
     RedisModule_ReplicateVerbatim,
     RedisModule_Replicate,
+    RedisModule_DeleteKey,
+    RedisModule_IsKeysPositionRequest,
+    RedisModule_KeyAtPos,
     // effect skipping (listeners.rs)
     RedisModule_GetContextFlags,
     RedisModule_GetServerInfo,
@@ -177,8 +180,36 @@ pub unsafe fn reply_ints(ctx: *mut RedisModuleCtx, vals: [i64; 5]) -> c_int {
     OK
 }
 
+/// An array reply header of `len` elements.
+#[inline]
+pub unsafe fn reply_array(ctx: *mut RedisModuleCtx, len: usize) {
+    api!(RedisModule_ReplyWithArray)(ctx, len as c_long);
+}
+
+/// One integer reply element.
+#[inline]
+pub unsafe fn reply_int(ctx: *mut RedisModuleCtx, v: i64) {
+    api!(RedisModule_ReplyWithLongLong)(ctx, v as c_longlong);
+}
+
+/// Is this call Redis asking for the key positions (a command registered
+/// with `getkeys-api`)?
+#[inline]
+pub unsafe fn is_keys_position_request(ctx: *mut RedisModuleCtx) -> bool {
+    api!(RedisModule_IsKeysPositionRequest)(ctx) != 0
+}
+
+/// Report argument `pos` as a key (to a key position request).
+#[inline]
+pub unsafe fn key_at_pos(ctx: *mut RedisModuleCtx, pos: usize) {
+    if let Ok(pos) = c_int::try_from(pos) {
+        api!(RedisModule_KeyAtPos)(ctx, pos);
+    }
+}
+
 /// What an opened key holds: nothing, our type's value pointer (non-NULL;
 /// its layout is the type's business, see `types::Stored`), or anything else.
+#[derive(Clone, Copy)]
 pub enum Slot {
     Empty,
     Ours(*mut c_void),
@@ -245,6 +276,13 @@ impl Key {
         api!(RedisModule_SetExpire)(self.key, raw::REDISMODULE_NO_EXPIRE as i64);
     }
 
+    /// Delete the key (a limiter that a refund made fresh). True when
+    /// deleted.
+    #[inline]
+    pub unsafe fn delete(&self) -> bool {
+        !self.key.is_null() && api!(RedisModule_DeleteKey)(self.key) == OK
+    }
+
     /// Tell Redis the key changed (WATCH, client-side caching). The module
     /// sets NO_IMPLICIT_SIGNAL_MODIFIED so that a denied call, which opens
     /// the key for writing but changes nothing, does not signal.
@@ -261,6 +299,12 @@ impl Drop for Key {
             unsafe { api!(RedisModule_CloseKey)(self.key) };
         }
     }
+}
+
+/// Replicate the deletion of `name` (`DEL name`): a refund made the
+/// limiter fresh, and a fresh limiter is not stored.
+pub unsafe fn replicate_del(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) {
+    api!(RedisModule_Replicate)(ctx, c"DEL".as_ptr(), c"s".as_ptr(), name);
 }
 
 /// Replicate the command as it was received (RL.STATE itself is

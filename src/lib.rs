@@ -35,10 +35,21 @@ use crate::types::{SLIDINGCOUNTER_TYPE, SLIDINGLOG_TYPE, TOKENBUCKET_TYPE};
 /// out of memory, and are O(1) (amortized for the sliding log).
 const RL_FLAGS: &CStr = c"write deny-oom fast";
 
+/// RL.MULTI's: the same, and `getkeys-api`: its keys follow `numkeys`, and
+/// Redis 7.0's cluster routing finds such keys only by asking the command
+/// (later servers read the key spec `cmdinfo.rs` declares; `COMMAND
+/// GETKEYS` reads it everywhere).
+const MULTI_FLAGS: &CStr = c"write deny-oom fast getkeys-api";
+
 fn create_command(ctx: *mut raw::RedisModuleCtx, name: &CStr, f: raw::RedisModuleCmdFunc, flags: &CStr) -> bool {
+    create_command_keys(ctx, name, f, flags, 1)
+}
+
+/// `first_key` 1: the key is the first argument (Redis Cluster routes on
+/// it); 0: the keys are declared by a key spec (RL.MULTI).
+fn create_command_keys(ctx: *mut raw::RedisModuleCtx, name: &CStr, f: raw::RedisModuleCmdFunc, flags: &CStr, first_key: c_int) -> bool {
     match unsafe { raw::RedisModule_CreateCommand } {
-        // The key is the first argument: Redis Cluster routes on it.
-        Some(create) => (unsafe { create(ctx, name.as_ptr(), f, flags.as_ptr(), 1, 1, 1) }) == ffi::OK,
+        Some(create) => (unsafe { create(ctx, name.as_ptr(), f, flags.as_ptr(), first_key, first_key, first_key) }) == ffi::OK,
         None => false,
     }
 }
@@ -59,7 +70,8 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     let ok = create_command(raw_ctx, c"RL.TOKENBUCKET", Some(commands::tokenbucket), RL_FLAGS)
         && create_command(raw_ctx, c"RL.SLIDINGLOG", Some(commands::slidinglog), RL_FLAGS)
         && create_command(raw_ctx, c"RL.SLIDINGCOUNTER", Some(commands::slidingcounter), RL_FLAGS)
-        && create_command(raw_ctx, c"RL.STATE", Some(commands::state), c"write deny-oom");
+        && create_command(raw_ctx, c"RL.STATE", Some(commands::state), c"write deny-oom")
+        && create_command_keys(raw_ctx, c"RL.MULTI", Some(commands::multi), MULTI_FLAGS, 0);
     if !ok {
         return Status::Err;
     }

@@ -1,5 +1,6 @@
-//! `INFO ratelimit`: calls granted, partially granted and denied, per
-//! command. Redis runs commands on one thread; the counters are atomics only
+//! `INFO ratelimit`: calls granted, partially granted and denied, and
+//! refunds, per command (RL.MULTI counts a call once, whatever the number
+//! of limits). Redis runs commands on one thread; the counters are atomics only
 //! so that INFO can be read from a crash report safely, and they are bumped
 //! with a plain load and store (no locked instruction on the request path).
 
@@ -13,19 +14,25 @@ pub enum Cmd {
     TokenBucket = 0,
     SlidingLog = 1,
     SlidingCounter = 2,
+    Multi = 3,
 }
 
-const NAMES: [[&CStr; 3]; 3] = [
-    [c"tokenbucket_granted", c"tokenbucket_partial", c"tokenbucket_denied"],
-    [c"slidinglog_granted", c"slidinglog_partial", c"slidinglog_denied"],
-    [c"slidingcounter_granted", c"slidingcounter_partial", c"slidingcounter_denied"],
+const NCMD: usize = 4;
+
+/// Per command: granted, partial, denied, refunds.
+const NAMES: [[&CStr; 4]; NCMD] = [
+    [c"tokenbucket_granted", c"tokenbucket_partial", c"tokenbucket_denied", c"tokenbucket_refunds"],
+    [c"slidinglog_granted", c"slidinglog_partial", c"slidinglog_denied", c"slidinglog_refunds"],
+    [c"slidingcounter_granted", c"slidingcounter_partial", c"slidingcounter_denied", c"slidingcounter_refunds"],
+    [c"multi_granted", c"multi_partial", c"multi_denied", c"multi_refunds"],
 ];
+const REFUNDS: usize = 3;
 
 #[allow(clippy::declare_interior_mutable_const)]
 const ZERO: AtomicU64 = AtomicU64::new(0);
 #[allow(clippy::declare_interior_mutable_const)]
-const ROW: [AtomicU64; 3] = [ZERO; 3];
-static COUNTS: [[AtomicU64; 3]; 3] = [ROW; 3];
+const ROW: [AtomicU64; 4] = [ZERO; 4];
+static COUNTS: [[AtomicU64; 4]; NCMD] = [ROW; NCMD];
 
 /// Count one call: granted (all COST units, including COST 0), partial
 /// (PARTIAL granted some but not all) or denied (nothing granted).
@@ -38,7 +45,18 @@ pub fn record(cmd: Cmd, granted: u64, cost: u64) {
     } else {
         2
     };
-    if let Some(c) = COUNTS.get(cmd as usize).and_then(|row| row.get(outcome)) {
+    bump(cmd, outcome);
+}
+
+/// Count one `REFUND` call (whether or not it gave anything back).
+#[inline]
+pub fn record_refund(cmd: Cmd) {
+    bump(cmd, REFUNDS);
+}
+
+#[inline]
+fn bump(cmd: Cmd, column: usize) {
+    if let Some(c) = COUNTS.get(cmd as usize).and_then(|row| row.get(column)) {
         c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
     }
 }

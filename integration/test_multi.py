@@ -1,0 +1,776 @@
+"""RL.MULTI (several limits decided in one atomic call) and REFUND (on every
+command), against real servers: exact all-or-nothing grants under
+concurrency, PARTIAL with WEIGHT, refunds per algorithm, a one-limit
+RL.MULTI answering exactly what the single command answers, errors that
+change nothing, replication by effect (nothing for calls that write
+nothing), and Redis Cluster routing (key specs with numkeys: CROSSSLOT,
+hash tags, redirection by a cluster client)."""
+import os
+import random
+import threading
+
+import pytest
+import redis
+
+from harness import (
+    HUGE, NEVER, Cluster, ReplicationTap, db_digest, key_slot, keyspace, rl, start_replica,
+    tags_in_slots, wait_ack, wait_until,
+)
+
+SEED = int(os.environ.get("RL_SEED", "0")) or random.randrange(1, 2**31)
+
+ALGOS = ("TOKENBUCKET", "SLIDINGLOG", "SLIDINGCOUNTER")
+SINGLE = {"TOKENBUCKET": "RL.TOKENBUCKET", "SLIDINGLOG": "RL.SLIDINGLOG",
+          "SLIDINGCOUNTER": "RL.SLIDINGCOUNTER"}
+TYPE_OF = {"TOKENBUCKET": "rl-tokbkt", "SLIDINGLOG": "rl-slilog", "SLIDINGCOUNTER": "rl-slicnt"}
+NEVER_ALGO = {a: NEVER[SINGLE[a]] for a in ALGOS}
+
+
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+# ---------------------------------------------------------------------------
+# Calling RL.MULTI and checking the shape of its reply.
+# ---------------------------------------------------------------------------
+
+def multi_args(keys, limits, cost=None, partial=False, dryrun=False, refund=None):
+    """limits: [(algo, params, weight or None)]."""
+    args = ["RL.MULTI", len(keys), *keys]
+    for algo, params, weight in limits:
+        args += [algo, *params]
+        if weight is not None:
+            args += ["WEIGHT", weight]
+    if cost is not None:
+        args += ["COST", cost]
+    if partial:
+        args.append("PARTIAL")
+    if dryrun:
+        args.append("DRYRUN")
+    if refund is not None:
+        args += ["REFUND", refund]
+    return args
+
+
+def multi(client, keys, limits, **kw):
+    reply = client.execute_command(*multi_args(keys, limits, **kw))
+    check_multi(reply, limits, **kw)
+    return reply
+
+
+def expected_whole(per, weights, cost, partial, refund=None):
+    """Elements 1-6 of the whole reply from the per-limit replies, by the
+    rules of SPEC.md ("Composition"); `refund` for a REFUND call."""
+    n = len(per)
+    waits = [p[3] for p in per]
+    fewest = min(range(n), key=lambda i: (per[i][2] // weights[i], i))
+    if refund is not None:
+        first = refund if any(p[0] > 0 for p in per) else 0
+        return [first, per[fewest][1], per[fewest][2], max_wait(waits), per[fewest][4], fewest]
+    g = per[0][0] // weights[0]
+    first = g if partial else (1 if g == cost else 0)
+    if g == cost:
+        b, retry = fewest, 0
+    else:
+        # The longest wait binds (-1 counts as longest), ties to the lowest index.
+        b = min(range(n), key=lambda i: (0 if waits[i] == -1 else 1, -waits[i], i))
+        retry = max_wait(waits)
+    return [first, per[b][1], per[b][2], retry, per[b][4], b]
+
+
+def max_wait(waits):
+    return -1 if -1 in waits else max(waits)
+
+
+def check_multi(reply, limits, cost=None, partial=False, dryrun=False, refund=None):
+    """Invariants of every RL.MULTI reply."""
+    n = len(limits)
+    cost = 1 if cost is None else cost
+    assert isinstance(reply, list) and len(reply) == 7, reply
+    per = reply[6]
+    assert isinstance(per, list) and len(per) == n, reply
+    weights = [w or 1 for _, _, w in limits]
+    for (algo, params, w), p in zip(limits, per):
+        assert len(p) == 5 and all(isinstance(x, int) for x in p), reply
+        assert p[1] == params[0], reply
+        assert 0 <= p[2] <= params[0] and p[4] >= 0 and p[3] >= -1, reply
+    if refund is None:
+        # Every limit took the same number of requests: g x WEIGHT units.
+        g = per[0][0] // weights[0]
+        assert all(p[0] == g * wt for p, wt in zip(per, weights)), reply
+        assert 0 <= g <= cost and (partial or g in (0, cost)), reply
+        for p, wt in zip(per, weights):
+            want = cost * wt
+            if p[0] == want:
+                assert p[3] == 0, reply
+            elif want > p[1]:
+                assert p[3] == -1, reply
+    else:
+        for p, wt in zip(per, weights):
+            assert 0 <= p[0] <= refund * wt, reply
+    assert reply[:6] == expected_whole(per, weights, cost, partial, refund), reply
+    return reply
+
+
+def error_text(exc):
+    """The server's error text (redis-py strips a leading "ERR ")."""
+    msg = str(exc)
+    first = msg.split(" ", 1)[0]
+    return msg if first.isupper() and first.isalpha() and first != "ERR" and len(first) > 3 \
+        and first in ("WRONGTYPE", "CROSSSLOT", "MOVED") else "ERR " + msg
+
+
+def raw(client, *args):
+    """A command's reply without redis-py's response callbacks."""
+    conn = client.connection_pool.get_connection(args[0])
+    try:
+        conn.send_command(*args)
+        return conn.read_response()
+    finally:
+        client.connection_pool.release(conn)
+
+
+def dump_all(client, keys):
+    return [(client.dump(k), client.execute_command("PEXPIRETIME", k)) for k in keys]
+
+
+def server_us(client):
+    s, us = client.time()
+    return s * 1_000_000 + us
+
+
+# ---------------------------------------------------------------------------
+# Two limits on one request.
+# ---------------------------------------------------------------------------
+
+def test_per_second_and_per_minute(r):
+    """Per-second 5 and per-minute 20 on two keys: each burst grants exactly
+    5, every denial leaves both keys byte-identical with their expiries
+    untouched and names the per-second limit, and after four seconds at
+    that pace the per-minute limit binds and `binding` says so."""
+    keys = ["rl:{u1}:s", "rl:{u1}:m"]
+    limits = [("SLIDINGLOG", [5, 1000], None), ("SLIDINGLOG", [20, 60000], None)]
+    call = multi_args(keys, limits)
+    for burst in range(5):
+        if burst:
+            # Poll until the per-second window is empty again (DRYRUN
+            # writes nothing).
+            wait_until(lambda: r.execute_command("RL.SLIDINGLOG", keys[0], 5, 1000, "COST", 0)[2] == 5,
+                       timeout=10, what="per-second window empty")
+        # One instant (a transaction runs back to back): five calls, the
+        # state of both keys, three more calls, the state again.
+        ngrant = 5 if burst < 4 else 0
+        pipe = r.pipeline(transaction=True)
+        for _ in range(ngrant):
+            pipe.execute_command(*call)
+        for k in keys:
+            pipe.dump(k)
+            pipe.execute_command("PEXPIRETIME", k)
+        for _ in range(8 - ngrant):
+            pipe.execute_command(*call)
+        for k in keys:
+            pipe.dump(k)
+            pipe.execute_command("PEXPIRETIME", k)
+        out = pipe.execute()
+        granted, before, denied, after = out[:ngrant], out[ngrant:ngrant + 4], out[ngrant + 4:-4], out[-4:]
+        assert before == after, burst
+        if burst < 4:
+            assert before[1] > 0 and before[3] > 0
+        for rep in granted + denied:
+            check_multi(rep, limits)
+        assert [rep[0] for rep in granted] == [1] * ngrant, granted
+        assert [rep[6][1][2] for rep in granted] == [19 - 5 * burst - i for i in range(ngrant)], granted
+        assert [rep[0] for rep in denied] == [0] * len(denied), denied
+        for rep in denied:
+            assert rep[6][1][2] == max(15 - 5 * burst, 0), rep     # nothing taken from the minute
+            if burst < 3:
+                assert rep[5] == 0, rep                            # the per-second limit binds
+                assert 0 < rep[3] <= 1000 and rep[6][1][3] == 0, rep
+                assert rep[1:3] == [5, 0], rep
+            else:
+                # The minute is used up (after the 20th grant): it binds,
+                # with the longer wait.
+                assert rep[5] == 1, rep
+                assert rep[6][1][3] > 1000 and rep[3] == rep[6][1][3] and rep[1:3] == [20, 0], rep
+                assert (rep[6][0][3] > 0) == (burst == 3), rep
+    assert r.execute_command("RL.SLIDINGLOG", keys[1], 20, 60000, "COST", 0)[2] == 0
+
+
+def test_binding_when_granted_counts_requests_by_weight(r):
+    """Granted: the binding limit is the one with the fewest whole requests
+    left (remaining / WEIGHT), ties to the lowest index; elements 2, 3 and 5
+    are that limit's."""
+    keys = ["rl:{b}:a", "rl:{b}:b", "rl:{b}:c"]
+    limits = [("TOKENBUCKET", [100, 1, HUGE], None), ("SLIDINGLOG", [60, HUGE], 3),
+              ("SLIDINGCOUNTER", [30, HUGE], None)]
+    rep = multi(r, keys, limits, cost=2)
+    # remaining 98/1, 54/3 = 18, 28/1: the log binds although it has more units left.
+    assert [p[2] for p in rep[6]] == [98, 54, 28]
+    assert rep[:6] == [1, 60, 54, 0, rep[6][1][4], 1]
+    rep = multi(r, keys, limits, cost=5)   # 93, 39/3 = 13, 23: still the log
+    assert rep[5] == 1
+    rep = multi(r, keys, limits, cost=10)  # 83, 9/3 = 3, 13
+    assert rep[5] == 1 and rep[2] == 9
+    rep = multi(r, keys, limits, cost=3, partial=True)  # the log can take 3 requests: 0/3 vs 10
+    assert rep[0] == 3 and rep[5] == 1 and rep[2] == 0
+    rep = multi(r, keys, limits, cost=0)
+    assert rep[0] == 1 and rep[3] == 0
+    # Ties: equal whole requests left go to the lowest index.
+    rep = multi(r, ["rl:{t}:x", "rl:{t}:y"], [("TOKENBUCKET", [4, 1, HUGE], None),
+                                              ("SLIDINGLOG", [8, HUGE], 2)])
+    assert [p[2] for p in rep[6]] == [3, 6] and rep[5] == 0
+
+
+def test_concurrent_calls_grant_exactly(server):
+    """50 connections x 200 concurrent RL.MULTI calls on (capacity 100,
+    limit 150) grant exactly 100, and the 150-limit key shows exactly 100
+    taken: no call consumed from one limit while the other denied."""
+    keys = ["rl:{c}:log", "rl:{c}:bucket"]
+    # The looser limit first: a call that let the first limit decide alone
+    # would grant 150.
+    limits = [("SLIDINGLOG", [150, HUGE], None), ("TOKENBUCKET", [100, 1, HUGE], None)]
+    args = multi_args(keys, limits)
+    results = [0] * 50
+    errors = []
+    start = threading.Barrier(50)
+
+    def worker(i):
+        try:
+            c = server.client()
+            start.wait()
+            granted = 0
+            for _ in range(4):
+                pipe = c.pipeline(transaction=False)
+                for _ in range(50):
+                    pipe.execute_command(*args)
+                for rep in pipe.execute():
+                    assert rep[0] in (0, 1)
+                    granted += rep[0]
+            results[i] = granted
+            c.close()
+        except Exception as e:  # noqa: BLE001 - re-raised below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(50)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[0]
+    assert sum(results) == 100, results
+    c = server.client()
+    assert rl(c, "RL.TOKENBUCKET", keys[1], [100, 1, HUGE], cost=0)[:3] == [1, 100, 0]
+    assert rl(c, "RL.SLIDINGLOG", keys[0], [150, HUGE], cost=0)[:3] == [1, 150, 50]
+
+
+def test_partial_with_weight(r):
+    """Limits with 7 and 10 units remaining and weights 1 and 2: PARTIAL
+    COST 8 grants 5 (5 x 1 <= 7, 5 x 2 <= 10); without PARTIAL nothing is
+    granted and nothing changes."""
+    keys = ["rl:{p}:a", "rl:{p}:b"]
+    pa, pb = [10, 1, HUGE], [20, HUGE]
+    rl(r, "RL.TOKENBUCKET", keys[0], pa, cost=3)
+    rl(r, "RL.SLIDINGLOG", keys[1], pb, cost=10)
+    limits = [("TOKENBUCKET", pa, None), ("SLIDINGLOG", pb, 2)]
+    before = dump_all(r, keys)
+    rep = multi(r, keys, limits, cost=8)
+    assert rep[0] == 0 and [p[0] for p in rep[6]] == [0, 0]
+    assert [p[2] for p in rep[6]] == [7, 10]
+    assert dump_all(r, keys) == before
+    dry = multi(r, keys, limits, cost=8, partial=True, dryrun=True)
+    assert dump_all(r, keys) == before
+    rep = multi(r, keys, limits, cost=8, partial=True)
+    assert rep[:3] == dry[:3] and rep[5] == dry[5]
+    assert rep[0] == 5
+    assert [p[0] for p in rep[6]] == [5, 10]
+    assert [p[2] for p in rep[6]] == [2, 0]
+    assert rep[3] > 0 and rep[3] == max(p[3] for p in rep[6])
+    assert rl(r, "RL.TOKENBUCKET", keys[0], pa, cost=0)[2] == 2
+    assert rl(r, "RL.SLIDINGLOG", keys[1], pb, cost=0)[2] == 0
+    # A limit whose own units can never fit: -1, and it binds.
+    rep = multi(r, ["rl:{p}:c", "rl:{p}:d"], [("TOKENBUCKET", [10, 1, HUGE], None),
+                                             ("SLIDINGCOUNTER", [10, HUGE], 4)], cost=3)
+    assert rep[0] == 0 and rep[3] == -1 and rep[5] == 1 and rep[6][1][3] == -1
+    assert r.exists("rl:{p}:c", "rl:{p}:d") == 0
+
+
+def test_one_limit_multi_answers_like_the_single_command(r):
+    """A one-limit RL.MULTI answers elements 1-5 exactly as the single
+    command does, over a random sequence of costs, PARTIAL, DRYRUN, COST 0,
+    parameter changes and refunds (time-independent parameters, so both
+    keys see the same history)."""
+    rnd = random.Random(SEED)
+    for algo in ALGOS:
+        single_key, multi_key = f"rl:one:{algo}:s", f"rl:one:{algo}:m"
+        for i in range(300):
+            limit = rnd.choice([5, 8, 13])
+            params = NEVER_ALGO[algo](limit)
+            opts = []
+            refund = None
+            cost, partial, dryrun = None, False, False
+            if rnd.random() < 0.15:
+                refund = rnd.randint(1, 6)
+                opts = ["REFUND", refund]
+            else:
+                cost = rnd.choice([0, 1, 1, 2, 3, limit, limit + 1])
+                partial = rnd.random() < 0.3
+                dryrun = rnd.random() < 0.15
+                opts = ["COST", cost] + ["PARTIAL"] * partial + ["DRYRUN"] * dryrun
+            # Back to back in one transaction: a few µs apart, so a wait
+            # that shrinks with time may differ by the rounding (1 ms).
+            pipe = r.pipeline(transaction=True)
+            pipe.execute_command(SINGLE[algo], single_key, *params, *opts)
+            pipe.execute_command(*multi_args([multi_key], [(algo, params, None)], cost=cost,
+                                             partial=partial, dryrun=dryrun, refund=refund))
+            a, b = pipe.execute()
+            check_multi(b, [(algo, params, None)], cost=cost, partial=partial, dryrun=dryrun, refund=refund)
+
+            def same(x, y):
+                assert x[1:3] == y[1:3], (algo, i, params, opts, a, b)
+                for u, v in zip(x[3:5], y[3:5]):
+                    assert (u == v) or (u > 0 and v > 0 and abs(u - v) <= 1), (algo, i, params, opts, a, b)
+            if refund is None:
+                assert a[0] == b[0], (algo, i, params, opts, a, b)
+                took = a[0] if partial else a[0] * cost
+                assert b[6][0][0] == took, (a, b)
+            else:
+                # A refund's own element 1 is what it gave back; the whole
+                # reply's is n when anything was given back.
+                assert b[6][0][0] == a[0] and b[0] == (refund if a[0] else 0), (a, b)
+            same(a, b[:5])
+            same(a, b[6][0])
+            assert b[5] == 0
+            assert r.exists(single_key) == r.exists(multi_key), (algo, i)
+
+
+# ---------------------------------------------------------------------------
+# REFUND.
+# ---------------------------------------------------------------------------
+
+def test_refund_token_bucket(r):
+    """Tokens become min(capacity, tokens + n); element 1 is what was given
+    back; a bucket refunded to full is fresh again: the key is deleted."""
+    k, p = "rl:ref:tb", [10, 1, HUGE]
+    assert rl(r, "RL.TOKENBUCKET", k, p, cost=7)[:3] == [1, 10, 3]
+    rep = r.execute_command("RL.TOKENBUCKET", k, *p, "REFUND", 2)
+    assert rep[:4] == [2, 10, 5, 0] and rep[4] > 0
+    ttl = r.pttl(k)
+    assert 0 < ttl and abs(ttl - rep[4]) < 5000
+    rep = r.execute_command("RL.TOKENBUCKET", k, *p, "refund", 100)
+    assert rep == [5, 10, 10, 0, 0]
+    assert r.exists(k) == 0
+    # A lower capacity caps the refund.
+    rl(r, "RL.TOKENBUCKET", k, p, cost=6)
+    rep = r.execute_command("RL.TOKENBUCKET", k, 5, 1, HUGE, "REFUND", 3)
+    assert rep[:3] == [1, 5, 5] and rep[4] == 0 and r.exists(k) == 0
+
+
+def test_refund_sliding_log_removes_the_newest_units(r):
+    """Limit 10 filled by grants at distinct times; REFUND 3 removes the
+    three newest. Then three grants fit at once, and the fourth waits
+    exactly until the oldest grant leaves the window, which its
+    retry_after_ms says (server TIME read in the same transaction)."""
+    k, window = "rl:ref:log", 60000
+    times = []
+    for i in range(10):
+        if times:
+            last = times[-1]
+            # Grants at distinct, well separated instants.
+            wait_until(lambda: server_us(r) >= last + 20_000, what="20 ms passed")
+        pipe = r.pipeline(transaction=True)
+        pipe.time()
+        pipe.execute_command("RL.SLIDINGLOG", k, 10, window)
+        t, rep = pipe.execute()
+        assert rep[0] == 1 and rep[2] == 9 - i, rep
+        times.append(t[0] * 1_000_000 + t[1])
+    rep = r.execute_command("RL.SLIDINGLOG", k, 10, window, "REFUND", 3)
+    assert rep[:4] == [3, 10, 3, 0], rep
+    # The newest grant left is the 7th: the log is fresh when it leaves.
+    expect_reset = (times[6] + window * 1000 - server_us(r)) / 1000
+    assert abs(rep[4] - expect_reset) < 50, (rep, expect_reset)
+    pipe = r.pipeline(transaction=True)
+    for _ in range(3):
+        pipe.execute_command("RL.SLIDINGLOG", k, 10, window)
+    pipe.time()
+    pipe.execute_command("RL.SLIDINGLOG", k, 10, window)
+    *three, t, fourth = pipe.execute()
+    assert [x[:3] for x in three] == [[1, 10, 2], [1, 10, 1], [1, 10, 0]], three
+    now = t[0] * 1_000_000 + t[1]
+    expect = -(-(times[0] + window * 1000 - now) // 1000)   # ceil, ms
+    assert fourth[0] == 0 and abs(fourth[3] - expect) <= 1, (fourth, expect)
+    # Had the oldest grants been removed instead, the wait would be >= 60 ms longer.
+    # Refunding more than the log holds empties it: the key is deleted.
+    rep = r.execute_command("RL.SLIDINGLOG", k, 10, window, "REFUND", 50)
+    assert rep == [10, 10, 10, 0, 0], rep
+    assert r.exists(k) == 0
+
+
+def test_refund_sliding_counter_never_below_zero(r):
+    """n units come off the current window's count, what is left of n off
+    the previous window's, never below zero."""
+    k, lim, window = "rl:ref:sc", 1000, 1000
+    w_us = window * 1000
+    # Start early in a window so that both grants below fall in it.
+    wait_until(lambda: server_us(r) % w_us < w_us // 2, what="first half of a window")
+    pipe = r.pipeline(transaction=True)
+    pipe.time()
+    pipe.execute_command("RL.SLIDINGCOUNTER", k, lim, window, "COST", 600)
+    t, rep = pipe.execute()
+    assert rep[0] == 1
+    k0 = (t[0] * 1_000_000 + t[1]) // w_us
+    wait_until(lambda: server_us(r) // w_us == k0 + 1, what="next window")
+    pipe = r.pipeline(transaction=True)
+    pipe.execute_command("RL.SLIDINGCOUNTER", k, lim, window, "COST", 200)
+    pipe.time()
+    pipe.execute_command("RL.SLIDINGCOUNTER", k, lim, window, "REFUND", 500)
+    g, t, rep = pipe.execute()
+    now = t[0] * 1_000_000 + t[1]
+    assert g[0] == 1 and now // w_us == k0 + 1, (g, now)
+    e = now % w_us
+    # cur 200 - 200 = 0, prev 600 - 300 = 300: estimate 300 (W - e) / W.
+    expect_remaining = (lim * w_us - 300 * (w_us - e)) // w_us
+    assert rep[0] == 500 and abs(rep[2] - expect_remaining) <= 1, (rep, expect_remaining)
+    assert rep[3] == 0
+    # Only the previous window counts now: fresh at the end of this window.
+    assert abs(rep[4] - (w_us - e) / 1000) <= 2, rep
+    # More than is left: the counter empties, the key is deleted.
+    rep = r.execute_command("RL.SLIDINGCOUNTER", k, lim, window, "REFUND", 10_000)
+    assert rep[0] in (300, 0) and rep[2] == lim and rep[4] == 0, rep
+    assert r.exists(k) == 0
+
+
+def test_refund_on_a_fresh_key_creates_nothing(server):
+    """A refund on a missing key (or one already fresh) answers element 1
+    = 0, creates no key and replicates nothing."""
+    m = server.client()
+    with ReplicationTap(server) as tap:
+        for algo in ALGOS:
+            k = f"rl:ref:fresh:{algo}"
+            p = NEVER_ALGO[algo](5)
+            assert m.execute_command(SINGLE[algo], k, *p, "REFUND", 3) == [0, 5, 5, 0, 0]
+            rep = multi(m, [k, k + ":2"], [(algo, p, None), (algo, p, 2)], refund=4)
+            # Binding: 5 // 1 requests left on the first, 5 // 2 on the second.
+            assert rep == [0, 5, 5, 0, 0, 1, [[0, 5, 5, 0, 0], [0, 5, 5, 0, 0]]], rep
+            assert m.exists(k, k + ":2") == 0
+        assert tap.take() == []
+    assert m.keys("*") == [b"rl:tap:mark"]
+
+
+def test_refund_multi_gives_back_n_times_weight(r):
+    """In RL.MULTI each limit gets back n x WEIGHT; element 1 is n when any
+    limit took units back; each limit's own element 1 is what it took back."""
+    keys = ["rl:{rm}:a", "rl:{rm}:b", "rl:{rm}:c"]
+    limits = [("TOKENBUCKET", [10, 1, HUGE], None), ("SLIDINGLOG", [30, HUGE], 3),
+              ("SLIDINGCOUNTER", [100, HUGE], 10)]
+    rep = multi(r, keys, limits, cost=3)
+    assert [p[2] for p in rep[6]] == [7, 21, 70]
+    rep = multi(r, keys, limits, refund=2)
+    assert rep[0] == 2 and [p[0] for p in rep[6]] == [2, 6, 20], rep
+    assert [p[2] for p in rep[6]] == [9, 27, 90], rep
+    rep = multi(r, keys, limits, refund=2)
+    assert rep[0] == 2 and [p[0] for p in rep[6]] == [1, 3, 10], rep
+    assert r.exists(*keys) == 0     # all three fresh again: deleted
+    rep = multi(r, keys, limits, refund=1)
+    assert rep[0] == 0
+
+
+# ---------------------------------------------------------------------------
+# Errors change nothing.
+# ---------------------------------------------------------------------------
+
+def error_cases():
+    tb, sl = ["TOKENBUCKET", 10, 1, 1000], ["SLIDINGLOG", 10, 1000]
+    big = str((1 << 53) - 1)
+    return [
+        # (args after RL.MULTI, error prefix)
+        (["0", *tb], "ERR numkeys"),
+        (["x", "k1", *tb], "ERR numkeys"),
+        (["-1", "k1", *tb], "ERR numkeys"),
+        (["17", *[f"{{e}}k{i}" for i in range(17)], *(tb * 17)], "ERR numkeys"),
+        (["2", "{e}k1", "{e}k2", *tb], "ERR"),                        # fewer limits than keys
+        (["1", "{e}k1", *tb, *sl], "ERR"),                            # more limits than keys
+        (["2", "{e}k1", "{e}k1", *tb, *sl], "ERR"),                    # repeated key
+        (["3", "{e}k1", "{e}k2", "{e}k1", *tb, *sl, *sl], "ERR"),
+        (["1", "{e}k1", "TOKENBUCKET", 0, 1, 1000], "ERR capacity"),
+        (["1", "{e}k1", "TOKENBUCKET", 10, 1, "x"], "ERR period_ms"),
+        (["1", "{e}k1", "SLIDINGLOG", 10, 0], "ERR window_ms"),
+        (["1", "{e}k1", "SLIDINGCOUNTER", -1, 10], "ERR limit"),
+        (["1", "{e}k1", "LEAKYBUCKET", 10, 10], "ERR syntax error"),
+        (["1", "{e}k1", *tb, "WEIGHT", 0], "ERR WEIGHT"),
+        (["1", "{e}k1", *tb, "WEIGHT", str(1 << 53)], "ERR WEIGHT"),
+        (["1", "{e}k1", *tb, "WEIGHT"], "ERR syntax error"),
+        (["1", "{e}k1", *tb, "WEIGHT", 2, "WEIGHT", 2], "ERR syntax error"),
+        (["1", "{e}k1", *tb, "WEIGHT", 2**27, "COST", 2**27], "ERR"),      # product > 2^53-1
+        (["1", "{e}k1", *tb, "WEIGHT", big, "COST", 2], "ERR"),
+        (["1", "{e}k1", *tb, "WEIGHT", big, "REFUND", 2], "ERR"),
+        (["1", "{e}k1", *tb, "COST", 1, "COST", 1], "ERR syntax error"),
+        (["1", "{e}k1", *tb, "COST"], "ERR syntax error"),
+        (["1", "{e}k1", *tb, "COST", -1], "ERR COST"),
+        (["1", "{e}k1", *tb, "PARTIAL", "PARTIAL"], "ERR syntax error"),
+        (["1", "{e}k1", *tb, "REFUND", 1, "COST", 1], "ERR syntax error"),
+        (["1", "{e}k1", *tb, "REFUND", 1, "PARTIAL"], "ERR syntax error"),
+        (["1", "{e}k1", *tb, "DRYRUN", "REFUND", 1], "ERR syntax error"),
+        (["1", "{e}k1", *tb, "REFUND", 0], "ERR REFUND"),
+        (["1", "{e}k1", *tb, "REFUND", 1, "REFUND", 1], "ERR syntax error"),
+        (["1", "{e}k1", *tb, "FOO"], "ERR syntax error"),
+        (["1", "{e}k1", *tb, "COST", 1, "WEIGHT", 2], "ERR syntax error"),
+        # Wrong types: a string, and another algorithm's limiter.
+        (["2", "{e}k1", "{e}str", *tb, *sl], "WRONGTYPE"),
+        (["2", "{e}k1", "{e}log", *tb, *tb], "WRONGTYPE"),
+        (["2", "{e}log", "{e}k1", "SLIDINGCOUNTER", 10, 1000, *tb], "WRONGTYPE"),
+        (["1", "{e}str", *tb, "REFUND", 1], "WRONGTYPE"),
+        (["1", "{e}str", *tb, "DRYRUN"], "WRONGTYPE"),
+    ]
+
+
+def test_errors_change_nothing(server):
+    """Every bad call answers its error and leaves every key (value and
+    expiry) as it was, creates nothing and replicates nothing."""
+    m = server.client()
+    m.set("{e}str", "not a limiter")
+    m.execute_command("RL.SLIDINGLOG", "{e}log", 10, 100000, "COST", 3)
+    m.execute_command("RL.TOKENBUCKET", "{e}k1", 10, 1, 100000, "COST", 4)
+    keys = ["{e}str", "{e}log", "{e}k1", "{e}k2"]
+    with ReplicationTap(server) as tap:
+        before = dump_all(m, keys)
+        dbsize = m.dbsize()
+        for args, prefix in error_cases():
+            with pytest.raises(redis.exceptions.ResponseError) as exc:
+                m.execute_command("RL.MULTI", *args)
+            assert error_text(exc.value).startswith(prefix), (args, error_text(exc.value))
+            assert dump_all(m, keys) == before, args
+            assert m.dbsize() == dbsize, args
+        # Arity: Redis's standard error.
+        for args in (["RL.MULTI"], ["RL.MULTI", 1], ["RL.MULTI", 1, "k", "TOKENBUCKET"]):
+            with pytest.raises(redis.exceptions.ResponseError) as exc:
+                m.execute_command(*args)
+            assert "wrong number of arguments" in str(exc.value), (args, str(exc.value))
+        # REFUND on the single commands: the same rules.
+        for cmd, p in (("RL.TOKENBUCKET", [10, 1, 1000]), ("RL.SLIDINGLOG", [10, 1000]),
+                       ("RL.SLIDINGCOUNTER", [10, 1000])):
+            for opts in (["REFUND", 0], ["REFUND"], ["REFUND", 1, "COST", 1], ["PARTIAL", "REFUND", 1],
+                         ["REFUND", 1, "DRYRUN"], ["REFUND", 1, "REFUND", 1], ["REFUND", str(1 << 53)]):
+                with pytest.raises(redis.exceptions.ResponseError):
+                    m.execute_command(cmd, "{e}k2", *p, *opts)
+            with pytest.raises(redis.exceptions.ResponseError, match="WRONGTYPE"):
+                m.execute_command(cmd, "{e}str", *p, "REFUND", 1)
+        assert dump_all(m, keys) == before
+        assert tap.take() == []
+
+
+def test_command_getkeys_and_info(r):
+    """The keys are declared with a numkeys key spec: COMMAND GETKEYS finds
+    exactly them, and COMMAND INFO shows the flags and the movable keys."""
+    args = multi_args(["a", "b", "c"], [("TOKENBUCKET", [1, 1, 1], None), ("SLIDINGLOG", [1, 1], 2),
+                                        ("SLIDINGCOUNTER", [1, 1], None)], cost=1)
+    assert [_s(k) for k in raw(r, "COMMAND", "GETKEYS", *args)] == ["a", "b", "c"]
+    one = multi_args(["only"], [("TOKENBUCKET", [1, 1, 1], None)])
+    assert [_s(k) for k in raw(r, "COMMAND", "GETKEYS", *one)] == ["only"]
+    info = raw(r, "COMMAND", "INFO", "RL.MULTI")[0]
+    name, arity, flags = _s(info[0]), info[1], {_s(f) for f in info[2]}
+    assert name.lower() == "rl.multi" and arity == -6, info
+    assert {"write", "denyoom", "fast", "movablekeys"} <= flags, flags
+
+
+def test_info_counts_multi_calls_and_refunds(r):
+    """INFO ratelimit counts RL.MULTI calls (granted, partial, denied) and
+    refunds per command."""
+    def stats():
+        return {k: v for k, v in r.info("ratelimit").items()}
+    s0 = stats()
+    keys = ["rl:{i}:a", "rl:{i}:b"]
+    limits = [("TOKENBUCKET", [5, 1, HUGE], None), ("SLIDINGLOG", [5, HUGE], None)]
+    multi(r, keys, limits, cost=3)            # granted
+    multi(r, keys, limits, cost=3)            # denied
+    multi(r, keys, limits, cost=3, partial=True)  # partial (2)
+    multi(r, keys, limits, refund=1)
+    r.execute_command("RL.TOKENBUCKET", "rl:i:x", 5, 1, HUGE, "REFUND", 1)
+    r.execute_command("RL.SLIDINGLOG", "rl:i:y", 5, HUGE, "REFUND", 1)
+    r.execute_command("RL.SLIDINGCOUNTER", "rl:i:z", 5, HUGE, "REFUND", 1)
+    s1 = stats()
+
+    def d(f):
+        return s1.get(f, 0) - s0.get(f, 0)
+    assert (d("ratelimit_multi_granted"), d("ratelimit_multi_partial"), d("ratelimit_multi_denied")) == (1, 1, 1), s1
+    for name in ("multi", "tokenbucket", "slidinglog", "slidingcounter"):
+        assert d(f"ratelimit_{name}_refunds") == 1, (name, s1)
+    assert d("ratelimit_tokenbucket_granted") == 0 and d("ratelimit_tokenbucket_denied") == 0
+
+
+# ---------------------------------------------------------------------------
+# Replication.
+# ---------------------------------------------------------------------------
+
+LONGP = {"TOKENBUCKET": [[6, 1, 60000], [10, 3, 600000]], "SLIDINGLOG": [[6, 60000], [10, 600000]],
+         "SLIDINGCOUNTER": [[6, 60000], [10, 600000]]}
+SHORTP = {"TOKENBUCKET": [[4, 1, 40], [6, 2, 100]], "SLIDINGLOG": [[4, 40], [6, 100]],
+          "SLIDINGCOUNTER": [[4, 40], [6, 100]]}
+
+
+class MultiWorkload:
+    """Single calls and RL.MULTI calls over 2-4 keys of mixed algorithms,
+    with WEIGHT, PARTIAL, DRYRUN, COST 0, REFUND (single and multi), long
+    and short-lived keys, issued in pipelined batches."""
+
+    def __init__(self, seed):
+        self.rnd = random.Random(seed)
+        self.keys = []
+        for algo in ALGOS:
+            for i in range(4):
+                self.keys.append((algo, f"rl:w:{algo}:long:{i}", LONGP[algo]))
+            for i in range(2):
+                self.keys.append((algo, f"rl:w:{algo}:short:{i}", SHORTP[algo]))
+        self.stats = dict.fromkeys(["multi_granted", "multi_denied", "multi_dryrun", "refund",
+                                    "multi_refund", "single"], 0)
+
+    def op(self):
+        rnd = self.rnd
+        n = rnd.randint(1, 4)
+        picks = rnd.sample(self.keys, n)
+        limits = [(a, rnd.choice(ps), rnd.choice([None, 1, 2, 3])) for a, _, ps in picks]
+        keys = [k for _, k, _ in picks]
+        x = rnd.random()
+        if x < 0.12:
+            return ("refund", keys, limits, rnd.randint(1, 4))
+        if x < 0.3:
+            a, k, ps = picks[0]
+            return ("single", a, k, rnd.choice(ps), rnd.choice([0, 1, 2]), rnd.random() < 0.4)
+        cost = rnd.choice([0, 1, 1, 1, 2, 3])
+        return ("multi", keys, limits, cost, rnd.random() < 0.3, rnd.random() < 0.15)
+
+    def run(self, client, nops, batch=25):
+        done = 0
+        while done < nops:
+            ops = [self.op() for _ in range(min(batch, nops - done))]
+            pipe = client.pipeline(transaction=False)
+            for op in ops:
+                if op[0] == "refund":
+                    _, keys, limits, n = op
+                    if len(keys) == 1 and self.rnd.random() < 0.5:
+                        pipe.execute_command(SINGLE[limits[0][0]], keys[0], *limits[0][1], "REFUND", n)
+                    else:
+                        pipe.execute_command(*multi_args(keys, limits, refund=n))
+                elif op[0] == "single":
+                    _, a, k, p, cost, refund = op
+                    pipe.execute_command(SINGLE[a], k, *p, *(["REFUND", cost + 1] if refund else ["COST", cost]))
+                else:
+                    _, keys, limits, cost, partial, dryrun = op
+                    pipe.execute_command(*multi_args(keys, limits, cost=cost, partial=partial, dryrun=dryrun))
+            for op, reply in zip(ops, pipe.execute(raise_on_error=False)):
+                assert not isinstance(reply, Exception), (op, reply)
+                if op[0] == "refund":
+                    self.stats["refund"] += 1
+                    if len(reply) == 7:
+                        self.stats["multi_refund"] += 1
+                        check_multi(reply, op[2], refund=op[3])
+                elif op[0] == "single":
+                    self.stats["single"] += 1
+                else:
+                    _, keys, limits, cost, partial, dryrun = op
+                    check_multi(reply, limits, cost=cost, partial=partial, dryrun=dryrun)
+                    if dryrun:
+                        self.stats["multi_dryrun"] += 1
+                    elif reply[0] and cost:
+                        self.stats["multi_granted"] += 1
+                    elif cost:
+                        self.stats["multi_denied"] += 1
+            done += len(ops)
+
+
+def assert_same(m, r):
+    mk, rk = keyspace(m), keyspace(r)
+    assert mk == rk, f"RL_SEED={SEED}"
+    assert db_digest(m) == db_digest(r)
+    return mk
+
+
+def test_replica_matches_after_multi_and_refund_workload(server_factory):
+    """A random workload with RL.MULTI and REFUND: after WAIT, every key has
+    the same DEBUG DIGEST-VALUE and PEXPIRETIME on primary and replica."""
+    primary = server_factory()
+    m = primary.client()
+    w = MultiWorkload(SEED)
+    w.run(m, 600)
+    rep = start_replica(server_factory, primary)
+    r = rep.client()
+    w.run(m, 2500)
+
+    def settled():
+        live = m.keys("*")
+        return not any(b":short:" in k for k in live) and m.dbsize() == len(live)
+    wait_until(settled, timeout=20, what="short keys expired")
+    wait_ack(m)
+    ks = assert_same(m, r)
+    assert min(w.stats.values()) > 0, w.stats
+    assert {t for t, _, _ in ks.values()} == set(TYPE_OF.values())
+    for k, (t, _, exp) in ks.items():
+        assert exp > 0, (k, exp)
+
+
+def test_stream_one_effect_per_written_key(server):
+    """Denied and DRYRUN multi calls (and COST 0) replicate nothing, not even
+    MULTI/EXEC; a granted call replicates one RL.STATE per key inside one
+    MULTI/EXEC; a refund that empties a limiter replicates its deletion."""
+    m = server.client()
+    keys = ["rl:{s}:a", "rl:{s}:b", "rl:{s}:c"]
+    limits = [("TOKENBUCKET", [5, 1, HUGE], None), ("SLIDINGLOG", [5, HUGE], 2),
+              ("SLIDINGCOUNTER", [5, HUGE], None)]
+    with ReplicationTap(server) as tap:
+        assert multi(m, keys, limits, cost=3)[0] == 0          # the log cannot take 6
+        assert multi(m, keys, limits, cost=2, dryrun=True)[0] == 1
+        assert multi(m, keys, limits, cost=0)[0] == 1
+        assert multi(m, keys, limits, cost=5, partial=True, dryrun=True)[0] == 2
+        assert tap.take() == []
+        assert m.exists(*keys) == 0
+        assert multi(m, keys, limits, cost=2)[0] == 1
+        lines = [ln for ln in tap.take() if ln != '"SELECT","0"']
+        assert lines[0] == '"MULTI"' and lines[-1] == '"EXEC"', lines
+        assert [ln.split(",")[:2] for ln in lines[1:-1]] == [['"RL.STATE"', f'"{k}"'] for k in keys], lines
+        before = dump_all(m, keys)
+        assert multi(m, keys, limits, cost=1)[0] == 0          # the log has 1 left, needs 2
+        assert tap.take() == []
+        assert dump_all(m, keys) == before
+        # Refund: the bucket and the counter become fresh (deleted), the log
+        # keeps nothing either.
+        rep = multi(m, keys, limits, refund=2)
+        assert [p[0] for p in rep[6]] == [2, 4, 2]
+        lines = [ln for ln in tap.take() if ln not in ('"SELECT","0"', '"MULTI"', '"EXEC"')]
+        assert len(lines) == 3 and all(_s(ln).split(",")[1] == f'"{k}"' for ln, k in zip(lines, keys)), lines
+        assert m.exists(*keys) == 0
+
+
+# ---------------------------------------------------------------------------
+# Cluster.
+# ---------------------------------------------------------------------------
+
+def test_cluster_crossslot_hashtag_and_redirection(server_factory):
+    """Keys in different slots: CROSSSLOT, nothing changes. With a hash tag
+    the call succeeds on the owner, and a cluster client routes it to the
+    owner of the tag's slot wherever that is."""
+    cluster = Cluster(server_factory)
+    a, b = "rl:{alpha}:s", "rl:{beta}:m"
+    assert key_slot(a.encode()) != key_slot(b.encode())
+    limits = [("SLIDINGLOG", [5, 60000], None), ("TOKENBUCKET", [20, 1, 60000], None)]
+    owner = cluster.owner(key_slot(a.encode())).client()
+    with pytest.raises(redis.exceptions.ResponseError, match="CROSSSLOT"):
+        owner.execute_command(*multi_args([a, b], limits))
+    assert owner.exists(a) == 0
+    # A node that owns neither slot redirects (MOVED) rather than running it.
+    tags = tags_in_slots(0, 16384, 60)
+    cc = cluster.client()
+    granted = {}
+    for tag in tags:
+        keys = [f"rl:{{{tag}}}:user7:s", f"rl:{{{tag}}}:tenant"]
+        for _ in range(3):
+            rep = cc.execute_command(*multi_args(keys, limits))
+            check_multi(rep, limits)
+        granted[tag] = rep[6][1][2]
+    assert set(granted.values()) == {17}
+    owners = {cluster.owner(key_slot(t.encode())).port for t in tags}
+    assert len(owners) == 3, owners
+    for tag in tags[:10]:
+        node = cluster.owner(key_slot(tag.encode())).client()
+        assert node.exists(f"rl:{{{tag}}}:user7:s", f"rl:{{{tag}}}:tenant") == 2
+        other = next(s for s in cluster.nodes if s.port != cluster.owner(key_slot(tag.encode())).port)
+        with pytest.raises(redis.exceptions.ResponseError, match="MOVED"):
+            other.client().execute_command(*multi_args([f"rl:{{{tag}}}:x", f"rl:{{{tag}}}:y"], limits))
