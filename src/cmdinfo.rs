@@ -22,8 +22,8 @@ use std::ptr;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use redis_module::raw::{
-    self, RedisModuleCommandArg, RedisModuleCommandHistoryEntry, RedisModuleCommandInfo,
-    RedisModuleCommandInfoVersion, RedisModuleCommandKeySpec, RedisModuleCtx, RedisModuleInfoCtx,
+    self, RedisModuleCommandArg, RedisModuleCommandHistoryEntry, RedisModuleCommandInfo, RedisModuleCommandInfoVersion,
+    RedisModuleCommandKeySpec, RedisModuleCtx, RedisModuleInfoCtx,
 };
 
 /// `major * 10000 + minor * 100 + patch` of the crate version, as
@@ -148,10 +148,7 @@ static SLIDINGCOUNTER_ARGS: [Arg; 7] = [
 static MULTI_ARGS: [Arg; 8] = [
     int(c"numkeys", c"the number of keys and of limits, 1 to 16"),
     Arg { multiple: true, ..key(c"key") },
-    Arg {
-        multiple: true,
-        ..arg(c"limit", Ty::Str)
-    },
+    Arg { multiple: true, ..arg(c"limit", Ty::Str) },
     opt_int(c"cost", c"COST", c"requests this call asks for; each limit takes COST x WEIGHT units"),
     PARTIAL,
     DRYRUN,
@@ -160,10 +157,8 @@ static MULTI_ARGS: [Arg; 8] = [
     opt_int(c"weight", c"WEIGHT", c"after a limit's numbers: the units one request takes from it (default 1)"),
 ];
 
-static STATE_ARGS: [Arg; 2] = [
-    key(c"key"),
-    Arg { summary: Some(c"a versioned state payload with its absolute expiry"), ..arg(c"payload", Ty::Str) },
-];
+static STATE_ARGS: [Arg; 2] =
+    [key(c"key"), Arg { summary: Some(c"a versioned state payload with its absolute expiry"), ..arg(c"payload", Ty::Str) }];
 
 /// How a command's keys are found.
 #[derive(Clone, Copy)]

@@ -98,16 +98,7 @@ unsafe fn reply(ctx: *mut RedisModuleCtx, cmd: Cmd, d: &Decision, call: &Call) -
         stats::record(cmd, d.granted, call.cost);
         d.allowed(call.cost, call.partial)
     };
-    ffi::reply_ints(
-        ctx,
-        [
-            to_i64(first),
-            to_i64(d.limit),
-            to_i64(d.remaining),
-            d.retry_after_ms,
-            to_i64(d.reset_after_ms),
-        ],
-    )
+    ffi::reply_ints(ctx, [to_i64(first), to_i64(d.limit), to_i64(d.remaining), d.retry_after_ms, to_i64(d.reset_after_ms)])
 }
 
 /// Absolute expiry (Unix ms) for a state written at `now_us` whose reset is
@@ -642,13 +633,22 @@ pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
             stats::record(Cmd::Multi, g, call.cost);
         }
         ffi::reply_array(ctx, 7);
-        for v in [to_i64(whole.allowed), to_i64(whole.limit), to_i64(whole.remaining), whole.retry_after_ms, to_i64(whole.reset_after_ms)] {
+        for v in [
+            to_i64(whole.allowed),
+            to_i64(whole.limit),
+            to_i64(whole.remaining),
+            whole.retry_after_ms,
+            to_i64(whole.reset_after_ms),
+        ] {
             ffi::reply_int(ctx, v);
         }
         ffi::reply_int(ctx, i64::try_from(whole.binding).unwrap_or(0));
         ffi::reply_array(ctx, n);
         for d in per.iter().take(n) {
-            ffi::reply_ints(ctx, [to_i64(d.granted), to_i64(d.limit), to_i64(d.remaining), d.retry_after_ms, to_i64(d.reset_after_ms)]);
+            ffi::reply_ints(
+                ctx,
+                [to_i64(d.granted), to_i64(d.limit), to_i64(d.remaining), d.retry_after_ms, to_i64(d.reset_after_ms)],
+            );
         }
         ffi::OK
     })

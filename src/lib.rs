@@ -47,9 +47,17 @@ fn create_command(ctx: *mut raw::RedisModuleCtx, name: &CStr, f: raw::RedisModul
 
 /// `first_key` 1: the key is the first argument (Redis Cluster routes on
 /// it); 0: the keys are declared by a key spec (RL.MULTI).
-fn create_command_keys(ctx: *mut raw::RedisModuleCtx, name: &CStr, f: raw::RedisModuleCmdFunc, flags: &CStr, first_key: c_int) -> bool {
+fn create_command_keys(
+    ctx: *mut raw::RedisModuleCtx,
+    name: &CStr,
+    f: raw::RedisModuleCmdFunc,
+    flags: &CStr,
+    first_key: c_int,
+) -> bool {
     match unsafe { raw::RedisModule_CreateCommand } {
-        Some(create) => (unsafe { create(ctx, name.as_ptr(), f, flags.as_ptr(), first_key, first_key, first_key) }) == ffi::OK,
+        Some(create) => {
+            (unsafe { create(ctx, name.as_ptr(), f, flags.as_ptr(), first_key, first_key, first_key) }) == ffi::OK
+        }
         None => false,
     }
 }

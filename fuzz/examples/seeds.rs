@@ -70,14 +70,24 @@ fn main() {
     for (name, s) in &scs {
         put(dir, "decode_slidingcounter", name, &s.encode());
         put(dir, "decode_codec", name, codec::slidingcounter(s, 0).as_bytes());
-        put(dir, "args_slidingcounter", name, &args_input(now, now + 1_500_000, 1, &s.encode(), &["10", "1000", "COST", "3"]));
+        put(
+            dir,
+            "args_slidingcounter",
+            name,
+            &args_input(now, now + 1_500_000, 1, &s.encode(), &["10", "1000", "COST", "3"]),
+        );
     }
     for (name, s) in logs() {
         let mut enc = Vec::new();
         s.encode(&mut enc);
         put(dir, "decode_slidinglog", name, &enc);
         put(dir, "decode_codec", name, &codec::slidinglog(&s, now / 1000));
-        put(dir, "args_slidinglog", name, &args_input(now, now + 30_000_000, 1, &enc, &["10", "60000", "PARTIAL", "COST", "4"]));
+        put(
+            dir,
+            "args_slidinglog",
+            name,
+            &args_input(now, now + 30_000_000, 1, &enc, &["10", "60000", "PARTIAL", "COST", "4"]),
+        );
     }
     let g = codec::LogGrant { now_us: now, window_ms: 1000, units: 2 };
     put(dir, "decode_codec", "grant", codec::log_grant(&g, now / 1000 + 1000).as_bytes());
@@ -115,7 +125,8 @@ fn main() {
     }
 
     // REFUND on the single commands, and its exclusions.
-    let refunds: &[&[&str]] = &[&["10", "1000", "REFUND", "3"], &["10", "1000", "refund", "1", "COST", "1"], &["10", "1000", "REFUND", "0"]];
+    let refunds: &[&[&str]] =
+        &[&["10", "1000", "REFUND", "3"], &["10", "1000", "refund", "1", "COST", "1"], &["10", "1000", "REFUND", "0"]];
     for (i, a) in refunds.iter().enumerate() {
         for t in ["args_slidinglog", "args_slidingcounter"] {
             put(dir, t, &format!("refund{i}"), &args_input(now, now + 999_999, 2, &[7; 48], a));
@@ -130,7 +141,27 @@ fn main() {
     // RL.MULTI: every limit kind, WEIGHT, the options, and the errors.
     let multi_args: &[&[&str]] = &[
         &["2", "a", "b", "TOKENBUCKET", "10", "1", "1000", "SLIDINGLOG", "5", "60000", "WEIGHT", "2"],
-        &["3", "a", "b", "c", "tokenbucket", "10", "1", "1000", "slidinglog", "5", "1000", "slidingcounter", "7", "2000", "weight", "3", "COST", "2", "PARTIAL"],
+        &[
+            "3",
+            "a",
+            "b",
+            "c",
+            "tokenbucket",
+            "10",
+            "1",
+            "1000",
+            "slidinglog",
+            "5",
+            "1000",
+            "slidingcounter",
+            "7",
+            "2000",
+            "weight",
+            "3",
+            "COST",
+            "2",
+            "PARTIAL",
+        ],
         &["2", "a", "b", "SLIDINGLOG", "5", "1000", "SLIDINGCOUNTER", "5", "1000", "REFUND", "2"],
         &["1", "a", "SLIDINGCOUNTER", "5", "1000", "DRYRUN", "COST", "9"],
         &["2", "a", "a", "SLIDINGLOG", "5", "1000", "SLIDINGLOG", "5", "1000"],

@@ -228,7 +228,13 @@ impl CounterModel {
         let free = i128::from(limit) * self.w - prev * (self.w - e) - cur * self.w;
         let avail = if free < 0 { 0 } else { free / self.w };
         let c = i128::from(cost);
-        let g = if c <= avail { c } else if partial { avail } else { 0 };
+        let g = if c <= avail {
+            c
+        } else if partial {
+            avail
+        } else {
+            0
+        };
         (g as u64, (avail - g) as u64)
     }
     pub fn grant(&mut self, units: u64, now: u64) {
@@ -240,7 +246,11 @@ impl CounterModel {
     pub fn check_state(&self, s: &sc::State) {
         let k = i128::from(s.start_us) / self.w;
         let count = |k| self.windows.get(&k).copied().unwrap_or(0);
-        assert_eq!((i128::from(s.cur), i128::from(s.prev)), (count(k), count(k - 1)), "counter state differs from the model");
+        assert_eq!(
+            (i128::from(s.cur), i128::from(s.prev)),
+            (count(k), count(k - 1)),
+            "counter state differs from the model"
+        );
     }
 }
 
@@ -399,7 +409,12 @@ pub fn synth_sl(b: &[u8]) -> sl::State {
     s
 }
 
-fn state_of<S>(inp: &Input, decode: impl Fn(&[u8]) -> Result<S, crate::core::DecodeError>, synth: impl Fn(&[u8]) -> S, fresh: S) -> S {
+fn state_of<S>(
+    inp: &Input,
+    decode: impl Fn(&[u8]) -> Result<S, crate::core::DecodeError>,
+    synth: impl Fn(&[u8]) -> S,
+    fresh: S,
+) -> S {
     match inp.mode {
         0 => fresh,
         1 => decode(inp.state).unwrap_or(fresh),
@@ -453,10 +468,24 @@ pub fn tb_call(cur: &tb::State, p: &tb::Params, call: &Call, now: u64, now2: u64
     };
     let whole = level / pu;
     let c = u128::from(call.cost);
-    let g = if c <= whole { c } else if call.partial { whole } else { 0 };
-    assert_eq!((u128::from(d.granted), u128::from(d.remaining)), (g, (level - g * pu) / pu), "bucket differs from the model");
+    let g = if c <= whole {
+        c
+    } else if call.partial {
+        whole
+    } else {
+        0
+    };
+    assert_eq!(
+        (u128::from(d.granted), u128::from(d.remaining)),
+        (g, (level - g * pu) / pu),
+        "bucket differs from the model"
+    );
     if d.granted > 0 {
-        assert_eq!(u128::from(new.tokens) * pu + u128::from(new.frac), level - g * pu, "stored level differs from the model");
+        assert_eq!(
+            u128::from(new.tokens) * pu + u128::from(new.frac),
+            level - g * pu,
+            "stored level differs from the model"
+        );
     }
     let after = if d.granted > 0 { new } else { *cur };
     check_retry_exact(&d, call.cost, now, |t| tb::step(&after, p, call.cost, false, t).0);
@@ -477,7 +506,11 @@ pub fn tb_call(cur: &tb::State, p: &tb::Params, call: &Call, now: u64, now2: u64
     // Waits are measured from the real clock reading `now`.
     let fresh = tb::State::default();
     if let Some(at) = d.reset_after_ms.checked_mul(1000).and_then(|r| now.checked_add(r)) {
-        assert_eq!(tb::step(&new, p, call.cost, call.partial, at).0, tb::step(&fresh, p, call.cost, call.partial, at).0, "not fresh at reset");
+        assert_eq!(
+            tb::step(&new, p, call.cost, call.partial, at).0,
+            tb::step(&fresh, p, call.cost, call.partial, at).0,
+            "not fresh at reset"
+        );
         let before = at - 1000;
         assert!(tb::step(&new, p, 0, false, before).0.reset_after_ms > 0, "fresh before reset");
     }
@@ -506,7 +539,10 @@ pub fn args_slidingcounter(data: &[u8]) {
 pub fn sc_refund(cur: &sc::State, p: &sc::Params, n: u64, now: u64) {
     let before = sc::step(cur, p, 0, false, now).0;
     let (d, new) = sc::refund(cur, p, n, 1, now);
-    assert!(d.granted <= n && d.remaining >= before.remaining && d.reset_after_ms <= before.reset_after_ms, "{d:?} {before:?}");
+    assert!(
+        d.granted <= n && d.remaining >= before.remaining && d.reset_after_ms <= before.reset_after_ms,
+        "{d:?} {before:?}"
+    );
     assert_eq!(d.granted == 0, before.reset_after_ms == 0, "only a fresh counter gives nothing back: {d:?} {before:?}");
     if d.granted > 0 {
         assert!(new.cur <= cur.cur.max(cur.prev) && new.prev <= cur.prev.max(cur.cur), "{new:?} {cur:?}");
@@ -549,7 +585,11 @@ pub fn sc_call(cur: &sc::State, p: &sc::Params, call: &Call, now: u64, now2: u64
     if let Some(at) = d.reset_after_ms.checked_mul(1000).and_then(|r| now.checked_add(r)) {
         assert!(fresh_at <= at, "reset {} ms but fresh only at {fresh_at} (now {now})", d.reset_after_ms);
         assert!(fresh_at > at - 1000, "reset {} ms overstates (fresh at {fresh_at}, now {now})", d.reset_after_ms);
-        assert_eq!(sc::step(&new, p, call.cost, call.partial, at).0, sc::step(&fresh, p, call.cost, call.partial, at).0, "not fresh at reset");
+        assert_eq!(
+            sc::step(&new, p, call.cost, call.partial, at).0,
+            sc::step(&fresh, p, call.cost, call.partial, at).0,
+            "not fresh at reset"
+        );
     }
     let (d2, new2) = sc::step(&new, p, call.cost, call.partial, now2);
     check_decision(&d2, p.limit, call.cost, call.partial);
@@ -655,7 +695,11 @@ pub fn sl_call(cur: &sl::State, p: &sl::Params, call: &Call, now: u64, now2: u64
     if let Some(at) = d.reset_after_ms.checked_mul(1000).and_then(|r| now.checked_add(r)) {
         assert!(fresh_at <= at, "reset {} ms but fresh only at {fresh_at} (now {now})", d.reset_after_ms);
         assert!(fresh_at > at - 1000, "reset {} ms overstates (fresh at {fresh_at}, now {now})", d.reset_after_ms);
-        assert_eq!(sl::decide(&new, p, call.cost, call.partial, at), sl::decide(&fresh, p, call.cost, call.partial, at), "not fresh at reset");
+        assert_eq!(
+            sl::decide(&new, p, call.cost, call.partial, at),
+            sl::decide(&fresh, p, call.cost, call.partial, at),
+            "not fresh at reset"
+        );
     }
     let d2 = sl::decide(&new, p, call.cost, call.partial, now2);
     check_decision(&d2, p.limit, call.cost, call.partial);
@@ -745,7 +789,9 @@ pub fn decode_codec(data: &[u8]) {
     // Apply it the way RL.STATE does, then use the key.
     let call = Call { nums: [0; 3], cost: 1, partial: true, dryrun: false, refund: 0 };
     match effect {
-        codec::Effect::TokenBucket(s) => tb_call(&s, &tb::Params { capacity: 5, rate: 1, period_ms: 1000 }, &call, s.last_us, 0),
+        codec::Effect::TokenBucket(s) => {
+            tb_call(&s, &tb::Params { capacity: 5, rate: 1, period_ms: 1000 }, &call, s.last_us, 0)
+        }
         codec::Effect::SlidingCounter(s) => sc_call(&s, &sc::Params { limit: 5, window_ms: 1000 }, &call, s.start_us, 0),
         codec::Effect::SlidingLog(s) => sl_call(&s, &sl::Params { limit: 5, window_ms: 1000 }, &call, abs, 0),
         codec::Effect::LogGrant(g) => {
@@ -987,7 +1033,9 @@ pub fn args_multi(data: &[u8]) {
     let params: Vec<multi::Params> = call.limits[..n]
         .iter()
         .map(|l| match l.kind {
-            Kind::TokenBucket => multi::Params::TokenBucket(tb::Params { capacity: l.nums[0], rate: l.nums[1], period_ms: l.nums[2] }),
+            Kind::TokenBucket => {
+                multi::Params::TokenBucket(tb::Params { capacity: l.nums[0], rate: l.nums[1], period_ms: l.nums[2] })
+            }
             Kind::SlidingLog => multi::Params::SlidingLog(sl::Params { limit: l.nums[0], window_ms: l.nums[1] }),
             Kind::SlidingCounter => multi::Params::SlidingCounter(sc::Params { limit: l.nums[0], window_ms: l.nums[1] }),
         })

@@ -141,7 +141,12 @@ pub fn parse<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>, positional: &[Ar
 /// `Ok(false)` when `opt` is none of them, repeated, or REFUND combined
 /// with the others (a syntax error).
 #[inline]
-fn option<'a>(opt: &[u8], args: &mut impl Iterator<Item = &'a [u8]>, call: &mut Call, seen_cost: &mut bool) -> Result<bool, ArgError> {
+fn option<'a>(
+    opt: &[u8],
+    args: &mut impl Iterator<Item = &'a [u8]>,
+    call: &mut Call,
+    seen_cost: &mut bool,
+) -> Result<bool, ArgError> {
     let refund = call.refund > 0;
     if opt.eq_ignore_ascii_case(b"COST") && !*seen_cost && !refund {
         *seen_cost = true;

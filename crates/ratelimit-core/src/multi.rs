@@ -132,7 +132,8 @@ fn longest_wait(per: &[Decision]) -> (i64, usize) {
 }
 
 fn whole_from(allowed: u64, retry_after_ms: i64, b: usize, per: &[Decision]) -> Whole {
-    let d = per.get(b).copied().unwrap_or(Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 });
+    let d =
+        per.get(b).copied().unwrap_or(Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 });
     Whole { allowed, limit: d.limit, remaining: d.remaining, retry_after_ms, reset_after_ms: d.reset_after_ms, binding: b }
 }
 
@@ -255,19 +256,26 @@ fn give_back(s: &mut Option<StateMut>, p: &Params, units: u64, want: u64, now_us
 /// The reply slot of a limit that is not there (never for `i < n`).
 const NONE: Decision = Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 };
 
-/// Run a call over `states` (one per limit, all `Some`, with `params` and `weights` in
-/// the same order; each state of its limit's algorithm, as the caller
-/// checked) at `now_us`: decide, and when the call writes, update every
-/// state in place. Fills `per` with the per-limit replies and returns the
-/// whole reply.
+/// Run a call over `states` (one per limit, all `Some`, with `params` and
+/// `weights` in the same order; each state of its limit's algorithm, as the
+/// caller checked) at `now_us`: decide, and when the call writes, update
+/// every state in place. Fills `per` with the per-limit replies and returns
+/// the whole reply.
 ///
-/// Which states changed: with `Op::Take`, every one whose `per[i].granted
-/// > 0` (all of them when any, unless DRYRUN); with `Op::Refund`, likewise
-/// those whose `per[i].granted > 0`. A changed state whose
-/// `reset_after_ms` is 0 is fresh again (a refund gave everything back):
-/// the caller deletes its key. A state that did not change is left
+/// Which states changed: with `Op::Take` (not DRYRUN) all of them when the
+/// call took any units (`per[i].granted` is not 0), else none; with
+/// `Op::Refund` those whose `per[i].granted` is not 0. A changed state
+/// whose `reset_after_ms` is 0 is fresh again (a refund gave everything
+/// back): the caller deletes its key. A state that did not change is left
 /// untouched, bit for bit.
-pub fn run(states: &mut [Option<StateMut>], params: &[Params], weights: &[u64], op: Op, now_us: u64, per: &mut [Decision]) -> Whole {
+pub fn run(
+    states: &mut [Option<StateMut>],
+    params: &[Params],
+    weights: &[u64],
+    op: Op,
+    now_us: u64,
+    per: &mut [Decision],
+) -> Whole {
     let n = states.len().min(params.len()).min(weights.len()).min(per.len()).min(MAX_LIMITS);
     let (states, params, weights, per) = (&mut states[..n], &params[..n], &weights[..n], &mut per[..n]);
     match op {

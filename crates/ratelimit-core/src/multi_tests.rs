@@ -135,7 +135,11 @@ impl LogModel {
                 .find(|&c| Self::used(&after, w, c) + want <= self.p.limit)
                 .unwrap();
             // Fits at the instant the call is read at: no wait at all.
-            if t == u128::from(at) { 0 } else { ceil_ms(t - real) as i64 }
+            if t == u128::from(at) {
+                0
+            } else {
+                ceil_ms(t - real) as i64
+            }
         };
         let live: Vec<_> = after.iter().filter(|&&(t, _)| u128::from(t) + w > u128::from(at)).collect();
         Decision {
@@ -257,7 +261,11 @@ impl CounterModel {
                 }
             }
             // Fits at the instant the call is read at: no wait at all.
-            if lo == at { 0 } else { ceil_ms(u128::from(lo - now)) as i64 }
+            if lo == at {
+                0
+            } else {
+                ceil_ms(u128::from(lo - now)) as i64
+            }
         };
         let reset = if cur > 0 {
             ceil_ms(u128::from((at / w + 2) * w - now))
@@ -352,11 +360,7 @@ fn model_whole(per: &[Decision], weights: &[u64], op: Op) -> Whole {
     let n = per.len();
     let fewest = (0..n).min_by_key(|&i| (per[i].remaining / weights[i], i)).unwrap();
     let never = per.iter().any(|d| d.retry_after_ms == -1);
-    let longest = if never {
-        -1
-    } else {
-        per.iter().map(|d| d.retry_after_ms).max().unwrap()
-    };
+    let longest = if never { -1 } else { per.iter().map(|d| d.retry_after_ms).max().unwrap() };
     let pick = |b: usize, allowed: u64, retry: i64| Whole {
         allowed,
         limit: per[b].limit,

@@ -56,9 +56,7 @@ impl State {
         let prev = r.u64()?;
         r.finish()?;
         if cur == 0 && prev == 0 {
-            return Err(DecodeError::Invalid(
-                "sliding counter: both windows count 0 (a fresh state is never stored)",
-            ));
+            return Err(DecodeError::Invalid("sliding counter: both windows count 0 (a fresh state is never stored)"));
         }
         if cur > MAX_ARG {
             return Err(DecodeError::Invalid("sliding counter: cur exceeds 2^53-1"));
