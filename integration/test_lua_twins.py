@@ -37,7 +37,7 @@ import pytest
 import redis
 
 from harness import ROOT, wait_until
-from models import MODELS, ceil_div, log_model, multi, sc_model, single, tb_model
+from models import MODELS, SlidingLog, ceil_div, log_model, multi, sc_model, single, tb_model
 
 LUA_DIR = os.path.join(ROOT, "lua")
 MAX = 2**53 - 1
@@ -801,6 +801,13 @@ def test_refund_sliding_log_newest_first(tw):
     oldest = entries[0][0]
     assert rep[:3] == [0, 10, 0]
     assert ceil_div(oldest + W_ms * 1000 - t1, 1000) <= rep[3] <= ceil_div(oldest + W_ms * 1000 - t0, 1000)
+    # a refund that still leaves no unit free (the limit was lowered): its
+    # retry_after_ms is the wait for one unit, as the model says
+    state = twin_state(c, "SLIDINGLOG", "l")
+    t0, (rep,), t1 = timed(c, lambda p: tw.send(p, "RL.SLIDINGLOG", "l", 5, W_ms, "REFUND", 1))
+    lo, hi = (single(SlidingLog(5, W_ms), state, t, refund=1)[0] for t in (t0, t1))
+    assert_between(rep, lo, hi)
+    assert rep[:3] == [1, 5, 0] and rep[3] > 0
     # a partial entry: REFUND 2 of a grant of 3 keeps 1 unit at its time
     assert tw("RL.SLIDINGLOG", "m", 10, W_ms, "COST", 3)[0] == 1
     (t, _), = twin_state(c, "SLIDINGLOG", "m")
@@ -837,14 +844,23 @@ def test_refund_errors(tw, cmd):
     assert (dirty(c), c.dump("k")) == before
 
 
-def random_limits(rng, n):
+def random_limits(rng, n, big=False):
+    """n random limits (algorithm, parameters, weight) whose states do not
+    change by themselves while a test runs (nothing refills or expires);
+    `big`: limits and weights far beyond double-digit counts."""
     out = []
     for _ in range(n):
         alg = rng.choice(ALGS)
-        lim = rng.choice([1, 3, 10, 50, 1000])
-        params = [lim, rng.choice([1, 2]), rng.choice([3_600_000, 86_400_000])] if alg == "TOKENBUCKET" \
-            else [lim, rng.choice([3_600_000, 86_400_000])]
-        out.append((alg, params, rng.choice([1, 1, 2, 3])))
+        if big:
+            lim = rng.choice([10**8, 10**12, 2**40 + 1, 10**15])
+            params = [min(lim, 10**8), 1, 60_000] if alg == "TOKENBUCKET" else [lim, 86_400_000]
+            w = rng.choice([1, 7, 10**3, 10**6])
+        else:
+            lim = rng.choice([1, 3, 10, 50, 1000])
+            params = [lim, rng.choice([1, 2]), rng.choice([3_600_000, 86_400_000])] if alg == "TOKENBUCKET" \
+                else [lim, rng.choice([3_600_000, 86_400_000])]
+            w = rng.choice([1, 1, 2, 3])
+        out.append((alg, params, w))
     return out
 
 
@@ -859,11 +875,12 @@ def limit_args(limits, rng=None):
 
 def random_multi_opts(rng, limits):
     """(option words, cost, partial, dryrun, refund)."""
+    top = max(p[0] // w for _, p, w in limits)
+    cap = MAX // max(w for _, _, w in limits)  # COST (REFUND) * WEIGHT <= 2^53 - 1
     if rng.random() < 0.2:
-        n = rng.choice([1, 2, 5, rng.randint(1, 60)])
+        n = min(cap, rng.choice([1, 2, 5, rng.randint(1, 60), rng.randint(1, top + 2)]))
         return ["REFUND", n], 1, False, False, n
-    top = max(p[0] for _, p, _ in limits)
-    cost = rng.choice([0, 1, 1, 1, 2, 3, rng.randint(0, top + 2)])
+    cost = min(cap, rng.choice([0, 1, 1, 1, 2, 3, rng.randint(0, top + 2), top // 3 + 1]))
     partial, dryrun = rng.random() < 0.3, rng.random() < 0.15
     groups = [["COST", cost]] if cost != 1 or rng.random() < 0.3 else []
     groups += [["PARTIAL"]] * partial + [["DRYRUN"]] * dryrun
@@ -900,7 +917,7 @@ def test_multi_random_sequences_match_the_model(plain, mode, seed):
     tw = Twins(c, mode)
     rng = random.Random(1000 + seed)
     for attempt in range(3):
-        limits = random_limits(rng, rng.randint(1, 4))
+        limits = random_limits(rng, rng.randint(1, 4), big=seed >= 8)
         keys = [f"{{s{seed}}}:{attempt}:{i}" for i in range(len(limits))]
         states = [None] * len(limits)
         D, t_first = 0, None
@@ -1399,7 +1416,7 @@ def test_differential_multi_sequences(both_multi, seed):
     c, tw = both_multi
     rng = random.Random(9000 + seed)
     for attempt in range(3):
-        limits = random_limits(rng, rng.randint(1, 4))
+        limits = random_limits(rng, rng.randint(1, 4), big=seed >= 8)
         km = [f"{{m{seed}}}:{attempt}:{i}" for i in range(len(limits))]
         kt = [f"{{t{seed}}}:{attempt}:{i}" for i in range(len(limits))]
         D, log = 0, []
