@@ -5,7 +5,7 @@ import time
 import redis
 from redis.cluster import RedisCluster
 
-from redis_ratelimit import (RateLimitError, all_of, make_key, sliding_counter, sliding_log,
+from redis_ratelimit import (all_of, make_key, sliding_counter, sliding_log,
                              token_bucket)
 
 # Long periods and windows: nothing refills, slides or expires while a
@@ -64,16 +64,6 @@ def assert_same(a, b, slack_ms):
         assert p.as_tuple()[:4] == q.as_tuple()[:4], (a, b)
         assert abs(p.retry_after_ms - q.retry_after_ms) <= slack_ms, (a, b)
         assert abs(p.reset_after_ms - q.reset_after_ms) <= slack_ms, (a, b)
-
-
-def refund_supported(fn):
-    try:
-        fn()
-        return True
-    except RateLimitError as e:
-        if "syntax" in str(e).lower() or "refund" in str(e).lower():
-            return False
-        raise
 
 
 class Stopwatch:

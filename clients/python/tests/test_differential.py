@@ -11,10 +11,9 @@ import asyncio
 import pytest
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncCluster
-from support import (MULTI, Stopwatch, assert_same, client, cluster_client, key_of,
-                     refund_supported, sequence)
+from support import Stopwatch, assert_same, client, cluster_client, key_of, sequence
 
-from redis_ratelimit import AsyncRateLimit, RateLimit, UnsupportedError
+from redis_ratelimit import AsyncRateLimit, RateLimit
 
 N = 300
 
@@ -23,13 +22,10 @@ def run_sync(make_client, seed):
     m = RateLimit(make_client(), backend="module")
     lua = RateLimit(make_client(), backend="lua")
     assert m.detect() == "module" and lua.detect() == "lua"
-    with_multi = m.has_multi and lua.has_multi
-    if not with_multi:
-        with pytest.raises(UnsupportedError):
-            m.limiter(MULTI).limit(key_of("m", MULTI, "x"))
-    pol = sequence(seed, 1, False, False)[0][0]
-    with_refund = all(refund_supported(lambda r=r, p=p: r.limiter(pol).refund(
-        key_of(p, pol, "probe"), 1)) for r, p in ((m, "m"), (lua, "l")))
+    # RL.MULTI and REFUND are in the contract (SPEC "Composition"): both
+    # backends must have them, and the sequences use them
+    assert m.has_multi and lua.has_multi
+    with_multi = with_refund = True
     lims = {}
     sw = Stopwatch()
     n = 0
@@ -51,10 +47,11 @@ async def run_async(make_client, seed):
     m = AsyncRateLimit(make_client(), backend="module", timeout_ms=5000)
     lua = AsyncRateLimit(make_client(), backend="lua", timeout_ms=5000)
     assert await m.detect() == "module" and await lua.detect() == "lua"
-    with_multi = m.has_multi and lua.has_multi
+    assert m.has_multi and lua.has_multi
+    with_multi = True
     sw = Stopwatch()
     lims = {}
-    for policy, tag, method, kw in sequence(seed, N, with_multi, False):
+    for policy, tag, method, kw in sequence(seed, N, with_multi, True):
         if policy.name not in lims:
             lims[policy.name] = (m.limiter(policy), lua.limiter(policy))
         lm, ll = lims[policy.name]

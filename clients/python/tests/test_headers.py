@@ -97,8 +97,6 @@ def test_all_of_panic_exact(server):
 def test_all_of_shared_exact(server, backend):
     rl = RateLimit(client(server.port), backend=backend)
     rl.detect()
-    if not rl.has_multi:
-        pytest.skip(f"this {backend} build has no RL.MULTI")
     pol = all_of(token_bucket("burst", 5, 1, HOUR), sliding_log("day", 3, 86_400_000))
     lim = rl.limiter(pol)
     d = lim.limit("rl:{t}:u")
