@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import time
 
 import pytest
 import redis
@@ -84,8 +85,9 @@ def offers_acl_category_api(c):
 def crate_version():
     with open(os.path.join(ROOT, "Cargo.toml")) as f:
         text = f.read()
-    m = re.search(r'^\[package\][^\[]*?^version\s*=\s*"(\d+)\.(\d+)\.(\d+)"', text, re.M | re.S)
-    assert m, "no [package] version in Cargo.toml"
+    # The workspace's version (or the package's own, before the workspace).
+    m = re.search(r'^\[(?:workspace\.)?package\][^\[]*?^version\s*=\s*"(\d+)\.(\d+)\.(\d+)"', text, re.M | re.S)
+    assert m, "no package version in Cargo.toml"
     return tuple(int(x) for x in m.groups())
 
 
@@ -356,3 +358,115 @@ def test_java_example_parses(tmp_path):
     out = subprocess.run([javac, "-d", str(tmp_path), "-XDshould-stop.ifNoError=PARSE",
                           "-XDshould-stop.ifError=PARSE", src], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
+
+
+# ---------------------------------------------------------------------------
+# MEMORY USAGE is honest
+# ---------------------------------------------------------------------------
+
+MEM_KEYS = 50
+HUGE_WINDOW = 3_600_000
+
+
+def used_memory(c):
+    """used_memory with no reply in flight: the smallest of a few readings."""
+    return min(c.info("memory")["used_memory"] for _ in range(3))
+
+
+def settled_memory(c):
+    """used_memory once it stops moving: a writer connection that was just
+    closed is freed by the server's next event-loop turn, and its query and
+    reply buffers with it."""
+    last = None
+    for _ in range(200):
+        now = used_memory(c)
+        if now == last:
+            return now
+        last = now
+        time.sleep(0.01)
+    return last
+
+
+def per_key(srv, c, make, tag):
+    """(used_memory growth per key, MEMORY USAGE per key) over MEM_KEYS keys
+    made by `make(pipeline, key)`, all names of the same length. The keys
+    are written on a connection of their own that is closed before
+    measuring, so no client buffer is counted."""
+    names = [f"rl:m:{tag}:{i:05d}" for i in range(MEM_KEYS)]
+    before = settled_memory(c)
+    w = srv.client()
+    p = w.pipeline(transaction=False)
+    for k in names:
+        make(p, k)
+        if len(p) >= 5000:
+            p.execute()
+    p.execute()
+    w.close()
+    w.connection_pool.disconnect()
+    after = settled_memory(c)
+    mu = sum(c.execute_command("MEMORY", "USAGE", k, "SAMPLES", "0") for k in names)
+    assert c.delete(*names) == MEM_KEYS
+    return (after - before) / MEM_KEYS, mu / MEM_KEYS
+
+
+def log_grants(n):
+    def make(p, k):
+        for _ in range(n):
+            p.execute_command("RL.SLIDINGLOG", k, 10**9, HUGE_WINDOW)
+    return make
+
+
+MEMORY_CASES = {
+    "tokenbucket compact": lambda p, k: p.execute_command("RL.TOKENBUCKET", k, 10, 1, 60_000),
+    # A daily quota of a million tokens does not fit the 16-byte form.
+    "tokenbucket wide": lambda p, k: p.execute_command("RL.TOKENBUCKET", k, 10**6, 1, 86_400_000),
+    "slidingcounter compact": lambda p, k: p.execute_command("RL.SLIDINGCOUNTER", k, 10, 60_000),
+    # Counts past 8.8e12 do not fit it either.
+    "slidingcounter wide": lambda p, k: p.execute_command("RL.SLIDINGCOUNTER", k, (1 << 53) - 1, 10**9,
+                                                          "COST", 9 * 10**12),
+    **{f"slidinglog {n} grants": log_grants(n) for n in (1, 10, 100, 1000, 3000)},
+}
+
+
+@pytest.fixture(scope="module")
+def quiet_server():
+    """One server for the memory cases: latency tracking off (its per-command
+    histograms would be allocated mid-measurement), and 6,000 filler keys
+    with a TTL so that 50 more keys never resize the keyspace or expires
+    tables."""
+    from harness import Server
+    srv = Server(["--latency-tracking", "no"])
+    c = srv.client()
+    p = c.pipeline(transaction=False)
+    for i in range(6000):
+        p.set(f"filler:{i:05d}", "x", px=10**9)
+    p.execute()
+    # Warm up: the first call of a command allocates what the server keeps
+    # for it (command statistics and the like).
+    # The same key names throughout: where they land in the keyspace table
+    # (and what that allocates) is then the same for every measurement.
+    for make in MEMORY_CASES.values():
+        per_key(srv, c, make, "k")
+    for _ in range(2):
+        per_key(srv, c, lambda p, k: p.set(k, "abcdefgh", px=10**9), "k")
+    string_growth, string_mu = per_key(srv, c, lambda p, k: p.set(k, "abcdefgh", px=10**9), "k")
+    yield srv, c, string_growth - string_mu
+    c.close()
+    srv.close()
+
+
+@pytest.mark.parametrize("case", list(MEMORY_CASES))
+def test_memory_usage_is_honest(quiet_server, case):
+    """MEMORY USAGE of a limiter key is within 10% of what the key really
+    costs: used_memory growth per key, less the per-key overhead that MEMORY
+    USAGE does not count for any key (measured the same way on a string key
+    of the same name length with a TTL)."""
+    srv, c, outside = quiet_server
+    growth, mu = per_key(srv, c, MEMORY_CASES[case], "k")
+    real = growth - outside
+    kind, ver = server_kind(c)
+    alloc = "jemalloc" if "jemalloc" in str(c.info("memory").get("mem_allocator", "")) else "libc malloc"
+    print(f"{kind} {ver[0]}.{ver[1]} ({alloc}) {case}: used_memory growth {growth:.1f} B/key, "
+          f"outside MEMORY USAGE {outside:.1f}, so the key costs {real:.1f}; MEMORY USAGE {mu:.1f} "
+          f"({(mu - real) / real:+.1%})")
+    assert abs(mu - real) <= 0.10 * real, (case, growth, outside, real, mu)

@@ -103,6 +103,9 @@ pub static OPTIONAL: &ApiTable = table![
     RedisModule_GetApi,
     RedisModule_AddACLCategory,
     RedisModule_SetCommandACLCategories,
+    // the allocator's block sizes for MEMORY USAGE (memusage.rs)
+    RedisModule_MallocUsableSize,
+    RedisModule_MallocSize,
 ];
 
 /// True on Valkey (8.0+): it answers for its own `ValkeyModule_*` API

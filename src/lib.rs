@@ -21,6 +21,7 @@ mod cmdinfo;
 mod commands;
 mod ffi;
 mod listeners;
+mod memusage;
 mod stats;
 mod types;
 mod value;
@@ -72,6 +73,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         }
         return Status::Err;
     }
+    unsafe { memusage::init() };
     if !types::publish_type_pointers() {
         return Status::Err;
     }

@@ -34,6 +34,11 @@ pub trait Packable: Sized + Clone {
     fn heap_bytes(&self) -> usize {
         0
     }
+    /// The heap block the state owns, if any (MEMORY USAGE asks the
+    /// allocator for its real size).
+    fn heap_block(&self) -> Option<*const u8> {
+        None
+    }
 }
 
 impl Packable for tb::State {
@@ -61,6 +66,9 @@ impl Packable for sc::State {
 impl Packable for sl::State {
     fn heap_bytes(&self) -> usize {
         sl::State::heap_bytes(self)
+    }
+    fn heap_block(&self) -> Option<*const u8> {
+        sl::State::heap_block(self)
     }
 }
 
@@ -162,10 +170,14 @@ impl<T: Packable> Value<T> {
     /// # Safety
     /// As [`Value::with`].
     pub unsafe fn size(p: *const c_void) -> usize {
+        use crate::memusage::{usable, wrapper};
         match Self::form(p) {
             Form::Null => 0,
-            Form::Compact(_) => std::mem::size_of::<[u64; 2]>(),
-            Form::Wide(b) => std::mem::size_of::<T>() + (*b).heap_bytes(),
+            Form::Compact(w) => wrapper() + usable(w.cast(), std::mem::size_of::<[u64; 2]>()),
+            Form::Wide(b) => {
+                let heap = (*b).heap_block().map_or(0, |h| usable(h.cast(), (*b).heap_bytes()));
+                wrapper() + usable(b.cast(), std::mem::size_of::<T>()) + heap
+            }
         }
     }
 }

@@ -258,6 +258,13 @@ impl State {
         self.buf.capacity().saturating_mul(std::mem::size_of::<u32>())
     }
 
+    /// The start of the heap block this state owns (None when it owns
+    /// none), so the glue can ask the allocator what the block really takes.
+    #[inline]
+    pub fn heap_block(&self) -> Option<*const u8> {
+        (self.buf.capacity() > 0).then(|| self.buf.as_ptr().cast::<u8>())
+    }
+
     #[inline]
     pub(super) fn wn(&self) -> usize {
         usize::from(self.words.max(1))
