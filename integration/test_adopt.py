@@ -23,28 +23,72 @@ import redis
 
 from harness import ROOT
 
-LIMITERS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER")
+LIMITERS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER", "RL.MULTI")
 
-# Arguments as COMMAND DOCS must list them: (name, type, token, optional).
-OPTIONS = [("cost", "integer", "COST", True), ("partial", "pure-token", "PARTIAL", True),
-           ("dryrun", "pure-token", "DRYRUN", True)]
+# Argument trees as COMMAND DOCS must give them:
+# (name, type, token, flags, children).
+def A(name, typ, token=None, flags=(), children=()):
+    return (name, typ, token, frozenset(flags), tuple(children))
+
+
+GRANT_MODE = A("mode", "oneof", flags={"optional"}, children=[
+    A("grant", "block", children=[A("cost", "integer", "COST", {"optional"}),
+                                  A("partial", "pure-token", "PARTIAL", {"optional"}),
+                                  A("dryrun", "pure-token", "DRYRUN", {"optional"})]),
+    A("refund", "integer", "REFUND"),
+])
+WEIGHT = A("weight", "integer", "WEIGHT", {"optional"})
 EXPECTED_ARGS = {
-    "RL.TOKENBUCKET": [("key", "key", None, False), ("capacity", "integer", None, False),
-                       ("rate", "integer", None, False), ("period_ms", "integer", None, False), *OPTIONS],
-    "RL.SLIDINGLOG": [("key", "key", None, False), ("limit", "integer", None, False),
-                      ("window_ms", "integer", None, False), *OPTIONS],
-    "RL.SLIDINGCOUNTER": [("key", "key", None, False), ("limit", "integer", None, False),
-                          ("window_ms", "integer", None, False), *OPTIONS],
-    "RL.STATE": [("key", "key", None, False), ("payload", "string", None, False)],
+    "RL.TOKENBUCKET": [A("key", "key"), A("capacity", "integer"), A("rate", "integer"),
+                       A("period_ms", "integer"), GRANT_MODE],
+    "RL.SLIDINGLOG": [A("key", "key"), A("limit", "integer"), A("window_ms", "integer"), GRANT_MODE],
+    "RL.SLIDINGCOUNTER": [A("key", "key"), A("limit", "integer"), A("window_ms", "integer"), GRANT_MODE],
+    "RL.MULTI": [
+        A("numkeys", "integer"),
+        A("key", "key", flags={"multiple"}),
+        A("limit", "oneof", flags={"multiple"}, children=[
+            A("tokenbucket", "block", "TOKENBUCKET", children=[
+                A("capacity", "integer"), A("rate", "integer"), A("period_ms", "integer"), WEIGHT]),
+            A("slidinglog", "block", "SLIDINGLOG", children=[A("limit", "integer"), A("window_ms", "integer"), WEIGHT]),
+            A("slidingcounter", "block", "SLIDINGCOUNTER", children=[
+                A("limit", "integer"), A("window_ms", "integer"), WEIGHT]),
+        ]),
+        A("mode", "oneof", flags={"optional"}, children=[
+            A("grant", "block", children=[A("cost", "integer", "COST", {"optional"}),
+                                          A("partial", "pure-token", "PARTIAL", {"optional"}),
+                                          A("dryrun", "pure-token", "DRYRUN", {"optional"})]),
+            A("refund", "integer", "REFUND"),
+        ]),
+    ],
+    "RL.STATE": [A("key", "key"), A("payload", "string")],
 }
+# The options each single command gained after its first version.
+EXPECTED_HISTORY = {c: [["0.2.0", "Added the `REFUND n` option."]]
+                    for c in ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER")}
+
+
+def arg_tree(args):
+    out = []
+    for a in args:
+        a = pairs(a)
+        if s(a["type"]) == "key":
+            assert a["key_spec_index"] == 0, a
+        out.append(A(s(a["name"]), s(a["type"]), s(a["token"]) if "token" in a else None,
+                     {s(f) for f in a.get("flags", [])}, arg_tree(a.get("arguments", []))))
+    return out
+
+
 # A valid call of each command (for COMMAND GETKEYS and the ACL test).
 CALLS = {
+    "RL.MULTI": ["2", "{k}", "{k}:day", "TOKENBUCKET", "10", "1", "1000", "SLIDINGCOUNTER", "1000", "86400000",
+                 "WEIGHT", "2"],
     "RL.TOKENBUCKET": ["{k}", "10", "1", "1000", "COST", "2", "PARTIAL"],
     "RL.SLIDINGLOG": ["{k}", "10", "1000", "DRYRUN"],
     "RL.SLIDINGCOUNTER": ["{k}", "10", "1000"],
     "RL.STATE": ["{k}", "payload"],
 }
 KEY_FLAGS = {
+    "RL.MULTI": {"RW", "access", "update"},
     "RL.TOKENBUCKET": {"RW", "access", "update"},
     "RL.SLIDINGLOG": {"RW", "access", "update"},
     "RL.SLIDINGCOUNTER": {"RW", "access", "update"},
@@ -119,30 +163,31 @@ def test_command_docs(r, cmd):
     assert len(s(doc["summary"])) > 20, doc
     assert re.fullmatch(r"\d+\.\d+\.\d+", s(doc["since"])), doc
     assert s(doc["complexity"]).startswith("O("), doc
-    got = []
-    for a in doc["arguments"]:
-        a = pairs(a)
-        flags = {s(f) for f in a.get("flags", [])}
-        got.append((s(a["name"]), s(a["type"]), s(a["token"]) if "token" in a else None, "optional" in flags))
-        if s(a["type"]) == "key":
-            assert a["key_spec_index"] == 0, a
-    assert got == EXPECTED_ARGS[cmd]
+    assert arg_tree(doc["arguments"]) == EXPECTED_ARGS[cmd]
+    history = [[s(x) for x in h] for h in doc.get("history", [])]
+    assert history == EXPECTED_HISTORY.get(cmd, []), history
 
 
 @pytest.mark.parametrize("cmd", sorted(CALLS))
 def test_command_getkeys_and_key_specs(r, cmd):
     args = [a.format(k="rl:{tenant}:user") for a in CALLS[cmd]]
-    assert [s(k) for k in r.execute_command("COMMAND", "GETKEYS", cmd, *args)] == ["rl:{tenant}:user"]
+    keys = [a for a in args if a.startswith("rl:")]
+    assert [s(k) for k in r.execute_command("COMMAND", "GETKEYS", cmd, *args)] == keys
     info = r.execute_command("COMMAND", "INFO", cmd)[0]
     # name, arity, flags, first, last, step, acl categories, tips, key specs, subcommands
-    assert [info[3], info[4], info[5]] == [1, 1, 1], info
     specs = info[8]
     assert len(specs) == 1, specs
     spec = pairs(specs[0])
     assert {s(f) for f in spec["flags"]} == KEY_FLAGS[cmd], spec
     bs, fk = pairs(spec["begin_search"]), pairs(spec["find_keys"])
     assert s(bs["type"]) == "index" and pairs(bs["spec"])["index"] == 1, spec
-    assert s(fk["type"]) == "range" and pairs(fk["spec"]) == {"lastkey": 0, "keystep": 1, "limit": 0}, spec
+    if cmd == "RL.MULTI":
+        # The keys follow numkeys: no fixed range, a keynum spec.
+        assert info[1] == -6 and [info[3], info[4], info[5]] == [0, 0, 0], info
+        assert s(fk["type"]) == "keynum" and pairs(fk["spec"]) == {"keynumidx": 0, "firstkey": 1, "keystep": 1}, spec
+    else:
+        assert [info[3], info[4], info[5]] == [1, 1, 1], info
+        assert s(fk["type"]) == "range" and pairs(fk["spec"]) == {"lastkey": 0, "keystep": 1, "limit": 0}, spec
 
 
 def test_module_version_from_crate(r):
@@ -186,7 +231,7 @@ def test_acl_category_ratelimit(server, r):
     try:
         for cmd in LIMITERS:
             reply = g.execute_command(cmd, *[a.format(k=f"rl:{cmd}") for a in CALLS[cmd]])
-            assert len(reply) == 5, reply
+            assert len(reply) == (7 if cmd == "RL.MULTI" else 5), reply
         # A payload RL.STATE would refuse anyway: the ACL refuses it first.
         with pytest.raises(redis.exceptions.NoPermissionError):
             g.execute_command("RL.STATE", "rl:x", "payload")

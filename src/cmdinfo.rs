@@ -70,6 +70,10 @@ enum Ty {
     Int,
     Str,
     Token,
+    /// Exactly one of the sub-arguments.
+    OneOf,
+    /// The sub-arguments together (after the token, if any).
+    Block,
 }
 
 /// One argument of a command's tree (`RedisModuleCommandArg` without the
@@ -82,13 +86,15 @@ struct Arg {
     token: Option<&'static CStr>,
     summary: Option<&'static CStr>,
     since: Option<&'static CStr>,
+    /// What `redis-cli` shows for the value (`n` in `[COST n]`).
+    display: Option<&'static CStr>,
     optional: bool,
     multiple: bool,
     sub: &'static [Arg],
 }
 
 const fn arg(name: &'static CStr, ty: Ty) -> Arg {
-    Arg { name, ty, token: None, summary: None, since: None, optional: false, multiple: false, sub: &[] }
+    Arg { name, ty, token: None, summary: None, since: None, display: None, optional: false, multiple: false, sub: &[] }
 }
 const fn key(name: &'static CStr) -> Arg {
     arg(name, Ty::Key)
@@ -96,65 +102,81 @@ const fn key(name: &'static CStr) -> Arg {
 const fn int(name: &'static CStr, summary: &'static CStr) -> Arg {
     Arg { summary: Some(summary), ..arg(name, Ty::Int) }
 }
-/// `[TOKEN n]`: an optional keyword with an integer.
-const fn opt_int(name: &'static CStr, token: &'static CStr, summary: &'static CStr) -> Arg {
-    Arg { token: Some(token), summary: Some(summary), optional: true, ..arg(name, Ty::Int) }
+/// `[TOKEN display]`: an optional keyword with an integer.
+const fn opt_int(name: &'static CStr, token: &'static CStr, display: &'static CStr, summary: &'static CStr) -> Arg {
+    Arg { token: Some(token), summary: Some(summary), display: Some(display), optional: true, ..arg(name, Ty::Int) }
 }
 /// `[TOKEN]`: an optional flag.
 const fn opt_flag(name: &'static CStr, token: &'static CStr, summary: &'static CStr) -> Arg {
     Arg { token: Some(token), summary: Some(summary), optional: true, ..arg(name, Ty::Token) }
 }
 
-const COST: Arg = opt_int(c"cost", c"COST", c"units this call asks for (default 1; 0 only reports)");
+const COST: Arg = opt_int(c"cost", c"COST", c"n", c"units this call asks for (default 1; 0 only reports)");
 const PARTIAL: Arg = opt_flag(c"partial", c"PARTIAL", c"grant as many units as are available, up to COST");
 const DRYRUN: Arg = opt_flag(c"dryrun", c"DRYRUN", c"reply as the call would, write nothing");
+const REFUND: Arg =
+    Arg { since: Some(c"0.2.0"), ..opt_int(c"refund", c"REFUND", c"n", c"give n units back instead of taking any") };
 
-const REFUND: Arg = Arg {
-    since: Some(c"0.2.0"),
-    ..opt_int(c"refund", c"REFUND", c"give n units back instead of taking any (not with COST, PARTIAL or DRYRUN)")
-};
+/// The options after a single command's numbers: a grant with its options,
+/// or a refund, which takes none of them.
+static GRANT: [Arg; 3] = [COST, PARTIAL, DRYRUN];
+static MODE: [Arg; 2] = [Arg { sub: &GRANT, ..arg(c"grant", Ty::Block) }, Arg { optional: false, ..REFUND }];
+const OPTIONS: Arg = Arg { optional: true, sub: &MODE, ..arg(c"mode", Ty::OneOf) };
 
-/// The options after the positional numbers of a single-limit command.
-const GRANT_OPTIONS: [Arg; 4] = [COST, PARTIAL, DRYRUN, REFUND];
-
-static TOKENBUCKET_ARGS: [Arg; 8] = [
+static TOKENBUCKET_ARGS: [Arg; 5] = [
     key(c"key"),
     int(c"capacity", c"most tokens the bucket holds (it starts full)"),
     int(c"rate", c"tokens regained every period_ms"),
     int(c"period_ms", c"the refill period in milliseconds"),
-    GRANT_OPTIONS[0],
-    GRANT_OPTIONS[1],
-    GRANT_OPTIONS[2],
-    GRANT_OPTIONS[3],
+    OPTIONS,
 ];
-static SLIDINGLOG_ARGS: [Arg; 7] = [
+static SLIDINGLOG_ARGS: [Arg; 4] = [
     key(c"key"),
     int(c"limit", c"most units granted in any window"),
     int(c"window_ms", c"the window in milliseconds"),
-    GRANT_OPTIONS[0],
-    GRANT_OPTIONS[1],
-    GRANT_OPTIONS[2],
-    GRANT_OPTIONS[3],
+    OPTIONS,
 ];
-static SLIDINGCOUNTER_ARGS: [Arg; 7] = [
+static SLIDINGCOUNTER_ARGS: [Arg; 4] = [
     key(c"key"),
     int(c"limit", c"most units granted in a window (estimated)"),
     int(c"window_ms", c"the window in milliseconds, aligned on the server's clock"),
-    GRANT_OPTIONS[0],
-    GRANT_OPTIONS[1],
-    GRANT_OPTIONS[2],
-    GRANT_OPTIONS[3],
+    OPTIONS,
 ];
-static MULTI_ARGS: [Arg; 8] = [
+
+// RL.MULTI numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL] [DRYRUN] | [REFUND n]
+//   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
+//          | SLIDINGLOG limit window_ms [WEIGHT w]
+//          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
+const WEIGHT: Arg = opt_int(c"weight", c"WEIGHT", c"w", c"units one request takes from this limit (default 1)");
+static MULTI_TOKENBUCKET: [Arg; 4] = [
+    int(c"capacity", c"most tokens the bucket holds"),
+    int(c"rate", c"tokens regained every period_ms"),
+    int(c"period_ms", c"the refill period in milliseconds"),
+    WEIGHT,
+];
+static MULTI_SLIDINGLOG: [Arg; 3] =
+    [int(c"limit", c"most units granted in any window"), int(c"window_ms", c"the window in milliseconds"), WEIGHT];
+static MULTI_SLIDINGCOUNTER: [Arg; 3] =
+    [int(c"limit", c"most units granted in a window (estimated)"), int(c"window_ms", c"the window in milliseconds"), WEIGHT];
+static MULTI_LIMIT: [Arg; 3] = [
+    Arg { token: Some(c"TOKENBUCKET"), sub: &MULTI_TOKENBUCKET, ..arg(c"tokenbucket", Ty::Block) },
+    Arg { token: Some(c"SLIDINGLOG"), sub: &MULTI_SLIDINGLOG, ..arg(c"slidinglog", Ty::Block) },
+    Arg { token: Some(c"SLIDINGCOUNTER"), sub: &MULTI_SLIDINGCOUNTER, ..arg(c"slidingcounter", Ty::Block) },
+];
+static MULTI_GRANT: [Arg; 3] =
+    [opt_int(c"cost", c"COST", c"n", c"requests this call asks for; each limit takes COST x WEIGHT units"), PARTIAL, DRYRUN];
+static MULTI_MODE: [Arg; 2] = [
+    Arg { sub: &MULTI_GRANT, ..arg(c"grant", Ty::Block) },
+    Arg {
+        optional: false,
+        ..opt_int(c"refund", c"REFUND", c"n", c"give n requests back to every limit (n x WEIGHT units)")
+    },
+];
+static MULTI_ARGS: [Arg; 4] = [
     int(c"numkeys", c"the number of keys and of limits, 1 to 16"),
     Arg { multiple: true, ..key(c"key") },
-    Arg { multiple: true, ..arg(c"limit", Ty::Str) },
-    opt_int(c"cost", c"COST", c"requests this call asks for; each limit takes COST x WEIGHT units"),
-    PARTIAL,
-    DRYRUN,
-    REFUND,
-    // Listed last: the WEIGHT of a limit follows its numbers.
-    opt_int(c"weight", c"WEIGHT", c"after a limit's numbers: the units one request takes from it (default 1)"),
+    Arg { multiple: true, summary: Some(c"one per key, in the same order"), sub: &MULTI_LIMIT, ..arg(c"limit", Ty::OneOf) },
+    Arg { optional: true, sub: &MULTI_MODE, ..arg(c"mode", Ty::OneOf) },
 ];
 
 static STATE_ARGS: [Arg; 2] =
@@ -181,7 +203,11 @@ struct Doc {
     acl: &'static CStr,
     /// In the `ratelimit` category where the server can add it.
     user_facing: bool,
+    /// (since, what changed), oldest first.
+    history: &'static [(&'static CStr, &'static CStr)],
 }
+
+static REFUND_ADDED: [(&CStr, &CStr); 1] = [(c"0.2.0", c"Added the `REFUND n` option.")];
 
 /// Like INCR: reads the state (ACCESS: the reply shows it) and updates it
 /// in place, creating it when absent.
@@ -203,6 +229,7 @@ static DOCS: [Doc; 5] = [
         key_flags: LIMITER_KEY,
         acl: LIMITER_ACL,
         user_facing: true,
+        history: &REFUND_ADDED,
     },
     Doc {
         name: c"RL.SLIDINGLOG",
@@ -214,6 +241,7 @@ static DOCS: [Doc; 5] = [
         key_flags: LIMITER_KEY,
         acl: LIMITER_ACL,
         user_facing: true,
+        history: &REFUND_ADDED,
     },
     Doc {
         name: c"RL.SLIDINGCOUNTER",
@@ -225,6 +253,7 @@ static DOCS: [Doc; 5] = [
         key_flags: LIMITER_KEY,
         acl: LIMITER_ACL,
         user_facing: true,
+        history: &REFUND_ADDED,
     },
     Doc {
         name: c"RL.MULTI",
@@ -236,6 +265,7 @@ static DOCS: [Doc; 5] = [
         key_flags: LIMITER_KEY,
         acl: LIMITER_ACL,
         user_facing: true,
+        history: &[],
     },
     Doc {
         name: c"RL.STATE",
@@ -248,6 +278,7 @@ static DOCS: [Doc; 5] = [
         // Like RESTORE.
         acl: c"write slow dangerous",
         user_facing: false,
+        history: &[],
     },
 ];
 
@@ -310,6 +341,8 @@ fn c_args(args: &[Arg], store: &mut Vec<Vec<RedisModuleCommandArg>>) -> *mut Red
             Ty::Int => (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER, -1),
             Ty::Str => (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING, -1),
             Ty::Token => (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN, -1),
+            Ty::OneOf => (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF, -1),
+            Ty::Block => (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK, -1),
         };
         let mut flags = raw::REDISMODULE_CMD_ARG_NONE;
         if a.optional {
@@ -328,7 +361,7 @@ fn c_args(args: &[Arg], store: &mut Vec<Vec<RedisModuleCommandArg>>) -> *mut Red
             flags: flags as c_int,
             deprecated_since: ptr::null(),
             subargs,
-            display_text: ptr::null(),
+            display_text: opt(a.display),
         });
     }
     // SAFETY: all-zero is the array terminator (name NULL) and a valid value
@@ -400,12 +433,18 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> bool {
             let mut store = Vec::new();
             let args = c_args(d.args, &mut store);
             let mut specs = key_specs(d.keys, d.key_flags);
+            let mut history: Vec<RedisModuleCommandHistoryEntry> = d
+                .history
+                .iter()
+                .map(|(since, changes)| RedisModuleCommandHistoryEntry { since: since.as_ptr(), changes: changes.as_ptr() })
+                .collect();
+            history.push(RedisModuleCommandHistoryEntry { since: ptr::null(), changes: ptr::null() });
             let info = RedisModuleCommandInfo {
                 version: &INFO_VERSION,
                 summary: d.summary.as_ptr(),
                 complexity: d.complexity.as_ptr(),
                 since: d.since.as_ptr(),
-                history: ptr::null_mut(),
+                history: if d.history.is_empty() { ptr::null_mut() } else { history.as_mut_ptr() },
                 tips: ptr::null(),
                 // 0 keeps the arity given at creation (any); RL.MULTI's
                 // shortest call is `RL.MULTI 1 key SLIDINGLOG limit window_ms`.
