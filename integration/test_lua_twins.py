@@ -1368,28 +1368,12 @@ def test_differential_sliding_counter_previous_window(both):
 # Differential: REFUND and RL.MULTI, module vs twin on the same server
 # --------------------------------------------------------------------------
 
-def module_has_multi(c):
-    try:
-        c.execute_command("RL.MULTI")
-    except redis.ResponseError as e:
-        return "unknown command" not in str(e)
-    return True
-
-
-@pytest.fixture
-def both_multi(both):
-    c, tw = both
-    if not module_has_multi(c):
-        pytest.skip("the module has no RL.MULTI / REFUND yet")
-    return c, tw
-
-
 @pytest.mark.parametrize("cmd", CMDS)
 @pytest.mark.parametrize("seed", range(8))
-def test_differential_refund_sequences(both_multi, cmd, seed):
+def test_differential_refund_sequences(both, cmd, seed):
     """Random single-command sequences in which a quarter of the calls are
     REFUND n: the same replies from the module and the twin."""
-    c, tw = both_multi
+    c, tw = both
     rng = random.Random(5000 + seed * 31 + CMDS.index(cmd))
     lim = rng.choice([1, 3, 10, 50])
     for attempt in range(3):
@@ -1409,11 +1393,11 @@ def test_differential_refund_sequences(both_multi, cmd, seed):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_differential_multi_sequences(both_multi, seed):
+def test_differential_multi_sequences(both, seed):
     """Random RL.MULTI sequences (1-4 mixed limits, WEIGHT, COST, PARTIAL,
     DRYRUN, REFUND, single calls and rule changes on the same keys): the
     module and multi.lua give the same seven elements."""
-    c, tw = both_multi
+    c, tw = both
     rng = random.Random(9000 + seed)
     for attempt in range(3):
         limits = random_limits(rng, rng.randint(1, 4), big=seed >= 8)
@@ -1456,10 +1440,10 @@ def test_differential_multi_sequences(both_multi, seed):
             break  # no counter window began during the sequence
 
 
-def test_differential_multi_and_refund_errors(both_multi):
+def test_differential_multi_and_refund_errors(both):
     """Every error: the same text from the module and the twin; WRONGTYPE
     for another algorithm's key on both sides."""
-    c, tw = both_multi
+    c, tw = both
     cases = [(args, ks) for args, ks, text in MULTI_ERRORS if "Lua script" not in text]
     for args, ks in cases:
         def fn(p):
