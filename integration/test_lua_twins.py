@@ -657,6 +657,7 @@ def test_replicated_by_effects(server_factory):
     master = server_factory(module=False)
     replica = server_factory(module=False)
     m, rp = master.client(), replica.client()
+    m.config_set("repl-diskless-sync-delay", 0)  # the initial sync starts at once
     rp.replicaof("127.0.0.1", master.port)
     wait_until(lambda: rp.info("replication").get("master_link_status") == "up", what="replica link")
     tw = Twins(m)
@@ -980,35 +981,36 @@ def test_multi_one_limit_answers_as_the_single_script(tw):
             assert shape(alg, twin_state(c, alg, f"s:{alg}")) == shape(alg, twin_state(c, alg, f"m:{alg}")), ctx
 
 
-def test_multi_all_or_nothing_per_second_and_per_minute(tw):
-    """5 per second and 20 per minute on two keys: 5 granted in a second;
-    every denial leaves both keys byte-identical with their TTLs; after
-    four seconds at that pace the per-minute limit binds."""
+def test_multi_all_or_nothing_short_and_long_window(tw):
+    """5 per 200 ms and 20 per 12 s on two keys (the per-second + per-minute
+    case, five times faster): 5 granted per short window; every denial
+    leaves both keys byte-identical with their TTLs; after four short windows
+    at that pace the long limit binds."""
     c = tw.c
     keys = ["rl:{u1}:s", "rl:{u1}:m"]
-    limits = ["SLIDINGLOG", 5, 1000, "SLIDINGLOG", 20, 60_000]
+    limits = ["SLIDINGLOG", 5, 200, "SLIDINGLOG", 20, 12_000]
     granted = 0
-    for second in range(5):
+    for rnd in range(5):
         for i in range(7):
             before = dump_all(c, keys)
             rep = tw("RL.MULTI", keys, *limits)
             if rep[0] == 1:
                 granted += 1
-                # in the last second both have as many left: the tie binds the first
+                # in the last round both have as many left: the tie binds the first
                 assert rep[5] == 0 and rep[2] == min(r[2] for r in rep[6])
                 continue
             after = dump_all(c, keys)
             for (d, ttl), (d0, ttl0) in zip(after, before):
-                if ttl0 > 100:  # (a key about to expire may be gone by now)
+                if ttl0 > 20:  # (a key about to expire may be gone by now)
                     assert d == d0 and 0 < ttl <= ttl0, (before, after, rep)
             if granted < 20:
-                assert rep[5] == 0 and 0 < rep[3] <= 1000 and rep[6][1][0] == 0
+                assert rep[5] == 0 and 0 < rep[3] <= 200 and rep[6][1][0] == 0
             else:
-                assert rep[5] == 1 and 55_000 < rep[3] <= 60_000 and rep[6][0][0] == 0
-        assert granted == min(5 * (second + 1), 20)
-        end = now_us(c)  # after this second's grants: wait until they left the 1 s window
-        wait_until(lambda: now_us(c) > end + 1_000_000, timeout=5, what="a second to pass")
-    assert granted == 20 and twin_state(c, "SLIDINGLOG", keys[1]) and c.zscore(keys[1], "#") == -20
+                assert rep[5] == 1 and 10_000 < rep[3] <= 12_000 and rep[6][0][0] == 0
+        assert granted == min(5 * (rnd + 1), 20)
+        end = now_us(c)  # after this round's grants: wait until they left the short window
+        wait_until(lambda: now_us(c) > end + 200_000, timeout=5, what="200 ms to pass")
+    assert granted == 20 and c.zscore(keys[1], "#") == -20
 
 
 def test_multi_partial_with_weights(tw):
@@ -1103,11 +1105,24 @@ def test_multi_errors_change_nothing(tw):
 # Differential: module vs twin on the same server
 # --------------------------------------------------------------------------
 
-@pytest.fixture(params=["eval", "fcall"])
-def both(server_factory, request):
+def module_and_twins(server_factory, mode):
     s = server_factory()  # with the module
     c = s.client()
-    tw = Twins(c, request.param)
+    return c, Twins(c, mode)
+
+
+@pytest.fixture
+def both(server_factory):
+    """The module and the scripts (EVALSHA) on one server."""
+    c, tw = module_and_twins(server_factory, "eval")
+    yield c, tw
+    c.close()
+
+
+@pytest.fixture(params=["eval", "fcall"])
+def both_modes(server_factory, request):
+    """The module and the scripts, through EVALSHA and through FCALL."""
+    c, tw = module_and_twins(server_factory, request.param)
     yield c, tw
     c.close()
 
@@ -1186,8 +1201,8 @@ SEQ_PARAMS = {
 
 @pytest.mark.parametrize("cmd", CMDS)
 @pytest.mark.parametrize("seed", range(16))
-def test_differential_random_sequences(both, cmd, seed):
-    c, tw = both
+def test_differential_random_sequences(both_modes, cmd, seed):
+    c, tw = both_modes
     rng = random.Random(seed * 31 + CMDS.index(cmd))
     lim = rng.choice([1, 3, 10, 50, 10**8 if cmd == "RL.TOKENBUCKET" else 10**15])
     params = SEQ_PARAMS[cmd](rng, lim)
@@ -1213,8 +1228,8 @@ def test_differential_random_sequences(both, cmd, seed):
         # a fixed window began during the sequence: rerun with new keys
 
 
-def test_differential_errors_and_wrongtype(both):
-    c, tw = both
+def test_differential_errors_and_wrongtype(both_modes):
+    c, tw = both_modes
     cases = []
     for cmd in CMDS:
         lim = [5, 1, 1000] if cmd == "RL.TOKENBUCKET" else [5, 1000]
@@ -1370,10 +1385,10 @@ def test_differential_sliding_counter_previous_window(both):
 
 @pytest.mark.parametrize("cmd", CMDS)
 @pytest.mark.parametrize("seed", range(8))
-def test_differential_refund_sequences(both, cmd, seed):
+def test_differential_refund_sequences(both_modes, cmd, seed):
     """Random single-command sequences in which a quarter of the calls are
     REFUND n: the same replies from the module and the twin."""
-    c, tw = both
+    c, tw = both_modes
     rng = random.Random(5000 + seed * 31 + CMDS.index(cmd))
     lim = rng.choice([1, 3, 10, 50])
     for attempt in range(3):
@@ -1393,11 +1408,11 @@ def test_differential_refund_sequences(both, cmd, seed):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_differential_multi_sequences(both, seed):
+def test_differential_multi_sequences(both_modes, seed):
     """Random RL.MULTI sequences (1-4 mixed limits, WEIGHT, COST, PARTIAL,
     DRYRUN, REFUND, single calls and rule changes on the same keys): the
     module and multi.lua give the same seven elements."""
-    c, tw = both
+    c, tw = both_modes
     rng = random.Random(9000 + seed)
     for attempt in range(3):
         limits = random_limits(rng, rng.randint(1, 4), big=seed >= 8)
@@ -1440,10 +1455,10 @@ def test_differential_multi_sequences(both, seed):
             break  # no counter window began during the sequence
 
 
-def test_differential_multi_and_refund_errors(both):
+def test_differential_multi_and_refund_errors(both_modes):
     """Every error: the same text from the module and the twin; WRONGTYPE
     for another algorithm's key on both sides."""
-    c, tw = both
+    c, tw = both_modes
     cases = [(args, ks) for args, ks, text in MULTI_ERRORS if "Lua script" not in text]
     for args, ks in cases:
         def fn(p):
