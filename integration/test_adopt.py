@@ -515,3 +515,20 @@ def test_memory_usage_is_honest(quiet_server, case):
           f"outside MEMORY USAGE {outside:.1f}, so the key costs {real:.1f}; MEMORY USAGE {mu:.1f} "
           f"({(mu - real) / real:+.1%})")
     assert abs(mu - real) <= 0.10 * real, (case, growth, outside, real, mu)
+
+
+def test_readme_multi_snippet(server, tmp_path):
+    """The RL.MULTI example (per user and per tenant, hash-tagged keys) runs
+    after the quick start's snippet, as a reader would paste it."""
+    first = readme_block("Python (`pip install ./clients/python`", "python")
+    multi = readme_block("Per user *and* per tenant", "python")
+    script = tmp_path / "multi.py"
+    script.write_text(first.replace("6379", str(server.port)) + multi
+                      + "print(repr((d.allowed, d.binding, d.parts[1].remaining, headers(d))))\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "clients", "python"))
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    allowed, binding, tenant_left, headers = ast.literal_eval(out.stdout.strip().splitlines()[-1])
+    assert (allowed, binding, tenant_left) == (True, "user", 499), out.stdout
+    assert headers["RateLimit-Policy"] == '"user";q=20;w=2, "tenant";q=500;w=2', headers
+    assert headers["RateLimit"] == '"user";r=19;t=1', headers
