@@ -460,6 +460,62 @@ class Bench:
                         self.detach()
         self.c.flushall()
 
+    # -- RL.MULTI: two limits in one call ------------------------------------
+    def composition(self, rounds):
+        """Server time and requests/s of RL.MULTI on a standalone master,
+        10,000 random keys, every call granted: a single RL.TOKENBUCKET, a
+        one-limit RL.MULTI, a two-limit RL.MULTI (two token buckets, and a
+        token bucket + a sliding counter), and two single calls pipelined
+        per request (redis-benchmark -P 2: a request is two calls). The
+        cells run back to back, `rounds` times; ratios use the same round."""
+        K = 10000
+        tb = ["TOKENBUCKET", 1000000000, 1, 1000]
+        sc = ["SLIDINGCOUNTER", 1000000000, 60000]
+        cells = [
+            ("single", "RL.TOKENBUCKET", ["RL.TOKENBUCKET", "mc:s:__rand_int__", 1000000000, 1, 1000], 1, 1),
+            ("multi1", "RL.MULTI", ["RL.MULTI", 1, "mc:m1:__rand_int__"] + tb, 1, 1),
+            ("multi2", "RL.MULTI", ["RL.MULTI", 2, "mc:a:__rand_int__", "mc:b:__rand_int__"] + tb + tb, 1, 1),
+            ("multi2_mixed", "RL.MULTI", ["RL.MULTI", 2, "mc:c:__rand_int__", "mc:d:__rand_int__"] + tb + sc, 1, 1),
+            ("pair", "RL.TOKENBUCKET", ["RL.TOKENBUCKET", "mc:p:__rand_int__", 1000000000, 1, 1000], 2, 2),
+        ]
+        out = []
+        self.standalone()
+        for rnd in range(rounds):
+            for label, stat, argv, P, calls_per_req in cells:
+                n = self.cfg["nmin"][1] * 2 if self.quick else max(20000, int(self.est.get(("MC", label), 30000) * self.cfg["seconds"] * 2))
+                n = int(math.ceil(n / 1000.0) * 1000)
+                cmd = [REDIS_BENCHMARK, "-h", "127.0.0.1", "-p", str(self.master.port), "-c", str(CLIENTS),
+                       "-n", str(n), "-P", str(P), "-r", str(K), "--csv"] + [str(x) for x in argv]
+                self.c.config_resetstat()
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+                rows = [ln for ln in p.stdout.splitlines() if ln.startswith('"') and not ln.startswith('"test"')]
+                if p.returncode != 0 or len(rows) != 1 or "Error" in p.stderr or "Error" in p.stdout:
+                    raise BenchError("redis-benchmark failed (%d): %s\n%s\n%s"
+                                     % (p.returncode, " ".join(cmd), p.stdout[-1500:], p.stderr[-1500:]))
+                f = next(iter(__import__("csv").reader([rows[0]])))
+                rps = float(f[1])
+                cs = cmdstat(self.c.info("commandstats"), stat)
+                errs = self.c.info("errorstats")
+                if errs or cs is None or cs["failed_calls"] or cs["rejected_calls"] or cs["calls"] < n:
+                    raise BenchError("server errors during %s: %r %r" % (" ".join(cmd), errs, cs))
+                info = self.c.info("ratelimit")
+                self.est[("MC", label)] = rps / calls_per_req
+                shown = ["redis-benchmark"] + cmd[1:]
+                shown[shown.index("-p") + 1] = "<port>"
+                rec = dict(round=rnd, cell=label, P=P, n=n, rps=rps, requests_per_s=rps / calls_per_req,
+                           usec_per_call=cs["usec_per_call"], usec_per_request=cs["usec_per_call"] * calls_per_req,
+                           calls=cs["calls"], cmdline=" ".join(shown),
+                           multi_granted=int(info.get("ratelimit_multi_granted", 0)))
+                out.append(rec)
+                self.log("    MULTI %-13s P%d n=%-7d %10.0f req/s  %6.2f us/request" % (
+                    label, P, n, rec["requests_per_s"], rec["usec_per_request"]))
+            self.c.flushall()
+        # Every RL.MULTI call was granted (the limits are far away).
+        granted = [r for r in out if r["cell"].startswith("multi") and r["multi_granted"] < r["calls"]]
+        if granted:
+            raise BenchError("RL.MULTI calls were not all granted: %r" % granted[:2])
+        return out
+
     # -- memory --------------------------------------------------------------
     def used_memory(self):
         """used_memory once it has settled (incremental rehash, lazy frees)."""
@@ -803,6 +859,7 @@ class Report:
         self.md_summary(w)
         self.md_usec(w)
         self.md_memory(w)
+        self.md_composition(w)
         self.md_method(w)
         self.md_details(w)
         self.md_commands(w)
@@ -891,6 +948,54 @@ class Report:
                         self.fmt_rps(self.first_incr(ph, ks, P)))
                     for ks, P in cols) + ".")
                 w("")
+
+    def composition_ratios(self):
+        """Per round: server time of a 2-limit RL.MULTI ÷ a single call and
+        ÷ a 1-limit RL.MULTI, and requests/s of a 2-limit call ÷ two
+        pipelined single calls."""
+        rows = self.d.get("composition") or []
+        out = []
+        for rnd in sorted({r["round"] for r in rows}):
+            c = {r["cell"]: r for r in rows if r["round"] == rnd}
+            if not all(k in c for k in ("single", "multi1", "multi2", "multi2_mixed", "pair")):
+                continue
+            out.append(dict(
+                round=rnd,
+                usec_multi2_vs_single=c["multi2"]["usec_per_request"] / c["single"]["usec_per_request"],
+                usec_multi2_vs_multi1=c["multi2"]["usec_per_request"] / c["multi1"]["usec_per_request"],
+                usec_mixed_vs_single=c["multi2_mixed"]["usec_per_request"] / c["single"]["usec_per_request"],
+                usec_multi2_vs_two_calls=c["multi2"]["usec_per_request"] / c["pair"]["usec_per_request"],
+                rps_multi2_vs_pair=c["multi2"]["requests_per_s"] / c["pair"]["requests_per_s"],
+            ))
+        return out
+
+    def md_composition(self, w):
+        rows = self.d.get("composition")
+        if not rows:
+            return
+        w("## RL.MULTI: two limits in one call (no replica)")
+        w("")
+        w("10,000 random keys, every call granted, 50 clients. Per request: `single` is one "
+          "RL.TOKENBUCKET; `multi1` a one-limit RL.MULTI (TOKENBUCKET); `multi2` a two-limit RL.MULTI "
+          "(two token buckets); `multi2_mixed` a token bucket and a sliding counter; `pair` two "
+          "RL.TOKENBUCKET calls pipelined per request (`-P 2`). Server µs per request is INFO "
+          "commandstats `usec_per_call` × calls per request; the cells of a round run back to back.")
+        w("")
+        w("| round | cell | requests/s | server µs per request |")
+        w("|---:|---|---:|---:|")
+        for r in rows:
+            w("| %d | %s | %s | %.2f |" % (r["round"], r["cell"], "{:,.0f}".format(r["requests_per_s"]),
+                                           r["usec_per_request"]))
+        w("")
+        w("| round | 2-limit ÷ single (server time; target ≤ 1.6) | 2-limit ÷ 1-limit RL.MULTI | "
+          "mixed 2-limit ÷ single | 2-limit ÷ two single calls (server time) | "
+          "2-limit ÷ two pipelined calls (requests/s; target > 1) |")
+        w("|---:|---:|---:|---:|---:|---:|")
+        for q in self.composition_ratios():
+            w("| %d | %.2f | %.2f | %.2f | %.2f | %.2f |" % (
+                q["round"], q["usec_multi2_vs_single"], q["usec_multi2_vs_multi1"], q["usec_mixed_vs_single"],
+                q["usec_multi2_vs_two_calls"], q["rps_multi2_vs_pair"]))
+        w("")
 
     def md_usec(self, w):
         cols = [(ks, P) for P in self.cfg["pipelines"] for ks in self.keyspaces()]
@@ -1391,6 +1496,8 @@ def main():
     ap.add_argument("--render-only", metavar="RESULTS_JSON", help="only rewrite the report from saved results")
     ap.add_argument("--server", help="server binary or a name of integration/servers.py (default: the harness's)")
     ap.add_argument("--no-replica", action="store_true", help="skip the replica half of every block")
+    ap.add_argument("--only-multi", action="store_true",
+                    help="only the RL.MULTI cells (prints their table; writes no report)")
     ap.add_argument("--algs", default="tb,sc,sl",
                     help="development only: a subset of tb,sc,sl (the report then has gaps and fails)")
     a = ap.parse_args()
@@ -1425,6 +1532,19 @@ def main():
     shutil.copy2(harness.MODULE, copy)
     harness.MODULE = copy
     b.algs = [ALG_BY_TAG[t] for t in a.algs.split(",")]
+    if a.only_multi:
+        try:
+            b.start()
+            comp = b.composition(1 if a.quick else 3)
+        finally:
+            b.stop()
+            shutil.rmtree(tmpd, ignore_errors=True)
+        rep = Report.__new__(Report)
+        rep.d = dict(composition=comp)
+        lines = []
+        rep.md_composition(lines.append)
+        print("\n".join(lines))
+        return 0
     try:
         b.start()
         server_cmdline = b.server_cmdline()
@@ -1432,6 +1552,8 @@ def main():
         log("memory")
         mem = b.memory()
         lmem = b.log_memory()
+        log("RL.MULTI")
+        comp = b.composition(1 if a.quick else 3)
     finally:
         b.stop()
         shutil.rmtree(tmpd, ignore_errors=True)
@@ -1441,7 +1563,7 @@ def main():
                             nmax=cfg["nmax"], mem_keys=cfg["mem_keys"], log_grants=cfg["log_grants"],
                             clients=CLIENTS),
                 server_cmdline=server_cmdline, results=b.results, memory=mem, log_memory=lmem, problems=b.problems,
-                lua_sha=b.sha, server_tag=tag)
+                lua_sha=b.sha, server_tag=tag, composition=comp)
     os.makedirs(os.path.join(out, "bench"), exist_ok=True)
     with open(os.path.join(out, "bench", "results-%s.json" % tag), "w") as f:
         json.dump(data, f, indent=1)
