@@ -1,12 +1,12 @@
-// allOf (RL.MULTI and multi.lua) and refunds (REFUND). Where the module
-// build or the packaged scripts lack them, those tests say so and skip.
+// allOf (RL.MULTI and multi.lua) and refunds (REFUND), on the module and on
+// the Lua twins: both must have them (a build without them fails here).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { startServer, Cluster } from './harness.js';
 import { connect } from './clients.js';
 import {
   RateLimit, tokenBucket, slidingLog, slidingCounter, allOf, makeKey, headers, problem, CrossSlotError,
-  UnsupportedError, SCRIPTS,
+  SCRIPTS,
 } from '../src/index.js';
 
 let server;
@@ -19,6 +19,7 @@ before(async () => {
     luaMulti: Boolean(SCRIPTS.multi),
   };
   has.luaRefund = !/ERR/.test(server.cli('EVAL', SCRIPTS.tokenbucket.text, 1, 'rl:{probe}:l', 1, 1, 1000, 'REFUND', 1));
+  assert.deepEqual(has, { multi: true, refund: true, luaMulti: true, luaRefund: true }, 'RL.MULTI and REFUND on both backends');
 });
 after(async () => { await server.close(); });
 
@@ -78,19 +79,15 @@ async function allOrNothing(t, backend, kind = 'ioredis', ports = server.port, c
 }
 
 test('allOf on the module: all or nothing, binding part, headers', async (t) => {
-  if (!has.multi) { t.skip('this module build has no RL.MULTI'); return; }
   await allOrNothing(t, 'module');
 });
 
 test('allOf on the Lua twins (multi.lua): the same', async (t) => {
-  if (!has.luaMulti) { t.skip('this package ships no multi.lua'); return; }
   await allOrNothing(t, 'lua');
 });
 
 test('allOf on a cluster, ioredis and node-redis, module and Lua', async (t) => {
-  const backends = [...(has.multi ? ['module'] : []), ...(has.luaMulti ? ['lua'] : [])];
-  if (backends.length === 0) { t.skip('neither RL.MULTI nor multi.lua'); return; }
-  if (backends.length === 1) t.diagnostic(`only ${backends[0]}: the other has no multi`);
+  const backends = ['module', 'lua'];
   const cluster = await Cluster.start(3);
   try {
     const ports = cluster.nodes.map((s) => s.port);
@@ -98,15 +95,6 @@ test('allOf on a cluster, ioredis and node-redis, module and Lua', async (t) => 
       for (const backend of backends) await allOrNothing(t, backend, kind, ports, true);
     }
   } finally { await cluster.close(); }
-});
-
-test('allOf without RL.MULTI on the module: UnsupportedError, not a silent fallback', async (t) => {
-  if (has.multi) { t.skip('this module build has RL.MULTI'); return; }
-  const { client, close } = await connect('ioredis', server.port);
-  try {
-    const rl = new RateLimit(client, { timeoutMs: 2000, backend: 'module' });
-    await assert.rejects(rl.limiter(allOf([perSecond, perDay])).limit(makeKey('u', 'x')), UnsupportedError);
-  } finally { await close(); }
 });
 
 test('allOf panic decisions: every part\'s panic bucket, all or nothing', async () => {
@@ -128,8 +116,6 @@ test('refund gives units back (module and Lua, single and allOf)', async (t) => 
   const { client, close } = await connect('node-redis5', server.port);
   try {
     for (const backend of ['module', 'lua']) {
-      if (backend === 'module' && !has.refund) { t.diagnostic('module: no REFUND in this build'); continue; }
-      if (backend === 'lua' && !has.luaRefund) { t.diagnostic('lua: no REFUND in the packaged scripts'); continue; }
       const rl = new RateLimit(client, { timeoutMs: 2000, backend });
       const lim = rl.limiter(perDay);
       const key = makeKey(`refund-${backend}`, 'u');
@@ -141,7 +127,7 @@ test('refund gives units back (module and Lua, single and allOf)', async (t) => 
       assert.equal(r.source, backend);
       assert.equal((await lim.limit(key, { cost: 3 })).allowed, true);
       assert.equal(rl.metrics().refundTokens, 3);
-      if ((backend === 'module' && has.multi) || (backend === 'lua' && has.luaMulti)) {
+      {
         const all = rl.limiter(allOf([perSecond, perDay]));
         const k2 = makeKey(`refund-all-${backend}`, 'u');
         await all.limit(k2, { cost: 4 });
@@ -154,7 +140,6 @@ test('refund gives units back (module and Lua, single and allOf)', async (t) => 
 });
 
 for (const backend of ['module', 'lua']) test(`leased (${backend}): an idle key gives its unused units back; close() gives back the rest`, async (t) => {
-  if (!(backend === 'module' ? has.refund : has.luaRefund)) { t.skip(`no REFUND on the ${backend} backend`); return; }
   const { client, close } = await connect('ioredis', server.port);
   try {
     const rl = new RateLimit(client, { timeoutMs: 2000, backend });
@@ -178,7 +163,6 @@ for (const backend of ['module', 'lua']) test(`leased (${backend}): an idle key 
 });
 
 test('allOf: the module and the Lua twins give the same decisions', async (t) => {
-  if (!has.multi || !has.luaMulti) { t.skip('RL.MULTI or multi.lua missing'); return; }
   const a = await allOrNothing(t, 'module', 'node-redis4');
   const b = await allOrNothing(t, 'lua', 'node-redis4');
   const shape = (d) => [d.allowed, d.granted, d.limit, d.remaining, d.binding, Math.sign(d.retryAfterMs),
