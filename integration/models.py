@@ -264,17 +264,39 @@ def single(model, state, now, cost=1, partial=False, dryrun=False, refund=None):
     return [allowed, model.limit, remaining, retry, reset], written, v.state() if written else state
 
 
+def combine(per, weights, cost=1, partial=False, refund=None):
+    """The whole RL.MULTI reply (elements 1-6 and the per-limit replies) from
+    the per-limit replies `per` (each [units taken or given back, limit,
+    remaining, retry_after_ms, reset_after_ms]) and the WEIGHTs."""
+    n = len(per)
+    waits = [p[3] for p in per]
+    if refund is not None:
+        allowed, granted = (refund if any(p[0] for p in per) else 0), True
+    else:
+        g = per[0][0] // weights[0]  # every limit took g * WEIGHT
+        granted = g == cost
+        allowed = g if partial else int(granted)
+    if granted:  # the fewest whole requests left, ties to the lowest index
+        b = min(range(n), key=lambda i: (per[i][2] // weights[i], i))
+    else:  # the longest wait, -1 longest, ties to the lowest index
+        b = min(range(n), key=lambda i: (-(waits[i] if waits[i] >= 0 else float("inf")), i))
+    if granted and refund is None:
+        retry = 0
+    else:  # (for a refund: the longest wait for one more request)
+        retry = -1 if -1 in waits else max(waits)
+    return [allowed, per[b][1], per[b][2], retry, per[b][4], b, per]
+
+
 def multi(limits, now, cost=1, partial=False, dryrun=False, refund=None):
     """RL.MULTI at `now` over `limits` = [(model, state, weight)]: each
     limit decided independently at the same instant, committed all or
     nothing. Returns (seven-element reply, [written], [new state])."""
     views = [(m.at(s, now), m, w) for m, s, w in limits]
+    weights = [w for _, _, w in limits]
     if refund is not None:
         took = [v.give(refund * w) for v, _, w in views]
         per = [[t, m.limit, *v.answer(w)] for t, (v, m, w) in zip(took, views)]
-        allowed = refund if any(took) else 0
         written = [t > 0 for t in took]
-        granted = True
     else:
         g = cost
         for v, _, w in views:
@@ -284,21 +306,9 @@ def multi(limits, now, cost=1, partial=False, dryrun=False, refund=None):
         for v, _, w in views:
             v.take(g * w)
         per = [[g * w, m.limit, *v.answer(cost * w)] for v, m, w in views]
-        granted = g == cost
-        allowed = g if partial else int(granted)
         written = [g > 0 and not dryrun] * len(views)
-    if granted:  # the fewest whole requests left, ties to the lowest index
-        b = min(range(len(per)), key=lambda i: (per[i][2] // views[i][2], i))
-    else:  # the longest wait, -1 longest, ties to the lowest index
-        b = min(range(len(per)), key=lambda i: (-(per[i][3] if per[i][3] >= 0 else float("inf")), i))
-    waits = [p[3] for p in per]
-    if granted and refund is None:
-        retry = 0
-    else:
-        retry = -1 if -1 in waits else max(waits)
     new = [v.state() if wr else s for (v, _, _), wr, (_, s, _) in zip(views, written, limits)]
-    rb = per[b]
-    return [allowed, rb[1], rb[2], retry, rb[4], b, per], written, new
+    return combine(per, weights, cost, partial, refund), written, new
 
 
 # The single-command models with the signatures the twins' tests use.
