@@ -2,6 +2,7 @@
 // the Lua twins: both must have them (a build without them fails here).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { performance } from 'node:perf_hooks';
 import { startServer, Cluster } from './harness.js';
 import { connect } from './clients.js';
 import {
@@ -163,13 +164,18 @@ for (const backend of ['module', 'lua']) test(`leased (${backend}): an idle key 
 });
 
 test('allOf: the module and the Lua twins give the same decisions', async (t) => {
+  let t0 = performance.now();
   const a = await allOrNothing(t, 'module', 'node-redis4');
+  const apartA = performance.now() - t0;
+  t0 = performance.now();
   const b = await allOrNothing(t, 'lua', 'node-redis4');
+  // durations differ by at most how much longer one sequence's gaps were
+  const apart = Math.max(apartA, performance.now() - t0) + 2;
   const shape = (d) => [d.allowed, d.granted, d.limit, d.remaining, d.binding, Math.sign(d.retryAfterMs),
     d.parts.map((p) => [p.policy, p.granted, p.limit, p.remaining, Math.sign(p.retryAfterMs)])];
   assert.deepEqual(a.map(shape), b.map(shape));
   for (let i = 0; i < a.length; i++) {
-    assert.ok(Math.abs(a[i].retryAfterMs - b[i].retryAfterMs) <= 50);
-    assert.ok(Math.abs(a[i].resetAfterMs - b[i].resetAfterMs) <= 50);
+    assert.ok(Math.abs(a[i].retryAfterMs - b[i].retryAfterMs) <= apart);
+    assert.ok(Math.abs(a[i].resetAfterMs - b[i].resetAfterMs) <= apart);
   }
 });
