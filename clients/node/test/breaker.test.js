@@ -10,7 +10,7 @@ import { connect } from './clients.js';
 import { RateLimit, tokenBucket, slidingLog, Panic } from '../src/index.js';
 
 const TIMEOUT_MS = 100;
-const MARGIN_MS = 400; // event-loop and scheduling slack on a busy machine
+const MARGIN_MS = 1000; // event-loop and scheduling slack on a busy shared machine (the stall itself lasts seconds)
 const PANIC = 20;
 
 // Calls limit() and records how long the caller waited and what it got.
