@@ -49,6 +49,9 @@ CASES = [
     ("RL.SLIDINGCOUNTER denied", ["RL.SLIDINGCOUNTER", "scd:__rand_int__", "1", str(HOUR)], "module"),
     ("RL.SLIDINGLOG granted", ["RL.SLIDINGLOG", "sl:__rand_int__", "1000000000", "60000"], "module"),
     ("RL.SLIDINGLOG denied", ["RL.SLIDINGLOG", "sld:__rand_int__", "1", str(HOUR)], "module"),
+    ("RL.MULTI 1 limit granted", ["RL.MULTI", "1", "m1:__rand_int__", "TOKENBUCKET", "1000000000", "1", "1000"], "module"),
+    ("RL.MULTI 2 limits granted", ["RL.MULTI", "2", "ma:__rand_int__", "mb:__rand_int__", "TOKENBUCKET", "1000000000", "1",
+                                   "1000", "TOKENBUCKET", "1000000000", "1", "1000"], "module"),
     ("Lua token bucket granted", None, "lua"),
 ]
 
