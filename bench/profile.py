@@ -314,7 +314,7 @@ def write(path, n, runs):
     w("The floor is `FLOOR.WRITE key a b c` of `/work/shared/floor/floor.c`, built with the redismodule.h "
       "the redis-module crate bundles: parse three numbers, open the key for writing, keep a 16-byte "
       "module value, set a relative expiry, `ReplicateVerbatim`, reply five integers. It is the least a "
-      "native command with this contract does; the target is within 10%% of it (× floor ≤ 1.10) for every "
+      "native command with this contract does; the target is within 10% of it (× floor ≤ 1.10) for every "
       "command on every server.")
     w("")
     w("## Summary")
@@ -342,10 +342,18 @@ def write(path, n, runs):
     w("\"× floor\" is the case's count divided by the floor's on the same server in the same setting "
       "(lower is cheaper). On Redis 7.0 the module reads the clock itself; on Valkey (and Redis 7.2+) it "
       "takes the server's cached command time (`RedisModule_CachedMicroseconds`, `src/clock.rs`).")
+    w("")
+    w("With a replica attached, a grant replicates its effect (`RedisModule_Replicate` of `RL.STATE key "
+      "payload`, the state with its absolute expiry) where the floor replicates the command it received "
+      "(`ReplicateVerbatim`). On Redis, `RedisModule_Replicate` looks the command name up on every call "
+      "(`lookupCommandByCString`: an sds copy, a split on `|`, a dictionary lookup; the \"of which\" row "
+      "below), which the module API offers no way around; that lookup is what puts the Redis 7.0 replica "
+      "cases above 1.10. On Valkey the module sets `SKIP_COMMAND_VALIDATION` (`src/ffi.rs`) and the "
+      "lookup is gone (Valkey still looks the name up during a slot export, where it needs the slot).")
     for r in runs:
         write_server(w, per, r)
     w("")
-    w("Rerun: `make profile` (all servers, about 4 minutes each; needs valgrind, which `make deps` installs), "
+    w("Rerun: `make profile` (all servers, 5-8 minutes each on this loaded machine; needs valgrind, which `make deps` installs), "
       "or one server: `make profile SERVER=valkey9.1` (a name of `integration/servers.py` or a path).")
     w("")
     os.makedirs(os.path.dirname(path), exist_ok=True)
