@@ -1,7 +1,7 @@
 """One gateway-like process for the exactness test: two leased limiters on
-one shared key. Limiter A hammers it for the whole run; limiter B takes a
-lease, uses a few units and goes idle, so its unused units come back only
-by the idle refund. Prints one JSON line: grants counted here and the
+one shared key. Limiter B takes a lease before the start, uses a few
+units and goes idle, so its unused units come back only by the idle
+refund; limiter A hammers the key for the whole run. Prints one JSON line: grants counted here and the
 limiters' lease/refund counters.
 
     python lease_worker.py PORT BACKEND KEY GO_FILE RUN_S"""
@@ -27,6 +27,16 @@ rl.detect()
 a = rl.leased(POLICY, batch=50, idle_ms=300, recheck_ms=50)
 b = rl.leased(POLICY, batch=50, idle_ms=300, recheck_ms=50)
 counts = {"a": 0, "b": 0, "calls_a": 0, "first": None, "last": None}
+# B: a few requests before the start, then idle: its lease (45 units) is
+# stranded until idle_ms passes and the idle refund gives it back
+for _ in range(5):
+    d = b.limit(key)
+    if d.allowed:
+        counts["b"] += 1
+        now = time.time()
+        counts["first"] = min(counts["first"] or now, now)
+        counts["last"] = max(counts["last"] or now, now)
+held_b = b.stranded()
 print("ready", flush=True)
 while not os.path.exists(go_file):
     time.sleep(0.005)
@@ -48,15 +58,6 @@ def hammer():
 
 t = threading.Thread(target=hammer)
 t.start()
-# B: a few requests, then idle (its lease is stranded until idle_ms passes)
-for _ in range(5):
-    d = b.limit(key)
-    if d.allowed:
-        counts["b"] += 1
-        now = time.time()
-        counts["first"] = min(counts["first"] or now, now)
-        counts["last"] = max(counts["last"] or now, now)
-held_b = b.stranded()
 t.join()
 a.close()
 b.close()
