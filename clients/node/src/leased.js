@@ -28,6 +28,7 @@ class Entry {
     this.attemptAt = -Infinity; // when the last lease was started
     this.dead = false; // evicted or idle: tokens arriving now go back
     this.lastFailed = false; // the last lease found Redis unavailable
+    this.asked = 0; // units the last lease asked for
   }
 }
 
@@ -118,7 +119,7 @@ export class LeasedLimiter {
       }
       let mine = false;
       if (e.inflight === null) {
-        this.refill(key, e);
+        this.refill(key, e, cost - e.tokens);
         mine = true;
       } else if (!waited) {
         waited = true;
@@ -136,7 +137,7 @@ export class LeasedLimiter {
   // min(its retry, recheckMs) ago: no new lease for this key yet.
   knownShort(e, now) {
     const s = e.shared;
-    if (s === null || e.lastFailed || s.granted >= this.batch) return false;
+    if (s === null || e.lastFailed || s.granted >= e.asked) return false;
     const wait = s.retryAfterMs < 0 ? this.recheckMs : Math.min(s.retryAfterMs, this.recheckMs);
     return now - e.sharedAt < wait;
   }
@@ -210,10 +211,11 @@ export class LeasedLimiter {
    * One lease for `key` (single flight). Resolves true when Redis answered,
    * false when it was unavailable; other errors reject.
    */
-  refill(key, e) {
+  refill(key, e, need = 0) {
     if (e.inflight !== null) return e.inflight;
     const rl = this.rl;
-    const batch = this.batch;
+    const batch = Math.max(this.batch, need); // a caller's cost above the batch gets what it needs
+    e.asked = batch;
     e.attemptAt = performance.now();
     const land = (r) => {
       const x = decodeSingle(r, batch, true);

@@ -74,3 +74,16 @@ for (const backend of ['module', 'lua']) test(`4 processes × 2 leased limiters 
     for (const c of kids) if (c.exitCode === null) c.kill('SIGKILL');
   }
 });
+
+test('a cost above the batch leases what it needs in one call', async () => {
+  const rl = new RateLimit(probeConn.client, { timeoutMs: 5000 });
+  const lim = rl.leased(slidingLog('big', 100, 60000), { batch: 5 });
+  const d = await lim.limit('rl:{big}:x', { cost: 30 });
+  assert.equal(d.allowed, true);
+  assert.equal(d.source, 'module');
+  assert.equal(rl.metrics().leases, 1);
+  assert.equal(rl.metrics().leaseTokens, 30);
+  assert.equal((await lim.limit('rl:{big}:x', { cost: 71 })).allowed, false); // 70 left on the server
+  assert.equal((await lim.limit('rl:{big}:x', { cost: 70 })).allowed, true);
+  await lim.close();
+});
