@@ -29,19 +29,43 @@ class ServerBuild:
     """What REDIS_SERVER is, from `REDIS_SERVER --version`:
     "Redis server v=7.0.15 sha=... malloc=jemalloc-5.3.0 ..." or
     "Valkey server v=9.1.2 sha=... malloc=libc ...". Tests adapt to it
-    (option names, RDB magic, allocator accounting) or skip with a reason."""
+    (option names, RDB magic, allocator accounting) or skip with a reason.
+    Asked on first use, so a script may still set harness.REDIS_SERVER
+    after importing this module."""
 
-    def __init__(self, path):
-        self.path = path
-        out = subprocess.run([path, "--version"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True, timeout=30).stdout
-        words = out.split()
-        fields = dict(w.split("=", 1) for w in words if "=" in w)
-        if not words or words[0] not in ("Redis", "Valkey") or "v" not in fields:
-            raise RuntimeError(f"{path} --version: unrecognised answer {out!r}")
-        self.family = words[0].lower()  # "redis" or "valkey"
-        self.version = tuple(int(x) for x in fields["v"].split("."))
-        self.malloc = fields.get("malloc", "?")
+    def __init__(self):
+        self._probed = None
+
+    def _probe(self):
+        if self._probed is None or self._probed[0] != REDIS_SERVER:
+            out = subprocess.run([REDIS_SERVER, "--version"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, timeout=30).stdout
+            words = out.split()
+            fields = dict(w.split("=", 1) for w in words if "=" in w)
+            if not words or words[0] not in ("Redis", "Valkey") or "v" not in fields:
+                raise RuntimeError(f"{REDIS_SERVER} --version: unrecognised answer {out!r}")
+            version = tuple(int(x) for x in fields["v"].split("."))
+            self._probed = (REDIS_SERVER, words[0].lower(), version, fields.get("malloc", "?"))
+        return self._probed
+
+    @property
+    def path(self):
+        return self._probe()[0]
+
+    @property
+    def family(self):
+        """"redis" or "valkey"."""
+        return self._probe()[1]
+
+    @property
+    def version(self):
+        """(major, minor, patch) as ints."""
+        return self._probe()[2]
+
+    @property
+    def malloc(self):
+        """"libc" (the Valkey wheels) or "jemalloc-5.3.0" (Debian's Redis)."""
+        return self._probe()[3]
 
     @property
     def valkey(self):
@@ -59,7 +83,7 @@ class ServerBuild:
         return f"{'Valkey' if self.valkey else 'Redis'} {v} (malloc={self.malloc})"
 
 
-SERVER = ServerBuild(REDIS_SERVER)
+SERVER = ServerBuild()
 
 
 def free_port():
