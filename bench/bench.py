@@ -1520,6 +1520,8 @@ def main():
     if not os.path.exists(harness.MODULE):
         raise BenchError("module not built: %s (make build)" % harness.MODULE)
     harness.REDIS_SERVER = resolve_server(a.server)
+    if hasattr(harness, "ServerBuild"):
+        harness.SERVER = harness.ServerBuild(harness.REDIS_SERVER)
     mc = machine()
     tag = server_tag(mc["redis_server"])
     log("server %s: %s" % (tag, harness.REDIS_SERVER))
