@@ -482,7 +482,8 @@ class Bench:
         self.standalone()
         for rnd in range(rounds):
             for label, stat, argv, P, calls_per_req in cells:
-                n = self.cfg["nmin"][1] * 2 if self.quick else max(20000, int(self.est.get(("MC", label), 30000) * self.cfg["seconds"] * 2))
+                est = self.est.get(("MC", label), 30000)
+                n = self.cfg["nmin"][1] * 2 if self.quick else max(20000, int(est * self.cfg["seconds"] * 2))
                 n = int(math.ceil(n / 1000.0) * 1000)
                 cmd = [REDIS_BENCHMARK, "-h", "127.0.0.1", "-p", str(self.master.port), "-c", str(CLIENTS),
                        "-n", str(n), "-P", str(P), "-r", str(K), "--csv"] + [str(x) for x in argv]
