@@ -107,7 +107,7 @@ def redis_cpu(port, n, batch, rounds=5):
     lim = rl.leased(pol, batch=batch)
     m = n * 10   # the leased run makes m/batch calls: more decisions, measurable CPU
     pers, leaseds = [], []
-    for r in range(rounds):
+    for _ in range(rounds):
         c0 = cpu(c)
         for i in range(n):
             per_call.limit(f"rl:{{c{i % 20}}}:x")

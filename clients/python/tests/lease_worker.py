@@ -1,8 +1,8 @@
 """One gateway-like process for the exactness test: two leased limiters on
 one shared key. Limiter B takes a lease before the start, uses a few
 units and goes idle, so its unused units come back only by the idle
-refund; limiter A hammers the key for the whole run. Prints one JSON line: grants counted here and the
-limiters' lease/refund counters.
+refund; limiter A hammers the key for the whole run. Prints one JSON line:
+grants counted here and the limiters' lease/refund counters.
 
     python lease_worker.py PORT BACKEND KEY GO_FILE RUN_S"""
 import json
