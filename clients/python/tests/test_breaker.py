@@ -146,7 +146,14 @@ def test_busy_script_trips_the_latency_rule(server):
     assert d.source == "panic" and d.limit == PANIC
 
 
-def test_async_sigstop_bounded_by_timeout(server):
+@pytest.mark.parametrize("outage", ["sigstop", "kill"])
+def test_async_outage_bounded_by_timeout(server, outage):
+    if outage == "sigstop":
+        stop = lambda: server.proc.send_signal(signal.SIGSTOP)    # noqa: E731
+        resume = lambda: server.proc.send_signal(signal.SIGCONT)  # noqa: E731
+    else:
+        stop, resume = server.kill9, server.start
+
     async def main():
         rl = AsyncRateLimit(redis.asyncio.Redis(host="127.0.0.1", port=server.port),
                             timeout_ms=TIMEOUT_MS, breaker=Breaker(failures=3, open_ms=300))
@@ -154,7 +161,7 @@ def test_async_sigstop_bounded_by_timeout(server):
         leased = rl.leased(LEASED, batch=20, idle_ms=60_000, panic=Panic(limit=PANIC))
         assert (await lim.limit("rl:{u}:api")).source == "module"
         assert (await leased.limit("rl:{u}:leased")).source == "module"
-        server.proc.send_signal(signal.SIGSTOP)
+        stop()
         try:
             ds = []
             for _ in range(10):
@@ -168,13 +175,16 @@ def test_async_sigstop_bounded_by_timeout(server):
             srcs = [(await leased.limit("rl:{u}:leased")).source for _ in range(25)]
             assert srcs == ["local"] * 19 + ["panic"] * 6
         finally:
-            server.proc.send_signal(signal.SIGCONT)
+            resume()
         for _ in range(3000):
             if (await lim.limit("rl:{u}:api")).source == "module":
                 break
             await asyncio.sleep(0.01)
         m = rl.metrics()
         assert m["state"] == "closed" and m["probes_ok"] == 1
+        # leases resume: a new key is leased from the shared limit again
+        d = await leased.limit("rl:{w}:leased")
+        assert d.allowed and d.source == "module" and rl.metrics()["leases"] == m["leases"] + 1
         await rl.client.aclose()
 
     asyncio.run(main())
