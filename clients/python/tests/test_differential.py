@@ -106,3 +106,22 @@ def test_noscript_after_script_flush(plain):
     d2 = lim.limit("rl:{a}:x")
     assert d1.source == d2.source == "lua"
     assert d2.remaining == d1.remaining - 1
+
+
+def test_backend_is_detected_once(server, plain):
+    """One COMMAND INFO per client, whatever the number of calls; the Lua
+    scripts are sent whole once (NOSCRIPT), then run by EVALSHA."""
+    from redis_ratelimit import UnsupportedError
+    for srv, want in ((server, "module"), (plain, "lua")):
+        srv.client().config_resetstat()
+        rl = RateLimit(client(srv.port))
+        lim = rl.limiter(sequence(9, 1, False, False)[0][0])
+        for i in range(100):
+            assert lim.limit(f"rl:{{d{i % 5}}}:x").source == want
+        stats = srv.client().info("commandstats")
+        assert stats["cmdstat_command|info"]["calls"] == 1, stats
+        if want == "lua":
+            assert stats["cmdstat_eval"]["calls"] == 1
+            assert stats["cmdstat_evalsha"]["calls"] == 100
+    with pytest.raises(UnsupportedError):
+        RateLimit(client(plain.port), backend="module").detect()
