@@ -9,7 +9,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
 from .breaker import CLOSED, NO, PROBE, Panic, PanicBuckets
 from .client import MODULE, _Base, _LeasedCore
-from .core import (LOCAL, RateLimitError, call_for, check_cost, is_outage, keys_for,
+from .core import (LOCAL, LUA, RateLimitError, call_for, check_cost, is_outage, keys_for,
                    options, panic_decision, to_decision)
 from .decision import Decision
 from .policies import AllOf, Policy
@@ -37,11 +37,19 @@ class AsyncRateLimit(_Base):
 
     async def detect(self):
         if self.backend is None:
+            if self.forced == LUA:               # nothing to ask the server
+                return self._set_backend(None)
             kw = {"target_nodes": AsyncCluster.RANDOM} \
                 if isinstance(self.client, AsyncCluster) else {}
-            reply = await asyncio.wait_for(
-                self.client.execute_command("COMMAND INFO", "RL.TOKENBUCKET", "RL.MULTI", **kw),
-                self.timeout)
+            try:
+                reply = await asyncio.wait_for(
+                    self.client.execute_command("COMMAND INFO", "RL.TOKENBUCKET", "RL.MULTI",
+                                                **kw),
+                    self.timeout)
+            except redis.exceptions.ResponseError as e:
+                if is_outage(e):
+                    raise
+                reply = e                        # COMMAND renamed or not permitted
             if self.backend is None:
                 self._set_backend(reply)
         return self.backend

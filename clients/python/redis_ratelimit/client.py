@@ -43,7 +43,17 @@ class _Base:
         self._scripts = scripts()
 
     def _set_backend(self, reply):
-        module, multi = _detect_reply(reply)
+        """From COMMAND INFO's reply; None when backend="lua" asked nothing; a
+        ResponseError when COMMAND is refused (managed services): then Lua,
+        unless backend="module" was asked for."""
+        if reply is None:
+            module = multi = False
+        elif isinstance(reply, redis.exceptions.ResponseError):
+            if self.forced == MODULE:
+                raise UnsupportedError(f"backend='module' but COMMAND INFO failed: {reply}")
+            module = multi = False
+        else:
+            module, multi = _detect_reply(reply)
         if self.forced == MODULE and not module:
             raise UnsupportedError("backend='module' but the server has no RL.* commands")
         self.backend = self.forced or (MODULE if module else LUA)
@@ -127,10 +137,17 @@ class RateLimit(_Base):
         if self.backend is None:
             with self._lock:
                 if self.backend is None:
+                    if self.forced == LUA:       # nothing to ask the server
+                        return self._set_backend(None)
                     kw = {"target_nodes": RedisCluster.RANDOM} \
                         if isinstance(self.client, RedisCluster) else {}
-                    reply = self.client.execute_command("COMMAND INFO", "RL.TOKENBUCKET",
-                                                        "RL.MULTI", **kw)
+                    try:
+                        reply = self.client.execute_command("COMMAND INFO", "RL.TOKENBUCKET",
+                                                            "RL.MULTI", **kw)
+                    except redis.exceptions.ResponseError as e:
+                        if is_outage(e):
+                            raise
+                        reply = e                # COMMAND renamed or not permitted
                     self._set_backend(reply)
         return self.backend
 

@@ -125,3 +125,17 @@ def test_backend_is_detected_once(server, plain):
             assert stats["cmdstat_evalsha"]["calls"] == 100
     with pytest.raises(UnsupportedError):
         RateLimit(client(plain.port), backend="module").detect()
+
+
+def test_lua_where_command_is_not_permitted(server_factory):
+    """Managed services often rename or forbid COMMAND: auto picks the Lua
+    twins there (and backend="lua" never asks)."""
+    srv = server_factory(["--rename-command", "COMMAND", ""], module=False)
+    rl = RateLimit(client(srv.port))
+    assert rl.detect() == "lua"
+    d = rl.limiter(sequence(1, 1, False, False)[0][0]).limit("rl:{x}:y")
+    assert d.allowed and d.source == "lua"
+    srv.client().config_resetstat()
+    forced = RateLimit(client(srv.port), backend="lua")
+    assert forced.detect() == "lua" and forced.has_multi
+    assert "cmdstat_command|info" not in srv.client().info("commandstats")
