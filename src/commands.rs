@@ -485,14 +485,35 @@ pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
             }
             return ffi::OK;
         }
+        // Size the per-limit stack arrays for the call: a limit takes at
+        // least four arguments (key, algorithm, two numbers), so argc bounds
+        // numkeys; one or two limits (the common calls) build no sixteen.
+        match argv.len().saturating_sub(2) / 4 {
+            0 | 1 => multi_n::<1>(ctx, argv),
+            2 => multi_n::<2>(ctx, argv),
+            3 | 4 => multi_n::<4>(ctx, argv),
+            _ => multi_n::<MAX_LIMITS>(ctx, argv),
+        }
+    })
+}
+
+/// RL.MULTI with room for `N` limits.
+#[inline(always)]
+unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> c_int {
+    {
         let Some(rest) = argv.get(1..) else {
             return ffi::wrong_arity(ctx);
         };
-        let call = match args::parse_multi(rest.iter().map(|&s| ffi::bytes(s))) {
+        let call = match args::parse_multi_n::<N>(rest.iter().map(|&s| ffi::bytes(s))) {
             Ok(c) => c,
+            // A numkeys above N is an error the full parser names exactly.
+            Err(ArgError::Number(Arg::NumKeys)) if N < MAX_LIMITS => {
+                let e = args::parse_multi(rest.iter().map(|&s| ffi::bytes(s))).err().unwrap_or(ArgError::Arity);
+                return reply_arg_error(ctx, e);
+            }
             Err(e) => return reply_arg_error(ctx, e),
         };
-        let n = call.n.min(MAX_LIMITS);
+        let n = call.n.min(N);
         let (Some(names), Some(specs)) = (argv.get(2..2 + n), call.limits.get(..n)) else {
             return ffi::wrong_arity(ctx);
         };
@@ -500,8 +521,8 @@ pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
         let now = clock::now_us();
 
         // Open every key and check its type before deciding anything.
-        let mut keys: [Option<Key>; MAX_LIMITS] = Default::default();
-        let mut slots = [Slot::Empty; MAX_LIMITS];
+        let mut keys: [Option<Key>; N] = std::array::from_fn(|_| None);
+        let mut slots = [Slot::Empty; N];
         for (((k, slot), &name), spec) in keys.iter_mut().zip(slots.iter_mut()).zip(names).zip(specs) {
             let key = Key::open(ctx, name, read_only);
             *slot = key.slot(kind_type(spec.kind));
@@ -513,14 +534,14 @@ pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
 
         // Read each key once: word states by value, logs in place (a
         // missing log is a fresh local one, stored only if written).
-        let mut tbs = [tb::State::default(); MAX_LIMITS];
-        let mut scs = [sc::State::default(); MAX_LIMITS];
-        let mut fresh_logs: [sl::State; MAX_LIMITS] = Default::default();
-        let mut params = [multi::Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }); MAX_LIMITS];
-        let mut weights = [1u64; MAX_LIMITS];
-        let mut per = [NO_DECISION; MAX_LIMITS];
+        let mut tbs = [tb::State::default(); N];
+        let mut scs = [sc::State::default(); N];
+        let mut fresh_logs: [sl::State; N] = std::array::from_fn(|_| sl::State::default());
+        let mut params = [multi::Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }); N];
+        let mut weights = [1u64; N];
+        let mut per = [NO_DECISION; N];
         let whole = {
-            let mut states: [Option<StateMut>; MAX_LIMITS] = Default::default();
+            let mut states: [Option<StateMut>; N] = std::array::from_fn(|_| None);
             for (i, (((((st, slot), spec), t), c), l)) in states
                 .iter_mut()
                 .zip(&slots)
@@ -651,7 +672,7 @@ pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
             );
         }
         ffi::OK
-    })
+    }
 }
 
 #[cfg(test)]

@@ -278,10 +278,31 @@ pub fn run(
 ) -> Whole {
     let n = states.len().min(params.len()).min(weights.len()).min(per.len()).min(MAX_LIMITS);
     let (states, params, weights, per) = (&mut states[..n], &params[..n], &weights[..n], &mut per[..n]);
+    // The views live in a stack array sized for the call: one or two
+    // limits (the common calls) do not build sixteen.
+    match n {
+        0 | 1 => run_n::<1>(states, params, weights, op, now_us, per),
+        2 => run_n::<2>(states, params, weights, op, now_us, per),
+        3 | 4 => run_n::<4>(states, params, weights, op, now_us, per),
+        _ => run_n::<MAX_LIMITS>(states, params, weights, op, now_us, per),
+    }
+}
+
+/// [`run`] over `n ≤ N` limits (the slices have the same length).
+#[inline(always)]
+fn run_n<const N: usize>(
+    states: &mut [Option<StateMut>],
+    params: &[Params],
+    weights: &[u64],
+    op: Op,
+    now_us: u64,
+    per: &mut [Decision],
+) -> Whole {
+    let n = states.len().min(N);
     match op {
         Op::Take { cost, partial, dryrun } => {
             let g = {
-                let mut limits: [Option<Limit>; MAX_LIMITS] = [None; MAX_LIMITS];
+                let mut limits: [Option<Limit>; N] = [None; N];
                 for ((slot, s), p) in limits.iter_mut().zip(states.iter()).zip(params) {
                     *slot = view(s, p, now_us);
                 }
