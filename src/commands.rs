@@ -585,6 +585,8 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         // that gave units back on a refund.
         let writes = !call.dryrun;
         let mut failed = false;
+        // Read once for the call, at its first written key.
+        let mut listen: Option<bool> = None;
         for i in 0..n {
             let (Some(Some(key)), Some(&slot), Some(d), Some(&name), Some(spec)) =
                 (keys.get(i), slots.get(i), per.get(i), names.get(i), specs.get(i))
@@ -613,22 +615,23 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
             }
             key.set_abs_expire(abs);
             key.signal_modified();
+            let listen = *listen.get_or_insert_with(|| listeners::must_replicate(ctx));
             match spec.kind {
                 Kind::TokenBucket => {
                     let s = tbs.get(i).copied().unwrap_or_default();
-                    listeners::replicate(ctx, name, || s.effect(abs));
+                    listeners::replicate_if(ctx, listen, name, || s.effect(abs));
                 }
                 Kind::SlidingCounter => {
                     let s = scs.get(i).copied().unwrap_or_default();
-                    listeners::replicate(ctx, name, || s.effect(abs));
+                    listeners::replicate_if(ctx, listen, name, || s.effect(abs));
                 }
                 Kind::SlidingLog => {
                     let window_ms = spec.nums[1];
                     let g = codec::LogGrant { now_us: now, window_ms, units: d.granted };
                     if call.refund > 0 {
-                        listeners::replicate(ctx, name, || codec::log_refund(&g, abs));
+                        listeners::replicate_if(ctx, listen, name, || codec::log_refund(&g, abs));
                     } else {
-                        listeners::replicate(ctx, name, || codec::log_grant(&g, abs));
+                        listeners::replicate_if(ctx, listen, name, || codec::log_grant(&g, abs));
                     }
                 }
             }

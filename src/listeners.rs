@@ -59,7 +59,25 @@ pub unsafe fn replicate<P: AsRef<[u8]>>(
     name: *mut RedisModuleString,
     payload: impl FnOnce() -> P,
 ) {
-    if MAY_LISTEN.load(Relaxed) || aof_on(ctx) {
+    replicate_if(ctx, must_replicate(ctx), name, payload);
+}
+
+/// Whether a grant's effect must be built and replicated (else only counted
+/// as a change); a call that writes several keys reads it once.
+#[inline]
+pub unsafe fn must_replicate(ctx: *mut RedisModuleCtx) -> bool {
+    MAY_LISTEN.load(Relaxed) || aof_on(ctx)
+}
+
+/// [`replicate`] with [`must_replicate`] already read for this call.
+#[inline]
+pub unsafe fn replicate_if<P: AsRef<[u8]>>(
+    ctx: *mut RedisModuleCtx,
+    listen: bool,
+    name: *mut RedisModuleString,
+    payload: impl FnOnce() -> P,
+) {
+    if listen {
         let p = payload();
         let p = p.as_ref();
         api!(RedisModule_Replicate)(ctx, c"RL.STATE".as_ptr(), c"sb".as_ptr(), name, p.as_ptr().cast::<c_char>(), p.len());

@@ -288,6 +288,15 @@ pub fn run(
     }
 }
 
+/// A token bucket's or sliding counter's state after a take, computed
+/// while deciding; `Same` for a sliding log (granted in place afterwards).
+#[derive(Clone, Copy)]
+enum After {
+    Same,
+    TokenBucket(tb::State),
+    SlidingCounter(sc::State),
+}
+
 /// [`run`] over `n ≤ N` limits (the slices have the same length).
 #[inline(always)]
 fn run_n<const N: usize>(
@@ -301,16 +310,34 @@ fn run_n<const N: usize>(
     let n = states.len().min(N);
     match op {
         Op::Take { cost, partial, dryrun } => {
-            let g = {
+            let (g, after) = {
                 let mut limits: [Option<Limit>; N] = [None; N];
                 for ((slot, s), p) in limits.iter_mut().zip(states.iter()).zip(params) {
                     *slot = view(s, p, now_us);
                 }
-                decide(&limits[..n], weights, cost, partial, per)
+                let g = decide(&limits[..n], weights, cost, partial, per);
+                // A word state's new value comes from the view the decision
+                // used (the state, parameters and instant are the same, so
+                // reading it again would compute the same view).
+                let mut after = [After::Same; N];
+                if g > 0 && !dryrun {
+                    for ((a, l), d) in after.iter_mut().zip(&limits[..n]).zip(per.iter()) {
+                        *a = match l {
+                            Some(Limit::TokenBucket(v)) => After::TokenBucket(v.state_after(d.granted)),
+                            Some(Limit::SlidingCounter(v)) => After::SlidingCounter(v.state_after(d.granted)),
+                            _ => After::Same,
+                        };
+                    }
+                }
+                (g, after)
             };
             if g > 0 && !dryrun {
-                for ((s, p), d) in states.iter_mut().zip(params).zip(per.iter()) {
-                    take(s, p, d.granted, now_us);
+                for (((s, p), d), a) in states.iter_mut().zip(params).zip(per.iter()).zip(&after) {
+                    match (s, a) {
+                        (Some(StateMut::TokenBucket(s)), After::TokenBucket(new)) => **s = *new,
+                        (Some(StateMut::SlidingCounter(s)), After::SlidingCounter(new)) => **s = *new,
+                        (s, _) => take(s, p, d.granted, now_us),
+                    }
                 }
             }
             combine(per, weights, g, cost, partial)
