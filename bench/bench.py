@@ -1522,7 +1522,8 @@ def main():
         raise BenchError("module not built: %s (make build)" % harness.MODULE)
     harness.REDIS_SERVER = resolve_server(a.server)
     if hasattr(harness, "ServerBuild"):
-        harness.SERVER = harness.ServerBuild(harness.REDIS_SERVER)
+        # The harness's ServerBuild probes harness.REDIS_SERVER on first use.
+        harness.SERVER = harness.ServerBuild()
     mc = machine()
     tag = server_tag(mc["redis_server"])
     log("server %s: %s" % (tag, harness.REDIS_SERVER))
