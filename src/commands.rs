@@ -498,7 +498,7 @@ pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
 }
 
 /// RL.MULTI with room for `N` limits.
-#[inline(always)]
+#[inline(never)]
 unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> c_int {
     {
         let Some(rest) = argv.get(1..) else {
