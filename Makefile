@@ -45,9 +45,9 @@ $(PY): integration/requirements.txt
 
 venv: deps $(PY)
 
-test: build venv test-rust test-py test-fuzz test-bench test-clients-py
+test: lint build venv test-rust test-py test-fuzz test-bench test-clients-py
 
-# Lint: rustfmt (rustfmt.toml) over the module, the core
+# Lint, first in make test: rustfmt (rustfmt.toml) over the module, the core
 # and the fuzz crates; clippy with warnings as errors over every target of
 # the workspace; ruff (ruff.toml) over the Python; node --check (syntax) over
 # every JavaScript file outside node_modules.

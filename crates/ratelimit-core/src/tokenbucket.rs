@@ -29,7 +29,9 @@
 //! Products are computed in `u128`: `capacity × P < 2^53 × 2^63 = 2^116`,
 //! `Δt × rate < 2^64 × 2^53 = 2^117`, so nothing can overflow.
 
-use crate::{div_ceil_u128, ms_to_us, to_i64, us_to_ms_ceil, DecodeError, Decision, Reader, MAX_ARG, PACK_EPOCH_US, low_bits, split};
+use crate::{
+    div_ceil_u128, low_bits, ms_to_us, split, to_i64, us_to_ms_ceil, Decision, DecodeError, Reader, MAX_ARG, PACK_EPOCH_US,
+};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
@@ -127,12 +129,7 @@ impl State {
         if r.u8()? != ENCODING_VERSION {
             return Err(DecodeError::UnknownVersion);
         }
-        let s = State {
-            tokens: r.u64()?,
-            frac: r.u64()?,
-            den: r.u64()?,
-            last_us: r.u64()?,
-        };
+        let s = State { tokens: r.u64()?, frac: r.u64()?, den: r.u64()?, last_us: r.u64()? };
         r.finish()?;
         if s.den == 0 || !s.den.is_multiple_of(1000) || s.den / 1000 > MAX_ARG {
             return Err(DecodeError::Invalid("period"));

@@ -65,9 +65,7 @@ impl State {
             return Err(DecodeError::Invalid("sliding counter: prev exceeds 2^53-1"));
         }
         if start_us % 1000 != 0 {
-            return Err(DecodeError::Invalid(
-                "sliding counter: window start is not a whole millisecond",
-            ));
+            return Err(DecodeError::Invalid("sliding counter: window start is not a whole millisecond"));
         }
         Ok(State { start_us, cur, prev })
     }

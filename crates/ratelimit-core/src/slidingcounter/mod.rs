@@ -91,7 +91,6 @@ pub use encoding::ENCODING_VERSION;
 
 use crate::{ms_to_us, to_i64, us_to_ms_ceil, Decision, MAX_ARG};
 
-
 /// The rule of a call. Both fields are validated by the caller to be in
 /// `1..=MAX_ARG`. Out-of-range values never panic: for the arithmetic a limit
 /// above `MAX_ARG` counts as `MAX_ARG` (0 grants nothing) and `window_ms` is
@@ -159,13 +158,7 @@ impl View {
 
     /// Largest `n` with `prev·(W−e) + (cur + n)·W ≤ limit·W`, or 0 if none.
     fn available(&self, limit: u64) -> u64 {
-        max_fit(
-            u128::from(self.prev),
-            u128::from(self.cur),
-            u128::from(limit),
-            u128::from(self.w),
-            u128::from(self.e),
-        )
+        max_fit(u128::from(self.prev), u128::from(self.cur), u128::from(limit), u128::from(self.w), u128::from(self.e))
     }
 }
 
@@ -173,9 +166,7 @@ impl View {
 /// The result is at most `limit`, so it fits back in a `u64`.
 fn max_fit(prev: u128, cur: u128, limit: u128, w: u128, e: u128) -> u64 {
     let cap = limit.saturating_mul(w);
-    let used = prev
-        .saturating_mul(w.saturating_sub(e))
-        .saturating_add(cur.saturating_mul(w));
+    let used = prev.saturating_mul(w.saturating_sub(e)).saturating_add(cur.saturating_mul(w));
     match cap.checked_sub(used) {
         Some(free) => u64::try_from(free / w.max(1)).unwrap_or(u64::MAX),
         None => 0,
@@ -285,11 +276,7 @@ impl Assess {
     /// Both lie in window k_now, so the reading is the same.
     #[inline]
     pub fn state_after(&self, taken: u64) -> State {
-        State {
-            start_us: self.v.window_start.max(self.start_us),
-            cur: self.v.cur.saturating_add(taken),
-            prev: self.v.prev,
-        }
+        State { start_us: self.v.window_start.max(self.start_us), cur: self.v.cur.saturating_add(taken), prev: self.v.prev }
     }
 
     /// The counter after `n` units are given back: off the current window's
@@ -346,7 +333,6 @@ pub fn fresh_at_us(state: &State, window_ms: u64) -> Option<u64> {
     let windows = if state.cur > 0 { 2 } else { 1 };
     Some(window_start.saturating_add(w.saturating_mul(windows)))
 }
-
 
 #[cfg(test)]
 mod tests {
@@ -679,10 +665,11 @@ mod tests {
         assert_eq!(fresh_at_us(&State { start_us: T0, cur: 0, prev: 5 }, MIN), Some(T0 + W60));
         assert_eq!(fresh_at_us(&State { start_us: T0, cur: 0, prev: 0 }, MIN), None);
         // Read under another window, the stored instant's window counts.
-        assert_eq!(fresh_at_us(&State { start_us: T0 + 1_500_000, cur: 1, prev: 0 }, 1000),
-                   Some(T0 + 3_000_000));
-        assert_eq!(step(&s, &Params { limit: 100, window_ms: MIN }, 7, false, later).0,
-                   step(&State::default(), &Params { limit: 100, window_ms: MIN }, 7, false, later).0);
+        assert_eq!(fresh_at_us(&State { start_us: T0 + 1_500_000, cur: 1, prev: 0 }, 1000), Some(T0 + 3_000_000));
+        assert_eq!(
+            step(&s, &Params { limit: 100, window_ms: MIN }, 7, false, later).0,
+            step(&State::default(), &Params { limit: 100, window_ms: MIN }, 7, false, later).0
+        );
     }
 
     #[test]
@@ -765,8 +752,10 @@ mod tests {
                 // Sliding estimate over the grants themselves ≤ limit.
                 let prev = per_window.get(&(k - 1)).copied().unwrap_or(0);
                 let e = t % w;
-                assert!(u128::from(prev) * u128::from(w - e) + u128::from(c) * u128::from(w)
-                    <= u128::from(limit) * u128::from(w));
+                assert!(
+                    u128::from(prev) * u128::from(w - e) + u128::from(c) * u128::from(w)
+                        <= u128::from(limit) * u128::from(w)
+                );
                 total += d.granted;
             }
             t += 37;
@@ -1109,7 +1098,16 @@ mod tests {
                     let (d, ns) = step(&stored, &p, cost, partial, now);
                     check_invariants(&stored, &p, cost, partial, now, &d, &ns);
                     let (md, ms) = model(&stored, &p, cost, partial, now, Search::Bisect);
-                    prop_assert_eq!(d, md, "now {} stored {:?} params {:?} cost {} partial {}", now, stored, p, cost, partial);
+                    prop_assert_eq!(
+                        d,
+                        md,
+                        "now {} stored {:?} params {:?} cost {} partial {}",
+                        now,
+                        stored,
+                        p,
+                        cost,
+                        partial
+                    );
                     prop_assert_eq!(ns, ms);
                     // A state past its fresh instant acts exactly as no key.
                     if let Some(f) = fresh_at_us(&stored, window_ms) {

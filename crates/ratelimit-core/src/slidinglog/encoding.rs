@@ -255,17 +255,15 @@ mod tests {
     }
 
     fn valid_encoding() -> impl Strategy<Value = Vec<u8>> {
-        prop::collection::vec((0u64..=5000, prop_oneof![1u64..=3, 1u64..=MAX_ARG], 1u64..=MAX_ARG), 0..40).prop_map(
-            |gs| {
-                let mut s = State::default();
-                let mut now = 0u64;
-                for (dt, units, window_ms) in gs {
-                    now = now.wrapping_add(dt.wrapping_mul(dt).wrapping_mul(dt));
-                    grant(&mut s, window_ms, units, now);
-                }
-                enc(&s)
-            },
-        )
+        prop::collection::vec((0u64..=5000, prop_oneof![1u64..=3, 1u64..=MAX_ARG], 1u64..=MAX_ARG), 0..40).prop_map(|gs| {
+            let mut s = State::default();
+            let mut now = 0u64;
+            for (dt, units, window_ms) in gs {
+                now = now.wrapping_add(dt.wrapping_mul(dt).wrapping_mul(dt));
+                grant(&mut s, window_ms, units, now);
+            }
+            enc(&s)
+        })
     }
 
     #[derive(Clone, Debug)]

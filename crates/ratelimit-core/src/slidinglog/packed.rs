@@ -42,7 +42,6 @@
 //! follows the live entries down as they expire. An empty log (`Default`)
 //! owns no heap at all.
 
-
 /// The log of grants. See the module documentation for the layout.
 /// Equality is logical: two states are equal when they hold the same
 /// entries, whatever their in-memory format or capacity.
@@ -202,7 +201,10 @@ pub(super) struct Plan {
 enum Relayout {
     Keep,
     /// Move the words `start..end` to the front.
-    Compact { start: usize, end: usize },
+    Compact {
+        start: usize,
+        end: usize,
+    },
     /// A re-packed buffer (built, and allocated, while planning).
     Replace(Vec<u32>),
 }
