@@ -1385,10 +1385,6 @@ def write_outputs(data, out):
         f.write(md)
     with open(os.path.join(out, "docs", "bench", tag + ".svg"), "w") as f:
         f.write(svg)
-    if tag == "redis7.0":
-        # the chart docs/benchmarks.md shows
-        with open(os.path.join(out, "docs", "bench.svg"), "w") as f:
-            f.write(svg)
     if rep.missing:
         raise BenchError("figures missing from the report: " + "; ".join(sorted(set(rep.missing))))
     write_summary(out)
@@ -1493,7 +1489,7 @@ def summary_table(w, rep, d):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny counts: prove the script works")
-    ap.add_argument("--out", default=ROOT, help="where BENCHMARKS.md, docs/bench.svg, bench/results.json go")
+    ap.add_argument("--out", default=ROOT, help="where BENCHMARKS.md, docs/bench/ and bench/results-*.json go")
     ap.add_argument("--render-only", metavar="RESULTS_JSON", help="only rewrite the report from saved results")
     ap.add_argument("--server", help="server binary or a name of integration/servers.py (default: the harness's)")
     ap.add_argument("--no-replica", action="store_true", help="skip the replica half of every block")
