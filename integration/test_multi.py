@@ -16,6 +16,7 @@ from harness import (
     HUGE, NEVER, Cluster, ReplicationTap, db_digest, key_slot, keyspace, rl, start_replica,
     tags_in_slots, wait_ack, wait_until,
 )
+from models import combine
 
 SEED = int(os.environ.get("RL_SEED", "0")) or random.randrange(1, 2**31)
 
@@ -58,30 +59,6 @@ def multi(client, keys, limits, **kw):
     return reply
 
 
-def expected_whole(per, weights, cost, partial, refund=None):
-    """Elements 1-6 of the whole reply from the per-limit replies, by the
-    rules of SPEC.md ("Composition"); `refund` for a REFUND call."""
-    n = len(per)
-    waits = [p[3] for p in per]
-    fewest = min(range(n), key=lambda i: (per[i][2] // weights[i], i))
-    if refund is not None:
-        first = refund if any(p[0] > 0 for p in per) else 0
-        return [first, per[fewest][1], per[fewest][2], max_wait(waits), per[fewest][4], fewest]
-    g = per[0][0] // weights[0]
-    first = g if partial else (1 if g == cost else 0)
-    if g == cost:
-        b, retry = fewest, 0
-    else:
-        # The longest wait binds (-1 counts as longest), ties to the lowest index.
-        b = min(range(n), key=lambda i: (0 if waits[i] == -1 else 1, -waits[i], i))
-        retry = max_wait(waits)
-    return [first, per[b][1], per[b][2], retry, per[b][4], b]
-
-
-def max_wait(waits):
-    return -1 if -1 in waits else max(waits)
-
-
 def check_multi(reply, limits, cost=None, partial=False, dryrun=False, refund=None):
     """Invariants of every RL.MULTI reply."""
     n = len(limits)
@@ -108,7 +85,8 @@ def check_multi(reply, limits, cost=None, partial=False, dryrun=False, refund=No
     else:
         for p, wt in zip(per, weights):
             assert 0 <= p[0] <= refund * wt, reply
-    assert reply[:6] == expected_whole(per, weights, cost, partial, refund), reply
+    # Elements 1-6 follow from the per-limit replies by SPEC's rules.
+        assert reply[:6] == combine(per, weights, cost, partial, refund)[:6], reply
     return reply
 
 
