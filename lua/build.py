@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Assemble the Lua scripts in lua/ from one source (standard library only).
 
-    python3 lua/build.py           write lua/<name>.lua for every lua/src/<name>.lua
+    python3 lua/build.py           write lua/<name>.lua for every lua/src/<name>.lua,
+                                   and the client packages' copies (below)
     python3 lua/build.py --check   write nothing; exit 1 naming every generated
-                                   file that is missing or out of date
+                                   file that is missing, out of date or stray
 
 lua/src/<name>.lua is a template: its text, with every line
 `--@include <part>.lua` replaced by lua/src/parts/<part>.lua (expanded the
@@ -15,6 +16,12 @@ line of a Functions library, which must come first).
 The scripts that clients ship (EVAL/EVALSHA) are standalone: each carries
 the parts it uses. library.lua is every limiter as one Redis Functions
 library (FUNCTION LOAD) built from the same parts.
+
+The client libraries ship the standalone scripts inside their packages
+(clients/python/redis_ratelimit/lua/, clients/node/lua/), so this script
+writes them there too. They are copies because neither a wheel nor
+`npm pack` follows a symbolic link out of the package; `--check` (make
+lua-check, in make test) keeps them equal to lua/.
 """
 import os
 import re
@@ -23,6 +30,14 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 SRC = os.path.join(HERE, "src")
 PARTS = os.path.join(SRC, "parts")
+ROOT = os.path.dirname(HERE)
+# Where the generated scripts go, and which of them: the client packages
+# ship the EVAL scripts, not the Functions library.
+OUTPUTS = [
+    ("lua", lambda name: True),
+    ("clients/python/redis_ratelimit/lua", lambda name: name != "library.lua"),
+    ("clients/node/lua", lambda name: name != "library.lua"),
+]
 INCLUDE = re.compile(r"^--@include ([A-Za-z0-9_.-]+\.lua)\s*$")
 
 
@@ -64,22 +79,31 @@ def targets():
 def main(argv):
     check = "--check" in argv
     stale = []
-    for name in targets():
-        want = build(name)
-        path = os.path.join(HERE, name)
-        try:
-            with open(path) as f:
-                have = f.read()
-        except FileNotFoundError:
-            have = None
-        if have == want:
-            continue
-        if check:
-            stale.append("lua/" + name)
-        else:
-            with open(path, "w") as f:
-                f.write(want)
-            print("wrote lua/" + name)
+    texts = {name: build(name) for name in targets()}
+    for out, ships in OUTPUTS:
+        wanted = {name for name in texts if ships(name)}
+        folder = os.path.join(ROOT, out)
+        for name in sorted(f for f in os.listdir(folder) if f.endswith(".lua") and f not in wanted):
+            if check:  # a script that no template makes any more
+                stale.append(out + "/" + name)
+            else:
+                os.remove(os.path.join(folder, name))
+                print("removed " + out + "/" + name)
+        for name in sorted(wanted):
+            path = os.path.join(folder, name)
+            try:
+                with open(path) as f:
+                    have = f.read()
+            except FileNotFoundError:
+                have = None
+            if have == texts[name]:
+                continue
+            if check:
+                stale.append(out + "/" + name)
+            else:
+                with open(path, "w") as f:
+                    f.write(texts[name])
+                print("wrote " + out + "/" + name)
     if stale:
         print("out of date (run `python3 lua/build.py`, never edit them by hand): " + " ".join(stale),
               file=sys.stderr)

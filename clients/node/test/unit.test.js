@@ -134,7 +134,7 @@ test('headers: a panic decision shows the panic limit and the policy window', ()
   });
 });
 
-test('the packaged Lua scripts are the project\'s lua/ (npm run sync-lua)', () => {
+test('the packaged Lua scripts are the project\'s lua/ (python3 lua/build.py writes both)', () => {
   const src = new URL('../../../lua/', import.meta.url);
   const want = readdirSync(src).filter((f) => f.endsWith('.lua') && f !== 'library.lua').sort(); // not the Functions library
   const have = readdirSync(new URL('../lua/', import.meta.url)).filter((f) => f.endsWith('.lua')).sort();
