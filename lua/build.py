@@ -20,9 +20,9 @@ library (FUNCTION LOAD) built from the same parts.
 The client libraries ship the standalone scripts inside their packages
 (clients/python/redis_ratelimit/lua/, clients/node/lua/), so this script
 writes them there too. They are copies, not symbolic links, because
-`npm pack` leaves a link out of the package and a source distribution
-would carry a link to a file outside it; `--check` (make lua-check, in
-make test) keeps them equal to lua/.
+`npm pack` leaves a link out of the package (setuptools would follow one;
+both packages get copies so that they are built the same way); `--check`
+(make lua-check, in make test) keeps them equal to lua/.
 """
 import os
 import re
