@@ -49,16 +49,20 @@ test: lint build venv test-rust test-py test-fuzz test-bench test-clients-py
 
 # Lint, first in make test: rustfmt (rustfmt.toml) over the module, the core
 # and the fuzz crates; clippy with warnings as errors over every target of
-# the workspace; ruff (ruff.toml) over the Python; node --check (syntax) over
-# every JavaScript file outside node_modules.
-lint: deps venv
+# the workspace; ruff (ruff.toml) over the Python; ESLint's recommended rules
+# (tools/eslint, its own locked install) over every JavaScript file: the Node
+# client library, its tests and bench, and the Node example gateway.
+lint: deps venv tools/eslint/node_modules/.installed
 	$(CARGO) fmt --all --check
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	$(VENV)/bin/ruff check .
-	@command -v node >/dev/null || { echo "lint: node is required"; exit 1; }
-	find . \( -name node_modules -o -name target -o -name .git -o -name .venv \) -prune -o -name '*.js' -print0 \
-	  | xargs -0 -n1 node --check
+	tools/eslint/node_modules/.bin/eslint --config tools/eslint/eslint.config.js --max-warnings 0 .
+
+tools/eslint/node_modules/.installed: tools/eslint/package-lock.json | deps
+	@command -v npm >/dev/null || { echo "lint: node and npm are required"; exit 1; }
+	cd tools/eslint && npm ci --no-audit --no-fund
+	touch $@
 
 FUZZ_SECONDS ?= 600
 # Coverage-guided fuzzing of the parsers and decoders (long run: make fuzz).

@@ -239,7 +239,6 @@ export class Limiter {
         p.name, p.name, be.source, EMPTY, p));
     }
     const keys = this.keysFor(key);
-    const parts = this.policy.parts;
     let r;
     try {
       r = await rl.call(() => this.multiCall(keys, opt));

@@ -113,7 +113,7 @@ test('allOf panic decisions: every part\'s panic bucket, all or nothing', async 
   assert.equal(headers(out[2])['Retry-After'], '1');
 });
 
-test('refund gives units back (module and Lua, single and allOf)', async (t) => {
+test('refund gives units back (module and Lua, single and allOf)', async () => {
   const { client, close } = await connect('node-redis5', server.port);
   try {
     for (const backend of ['module', 'lua']) {
@@ -140,7 +140,7 @@ test('refund gives units back (module and Lua, single and allOf)', async (t) => 
   } finally { await close(); }
 });
 
-for (const backend of ['module', 'lua']) test(`leased (${backend}): an idle key gives its unused units back; close() gives back the rest`, async (t) => {
+for (const backend of ['module', 'lua']) test(`leased (${backend}): an idle key gives its unused units back; close() gives back the rest`, async () => {
   const { client, close } = await connect('ioredis', server.port);
   try {
     const rl = new RateLimit(client, { timeoutMs: 2000, backend });

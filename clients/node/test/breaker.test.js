@@ -52,7 +52,7 @@ function setup(client) {
   return { rl, lims, failuresAtTrip };
 }
 
-async function outage(t, { client, rl, lims, failuresAtTrip }, stop, resume, tag = (s) => s) {
+async function outage(t, { rl, lims, failuresAtTrip }, stop, resume, tag = (s) => s) {
   const caller = new Caller(rl);
   const keys = ['k0', 'k1', 'k2'].map((k) => `rl:{${tag(k)}}:a`);
   await caller.round(lims, keys); // warm: leases held, backend known
