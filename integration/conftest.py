@@ -4,27 +4,11 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import MODULE, SERVER, Server  # noqa: E402
+from harness import MODULE, SERVER  # noqa: E402
+import server_fixtures  # noqa: E402
 
-
-@pytest.fixture
-def server_factory():
-    """Start any number of servers; all are killed when the test ends."""
-    started = []
-
-    def make(*args, **kw):
-        s = Server(*args, **kw)
-        started.append(s)
-        return s
-
-    yield make
-    for s in started:
-        s.close()
-
-
-@pytest.fixture
-def server(server_factory):
-    return server_factory()
+server_factory = server_fixtures.server_factory
+server = server_fixtures.server
 
 
 @pytest.fixture

@@ -9,32 +9,16 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "integration"))
 sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 
-from harness import MODULE, Cluster, Server  # noqa: E402
+from harness import MODULE, Cluster  # noqa: E402
+import server_fixtures  # noqa: E402
+
+server_factory = server_fixtures.server_factory
+server = server_fixtures.server
 
 
 def pytest_sessionstart(session):
     if not os.path.exists(MODULE):
         raise pytest.UsageError(f"module not built: {MODULE} (run `make build`)")
-
-
-@pytest.fixture
-def server_factory():
-    started = []
-
-    def make(*args, **kw):
-        s = Server(*args, **kw)
-        started.append(s)
-        return s
-
-    yield make
-    for s in started:
-        s.close()
-
-
-@pytest.fixture
-def server(server_factory):
-    """A redis-server with the module loaded."""
-    return server_factory()
 
 
 @pytest.fixture
