@@ -238,16 +238,21 @@ def _s(v):
     return v.decode() if isinstance(v, bytes) else v
 
 
-def rl(client, cmd, key, params, cost=None, partial=False, dryrun=False):
-    """One rate-limit call; returns the five integers, checked for shape."""
-    args = [cmd, key, *params]
-    if cost is not None:
-        args += ["COST", cost]
+def options(cost=None, partial=False, dryrun=False, refund=None):
+    """The options every command takes, as arguments (None/False: absent)."""
+    args = [] if cost is None else ["COST", cost]
     if partial:
         args.append("PARTIAL")
     if dryrun:
         args.append("DRYRUN")
-    reply = client.execute_command(*args)
+    if refund is not None:
+        args += ["REFUND", refund]
+    return args
+
+
+def rl(client, cmd, key, params, cost=None, partial=False, dryrun=False):
+    """One rate-limit call; returns the five integers, checked for shape."""
+    reply = client.execute_command(cmd, key, *params, *options(cost, partial, dryrun))
     check_reply(reply, cost if cost is not None else 1, partial, params[0])
     return reply
 

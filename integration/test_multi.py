@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from harness import (
-    HUGE, NEVER, Cluster, ReplicationTap, db_digest, key_slot, keyspace, rl, start_replica,
+    HUGE, NEVER, Cluster, ReplicationTap, db_digest, key_slot, keyspace, options, rl, start_replica,
     tags_in_slots, wait_ack, wait_until,
 )
 from models import combine
@@ -42,15 +42,7 @@ def multi_args(keys, limits, cost=None, partial=False, dryrun=False, refund=None
         args += [algo, *params]
         if weight is not None:
             args += ["WEIGHT", weight]
-    if cost is not None:
-        args += ["COST", cost]
-    if partial:
-        args.append("PARTIAL")
-    if dryrun:
-        args.append("DRYRUN")
-    if refund is not None:
-        args += ["REFUND", refund]
-    return args
+    return args + options(cost, partial, dryrun, refund)
 
 
 def multi(client, keys, limits, **kw):
