@@ -9,7 +9,9 @@
 //!   keys, expiry, replies), `listeners.rs` (effect replication, skipped
 //!   when nothing can read it), `value.rs` (a state behind a key's value
 //!   pointer: compact or wide), `types.rs` (module data types),
-//!   `commands.rs` (handlers), `stats.rs` (INFO), and registration here.
+//!   `commands/` (handlers: the shared path in `mod.rs`, `single.rs`,
+//!   `multi.rs`, `state.rs` for RL.STATE, `reply.rs`), `stats.rs` (INFO),
+//!   and registration here.
 
 // The unsafe functions are Redis callbacks and thin wrappers over the raw
 // module API; their contract is Redis's (valid pointers from the server).

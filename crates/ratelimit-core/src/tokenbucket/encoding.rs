@@ -1,0 +1,214 @@
+//! The token bucket's state encoding and compact form.
+//!
+//! Encoding: version 1, 33 bytes: the version byte, then `tokens`, `frac`,
+//! `den` and `last_us`, each a u64 little-endian. `decode` accepts exactly
+//! what a call can store: `den` a whole number of milliseconds (in µs) up
+//! to `MAX_ARG` ms, `frac < den`, `tokens < MAX_ARG` (a stored bucket is
+//! never full). Anything else, a short or long input, or an unknown
+//! version is refused without panicking.
+
+use super::State;
+use crate::{low_bits, split, DecodeError, Reader, MAX_ARG, PACK_EPOCH_US};
+
+/// Encoding version written by `encode` (first byte).
+pub const ENCODING_VERSION: u8 = 1;
+
+/// Compact in-memory form (`State::pack`), one 128-bit word, low bits first:
+/// `last_us − PACK_EPOCH_US` (51 bits: until 2091), `pb` = the bit length of
+/// `period_ms` (6 bits), `period_ms` (`pb` bits), `frac` (as many bits as
+/// `den` has), then `tokens` in the bits left (`61 − 2·pb` or so: about
+/// 2·10^12 tokens for a per-second bucket, 4·10^8 per minute, 1.3·10^5 per
+/// hour). Anything else stays in the wide form. No division either way.
+const PACK_T_BITS: u32 = 51;
+const PACK_PB_BITS: u32 = 6;
+
+impl State {
+    pub const ENCODED_LEN: usize = 1 + 4 * 8;
+
+    pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
+        let mut out = [0u8; Self::ENCODED_LEN];
+        out[0] = ENCODING_VERSION;
+        out[1..9].copy_from_slice(&self.tokens.to_le_bytes());
+        out[9..17].copy_from_slice(&self.frac.to_le_bytes());
+        out[17..25].copy_from_slice(&self.den.to_le_bytes());
+        out[25..33].copy_from_slice(&self.last_us.to_le_bytes());
+        out
+    }
+
+    /// The state in two words, when it fits the compact form (see
+    /// `PACK_T_BITS`); `unpack` gives back exactly this state. `None` for
+    /// states outside it, which are then stored in full.
+    pub fn pack(&self) -> Option<[u64; 2]> {
+        let t = self.last_us.checked_sub(PACK_EPOCH_US)?;
+        if t >> PACK_T_BITS != 0 || self.den == 0 || !self.den.is_multiple_of(1000) || self.frac >= self.den {
+            return None;
+        }
+        let period = self.den / 1000;
+        let pb = bit_len(period); // 1..=54
+        let tokens_at = PACK_T_BITS + PACK_PB_BITS + pb + bit_len(self.den);
+        if tokens_at > u128::BITS || u128::from(self.tokens) >> (u128::BITS - tokens_at) != 0 {
+            return None;
+        }
+        let x = u128::from(t)
+            | (u128::from(pb) << PACK_T_BITS)
+            | (u128::from(period) << (PACK_T_BITS + PACK_PB_BITS))
+            | (u128::from(self.frac) << (PACK_T_BITS + PACK_PB_BITS + pb))
+            | u128::from(self.tokens).checked_shl(tokens_at).unwrap_or(0);
+        Some(split(x))
+    }
+
+    /// Inverse of `pack`. Total: any two words give some state (only words
+    /// written by `pack` are ever passed).
+    pub fn unpack(w: [u64; 2]) -> State {
+        let x = u128::from(w[0]) | (u128::from(w[1]) << 64);
+        let t = low_bits(x, PACK_T_BITS);
+        let pb = low_bits(x >> PACK_T_BITS, PACK_PB_BITS) as u32; // < 64
+        let period = low_bits(x >> (PACK_T_BITS + PACK_PB_BITS), pb);
+        let den = period.saturating_mul(1000);
+        let frac_at = PACK_T_BITS + PACK_PB_BITS + pb; // ≤ 120
+        let tokens_at = frac_at + bit_len(den);
+        State {
+            tokens: x.checked_shr(tokens_at).map_or(0, |v| low_bits(v, 64)),
+            frac: low_bits(x >> frac_at, bit_len(den)),
+            den,
+            last_us: t + PACK_EPOCH_US,
+        }
+    }
+
+    /// Strict decoder: every invariant is checked, trailing bytes refused.
+    pub fn decode(bytes: &[u8]) -> Result<State, DecodeError> {
+        let mut r = Reader::new(bytes);
+        if r.u8()? != ENCODING_VERSION {
+            return Err(DecodeError::UnknownVersion);
+        }
+        let s = State { tokens: r.u64()?, frac: r.u64()?, den: r.u64()?, last_us: r.u64()? };
+        r.finish()?;
+        if s.den == 0 || !s.den.is_multiple_of(1000) || s.den / 1000 > MAX_ARG {
+            return Err(DecodeError::Invalid("period"));
+        }
+        if s.frac >= s.den {
+            return Err(DecodeError::Invalid("fraction"));
+        }
+        if s.tokens >= MAX_ARG {
+            // A stored bucket is never full, so it holds fewer than
+            // capacity ≤ MAX_ARG tokens.
+            return Err(DecodeError::Invalid("tokens"));
+        }
+        Ok(s)
+    }
+}
+
+/// Number of significant bits of `v` (0 for 0).
+fn bit_len(v: u64) -> u32 {
+    u64::BITS - v.leading_zeros()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{step, Params};
+    use super::*;
+    use proptest::prelude::*;
+
+    fn tb(capacity: u64, rate: u64, period_ms: u64) -> Params {
+        Params { capacity, rate, period_ms }
+    }
+
+    #[test]
+    fn decode_rejects_bad_payloads() {
+        let good = State { tokens: 3, frac: 5, den: 1000, last_us: 7 };
+        let enc = good.encode();
+        assert_eq!(State::decode(&enc), Ok(good));
+        for n in 0..enc.len() {
+            assert_eq!(State::decode(&enc[..n]), Err(DecodeError::Truncated));
+        }
+        let mut long = enc.to_vec();
+        long.push(0);
+        assert_eq!(State::decode(&long), Err(DecodeError::TrailingBytes));
+        let mut v = enc;
+        v[0] = 2;
+        assert_eq!(State::decode(&v), Err(DecodeError::UnknownVersion));
+        for bad in [
+            State { den: 0, ..good },
+            State { den: 1001, ..good },
+            State { frac: 1000, ..good },
+            State { tokens: MAX_ARG, ..good },
+            State { den: (MAX_ARG + 1) * 1000, ..good },
+        ] {
+            assert!(matches!(State::decode(&bad.encode()), Err(DecodeError::Invalid(_))), "{bad:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn decoder_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
+            if let Ok(s) = State::decode(&bytes) {
+                prop_assert_eq!(&s.encode()[..], &bytes[..]);
+            }
+        }
+
+        /// Whatever the compact form accepts, it gives back exactly; and any
+        /// two words unpack without panicking.
+        #[test]
+        fn pack_round_trips_or_declines(
+            tokens in prop_oneof![any::<u64>(), 0u64..1_000_000],
+            frac in any::<u64>(),
+            period in prop_oneof![any::<u64>(), 1u64..10_000_000],
+            last_us in prop_oneof![any::<u64>(), PACK_EPOCH_US - 10..PACK_EPOCH_US + (1u64 << 52)],
+            words in any::<[u64; 2]>(),
+        ) {
+            let den = period.saturating_mul(1000);
+            let s = State { tokens, frac: frac % den.max(1), den, last_us };
+            if let Some(w) = s.pack() {
+                prop_assert_eq!(State::unpack(w), s);
+                prop_assert!(last_us >= PACK_EPOCH_US);
+            }
+            let _ = State::unpack(words);
+        }
+
+        /// The states real buckets reach (per second up to per hour, up to
+        /// 100,000 tokens, any time from 2020 to 2090) all fit the compact
+        /// form, which is what keeps a bucket key at 16 bytes of state.
+        #[test]
+        fn typical_buckets_are_compact(
+            capacity in 1u64..=100_000, rate in 1u64..=100_000, period in 1u64..=3_600_000,
+            t in PACK_EPOCH_US..PACK_EPOCH_US + 70 * 365 * 86_400_000_000,
+            steps in proptest::collection::vec((0u64..10_000_000, 0u64..1000, any::<bool>()), 1..50),
+        ) {
+            let p = tb(capacity, rate, period);
+            let mut s = State::default();
+            let mut now = t;
+            for (dt, cost, partial) in steps {
+                now += dt;
+                let (d, n) = step(&s, &p, cost, partial, now);
+                if d.granted > 0 {
+                    let w = n.pack();
+                    prop_assert!(w.is_some(), "{:?} did not pack", n);
+                    prop_assert_eq!(w.map(State::unpack), Some(n));
+                    s = n;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pack_edges() {
+        let s = State { tokens: 5, frac: 7, den: 1_000_000, last_us: PACK_EPOCH_US };
+        assert_eq!(s.pack().map(State::unpack), Some(s));
+        // Before the epoch, at the end of the 51-bit range, bad fractions
+        // and periods that are not whole ms: wide form.
+        assert_eq!(State { last_us: PACK_EPOCH_US - 1, ..s }.pack(), None);
+        let last = PACK_EPOCH_US + (1u64 << 51) - 1;
+        assert_eq!(State { last_us: last, ..s }.pack().map(State::unpack), Some(State { last_us: last, ..s }));
+        assert_eq!(State { last_us: last + 1, ..s }.pack(), None);
+        assert_eq!(State { frac: 1_000_000, ..s }.pack(), None);
+        assert_eq!(State { den: 1_000_001, frac: 0, ..s }.pack(), None);
+        assert_eq!(State { den: 0, frac: 0, ..s }.pack(), None);
+        // Tokens fill exactly the bits left: 128 − 51 − 6 − 10 (period 1000)
+        // − 20 (den 10^6) = 41.
+        let top = State { tokens: (1 << 41) - 1, frac: 999_999, den: 1_000_000, last_us: last };
+        assert_eq!(top.pack().map(State::unpack), Some(top));
+        assert_eq!(State { tokens: 1 << 41, ..top }.pack(), None);
+        // The largest period and capacity the arguments allow: wide.
+        assert_eq!(State { tokens: MAX_ARG - 1, frac: 0, den: MAX_ARG * 1000, last_us: last }.pack(), None);
+    }
+}

@@ -1,0 +1,288 @@
+//! The token bucket's tests: hand-computed cases, and random call
+//! sequences against the exact rational model.
+
+use super::*;
+use crate::MAX_ARG;
+use proptest::prelude::*;
+
+fn tb(capacity: u64, rate: u64, period_ms: u64) -> Params {
+    Params { capacity, rate, period_ms }
+}
+
+/// Apply a call the way the glue does: write only when something was
+/// granted (and not DRYRUN).
+fn call(s: &mut State, p: &Params, cost: u64, partial: bool, now: u64) -> Decision {
+    let (d, n) = step(s, p, cost, partial, now);
+    if d.granted > 0 {
+        *s = n;
+    }
+    d
+}
+
+#[test]
+fn fresh_bucket_is_full() {
+    let s = State::default();
+    let (d, n) = step(&s, &tb(10, 1, 1000), 1, false, 5_000_000);
+    assert_eq!(d, Decision { granted: 1, limit: 10, remaining: 9, retry_after_ms: 0, reset_after_ms: 1000 });
+    assert_eq!(n, State { tokens: 9, frac: 0, den: 1_000_000, last_us: 5_000_000 });
+}
+
+#[test]
+fn drains_then_refills_continuously() {
+    let p = tb(3, 10, 1000); // one token every 100 ms
+    let mut s = State::default();
+    let t0 = 1_000_000_000;
+    for i in 0..3 {
+        let d = call(&mut s, &p, 1, false, t0);
+        assert_eq!(d.granted, 1);
+        assert_eq!(d.remaining, 2 - i);
+    }
+    let d = call(&mut s, &p, 1, false, t0);
+    assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (0, 0, 100, 300));
+    // 99.999 ms later: still not a whole token; retry rounds up to 1 ms.
+    let d = call(&mut s, &p, 1, false, t0 + 99_999);
+    assert_eq!((d.granted, d.retry_after_ms), (0, 1));
+    let d = call(&mut s, &p, 1, false, t0 + 100_000);
+    assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (1, 0, 0, 300));
+    // Half a token accrued: reset accounts for it exactly.
+    let d = call(&mut s, &p, 1, false, t0 + 150_000);
+    assert_eq!((d.granted, d.retry_after_ms, d.reset_after_ms), (0, 50, 250));
+}
+
+#[test]
+fn one_per_hour() {
+    let p = tb(1, 1, 3_600_000);
+    let mut s = State::default();
+    assert_eq!(call(&mut s, &p, 1, false, 0).granted, 1);
+    let d = call(&mut s, &p, 1, false, 1);
+    assert_eq!((d.granted, d.retry_after_ms, d.reset_after_ms), (0, 3_600_000, 3_600_000));
+    assert_eq!(call(&mut s, &p, 1, false, 3_600_000_000).granted, 1);
+}
+
+#[test]
+fn cost_above_capacity_never() {
+    let p = tb(5, 1, 1000);
+    let s = State::default();
+    let (d, _) = step(&s, &p, 6, false, 0);
+    assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (0, 5, -1, 0));
+    let (d, n) = step(&s, &p, 6, true, 0);
+    assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (5, 0, -1, 5000));
+    assert_eq!(n.tokens, 0);
+}
+
+#[test]
+fn partial_takes_what_is_there() {
+    let p = tb(10, 1, 1000);
+    let mut s = State::default();
+    call(&mut s, &p, 7, false, 0);
+    let d = call(&mut s, &p, 5, true, 0);
+    assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (3, 0, 5000, 10_000));
+    assert_eq!(d.allowed(5, true), 3);
+    assert_eq!(d.allowed(5, false), 0);
+}
+
+#[test]
+fn cost_zero_reports_and_changes_nothing() {
+    let p = tb(10, 1, 1000);
+    let mut s = State::default();
+    call(&mut s, &p, 4, false, 0);
+    let before = s;
+    let (d, _) = step(&s, &p, 0, false, 500_000);
+    assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (0, 6, 0, 3500));
+    assert_eq!(d.allowed(0, false), 1);
+    assert_eq!(s, before);
+}
+
+#[test]
+fn clock_step_back_counts_as_zero() {
+    let p = tb(2, 1, 1000);
+    let mut s = State::default();
+    call(&mut s, &p, 2, false, 10_000_000);
+    // Ten seconds earlier: no refill, no error, no wrap-around; the wait
+    // includes the time until the clock is back where it was.
+    let d = call(&mut s, &p, 1, false, 0);
+    assert_eq!((d.granted, d.retry_after_ms, d.reset_after_ms), (0, 11_000, 12_000));
+    assert_eq!(call(&mut s, &p, 1, false, 10_999_999).granted, 0);
+    assert_eq!(call(&mut s, &p, 1, false, 11_000_000).granted, 1);
+}
+
+#[test]
+fn capacity_lowered_caps_tokens() {
+    let mut s = State::default();
+    call(&mut s, &tb(100, 1, 1000), 1, false, 0); // 99 left
+    let (d, _) = step(&s, &tb(10, 1, 1000), 0, false, 0);
+    assert_eq!((d.remaining, d.reset_after_ms), (10, 0));
+    let d = call(&mut s, &tb(10, 1, 1000), 1, false, 0);
+    assert_eq!((d.granted, d.remaining, d.reset_after_ms), (1, 9, 1000));
+}
+
+#[test]
+fn extremes_do_not_overflow() {
+    let m = MAX_ARG;
+    for &(c, r, per) in &[(m, m, m), (1, 1, m), (m, 1, m), (1, m, 1), (m, m, 1), (1, 1, 1)] {
+        let p = tb(c, r, per);
+        let mut s = State::default();
+        for &now in &[0, 1, u64::MAX / 2, u64::MAX - 1, u64::MAX, 0] {
+            for &cost in &[0, 1, m, m - 1] {
+                for partial in [false, true] {
+                    let d = call(&mut s, &p, cost, partial, now);
+                    assert!(d.granted <= cost && d.remaining <= c);
+                    assert!(d.retry_after_ms >= -1);
+                    let enc = s.encode();
+                    if !s.is_fresh() {
+                        assert_eq!(State::decode(&enc), Ok(s));
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---- Reference model: exact rationals (num / den as u128 pairs, reduced
+// by never dividing: levels are kept as num over a common denominator
+// that changes only when the period changes). ----
+
+/// The model keeps the level as an exact rational `num / d` tokens where
+/// `d = period_us`; on a period change it rounds the fractional part down
+/// to a multiple of 1/d_new, the documented quantization.
+#[derive(Clone, Debug)]
+struct Model {
+    num: u128,
+    d: u128,
+    last: u64,
+    fresh: bool,
+}
+
+impl Model {
+    fn call(&mut self, p: &Params, cost: u64, partial: bool, now: u64, write: bool) -> Decision {
+        let d = u128::from(p.period_ms) * 1000;
+        let full = u128::from(p.capacity) * d;
+        let (mut num, now_eff) = if self.fresh {
+            (full, now)
+        } else {
+            let now_eff = now.max(self.last);
+            let whole = self.num / self.d;
+            let frac = (self.num % self.d) * d / self.d;
+            let num = whole * d + frac + u128::from(now_eff - self.last) * u128::from(p.rate);
+            (num.min(full), now_eff)
+        };
+        let avail = num / d;
+        let g = if u128::from(cost) <= avail {
+            cost
+        } else if partial {
+            avail as u64
+        } else {
+            0
+        };
+        num -= u128::from(g) * d;
+        // Waits by brute force over rationals: smallest t (µs, real) with
+        // num + t*rate >= target*d, i.e. t = (target*d - num)/rate; in ms
+        // rounded up.
+        let gap = u128::from(now_eff - now);
+        let ceil_ms = |target: u128| -> u64 {
+            if num >= target {
+                return 0;
+            }
+            // Real-valued wait (deficit / rate µs) plus the clock gap,
+            // rounded up to whole µs (time is counted in µs), then ms.
+            let deficit = target - num;
+            let r = u128::from(p.rate);
+            let us = deficit.div_ceil(r) + gap;
+            us.div_ceil(1000) as u64
+        };
+        let dec = Decision {
+            granted: g,
+            limit: p.capacity,
+            remaining: (num / d) as u64,
+            retry_after_ms: if g == cost {
+                0
+            } else if cost > p.capacity {
+                -1
+            } else {
+                ceil_ms(u128::from(cost) * d) as i64
+            },
+            reset_after_ms: ceil_ms(full),
+        };
+        if write && g > 0 {
+            self.num = num;
+            self.d = d;
+            self.last = now_eff;
+            self.fresh = false;
+        }
+        dec
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Op {
+    dt: i64,
+    cost: u64,
+    partial: bool,
+    dryrun: bool,
+    params: usize,
+}
+
+fn ops() -> impl Strategy<Value = Vec<Op>> {
+    let op = (
+        prop_oneof![8 => 0i64..2_000_000, 1 => Just(0i64), 1 => -5_000_000i64..0],
+        prop_oneof![6 => 0u64..6, 1 => 0u64..40, 1 => Just(u64::from(u32::MAX))],
+        any::<bool>(),
+        prop_oneof![9 => Just(false), 1 => Just(true)],
+        prop_oneof![12 => Just(0usize), 1 => 0usize..4],
+    )
+        .prop_map(|(dt, cost, partial, dryrun, params)| Op { dt, cost, partial, dryrun, params });
+    proptest::collection::vec(op, 1..400)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 12000, ..ProptestConfig::default() })]
+
+    /// Every reply field agrees with the exact rational model over random
+    /// sequences with clock steps back, equal times, parameter changes,
+    /// PARTIAL and DRYRUN (~2.4 million steps).
+    #[test]
+    fn agrees_with_rational_model(
+        caps in proptest::collection::vec((1u64..50, 1u64..20, 1u64..5000), 4),
+        ops in ops(),
+        t0 in 0u64..u64::MAX / 2,
+    ) {
+        let params: Vec<Params> = caps.iter().map(|&(c, r, p)| tb(c, r, p)).collect();
+        let mut s = State::default();
+        let mut m = Model { num: 0, d: 1, last: 0, fresh: true };
+        let mut now = t0;
+        for op in ops {
+            now = now.saturating_add_signed(op.dt);
+            let p = &params[op.params];
+            let (d, n) = step(&s, p, op.cost, op.partial, now);
+            let md = m.call(p, op.cost, op.partial, now, !op.dryrun);
+            prop_assert_eq!(d, md);
+            if d.granted > 0 && !op.dryrun {
+                prop_assert!(!n.is_fresh());
+                prop_assert!(d.reset_after_ms > 0);
+                prop_assert_eq!(State::decode(&n.encode()), Ok(n));
+                s = n;
+            }
+        }
+    }
+
+    /// Never more than capacity + refill: over any sequence at one
+    /// parameter set, total granted ≤ capacity + rate × elapsed / period.
+    #[test]
+    fn grants_never_exceed_the_limit(
+        c in 1u64..1000, r in 1u64..100, per in 1u64..100_000,
+        steps in proptest::collection::vec((0u64..50_000, 0u64..50, any::<bool>()), 1..300),
+    ) {
+        let p = tb(c, r, per);
+        let mut s = State::default();
+        let t0 = 1_700_000_000_000_000u64;
+        let mut now = t0;
+        let mut total: u128 = 0;
+        for (dt, cost, partial) in steps {
+            now += dt;
+            total += u128::from(call(&mut s, &p, cost, partial, now).granted);
+            let bound = u128::from(c) + u128::from(now - t0) * u128::from(r) / (u128::from(per) * 1000);
+            prop_assert!(total <= bound, "granted {} > bound {}", total, bound);
+        }
+    }
+
+}

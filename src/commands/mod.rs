@@ -1,0 +1,165 @@
+//! The command handlers: parse, read the key once, decide with the pure
+//! core, and only when units were granted (and not DRYRUN) write once, set
+//! the expiry and replicate the effect. Registered with the raw API so that a
+//! request costs no heap allocation for arguments or the reply.
+//!
+//! # Parts
+//!
+//! - this file: the path every handler shares: the panic guard, argument
+//!   slice and parse, the expiry of a written state, store (in place or as
+//!   a new value), the write decision and the delete of a refunded key;
+//! - [`single`]: RL.TOKENBUCKET, RL.SLIDINGCOUNTER and RL.SLIDINGLOG;
+//! - [`multi`]: RL.MULTI (several limits at one clock reading, all or
+//!   nothing);
+//! - [`state`]: RL.STATE, the effect command replicas and AOF replay run;
+//! - [`reply`]: error texts and the reply writers (with the INFO counts).
+
+mod multi;
+mod reply;
+mod single;
+mod state;
+
+pub use multi::multi;
+pub use single::{slidingcounter, slidinglog, tokenbucket};
+pub use state::state;
+
+use std::ffi::c_int;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use ratelimit_core::args::{self, Arg, Call};
+use ratelimit_core::Decision;
+use redis_module::raw::{RedisModuleCtx, RedisModuleString};
+
+use self::reply::reply_arg_error;
+use crate::ffi::{self, Key, Slot};
+use crate::types::Stored;
+use crate::value::Value;
+
+/// Run a handler; a panic (a bug: none is reachable by design) answers an
+/// error instead of unwinding into Redis, which would abort the server.
+#[inline]
+pub(super) unsafe fn guarded(ctx: *mut RedisModuleCtx, f: impl FnOnce() -> c_int) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(rc) => rc,
+        Err(_) => ffi::reply_error(ctx, c"ERR ratelimit internal error"),
+    }
+}
+
+#[inline]
+pub(super) unsafe fn argv_slice<'a>(argv: *mut *mut RedisModuleString, argc: c_int) -> &'a [*mut RedisModuleString] {
+    if argv.is_null() || argc <= 0 {
+        &[]
+    } else {
+        std::slice::from_raw_parts(argv, argc as usize)
+    }
+}
+
+/// Parse `key <positional> [options]`; on error the reply is already sent.
+#[inline]
+pub(super) unsafe fn parse(
+    ctx: *mut RedisModuleCtx,
+    argv: &[*mut RedisModuleString],
+    positional: &[Arg],
+) -> Result<(*mut RedisModuleString, Call), c_int> {
+    let (Some(&key), Some(rest)) = (argv.get(1), argv.get(2..)) else {
+        return Err(ffi::wrong_arity(ctx));
+    };
+    match args::parse(rest.iter().map(|&s| ffi::bytes(s)), positional) {
+        Ok(call) => Ok((key, call)),
+        Err(e) => Err(reply_arg_error(ctx, e)),
+    }
+}
+
+/// Absolute expiry (Unix ms) for a state written at `now_us` whose reset is
+/// `reset_ms` away (the cores measure waits from the real clock, also when
+/// it stepped back): the key then lives exactly until it would be
+/// indistinguishable from a fresh one, and its TTL equals reset_after_ms.
+/// Redis deletes a key once `mstime() > expiry`, so it survives the whole
+/// millisecond `now_ms + reset_ms`, which ends after the exact µs reset.
+#[inline]
+pub(super) fn abs_expiry(now_us: u64, reset_ms: u64) -> u64 {
+    (now_us / 1000).saturating_add(reset_ms)
+}
+
+/// Store `new` in the key: in place when it already holds our type in a
+/// form that can hold `new`, else as a new value.
+#[inline]
+pub(super) unsafe fn store<T: Stored>(key: &Key, slot: &Slot, new: T) -> bool {
+    let new = match *slot {
+        Slot::Ours(p) => match Value::overwrite(p, new) {
+            Ok(()) => return true,
+            Err(v) => v,
+        },
+        _ => new,
+    };
+    set_new(key, new)
+}
+
+/// Set the key to a new value holding `v`.
+#[inline]
+pub(super) unsafe fn set_new<T: Stored>(key: &Key, v: T) -> bool {
+    let p = Value::create(v);
+    let ok = key.set_value(T::redis_type(), p);
+    if !ok {
+        Value::<T>::free(p);
+    }
+    ok
+}
+
+/// The write a decided call makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Write {
+    /// Nothing to write: denied, COST 0 or DRYRUN.
+    None,
+    /// The grant was stored: expire, signal and replicate it.
+    Done,
+    /// The grant could not be stored: answer an error, count nothing.
+    Failed,
+}
+
+/// Store a grant (with `store`) when the decision made one and the call is
+/// not a dry run.
+#[inline]
+pub(super) fn write_grant(d: &Decision, dryrun: bool, store: impl FnOnce() -> bool) -> Write {
+    if d.granted == 0 || dryrun {
+        Write::None
+    } else if store() {
+        Write::Done
+    } else {
+        Write::Failed
+    }
+}
+
+/// Delete a limiter's key that a refund made fresh, and replicate the
+/// deletion.
+#[inline]
+pub(super) unsafe fn delete(ctx: *mut RedisModuleCtx, key: &Key, name: *mut RedisModuleString) {
+    if key.delete() {
+        key.signal_modified();
+        ffi::replicate_del(ctx, name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn granted(n: u64) -> Decision {
+        Decision { granted: n, limit: 5, remaining: 0, retry_after_ms: 0, reset_after_ms: 1 }
+    }
+
+    /// A grant whose store fails is a failure (answered with an error, not
+    /// counted), never a silent "granted".
+    #[test]
+    fn a_failed_store_is_not_a_grant() {
+        assert_eq!(write_grant(&granted(1), false, || false), Write::Failed);
+        assert_eq!(write_grant(&granted(1), false, || true), Write::Done);
+    }
+
+    #[test]
+    fn nothing_is_written_without_a_grant_or_on_dryrun() {
+        let never = || -> bool { panic!("no write expected") };
+        assert_eq!(write_grant(&granted(0), false, never), Write::None);
+        assert_eq!(write_grant(&granted(3), true, never), Write::None);
+    }
+}

@@ -1,0 +1,223 @@
+//! RL.MULTI: several limits decided at one clock reading, all or nothing.
+
+use std::ffi::c_int;
+
+use ratelimit_core::args::{self, Arg, ArgError, Kind, LimitSpec, MAX_LIMITS};
+use ratelimit_core::codec;
+use ratelimit_core::multi::{self, Op, StateMut};
+use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
+use redis_module::raw::{RedisModuleCtx, RedisModuleString};
+
+use super::reply::{reply_arg_error, reply_multi, STORE_FAILED};
+use super::single::WordLimiter;
+use super::{abs_expiry, argv_slice, delete, guarded, set_new, store};
+use crate::clock;
+use crate::ffi::{self, Key, Slot};
+use crate::listeners;
+use crate::types::Stored;
+use crate::value::Value;
+
+/// The registered type of a limit's algorithm.
+#[inline]
+fn kind_type(kind: Kind) -> *mut redis_module::raw::RedisModuleType {
+    match kind {
+        Kind::TokenBucket => tb::State::redis_type(),
+        Kind::SlidingLog => sl::State::redis_type(),
+        Kind::SlidingCounter => sc::State::redis_type(),
+    }
+}
+
+#[inline]
+fn multi_params(l: &LimitSpec) -> multi::Params {
+    let [a, b, c] = l.nums;
+    match l.kind {
+        Kind::TokenBucket => multi::Params::TokenBucket(tb::Params { capacity: a, rate: b, period_ms: c }),
+        Kind::SlidingLog => multi::Params::SlidingLog(sl::Params { limit: a, window_ms: b }),
+        Kind::SlidingCounter => multi::Params::SlidingCounter(sc::Params { limit: a, window_ms: b }),
+    }
+}
+
+const NO_DECISION: Decision = Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 };
+
+/// `RL.MULTI numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL]
+/// [DRYRUN] [REFUND n]`: every limit decided at one clock reading, all or
+/// nothing. Every key is opened and type-checked before anything is
+/// decided (an error changes nothing); each is read once; when the call
+/// writes, each written key gets its TTL and its own effect (Redis wraps
+/// the command's effects in MULTI/EXEC). Fixed-size arrays on the stack:
+/// no allocation per call.
+pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
+    guarded(ctx, || {
+        let argv = argv_slice(argv, argc);
+        if ffi::is_keys_position_request(ctx) {
+            // Redis 7.0's cluster routing asks the command itself (later
+            // servers read the key spec): the keys are arguments 2 ..
+            // 2 + numkeys, as far as they exist.
+            let n = argv.get(1).and_then(|&a| args::parse_num(ffi::bytes(a), 1)).unwrap_or(0);
+            let n = usize::try_from(n).unwrap_or(0).min(MAX_LIMITS).min(argv.len().saturating_sub(2));
+            for pos in 2..2 + n {
+                ffi::key_at_pos(ctx, pos);
+            }
+            return ffi::OK;
+        }
+        // Size the per-limit stack arrays for the call: a limit takes at
+        // least four arguments (key, algorithm, two numbers), so argc bounds
+        // numkeys; one or two limits (the common calls) build no sixteen.
+        match argv.len().saturating_sub(2) / 4 {
+            0 | 1 => multi_n::<1>(ctx, argv),
+            2 => multi_n::<2>(ctx, argv),
+            3 | 4 => multi_n::<4>(ctx, argv),
+            _ => multi_n::<MAX_LIMITS>(ctx, argv),
+        }
+    })
+}
+
+/// RL.MULTI with room for `N` limits.
+#[inline(never)]
+unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> c_int {
+    {
+        let Some(rest) = argv.get(1..) else {
+            return ffi::wrong_arity(ctx);
+        };
+        let call = match args::parse_multi_n::<N>(rest.iter().map(|&s| ffi::bytes(s))) {
+            Ok(c) => c,
+            // A numkeys above N is an error the full parser names exactly.
+            Err(ArgError::Number(Arg::NumKeys)) if N < MAX_LIMITS => {
+                let e = args::parse_multi(rest.iter().map(|&s| ffi::bytes(s))).err().unwrap_or(ArgError::Arity);
+                return reply_arg_error(ctx, e);
+            }
+            Err(e) => return reply_arg_error(ctx, e),
+        };
+        let n = call.n.min(N);
+        let (Some(names), Some(specs)) = (argv.get(2..2 + n), call.limits.get(..n)) else {
+            return ffi::wrong_arity(ctx);
+        };
+        let read_only = call.dryrun;
+        let now = clock::now_us();
+
+        // Open every key and check its type before deciding anything.
+        let mut keys: [Option<Key>; N] = std::array::from_fn(|_| None);
+        let mut slots = [Slot::Empty; N];
+        for (((k, slot), &name), spec) in keys.iter_mut().zip(slots.iter_mut()).zip(names).zip(specs) {
+            let key = Key::open(ctx, name, read_only);
+            *slot = key.slot(kind_type(spec.kind));
+            *k = Some(key);
+            if let Slot::WrongType = slot {
+                return ffi::reply_error(ctx, ffi::WRONGTYPE);
+            }
+        }
+
+        // Read each key once: word states by value, logs in place (a
+        // missing log is a fresh local one, stored only if written).
+        let mut tbs = [tb::State::default(); N];
+        let mut scs = [sc::State::default(); N];
+        let mut fresh_logs: [sl::State; N] = std::array::from_fn(|_| sl::State::default());
+        let mut params = [multi::Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }); N];
+        let mut weights = [1u64; N];
+        let mut per = [NO_DECISION; N];
+        let whole = {
+            let mut states: [Option<StateMut>; N] = std::array::from_fn(|_| None);
+            for (i, (((((st, slot), spec), t), c), l)) in states
+                .iter_mut()
+                .zip(&slots)
+                .zip(specs)
+                .zip(tbs.iter_mut())
+                .zip(scs.iter_mut())
+                .zip(fresh_logs.iter_mut())
+                .enumerate()
+            {
+                if let (Some(p), Some(w)) = (params.get_mut(i), weights.get_mut(i)) {
+                    *p = multi_params(spec);
+                    *w = spec.weight;
+                }
+                *st = Some(match (spec.kind, *slot) {
+                    (Kind::TokenBucket, Slot::Ours(p)) => {
+                        *t = Value::<tb::State>::with(p, |v| *v).unwrap_or_default();
+                        StateMut::TokenBucket(t)
+                    }
+                    (Kind::TokenBucket, _) => StateMut::TokenBucket(t),
+                    (Kind::SlidingCounter, Slot::Ours(p)) => {
+                        *c = Value::<sc::State>::with(p, |v| *v).unwrap_or_default();
+                        StateMut::SlidingCounter(c)
+                    }
+                    (Kind::SlidingCounter, _) => StateMut::SlidingCounter(c),
+                    (Kind::SlidingLog, Slot::Ours(p)) => match Value::<sl::State>::wide_mut(p) {
+                        Some(s) => StateMut::SlidingLog(s),
+                        None => StateMut::SlidingLog(l),
+                    },
+                    (Kind::SlidingLog, _) => StateMut::SlidingLog(l),
+                });
+            }
+            let op = if call.refund > 0 {
+                Op::Refund(call.refund)
+            } else {
+                Op::Take { cost: call.cost, partial: call.partial, dryrun: call.dryrun }
+            };
+            multi::run(&mut states[..n], &params[..n], &weights[..n], op, now, &mut per[..n])
+        };
+
+        // Write what changed: every limit when a grant was made, each limit
+        // that gave units back on a refund.
+        let writes = !call.dryrun;
+        let mut failed = false;
+        // Read once for the call, at its first written key.
+        let mut listen: Option<bool> = None;
+        for i in 0..n {
+            let (Some(Some(key)), Some(&slot), Some(d), Some(&name), Some(spec)) =
+                (keys.get(i), slots.get(i), per.get(i), names.get(i), specs.get(i))
+            else {
+                continue;
+            };
+            if d.granted == 0 || !writes {
+                continue;
+            }
+            if d.reset_after_ms == 0 {
+                delete(ctx, key, name);
+                continue;
+            }
+            let abs = abs_expiry(now, d.reset_after_ms);
+            let stored = match spec.kind {
+                Kind::TokenBucket => tbs.get(i).is_some_and(|&s| store(key, &slot, s)),
+                Kind::SlidingCounter => scs.get(i).is_some_and(|&s| store(key, &slot, s)),
+                Kind::SlidingLog => match slot {
+                    Slot::Ours(_) => true,
+                    _ => fresh_logs.get_mut(i).is_some_and(|l| set_new(key, std::mem::take(l))),
+                },
+            };
+            if !stored {
+                failed = true;
+                continue;
+            }
+            key.set_abs_expire(abs);
+            key.signal_modified();
+            let listen = *listen.get_or_insert_with(|| listeners::must_replicate(ctx));
+            match spec.kind {
+                Kind::TokenBucket => {
+                    let s = tbs.get(i).copied().unwrap_or_default();
+                    listeners::replicate_if(ctx, listen, name, || s.effect(abs));
+                }
+                Kind::SlidingCounter => {
+                    let s = scs.get(i).copied().unwrap_or_default();
+                    listeners::replicate_if(ctx, listen, name, || s.effect(abs));
+                }
+                Kind::SlidingLog => {
+                    let window_ms = spec.nums[1];
+                    let g = codec::LogGrant { now_us: now, window_ms, units: d.granted };
+                    if call.refund > 0 {
+                        listeners::replicate_if(ctx, listen, name, || codec::log_refund(&g, abs));
+                    } else {
+                        listeners::replicate_if(ctx, listen, name, || codec::log_grant(&g, abs));
+                    }
+                }
+            }
+        }
+        drop(keys);
+        if failed {
+            // The server refused a value (it cannot, for an open key of ours):
+            // never a silent "granted".
+            return ffi::reply_error(ctx, STORE_FAILED);
+        }
+
+        reply_multi(ctx, call.refund, call.partial, call.cost, &whole, &per, n)
+    }
+}

@@ -1,0 +1,212 @@
+//! RL.TOKENBUCKET, RL.SLIDINGCOUNTER and RL.SLIDINGLOG: one key, one
+//! limit. The two word-sized states share one generic handler; the log is
+//! read and written in place.
+
+use std::ffi::c_int;
+
+use ratelimit_core::args::{self, Arg};
+use ratelimit_core::{codec, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
+use redis_module::raw::{RedisModuleCtx, RedisModuleString};
+
+use super::reply::{reply, STORE_FAILED};
+use super::{abs_expiry, argv_slice, delete, guarded, parse, set_new, store, write_grant, Write};
+use crate::clock;
+use crate::ffi::{self, Key, Slot};
+use crate::listeners;
+use crate::stats::Cmd;
+use crate::types::Stored;
+use crate::value::Value;
+
+/// A limiter whose whole state is a few machine words (token bucket,
+/// sliding counter): the pure `step` returns the new state by value, and the
+/// effect replicated is that state.
+pub(super) trait WordLimiter: Stored + Copy + Default {
+    type Params;
+    const ARGS: &'static [Arg];
+    const CMD: Cmd;
+    fn params(nums: [u64; 3]) -> Self::Params;
+    fn step(&self, p: &Self::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self);
+    /// `REFUND n`, replying for a following request of `want` units.
+    fn refund(&self, p: &Self::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self);
+    fn effect(&self, abs_expire_ms: u64) -> codec::Small;
+}
+
+impl WordLimiter for tb::State {
+    type Params = tb::Params;
+    const ARGS: &'static [Arg] = args::TOKENBUCKET_ARGS;
+    const CMD: Cmd = Cmd::TokenBucket;
+    #[inline]
+    fn params([capacity, rate, period_ms]: [u64; 3]) -> tb::Params {
+        tb::Params { capacity, rate, period_ms }
+    }
+    #[inline]
+    fn step(&self, p: &tb::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self) {
+        tb::step(self, p, cost, partial, now_us)
+    }
+    #[inline]
+    fn refund(&self, p: &tb::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self) {
+        tb::refund(self, p, n, want, now_us)
+    }
+    #[inline]
+    fn effect(&self, abs: u64) -> codec::Small {
+        codec::tokenbucket(self, abs)
+    }
+}
+
+impl WordLimiter for sc::State {
+    type Params = sc::Params;
+    const ARGS: &'static [Arg] = args::WINDOW_ARGS;
+    const CMD: Cmd = Cmd::SlidingCounter;
+    #[inline]
+    fn params([limit, window_ms, _]: [u64; 3]) -> sc::Params {
+        sc::Params { limit, window_ms }
+    }
+    #[inline]
+    fn step(&self, p: &sc::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self) {
+        sc::step(self, p, cost, partial, now_us)
+    }
+    #[inline]
+    fn refund(&self, p: &sc::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self) {
+        sc::refund(self, p, n, want, now_us)
+    }
+    #[inline]
+    fn effect(&self, abs: u64) -> codec::Small {
+        codec::slidingcounter(self, abs)
+    }
+}
+
+/// Read the key once, decide, and on a grant write once, expire, signal and
+/// replicate the new state (a grant that cannot be stored answers an error).
+#[inline]
+unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
+    guarded(ctx, || {
+        let argv = argv_slice(argv, argc);
+        let (name, call) = match parse(ctx, argv, T::ARGS) {
+            Ok(v) => v,
+            Err(rc) => return rc,
+        };
+        let p = T::params(call.nums);
+        let now = clock::now_us();
+        let key = Key::open(ctx, name, call.dryrun);
+        let slot = key.slot(T::redis_type());
+        let cur = match slot {
+            Slot::WrongType => return ffi::reply_error(ctx, ffi::WRONGTYPE),
+            Slot::Ours(p) => Value::<T>::with(p, |v| *v).unwrap_or_default(),
+            Slot::Empty => T::default(),
+        };
+        if call.refund > 0 {
+            // A refund that gives nothing back writes nothing; one that
+            // leaves the limiter fresh deletes the key.
+            let (d, new) = cur.refund(&p, call.refund, 1, now);
+            if d.granted > 0 {
+                if d.reset_after_ms == 0 {
+                    delete(ctx, &key, name);
+                } else if store(&key, &slot, new) {
+                    let abs = abs_expiry(now, d.reset_after_ms);
+                    key.set_abs_expire(abs);
+                    key.signal_modified();
+                    listeners::replicate(ctx, name, || new.effect(abs));
+                } else {
+                    return ffi::reply_error(ctx, STORE_FAILED);
+                }
+            }
+            drop(key);
+            return reply(ctx, T::CMD, &d, &call);
+        }
+        let (d, new) = cur.step(&p, call.cost, call.partial, now);
+        match write_grant(&d, call.dryrun, || store(&key, &slot, new)) {
+            Write::None => {}
+            Write::Failed => return ffi::reply_error(ctx, STORE_FAILED),
+            Write::Done => {
+                let abs = abs_expiry(now, d.reset_after_ms);
+                key.set_abs_expire(abs);
+                key.signal_modified();
+                listeners::replicate(ctx, name, || new.effect(abs));
+            }
+        }
+        drop(key);
+        reply(ctx, T::CMD, &d, &call)
+    })
+}
+
+pub unsafe extern "C" fn tokenbucket(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
+    word_limiter::<tb::State>(ctx, argv, argc)
+}
+
+pub unsafe extern "C" fn slidingcounter(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
+    word_limiter::<sc::State>(ctx, argv, argc)
+}
+
+pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
+    guarded(ctx, || {
+        let argv = argv_slice(argv, argc);
+        let (name, call) = match parse(ctx, argv, args::WINDOW_ARGS) {
+            Ok(v) => v,
+            Err(rc) => return rc,
+        };
+        let p = sl::Params { limit: call.nums[0], window_ms: call.nums[1] };
+        let now = clock::now_us();
+        let key = Key::open(ctx, name, call.dryrun);
+        let slot = key.slot(sl::State::redis_type());
+        let log = match slot {
+            Slot::Ours(p) => Value::<sl::State>::wide_mut(p),
+            _ => None,
+        };
+        let empty = sl::State::default();
+        let cur: &sl::State = match (&slot, &log) {
+            (Slot::WrongType, _) => return ffi::reply_error(ctx, ffi::WRONGTYPE),
+            (_, Some(s)) => s,
+            _ => &empty,
+        };
+        if call.refund > 0 {
+            let (given, mut d) = match log {
+                Some(s) => {
+                    let given = sl::refund(s, p.window_ms, call.refund, now);
+                    (given, sl::View::at(s, &p, now).answer(0, 1))
+                }
+                None => (0, sl::View::at(&empty, &p, now).answer(0, 1)),
+            };
+            d.granted = given;
+            if given > 0 {
+                if d.reset_after_ms == 0 {
+                    delete(ctx, &key, name);
+                } else {
+                    let abs = abs_expiry(now, d.reset_after_ms);
+                    key.set_abs_expire(abs);
+                    key.signal_modified();
+                    let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: given };
+                    listeners::replicate(ctx, name, || codec::log_refund(&g, abs));
+                }
+            }
+            drop(key);
+            return reply(ctx, Cmd::SlidingLog, &d, &call);
+        }
+        let d = sl::decide(cur, &p, call.cost, call.partial, now);
+        // sl::grant decides everything before it mutates the log: a panic
+        // cannot leave it half-updated.
+        let write = write_grant(&d, call.dryrun, || match log {
+            Some(s) => {
+                sl::grant(s, p.window_ms, d.granted, now);
+                true
+            }
+            None => {
+                let mut s = sl::State::default();
+                sl::grant(&mut s, p.window_ms, d.granted, now);
+                set_new(&key, s)
+            }
+        });
+        match write {
+            Write::None => {}
+            Write::Failed => return ffi::reply_error(ctx, STORE_FAILED),
+            Write::Done => {
+                let abs = abs_expiry(now, d.reset_after_ms);
+                key.set_abs_expire(abs);
+                key.signal_modified();
+                let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
+                listeners::replicate(ctx, name, || codec::log_grant(&g, abs));
+            }
+        }
+        drop(key);
+        reply(ctx, Cmd::SlidingLog, &d, &call)
+    })
+}
