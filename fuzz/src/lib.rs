@@ -1,6 +1,8 @@
 //! Shared pieces of the fuzz targets: the input layout, an independent
-//! argument-parser oracle, reply invariants, and a plain-list model of the
-//! sliding log (read back from its canonical encoding).
+//! argument-parser oracle, reply invariants, and the comparison of every
+//! call with the core crate's reference models (`ratelimit_core::reference`,
+//! the same models its own tests use; a sliding log is read back from its
+//! canonical encoding).
 //!
 //! Input layout of the `args_*` targets (short inputs read as zero-padded):
 //!
@@ -197,63 +199,6 @@ pub fn check_retry_exact(d: &Decision, cost: u64, now: u64, mut probe: impl FnMu
     assert_eq!(probe(at - 1000).granted, 0, "the call is granted before retry_after_ms ({r})");
 }
 
-/// An independent reading of SPEC.md's sliding counter: units per absolute
-/// window index (`k = t / W`), estimate `prev × (W − e) / W + cur` compared
-/// exactly in i128. A stored state is its two windows: `start_us / W` holds
-/// `cur`, the one before holds `prev`.
-pub struct CounterModel {
-    pub w: i128,
-    pub start: u64,
-    pub windows: std::collections::BTreeMap<i128, i128>,
-}
-
-impl CounterModel {
-    pub fn new(s: &sc::State, window_ms: u64) -> CounterModel {
-        let w = i128::from(window_ms) * 1000;
-        let k = i128::from(s.start_us) / w;
-        let mut windows = std::collections::BTreeMap::new();
-        windows.insert(k, i128::from(s.cur));
-        windows.insert(k - 1, i128::from(s.prev));
-        CounterModel { w, start: s.start_us, windows }
-    }
-    fn at(&self, now: u64) -> (i128, i128, i128, i128) {
-        let t = i128::from(now.max(self.start));
-        let k = t / self.w;
-        let count = |k| self.windows.get(&k).copied().unwrap_or(0);
-        (k, t % self.w, count(k - 1), count(k))
-    }
-    /// (granted, remaining) of a call at `now`.
-    pub fn decide(&self, limit: u64, cost: u64, partial: bool, now: u64) -> (u64, u64) {
-        let (_, e, prev, cur) = self.at(now);
-        let free = i128::from(limit) * self.w - prev * (self.w - e) - cur * self.w;
-        let avail = if free < 0 { 0 } else { free / self.w };
-        let c = i128::from(cost);
-        let g = if c <= avail {
-            c
-        } else if partial {
-            avail
-        } else {
-            0
-        };
-        (g as u64, (avail - g) as u64)
-    }
-    pub fn grant(&mut self, units: u64, now: u64) {
-        let (k, ..) = self.at(now);
-        *self.windows.entry(k).or_insert(0) += i128::from(units);
-    }
-    /// The state must hold what the model counts in its window and the one
-    /// before.
-    pub fn check_state(&self, s: &sc::State) {
-        let k = i128::from(s.start_us) / self.w;
-        let count = |k| self.windows.get(&k).copied().unwrap_or(0);
-        assert_eq!(
-            (i128::from(s.cur), i128::from(s.prev)),
-            (count(k), count(k - 1)),
-            "counter state differs from the model"
-        );
-    }
-}
-
 /// The sliding log's logical content, `(time µs, units)` oldest first, read
 /// back from its canonical encoding (format in core/slidinglog.rs).
 pub fn log_entries(enc: &[u8]) -> Vec<(u64, u64)> {
@@ -284,82 +229,15 @@ pub fn log_entries(enc: &[u8]) -> Vec<(u64, u64)> {
     out
 }
 
-/// A plain-list model of the sliding log, exact in i128.
-#[derive(Clone, Debug, Default)]
-pub struct LogModel {
-    pub log: Vec<(u64, u64)>,
-}
-
-impl LogModel {
-    pub fn now_eff(&self, now: u64) -> u64 {
-        self.log.last().map_or(now, |&(t, _)| now.max(t))
-    }
-    fn live(&self, now: u64, window_ms: u64) -> Vec<(u64, u64)> {
-        let w = i128::from(window_ms) * 1000;
-        self.log.iter().copied().filter(|&(t, _)| i128::from(now) - w < i128::from(t)).collect()
-    }
-    /// Waits are measured from the real clock reading `now`, also when it
-    /// is behind the newest entry (the log is then evaluated at that entry).
-    pub fn decide(&self, limit: u64, window_ms: u64, cost: u64, partial: bool, now_real: u64) -> Decision {
-        let now = self.now_eff(now_real);
-        let live = self.live(now, window_ms);
-        let used: i128 = live.iter().map(|&(_, u)| i128::from(u)).sum();
-        let (l, c) = (i128::from(limit), i128::from(cost));
-        let granted = if partial {
-            c.min((l - used).max(0))
-        } else if used + c <= l {
-            c
-        } else {
-            0
-        };
-        let w = i128::from(window_ms) * 1000;
-        let ceil_ms = |us: i128| (us + 999).div_euclid(1000);
-        let mut after = live.clone();
-        if granted > 0 {
-            after.push((now, granted as u64));
-        }
-        let retry = if granted == c {
-            0
-        } else if c > l {
-            -1
-        } else {
-            let excess = used + granted + c - l;
-            let mut acc = 0i128;
-            let mut wait = None;
-            for &(t, u) in &after {
-                acc += i128::from(u);
-                if acc >= excess {
-                    wait = Some(ceil_ms(i128::from(t) + w - i128::from(now_real)));
-                    break;
-                }
-            }
-            wait.unwrap_or_else(|| ceil_ms(i128::from(now) + w - i128::from(now_real)))
-        };
-        let reset = after.last().map_or(0, |&(t, _)| ceil_ms(i128::from(t) + w - i128::from(now_real)).max(0));
-        Decision {
-            granted: granted as u64,
-            limit,
-            remaining: (l - used - granted).max(0) as u64,
-            retry_after_ms: i64::try_from(retry).unwrap_or(i64::MAX),
-            reset_after_ms: u64::try_from(reset).unwrap_or(u64::MAX),
-        }
-    }
-    pub fn grant(&mut self, window_ms: u64, units: u64, now: u64) {
-        let now = self.now_eff(now);
-        match self.log.last_mut() {
-            Some((t, u)) if *t == now => *u += units,
-            _ => self.log.push((now, units)),
-        }
-        self.log = self.live(now, window_ms);
-    }
-}
-
 // ---------------------------------------------------------------------
 // The three argument targets: parse, then run the pure core on the parsed
 // call against an arbitrary stored state, at arbitrary times.
 // ---------------------------------------------------------------------
 
 use crate::args::{TOKENBUCKET_ARGS, WINDOW_ARGS};
+use crate::core::reference::slidingcounter::{self as scm, Search};
+use crate::core::reference::slidinglog::Log;
+use crate::core::reference::tokenbucket::Bucket;
 pub use crate::core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
 
 /// A valid token-bucket state built from arbitrary words.
@@ -388,14 +266,15 @@ pub fn synth_sl(b: &[u8]) -> sl::State {
     let window_ms = w.next().unwrap_or(0) % MAX_ARG + 1;
     let mut t = w.next().unwrap_or(0);
     let mut s = sl::State::default();
-    let mut m = LogModel::default();
+    let mut m = Log::default();
+    let unlimited = sl::Params { limit: MAX_ARG, window_ms };
     for _ in 0..64 {
         let (Some(dt), Some(u)) = (w.next(), w.next()) else { break };
         // Mostly small steps and counts, sometimes anything.
         let dt = if dt >> 63 == 1 { dt & !(1 << 63) } else { dt % 100_000 };
         let units = if u >> 63 == 1 { u % MAX_ARG + 1 } else { u % 1000 + 1 };
         // A master never grants past the limit: keep the log's sum ≤ MAX_ARG.
-        let used = m.decide(MAX_ARG, window_ms, 0, false, t).remaining;
+        let used = m.decide(&unlimited, 0, false, t).remaining;
         let units = units.min(used);
         t = t.saturating_add(dt);
         if units > 0 {
@@ -405,7 +284,7 @@ pub fn synth_sl(b: &[u8]) -> sl::State {
     }
     let mut enc = Vec::new();
     s.encode(&mut enc);
-    assert_eq!(log_entries(&enc), m.log, "synthesized log differs from the model");
+    assert_eq!(log_entries(&enc), m.entries(), "synthesized log differs from the model");
     s
 }
 
@@ -443,7 +322,10 @@ pub fn tb_refund(cur: &tb::State, p: &tb::Params, n: u64, now: u64) {
     assert_eq!(d.granted, d.remaining - before, "{d:?}");
     assert_eq!(d.reset_after_ms == 0, d.remaining == p.capacity && tb::step(&new, p, 0, false, now).0.reset_after_ms == 0);
     assert_eq!(d.retry_after_ms, 0, "one token is there after a refund of one or more");
+    let mut m = Bucket::from_state(cur);
+    assert_eq!(d, m.refund(p, now, n, 1), "refund differs from the model");
     if d.granted > 0 && d.reset_after_ms > 0 {
+        assert_eq!(Bucket::from_state(&new).level(p, now), m.level(p, now), "stored level differs from the model");
         assert_eq!(tb::State::decode(&new.encode()), Ok(new));
         assert_eq!(tb::step(&new, p, 0, false, now).0, tb::View::at(&new, p, now).answer(0, 0));
     }
@@ -453,39 +335,14 @@ pub fn tb_refund(cur: &tb::State, p: &tb::Params, n: u64, now: u64) {
 pub fn tb_call(cur: &tb::State, p: &tb::Params, call: &Call, now: u64, now2: u64) {
     let (d, new) = tb::step(cur, p, call.cost, call.partial, now);
     check_decision(&d, p.capacity, call.cost, call.partial);
-    // The level in units of 1/P token (P = period in µs), as the spec and
-    // the core's documented quantization define it: refill `rate` units per
-    // µs up to `capacity × P`; a fraction written under another period is
-    // rescaled rounding down.
-    let pu = u128::from(p.period_ms) * 1000;
-    let full = u128::from(p.capacity) * pu;
-    let level = if cur.is_fresh() {
-        full
-    } else {
-        let t = u128::from(now.max(cur.last_us));
-        let frac = u128::from(cur.frac) * pu / u128::from(cur.den);
-        (u128::from(cur.tokens) * pu + frac + (t - u128::from(cur.last_us)) * u128::from(p.rate)).min(full)
-    };
-    let whole = level / pu;
-    let c = u128::from(call.cost);
-    let g = if c <= whole {
-        c
-    } else if call.partial {
-        whole
-    } else {
-        0
-    };
-    assert_eq!(
-        (u128::from(d.granted), u128::from(d.remaining)),
-        (g, (level - g * pu) / pu),
-        "bucket differs from the model"
-    );
+    // The reference model: the level as an exact rational (refill `rate`
+    // units of 1/P token per µs up to `capacity × P`; a fraction written
+    // under another period rescaled rounding down).
+    let mut m = Bucket::from_state(cur);
+    assert_eq!(d, m.call(p, call.cost, call.partial, now, true), "bucket differs from the model");
     if d.granted > 0 {
-        assert_eq!(
-            u128::from(new.tokens) * pu + u128::from(new.frac),
-            level - g * pu,
-            "stored level differs from the model"
-        );
+        let stored = Bucket::from_state(&new);
+        assert_eq!((stored.num, stored.d, stored.last), (m.num, m.d, m.last), "stored level differs from the model");
     }
     let after = if d.granted > 0 { new } else { *cur };
     check_retry_exact(&d, call.cost, now, |t| tb::step(&after, p, call.cost, false, t).0);
@@ -544,6 +401,11 @@ pub fn sc_refund(cur: &sc::State, p: &sc::Params, n: u64, now: u64) {
         "{d:?} {before:?}"
     );
     assert_eq!(d.granted == 0, before.reset_after_ms == 0, "only a fresh counter gives nothing back: {d:?} {before:?}");
+    let (md, ms) = scm::refund(cur, p, now, n, 1, Search::Bisect);
+    assert_eq!(d, md, "refund differs from the model");
+    if d.granted > 0 && d.reset_after_ms > 0 {
+        assert_eq!(new, ms, "refunded state differs from the model");
+    }
     if d.granted > 0 {
         assert!(new.cur <= cur.cur.max(cur.prev) && new.prev <= cur.prev.max(cur.cur), "{new:?} {cur:?}");
         if d.reset_after_ms > 0 {
@@ -558,11 +420,10 @@ pub fn sc_refund(cur: &sc::State, p: &sc::Params, n: u64, now: u64) {
 pub fn sc_call(cur: &sc::State, p: &sc::Params, call: &Call, now: u64, now2: u64) {
     let (d, new) = sc::step(cur, p, call.cost, call.partial, now);
     check_decision(&d, p.limit, call.cost, call.partial);
-    let mut m = CounterModel::new(cur, p.window_ms);
-    assert_eq!(m.decide(p.limit, call.cost, call.partial, now), (d.granted, d.remaining), "counter differs from the model");
+    let (md, ms) = scm::decide(cur, p, call.cost, call.partial, now, Search::Bisect);
+    assert_eq!(d, md, "counter differs from the model");
     if d.granted > 0 {
-        m.grant(d.granted, now);
-        m.check_state(&new);
+        assert_eq!(new, ms, "counter state differs from the model");
     }
     let after = if d.granted > 0 { new } else { *cur };
     check_retry_exact(&d, call.cost, now, |t| sc::step(&after, p, call.cost, false, t).0);
@@ -613,31 +474,22 @@ pub fn args_slidinglog(data: &[u8]) {
 /// them; nothing changes when the window holds none.
 pub fn sl_refund(cur: &sl::State, p: &sl::Params, n: u64, now: u64) {
     let before = sl::decide(cur, p, 0, false, now);
-    let model = LogModel { log: log_entries(&sl_encode(cur)) };
-    let t = model.now_eff(now);
-    let w = u128::from(p.window_ms) * 1000;
-    let in_window: u64 = model.log.iter().filter(|e| u128::from(e.0) + w > u128::from(t)).map(|e| e.1).sum();
+    let mut model = Log::from_entries(&log_entries(&sl_encode(cur)));
+    let in_window = u64::try_from(model.used(p.window_ms, now)).expect("a stored log holds at most u64::MAX units");
     let mut s = cur.clone();
     let removed = sl::refund(&mut s, p.window_ms, n, now);
     assert_eq!(removed, n.min(in_window));
+    // The reply of RL.SLIDINGLOG ... REFUND n.
+    let mut d = sl::View::at(&s, p, now).answer(0, 1);
+    d.granted = removed;
+    assert_eq!(d, model.refund(p, now, n, 1), "refund differs from the model");
     if removed == 0 {
         assert_eq!(sl_encode(&s), sl_encode(cur), "a refund of nothing changed the log");
         return;
     }
     // The newest entries lost `removed` units; older ones are untouched.
-    let mut want: Vec<(u64, u64)> = model.log.iter().copied().filter(|e| u128::from(e.0) + w > u128::from(t)).collect();
-    let mut left = removed;
-    while left > 0 {
-        let last = want.last_mut().expect("units to remove");
-        let k = left.min(last.1);
-        last.1 -= k;
-        left -= k;
-        if last.1 == 0 {
-            want.pop();
-        }
-    }
     let enc = sl_encode(&s);
-    assert_eq!(log_entries(&enc), want, "refund removed the wrong units");
+    assert_eq!(log_entries(&enc), model.entries(), "refund removed the wrong units");
     assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc.clone()));
     let after = sl::decide(&s, p, 0, false, now);
     assert!(after.remaining >= before.remaining && after.remaining <= p.limit);
@@ -651,11 +503,11 @@ fn sl_encode(s: &sl::State) -> Vec<u8> {
 
 pub fn sl_call(cur: &sl::State, p: &sl::Params, call: &Call, now: u64, now2: u64) {
     let enc_before = sl_encode(cur);
-    let mut model = LogModel { log: log_entries(&enc_before) };
+    let mut model = Log::from_entries(&log_entries(&enc_before));
     let t = model.now_eff(now);
     let d = sl::decide(cur, p, call.cost, call.partial, now);
     check_decision(&d, p.limit, call.cost, call.partial);
-    let md = model.decide(p.limit, p.window_ms, call.cost, call.partial, now);
+    let md = model.decide(p, call.cost, call.partial, now);
     assert_eq!(d, md, "sliding log differs from the model: {:?}", model.log);
     if d.granted == 0 {
         check_retry_exact(&d, call.cost, now, |t| sl::decide(cur, p, call.cost, false, t));
@@ -685,7 +537,7 @@ pub fn sl_call(cur: &sl::State, p: &sl::Params, call: &Call, now: u64, now2: u64
     let n = log_entries(&enc).len();
     assert!(new.heap_bytes() <= 16 * (n + 1) * 2, "heap {} bytes for {n} entries", new.heap_bytes());
     model.grant(p.window_ms, d.granted, now);
-    assert_eq!(log_entries(&enc), model.log, "log after grant differs from the model");
+    assert_eq!(log_entries(&enc), model.entries(), "log after grant differs from the model");
     // Evaluated at max(now, newest entry), where the grant now is.
     let fresh_at = sl::fresh_at_us(&new, p.window_ms).expect("a written log is not empty");
     assert_eq!(fresh_at, t.saturating_add(p.window_ms * 1000));

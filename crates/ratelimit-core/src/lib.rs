@@ -24,6 +24,8 @@
 pub mod args;
 pub mod codec;
 pub mod multi;
+#[cfg(any(test, feature = "reference"))]
+pub mod reference;
 pub mod slidingcounter;
 pub mod slidinglog;
 pub mod tokenbucket;

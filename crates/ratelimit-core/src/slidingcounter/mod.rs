@@ -342,164 +342,9 @@ mod tests {
     use proptest::test_runner::Config as PropConfig;
     use std::collections::HashMap;
 
-    // ------------------------------------------------------------------
-    // Reference model: SPEC.md's definitions evaluated literally in exact
-    // rational arithmetic, with every answer found by searching (linear
-    // scans, or bisection over predicates whose monotonicity the linear
-    // scans confirm in `linear_model_matches_step_and_bisection`) instead
-    // of the closed forms `step` uses.
-    // ------------------------------------------------------------------
-
-    /// An exact non-negative rational `n / d` (`d > 0`), never rounded.
-    #[derive(Clone, Copy, Debug)]
-    struct Ratio {
-        n: u128,
-        d: u128,
-    }
-
-    impl Ratio {
-        fn new(n: u128, d: u128) -> Ratio {
-            assert!(d > 0);
-            Ratio { n, d }
-        }
-        /// `self + k ≤ limit`, i.e. `n + k·d ≤ limit·d`.
-        fn plus_int_le(self, k: u128, limit: u128) -> bool {
-            let lhs = self.n.checked_add(k.checked_mul(self.d).unwrap()).unwrap();
-            lhs <= limit.checked_mul(self.d).unwrap()
-        }
-    }
-
-    /// What a key's two windows count for a call arriving at real time `t`
-    /// (evaluated at `max(t, start_us)`): (prev, cur, µs into the window).
-    /// Times are u128 so instants past `u64::MAX` can be searched.
-    fn m_counts(s: &State, w: u128, t: u128) -> (u128, u128, u128) {
-        let t = t.max(u128::from(s.start_us));
-        let (ks, kt) = (u128::from(s.start_us) / w, t / w);
-        let e = t - kt * w;
-        if kt == ks {
-            (u128::from(s.prev), u128::from(s.cur), e)
-        } else if kt == ks + 1 {
-            (u128::from(s.cur), 0, e)
-        } else {
-            (0, 0, e)
-        }
-    }
-
-    /// `prev × (W − elapsed) / W + cur` as an exact rational over `W`.
-    fn m_estimate(s: &State, w: u128, t: u128) -> Ratio {
-        let (prev, cur, e) = m_counts(s, w, t);
-        Ratio::new(prev * (w - e) + cur * w, w)
-    }
-
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    enum Search {
-        Linear,
-        Bisect,
-    }
-
-    /// Largest `n` in `0..=hi` with `pred(n)`, for `pred` true then false.
-    fn largest(hi: u128, mode: Search, pred: impl Fn(u128) -> bool) -> Option<u128> {
-        match mode {
-            Search::Linear => (0..=hi).rev().find(|&n| pred(n)),
-            Search::Bisect => {
-                if !pred(0) {
-                    return None;
-                }
-                let (mut lo, mut hi) = (0u128, hi); // pred(lo) holds
-                while lo < hi {
-                    let mid = lo + (hi - lo).div_ceil(2);
-                    if pred(mid) {
-                        lo = mid;
-                    } else {
-                        hi = mid - 1;
-                    }
-                }
-                Some(lo)
-            }
-        }
-    }
-
-    /// Smallest `t` in `lo..=hi` with `pred(t)`, for `pred` false then true;
-    /// `pred(hi)` must hold.
-    fn smallest(lo: u128, hi: u128, mode: Search, pred: impl Fn(u128) -> bool) -> u128 {
-        assert!(pred(hi), "model: predicate must hold at the search horizon");
-        match mode {
-            Search::Linear => (lo..=hi).find(|&t| pred(t)).unwrap(),
-            Search::Bisect => {
-                let (mut lo, mut hi) = (lo, hi); // pred(hi) holds
-                while lo < hi {
-                    let mid = lo + (hi - lo) / 2;
-                    if pred(mid) {
-                        hi = mid;
-                    } else {
-                        lo = mid + 1;
-                    }
-                }
-                lo
-            }
-        }
-    }
-
-    fn ceil_ms(us: u128) -> u128 {
-        us.div_ceil(1000)
-    }
-
-    /// The reference decision, for params in `1..=MAX_ARG` and cost ≤ MAX_ARG.
-    fn model(s: &State, p: &Params, cost: u64, partial: bool, now: u64, mode: Search) -> (Decision, State) {
-        let w = u128::from(p.window_ms) * 1000;
-        let limit = u128::from(p.limit);
-        let cost_ = u128::from(cost);
-        let t = u128::from(now);
-        let fits = |st: &State, at: u128, n: u128| m_estimate(st, w, at).plus_int_le(n, limit);
-
-        let granted = if cost == 0 {
-            0
-        } else if partial {
-            largest(cost_.min(limit), mode, |n| fits(s, t, n)).unwrap_or(0)
-        } else if fits(s, t, cost_) {
-            cost_
-        } else {
-            0
-        };
-
-        let t_eff = t.max(u128::from(s.start_us));
-        let (prev, cur, e) = m_counts(s, w, t);
-        let after = if granted > 0 {
-            State {
-                // The window of the call, but never earlier than the instant
-                // the state already pins (only differs for states written
-                // under another window, read with the clock behind them).
-                start_us: u64::try_from(t_eff - e).unwrap().max(s.start_us),
-                cur: u64::try_from(cur + granted).unwrap(),
-                prev: u64::try_from(prev).unwrap(),
-            }
-        } else {
-            *s
-        };
-        let remaining = largest(limit, mode, |n| fits(&after, t, n)).unwrap_or(0);
-        // Everything has aged out at the start of the window after next.
-        let horizon = t_eff - e + 2 * w;
-        let retry = if granted == cost_ {
-            0
-        } else if cost_ > limit {
-            -1
-        } else {
-            let at = smallest(t, horizon, mode, |at| fits(&after, at, cost_));
-            i64::try_from(ceil_ms(at - t)).unwrap()
-        };
-        let fresh = smallest(t, horizon, mode, |at| {
-            let (p2, c2, _) = m_counts(&after, w, at);
-            p2 == 0 && c2 == 0
-        });
-        let d = Decision {
-            granted: u64::try_from(granted).unwrap(),
-            limit: p.limit,
-            remaining: u64::try_from(remaining).unwrap(),
-            retry_after_ms: retry,
-            reset_after_ms: u64::try_from(ceil_ms(fresh - t)).unwrap(),
-        };
-        (d, after)
-    }
+    // The reference model (SPEC.md literally, exact rationals, answers
+    // found by searching): `reference::slidingcounter`.
+    use crate::reference::slidingcounter::{self as scm, Search};
 
     /// Properties every call keeps, whatever its inputs.
     fn check_invariants(state: &State, p: &Params, cost: u64, partial: bool, now: u64, d: &Decision, ns: &State) {
@@ -801,7 +646,7 @@ mod tests {
                                 let valid_state = s.is_fresh() || State::decode(&s.encode()).is_ok();
                                 if in_range(limit) && in_range(window_ms) && cost <= MAX_ARG && valid_state {
                                     let p = Params { limit, window_ms };
-                                    let (md, ms) = model(s, &p, cost, partial, now, Search::Bisect);
+                                    let (md, ms) = scm::decide(s, &p, cost, partial, now, Search::Bisect);
                                     assert_eq!(d, md, "{s:?} {p:?} cost {cost} partial {partial} now {now}");
                                     assert_eq!(ns, ms);
                                     if d.granted > 0 {
@@ -895,8 +740,8 @@ mod tests {
             let p = Params { limit, window_ms };
             let (d, ns) = step(&s, &p, cost, partial, now);
             check_invariants(&s, &p, cost, partial, now, &d, &ns);
-            let lin = model(&s, &p, cost, partial, now, Search::Linear);
-            let bis = model(&s, &p, cost, partial, now, Search::Bisect);
+            let lin = scm::decide(&s, &p, cost, partial, now, Search::Linear);
+            let bis = scm::decide(&s, &p, cost, partial, now, Search::Bisect);
             prop_assert_eq!(lin, bis);
             prop_assert_eq!(d, lin.0);
             prop_assert_eq!(ns, lin.1);
@@ -926,7 +771,7 @@ mod tests {
             let p = Params { limit, window_ms };
             let (d, ns) = step(&s, &p, cost, partial, now);
             check_invariants(&s, &p, cost, partial, now, &d, &ns);
-            let (md, ms) = model(&s, &p, cost, partial, now, Search::Bisect);
+            let (md, ms) = scm::decide(&s, &p, cost, partial, now, Search::Bisect);
             prop_assert_eq!(d, md);
             prop_assert_eq!(ns, ms);
             if d.granted > 0 {
@@ -1091,13 +936,13 @@ mod tests {
                     }
                     // The state agrees with the log of grants.
                     let (k, lp, lc, le) = log.view(w, now);
-                    let (sp, sc, se) = m_counts(&stored, u128::from(w), u128::from(now));
+                    let (sp, sc, se) = scm::counts(&stored, u128::from(w), u128::from(now));
                     prop_assert_eq!((u128::from(lp), u128::from(lc), u128::from(le)), (sp, sc, se));
 
                     let p = Params { limit, window_ms };
                     let (d, ns) = step(&stored, &p, cost, partial, now);
                     check_invariants(&stored, &p, cost, partial, now, &d, &ns);
-                    let (md, ms) = model(&stored, &p, cost, partial, now, Search::Bisect);
+                    let (md, ms) = scm::decide(&stored, &p, cost, partial, now, Search::Bisect);
                     prop_assert_eq!(
                         d,
                         md,

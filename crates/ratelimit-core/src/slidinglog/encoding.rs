@@ -212,7 +212,7 @@ mod tests {
         let p = Params { limit: MAX_ARG, window_ms: MAX_ARG };
         let mut s = State::default();
         let mut now = 5u64;
-        let mut m = Model::default();
+        let mut m = Log::default();
         for (i, cost) in [1u64, MAX_ARG / 4, 3, MAX_ARG / 8, MAX_ARG / 16].into_iter().enumerate() {
             let d = call(&mut s, p, cost, true, now);
             assert_eq!(d, m.decide(&p, cost, true, now));

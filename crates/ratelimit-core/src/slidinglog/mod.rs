@@ -335,7 +335,7 @@ mod tests {
     /// limit is never exceeded within any window.
     fn run_against_model(steps: &[(Params, u64, bool, u64)]) {
         let mut s = State::default();
-        let mut m = Model::default();
+        let mut m = Log::default();
         for &(p, cost, partial, now) in steps {
             let d = decide(&s, &p, cost, partial, now);
             assert_eq!(d, m.decide(&p, cost, partial, now), "at {now} {p:?} cost {cost} partial {partial}");
@@ -345,7 +345,7 @@ mod tests {
                 m.grant(p.window_ms, d.granted, now);
                 let eff = m.now_eff(now);
                 let in_win: u128 =
-                    m.log.iter().filter(|&&(t, _)| Model::in_window(t, eff, p.window_ms)).map(|&(_, u)| u).sum();
+                    m.log.iter().filter(|&&(t, _)| Log::in_window(t, eff, p.window_ms)).map(|&(_, u)| u).sum();
                 assert!(in_win <= u128::from(p.limit), "limit exceeded");
             }
             s.check_invariants();
@@ -459,7 +459,7 @@ mod tests {
     fn run_ops(start: u64, p0: Params, ops: &[Op]) -> Result<(), TestCaseError> {
         let mut s = State::default();
         let mut r = State::default();
-        let mut m = Model::default();
+        let mut m = Log::default();
         let mut now = start;
         let mut p = p0;
         for op in ops {
@@ -482,7 +482,7 @@ mod tests {
                 // Never more than the limit inside the window.
                 let eff = m.now_eff(now);
                 let in_win: u128 =
-                    m.log.iter().filter(|&&(t, _)| Model::in_window(t, eff, p.window_ms)).map(|&(_, u)| u).sum();
+                    m.log.iter().filter(|&&(t, _)| Log::in_window(t, eff, p.window_ms)).map(|&(_, u)| u).sum();
                 prop_assert!(in_win <= u128::from(p.limit));
                 s.check_invariants();
                 s.check_capacity();

@@ -1,97 +1,10 @@
-//! Shared by the sliding log's tests: the reference model, the invariant
-//! checks and small helpers.
+//! Shared by the sliding log's tests: the reference model (a plain list,
+//! `reference::slidinglog`), the invariant checks and small helpers.
 
 use super::packed::{dbits_of, unpack, MOVED};
 use super::{decide, grant, Params, State};
+pub(super) use crate::reference::slidinglog::Log;
 use crate::Decision;
-
-// ---------------------------------------------------------------
-// Reference model: a plain list of (time, units), exact arithmetic.
-// ---------------------------------------------------------------
-
-#[derive(Clone, Debug, Default)]
-pub(super) struct Model {
-    pub(super) log: Vec<(u64, u128)>,
-}
-
-fn ceil_ms(us: i128) -> i128 {
-    (us + 999).div_euclid(1000)
-}
-
-impl Model {
-    pub(super) fn now_eff(&self, now: u64) -> u64 {
-        self.log.last().map_or(now, |&(t, _)| now.max(t))
-    }
-
-    pub(super) fn in_window(t: u64, now: u64, window_ms: u64) -> bool {
-        // now − W < t, in signed 128-bit arithmetic.
-        i128::from(now) - i128::from(window_ms) * 1000 < i128::from(t)
-    }
-
-    pub(super) fn decide(&self, p: &Params, cost: u64, partial: bool, now_real: u64) -> Decision {
-        let now = self.now_eff(now_real);
-        let live: Vec<(u64, u128)> =
-            self.log.iter().copied().filter(|&(t, _)| Self::in_window(t, now, p.window_ms)).collect();
-        let used: i128 = live.iter().map(|&(_, u)| u as i128).sum();
-        let (limit, cost_i) = (i128::from(p.limit), i128::from(cost));
-        let granted: i128 = if partial {
-            cost_i.min((limit - used).max(0))
-        } else if used + cost_i <= limit {
-            cost_i
-        } else {
-            0
-        };
-        let remaining = (limit - used - granted).max(0);
-        let mut after = live.clone();
-        if granted > 0 {
-            after.push((now, granted as u128));
-        }
-        let w = i128::from(p.window_ms) * 1000;
-        let retry = if granted == cost_i {
-            0
-        } else if cost_i > limit {
-            -1
-        } else {
-            let excess = used + granted + cost_i - limit;
-            assert!(excess > 0);
-            let mut acc = 0i128;
-            let mut found = None;
-            for &(t, u) in &after {
-                acc += u as i128;
-                if acc >= excess {
-                    found = Some(t);
-                    break;
-                }
-            }
-            let t = found.expect("model: the walk must reach the excess");
-            ceil_ms(i128::from(t) + w - i128::from(now_real))
-        };
-        let reset = match after.last() {
-            Some(&(t, _)) => ceil_ms(i128::from(t) + w - i128::from(now_real)),
-            None => 0,
-        };
-        Decision {
-            granted: granted as u64,
-            limit: p.limit,
-            remaining: remaining as u64,
-            retry_after_ms: retry as i64,
-            reset_after_ms: reset as u64,
-        }
-    }
-
-    pub(super) fn grant(&mut self, window_ms: u64, units: u64, now: u64) {
-        let now = self.now_eff(now);
-        match self.log.last_mut() {
-            Some((t, u)) if *t == now => *u += u128::from(units),
-            _ => self.log.push((now, u128::from(units))),
-        }
-        self.log.retain(|&(t, _)| Self::in_window(t, now, window_ms));
-    }
-
-    pub(super) fn entries(&self) -> Vec<(u64, u64)> {
-        self.log.iter().map(|&(t, u)| (t, u as u64)).collect()
-    }
-}
 
 // ---------------------------------------------------------------
 // Invariants (what `decode` enforces, plus the memory bounds).

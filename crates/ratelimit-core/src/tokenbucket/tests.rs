@@ -1,7 +1,8 @@
 //! The token bucket's tests: hand-computed cases, and random call
-//! sequences against the exact rational model.
+//! sequences against the exact rational model (`reference::tokenbucket`).
 
 use super::*;
+use crate::reference::tokenbucket::Bucket;
 use crate::MAX_ARG;
 use proptest::prelude::*;
 
@@ -138,81 +139,6 @@ fn extremes_do_not_overflow() {
     }
 }
 
-// ---- Reference model: exact rationals (num / den as u128 pairs, reduced
-// by never dividing: levels are kept as num over a common denominator
-// that changes only when the period changes). ----
-
-/// The model keeps the level as an exact rational `num / d` tokens where
-/// `d = period_us`; on a period change it rounds the fractional part down
-/// to a multiple of 1/d_new, the documented quantization.
-#[derive(Clone, Debug)]
-struct Model {
-    num: u128,
-    d: u128,
-    last: u64,
-    fresh: bool,
-}
-
-impl Model {
-    fn call(&mut self, p: &Params, cost: u64, partial: bool, now: u64, write: bool) -> Decision {
-        let d = u128::from(p.period_ms) * 1000;
-        let full = u128::from(p.capacity) * d;
-        let (mut num, now_eff) = if self.fresh {
-            (full, now)
-        } else {
-            let now_eff = now.max(self.last);
-            let whole = self.num / self.d;
-            let frac = (self.num % self.d) * d / self.d;
-            let num = whole * d + frac + u128::from(now_eff - self.last) * u128::from(p.rate);
-            (num.min(full), now_eff)
-        };
-        let avail = num / d;
-        let g = if u128::from(cost) <= avail {
-            cost
-        } else if partial {
-            avail as u64
-        } else {
-            0
-        };
-        num -= u128::from(g) * d;
-        // Waits by brute force over rationals: smallest t (µs, real) with
-        // num + t*rate >= target*d, i.e. t = (target*d - num)/rate; in ms
-        // rounded up.
-        let gap = u128::from(now_eff - now);
-        let ceil_ms = |target: u128| -> u64 {
-            if num >= target {
-                return 0;
-            }
-            // Real-valued wait (deficit / rate µs) plus the clock gap,
-            // rounded up to whole µs (time is counted in µs), then ms.
-            let deficit = target - num;
-            let r = u128::from(p.rate);
-            let us = deficit.div_ceil(r) + gap;
-            us.div_ceil(1000) as u64
-        };
-        let dec = Decision {
-            granted: g,
-            limit: p.capacity,
-            remaining: (num / d) as u64,
-            retry_after_ms: if g == cost {
-                0
-            } else if cost > p.capacity {
-                -1
-            } else {
-                ceil_ms(u128::from(cost) * d) as i64
-            },
-            reset_after_ms: ceil_ms(full),
-        };
-        if write && g > 0 {
-            self.num = num;
-            self.d = d;
-            self.last = now_eff;
-            self.fresh = false;
-        }
-        dec
-    }
-}
-
 #[derive(Clone, Debug)]
 struct Op {
     dt: i64,
@@ -248,7 +174,7 @@ proptest! {
     ) {
         let params: Vec<Params> = caps.iter().map(|&(c, r, p)| tb(c, r, p)).collect();
         let mut s = State::default();
-        let mut m = Model { num: 0, d: 1, last: 0, fresh: true };
+        let mut m = Bucket::default();
         let mut now = t0;
         for op in ops {
             now = now.saturating_add_signed(op.dt);

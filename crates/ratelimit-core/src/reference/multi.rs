@@ -1,0 +1,133 @@
+//! RL.MULTI by the words of SPEC.md: each limit on its own (its reference
+//! model), the largest common grant found by counting down, all or nothing,
+//! and the whole reply picked from the per-limit ones.
+
+use super::slidingcounter::{self as scm, Search};
+use super::slidinglog::Log;
+use super::tokenbucket::Bucket;
+use crate::multi::{Op, Params, Whole};
+use crate::{slidingcounter as sc, Decision};
+
+/// One limit of a call: its parameters and its model state.
+#[derive(Clone, Debug)]
+pub enum Limit {
+    TokenBucket(crate::tokenbucket::Params, Bucket),
+    SlidingLog(crate::slidinglog::Params, Log),
+    SlidingCounter(sc::Params, sc::State),
+}
+
+impl Limit {
+    /// A fresh limit (no key) under `p`.
+    pub fn fresh(p: &Params) -> Limit {
+        match *p {
+            Params::TokenBucket(p) => Limit::TokenBucket(p, Bucket::default()),
+            Params::SlidingLog(p) => Limit::SlidingLog(p, Log::default()),
+            Params::SlidingCounter(p) => Limit::SlidingCounter(p, sc::State::default()),
+        }
+    }
+
+    /// Units the limit could take at `now`.
+    pub fn avail(&self, now: u64) -> u64 {
+        match self {
+            Limit::TokenBucket(p, m) => m.avail(p, now),
+            Limit::SlidingLog(p, m) => m.avail(p, now),
+            Limit::SlidingCounter(p, s) => scm::avail(s, p, now, Search::Bisect),
+        }
+    }
+
+    /// The limit's reply after taking `taken` units for a call of `want`.
+    pub fn reply(&self, now: u64, taken: u64, want: u64) -> Decision {
+        match self {
+            Limit::TokenBucket(p, m) => m.reply(p, now, taken, want),
+            Limit::SlidingLog(p, m) => m.reply(p, now, taken, want),
+            Limit::SlidingCounter(p, s) => scm::reply(s, p, now, taken, want, Search::Bisect).0,
+        }
+    }
+
+    /// Write a take of `taken` units.
+    pub fn commit(&mut self, now: u64, taken: u64) {
+        match self {
+            Limit::TokenBucket(p, m) => m.commit(p, now, taken),
+            Limit::SlidingLog(p, m) => m.grant(p.window_ms, taken, now),
+            Limit::SlidingCounter(p, s) => *s = scm::reply(s, p, now, taken, taken, Search::Bisect).1,
+        }
+    }
+
+    /// `REFUND n` on this limit (reply for a following call of `want`); a
+    /// limit the refund leaves fresh is deleted, i.e. becomes no key.
+    pub fn refund(&mut self, now: u64, n: u64, want: u64) -> Decision {
+        let d = match self {
+            Limit::TokenBucket(p, m) => m.refund(p, now, n, want),
+            Limit::SlidingLog(p, m) => m.refund(p, now, n, want),
+            Limit::SlidingCounter(p, s) => {
+                let (d, after) = scm::refund(s, p, now, n, want, Search::Bisect);
+                *s = after;
+                d
+            }
+        };
+        if d.granted > 0 && d.reset_after_ms == 0 {
+            *self = match self {
+                Limit::TokenBucket(p, _) => Limit::TokenBucket(*p, Bucket::default()),
+                Limit::SlidingLog(p, _) => Limit::SlidingLog(*p, Log::default()),
+                Limit::SlidingCounter(p, _) => Limit::SlidingCounter(*p, sc::State::default()),
+            };
+        }
+        d
+    }
+}
+
+/// One RL.MULTI call on the models: the per-limit replies (written when
+/// the call writes) and the whole reply.
+pub fn call(limits: &mut [Limit], weights: &[u64], op: Op, now: u64) -> (Whole, Vec<Decision>) {
+    let per: Vec<Decision> = match op {
+        Op::Take { cost, partial, dryrun } => {
+            // The most requests every limit can take, counting down.
+            let mut g = cost;
+            while g > 0 && !limits.iter().zip(weights).all(|(m, &w)| g * w <= m.avail(now)) {
+                g -= 1;
+            }
+            if !partial && g != cost {
+                g = 0;
+            }
+            let per = limits.iter().zip(weights).map(|(m, &w)| m.reply(now, g * w, cost * w)).collect();
+            if g > 0 && !dryrun {
+                for (m, &w) in limits.iter_mut().zip(weights) {
+                    m.commit(now, g * w);
+                }
+            }
+            per
+        }
+        Op::Refund(n) => limits.iter_mut().zip(weights).map(|(m, &w)| m.refund(now, n * w, w)).collect(),
+    };
+    (whole(&per, weights, op), per)
+}
+
+/// The whole reply: the binding limit's fields (fewest requests left, or
+/// the longest wait when not granted), element 1 by the call's kind.
+pub fn whole(per: &[Decision], weights: &[u64], op: Op) -> Whole {
+    let n = per.len();
+    let fewest = (0..n).min_by_key(|&i| (per[i].remaining / weights[i], i)).unwrap();
+    let never = per.iter().any(|d| d.retry_after_ms == -1);
+    let longest = if never { -1 } else { per.iter().map(|d| d.retry_after_ms).max().unwrap() };
+    let pick = |b: usize, allowed: u64, retry: i64| Whole {
+        allowed,
+        limit: per[b].limit,
+        remaining: per[b].remaining,
+        retry_after_ms: retry,
+        reset_after_ms: per[b].reset_after_ms,
+        binding: b,
+    };
+    match op {
+        Op::Refund(units) => pick(fewest, if per.iter().any(|d| d.granted > 0) { units } else { 0 }, longest),
+        Op::Take { cost, partial, .. } => {
+            let g = per[0].granted / weights[0];
+            let allowed = if partial { g } else { u64::from(g == cost) };
+            if g == cost {
+                pick(fewest, allowed, 0)
+            } else {
+                let b = (0..n).find(|&i| per[i].retry_after_ms == longest).unwrap();
+                pick(b, allowed, longest)
+            }
+        }
+    }
+}
