@@ -27,7 +27,7 @@ export interface AllOf {
 export function tokenBucket(name: string, capacity: number, rate: number, periodMs: number): Policy;
 export function slidingLog(name: string, limit: number, windowMs: number): Policy;
 export function slidingCounter(name: string, limit: number, windowMs: number): Policy;
-/** 1-16 distinct-named policies, all or nothing (RL.MULTI). Default name: the part names joined by '+'. */
+/** 1-16 distinct-named policies, all or nothing (RL.MULTI). Default name: the part names joined by '.' (RangeError when that is over 64 characters: give a name). */
 export function allOf(parts: Policy[], opts?: { name?: string }): AllOf;
 
 export interface Part {

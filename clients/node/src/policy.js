@@ -94,9 +94,13 @@ export function allOf(parts, { name } = {}) {
     if (!(p instanceof Policy)) throw new TypeError('allOf parts must be tokenBucket / slidingLog / slidingCounter policies');
   }
   if (new Set(parts.map((p) => p.name)).size !== parts.length) throw new RangeError('allOf parts need distinct names');
-  // The default name joins the part names with '+' (not otherwise allowed in
-  // a name, so it cannot collide with a name given by the user).
-  return new AllOf(Object.freeze([...parts]), name === undefined ? parts.map((p) => p.name).join('+') : checkName(name));
+  // The default name must be a valid name too (it goes into headers and the
+  // 429 body): the part names joined by '.', at most 64 characters.
+  if (name === undefined) {
+    name = parts.map((p) => p.name).join('.');
+    if (name.length > 64) throw new RangeError(`allOf: the default name ${JSON.stringify(name)} is longer than 64 characters; give allOf a {name}`);
+  }
+  return new AllOf(Object.freeze([...parts]), checkName(name));
 }
 
 export function isPolicy(p) { return p instanceof Policy; }

@@ -50,7 +50,14 @@ test('policies validate their numbers and names', () => {
   assert.equal(tb.weighted(3).weight, 3);
   assert.equal(tb.weight, 1);
   const a = allOf([tb, slidingLog('day', 1000, 86400000)]);
-  assert.equal(a.name, 'api+day');
+  // the default all_of name joins the part names with '.', an allowed name
+  // character; the name rule holds for all_of names too
+  assert.equal(a.name, 'api.day');
+  assert.match(a.name, /^[A-Za-z0-9._-]{1,64}$/);
+  assert.throws(() => allOf([tb], { name: 'api+day' }), RangeError);
+  const long = (c) => slidingLog(c.repeat(40), 1, 1);
+  assert.throws(() => allOf([long('a'), long('b')]), /longer than 64 characters/);
+  assert.equal(allOf([long('a'), long('b')], { name: 'ab' }).name, 'ab');
   assert.equal(allOf([tb], { name: 'one' }).name, 'one');
   assert.throws(() => allOf([tb, tb]), RangeError);
   assert.throws(() => allOf([]), RangeError);
@@ -109,7 +116,7 @@ test('headers: allOf lists every policy, describes the binding one', () => {
     { policy: 'api', granted: 0, limit: 100, remaining: 40, retryAfterMs: 0, resetAfterMs: 36000 },
     { policy: 'day', granted: 0, limit: 1000, remaining: 0, retryAfterMs: 5000, resetAfterMs: 86400000 },
   ];
-  const d = makeDecision(false, 0, 1000, 0, 5000, 86400000, 'api+day', 'day', 'module', parts, rule);
+  const d = makeDecision(false, 0, 1000, 0, 5000, 86400000, 'api.day', 'day', 'module', parts, rule);
   assert.deepEqual(headers(d), {
     'RateLimit-Policy': '"api";q=100;w=60, "day";q=1000;w=86400',
     RateLimit: '"day";r=0;t=86400',

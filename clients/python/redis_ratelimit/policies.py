@@ -5,7 +5,6 @@ from redis.crc import key_slot as _crc_slot
 
 MAX = (1 << 53) - 1
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-_MULTI_NAME = re.compile(r"^[A-Za-z0-9._+-]{1,1100}$")   # all_of: parts joined by +
 
 __all__ = ["Policy", "AllOf", "token_bucket", "sliding_log", "sliding_counter", "all_of",
            "make_key", "key_slot", "CrossSlotError"]
@@ -134,10 +133,14 @@ def all_of(*policies, name=None):
     names = [p.name for p in policies]
     if len(set(names)) != len(names):
         raise ValueError(f"all_of: policy names must be distinct, got {names}")
-    name = name if name is not None else "+".join(names)
-    if not isinstance(name, str) or not _MULTI_NAME.match(name):
-        raise ValueError(f"all_of name {name!r}: A-Z a-z 0-9 . _ - +")
-    return AllOf(tuple(policies), name)
+    if name is None:
+        # the default name must be a valid name too (it goes into headers and
+        # the 429 body): the part names joined by ".", at most 64 characters
+        name = ".".join(names)
+        if len(name) > 64:
+            raise ValueError(f"all_of: the default name {name!r} is longer than 64 "
+                             "characters; give all_of a name=")
+    return AllOf(tuple(policies), _name(name))
 
 
 def key_slot(key):

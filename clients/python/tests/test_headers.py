@@ -77,7 +77,7 @@ def test_all_of_panic_exact(server):
     pol = all_of(token_bucket("sec", 10, 10, 1000), sliding_log("day", 1000, 86_400_000))
     lim = rl.limiter(pol, panic=Panic(instances=2))
     d = lim.limit("rl:{t}:u")
-    assert d.source == "panic" and d.allowed and d.policy == "sec+day"
+    assert d.source == "panic" and d.allowed and d.policy == "sec.day"
     assert d.binding == "sec"          # 4 whole requests left there, 499 in "day"
     assert headers(d) == {
         "RateLimit-Policy": '"sec";q=5;w=1, "day";q=500;w=86400',
@@ -149,3 +149,18 @@ def test_make_key_and_cross_slot():
     with pytest.raises(CrossSlotError):
         rl.limiter(pol).limit(["user:1", "tenant:2"])
     assert rl.metrics()["calls"] == 0
+
+
+def test_all_of_default_name_is_a_valid_name():
+    # the part names joined by "." ("+" is not a name character); the name
+    # rule (1-64 of A-Z a-z 0-9 . _ -) holds for all_of names too
+    import re
+    pol = all_of(token_bucket("api", 1, 1, 1), sliding_log("day", 1, 1))
+    assert pol.name == "api.day"
+    assert re.fullmatch(r"[A-Za-z0-9._-]{1,64}", pol.name)
+    with pytest.raises(ValueError):
+        all_of(token_bucket("api", 1, 1, 1), name="api+day")
+    long = [sliding_log(c * 40, 1, 1) for c in "ab"]
+    with pytest.raises(ValueError, match="longer than 64 characters"):
+        all_of(*long)
+    assert all_of(*long, name="ab").name == "ab"
