@@ -48,6 +48,13 @@ export class Breaker {
     return 2;
   }
 
+  /** Would acquire(now) refuse? (No state change: open stays open here.) */
+  refuses(now) {
+    if (this.state === 'closed') return false;
+    if (this.state === 'open' && now - this.openedAt < this.openMs) return true;
+    return this.probing;
+  }
+
   success(latencyMs, now, probe) {
     if (probe) {
       this.probing = false;

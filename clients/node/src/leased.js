@@ -92,45 +92,55 @@ export class LeasedLimiter {
       return rl.count(makeDecision(cost === 0, 0, p.limit, e.tokens + (s ? s.remaining : p.limit), cost === 0 ? 0 : -1,
         s ? Math.max(0, Math.ceil(s.resetAfterMs - (now - e.sharedAt))) : 0, p.name, p.name, 'local', EMPTY, p));
     }
-    // Until the reservoir can answer: wait for the lease in flight, or take
-    // one on the caller's path; the caller waits timeoutMs at most in all.
-    let source = 'local';
-    let waited = false;
-    const deadline = now + rl.timeoutMs;
-    for (;;) {
-      if (e.tokens >= cost) {
-        e.tokens -= cost;
-        if (e.tokens < this.lowMark && e.inflight === null && rl.breaker.state === 'closed') this.refill(key, e);
-        if (source === 'local') return rl.count(this.localDecision(e, cost, now));
-        const s = e.shared;
-        return rl.count(makeDecision(true, cost, p.limit, e.tokens + s.remaining, 0, s.resetAfterMs, p.name, p.name, source, EMPTY, p));
-      }
-      const unavailable = e.lastFailed && e.inflight === null && rl.breaker.state !== 'closed';
-      if (unavailable || (e.shared === null && now >= deadline)) {
-        // Redis unavailable and the reservoir is short: the panic limits decide
-        return rl.count(this.panicDecision(key, cost, now));
-      }
-      if (e.shared !== null && (now >= deadline || (rl.breaker.state === 'closed' && this.knownShort(e, now)))) {
-        // the shared limit was short a moment ago (no new lease until
-        // recheckMs), or no lease came in time: deny from the last reply
-        const d = this.localDenial(e, now);
-        if (source === 'local') return rl.count(d);
-        return rl.count(makeDecision(false, 0, d.limit, d.remaining, d.retryAfterMs, d.resetAfterMs, p.name, p.name, source, EMPTY, p));
-      }
-      let mine = false;
-      if (e.inflight === null) {
-        this.refill(key, e, cost - e.tokens);
-        mine = true;
-      } else if (!waited) {
-        waited = true;
-        rl.m.leaseWaits++; // a dry reservoir with a lease in flight: low_water or batch too small for the load
-      }
-      const ok = await within(e.inflight, deadline - now);
-      if (ok !== undefined && ok.error !== undefined) throw ok.error; // WRONGTYPE and the like: not for panic limits
-      if (mine && ok === true) source = rl._backend.source;
-      if (ok === false && e.tokens < cost) return rl.count(this.panicDecision(key, cost, performance.now()));
-      now = performance.now();
+    if (e.tokens >= cost) return this.take(key, e, cost, now, 'local');
+    if (e.lastFailed && e.inflight === null && rl.breaker.refuses(now)) {
+      // Redis unavailable and the reservoir is short: the panic limits decide.
+      // (Once the breaker would let a call out, this caller's lease is it:
+      // else a limiter whose every key last failed would never probe.)
+      return rl.count(this.panicDecision(key, cost, now));
     }
+    if (e.shared !== null && e.inflight === null && rl.breaker.state === 'closed' && this.knownShort(e, now)) {
+      // the shared limit was short a moment ago: no new lease until recheckMs
+      return rl.count(this.localDenial(e, now));
+    }
+    // At most one lease per call, and the caller waits timeoutMs at most: a
+    // lease of its own when none is in flight (bounded by the call's
+    // timeout), else the one in flight. Then the reservoir decides. A caller
+    // that waited for another caller's (or a background) lease takes no lease
+    // of its own when that one left it short: a second round trip on the
+    // caller's path, for every waiter of a burst, is what the reservoir is
+    // there to avoid (DESIGN.md, "Two-tier leased limiter").
+    let mine = false;
+    let ok;
+    if (e.inflight === null) {
+      mine = true;
+      ok = await this.refill(key, e, cost - e.tokens).then((v) => v, (error) => ({ error }));
+    } else {
+      rl.m.leaseWaits++; // a dry reservoir with a lease in flight: lowWater or batch too small for the load
+      ok = await within(e.inflight, rl.timeoutMs);
+    }
+    if (ok !== undefined && ok.error !== undefined) throw ok.error; // WRONGTYPE and the like: not for panic limits
+    now = performance.now();
+    const source = mine && ok === true ? rl._backend.source : 'local';
+    if (e.tokens >= cost) return this.take(key, e, cost, now, source);
+    // short after the lease: no reply from it in time (Redis unavailable or
+    // slow, the breaker open) → the panic limits; else a denial from the
+    // shared reply it brought
+    if (ok !== true) return rl.count(this.panicDecision(key, cost, now));
+    const d = this.localDenial(e, now);
+    if (source === 'local') return rl.count(d);
+    return rl.count(makeDecision(false, 0, d.limit, d.remaining, d.retryAfterMs, d.resetAfterMs, p.name, p.name, source, EMPTY, p));
+  }
+
+  /** Spend `cost` from the reservoir (it holds enough) and decide. */
+  take(key, e, cost, now, source) {
+    const rl = this.rl;
+    const p = this.policy;
+    e.tokens -= cost;
+    if (e.tokens < this.lowMark && e.inflight === null && rl.breaker.state === 'closed') this.refill(key, e);
+    if (source === 'local') return rl.count(this.localDecision(e, cost, now));
+    const s = e.shared;
+    return rl.count(makeDecision(true, cost, p.limit, e.tokens + s.remaining, 0, s.resetAfterMs, p.name, p.name, source, EMPTY, p));
   }
 
   // The last lease got fewer units than it asked for, less than

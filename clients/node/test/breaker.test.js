@@ -172,6 +172,32 @@ for (const kind of KINDS) test(`a connection that dies during its handshake reco
   }
 });
 
+// A leased limiter on its own: every key it knows last failed, so its
+// callers must be the ones that probe once openMs has passed (nothing else
+// calls Redis through this RateLimit), and leases resume.
+test('a leased limiter alone probes after an outage and resumes leasing', async () => {
+  const server = await startServer();
+  const { client, close } = await connect('ioredis', server.port);
+  try {
+    const rl = new RateLimit(client, { timeoutMs: TIMEOUT_MS, breaker: { failures: 1, openMs: 100, latencyBudgetMs: 1e9 } });
+    const lim = rl.leased(tokenBucket('solo', 100000, 1, 3600000), { batch: 1, lowWater: 0, panic: new Panic({ limit: PANIC, windowMs: 3600000 }) });
+    const key = 'rl:{solo}:a';
+    assert.equal((await lim.limit(key)).source, 'module');
+    server.signal('SIGSTOP');
+    assert.equal((await lim.limit(key)).source, 'panic'); // its lease timed out: tripped
+    assert.equal(rl.metrics().state, 'open');
+    server.signal('SIGCONT');
+    await waitUntil(async () => (await lim.limit(key)).source === 'module', { timeout: 10000, interval: 20, what: 'a lease again' });
+    assert.equal(rl.metrics().state, 'closed');
+    assert.ok(rl.metrics().probesOk >= 1);
+    await lim.close();
+  } finally {
+    server.signal('SIGCONT');
+    await close();
+    await server.close();
+  }
+});
+
 test('cluster: a stalled node (SIGSTOP) — bounded waits, trip, panic, recovery (ioredis and node-redis)', async (t) => {
   const cluster = await Cluster.start(3);
   try {

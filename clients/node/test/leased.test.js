@@ -87,3 +87,56 @@ test('a cost above the batch leases what it needs in one call', async () => {
   assert.equal((await lim.limit('rl:{big}:x', { cost: 70 })).allowed, true);
   await lim.close();
 });
+
+// DESIGN.md: a caller that waited for the lease in flight and is still short
+// is denied from the last shared reply; it takes no lease of its own (the
+// refill stays off the caller's path). Python's leased limiters do the same
+// (clients/python/tests/test_leased.py, test_waiter_still_short_is_denied).
+test('a caller that waited for a lease in flight and is still short is denied locally, without a lease of its own', async () => {
+  const rl = new RateLimit(probeConn.client, { timeoutMs: 5000 });
+  const lim = rl.leased(slidingLog('burst', 100000, 3600000), { batch: 2, lowWater: 0 });
+  const key = 'rl:{burst}:x';
+  // the first caller takes the key's first lease on its path; three more
+  // arrive while it is in flight and wait for it: it brings 2 units for 4
+  const ds = await Promise.all([0, 1, 2, 3].map(() => lim.limit(key)));
+  assert.deepEqual(ds.map((d) => [d.allowed, d.source]),
+    [[true, 'module'], [true, 'local'], [false, 'local'], [false, 'local']]);
+  for (const d of ds.slice(2)) {
+    assert.equal(d.retryAfterMs, 1); // the last reply granted all it asked: retry at once (≥ 1)
+    assert.equal(d.remaining, 100000 - 2); // reservoir 0 + the shared remaining
+  }
+  let m = rl.metrics();
+  assert.equal(m.leases, 1);
+  assert.equal(m.leaseWaits, 3);
+  assert.equal(m.calls, 1); // the one lease, on the first caller's path
+  // the denial is not sticky: the next caller finds no lease in flight and takes one
+  const next = await lim.limit(key);
+  assert.equal(next.allowed, true);
+  assert.equal(next.source, 'module');
+  m = rl.metrics();
+  assert.equal(m.leases, 2);
+  await lim.close();
+});
+
+// DESIGN.md: a waiter whose lease brought no reply in time gets the panic
+// limits, as the caller that sent it does (not a local denial), whether a
+// shared reply for the key is known from before or not.
+// Python: test_waiter_after_a_failed_lease_gets_the_panic_limits.
+test('a caller that waited for a lease that failed gets the panic limits', async () => {
+  const server2 = await startServer();
+  const { client, close } = await connect('ioredis', server2.port);
+  try {
+    const rl = new RateLimit(client, { timeoutMs: 100, breaker: { failures: 100 } });
+    const lim = rl.leased(slidingLog('fail', 100000, 3600000), { batch: 1, lowWater: 0, panic: { limit: 5, windowMs: 3600000 } });
+    assert.equal((await lim.limit('rl:{known}:x')).source, 'module'); // a shared reply known; reservoir empty
+    server2.signal('SIGSTOP');
+    // per key: the first caller's lease times out, the second waits for it
+    const ds = await Promise.all(['rl:{known}:x', 'rl:{known}:x', 'rl:{fresh}:x', 'rl:{fresh}:x'].map((k) => lim.limit(k)));
+    assert.deepEqual(ds.map((d) => [d.source, d.allowed, d.limit]), Array(4).fill(['panic', true, 5]));
+    assert.equal(rl.metrics().leaseWaits, 2);
+  } finally {
+    server2.signal('SIGCONT');
+    await close();
+    await server2.close();
+  }
+});

@@ -192,23 +192,27 @@ class AsyncLeasedLimiter(_LeasedCore):
             if e.inflight:
                 # a lease for this key is in flight: wait for it (at most the timeout)
                 rl._metrics.lease_waits += 1
+                landed = True
                 try:
                     await asyncio.wait_for(e.event.wait(), rl.timeout)
                 except asyncio.TimeoutError:
-                    pass
-                if e.tokens >= cost:
-                    return self._local(e, key, cost, monotonic())
-                return self._local_denial(e, monotonic())
+                    landed = False
+                d = self._after_wait(e, key, cost, landed, monotonic())
+                if d is not None:
+                    return d
+                return rl._count(panic_decision(self.panic, self.policy, [key], cost, False, False))
             if now < e.next_try:
                 return self._local_denial(e, now)
             e.inflight = True
             e.event = ev = asyncio.Event()
             n = max(self.batch, cost - e.tokens)
             mod, lua = self._lease_call(key, n)
+            reply = None
             try:
                 reply = await rl.call(mod, lua, allow == PROBE)
             finally:
                 e.inflight = False
+                e.failed = reply is None
                 if reply is None:
                     ev.set()
             if reply is not None:
@@ -239,6 +243,7 @@ class AsyncLeasedLimiter(_LeasedCore):
             reply = await self.rl.call(mod, lua, allow == PROBE)
         finally:
             e.inflight = False
+            e.failed = reply is None
             if reply is not None:
                 self._apply(e, reply, n, monotonic())
                 back = self._orphan(key, e)

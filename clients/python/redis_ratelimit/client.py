@@ -261,7 +261,7 @@ class Limiter:
 
 class _Entry:
     __slots__ = ("tokens", "used", "inflight", "next_try", "remaining", "retry", "reset",
-                 "at", "limit", "event")
+                 "at", "limit", "event", "failed")
 
     def __init__(self, now):
         self.tokens = 0
@@ -274,6 +274,7 @@ class _Entry:
         self.at = now
         self.limit = 0
         self.event = None     # set when the lease in flight has landed
+        self.failed = False   # the last lease found Redis unavailable
 
 
 class _LeasedCore:
@@ -321,6 +322,19 @@ class _LeasedCore:
         return Decision(False, 0, p.limit, e.tokens + e.remaining, retry,
                         reset if reset > 0 else 0, p.name, p.name, LOCAL, (), p)
 
+    def _after_wait(self, e, key, cost, landed, now):
+        """The decision of a caller that waited for the lease in flight
+        (landed: it came back within the timeout, with or without a reply).
+        It takes no lease of its own: the reservoir grants; else, when that
+        lease brought no reply in time (Redis unavailable or slow, the breaker
+        open), the panic limits (None: the caller asks them); else a local
+        denial from the shared reply it brought."""
+        if e.tokens >= cost:
+            return self._local(e, key, cost, now)
+        if not landed or e.failed or e.limit == 0:
+            return None
+        return self._local_denial(e, now)
+
     def _lease_call(self, key, n):
         p = self.policy
         return call_for(p, key, ["COST", n, "PARTIAL"])
@@ -337,6 +351,7 @@ class _LeasedCore:
         e.reset = reset
         e.at = now
         e.limit = lim
+        e.failed = False
         if g < n:
             wait = retry / 1000 if retry > 0 else self.recheck_s
             e.next_try = now + min(wait, self.recheck_s)
@@ -440,11 +455,11 @@ class LeasedLimiter(_LeasedCore):
         if wait is not None:
             # a lease for this key is in flight: wait for it (at most the timeout)
             self.rl._metrics.lease_waits += 1
-            wait.wait(self.rl.timeout_s)
+            landed = wait.wait(self.rl.timeout_s)
             with self.lock:
-                if e.tokens >= cost:
-                    return self._local(e, key, cost, monotonic())
-                return self._local_denial(e, monotonic())
+                d = self._after_wait(e, key, cost, landed, monotonic())
+            if d is not None:
+                return d
         if allow != NO:
             n = max(self.batch, cost - e.tokens)
             mod, lua = self._lease_call(key, n)
@@ -453,10 +468,12 @@ class LeasedLimiter(_LeasedCore):
             except BaseException:
                 with self.lock:
                     e.inflight = False
+                    e.failed = True
                     e.event.set()
                 raise
             with self.lock:
                 e.inflight = False
+                e.failed = reply is None
                 e.event.set()
                 if reply is not None:
                     self._apply(e, reply, n, now)
@@ -554,6 +571,7 @@ class LeasedLimiter(_LeasedCore):
         finally:
             with self.lock:
                 e.inflight = False
+                e.failed = reply is None
                 back = 0
                 if reply is not None:
                     self._apply(e, reply, n, monotonic())

@@ -118,3 +118,59 @@ def test_refund_goes_back_into_the_reservoir(server):
         await arl.client.aclose()
 
     asyncio.run(main())
+
+
+def test_waiter_still_short_is_denied(server):
+    """DESIGN.md: a caller that waited for the lease in flight and is still
+    short is denied from the last shared reply; it takes no lease of its own
+    (the refill stays off the caller's path). Node does the same
+    (clients/node/test/leased.test.js)."""
+    async def main():
+        rl = AsyncRateLimit(redis.asyncio.Redis(host="127.0.0.1", port=server.port),
+                            timeout_ms=5000)
+        lim = rl.leased(sliding_log("burst", 100_000, LONG), batch=2, low_water=0)
+        key = "rl:{burst}:x"
+        # the first caller takes the key's first lease on its path; three more
+        # arrive while it is in flight and wait for it: it brings 2 units for 4
+        ds = await asyncio.gather(*(lim.limit(key) for _ in range(4)))
+        assert [(d.allowed, d.source) for d in ds] == \
+            [(True, "module"), (True, "local"), (False, "local"), (False, "local")]
+        for d in ds[2:]:
+            assert d.retry_after_ms == 1          # the last reply granted all it asked
+            assert d.remaining == 100_000 - 2     # reservoir 0 + the shared remaining
+        m = rl.metrics()
+        assert m["leases"] == 1 and m["lease_waits"] == 3 and m["calls"] == 1
+        # the denial is not sticky: the next caller takes a lease
+        d = await lim.limit(key)
+        assert d.allowed and d.source == "module" and rl.metrics()["leases"] == 2
+        await lim.close()
+        await rl.client.aclose()
+
+    asyncio.run(main())
+
+
+def test_waiter_after_a_failed_lease_gets_the_panic_limits(server):
+    """DESIGN.md: a waiter whose lease brought no reply in time gets the
+    panic limits, as the caller that sent it does (not a local denial),
+    whether a shared reply for the key is known from before or not. Node:
+    the same test in clients/node/test/leased.test.js."""
+    from redis_ratelimit import Panic
+
+    async def main():
+        rl = AsyncRateLimit(redis.asyncio.Redis(host="127.0.0.1", port=server.port),
+                            timeout_ms=100, breaker=Breaker(failures=100))
+        lim = rl.leased(sliding_log("fail", 100_000, LONG), batch=1, low_water=0,
+                        panic=Panic(limit=5, window_ms=LONG))
+        assert (await lim.limit("rl:{known}:x")).source == "module"   # reservoir now empty
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            # per key: the first caller's lease times out, the second waits for it
+            keys = ["rl:{known}:x", "rl:{known}:x", "rl:{fresh}:x", "rl:{fresh}:x"]
+            ds = await asyncio.gather(*(lim.limit(k) for k in keys))
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        assert [(d.source, d.allowed, d.limit) for d in ds] == [("panic", True, 5)] * 4
+        assert rl.metrics()["lease_waits"] == 2
+        await rl.client.aclose()
+
+    asyncio.run(main())
