@@ -765,6 +765,7 @@ macro_rules! coverage_hooks {
 
 use crate::args::{Kind, LimitSpec, MultiCall, MAX_LIMITS};
 use crate::core::multi;
+use crate::core::reference::multi::{self as multi_model, Limit};
 
 /// The RL.MULTI grammar (SPEC.md "Composition"), stated by index.
 pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
@@ -894,6 +895,19 @@ pub fn args_multi(data: &[u8]) {
         .collect();
     let weights: Vec<u64> = call.limits[..n].iter().map(|l| l.weight).collect();
     let before: Vec<Vec<u8>> = states.iter().map(Owned::digest).collect();
+    // The reference: each limit on its own model, then all or nothing.
+    let mut models: Vec<Limit> = states
+        .iter()
+        .zip(&params)
+        .map(|(s, p)| match (s, p) {
+            (Owned::Tb(s), multi::Params::TokenBucket(p)) => Limit::TokenBucket(*p, Bucket::from_state(s)),
+            (Owned::Log(s), multi::Params::SlidingLog(p)) => {
+                Limit::SlidingLog(*p, Log::from_entries(&log_entries(&sl_encode(s))))
+            }
+            (Owned::Sc(s), multi::Params::SlidingCounter(p)) => Limit::SlidingCounter(*p, *s),
+            _ => unreachable!("a limit's state has its algorithm"),
+        })
+        .collect();
     let op = if call.refund > 0 {
         multi::Op::Refund(call.refund)
     } else {
@@ -915,6 +929,29 @@ pub fn args_multi(data: &[u8]) {
         multi::run(&mut refs, &params, &weights, op, inp.now, &mut per)
     };
     let per = &per[..n];
+    // The model counts the common grant down from COST: only small COSTs.
+    if call.refund > 0 || call.cost <= 4096 {
+        let (mwhole, mper) = multi_model::call(&mut models, &weights, op, inp.now);
+        assert_eq!(per, &mper[..], "per-limit replies differ from the model");
+        assert_eq!(whole, mwhole, "whole reply differs from the model");
+        for ((s, m), d) in states.iter().zip(&models).zip(per) {
+            let written = d.granted > 0 && !call.dryrun && !(call.refund > 0 && d.reset_after_ms == 0);
+            if !written {
+                continue;
+            }
+            match (s, m) {
+                (Owned::Tb(s), Limit::TokenBucket(_, m)) => {
+                    let b = Bucket::from_state(s);
+                    assert_eq!((b.num, b.d, b.last), (m.num, m.d, m.last), "bucket differs from the model");
+                }
+                (Owned::Log(s), Limit::SlidingLog(_, m)) => {
+                    assert_eq!(log_entries(&sl_encode(s)), m.entries(), "log differs from the model")
+                }
+                (Owned::Sc(s), Limit::SlidingCounter(_, m)) => assert_eq!(s, m, "counter differs from the model"),
+                _ => unreachable!(),
+            }
+        }
+    }
     // The whole reply is the binding limit's, by the rules of SPEC.md.
     assert!(whole.binding < n);
     let b = per[whole.binding];

@@ -77,13 +77,15 @@ impl Limit {
 }
 
 /// One RL.MULTI call on the models: the per-limit replies (written when
-/// the call writes) and the whole reply.
+/// the call writes) and the whole reply. Counts down from COST, so keep
+/// COST small (a few thousand).
 pub fn call(limits: &mut [Limit], weights: &[u64], op: Op, now: u64) -> (Whole, Vec<Decision>) {
     let per: Vec<Decision> = match op {
         Op::Take { cost, partial, dryrun } => {
             // The most requests every limit can take, counting down.
+            let avail: Vec<u64> = limits.iter().map(|m| m.avail(now)).collect();
             let mut g = cost;
-            while g > 0 && !limits.iter().zip(weights).all(|(m, &w)| g * w <= m.avail(now)) {
+            while g > 0 && !avail.iter().zip(weights).all(|(&a, &w)| g * w <= a) {
                 g -= 1;
             }
             if !partial && g != cost {
