@@ -149,6 +149,45 @@ def test_waiter_still_short_is_denied(server):
     asyncio.run(main())
 
 
+def test_sync_waiter_still_short_is_denied(server):
+    """The same rule for the thread-based LeasedLimiter: threads that waited
+    for the lease in flight take none of their own. CLIENT PAUSE WRITE holds
+    the first caller's lease (a write) in flight until the three others are
+    waiting for it."""
+    import threading
+
+    rl = RateLimit(client(server.port, timeout=30))
+    lim = rl.leased(sliding_log("burst", 100_000, LONG), batch=2, low_water=0)
+    key = "rl:{burst}:sync"
+    admin = client(server.port)
+    out = []
+
+    def caller():
+        out.append(lim.limit(key))
+
+    admin.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")
+    try:
+        first = threading.Thread(target=caller)
+        first.start()
+        wait_until(lambda: key in lim.entries and lim.entries[key].inflight, what="the first lease in flight")
+        waiters = [threading.Thread(target=caller) for _ in range(3)]
+        for t in waiters:
+            t.start()
+        wait_until(lambda: rl.metrics()["lease_waits"] == 3, what="three callers waiting for it")
+    finally:
+        admin.execute_command("CLIENT", "UNPAUSE")
+    for t in [first] + waiters:
+        t.join(30)
+    assert sorted((d.allowed, d.source) for d in out) == \
+        [(False, "local"), (False, "local"), (True, "local"), (True, "module")]
+    for d in out:
+        if not d.allowed:
+            assert d.retry_after_ms == 1 and d.remaining == 100_000 - 2
+    m = rl.metrics()
+    assert m["leases"] == 1 and m["lease_waits"] == 3 and m["calls"] == 1
+    lim.close()
+
+
 def test_waiter_after_a_failed_lease_gets_the_panic_limits(server):
     """DESIGN.md: a waiter whose lease brought no reply in time gets the
     panic limits, as the caller that sent it does (not a local denial),
