@@ -13,6 +13,29 @@
 -- slidinglog.lua, slidingcounter.lua and multi.lua, with the same replies.
 -- Unlike the script cache, a library is kept in RDB and AOF and replicated.
 
+-- Token bucket ---------------------------------------------------------------
+--
+-- The bucket holds at most `capacity` tokens, starts full and regains `rate`
+-- tokens every `period_ms`, continuously, on the server clock (TIME, in us).
+-- If the clock steps backwards, elapsed time counts as zero.
+--
+-- State: one hash at the key, written only when tokens are taken or given
+-- back:
+--   tokens  whole tokens in the bucket
+--   frac    the fraction of a token, in 1/P tokens, where P = period in us
+--           (0 <= frac < P): tokens + frac/P is the exact, rational content
+--   ts      server time (us) the state is valid at
+--   scale   the P that frac is counted in (it changes only if period_ms does)
+-- Its TTL is reset_after_ms, so it disappears exactly when the bucket is full.
+--
+-- Exact arithmetic: products that could reach 2^53 (rate * elapsed / P,
+-- missing tokens * P / rate) go through muldiv(). That holds when
+--   * period_ms <= 9007199254740           (P = period_ms*1000 < 2^53), and
+--   * capacity * period_ms * 1000 / rate < 2^53 (a full refill takes less
+--     than 2^53 us, about 285 years).
+-- Arguments beyond that are refused with an error (the module accepts all of
+-- 1..2^53-1). Within it, the script answers exactly what the module answers.
+
 -- Shared helpers: numbers as the module reads them, exact integer arithmetic
 -- on doubles, the options.
 --
@@ -124,7 +147,10 @@ local function parse_options(argv, i, other, other_err)
   local nargs = #argv
   local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
   while i <= nargs do
-    local opt = string.upper(argv[i])
+    local opt = argv[i]
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+      opt = string.upper(opt) -- (most callers write them upper-case already)
+    end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
       cost = parse_int(argv[i + 1], 0, MAX)
       if not cost then
@@ -152,78 +178,6 @@ local function parse_options(argv, i, other, other_err)
   end
   return cost, partial, dryrun, refund
 end
-
--- One limiter A (TB, SL or SC) called like its command: keys = {key}, argv =
--- the command's arguments after the key. Replies with the five integers:
--- {allowed, limit, remaining, retry_after_ms, reset_after_ms}; after
--- REFUND n, allowed is the number of units given back and retry_after_ms
--- the wait for one unit.
-local function rl_single(A, keys, argv)
-  if #keys ~= 1 then
-    return redis.error_reply('ERR the ' .. A.script .. ' script takes exactly 1 key')
-  end
-  if #argv < A.nparams then
-    return redis.error_reply("ERR wrong number of arguments for '" .. A.command .. "' command")
-  end
-  local p, e = A.params(argv, 1)
-  if not p then return e end
-  local cost, partial, dryrun, refund = parse_options(argv, A.nparams + 1)
-  if not cost then return partial end
-  if p.range_err then return p.range_err end
-
-  local key = keys[1]
-  local clock = redis.call('TIME')
-  local s
-  s, e = A.load(key, p, tonumber(clock[1]) * 1000000 + tonumber(clock[2]))
-  if not s then return e end
-
-  if refund then
-    -- The reply after the refund, for a following request of one unit.
-    local given = A.give(p, s, refund)
-    local remaining, retry, reset = A.report(p, s, 1, 0)
-    if given > 0 then A.write(key, p, s, reset) end
-    return {given, p.limit, remaining, retry, reset}
-  end
-
-  local avail = s.avail
-  local granted = 0
-  if cost <= avail then
-    granted = cost
-  elseif partial then
-    granted = avail
-  end
-  local remaining, retry, reset = A.report(p, s, cost, granted)
-  if granted > 0 and not dryrun then
-    A.write(key, p, s, reset)
-  end
-  local allowed = granted
-  if not partial then
-    allowed = (granted == cost) and 1 or 0
-  end
-  return {allowed, p.limit, remaining, retry, reset}
-end
--- Token bucket ---------------------------------------------------------------
---
--- The bucket holds at most `capacity` tokens, starts full and regains `rate`
--- tokens every `period_ms`, continuously, on the server clock (TIME, in us).
--- If the clock steps backwards, elapsed time counts as zero.
---
--- State: one hash at the key, written only when tokens are taken or given
--- back:
---   tokens  whole tokens in the bucket
---   frac    the fraction of a token, in 1/P tokens, where P = period in us
---           (0 <= frac < P): tokens + frac/P is the exact, rational content
---   ts      server time (us) the state is valid at
---   scale   the P that frac is counted in (it changes only if period_ms does)
--- Its TTL is reset_after_ms, so it disappears exactly when the bucket is full.
---
--- Exact arithmetic: products that could reach 2^53 (rate * elapsed / P,
--- missing tokens * P / rate) go through muldiv(). That holds when
---   * period_ms <= 9007199254740           (P = period_ms*1000 < 2^53), and
---   * capacity * period_ms * 1000 / rate < 2^53 (a full refill takes less
---     than 2^53 us, about 285 years).
--- Arguments beyond that are refused with an error (the module accepts all of
--- 1..2^53-1). Within it, the script answers exactly what the module answers.
 
 local MAX_PERIOD_MS = 9007199254740 -- period_ms * 1000 < 2^53
 
@@ -326,13 +280,17 @@ end
 -- given back (a fraction of a token missing counts as one).
 function TB.give(p, s, m)
   local room = p.capacity - s.n
-  if room <= 0 then return 0 end -- full: fresh, nothing to give back
-  if m >= room then
-    s.n, s.f = p.capacity, 0
-    return room
+  local given = 0 -- full: fresh, nothing to give back
+  if room > 0 then
+    if m >= room then
+      s.n, s.f = p.capacity, 0
+      given = room
+    else
+      s.n = s.n + m
+      given = m
+    end
   end
-  s.n = s.n + m
-  return m
+  return given
 end
 
 -- Take `taken` units (at most s.avail); then remaining, retry_after_ms
@@ -359,10 +317,10 @@ end
 function TB.write(key, p, s, reset)
   if reset == 0 then
     redis.call('DEL', key)
-    return
+  else
+    redis.call('HSET', key, 'tokens', fmt(s.n), 'frac', fmt(s.f), 'ts', fmt(s.t), 'scale', fmt(p.P))
+    redis.call('PEXPIRE', key, fmt(reset))
   end
-  redis.call('HSET', key, 'tokens', fmt(s.n), 'frac', fmt(s.f), 'ts', fmt(s.t), 'scale', fmt(p.P))
-  redis.call('PEXPIRE', key, fmt(reset))
 end
 -- Sliding log ----------------------------------------------------------------
 --
@@ -466,40 +424,43 @@ end
 -- A refund of m units: the newest units in the window leave it, the most
 -- recent grant first. Returns the units given back.
 function SL.give(p, s, m)
-  if s.used == 0 then return 0 end
-  if m > s.used then m = s.used end
-  -- Walk from the newest entry: entries wholly given back, then at most one
-  -- that keeps part of its units, then the entry that becomes the newest.
-  local left, lowest, keep, keep_units = m, nil, nil, 0
-  local newest = nil
-  local offset, batch = 0, 16
-  while newest == nil do
-    local rows = redis.call('ZREVRANGEBYSCORE', s.key, '+inf', '(' .. s.cutoff_arg,
-      'WITHSCORES', 'LIMIT', offset, batch)
-    for j = 1, #rows, 2 do
-      local u = log_units(rows[j])
-      if left == 0 then
-        newest = tonumber(rows[j + 1]) -- the first entry that stays whole
-        break
-      elseif u <= left then
-        left = left - u
-        lowest = rows[j + 1] -- its score
-      else
-        keep, keep_units = rows[j], u - left
-        newest = tonumber(rows[j + 1])
-        left = 0
-        break
+  local given = 0 -- nothing in the window: nothing to give back
+  if s.used > 0 then
+    if m > s.used then m = s.used end
+    -- Walk from the newest entry: entries wholly given back, then at most one
+    -- that keeps part of its units, then the entry that becomes the newest.
+    local left, lowest, keep, keep_units = m, nil, nil, 0
+    local newest = nil
+    local offset, batch = 0, 16
+    while newest == nil do
+      local rows = redis.call('ZREVRANGEBYSCORE', s.key, '+inf', '(' .. s.cutoff_arg,
+        'WITHSCORES', 'LIMIT', offset, batch)
+      for j = 1, #rows, 2 do
+        local u = log_units(rows[j])
+        if left == 0 then
+          newest = tonumber(rows[j + 1]) -- the first entry that stays whole
+          break
+        elseif u <= left then
+          left = left - u
+          lowest = rows[j + 1] -- its score
+        else
+          keep, keep_units = rows[j], u - left
+          newest = tonumber(rows[j + 1])
+          left = 0
+          break
+        end
+      end
+      if newest == nil then
+        if #rows < 2 * batch then break end -- the window is walked
+        offset = offset + batch
+        if batch < 1024 then batch = batch * 2 end
       end
     end
-    if newest == nil then
-      if #rows < 2 * batch then break end -- the window is walked
-      offset = offset + batch
-      if batch < 1024 then batch = batch * 2 end
-    end
+    s.given, s.lowest, s.keep, s.keep_units = m, lowest, keep, keep_units
+    s.used, s.newest = s.used - m, newest
+    given = m
   end
-  s.given, s.lowest, s.keep, s.keep_units = m, lowest, keep, keep_units
-  s.used, s.newest = s.used - m, newest
-  return m
+  return given
 end
 
 -- Take `taken` units (at most s.avail); then remaining, retry_after_ms
@@ -556,35 +517,35 @@ end
 function SL.write(key, p, s, reset)
   if reset == 0 then
     redis.call('DEL', key)
-    return
-  end
-  if s.n_expired > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '(0', s.cutoff_arg)
-  end
-  local after = s.used + s.granted
-  if s.granted > 0 then
-    local u = s.granted
-    if s.newest == s.now then
-      -- A grant in the same microsecond (or after the clock stepped back):
-      -- fold it into the newest entry.
-      u = u + log_units(s.newest_member)
-      redis.call('ZREM', key, s.newest_member)
+  else
+    if s.n_expired > 0 then
+      redis.call('ZREMRANGEBYSCORE', key, '(0', s.cutoff_arg)
     end
-    local t = fmt(s.now)
-    redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(u))
-  else -- a refund
-    if s.lowest then
-      redis.call('ZREMRANGEBYSCORE', key, s.lowest, '+inf')
+    local after = s.used + s.granted
+    if s.granted > 0 then
+      local u = s.granted
+      if s.newest == s.now then
+        -- A grant in the same microsecond (or after the clock stepped back):
+        -- fold it into the newest entry.
+        u = u + log_units(s.newest_member)
+        redis.call('ZREM', key, s.newest_member)
+      end
+      local t = fmt(s.now)
+      redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(u))
+    else -- a refund
+      if s.lowest then
+        redis.call('ZREMRANGEBYSCORE', key, s.lowest, '+inf')
+      end
+      if s.keep then
+        redis.call('ZREM', key, s.keep)
+        local t = fmt(s.newest)
+        redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(s.keep_units))
+      else
+        redis.call('ZADD', key, fmt(-after), '#')
+      end
     end
-    if s.keep then
-      redis.call('ZREM', key, s.keep)
-      local t = fmt(s.newest)
-      redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(s.keep_units))
-    else
-      redis.call('ZADD', key, fmt(-after), '#')
-    end
+    redis.call('PEXPIRE', key, fmt(reset))
   end
-  redis.call('PEXPIRE', key, fmt(reset))
 end
 -- Sliding counter ------------------------------------------------------------
 --
@@ -734,10 +695,10 @@ end
 function SC.write(key, p, s, reset)
   if reset == 0 then
     redis.call('DEL', key)
-    return
+  else
+    redis.call('HSET', key, 'win', fmt(s.start), 'cur', fmt(s.cur), 'prev', fmt(s.prev))
+    redis.call('PEXPIRE', key, fmt(reset))
   end
-  redis.call('HSET', key, 'win', fmt(s.start), 'cur', fmt(s.cur), 'prev', fmt(s.prev))
-  redis.call('PEXPIRE', key, fmt(reset))
 end
 
 -- Several limits in one atomic call (RL.MULTI): keys = one key per limit,
@@ -903,7 +864,791 @@ local function rl_multi(keys, argv)
   return {allowed, rb[2], rb[3], retry, rb[5], b - 1, replies}
 end
 
-redis.register_function('rl_tokenbucket', function(keys, args) return rl_single(TB, keys, args) end)
-redis.register_function('rl_slidinglog', function(keys, args) return rl_single(SL, keys, args) end)
-redis.register_function('rl_slidingcounter', function(keys, args) return rl_single(SC, keys, args) end)
+redis.register_function('rl_tokenbucket', function(keys, argv)
+local p_P, p_capacity, p_limit, p_period_ms, p_range_err, p_rate, s_avail, s_f, s_n, s_t
+if #keys ~= 1 then
+  return redis.error_reply('ERR the ' .. 'rl.tokenbucket' .. ' script takes exactly 1 key')
+end
+if #argv < 3 then
+  return redis.error_reply("ERR wrong number of arguments for '" .. 'RL.TOKENBUCKET' .. "' command")
+end
+do
+  local argv, i = argv, 1
+  local capacity = parse_int(argv[i], 1, MAX)
+  if not capacity then
+    return redis.error_reply('ERR capacity must be an integer between 1 and 9007199254740991')
+  end
+  local rate = parse_int(argv[i + 1], 1, MAX)
+  if not rate then
+    return redis.error_reply('ERR rate must be an integer between 1 and 9007199254740991')
+  end
+  local period_ms = parse_int(argv[i + 2], 1, MAX)
+  if not period_ms then
+    return redis.error_reply('ERR period_ms must be an integer between 1 and 9007199254740991')
+  end
+  -- The range of exact double arithmetic (see above): an error the caller
+  -- answers only once the options are read (p_range_err).
+  p_limit, p_capacity, p_rate, p_period_ms, p_P = capacity, capacity, rate, period_ms, period_ms * 1000
+  if period_ms > MAX_PERIOD_MS then
+    p_range_err = redis.error_reply('ERR period_ms is beyond the exact range of the Lua script (at most 9007199254740)')
+  elseif muldiv(capacity, p_P, rate) == nil then
+    p_range_err = redis.error_reply('ERR capacity*period_ms*1000/rate is beyond the exact range of the Lua script (a full refill must take less than 2^53 us)')
+  end
+end
+local r_cost, r_partial, r_dryrun, r_refund
+do
+  local argv, i, other, other_err = argv, 3 + 1, nil, nil
+  local nargs = #argv
+  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
+  while i <= nargs do
+    local opt = argv[i]
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+      opt = string.upper(opt) -- (most callers write them upper-case already)
+    end
+    if opt == 'COST' and not has_cost and not refund and i < nargs then
+      cost = parse_int(argv[i + 1], 0, MAX)
+      if not cost then
+        return redis.error_reply('ERR COST must be an integer between 0 and 9007199254740991')
+      end
+      has_cost = true
+      i = i + 2
+    elseif opt == 'PARTIAL' and not partial and not refund then
+      partial = true
+      i = i + 1
+    elseif opt == 'DRYRUN' and not dryrun and not refund then
+      dryrun = true
+      i = i + 1
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+      refund = parse_int(argv[i + 1], 1, MAX)
+      if not refund then
+        return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
+      end
+      i = i + 2
+    elseif other and other[opt] then
+      return redis.error_reply(other_err)
+    else
+      return redis.error_reply('ERR syntax error')
+    end
+  end
+  r_cost, r_partial, r_dryrun, r_refund = cost, partial, dryrun, refund
+end
+if p_range_err then return p_range_err end
+
+local key = keys[1]
+local clock = redis.call('TIME')
+do
+  local key, now = key, tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  -- 'win' belongs to the sliding counter: a hash holding it is not ours.
+  local st = redis.pcall('HMGET', key, 'tokens', 'frac', 'ts', 'scale', 'win')
+  if st.err then return st end
+  if st[5] then return redis.error_reply(WRONGTYPE) end
+  local capacity, rate, P = p_capacity, p_rate, p_P
+  local n, f, t = capacity, 0, now -- a fresh bucket is full
+  if st[1] then
+    local sn, sf, st_ts, sp = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
+    if not (sn and sf and st_ts and sp) or sn < 0 or sf < 0 or sp < 1 or sf >= sp then
+      return redis.error_reply('ERR the token bucket state at this key is corrupt')
+    end
+    n, f, t = sn, sf, st_ts
+    if sp ~= P then
+      -- period_ms changed: recount the fraction in the new unit (rounded down).
+      f = muldiv(f, P, sp)
+    end
+    if n >= capacity then -- capacity may have been lowered: cap
+      n, f = capacity, 0
+    end
+    if now > t then
+      local elapsed = now - t
+      if n < capacity then
+        if elapsed >= wait_us(capacity - n, f, P, rate) then
+          n, f = capacity, 0
+        else
+          -- rate*elapsed < (capacity-n)*P - f here, so nothing overflows.
+          local q, r = muldiv(rate, elapsed, P)
+          n = n + q
+          if f >= P - r then
+            f = f - (P - r)
+            n = n + 1
+          else
+            f = f + r
+          end
+        end
+      end
+      t = now
+    end -- else the clock stepped back (or did not move): nothing elapsed
+  end
+  s_n, s_f, s_t, s_avail = n, f, t, n
+end
+
+if r_refund then
+  -- The reply after the refund, for a following request of one unit.
+  local r_given
+  do
+    local m = r_refund
+    local room = p_capacity - s_n
+    local given = 0 -- full: fresh, nothing to give back
+    if room > 0 then
+      if m >= room then
+        s_n, s_f = p_capacity, 0
+        given = room
+      else
+        s_n = s_n + m
+        given = m
+      end
+    end
+    r_given = given
+  end
+  local r_remaining, r_retry, r_reset
+  do
+    local cost, taken = 1, 0
+    local capacity, n = p_capacity, s_n - taken
+    s_n = n
+    local retry = 0
+    if taken < cost then
+      if cost > capacity then
+        retry = -1
+      elseif cost > n then
+        retry = ceil_ms(wait_us(cost - n, s_f, p_P, p_rate))
+      end
+    end
+    local reset = 0
+    if n < capacity then
+      reset = ceil_ms(wait_us(capacity - n, s_f, p_P, p_rate))
+    end
+    r_remaining, r_retry, r_reset = n, retry, reset
+  end
+  if r_given > 0 then
+    do
+      local key, reset = key, r_reset
+      if reset == 0 then
+        redis.call('DEL', key)
+      else
+        redis.call('HSET', key, 'tokens', fmt(s_n), 'frac', fmt(s_f), 'ts', fmt(s_t), 'scale', fmt(p_P))
+        redis.call('PEXPIRE', key, fmt(reset))
+      end
+    end
+  end
+  return {r_given, p_limit, r_remaining, r_retry, r_reset}
+end
+
+local avail = s_avail
+local granted = 0
+if r_cost <= avail then
+  granted = r_cost
+elseif r_partial then
+  granted = avail
+end
+local r_remaining, r_retry, r_reset
+do
+  local cost, taken = r_cost, granted
+  local capacity, n = p_capacity, s_n - taken
+  s_n = n
+  local retry = 0
+  if taken < cost then
+    if cost > capacity then
+      retry = -1
+    elseif cost > n then
+      retry = ceil_ms(wait_us(cost - n, s_f, p_P, p_rate))
+    end
+  end
+  local reset = 0
+  if n < capacity then
+    reset = ceil_ms(wait_us(capacity - n, s_f, p_P, p_rate))
+  end
+  r_remaining, r_retry, r_reset = n, retry, reset
+end
+if granted > 0 and not r_dryrun then
+  do
+    local key, reset = key, r_reset
+    if reset == 0 then
+      redis.call('DEL', key)
+    else
+      redis.call('HSET', key, 'tokens', fmt(s_n), 'frac', fmt(s_f), 'ts', fmt(s_t), 'scale', fmt(p_P))
+      redis.call('PEXPIRE', key, fmt(reset))
+    end
+  end
+end
+local allowed = granted
+if not r_partial then
+  allowed = (granted == r_cost) and 1 or 0
+end
+return {allowed, p_limit, r_remaining, r_retry, r_reset}
+end)
+redis.register_function('rl_slidinglog', function(keys, argv)
+local p_W, p_limit, p_range_err, p_window_ms, s_avail, s_cutoff_arg, s_given, s_granted, s_keep, s_keep_units, s_key, s_lowest, s_n_expired, s_newest, s_newest_member, s_now, s_used
+if #keys ~= 1 then
+  return redis.error_reply('ERR the ' .. 'rl.slidinglog' .. ' script takes exactly 1 key')
+end
+if #argv < 2 then
+  return redis.error_reply("ERR wrong number of arguments for '" .. 'RL.SLIDINGLOG' .. "' command")
+end
+do
+  local argv, i = argv, 1
+  local limit = parse_int(argv[i], 1, MAX)
+  if not limit then
+    return redis.error_reply('ERR limit must be an integer between 1 and 9007199254740991')
+  end
+  local window_ms = parse_int(argv[i + 1], 1, MAX)
+  if not window_ms then
+    return redis.error_reply('ERR window_ms must be an integer between 1 and 9007199254740991')
+  end
+  -- The range of exact double arithmetic: an error the caller answers only
+  -- once the options are read (p_range_err).
+  p_limit, p_window_ms, p_W = limit, window_ms, window_ms * 1000
+  if window_ms > MAX_WINDOW_MS then
+    p_range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
+  end
+end
+local r_cost, r_partial, r_dryrun, r_refund
+do
+  local argv, i, other, other_err = argv, 2 + 1, nil, nil
+  local nargs = #argv
+  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
+  while i <= nargs do
+    local opt = argv[i]
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+      opt = string.upper(opt) -- (most callers write them upper-case already)
+    end
+    if opt == 'COST' and not has_cost and not refund and i < nargs then
+      cost = parse_int(argv[i + 1], 0, MAX)
+      if not cost then
+        return redis.error_reply('ERR COST must be an integer between 0 and 9007199254740991')
+      end
+      has_cost = true
+      i = i + 2
+    elseif opt == 'PARTIAL' and not partial and not refund then
+      partial = true
+      i = i + 1
+    elseif opt == 'DRYRUN' and not dryrun and not refund then
+      dryrun = true
+      i = i + 1
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+      refund = parse_int(argv[i + 1], 1, MAX)
+      if not refund then
+        return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
+      end
+      i = i + 2
+    elseif other and other[opt] then
+      return redis.error_reply(other_err)
+    else
+      return redis.error_reply('ERR syntax error')
+    end
+  end
+  r_cost, r_partial, r_dryrun, r_refund = cost, partial, dryrun, refund
+end
+if p_range_err then return p_range_err end
+
+local key = keys[1]
+local clock = redis.call('TIME')
+do
+  local key, now = key, tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  local last = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last.err then return last end
+  local newest, newest_member = nil, nil
+  if last[2] then
+    local sc = tonumber(last[2])
+    if sc and sc > 0 then
+      newest, newest_member = sc, last[1]
+    end
+  end
+  if newest and newest > now then
+    now = newest -- the clock stepped back: nothing elapsed since the last grant
+  end
+  local cutoff = now - p_W -- grants at t <= cutoff have left the window
+  local cutoff_arg = '0'
+  if cutoff > 0 then cutoff_arg = fmt(cutoff) end
+  if newest and newest <= cutoff then newest = nil end
+
+  -- "#" (score <= 0) and the entries that have left the window.
+  local gone = redis.call('ZRANGEBYSCORE', key, '-inf', cutoff_arg, 'WITHSCORES')
+  local total, expired, n_expired = 0, 0, 0
+  for j = 1, #gone, 2 do
+    if gone[j] == '#' then
+      total = -tonumber(gone[j + 1])
+    else
+      expired = expired + log_units(gone[j])
+      n_expired = n_expired + 1
+    end
+  end
+  local used = total - expired -- units granted in the window
+  if used < 0 then used = 0 end
+  local avail = 0
+  if used < p_limit then avail = p_limit - used end
+  s_key, s_now, s_cutoff_arg, s_newest, s_newest_member, s_used, s_n_expired, s_granted, s_avail = key, now, cutoff_arg, newest, newest_member, used, n_expired, 0, avail
+end
+
+if r_refund then
+  -- The reply after the refund, for a following request of one unit.
+  local r_given
+  do
+    local m = r_refund
+    local given = 0 -- nothing in the window: nothing to give back
+    if s_used > 0 then
+      if m > s_used then m = s_used end
+      -- Walk from the newest entry: entries wholly given back, then at most one
+      -- that keeps part of its units, then the entry that becomes the newest.
+      local left, lowest, keep, keep_units = m, nil, nil, 0
+      local newest = nil
+      local offset, batch = 0, 16
+      while newest == nil do
+        local rows = redis.call('ZREVRANGEBYSCORE', s_key, '+inf', '(' .. s_cutoff_arg,
+          'WITHSCORES', 'LIMIT', offset, batch)
+        for j = 1, #rows, 2 do
+          local u = log_units(rows[j])
+          if left == 0 then
+            newest = tonumber(rows[j + 1]) -- the first entry that stays whole
+            break
+          elseif u <= left then
+            left = left - u
+            lowest = rows[j + 1] -- its score
+          else
+            keep, keep_units = rows[j], u - left
+            newest = tonumber(rows[j + 1])
+            left = 0
+            break
+          end
+        end
+        if newest == nil then
+          if #rows < 2 * batch then break end -- the window is walked
+          offset = offset + batch
+          if batch < 1024 then batch = batch * 2 end
+        end
+      end
+      s_given, s_lowest, s_keep, s_keep_units = m, lowest, keep, keep_units
+      s_used, s_newest = s_used - m, newest
+      given = m
+    end
+    r_given = given
+  end
+  local r_remaining, r_retry, r_reset
+  do
+    local cost, taken = 1, 0
+    local limit, now = p_limit, s_now
+    s_granted = taken
+    local after = s_used + s_granted
+    local remaining = 0
+    if after < limit then remaining = limit - after end
+    local retry = 0
+    if taken < cost then
+      if cost > limit then
+        retry = -1
+      elseif cost > remaining then
+        -- The same call fits once `need` units have left the window: find the
+        -- oldest grant t_k whose expiry frees that many; retry at t_k + W.
+        -- (0 < need <= after: the walk always ends, at the latest at the units
+        -- this call granted now.)
+        local need = (after - limit) + cost
+        local acc, tk = 0, nil
+        local lo = '(' .. s_cutoff_arg
+        local offset, batch = 0, 16
+        while tk == nil do
+          local rows = redis.call('ZRANGEBYSCORE', s_key, lo, '+inf', 'WITHSCORES', 'LIMIT', offset, batch)
+          for j = 1, #rows, 2 do
+            acc = acc + log_units(rows[j])
+            if acc >= need then
+              tk = tonumber(rows[j + 1])
+              break
+            end
+          end
+          if tk == nil then
+            if #rows < 2 * batch then break end
+            offset = offset + batch
+            if batch < 1024 then batch = batch * 2 end
+          end
+        end
+        if tk == nil then tk = now end -- covered by this call's own grant
+        retry = ceil_ms(p_W - (now - tk))
+      end
+    end
+    local reset = 0
+    if s_granted > 0 then
+      reset = p_window_ms -- the newest grant is now
+    elseif s_newest then
+      reset = ceil_ms(p_W - (now - s_newest))
+    end
+    r_remaining, r_retry, r_reset = remaining, retry, reset
+  end
+  if r_given > 0 then
+    do
+      local key, reset = key, r_reset
+      if reset == 0 then
+        redis.call('DEL', key)
+      else
+        if s_n_expired > 0 then
+          redis.call('ZREMRANGEBYSCORE', key, '(0', s_cutoff_arg)
+        end
+        local after = s_used + s_granted
+        if s_granted > 0 then
+          local u = s_granted
+          if s_newest == s_now then
+            -- A grant in the same microsecond (or after the clock stepped back):
+            -- fold it into the newest entry.
+            u = u + log_units(s_newest_member)
+            redis.call('ZREM', key, s_newest_member)
+          end
+          local t = fmt(s_now)
+          redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(u))
+        else -- a refund
+          if s_lowest then
+            redis.call('ZREMRANGEBYSCORE', key, s_lowest, '+inf')
+          end
+          if s_keep then
+            redis.call('ZREM', key, s_keep)
+            local t = fmt(s_newest)
+            redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(s_keep_units))
+          else
+            redis.call('ZADD', key, fmt(-after), '#')
+          end
+        end
+        redis.call('PEXPIRE', key, fmt(reset))
+      end
+    end
+  end
+  return {r_given, p_limit, r_remaining, r_retry, r_reset}
+end
+
+local avail = s_avail
+local granted = 0
+if r_cost <= avail then
+  granted = r_cost
+elseif r_partial then
+  granted = avail
+end
+local r_remaining, r_retry, r_reset
+do
+  local cost, taken = r_cost, granted
+  local limit, now = p_limit, s_now
+  s_granted = taken
+  local after = s_used + s_granted
+  local remaining = 0
+  if after < limit then remaining = limit - after end
+  local retry = 0
+  if taken < cost then
+    if cost > limit then
+      retry = -1
+    elseif cost > remaining then
+      -- The same call fits once `need` units have left the window: find the
+      -- oldest grant t_k whose expiry frees that many; retry at t_k + W.
+      -- (0 < need <= after: the walk always ends, at the latest at the units
+      -- this call granted now.)
+      local need = (after - limit) + cost
+      local acc, tk = 0, nil
+      local lo = '(' .. s_cutoff_arg
+      local offset, batch = 0, 16
+      while tk == nil do
+        local rows = redis.call('ZRANGEBYSCORE', s_key, lo, '+inf', 'WITHSCORES', 'LIMIT', offset, batch)
+        for j = 1, #rows, 2 do
+          acc = acc + log_units(rows[j])
+          if acc >= need then
+            tk = tonumber(rows[j + 1])
+            break
+          end
+        end
+        if tk == nil then
+          if #rows < 2 * batch then break end
+          offset = offset + batch
+          if batch < 1024 then batch = batch * 2 end
+        end
+      end
+      if tk == nil then tk = now end -- covered by this call's own grant
+      retry = ceil_ms(p_W - (now - tk))
+    end
+  end
+  local reset = 0
+  if s_granted > 0 then
+    reset = p_window_ms -- the newest grant is now
+  elseif s_newest then
+    reset = ceil_ms(p_W - (now - s_newest))
+  end
+  r_remaining, r_retry, r_reset = remaining, retry, reset
+end
+if granted > 0 and not r_dryrun then
+  do
+    local key, reset = key, r_reset
+    if reset == 0 then
+      redis.call('DEL', key)
+    else
+      if s_n_expired > 0 then
+        redis.call('ZREMRANGEBYSCORE', key, '(0', s_cutoff_arg)
+      end
+      local after = s_used + s_granted
+      if s_granted > 0 then
+        local u = s_granted
+        if s_newest == s_now then
+          -- A grant in the same microsecond (or after the clock stepped back):
+          -- fold it into the newest entry.
+          u = u + log_units(s_newest_member)
+          redis.call('ZREM', key, s_newest_member)
+        end
+        local t = fmt(s_now)
+        redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(u))
+      else -- a refund
+        if s_lowest then
+          redis.call('ZREMRANGEBYSCORE', key, s_lowest, '+inf')
+        end
+        if s_keep then
+          redis.call('ZREM', key, s_keep)
+          local t = fmt(s_newest)
+          redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(s_keep_units))
+        else
+          redis.call('ZADD', key, fmt(-after), '#')
+        end
+      end
+      redis.call('PEXPIRE', key, fmt(reset))
+    end
+  end
+end
+local allowed = granted
+if not r_partial then
+  allowed = (granted == r_cost) and 1 or 0
+end
+return {allowed, p_limit, r_remaining, r_retry, r_reset}
+end)
+redis.register_function('rl_slidingcounter', function(keys, argv)
+local p_W, p_limit, p_range_err, p_window_ms, s_avail, s_cur, s_e, s_lag, s_prev, s_start
+if #keys ~= 1 then
+  return redis.error_reply('ERR the ' .. 'rl.slidingcounter' .. ' script takes exactly 1 key')
+end
+if #argv < 2 then
+  return redis.error_reply("ERR wrong number of arguments for '" .. 'RL.SLIDINGCOUNTER' .. "' command")
+end
+do
+  local argv, i = argv, 1
+  local limit = parse_int(argv[i], 1, MAX)
+  if not limit then
+    return redis.error_reply('ERR limit must be an integer between 1 and 9007199254740991')
+  end
+  local window_ms = parse_int(argv[i + 1], 1, MAX)
+  if not window_ms then
+    return redis.error_reply('ERR window_ms must be an integer between 1 and 9007199254740991')
+  end
+  -- The range of exact double arithmetic: an error the caller answers only
+  -- once the options are read (p_range_err).
+  p_limit, p_window_ms, p_W = limit, window_ms, window_ms * 1000
+  if window_ms > MAX_WINDOW_MS then
+    p_range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
+  end
+end
+local r_cost, r_partial, r_dryrun, r_refund
+do
+  local argv, i, other, other_err = argv, 2 + 1, nil, nil
+  local nargs = #argv
+  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
+  while i <= nargs do
+    local opt = argv[i]
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+      opt = string.upper(opt) -- (most callers write them upper-case already)
+    end
+    if opt == 'COST' and not has_cost and not refund and i < nargs then
+      cost = parse_int(argv[i + 1], 0, MAX)
+      if not cost then
+        return redis.error_reply('ERR COST must be an integer between 0 and 9007199254740991')
+      end
+      has_cost = true
+      i = i + 2
+    elseif opt == 'PARTIAL' and not partial and not refund then
+      partial = true
+      i = i + 1
+    elseif opt == 'DRYRUN' and not dryrun and not refund then
+      dryrun = true
+      i = i + 1
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+      refund = parse_int(argv[i + 1], 1, MAX)
+      if not refund then
+        return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
+      end
+      i = i + 2
+    elseif other and other[opt] then
+      return redis.error_reply(other_err)
+    else
+      return redis.error_reply('ERR syntax error')
+    end
+  end
+  r_cost, r_partial, r_dryrun, r_refund = cost, partial, dryrun, refund
+end
+if p_range_err then return p_range_err end
+
+local key = keys[1]
+local clock = redis.call('TIME')
+do
+  local key, now = key, tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+  -- 'tokens' belongs to the token bucket: a hash holding it is not ours.
+  local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens')
+  if st.err then return st end
+  if st[4] then return redis.error_reply(WRONGTYPE) end
+  local W = p_W
+  local at = now -- the instant the call is evaluated at
+  local k, e = divmod(now, W) -- its window index, us since that window began
+  local start = k * W
+  local cur, prev = 0, 0
+  if st[1] then
+    local swin, scur, sprev = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+    if not (swin and scur and sprev) or swin < 0 or scur < 0 or sprev < 0 then
+      return redis.error_reply('ERR the sliding counter state at this key is corrupt')
+    end
+    if swin > at then
+      -- the clock stepped back behind the stored window: nothing elapsed
+      at = swin
+      k, e = divmod(at, W)
+    end
+    local ks = divmod(swin, W) -- the stored window under this window_ms
+    if ks == k then
+      cur, prev = scur, sprev
+      -- (a start written under another window_ms may lie inside this window:
+      -- keep it, so the evaluation instant never moves backwards)
+      start = math.max(k * W, swin)
+    else
+      start = k * W
+      if ks == k - 1 then prev = scur end -- older: both windows are empty
+    end
+  end
+  s_cur, s_prev, s_e, s_start, s_lag, s_avail = cur, prev, e, start, at - now, sc_avail(p_limit, W, e, cur, prev)
+end
+
+if r_refund then
+  -- The reply after the refund, for a following request of one unit.
+  local r_given
+  do
+    local m = r_refund
+    local given = 0
+    if s_cur > 0 then
+      given = math.min(m, s_cur)
+      s_cur = s_cur - given
+    end
+    if given < m and s_prev > 0 then
+      local g2 = math.min(m - given, s_prev)
+      s_prev = s_prev - g2
+      given = given + g2
+    end
+    s_avail = sc_avail(p_limit, p_W, s_e, s_cur, s_prev)
+    r_given = given
+  end
+  local r_remaining, r_retry, r_reset
+  do
+    local cost, taken = 1, 0
+    local limit, W, e, prev, lag = p_limit, p_W, s_e, s_prev, s_lag
+    local cur2 = s_cur + taken
+    s_cur = cur2
+    local remaining = s_avail - taken
+    local retry = 0
+    if taken < cost then
+      if cost > limit then
+        retry = -1
+      elseif cost > remaining then
+        local wait, wait2 = 0, 0 -- in us: wait + wait2 (each < 2^53)
+        local m = nil
+        if cur2 <= limit - cost and prev > 0 then
+          -- In this window once prev's weight has shrunk enough:
+          -- prev*(W-x) <= (limit-cost-cur2)*W  <=>  x >= W - floor((limit-cost-cur2)*W/prev).
+          m = muldiv(limit - cost - cur2, W, prev) -- nil: beyond 2^53, so >= W
+        end
+        if cur2 <= limit - cost and (prev == 0 or m == nil or m > 0) then
+          if m ~= nil and W - m > e then wait = (W - m) - e end
+        else
+          -- Only in the next window, where cur2 becomes prev:
+          -- cur2*(W-x) + cost*W <= limit*W  <=>  x >= W - floor((limit-cost)*W/cur2),
+          -- or else at the start of the window after, where both count zero.
+          wait = W - e
+          local m2 = nil -- (cur2 == 0: nothing counts against it there)
+          if cur2 > 0 then m2 = muldiv(limit - cost, W, cur2) end
+          if m2 == nil or m2 >= W then
+            wait2 = 0
+          else
+            wait2 = W - m2 -- (W when cost == limit: the window after)
+          end
+        end
+        retry = ceil_ms(wait, wait2, lag)
+      end
+    end
+    local reset = 0
+    if cur2 > 0 then
+      reset = ceil_ms(W, W - e, lag)
+    elseif prev > 0 then
+      reset = ceil_ms(W - e, lag)
+    end
+    r_remaining, r_retry, r_reset = remaining, retry, reset
+  end
+  if r_given > 0 then
+    do
+      local key, reset = key, r_reset
+      if reset == 0 then
+        redis.call('DEL', key)
+      else
+        redis.call('HSET', key, 'win', fmt(s_start), 'cur', fmt(s_cur), 'prev', fmt(s_prev))
+        redis.call('PEXPIRE', key, fmt(reset))
+      end
+    end
+  end
+  return {r_given, p_limit, r_remaining, r_retry, r_reset}
+end
+
+local avail = s_avail
+local granted = 0
+if r_cost <= avail then
+  granted = r_cost
+elseif r_partial then
+  granted = avail
+end
+local r_remaining, r_retry, r_reset
+do
+  local cost, taken = r_cost, granted
+  local limit, W, e, prev, lag = p_limit, p_W, s_e, s_prev, s_lag
+  local cur2 = s_cur + taken
+  s_cur = cur2
+  local remaining = s_avail - taken
+  local retry = 0
+  if taken < cost then
+    if cost > limit then
+      retry = -1
+    elseif cost > remaining then
+      local wait, wait2 = 0, 0 -- in us: wait + wait2 (each < 2^53)
+      local m = nil
+      if cur2 <= limit - cost and prev > 0 then
+        -- In this window once prev's weight has shrunk enough:
+        -- prev*(W-x) <= (limit-cost-cur2)*W  <=>  x >= W - floor((limit-cost-cur2)*W/prev).
+        m = muldiv(limit - cost - cur2, W, prev) -- nil: beyond 2^53, so >= W
+      end
+      if cur2 <= limit - cost and (prev == 0 or m == nil or m > 0) then
+        if m ~= nil and W - m > e then wait = (W - m) - e end
+      else
+        -- Only in the next window, where cur2 becomes prev:
+        -- cur2*(W-x) + cost*W <= limit*W  <=>  x >= W - floor((limit-cost)*W/cur2),
+        -- or else at the start of the window after, where both count zero.
+        wait = W - e
+        local m2 = nil -- (cur2 == 0: nothing counts against it there)
+        if cur2 > 0 then m2 = muldiv(limit - cost, W, cur2) end
+        if m2 == nil or m2 >= W then
+          wait2 = 0
+        else
+          wait2 = W - m2 -- (W when cost == limit: the window after)
+        end
+      end
+      retry = ceil_ms(wait, wait2, lag)
+    end
+  end
+  local reset = 0
+  if cur2 > 0 then
+    reset = ceil_ms(W, W - e, lag)
+  elseif prev > 0 then
+    reset = ceil_ms(W - e, lag)
+  end
+  r_remaining, r_retry, r_reset = remaining, retry, reset
+end
+if granted > 0 and not r_dryrun then
+  do
+    local key, reset = key, r_reset
+    if reset == 0 then
+      redis.call('DEL', key)
+    else
+      redis.call('HSET', key, 'win', fmt(s_start), 'cur', fmt(s_cur), 'prev', fmt(s_prev))
+      redis.call('PEXPIRE', key, fmt(reset))
+    end
+  end
+end
+local allowed = granted
+if not r_partial then
+  allowed = (granted == r_cost) and 1 or 0
+end
+return {allowed, p_limit, r_remaining, r_retry, r_reset}
+end)
 redis.register_function('rl_multi', rl_multi)

@@ -139,46 +139,6 @@ local function ceil_ms(a, b, c)
   return q
 end
 
--- The options every command takes after its parameters, from argv[i] on:
---   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
--- in any order and case, each at most once; REFUND and the others exclude
--- each other (the second one named is a syntax error, as in the module).
--- Returns cost, partial, dryrun, refund (nil unless REFUND), or nil and an
--- error reply; a word in `other` (RL.MULTI: an algorithm's name, one limit
--- too many) answers `other_err` instead of a syntax error.
-local function parse_options(argv, i, other, other_err)
-  local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
-  while i <= nargs do
-    local opt = string.upper(argv[i])
-    if opt == 'COST' and not has_cost and not refund and i < nargs then
-      cost = parse_int(argv[i + 1], 0, MAX)
-      if not cost then
-        return nil, redis.error_reply('ERR COST must be an integer between 0 and 9007199254740991')
-      end
-      has_cost = true
-      i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
-      partial = true
-      i = i + 1
-    elseif opt == 'DRYRUN' and not dryrun and not refund then
-      dryrun = true
-      i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
-      refund = parse_int(argv[i + 1], 1, MAX)
-      if not refund then
-        return nil, redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
-      end
-      i = i + 2
-    elseif other and other[opt] then
-      return nil, redis.error_reply(other_err)
-    else
-      return nil, redis.error_reply('ERR syntax error')
-    end
-  end
-  return cost, partial, dryrun, refund
-end
-
 -- The parameters of the windowed limiters (sliding log and sliding counter).
 --
 -- Exact arithmetic: the scripts need W = window_ms * 1000 < 2^53, so they
@@ -186,28 +146,6 @@ end
 -- an error (the module accepts 1..2^53-1).
 
 local MAX_WINDOW_MS = 9007199254740 -- window_ms * 1000 < 2^53
-
--- limit window_ms, from argv[i] on: a parameter table, or nil and an error.
-local function limit_window_params(argv, i)
-  local limit = parse_int(argv[i], 1, MAX)
-  if not limit then
-    return nil, redis.error_reply('ERR limit must be an integer between 1 and 9007199254740991')
-  end
-  local window_ms = parse_int(argv[i + 1], 1, MAX)
-  if not window_ms then
-    return nil, redis.error_reply('ERR window_ms must be an integer between 1 and 9007199254740991')
-  end
-  -- The range of exact double arithmetic: an error the caller answers only
-  -- once the options are read (p.range_err).
-  local p = {limit = limit, window_ms = window_ms, W = window_ms * 1000}
-  if window_ms > MAX_WINDOW_MS then
-    p.range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
-  end
-  return p
-end
-
-local SC = {command = 'RL.SLIDINGCOUNTER', script = 'rl.slidingcounter', nparams = 2,
-  params = limit_window_params}
 
 -- Units that can be taken with cur in the current window and prev in the one
 -- before, e us into the current one: limit - cur - ceil(prev*(W-e)/W), or 0.
@@ -222,13 +160,79 @@ local function sc_avail(limit, W, e, cur, prev)
   return 0
 end
 
--- The counter at `now`: {cur, prev, e, start, lag, avail}.
-function SC.load(key, p, now)
+local keys, argv = KEYS, ARGV
+local p_W, p_limit, p_range_err, p_window_ms, s_avail, s_cur, s_e, s_lag, s_prev, s_start
+if #keys ~= 1 then
+  return redis.error_reply('ERR the ' .. 'rl.slidingcounter' .. ' script takes exactly 1 key')
+end
+if #argv < 2 then
+  return redis.error_reply("ERR wrong number of arguments for '" .. 'RL.SLIDINGCOUNTER' .. "' command")
+end
+do
+  local argv, i = argv, 1
+  local limit = parse_int(argv[i], 1, MAX)
+  if not limit then
+    return redis.error_reply('ERR limit must be an integer between 1 and 9007199254740991')
+  end
+  local window_ms = parse_int(argv[i + 1], 1, MAX)
+  if not window_ms then
+    return redis.error_reply('ERR window_ms must be an integer between 1 and 9007199254740991')
+  end
+  -- The range of exact double arithmetic: an error the caller answers only
+  -- once the options are read (p_range_err).
+  p_limit, p_window_ms, p_W = limit, window_ms, window_ms * 1000
+  if window_ms > MAX_WINDOW_MS then
+    p_range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
+  end
+end
+local r_cost, r_partial, r_dryrun, r_refund
+do
+  local argv, i, other, other_err = argv, 2 + 1, nil, nil
+  local nargs = #argv
+  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
+  while i <= nargs do
+    local opt = argv[i]
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+      opt = string.upper(opt) -- (most callers write them upper-case already)
+    end
+    if opt == 'COST' and not has_cost and not refund and i < nargs then
+      cost = parse_int(argv[i + 1], 0, MAX)
+      if not cost then
+        return redis.error_reply('ERR COST must be an integer between 0 and 9007199254740991')
+      end
+      has_cost = true
+      i = i + 2
+    elseif opt == 'PARTIAL' and not partial and not refund then
+      partial = true
+      i = i + 1
+    elseif opt == 'DRYRUN' and not dryrun and not refund then
+      dryrun = true
+      i = i + 1
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+      refund = parse_int(argv[i + 1], 1, MAX)
+      if not refund then
+        return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
+      end
+      i = i + 2
+    elseif other and other[opt] then
+      return redis.error_reply(other_err)
+    else
+      return redis.error_reply('ERR syntax error')
+    end
+  end
+  r_cost, r_partial, r_dryrun, r_refund = cost, partial, dryrun, refund
+end
+if p_range_err then return p_range_err end
+
+local key = keys[1]
+local clock = redis.call('TIME')
+do
+  local key, now = key, tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   -- 'tokens' belongs to the token bucket: a hash holding it is not ours.
   local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens')
-  if st.err then return nil, st end
-  if st[4] then return nil, redis.error_reply(WRONGTYPE) end
-  local W = p.W
+  if st.err then return st end
+  if st[4] then return redis.error_reply(WRONGTYPE) end
+  local W = p_W
   local at = now -- the instant the call is evaluated at
   local k, e = divmod(now, W) -- its window index, us since that window began
   local start = k * W
@@ -236,7 +240,7 @@ function SC.load(key, p, now)
   if st[1] then
     local swin, scur, sprev = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
     if not (swin and scur and sprev) or swin < 0 or scur < 0 or sprev < 0 then
-      return nil, redis.error_reply('ERR the sliding counter state at this key is corrupt')
+      return redis.error_reply('ERR the sliding counter state at this key is corrupt')
     end
     if swin > at then
       -- the clock stepped back behind the stored window: nothing elapsed
@@ -254,34 +258,100 @@ function SC.load(key, p, now)
       if ks == k - 1 then prev = scur end -- older: both windows are empty
     end
   end
-  return {cur = cur, prev = prev, e = e, start = start, lag = at - now,
-    avail = sc_avail(p.limit, W, e, cur, prev)}
+  s_cur, s_prev, s_e, s_start, s_lag, s_avail = cur, prev, e, start, at - now, sc_avail(p_limit, W, e, cur, prev)
 end
 
--- A refund of m units: off the current window's count, then what is left of
--- m off the previous window's, never below zero. Returns the units given back.
-function SC.give(p, s, m)
-  local given = 0
-  if s.cur > 0 then
-    given = math.min(m, s.cur)
-    s.cur = s.cur - given
+if r_refund then
+  -- The reply after the refund, for a following request of one unit.
+  local r_given
+  do
+    local m = r_refund
+    local given = 0
+    if s_cur > 0 then
+      given = math.min(m, s_cur)
+      s_cur = s_cur - given
+    end
+    if given < m and s_prev > 0 then
+      local g2 = math.min(m - given, s_prev)
+      s_prev = s_prev - g2
+      given = given + g2
+    end
+    s_avail = sc_avail(p_limit, p_W, s_e, s_cur, s_prev)
+    r_given = given
   end
-  if given < m and s.prev > 0 then
-    local g2 = math.min(m - given, s.prev)
-    s.prev = s.prev - g2
-    given = given + g2
+  local r_remaining, r_retry, r_reset
+  do
+    local cost, taken = 1, 0
+    local limit, W, e, prev, lag = p_limit, p_W, s_e, s_prev, s_lag
+    local cur2 = s_cur + taken
+    s_cur = cur2
+    local remaining = s_avail - taken
+    local retry = 0
+    if taken < cost then
+      if cost > limit then
+        retry = -1
+      elseif cost > remaining then
+        local wait, wait2 = 0, 0 -- in us: wait + wait2 (each < 2^53)
+        local m = nil
+        if cur2 <= limit - cost and prev > 0 then
+          -- In this window once prev's weight has shrunk enough:
+          -- prev*(W-x) <= (limit-cost-cur2)*W  <=>  x >= W - floor((limit-cost-cur2)*W/prev).
+          m = muldiv(limit - cost - cur2, W, prev) -- nil: beyond 2^53, so >= W
+        end
+        if cur2 <= limit - cost and (prev == 0 or m == nil or m > 0) then
+          if m ~= nil and W - m > e then wait = (W - m) - e end
+        else
+          -- Only in the next window, where cur2 becomes prev:
+          -- cur2*(W-x) + cost*W <= limit*W  <=>  x >= W - floor((limit-cost)*W/cur2),
+          -- or else at the start of the window after, where both count zero.
+          wait = W - e
+          local m2 = nil -- (cur2 == 0: nothing counts against it there)
+          if cur2 > 0 then m2 = muldiv(limit - cost, W, cur2) end
+          if m2 == nil or m2 >= W then
+            wait2 = 0
+          else
+            wait2 = W - m2 -- (W when cost == limit: the window after)
+          end
+        end
+        retry = ceil_ms(wait, wait2, lag)
+      end
+    end
+    local reset = 0
+    if cur2 > 0 then
+      reset = ceil_ms(W, W - e, lag)
+    elseif prev > 0 then
+      reset = ceil_ms(W - e, lag)
+    end
+    r_remaining, r_retry, r_reset = remaining, retry, reset
   end
-  s.avail = sc_avail(p.limit, p.W, s.e, s.cur, s.prev)
-  return given
+  if r_given > 0 then
+    do
+      local key, reset = key, r_reset
+      if reset == 0 then
+        redis.call('DEL', key)
+      else
+        redis.call('HSET', key, 'win', fmt(s_start), 'cur', fmt(s_cur), 'prev', fmt(s_prev))
+        redis.call('PEXPIRE', key, fmt(reset))
+      end
+    end
+  end
+  return {r_given, p_limit, r_remaining, r_retry, r_reset}
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function SC.report(p, s, cost, taken)
-  local limit, W, e, prev, lag = p.limit, p.W, s.e, s.prev, s.lag
-  local cur2 = s.cur + taken
-  s.cur = cur2
-  local remaining = s.avail - taken
+local avail = s_avail
+local granted = 0
+if r_cost <= avail then
+  granted = r_cost
+elseif r_partial then
+  granted = avail
+end
+local r_remaining, r_retry, r_reset
+do
+  local cost, taken = r_cost, granted
+  local limit, W, e, prev, lag = p_limit, p_W, s_e, s_prev, s_lag
+  local cur2 = s_cur + taken
+  s_cur = cur2
+  local remaining = s_avail - taken
   local retry = 0
   if taken < cost then
     if cost > limit then
@@ -318,68 +388,21 @@ function SC.report(p, s, cost, taken)
   elseif prev > 0 then
     reset = ceil_ms(W - e, lag)
   end
-  return remaining, retry, reset
+  r_remaining, r_retry, r_reset = remaining, retry, reset
 end
-
--- Store the state with TTL reset_after_ms (a counter that no longer counts
--- anything is not stored).
-function SC.write(key, p, s, reset)
-  if reset == 0 then
-    redis.call('DEL', key)
-    return
+if granted > 0 and not r_dryrun then
+  do
+    local key, reset = key, r_reset
+    if reset == 0 then
+      redis.call('DEL', key)
+    else
+      redis.call('HSET', key, 'win', fmt(s_start), 'cur', fmt(s_cur), 'prev', fmt(s_prev))
+      redis.call('PEXPIRE', key, fmt(reset))
+    end
   end
-  redis.call('HSET', key, 'win', fmt(s.start), 'cur', fmt(s.cur), 'prev', fmt(s.prev))
-  redis.call('PEXPIRE', key, fmt(reset))
 end
-
--- One limiter A (TB, SL or SC) called like its command: keys = {key}, argv =
--- the command's arguments after the key. Replies with the five integers:
--- {allowed, limit, remaining, retry_after_ms, reset_after_ms}; after
--- REFUND n, allowed is the number of units given back and retry_after_ms
--- the wait for one unit.
-local function rl_single(A, keys, argv)
-  if #keys ~= 1 then
-    return redis.error_reply('ERR the ' .. A.script .. ' script takes exactly 1 key')
-  end
-  if #argv < A.nparams then
-    return redis.error_reply("ERR wrong number of arguments for '" .. A.command .. "' command")
-  end
-  local p, e = A.params(argv, 1)
-  if not p then return e end
-  local cost, partial, dryrun, refund = parse_options(argv, A.nparams + 1)
-  if not cost then return partial end
-  if p.range_err then return p.range_err end
-
-  local key = keys[1]
-  local clock = redis.call('TIME')
-  local s
-  s, e = A.load(key, p, tonumber(clock[1]) * 1000000 + tonumber(clock[2]))
-  if not s then return e end
-
-  if refund then
-    -- The reply after the refund, for a following request of one unit.
-    local given = A.give(p, s, refund)
-    local remaining, retry, reset = A.report(p, s, 1, 0)
-    if given > 0 then A.write(key, p, s, reset) end
-    return {given, p.limit, remaining, retry, reset}
-  end
-
-  local avail = s.avail
-  local granted = 0
-  if cost <= avail then
-    granted = cost
-  elseif partial then
-    granted = avail
-  end
-  local remaining, retry, reset = A.report(p, s, cost, granted)
-  if granted > 0 and not dryrun then
-    A.write(key, p, s, reset)
-  end
-  local allowed = granted
-  if not partial then
-    allowed = (granted == cost) and 1 or 0
-  end
-  return {allowed, p.limit, remaining, retry, reset}
+local allowed = granted
+if not r_partial then
+  allowed = (granted == r_cost) and 1 or 0
 end
-
-return rl_single(SC, KEYS, ARGV)
+return {allowed, p_limit, r_remaining, r_retry, r_reset}

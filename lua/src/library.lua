@@ -12,10 +12,15 @@
 -- slidinglog.lua, slidingcounter.lua and multi.lua, with the same replies.
 -- Unlike the script cache, a library is kept in RDB and AOF and replicated.
 
---@include single.lua
 --@include compose.lua
 
-redis.register_function('rl_tokenbucket', function(keys, args) return rl_single(TB, keys, args) end)
-redis.register_function('rl_slidinglog', function(keys, args) return rl_single(SL, keys, args) end)
-redis.register_function('rl_slidingcounter', function(keys, args) return rl_single(SC, keys, args) end)
+redis.register_function('rl_tokenbucket', function(keys, argv)
+--@expand single.lua TB
+end)
+redis.register_function('rl_slidinglog', function(keys, argv)
+--@expand single.lua SL
+end)
+redis.register_function('rl_slidingcounter', function(keys, argv)
+--@expand single.lua SC
+end)
 redis.register_function('rl_multi', rl_multi)

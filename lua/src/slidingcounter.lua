@@ -11,6 +11,6 @@
 -- allowed is the number of units given back.
 
 --@include slidingcounter.lua
---@include single.lua
 
-return rl_single(SC, KEYS, ARGV)
+local keys, argv = KEYS, ARGV
+--@expand single.lua SC

@@ -11,6 +11,6 @@
 -- allowed is the number of units given back.
 
 --@include slidinglog.lua
---@include single.lua
 
-return rl_single(SL, KEYS, ARGV)
+local keys, argv = KEYS, ARGV
+--@expand single.lua SL

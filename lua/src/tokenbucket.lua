@@ -11,6 +11,6 @@
 -- allowed is the number of tokens given back.
 
 --@include tokenbucket.lua
---@include single.lua
 
-return rl_single(TB, KEYS, ARGV)
+local keys, argv = KEYS, ARGV
+--@expand single.lua TB

@@ -73,50 +73,6 @@ local function divmod(a, b)
   return (a - r) / b, r
 end
 
--- floor(a * b / c) and (a * b) mod c, exactly, for integers 0 <= a, b < 2^53
--- and 0 < c < 2^53; nil when the quotient would reach 2^53.
-local function muldiv(a, b, c)
-  local p = a * b
-  if p < 9007199254740992 then -- the product itself is exact
-    local r = math.fmod(p, c)
-    return (p - r) / c, r
-  end
-  -- Binary long multiplication of a by the bits of b, keeping q*c + r =
-  -- a * (the bits of b seen so far) with 0 <= r < c. Every sum is kept
-  -- below 2^53 by comparing against c - x instead of adding first.
-  local qa, ra = divmod(a, c)
-  local bits, nb = {}, 0
-  while b > 0 do
-    local bit = math.fmod(b, 2)
-    nb = nb + 1
-    bits[nb] = bit
-    b = (b - bit) / 2
-  end
-  local q, r = 0, 0
-  for i = nb, 1, -1 do
-    if q >= TWO52 then return nil end
-    q = q * 2
-    if r >= c - r then
-      r = r - (c - r)
-      q = q + 1
-    else
-      r = r * 2
-    end
-    if bits[i] == 1 then
-      if q > MAX - qa then return nil end
-      q = q + qa
-      if r >= c - ra then
-        if q >= MAX then return nil end
-        r = r - (c - ra)
-        q = q + 1
-      else
-        r = r + ra
-      end
-    end
-  end
-  return q, r
-end
-
 -- ceil((a + b + c) / 1000) for integers 0 <= a, b, c < 2^53; b and c may be
 -- omitted (the sum itself may exceed 2^53; the milliseconds do not).
 local function ceil_ms(a, b, c)
@@ -136,22 +92,58 @@ local function ceil_ms(a, b, c)
   return q
 end
 
--- The options every command takes after its parameters, from argv[i] on:
---   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
--- in any order and case, each at most once; REFUND and the others exclude
--- each other (the second one named is a syntax error, as in the module).
--- Returns cost, partial, dryrun, refund (nil unless REFUND), or nil and an
--- error reply; a word in `other` (RL.MULTI: an algorithm's name, one limit
--- too many) answers `other_err` instead of a syntax error.
-local function parse_options(argv, i, other, other_err)
+-- The parameters of the windowed limiters (sliding log and sliding counter).
+--
+-- Exact arithmetic: the scripts need W = window_ms * 1000 < 2^53, so they
+-- accept window_ms up to 9007199254740 (about 285 years) and refuse more with
+-- an error (the module accepts 1..2^53-1).
+
+local MAX_WINDOW_MS = 9007199254740 -- window_ms * 1000 < 2^53
+
+-- The units of an entry "<time_us>:<units>".
+local function log_units(member)
+  return tonumber(string.match(member, ':([0-9]+)$')) or 0
+end
+
+local keys, argv = KEYS, ARGV
+local p_W, p_limit, p_range_err, p_window_ms, s_avail, s_cutoff_arg, s_given, s_granted, s_keep, s_keep_units, s_key, s_lowest, s_n_expired, s_newest, s_newest_member, s_now, s_used
+if #keys ~= 1 then
+  return redis.error_reply('ERR the ' .. 'rl.slidinglog' .. ' script takes exactly 1 key')
+end
+if #argv < 2 then
+  return redis.error_reply("ERR wrong number of arguments for '" .. 'RL.SLIDINGLOG' .. "' command")
+end
+do
+  local argv, i = argv, 1
+  local limit = parse_int(argv[i], 1, MAX)
+  if not limit then
+    return redis.error_reply('ERR limit must be an integer between 1 and 9007199254740991')
+  end
+  local window_ms = parse_int(argv[i + 1], 1, MAX)
+  if not window_ms then
+    return redis.error_reply('ERR window_ms must be an integer between 1 and 9007199254740991')
+  end
+  -- The range of exact double arithmetic: an error the caller answers only
+  -- once the options are read (p_range_err).
+  p_limit, p_window_ms, p_W = limit, window_ms, window_ms * 1000
+  if window_ms > MAX_WINDOW_MS then
+    p_range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
+  end
+end
+local r_cost, r_partial, r_dryrun, r_refund
+do
+  local argv, i, other, other_err = argv, 2 + 1, nil, nil
   local nargs = #argv
   local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
   while i <= nargs do
-    local opt = string.upper(argv[i])
+    local opt = argv[i]
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+      opt = string.upper(opt) -- (most callers write them upper-case already)
+    end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
       cost = parse_int(argv[i + 1], 0, MAX)
       if not cost then
-        return nil, redis.error_reply('ERR COST must be an integer between 0 and 9007199254740991')
+        return redis.error_reply('ERR COST must be an integer between 0 and 9007199254740991')
       end
       has_cost = true
       i = i + 2
@@ -164,58 +156,25 @@ local function parse_options(argv, i, other, other_err)
     elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
-        return nil, redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
+        return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
     elseif other and other[opt] then
-      return nil, redis.error_reply(other_err)
+      return redis.error_reply(other_err)
     else
-      return nil, redis.error_reply('ERR syntax error')
+      return redis.error_reply('ERR syntax error')
     end
   end
-  return cost, partial, dryrun, refund
+  r_cost, r_partial, r_dryrun, r_refund = cost, partial, dryrun, refund
 end
+if p_range_err then return p_range_err end
 
--- The parameters of the windowed limiters (sliding log and sliding counter).
---
--- Exact arithmetic: the scripts need W = window_ms * 1000 < 2^53, so they
--- accept window_ms up to 9007199254740 (about 285 years) and refuse more with
--- an error (the module accepts 1..2^53-1).
-
-local MAX_WINDOW_MS = 9007199254740 -- window_ms * 1000 < 2^53
-
--- limit window_ms, from argv[i] on: a parameter table, or nil and an error.
-local function limit_window_params(argv, i)
-  local limit = parse_int(argv[i], 1, MAX)
-  if not limit then
-    return nil, redis.error_reply('ERR limit must be an integer between 1 and 9007199254740991')
-  end
-  local window_ms = parse_int(argv[i + 1], 1, MAX)
-  if not window_ms then
-    return nil, redis.error_reply('ERR window_ms must be an integer between 1 and 9007199254740991')
-  end
-  -- The range of exact double arithmetic: an error the caller answers only
-  -- once the options are read (p.range_err).
-  local p = {limit = limit, window_ms = window_ms, W = window_ms * 1000}
-  if window_ms > MAX_WINDOW_MS then
-    p.range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
-  end
-  return p
-end
-
--- The units of an entry "<time_us>:<units>".
-local function log_units(member)
-  return tonumber(string.match(member, ':([0-9]+)$')) or 0
-end
-
-local SL = {command = 'RL.SLIDINGLOG', script = 'rl.slidinglog', nparams = 2,
-  params = limit_window_params}
-
--- The log at `now`: the units in the window (used; avail = what can be
--- taken) and what a write needs.
-function SL.load(key, p, now)
+local key = keys[1]
+local clock = redis.call('TIME')
+do
+  local key, now = key, tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   local last = redis.pcall('ZRANGE', key, -1, -1, 'WITHSCORES')
-  if last.err then return nil, last end
+  if last.err then return last end
   local newest, newest_member = nil, nil
   if last[2] then
     local sc = tonumber(last[2])
@@ -226,7 +185,7 @@ function SL.load(key, p, now)
   if newest and newest > now then
     now = newest -- the clock stepped back: nothing elapsed since the last grant
   end
-  local cutoff = now - p.W -- grants at t <= cutoff have left the window
+  local cutoff = now - p_W -- grants at t <= cutoff have left the window
   local cutoff_arg = '0'
   if cutoff > 0 then cutoff_arg = fmt(cutoff) end
   if newest and newest <= cutoff then newest = nil end
@@ -245,56 +204,153 @@ function SL.load(key, p, now)
   local used = total - expired -- units granted in the window
   if used < 0 then used = 0 end
   local avail = 0
-  if used < p.limit then avail = p.limit - used end
-  return {key = key, now = now, cutoff_arg = cutoff_arg, newest = newest, newest_member = newest_member,
-    used = used, n_expired = n_expired, granted = 0, avail = avail}
+  if used < p_limit then avail = p_limit - used end
+  s_key, s_now, s_cutoff_arg, s_newest, s_newest_member, s_used, s_n_expired, s_granted, s_avail = key, now, cutoff_arg, newest, newest_member, used, n_expired, 0, avail
 end
 
--- A refund of m units: the newest units in the window leave it, the most
--- recent grant first. Returns the units given back.
-function SL.give(p, s, m)
-  if s.used == 0 then return 0 end
-  if m > s.used then m = s.used end
-  -- Walk from the newest entry: entries wholly given back, then at most one
-  -- that keeps part of its units, then the entry that becomes the newest.
-  local left, lowest, keep, keep_units = m, nil, nil, 0
-  local newest = nil
-  local offset, batch = 0, 16
-  while newest == nil do
-    local rows = redis.call('ZREVRANGEBYSCORE', s.key, '+inf', '(' .. s.cutoff_arg,
-      'WITHSCORES', 'LIMIT', offset, batch)
-    for j = 1, #rows, 2 do
-      local u = log_units(rows[j])
-      if left == 0 then
-        newest = tonumber(rows[j + 1]) -- the first entry that stays whole
-        break
-      elseif u <= left then
-        left = left - u
-        lowest = rows[j + 1] -- its score
-      else
-        keep, keep_units = rows[j], u - left
-        newest = tonumber(rows[j + 1])
-        left = 0
-        break
+if r_refund then
+  -- The reply after the refund, for a following request of one unit.
+  local r_given
+  do
+    local m = r_refund
+    local given = 0 -- nothing in the window: nothing to give back
+    if s_used > 0 then
+      if m > s_used then m = s_used end
+      -- Walk from the newest entry: entries wholly given back, then at most one
+      -- that keeps part of its units, then the entry that becomes the newest.
+      local left, lowest, keep, keep_units = m, nil, nil, 0
+      local newest = nil
+      local offset, batch = 0, 16
+      while newest == nil do
+        local rows = redis.call('ZREVRANGEBYSCORE', s_key, '+inf', '(' .. s_cutoff_arg,
+          'WITHSCORES', 'LIMIT', offset, batch)
+        for j = 1, #rows, 2 do
+          local u = log_units(rows[j])
+          if left == 0 then
+            newest = tonumber(rows[j + 1]) -- the first entry that stays whole
+            break
+          elseif u <= left then
+            left = left - u
+            lowest = rows[j + 1] -- its score
+          else
+            keep, keep_units = rows[j], u - left
+            newest = tonumber(rows[j + 1])
+            left = 0
+            break
+          end
+        end
+        if newest == nil then
+          if #rows < 2 * batch then break end -- the window is walked
+          offset = offset + batch
+          if batch < 1024 then batch = batch * 2 end
+        end
+      end
+      s_given, s_lowest, s_keep, s_keep_units = m, lowest, keep, keep_units
+      s_used, s_newest = s_used - m, newest
+      given = m
+    end
+    r_given = given
+  end
+  local r_remaining, r_retry, r_reset
+  do
+    local cost, taken = 1, 0
+    local limit, now = p_limit, s_now
+    s_granted = taken
+    local after = s_used + s_granted
+    local remaining = 0
+    if after < limit then remaining = limit - after end
+    local retry = 0
+    if taken < cost then
+      if cost > limit then
+        retry = -1
+      elseif cost > remaining then
+        -- The same call fits once `need` units have left the window: find the
+        -- oldest grant t_k whose expiry frees that many; retry at t_k + W.
+        -- (0 < need <= after: the walk always ends, at the latest at the units
+        -- this call granted now.)
+        local need = (after - limit) + cost
+        local acc, tk = 0, nil
+        local lo = '(' .. s_cutoff_arg
+        local offset, batch = 0, 16
+        while tk == nil do
+          local rows = redis.call('ZRANGEBYSCORE', s_key, lo, '+inf', 'WITHSCORES', 'LIMIT', offset, batch)
+          for j = 1, #rows, 2 do
+            acc = acc + log_units(rows[j])
+            if acc >= need then
+              tk = tonumber(rows[j + 1])
+              break
+            end
+          end
+          if tk == nil then
+            if #rows < 2 * batch then break end
+            offset = offset + batch
+            if batch < 1024 then batch = batch * 2 end
+          end
+        end
+        if tk == nil then tk = now end -- covered by this call's own grant
+        retry = ceil_ms(p_W - (now - tk))
       end
     end
-    if newest == nil then
-      if #rows < 2 * batch then break end -- the window is walked
-      offset = offset + batch
-      if batch < 1024 then batch = batch * 2 end
+    local reset = 0
+    if s_granted > 0 then
+      reset = p_window_ms -- the newest grant is now
+    elseif s_newest then
+      reset = ceil_ms(p_W - (now - s_newest))
+    end
+    r_remaining, r_retry, r_reset = remaining, retry, reset
+  end
+  if r_given > 0 then
+    do
+      local key, reset = key, r_reset
+      if reset == 0 then
+        redis.call('DEL', key)
+      else
+        if s_n_expired > 0 then
+          redis.call('ZREMRANGEBYSCORE', key, '(0', s_cutoff_arg)
+        end
+        local after = s_used + s_granted
+        if s_granted > 0 then
+          local u = s_granted
+          if s_newest == s_now then
+            -- A grant in the same microsecond (or after the clock stepped back):
+            -- fold it into the newest entry.
+            u = u + log_units(s_newest_member)
+            redis.call('ZREM', key, s_newest_member)
+          end
+          local t = fmt(s_now)
+          redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(u))
+        else -- a refund
+          if s_lowest then
+            redis.call('ZREMRANGEBYSCORE', key, s_lowest, '+inf')
+          end
+          if s_keep then
+            redis.call('ZREM', key, s_keep)
+            local t = fmt(s_newest)
+            redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(s_keep_units))
+          else
+            redis.call('ZADD', key, fmt(-after), '#')
+          end
+        end
+        redis.call('PEXPIRE', key, fmt(reset))
+      end
     end
   end
-  s.given, s.lowest, s.keep, s.keep_units = m, lowest, keep, keep_units
-  s.used, s.newest = s.used - m, newest
-  return m
+  return {r_given, p_limit, r_remaining, r_retry, r_reset}
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function SL.report(p, s, cost, taken)
-  local limit, now = p.limit, s.now
-  s.granted = taken
-  local after = s.used + s.granted
+local avail = s_avail
+local granted = 0
+if r_cost <= avail then
+  granted = r_cost
+elseif r_partial then
+  granted = avail
+end
+local r_remaining, r_retry, r_reset
+do
+  local cost, taken = r_cost, granted
+  local limit, now = p_limit, s_now
+  s_granted = taken
+  local after = s_used + s_granted
   local remaining = 0
   if after < limit then remaining = limit - after end
   local retry = 0
@@ -308,10 +364,10 @@ function SL.report(p, s, cost, taken)
       -- this call granted now.)
       local need = (after - limit) + cost
       local acc, tk = 0, nil
-      local lo = '(' .. s.cutoff_arg
+      local lo = '(' .. s_cutoff_arg
       local offset, batch = 0, 16
       while tk == nil do
-        local rows = redis.call('ZRANGEBYSCORE', s.key, lo, '+inf', 'WITHSCORES', 'LIMIT', offset, batch)
+        local rows = redis.call('ZRANGEBYSCORE', s_key, lo, '+inf', 'WITHSCORES', 'LIMIT', offset, batch)
         for j = 1, #rows, 2 do
           acc = acc + log_units(rows[j])
           if acc >= need then
@@ -326,102 +382,55 @@ function SL.report(p, s, cost, taken)
         end
       end
       if tk == nil then tk = now end -- covered by this call's own grant
-      retry = ceil_ms(p.W - (now - tk))
+      retry = ceil_ms(p_W - (now - tk))
     end
   end
   local reset = 0
-  if s.granted > 0 then
-    reset = p.window_ms -- the newest grant is now
-  elseif s.newest then
-    reset = ceil_ms(p.W - (now - s.newest))
+  if s_granted > 0 then
+    reset = p_window_ms -- the newest grant is now
+  elseif s_newest then
+    reset = ceil_ms(p_W - (now - s_newest))
   end
-  return remaining, retry, reset
+  r_remaining, r_retry, r_reset = remaining, retry, reset
 end
-
--- Trim what left the window, apply the grant or refund, store the total,
--- TTL reset_after_ms (an empty log is not stored).
-function SL.write(key, p, s, reset)
-  if reset == 0 then
-    redis.call('DEL', key)
-    return
-  end
-  if s.n_expired > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '(0', s.cutoff_arg)
-  end
-  local after = s.used + s.granted
-  if s.granted > 0 then
-    local u = s.granted
-    if s.newest == s.now then
-      -- A grant in the same microsecond (or after the clock stepped back):
-      -- fold it into the newest entry.
-      u = u + log_units(s.newest_member)
-      redis.call('ZREM', key, s.newest_member)
-    end
-    local t = fmt(s.now)
-    redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(u))
-  else -- a refund
-    if s.lowest then
-      redis.call('ZREMRANGEBYSCORE', key, s.lowest, '+inf')
-    end
-    if s.keep then
-      redis.call('ZREM', key, s.keep)
-      local t = fmt(s.newest)
-      redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(s.keep_units))
+if granted > 0 and not r_dryrun then
+  do
+    local key, reset = key, r_reset
+    if reset == 0 then
+      redis.call('DEL', key)
     else
-      redis.call('ZADD', key, fmt(-after), '#')
+      if s_n_expired > 0 then
+        redis.call('ZREMRANGEBYSCORE', key, '(0', s_cutoff_arg)
+      end
+      local after = s_used + s_granted
+      if s_granted > 0 then
+        local u = s_granted
+        if s_newest == s_now then
+          -- A grant in the same microsecond (or after the clock stepped back):
+          -- fold it into the newest entry.
+          u = u + log_units(s_newest_member)
+          redis.call('ZREM', key, s_newest_member)
+        end
+        local t = fmt(s_now)
+        redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(u))
+      else -- a refund
+        if s_lowest then
+          redis.call('ZREMRANGEBYSCORE', key, s_lowest, '+inf')
+        end
+        if s_keep then
+          redis.call('ZREM', key, s_keep)
+          local t = fmt(s_newest)
+          redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(s_keep_units))
+        else
+          redis.call('ZADD', key, fmt(-after), '#')
+        end
+      end
+      redis.call('PEXPIRE', key, fmt(reset))
     end
   end
-  redis.call('PEXPIRE', key, fmt(reset))
 end
-
--- One limiter A (TB, SL or SC) called like its command: keys = {key}, argv =
--- the command's arguments after the key. Replies with the five integers:
--- {allowed, limit, remaining, retry_after_ms, reset_after_ms}; after
--- REFUND n, allowed is the number of units given back and retry_after_ms
--- the wait for one unit.
-local function rl_single(A, keys, argv)
-  if #keys ~= 1 then
-    return redis.error_reply('ERR the ' .. A.script .. ' script takes exactly 1 key')
-  end
-  if #argv < A.nparams then
-    return redis.error_reply("ERR wrong number of arguments for '" .. A.command .. "' command")
-  end
-  local p, e = A.params(argv, 1)
-  if not p then return e end
-  local cost, partial, dryrun, refund = parse_options(argv, A.nparams + 1)
-  if not cost then return partial end
-  if p.range_err then return p.range_err end
-
-  local key = keys[1]
-  local clock = redis.call('TIME')
-  local s
-  s, e = A.load(key, p, tonumber(clock[1]) * 1000000 + tonumber(clock[2]))
-  if not s then return e end
-
-  if refund then
-    -- The reply after the refund, for a following request of one unit.
-    local given = A.give(p, s, refund)
-    local remaining, retry, reset = A.report(p, s, 1, 0)
-    if given > 0 then A.write(key, p, s, reset) end
-    return {given, p.limit, remaining, retry, reset}
-  end
-
-  local avail = s.avail
-  local granted = 0
-  if cost <= avail then
-    granted = cost
-  elseif partial then
-    granted = avail
-  end
-  local remaining, retry, reset = A.report(p, s, cost, granted)
-  if granted > 0 and not dryrun then
-    A.write(key, p, s, reset)
-  end
-  local allowed = granted
-  if not partial then
-    allowed = (granted == cost) and 1 or 0
-  end
-  return {allowed, p.limit, remaining, retry, reset}
+local allowed = granted
+if not r_partial then
+  allowed = (granted == r_cost) and 1 or 0
 end
-
-return rl_single(SL, KEYS, ARGV)
+return {allowed, p_limit, r_remaining, r_retry, r_reset}

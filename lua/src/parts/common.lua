@@ -109,7 +109,10 @@ local function parse_options(argv, i, other, other_err)
   local nargs = #argv
   local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
   while i <= nargs do
-    local opt = string.upper(argv[i])
+    local opt = argv[i]
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+      opt = string.upper(opt) -- (most callers write them upper-case already)
+    end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
       cost = parse_int(argv[i + 1], 0, MAX)
       if not cost then

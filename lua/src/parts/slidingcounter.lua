@@ -148,8 +148,8 @@ end
 function SC.write(key, p, s, reset)
   if reset == 0 then
     redis.call('DEL', key)
-    return
+  else
+    redis.call('HSET', key, 'win', fmt(s.start), 'cur', fmt(s.cur), 'prev', fmt(s.prev))
+    redis.call('PEXPIRE', key, fmt(reset))
   end
-  redis.call('HSET', key, 'win', fmt(s.start), 'cur', fmt(s.cur), 'prev', fmt(s.prev))
-  redis.call('PEXPIRE', key, fmt(reset))
 end

@@ -75,40 +75,43 @@ end
 -- A refund of m units: the newest units in the window leave it, the most
 -- recent grant first. Returns the units given back.
 function SL.give(p, s, m)
-  if s.used == 0 then return 0 end
-  if m > s.used then m = s.used end
-  -- Walk from the newest entry: entries wholly given back, then at most one
-  -- that keeps part of its units, then the entry that becomes the newest.
-  local left, lowest, keep, keep_units = m, nil, nil, 0
-  local newest = nil
-  local offset, batch = 0, 16
-  while newest == nil do
-    local rows = redis.call('ZREVRANGEBYSCORE', s.key, '+inf', '(' .. s.cutoff_arg,
-      'WITHSCORES', 'LIMIT', offset, batch)
-    for j = 1, #rows, 2 do
-      local u = log_units(rows[j])
-      if left == 0 then
-        newest = tonumber(rows[j + 1]) -- the first entry that stays whole
-        break
-      elseif u <= left then
-        left = left - u
-        lowest = rows[j + 1] -- its score
-      else
-        keep, keep_units = rows[j], u - left
-        newest = tonumber(rows[j + 1])
-        left = 0
-        break
+  local given = 0 -- nothing in the window: nothing to give back
+  if s.used > 0 then
+    if m > s.used then m = s.used end
+    -- Walk from the newest entry: entries wholly given back, then at most one
+    -- that keeps part of its units, then the entry that becomes the newest.
+    local left, lowest, keep, keep_units = m, nil, nil, 0
+    local newest = nil
+    local offset, batch = 0, 16
+    while newest == nil do
+      local rows = redis.call('ZREVRANGEBYSCORE', s.key, '+inf', '(' .. s.cutoff_arg,
+        'WITHSCORES', 'LIMIT', offset, batch)
+      for j = 1, #rows, 2 do
+        local u = log_units(rows[j])
+        if left == 0 then
+          newest = tonumber(rows[j + 1]) -- the first entry that stays whole
+          break
+        elseif u <= left then
+          left = left - u
+          lowest = rows[j + 1] -- its score
+        else
+          keep, keep_units = rows[j], u - left
+          newest = tonumber(rows[j + 1])
+          left = 0
+          break
+        end
+      end
+      if newest == nil then
+        if #rows < 2 * batch then break end -- the window is walked
+        offset = offset + batch
+        if batch < 1024 then batch = batch * 2 end
       end
     end
-    if newest == nil then
-      if #rows < 2 * batch then break end -- the window is walked
-      offset = offset + batch
-      if batch < 1024 then batch = batch * 2 end
-    end
+    s.given, s.lowest, s.keep, s.keep_units = m, lowest, keep, keep_units
+    s.used, s.newest = s.used - m, newest
+    given = m
   end
-  s.given, s.lowest, s.keep, s.keep_units = m, lowest, keep, keep_units
-  s.used, s.newest = s.used - m, newest
-  return m
+  return given
 end
 
 -- Take `taken` units (at most s.avail); then remaining, retry_after_ms
@@ -165,33 +168,33 @@ end
 function SL.write(key, p, s, reset)
   if reset == 0 then
     redis.call('DEL', key)
-    return
-  end
-  if s.n_expired > 0 then
-    redis.call('ZREMRANGEBYSCORE', key, '(0', s.cutoff_arg)
-  end
-  local after = s.used + s.granted
-  if s.granted > 0 then
-    local u = s.granted
-    if s.newest == s.now then
-      -- A grant in the same microsecond (or after the clock stepped back):
-      -- fold it into the newest entry.
-      u = u + log_units(s.newest_member)
-      redis.call('ZREM', key, s.newest_member)
+  else
+    if s.n_expired > 0 then
+      redis.call('ZREMRANGEBYSCORE', key, '(0', s.cutoff_arg)
     end
-    local t = fmt(s.now)
-    redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(u))
-  else -- a refund
-    if s.lowest then
-      redis.call('ZREMRANGEBYSCORE', key, s.lowest, '+inf')
+    local after = s.used + s.granted
+    if s.granted > 0 then
+      local u = s.granted
+      if s.newest == s.now then
+        -- A grant in the same microsecond (or after the clock stepped back):
+        -- fold it into the newest entry.
+        u = u + log_units(s.newest_member)
+        redis.call('ZREM', key, s.newest_member)
+      end
+      local t = fmt(s.now)
+      redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(u))
+    else -- a refund
+      if s.lowest then
+        redis.call('ZREMRANGEBYSCORE', key, s.lowest, '+inf')
+      end
+      if s.keep then
+        redis.call('ZREM', key, s.keep)
+        local t = fmt(s.newest)
+        redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(s.keep_units))
+      else
+        redis.call('ZADD', key, fmt(-after), '#')
+      end
     end
-    if s.keep then
-      redis.call('ZREM', key, s.keep)
-      local t = fmt(s.newest)
-      redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(s.keep_units))
-    else
-      redis.call('ZADD', key, fmt(-after), '#')
-    end
+    redis.call('PEXPIRE', key, fmt(reset))
   end
-  redis.call('PEXPIRE', key, fmt(reset))
 end

@@ -124,13 +124,17 @@ end
 -- given back (a fraction of a token missing counts as one).
 function TB.give(p, s, m)
   local room = p.capacity - s.n
-  if room <= 0 then return 0 end -- full: fresh, nothing to give back
-  if m >= room then
-    s.n, s.f = p.capacity, 0
-    return room
+  local given = 0 -- full: fresh, nothing to give back
+  if room > 0 then
+    if m >= room then
+      s.n, s.f = p.capacity, 0
+      given = room
+    else
+      s.n = s.n + m
+      given = m
+    end
   end
-  s.n = s.n + m
-  return m
+  return given
 end
 
 -- Take `taken` units (at most s.avail); then remaining, retry_after_ms
@@ -157,8 +161,8 @@ end
 function TB.write(key, p, s, reset)
   if reset == 0 then
     redis.call('DEL', key)
-    return
+  else
+    redis.call('HSET', key, 'tokens', fmt(s.n), 'frac', fmt(s.f), 'ts', fmt(s.t), 'scale', fmt(p.P))
+    redis.call('PEXPIRE', key, fmt(reset))
   end
-  redis.call('HSET', key, 'tokens', fmt(s.n), 'frac', fmt(s.f), 'ts', fmt(s.t), 'scale', fmt(p.P))
-  redis.call('PEXPIRE', key, fmt(reset))
 end

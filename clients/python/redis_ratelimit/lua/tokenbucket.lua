@@ -134,46 +134,6 @@ local function ceil_ms(a, b, c)
   return q
 end
 
--- The options every command takes after its parameters, from argv[i] on:
---   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
--- in any order and case, each at most once; REFUND and the others exclude
--- each other (the second one named is a syntax error, as in the module).
--- Returns cost, partial, dryrun, refund (nil unless REFUND), or nil and an
--- error reply; a word in `other` (RL.MULTI: an algorithm's name, one limit
--- too many) answers `other_err` instead of a syntax error.
-local function parse_options(argv, i, other, other_err)
-  local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
-  while i <= nargs do
-    local opt = string.upper(argv[i])
-    if opt == 'COST' and not has_cost and not refund and i < nargs then
-      cost = parse_int(argv[i + 1], 0, MAX)
-      if not cost then
-        return nil, redis.error_reply('ERR COST must be an integer between 0 and 9007199254740991')
-      end
-      has_cost = true
-      i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
-      partial = true
-      i = i + 1
-    elseif opt == 'DRYRUN' and not dryrun and not refund then
-      dryrun = true
-      i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
-      refund = parse_int(argv[i + 1], 1, MAX)
-      if not refund then
-        return nil, redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
-      end
-      i = i + 2
-    elseif other and other[opt] then
-      return nil, redis.error_reply(other_err)
-    else
-      return nil, redis.error_reply('ERR syntax error')
-    end
-  end
-  return cost, partial, dryrun, refund
-end
-
 local MAX_PERIOD_MS = 9007199254740 -- period_ms * 1000 < 2^53
 
 -- Microseconds until the bucket, holding n + f/P tokens now, holds n + d:
@@ -197,48 +157,90 @@ local function wait_us(d, f, P, rate)
   return q
 end
 
-local TB = {command = 'RL.TOKENBUCKET', script = 'rl.tokenbucket', nparams = 3}
-
--- capacity rate period_ms, from argv[i] on: a parameter table, or nil and
--- an error.
-function TB.params(argv, i)
+local keys, argv = KEYS, ARGV
+local p_P, p_capacity, p_limit, p_period_ms, p_range_err, p_rate, s_avail, s_f, s_n, s_t
+if #keys ~= 1 then
+  return redis.error_reply('ERR the ' .. 'rl.tokenbucket' .. ' script takes exactly 1 key')
+end
+if #argv < 3 then
+  return redis.error_reply("ERR wrong number of arguments for '" .. 'RL.TOKENBUCKET' .. "' command")
+end
+do
+  local argv, i = argv, 1
   local capacity = parse_int(argv[i], 1, MAX)
   if not capacity then
-    return nil, redis.error_reply('ERR capacity must be an integer between 1 and 9007199254740991')
+    return redis.error_reply('ERR capacity must be an integer between 1 and 9007199254740991')
   end
   local rate = parse_int(argv[i + 1], 1, MAX)
   if not rate then
-    return nil, redis.error_reply('ERR rate must be an integer between 1 and 9007199254740991')
+    return redis.error_reply('ERR rate must be an integer between 1 and 9007199254740991')
   end
   local period_ms = parse_int(argv[i + 2], 1, MAX)
   if not period_ms then
-    return nil, redis.error_reply('ERR period_ms must be an integer between 1 and 9007199254740991')
+    return redis.error_reply('ERR period_ms must be an integer between 1 and 9007199254740991')
   end
   -- The range of exact double arithmetic (see above): an error the caller
-  -- answers only once the options are read (p.range_err).
-  local p = {limit = capacity, capacity = capacity, rate = rate, period_ms = period_ms,
-    P = period_ms * 1000}
+  -- answers only once the options are read (p_range_err).
+  p_limit, p_capacity, p_rate, p_period_ms, p_P = capacity, capacity, rate, period_ms, period_ms * 1000
   if period_ms > MAX_PERIOD_MS then
-    p.range_err = redis.error_reply('ERR period_ms is beyond the exact range of the Lua script (at most 9007199254740)')
-  elseif muldiv(capacity, p.P, rate) == nil then
-    p.range_err = redis.error_reply('ERR capacity*period_ms*1000/rate is beyond the exact range of the Lua script (a full refill must take less than 2^53 us)')
+    p_range_err = redis.error_reply('ERR period_ms is beyond the exact range of the Lua script (at most 9007199254740)')
+  elseif muldiv(capacity, p_P, rate) == nil then
+    p_range_err = redis.error_reply('ERR capacity*period_ms*1000/rate is beyond the exact range of the Lua script (a full refill must take less than 2^53 us)')
   end
-  return p
 end
+local r_cost, r_partial, r_dryrun, r_refund
+do
+  local argv, i, other, other_err = argv, 3 + 1, nil, nil
+  local nargs = #argv
+  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
+  while i <= nargs do
+    local opt = argv[i]
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+      opt = string.upper(opt) -- (most callers write them upper-case already)
+    end
+    if opt == 'COST' and not has_cost and not refund and i < nargs then
+      cost = parse_int(argv[i + 1], 0, MAX)
+      if not cost then
+        return redis.error_reply('ERR COST must be an integer between 0 and 9007199254740991')
+      end
+      has_cost = true
+      i = i + 2
+    elseif opt == 'PARTIAL' and not partial and not refund then
+      partial = true
+      i = i + 1
+    elseif opt == 'DRYRUN' and not dryrun and not refund then
+      dryrun = true
+      i = i + 1
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+      refund = parse_int(argv[i + 1], 1, MAX)
+      if not refund then
+        return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
+      end
+      i = i + 2
+    elseif other and other[opt] then
+      return redis.error_reply(other_err)
+    else
+      return redis.error_reply('ERR syntax error')
+    end
+  end
+  r_cost, r_partial, r_dryrun, r_refund = cost, partial, dryrun, refund
+end
+if p_range_err then return p_range_err end
 
--- The bucket at `now`: {n = whole tokens, f = fraction in 1/P, t = time,
--- avail = whole tokens that can be taken}.
-function TB.load(key, p, now)
+local key = keys[1]
+local clock = redis.call('TIME')
+do
+  local key, now = key, tonumber(clock[1]) * 1000000 + tonumber(clock[2])
   -- 'win' belongs to the sliding counter: a hash holding it is not ours.
   local st = redis.pcall('HMGET', key, 'tokens', 'frac', 'ts', 'scale', 'win')
-  if st.err then return nil, st end
-  if st[5] then return nil, redis.error_reply(WRONGTYPE) end
-  local capacity, rate, P = p.capacity, p.rate, p.P
+  if st.err then return st end
+  if st[5] then return redis.error_reply(WRONGTYPE) end
+  local capacity, rate, P = p_capacity, p_rate, p_P
   local n, f, t = capacity, 0, now -- a fresh bucket is full
   if st[1] then
     local sn, sf, st_ts, sp = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
     if not (sn and sf and st_ts and sp) or sn < 0 or sf < 0 or sp < 1 or sf >= sp then
-      return nil, redis.error_reply('ERR the token bucket state at this key is corrupt')
+      return redis.error_reply('ERR the token bucket state at this key is corrupt')
     end
     n, f, t = sn, sf, st_ts
     if sp ~= P then
@@ -268,100 +270,99 @@ function TB.load(key, p, now)
       t = now
     end -- else the clock stepped back (or did not move): nothing elapsed
   end
-  return {n = n, f = f, t = t, avail = n}
+  s_n, s_f, s_t, s_avail = n, f, t, n
 end
 
--- A refund of m tokens: min(capacity, tokens + m). Returns the whole tokens
--- given back (a fraction of a token missing counts as one).
-function TB.give(p, s, m)
-  local room = p.capacity - s.n
-  if room <= 0 then return 0 end -- full: fresh, nothing to give back
-  if m >= room then
-    s.n, s.f = p.capacity, 0
-    return room
+if r_refund then
+  -- The reply after the refund, for a following request of one unit.
+  local r_given
+  do
+    local m = r_refund
+    local room = p_capacity - s_n
+    local given = 0 -- full: fresh, nothing to give back
+    if room > 0 then
+      if m >= room then
+        s_n, s_f = p_capacity, 0
+        given = room
+      else
+        s_n = s_n + m
+        given = m
+      end
+    end
+    r_given = given
   end
-  s.n = s.n + m
-  return m
+  local r_remaining, r_retry, r_reset
+  do
+    local cost, taken = 1, 0
+    local capacity, n = p_capacity, s_n - taken
+    s_n = n
+    local retry = 0
+    if taken < cost then
+      if cost > capacity then
+        retry = -1
+      elseif cost > n then
+        retry = ceil_ms(wait_us(cost - n, s_f, p_P, p_rate))
+      end
+    end
+    local reset = 0
+    if n < capacity then
+      reset = ceil_ms(wait_us(capacity - n, s_f, p_P, p_rate))
+    end
+    r_remaining, r_retry, r_reset = n, retry, reset
+  end
+  if r_given > 0 then
+    do
+      local key, reset = key, r_reset
+      if reset == 0 then
+        redis.call('DEL', key)
+      else
+        redis.call('HSET', key, 'tokens', fmt(s_n), 'frac', fmt(s_f), 'ts', fmt(s_t), 'scale', fmt(p_P))
+        redis.call('PEXPIRE', key, fmt(reset))
+      end
+    end
+  end
+  return {r_given, p_limit, r_remaining, r_retry, r_reset}
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function TB.report(p, s, cost, taken)
-  local capacity, n = p.capacity, s.n - taken
-  s.n = n
+local avail = s_avail
+local granted = 0
+if r_cost <= avail then
+  granted = r_cost
+elseif r_partial then
+  granted = avail
+end
+local r_remaining, r_retry, r_reset
+do
+  local cost, taken = r_cost, granted
+  local capacity, n = p_capacity, s_n - taken
+  s_n = n
   local retry = 0
   if taken < cost then
     if cost > capacity then
       retry = -1
     elseif cost > n then
-      retry = ceil_ms(wait_us(cost - n, s.f, p.P, p.rate))
+      retry = ceil_ms(wait_us(cost - n, s_f, p_P, p_rate))
     end
   end
   local reset = 0
   if n < capacity then
-    reset = ceil_ms(wait_us(capacity - n, s.f, p.P, p.rate))
+    reset = ceil_ms(wait_us(capacity - n, s_f, p_P, p_rate))
   end
-  return n, retry, reset
+  r_remaining, r_retry, r_reset = n, retry, reset
 end
-
--- Store the state with TTL reset_after_ms (a full bucket is not stored).
-function TB.write(key, p, s, reset)
-  if reset == 0 then
-    redis.call('DEL', key)
-    return
+if granted > 0 and not r_dryrun then
+  do
+    local key, reset = key, r_reset
+    if reset == 0 then
+      redis.call('DEL', key)
+    else
+      redis.call('HSET', key, 'tokens', fmt(s_n), 'frac', fmt(s_f), 'ts', fmt(s_t), 'scale', fmt(p_P))
+      redis.call('PEXPIRE', key, fmt(reset))
+    end
   end
-  redis.call('HSET', key, 'tokens', fmt(s.n), 'frac', fmt(s.f), 'ts', fmt(s.t), 'scale', fmt(p.P))
-  redis.call('PEXPIRE', key, fmt(reset))
 end
-
--- One limiter A (TB, SL or SC) called like its command: keys = {key}, argv =
--- the command's arguments after the key. Replies with the five integers:
--- {allowed, limit, remaining, retry_after_ms, reset_after_ms}; after
--- REFUND n, allowed is the number of units given back and retry_after_ms
--- the wait for one unit.
-local function rl_single(A, keys, argv)
-  if #keys ~= 1 then
-    return redis.error_reply('ERR the ' .. A.script .. ' script takes exactly 1 key')
-  end
-  if #argv < A.nparams then
-    return redis.error_reply("ERR wrong number of arguments for '" .. A.command .. "' command")
-  end
-  local p, e = A.params(argv, 1)
-  if not p then return e end
-  local cost, partial, dryrun, refund = parse_options(argv, A.nparams + 1)
-  if not cost then return partial end
-  if p.range_err then return p.range_err end
-
-  local key = keys[1]
-  local clock = redis.call('TIME')
-  local s
-  s, e = A.load(key, p, tonumber(clock[1]) * 1000000 + tonumber(clock[2]))
-  if not s then return e end
-
-  if refund then
-    -- The reply after the refund, for a following request of one unit.
-    local given = A.give(p, s, refund)
-    local remaining, retry, reset = A.report(p, s, 1, 0)
-    if given > 0 then A.write(key, p, s, reset) end
-    return {given, p.limit, remaining, retry, reset}
-  end
-
-  local avail = s.avail
-  local granted = 0
-  if cost <= avail then
-    granted = cost
-  elseif partial then
-    granted = avail
-  end
-  local remaining, retry, reset = A.report(p, s, cost, granted)
-  if granted > 0 and not dryrun then
-    A.write(key, p, s, reset)
-  end
-  local allowed = granted
-  if not partial then
-    allowed = (granted == cost) and 1 or 0
-  end
-  return {allowed, p.limit, remaining, retry, reset}
+local allowed = granted
+if not r_partial then
+  allowed = (granted == r_cost) and 1 or 0
 end
-
-return rl_single(TB, KEYS, ARGV)
+return {allowed, p_limit, r_remaining, r_retry, r_reset}
