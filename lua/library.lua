@@ -119,15 +119,17 @@ end
 
 -- ceil((a + b + c) / 1000) for integers 0 <= a, b, c < 2^53; b and c may be
 -- omitted (the sum itself may exceed 2^53; the milliseconds do not).
+-- (divmod written out: this runs once or twice on every call.)
 local function ceil_ms(a, b, c)
-  local q, r = divmod(a, 1000)
+  local r = math.fmod(a, 1000)
+  local q = (a - r) / 1000
   if b then
-    local qb, rb = divmod(b, 1000)
-    q, r = q + qb, r + rb
+    local rb = math.fmod(b, 1000)
+    q, r = q + (b - rb) / 1000, r + rb
   end
   if c then
-    local qc, rc = divmod(c, 1000)
-    q, r = q + qc, r + rc
+    local rc = math.fmod(c, 1000)
+    q, r = q + (c - rc) / 1000, r + rc
   end
   while r > 0 do -- r < 3000
     q = q + 1
@@ -578,19 +580,6 @@ end
 local SC = {command = 'RL.SLIDINGCOUNTER', script = 'rl.slidingcounter', nparams = 2,
   params = limit_window_params}
 
--- Units that can be taken with cur in the current window and prev in the one
--- before, e us into the current one: limit - cur - ceil(prev*(W-e)/W), or 0.
-local function sc_avail(limit, W, e, cur, prev)
-  local weight = 0
-  if prev > 0 then
-    local q, r = muldiv(prev, W - e, W)
-    weight = q
-    if r > 0 then weight = weight + 1 end
-  end
-  if cur < limit and limit - cur > weight then return limit - cur - weight end
-  return 0
-end
-
 -- The counter at `now`: {cur, prev, e, start, lag, avail}.
 function SC.load(key, p, now)
   -- 'tokens' belongs to the token bucket: a hash holding it is not ours.
@@ -623,8 +612,20 @@ function SC.load(key, p, now)
       if ks == k - 1 then prev = scur end -- older: both windows are empty
     end
   end
-  return {cur = cur, prev = prev, e = e, start = start, lag = at - now,
-    avail = sc_avail(p.limit, W, e, cur, prev)}
+  local r_avail
+  do
+    local limit, W, e, cur, prev = p.limit, W, e, cur, prev
+    local weight = 0
+    if prev > 0 then
+      local q, r = muldiv(prev, W - e, W)
+      weight = q
+      if r > 0 then weight = weight + 1 end
+    end
+    local avail = 0
+    if cur < limit and limit - cur > weight then avail = limit - cur - weight end
+    r_avail = avail
+  end
+  return {cur = cur, prev = prev, e = e, start = start, lag = at - now, avail = r_avail}
 end
 
 -- A refund of m units: off the current window's count, then what is left of
@@ -640,7 +641,20 @@ function SC.give(p, s, m)
     s.prev = s.prev - g2
     given = given + g2
   end
-  s.avail = sc_avail(p.limit, p.W, s.e, s.cur, s.prev)
+  local r_avail
+  do
+    local limit, W, e, cur, prev = p.limit, p.W, s.e, s.cur, s.prev
+    local weight = 0
+    if prev > 0 then
+      local q, r = muldiv(prev, W - e, W)
+      weight = q
+      if r > 0 then weight = weight + 1 end
+    end
+    local avail = 0
+    if cur < limit and limit - cur > weight then avail = limit - cur - weight end
+    r_avail = avail
+  end
+  s.avail = r_avail
   return given
 end
 
@@ -1502,7 +1516,20 @@ do
       if ks == k - 1 then prev = scur end -- older: both windows are empty
     end
   end
-  s_cur, s_prev, s_e, s_start, s_lag, s_avail = cur, prev, e, start, at - now, sc_avail(p_limit, W, e, cur, prev)
+  local r_avail
+  do
+    local limit, W, e, cur, prev = p_limit, W, e, cur, prev
+    local weight = 0
+    if prev > 0 then
+      local q, r = muldiv(prev, W - e, W)
+      weight = q
+      if r > 0 then weight = weight + 1 end
+    end
+    local avail = 0
+    if cur < limit and limit - cur > weight then avail = limit - cur - weight end
+    r_avail = avail
+  end
+  s_cur, s_prev, s_e, s_start, s_lag, s_avail = cur, prev, e, start, at - now, r_avail
 end
 
 if r_refund then
@@ -1520,7 +1547,20 @@ if r_refund then
       s_prev = s_prev - g2
       given = given + g2
     end
-    s_avail = sc_avail(p_limit, p_W, s_e, s_cur, s_prev)
+    local r_avail
+    do
+      local limit, W, e, cur, prev = p_limit, p_W, s_e, s_cur, s_prev
+      local weight = 0
+      if prev > 0 then
+        local q, r = muldiv(prev, W - e, W)
+        weight = q
+        if r > 0 then weight = weight + 1 end
+      end
+      local avail = 0
+      if cur < limit and limit - cur > weight then avail = limit - cur - weight end
+      r_avail = avail
+    end
+    s_avail = r_avail
     r_given = given
   end
   local r_remaining, r_retry, r_reset

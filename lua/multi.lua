@@ -61,6 +61,7 @@
 -- Every value the scripts compute is an integer below 2^53; products that
 -- could be larger go through muldiv(), an exact floor(a*b/c) with remainder.
 
+local fmod = math.fmod
 local MAX = 9007199254740991 -- 2^53 - 1, the largest argument
 local TWO52 = 4503599627370496
 local WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
@@ -81,7 +82,7 @@ end
 -- floor(a / b) and a mod b, exactly, for integers 0 <= a < 2^53, 0 < b < 2^53
 -- (fmod is exact; a - r is then an exact multiple of b).
 local function divmod(a, b)
-  local r = math.fmod(a, b)
+  local r = fmod(a, b)
   return (a - r) / b, r
 end
 
@@ -90,7 +91,7 @@ end
 local function muldiv(a, b, c)
   local p = a * b
   if p < 9007199254740992 then -- the product itself is exact
-    local r = math.fmod(p, c)
+    local r = fmod(p, c)
     return (p - r) / c, r
   end
   -- Binary long multiplication of a by the bits of b, keeping q*c + r =
@@ -99,7 +100,7 @@ local function muldiv(a, b, c)
   local qa, ra = divmod(a, c)
   local bits, nb = {}, 0
   while b > 0 do
-    local bit = math.fmod(b, 2)
+    local bit = fmod(b, 2)
     nb = nb + 1
     bits[nb] = bit
     b = (b - bit) / 2
@@ -131,15 +132,17 @@ end
 
 -- ceil((a + b + c) / 1000) for integers 0 <= a, b, c < 2^53; b and c may be
 -- omitted (the sum itself may exceed 2^53; the milliseconds do not).
+-- (divmod written out: this runs once or twice on every call.)
 local function ceil_ms(a, b, c)
-  local q, r = divmod(a, 1000)
+  local r = fmod(a, 1000)
+  local q = (a - r) / 1000
   if b then
-    local qb, rb = divmod(b, 1000)
-    q, r = q + qb, r + rb
+    local rb = fmod(b, 1000)
+    q, r = q + (b - rb) / 1000, r + rb
   end
   if c then
-    local qc, rc = divmod(c, 1000)
-    q, r = q + qc, r + rc
+    local rc = fmod(c, 1000)
+    q, r = q + (c - rc) / 1000, r + rc
   end
   while r > 0 do -- r < 3000
     q = q + 1
@@ -590,19 +593,6 @@ end
 local SC = {command = 'RL.SLIDINGCOUNTER', script = 'rl.slidingcounter', nparams = 2,
   params = limit_window_params}
 
--- Units that can be taken with cur in the current window and prev in the one
--- before, e us into the current one: limit - cur - ceil(prev*(W-e)/W), or 0.
-local function sc_avail(limit, W, e, cur, prev)
-  local weight = 0
-  if prev > 0 then
-    local q, r = muldiv(prev, W - e, W)
-    weight = q
-    if r > 0 then weight = weight + 1 end
-  end
-  if cur < limit and limit - cur > weight then return limit - cur - weight end
-  return 0
-end
-
 -- The counter at `now`: {cur, prev, e, start, lag, avail}.
 function SC.load(key, p, now)
   -- 'tokens' belongs to the token bucket: a hash holding it is not ours.
@@ -635,8 +625,20 @@ function SC.load(key, p, now)
       if ks == k - 1 then prev = scur end -- older: both windows are empty
     end
   end
-  return {cur = cur, prev = prev, e = e, start = start, lag = at - now,
-    avail = sc_avail(p.limit, W, e, cur, prev)}
+  local r_avail
+  do
+    local limit, W, e, cur, prev = p.limit, W, e, cur, prev
+    local weight = 0
+    if prev > 0 then
+      local q, r = muldiv(prev, W - e, W)
+      weight = q
+      if r > 0 then weight = weight + 1 end
+    end
+    local avail = 0
+    if cur < limit and limit - cur > weight then avail = limit - cur - weight end
+    r_avail = avail
+  end
+  return {cur = cur, prev = prev, e = e, start = start, lag = at - now, avail = r_avail}
 end
 
 -- A refund of m units: off the current window's count, then what is left of
@@ -652,7 +654,20 @@ function SC.give(p, s, m)
     s.prev = s.prev - g2
     given = given + g2
   end
-  s.avail = sc_avail(p.limit, p.W, s.e, s.cur, s.prev)
+  local r_avail
+  do
+    local limit, W, e, cur, prev = p.limit, p.W, s.e, s.cur, s.prev
+    local weight = 0
+    if prev > 0 then
+      local q, r = muldiv(prev, W - e, W)
+      weight = q
+      if r > 0 then weight = weight + 1 end
+    end
+    local avail = 0
+    if cur < limit and limit - cur > weight then avail = limit - cur - weight end
+    r_avail = avail
+  end
+  s.avail = r_avail
   return given
 end
 

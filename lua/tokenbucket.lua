@@ -47,6 +47,7 @@
 -- Every value the scripts compute is an integer below 2^53; products that
 -- could be larger go through muldiv(), an exact floor(a*b/c) with remainder.
 
+local fmod = math.fmod
 local MAX = 9007199254740991 -- 2^53 - 1, the largest argument
 local TWO52 = 4503599627370496
 local WRONGTYPE = 'WRONGTYPE Operation against a key holding the wrong kind of value'
@@ -67,7 +68,7 @@ end
 -- floor(a / b) and a mod b, exactly, for integers 0 <= a < 2^53, 0 < b < 2^53
 -- (fmod is exact; a - r is then an exact multiple of b).
 local function divmod(a, b)
-  local r = math.fmod(a, b)
+  local r = fmod(a, b)
   return (a - r) / b, r
 end
 
@@ -76,7 +77,7 @@ end
 local function muldiv(a, b, c)
   local p = a * b
   if p < 9007199254740992 then -- the product itself is exact
-    local r = math.fmod(p, c)
+    local r = fmod(p, c)
     return (p - r) / c, r
   end
   -- Binary long multiplication of a by the bits of b, keeping q*c + r =
@@ -85,7 +86,7 @@ local function muldiv(a, b, c)
   local qa, ra = divmod(a, c)
   local bits, nb = {}, 0
   while b > 0 do
-    local bit = math.fmod(b, 2)
+    local bit = fmod(b, 2)
     nb = nb + 1
     bits[nb] = bit
     b = (b - bit) / 2
@@ -117,15 +118,17 @@ end
 
 -- ceil((a + b + c) / 1000) for integers 0 <= a, b, c < 2^53; b and c may be
 -- omitted (the sum itself may exceed 2^53; the milliseconds do not).
+-- (divmod written out: this runs once or twice on every call.)
 local function ceil_ms(a, b, c)
-  local q, r = divmod(a, 1000)
+  local r = fmod(a, 1000)
+  local q = (a - r) / 1000
   if b then
-    local qb, rb = divmod(b, 1000)
-    q, r = q + qb, r + rb
+    local rb = fmod(b, 1000)
+    q, r = q + (b - rb) / 1000, r + rb
   end
   if c then
-    local qc, rc = divmod(c, 1000)
-    q, r = q + qc, r + rc
+    local rc = fmod(c, 1000)
+    q, r = q + (c - rc) / 1000, r + rc
   end
   while r > 0 do -- r < 3000
     q = q + 1

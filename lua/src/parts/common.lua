@@ -81,15 +81,17 @@ end
 
 -- ceil((a + b + c) / 1000) for integers 0 <= a, b, c < 2^53; b and c may be
 -- omitted (the sum itself may exceed 2^53; the milliseconds do not).
+-- (divmod written out: this runs once or twice on every call.)
 local function ceil_ms(a, b, c)
-  local q, r = divmod(a, 1000)
+  local r = math.fmod(a, 1000)
+  local q = (a - r) / 1000
   if b then
-    local qb, rb = divmod(b, 1000)
-    q, r = q + qb, r + rb
+    local rb = math.fmod(b, 1000)
+    q, r = q + (b - rb) / 1000, r + rb
   end
   if c then
-    local qc, rc = divmod(c, 1000)
-    q, r = q + qc, r + rc
+    local rc = math.fmod(c, 1000)
+    q, r = q + (c - rc) / 1000, r + rc
   end
   while r > 0 do -- r < 3000
     q = q + 1

@@ -40,8 +40,9 @@ local function sc_avail(limit, W, e, cur, prev)
     weight = q
     if r > 0 then weight = weight + 1 end
   end
-  if cur < limit and limit - cur > weight then return limit - cur - weight end
-  return 0
+  local avail = 0
+  if cur < limit and limit - cur > weight then avail = limit - cur - weight end
+  return avail
 end
 
 -- The counter at `now`: {cur, prev, e, start, lag, avail}.
@@ -76,8 +77,8 @@ function SC.load(key, p, now)
       if ks == k - 1 then prev = scur end -- older: both windows are empty
     end
   end
-  return {cur = cur, prev = prev, e = e, start = start, lag = at - now,
-    avail = sc_avail(p.limit, W, e, cur, prev)}
+  --@inline local r_avail = sc_avail(p.limit, W, e, cur, prev)
+  return {cur = cur, prev = prev, e = e, start = start, lag = at - now, avail = r_avail}
 end
 
 -- A refund of m units: off the current window's count, then what is left of
@@ -93,7 +94,8 @@ function SC.give(p, s, m)
     s.prev = s.prev - g2
     given = given + g2
   end
-  s.avail = sc_avail(p.limit, p.W, s.e, s.cur, s.prev)
+  --@inline local r_avail = sc_avail(p.limit, p.W, s.e, s.cur, s.prev)
+  s.avail = r_avail
   return given
 end
 
