@@ -161,7 +161,7 @@ fn ops() -> impl Strategy<Value = Vec<Op>> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 12000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 12000, failure_persistence: None, ..ProptestConfig::default() })]
 
     /// Every reply field agrees with the exact rational model over random
     /// sequences with clock steps back, equal times, parameter changes,
