@@ -518,6 +518,14 @@ class Bench:
         return out
 
     # -- memory --------------------------------------------------------------
+    def flush_sync(self):
+        """FLUSHALL SYNC: the memory runs measure from an empty keyspace, and
+        Valkey 8+ frees a plain FLUSHALL in the background
+        (lazyfree-lazy-user-flush yes), which could still be freeing the last
+        run's keys while used_memory is read: once it made a token bucket
+        key look like 28 bytes."""
+        self.c.execute_command("FLUSHALL", "SYNC")
+
     def used_memory(self):
         """used_memory once it has settled (incremental rehash, lazy frees)."""
         last = None
@@ -542,7 +550,7 @@ class Bench:
             kinds.append(("Lua " + alg.lua, "lua", alg))
         out = []
         for label, kind, alg in kinds:
-            self.c.flushall()
+            self.flush_sync()
             before = self.used_memory()
             pfx = "mem:"
             if kind == "incr_ttl":
@@ -578,7 +586,7 @@ class Bench:
             out.append(rec)
             self.log("  memory %-28s %7.1f B/key (used_memory)  %7.1f B (MEMORY USAGE)"
                      % (label, rec["bytes_per_key"], rec["memory_usage"]))
-        self.c.flushall()
+        self.flush_sync()
         return out
 
     def log_memory(self):
@@ -589,7 +597,7 @@ class Bench:
         alg = ALG_BY_TAG["sl"]
         for grants, nkeys in self.cfg["log_grants"]:
             for lua in (False, True):
-                self.c.flushall()
+                self.flush_sync()
                 before = self.used_memory()
                 pfx = "lg:%d:" % lua
                 head = ["EVALSHA", self.sha["sl"], 1] if lua else [alg.cmd]
@@ -620,7 +628,7 @@ class Bench:
                 out.append(rec)
                 self.log("  log %-6s %5d grants/key: %8.1f B/key (used_memory) %8.1f B (MEMORY USAGE)"
                          % (rec["twin"], grants, rec["bytes_per_key"], rec["memory_usage"]))
-        self.c.flushall()
+        self.flush_sync()
         return out
 
 
