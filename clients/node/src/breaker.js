@@ -38,17 +38,17 @@ export class Breaker {
    * half-open probe: report it with success(…, true) / failure(true)).
    */
   acquire(now) {
+    if (this.refuses(now)) return 0;
     if (this.state === 'closed') return 1;
-    if (this.state === 'open') {
-      if (now - this.openedAt < this.openMs) return 0;
-      this.setState('halfOpen');
-    }
-    if (this.probing) return 0;
+    if (this.state === 'open') this.setState('halfOpen');
     this.probing = true;
     return 2;
   }
 
-  /** Would acquire(now) refuse? (No state change: open stays open here.) */
+  /**
+   * Would acquire(now) refuse? (No state change: open stays open here; an
+   * open breaker never has a probe out, so its wait alone decides.)
+   */
   refuses(now) {
     if (this.state === 'closed') return false;
     if (this.state === 'open' && now - this.openedAt < this.openMs) return true;
