@@ -9,12 +9,16 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build run lint test test-unit test-rust test-py test-clients-py venv bench profile fuzz demo soak clean dist
+.PHONY: all help deps build run lint test test-stages test-unit test-rust test-py test-clients-py venv bench profile fuzz demo soak clean dist
 
-all: build
+all: build  ## the module (same as build)
+
+# One line per target: every target declared with a "## " description.
+help:  ## this list
+	@awk -F':.*## ' '/^[a-zA-Z0-9_.-]+:.*## / { printf "  %-20s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 # Install what is missing (Debian/Ubuntu). Nothing is done when all is present.
-deps:
+deps:  ## install missing system packages (Debian/Ubuntu)
 	@missing=""; \
 	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
@@ -32,10 +36,10 @@ deps:
 	fi
 	@command -v $(CARGO) >/dev/null || { echo "cargo (Rust toolchain) is required"; exit 1; }
 
-build: deps
+build: deps  ## cargo build --release: target/release/libredis_ratelimit.so
 	$(CARGO) build --release
 
-run: build
+run: build  ## redis-server on 127.0.0.1:PORT (default 6379) with the module loaded
 	redis-server --port $(PORT) --bind 127.0.0.1 --loadmodule $(MODULE) --enable-debug-command local
 
 $(PY): integration/requirements.txt
@@ -43,16 +47,22 @@ $(PY): integration/requirements.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r integration/requirements.txt
 	touch $(PY)
 
-venv: deps $(PY)
+venv: deps $(PY)  ## the test virtualenv .venv (integration/requirements.txt)
 
-test: lint build venv test-rust test-py test-fuzz test-bench test-clients-py
+# make test's stages, in the order they run; .ci/run runs them one by one
+# under their names (make test-stages prints them).
+TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-clients-py test-clients-node lua-check
+test: $(TEST_STAGES)  ## every stage of TEST_STAGES, in order (what CI runs)
+
+test-stages:  ## print the stages of make test, in order
+	@echo $(TEST_STAGES)
 
 # Lint, first in make test: rustfmt (rustfmt.toml) over the module, the core
 # and the fuzz crates; clippy with warnings as errors over every target of
 # the workspace; ruff (ruff.toml) over the Python; ESLint's recommended rules
 # (tools/eslint, its own locked install) over every JavaScript file: the Node
 # client library, its tests and bench, and the Node example gateway.
-lint: deps venv tools/eslint/node_modules/.installed
+lint: deps venv tools/eslint/node_modules/.installed  ## rustfmt, clippy -D warnings, ruff, eslint
 	$(CARGO) fmt --all --check
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
@@ -66,17 +76,17 @@ tools/eslint/node_modules/.installed: tools/eslint/package-lock.json | deps
 
 FUZZ_SECONDS ?= 600
 # Coverage-guided fuzzing of the parsers and decoders (long run: make fuzz).
-fuzz: deps
+fuzz: deps  ## coverage-guided fuzzing, FUZZ_SECONDS per target (default 600)
 	./fuzz/run.sh $(FUZZ_SECONDS)
 
 # A short fuzz run of every target, as part of make test.
-test-fuzz: deps
+test-fuzz: deps  ## a 15 s fuzz run of every target
 	./fuzz/run.sh 15
 
 # Benchmarks against INCR and the Lua twins; writes BENCHMARKS.md and docs/.
 # One server build per run (SERVER=name of integration/servers.py or a path;
 # default redis-server); BENCHMARKS.md gets its summary table.
-bench: build venv $(VENV)/.clients-py
+bench: build venv $(VENV)/.clients-py  ## benchmarks: BENCHMARKS.md, docs/benchmarks.md, docs/bench/ (SERVER=...)
 	$(PY) bench/bench.py $(if $(SERVER),--server $(SERVER))
 	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py
 
@@ -84,27 +94,27 @@ bench: build venv $(VENV)/.clients-py
 # requests/s): where a request's time goes, on every server build and for
 # the floor module. One server: make profile SERVER=valkey9.1 (or a path).
 # Writes docs/PROFILE.md.
-profile: build venv
+profile: build venv  ## instructions per request under callgrind: docs/PROFILE.md (SERVER=...)
 	$(PY) bench/profile.py $(if $(SERVER),--server $(SERVER))
 
 # The benchmark and profile scripts once with tiny counts: prove they work
 # (no timing).
-test-bench: build venv
+test-bench: build venv  ## the benchmark and profile scripts once with tiny counts
 	$(PY) bench/bench.py --quick --out /tmp/rl-bench-quick
 	python3 bench/profile.py --server "$$(command -v redis-server)" --requests 2000 \
 	  --out /tmp/rl-profile-quick/PROFILE.md --json /tmp/rl-profile-quick.json
 
 # Live demo: three algorithms under one traffic profile, charted.
-demo: build venv
+demo: build venv  ## three algorithms under one traffic profile, charted
 	$(PY) demo/demo.py
 
 # Long soak and connection storm (minutes); make test runs short versions.
-soak: build venv
+soak: build venv  ## long soak and connection storm (minutes)
 	cd integration && RL_SOAK=long RL_MODULE=$(MODULE) $(PY) -m pytest -q -p no:cacheprovider test_resources.py
 
 # Unit and property tests (no server: everything that needs one is in the
 # Python suites, integration/).
-test-rust: build
+test-rust: build  ## unit and property tests of the workspace
 	$(CARGO) test --release --workspace
 
 # The server builds the Python suites run against (integration/servers.py):
@@ -121,7 +131,7 @@ server_bin = $(shell $(PY) $(CURDIR)/integration/servers.py path $(1))
 
 # Every Python suite (all of integration/) once per server, then the
 # server x suite matrix; fails if any test failed on any server.
-test-py: build venv dist
+test-py: build venv dist  ## integration suites on every server of SERVERS (PYTEST_ARGS=...)
 	@rm -rf $(MATRIX_DIR) && mkdir -p $(MATRIX_DIR)
 	@for s in $(SERVERS); do \
 	  bin=$$($(PY) integration/servers.py path $$s) || exit 1; \
@@ -138,7 +148,7 @@ $(VENV)/.clients-py: clients/python/requirements.txt $(PY)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r clients/python/requirements.txt
 	touch $@
 
-test-clients-py: build venv $(VENV)/.clients-py
+test-clients-py: build venv $(VENV)/.clients-py  ## the Python client library against real servers
 	cd clients/python && RL_MODULE=$(MODULE) $(PY) -m pytest -q -x -p no:cacheprovider tests
 	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py --quick --out /tmp/rl-clients-py-bench.md
 
@@ -146,24 +156,23 @@ test-clients-py: build venv $(VENV)/.clients-py
 # node --test against servers the tests start themselves, then its benchmark
 # once with tiny counts (make bench-clients-node for the real run).
 .PHONY: test-clients-node bench-clients-node
-test: test-clients-node
 bench: bench-clients-node
 clients/node/node_modules/.installed: clients/node/package-lock.json
 	cd clients/node && npm ci --no-audit --no-fund
 	touch $@
 
-test-clients-node: build clients/node/node_modules/.installed
+test-clients-node: build clients/node/node_modules/.installed  ## the Node client library against real servers
 	cd clients/node && RL_MODULE=$(MODULE) node --test --test-concurrency=1 test/*.test.js
 	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --quick --out /tmp/rl-node-bench-quick.md >/dev/null
 
-bench-clients-node: build clients/node/node_modules/.installed
+bench-clients-node: build clients/node/node_modules/.installed  ## the Node client benchmark: clients/node/BENCH.md
 	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --out BENCH.md
 
 # The release tarball: dist/redis-ratelimit-<version>-linux-<arch>.tar.gz
 # holding the module (debug info stripped), README.md, LICENSE, CHANGELOG.md,
 # docs/*.md and SHA256SUMS; its checksum beside it. The Python suite unpacks it and
 # loads the packaged module into each server (integration/test_adopt.py).
-dist: build
+dist: build  ## the release tarball in dist/
 	@set -e; \
 	version=$$($(CARGO) metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "redis-ratelimit"))'); \
 	name=redis-ratelimit-$$version-linux-$$(uname -m); \
@@ -180,10 +189,9 @@ dist: build
 # lua/*.lua are generated from lua/src/ (python3 lua/build.py); make test
 # checks that the committed ones are what the generator writes.
 .PHONY: lua-check
-test: lua-check
-lua-check:
+lua-check:  ## lua/*.lua are what lua/build.py writes
 	python3 lua/build.py --check
 
-clean:
+clean:  ## remove target/ and .venv
 	$(CARGO) clean
 	rm -rf $(VENV)
