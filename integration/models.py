@@ -7,7 +7,7 @@ Each model reads a state at an instant into a view; a view answers how many
 units it can take now (`avail`), takes units (`take`) or gives them back
 (`give`), then replies for a request of `want` units (`answer`) and says
 what state to store (`state`). `single` and `multi` compose the views into
-the commands' replies (SPEC.md: "Reply", "Composition").
+the commands' replies (docs/contract.md: "Reply", "RL.MULTI").
 
 States are kept in the form the Lua twins store them (and that the tests
 can read back from the twins' keys):

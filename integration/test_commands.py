@@ -1,4 +1,4 @@
-"""The contract of SPEC.md for the three commands, one server at a time:
+"""The contract (docs/contract.md) for the three commands, one server at a time:
 replies, DRYRUN/PARTIAL/COST, errors, WRONGTYPE, rule changes, TTLs, INFO
 counters, memory per state, the compact and wide state forms, and when
 effects may be skipped. (Moved here from the Rust integration tests, so one

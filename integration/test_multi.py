@@ -77,7 +77,7 @@ def check_multi(reply, limits, cost=None, partial=False, dryrun=False, refund=No
     else:
         for p, wt in zip(per, weights):
             assert 0 <= p[0] <= refund * wt, reply
-    # Elements 1-6 follow from the per-limit replies by SPEC's rules.
+    # Elements 1-6 follow from the per-limit replies by the rules of docs/contract.md, "RL.MULTI".
         assert reply[:6] == combine(per, weights, cost, partial, refund)[:6], reply
     return reply
 

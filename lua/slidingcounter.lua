@@ -8,7 +8,7 @@
 --   ARGV     the command's arguments after the key, as RL.SLIDINGCOUNTER takes them
 --
 -- Reply: {allowed, limit, remaining, retry_after_ms, reset_after_ms}, the
--- same five integers as the module command (see SPEC.md); after REFUND n,
+-- same five integers as the module command (docs/contract.md, "Reply"); after REFUND n,
 -- allowed is the number of units given back.
 
 -- Sliding counter ------------------------------------------------------------

@@ -8,7 +8,7 @@
 --   ARGV     the command's arguments after the key, as RL.TOKENBUCKET takes them
 --
 -- Reply: {allowed, capacity, remaining, retry_after_ms, reset_after_ms}, the
--- same five integers as the module command (see SPEC.md); after REFUND n,
+-- same five integers as the module command (docs/contract.md, "Reply"); after REFUND n,
 -- allowed is the number of tokens given back.
 
 -- Token bucket ---------------------------------------------------------------

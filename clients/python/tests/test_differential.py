@@ -22,7 +22,7 @@ def run_sync(make_client, seed):
     m = RateLimit(make_client(), backend="module")
     lua = RateLimit(make_client(), backend="lua")
     assert m.detect() == "module" and lua.detect() == "lua"
-    # RL.MULTI and REFUND are in the contract (SPEC "Composition"): both
+    # RL.MULTI and REFUND are in the contract (docs/contract.md, "RL.MULTI", "Refunds"): both
     # backends must have them, and the sequences use them
     assert m.has_multi and lua.has_multi
     with_multi = with_refund = True

@@ -15,7 +15,7 @@
 //! Every limit then answers for taking `g × WEIGHT_i` of the `COST ×
 //! WEIGHT_i` it asked for; with one limit of weight 1 that is exactly the
 //! single command's reply. [`combine`] folds the per-limit replies into the
-//! whole reply (SPEC.md, "Composition").
+//! whole reply (docs/contract.md, "RL.MULTI").
 
 use crate::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision, MAX_ARG};
 

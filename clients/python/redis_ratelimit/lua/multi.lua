@@ -17,7 +17,7 @@
 -- (tokenbucket.lua, slidinglog.lua, slidingcounter.lua), so a key can be used
 -- by both.
 --
--- Reply (seven elements, as RL.MULTI; see SPEC.md "Composition"):
+-- Reply (seven elements, as RL.MULTI; docs/contract.md, "RL.MULTI"):
 --   1 1/0 (g with PARTIAL; after REFUND n: n when any limit took units back)
 --   2 limit, 3 remaining, 5 reset_after_ms: of the binding limit
 --   4 retry_after_ms: 0 when granted, else the longest wait of the limits,

@@ -2,7 +2,7 @@
 //! every Rust test layer (this crate's unit and property tests, RL.MULTI's
 //! model tests and the fuzz targets in `fuzz/`).
 //!
-//! Each model is an independent, brute-force statement of SPEC.md: exact
+//! Each model is an independent, brute-force statement of docs/contract.md: exact
 //! integers and rationals, plain lists and searches, never a call into the
 //! implementation it checks (it only reads a state's fields to start from
 //! it). Where the implementation uses a closed form, the model searches:
@@ -15,7 +15,7 @@
 //! - [`slidingcounter`]: the estimate `prev × (W − e) / W + cur` compared as
 //!   an exact rational; every answer found by a linear scan or a bisection.
 //! - [`multi`]: each limit on its own, then the largest common grant, all
-//!   or nothing, and the whole reply by the words of SPEC.md.
+//!   or nothing, and the whole reply by the words of docs/contract.md.
 //!
 //! Compiled for tests, or for other crates with the `reference` feature
 //! (`fuzz/` enables it). Models may panic on inputs outside the documented

@@ -1,4 +1,4 @@
-//! RL.MULTI by the words of SPEC.md: each limit on its own (its reference
+//! RL.MULTI by the words of docs/contract.md: each limit on its own (its reference
 //! model), the largest common grant found by counting down, all or nothing,
 //! and the whole reply picked from the per-limit ones.
 

@@ -1,4 +1,4 @@
-//! The sliding counter: SPEC.md's definitions evaluated literally in exact
+//! The sliding counter: docs/contract.md's definitions evaluated literally in exact
 //! rational arithmetic, with every answer found by searching (linear scans,
 //! or bisection over predicates whose monotonicity the linear scans confirm
 //! in the core's `linear_model_matches_step_and_bisection`) instead of the

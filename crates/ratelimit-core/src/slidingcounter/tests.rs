@@ -4,7 +4,7 @@ use proptest::prelude::*;
 use proptest::test_runner::Config as PropConfig;
 use std::collections::HashMap;
 
-// The reference model (SPEC.md literally, exact rationals, answers
+// The reference model (docs/contract.md literally, exact rationals, answers
 // found by searching): `reference::slidingcounter`.
 use crate::reference::slidingcounter::{self as scm, Search};
 
