@@ -1,0 +1,115 @@
+//! The decoder targets: what RDB load, RESTORE and RL.STATE run on bytes
+//! from outside. Anything accepted re-encodes to the same bytes and is a
+//! state the commands handle (each one's call checks, at several times and
+//! under several rules).
+
+use crate::args::Call;
+use crate::core::MAX_ARG;
+use crate::log::{log_entries, sl_encode};
+use crate::slidingcounter::sc_call;
+use crate::slidinglog::sl_call;
+use crate::tokenbucket::tb_call;
+use crate::{codec, sc, sl, tb};
+
+fn calls(cost_max: u64) -> impl Iterator<Item = Call> {
+    [0, 1, cost_max, cost_max + 1].into_iter().flat_map(|cost| {
+        [false, true].into_iter().map(move |partial| Call { nums: [0; 3], cost, partial, dryrun: false, refund: 0 })
+    })
+}
+
+pub fn decode_tokenbucket(data: &[u8]) {
+    let Ok(s) = tb::State::decode(data) else { return };
+    assert_eq!(&s.encode()[..], data, "accepted bytes do not re-encode");
+    let period_ms = s.den / 1000;
+    for p in [
+        tb::Params { capacity: s.tokens + 1, rate: 1, period_ms },
+        tb::Params { capacity: 1, rate: 1, period_ms: 1 },
+        tb::Params { capacity: MAX_ARG, rate: MAX_ARG, period_ms: MAX_ARG },
+    ] {
+        for now in [s.last_us, s.last_us.saturating_add(s.den), 0, u64::MAX] {
+            for call in calls(p.capacity) {
+                tb_call(&s, &p, &call, now, now.wrapping_add(999_999));
+            }
+        }
+    }
+}
+
+pub fn decode_slidingcounter(data: &[u8]) {
+    let Ok(s) = sc::State::decode(data) else { return };
+    assert_eq!(&s.encode()[..], data, "accepted bytes do not re-encode");
+    assert!(!s.is_fresh(), "a fresh state is never stored, so never accepted");
+    for p in [
+        sc::Params { limit: s.cur.max(s.prev).saturating_add(1).min(MAX_ARG), window_ms: 1000 },
+        sc::Params { limit: 1, window_ms: 1 },
+        sc::Params { limit: MAX_ARG, window_ms: MAX_ARG },
+    ] {
+        for now in [s.start_us, s.start_us.saturating_add(1_500_000), 0, u64::MAX] {
+            for call in calls(p.limit) {
+                sc_call(&s, &p, &call, now, now.wrapping_add(999_999));
+            }
+        }
+    }
+}
+
+pub fn decode_slidinglog(data: &[u8]) {
+    let Ok(s) = sl::State::decode(data) else { return };
+    assert_eq!(sl_encode(&s), data, "accepted bytes do not re-encode");
+    // The decoder allocates only what the input holds.
+    assert!(s.heap_bytes() <= data.len() + 16, "heap {} for {} input bytes", s.heap_bytes(), data.len());
+    let entries = log_entries(data);
+    let (first, last) = (entries.first().map_or(0, |e| e.0), entries.last().map_or(0, |e| e.0));
+    for p in [
+        sl::Params { limit: 10, window_ms: 1000 },
+        sl::Params { limit: 1, window_ms: 1 },
+        sl::Params { limit: MAX_ARG, window_ms: MAX_ARG },
+    ] {
+        for now in [first, last, last.saturating_add(500_000), 0, u64::MAX] {
+            for call in calls(p.limit) {
+                sl_call(&s, &p, &call, now, now.wrapping_add(999_999));
+            }
+        }
+    }
+}
+
+pub fn decode_codec(data: &[u8]) {
+    let Ok((effect, abs)) = codec::decode(data) else { return };
+    let again: Vec<u8> = match &effect {
+        codec::Effect::TokenBucket(s) => codec::tokenbucket(s, abs).as_bytes().to_vec(),
+        codec::Effect::SlidingCounter(s) => codec::slidingcounter(s, abs).as_bytes().to_vec(),
+        codec::Effect::SlidingLog(s) => codec::slidinglog(s, abs),
+        codec::Effect::LogGrant(g) => codec::log_grant(g, abs).as_bytes().to_vec(),
+        codec::Effect::LogRefund(g) => codec::log_refund(g, abs).as_bytes().to_vec(),
+    };
+    assert_eq!(again, data, "accepted payload does not re-encode");
+    // Apply it the way RL.STATE does, then use the key.
+    let call = Call { nums: [0; 3], cost: 1, partial: true, dryrun: false, refund: 0 };
+    match effect {
+        codec::Effect::TokenBucket(s) => {
+            tb_call(&s, &tb::Params { capacity: 5, rate: 1, period_ms: 1000 }, &call, s.last_us, 0)
+        }
+        codec::Effect::SlidingCounter(s) => sc_call(&s, &sc::Params { limit: 5, window_ms: 1000 }, &call, s.start_us, 0),
+        codec::Effect::SlidingLog(s) => sl_call(&s, &sl::Params { limit: 5, window_ms: 1000 }, &call, abs, 0),
+        codec::Effect::LogGrant(g) => {
+            let mut s = sl::State::default();
+            sl::grant(&mut s, g.window_ms, g.units, g.now_us);
+            // Applied twice (a replayed AOF): still a valid log.
+            sl::grant(&mut s, g.window_ms, g.units, g.now_us);
+            let enc = sl_encode(&s);
+            assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc.clone()));
+            let entries = log_entries(&enc);
+            assert_eq!(entries.len(), 1);
+            assert_eq!(entries[0], (g.now_us, g.units * 2));
+        }
+        codec::Effect::LogRefund(g) => {
+            // On a log holding one grant at the same instant: the refund
+            // takes back at most what it holds, and what is left is valid.
+            let mut s = sl::State::default();
+            sl::grant(&mut s, g.window_ms, 5, g.now_us);
+            let removed = sl::refund(&mut s, g.window_ms, g.units, g.now_us);
+            assert_eq!(removed, g.units.min(5));
+            let enc = sl_encode(&s);
+            assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc.clone()));
+            assert_eq!(log_entries(&enc).iter().map(|e| e.1).sum::<u64>(), 5 - removed);
+        }
+    }
+}

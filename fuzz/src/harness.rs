@@ -1,0 +1,51 @@
+//! The one argument harness of the three single-limit targets: parse the
+//! arguments (checked against the oracle), then run the pure core on the
+//! parsed call against an arbitrary stored state, at arbitrary times. What
+//! differs between the algorithms is the `Algorithm` each one implements.
+
+use crate::args::{Arg, Call};
+use crate::core::DecodeError;
+use crate::input::Input;
+use crate::oracle::parse_checked;
+
+/// One algorithm as the harness drives it.
+pub trait Algorithm {
+    type State;
+    type Params;
+    /// The positional arguments after the key.
+    const ARGS: &'static [Arg];
+    /// The state of a key that does not exist.
+    fn fresh() -> Self::State;
+    /// The stored state from its RDB / DUMP bytes.
+    fn decode(b: &[u8]) -> Result<Self::State, DecodeError>;
+    /// A valid state built from arbitrary bytes.
+    fn synth(b: &[u8]) -> Self::State;
+    /// The parameters of a parsed call (its positional numbers).
+    fn params(nums: &[u64; 3]) -> Self::Params;
+    /// `REFUND n` and everything that must hold after it.
+    fn refund(cur: &Self::State, p: &Self::Params, n: u64, now: u64);
+    /// One call and everything that must hold after it.
+    fn call(cur: &Self::State, p: &Self::Params, call: &Call, now: u64, now2: u64);
+}
+
+/// The stored state an input asks for (its mode byte: see lib.rs).
+fn state_of<A: Algorithm>(inp: &Input) -> A::State {
+    match inp.mode {
+        0 => A::fresh(),
+        1 => A::decode(inp.state).unwrap_or_else(|_| A::fresh()),
+        2 => A::synth(inp.state),
+        _ => A::decode(inp.state).unwrap_or_else(|_| A::synth(inp.state)),
+    }
+}
+
+/// An `args_*` target: one input, one parsed call, its checks.
+pub fn run_args<A: Algorithm>(data: &[u8]) {
+    let inp = Input::parse(data);
+    let Some(call) = parse_checked(&inp.args, A::ARGS) else { return };
+    let cur = state_of::<A>(&inp);
+    let p = A::params(&call.nums);
+    if call.refund > 0 {
+        return A::refund(&cur, &p, call.refund, inp.now);
+    }
+    A::call(&cur, &p, &call, inp.now, inp.now2);
+}

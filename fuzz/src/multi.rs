@@ -1,0 +1,186 @@
+//! RL.MULTI: the parser against an independent oracle, then the call over
+//! states synthesized from the input, with the composition's invariants.
+
+use crate::args::{Kind, MAX_LIMITS};
+use crate::core::multi;
+use crate::core::reference::multi::{self as multi_model, Limit};
+use crate::core::reference::slidinglog::Log;
+use crate::core::reference::tokenbucket::Bucket;
+use crate::core::Decision;
+use crate::harness::Algorithm;
+use crate::input::Input;
+use crate::log::{log_entries, sl_encode};
+use crate::oracle::oracle_multi;
+use crate::slidingcounter::{synth_sc, SlidingCounter};
+use crate::slidinglog::{synth_sl, SlidingLog};
+use crate::tokenbucket::{synth_tb, TokenBucket};
+use crate::{sc, sl, tb};
+
+enum Owned {
+    Tb(tb::State),
+    Log(sl::State),
+    Sc(sc::State),
+}
+
+impl Owned {
+    fn digest(&self) -> Vec<u8> {
+        match self {
+            Owned::Tb(s) => s.encode().to_vec(),
+            Owned::Sc(s) => s.encode().to_vec(),
+            Owned::Log(s) => sl_encode(s),
+        }
+    }
+}
+
+/// The arguments follow `RL.MULTI`; the state bytes, cut in `n` pieces,
+/// seed each limit's state (fresh when mode 0).
+pub fn args_multi(data: &[u8]) {
+    let inp = Input::parse(data);
+    let got = crate::args::parse_multi(inp.args.iter().copied());
+    let want = oracle_multi(&inp.args);
+    assert_eq!(got, want, "args {:?}", inp.args);
+    let Ok(call) = got else { return };
+    let n = call.n;
+    let piece = inp.state.len() / n.max(1);
+    let mut states: Vec<Owned> = call.limits[..n]
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let b = inp.state.get(i * piece..(i + 1) * piece).unwrap_or(&[]);
+            let fresh = inp.mode == 0 || b.is_empty();
+            match l.kind {
+                Kind::TokenBucket => Owned::Tb(if fresh { tb::State::default() } else { synth_tb(b) }),
+                Kind::SlidingLog => Owned::Log(if fresh { sl::State::default() } else { synth_sl(b) }),
+                Kind::SlidingCounter => Owned::Sc(if fresh { sc::State::default() } else { synth_sc(b) }),
+            }
+        })
+        .collect();
+    let params: Vec<multi::Params> = call.limits[..n]
+        .iter()
+        .map(|l| match l.kind {
+            Kind::TokenBucket => multi::Params::TokenBucket(TokenBucket::params(&l.nums)),
+            Kind::SlidingLog => multi::Params::SlidingLog(SlidingLog::params(&l.nums)),
+            Kind::SlidingCounter => multi::Params::SlidingCounter(SlidingCounter::params(&l.nums)),
+        })
+        .collect();
+    let weights: Vec<u64> = call.limits[..n].iter().map(|l| l.weight).collect();
+    let before: Vec<Vec<u8>> = states.iter().map(Owned::digest).collect();
+    // The reference: each limit on its own model, then all or nothing.
+    let mut models: Vec<Limit> = states
+        .iter()
+        .zip(&params)
+        .map(|(s, p)| match (s, p) {
+            (Owned::Tb(s), multi::Params::TokenBucket(p)) => Limit::TokenBucket(*p, Bucket::from_state(s)),
+            (Owned::Log(s), multi::Params::SlidingLog(p)) => {
+                Limit::SlidingLog(*p, Log::from_entries(&log_entries(&sl_encode(s))))
+            }
+            (Owned::Sc(s), multi::Params::SlidingCounter(p)) => Limit::SlidingCounter(*p, *s),
+            _ => unreachable!("a limit's state has its algorithm"),
+        })
+        .collect();
+    let op = if call.refund > 0 {
+        multi::Op::Refund(call.refund)
+    } else {
+        multi::Op::Take { cost: call.cost, partial: call.partial, dryrun: call.dryrun }
+    };
+    let zero = Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 };
+    let mut per = [zero; MAX_LIMITS];
+    let whole = {
+        let mut refs: Vec<Option<multi::StateMut>> = states
+            .iter_mut()
+            .map(|s| {
+                Some(match s {
+                    Owned::Tb(s) => multi::StateMut::TokenBucket(s),
+                    Owned::Log(s) => multi::StateMut::SlidingLog(s),
+                    Owned::Sc(s) => multi::StateMut::SlidingCounter(s),
+                })
+            })
+            .collect();
+        multi::run(&mut refs, &params, &weights, op, inp.now, &mut per)
+    };
+    let per = &per[..n];
+    // The model counts the common grant down from COST: only small COSTs.
+    if call.refund > 0 || call.cost <= 4096 {
+        let (mwhole, mper) = multi_model::call(&mut models, &weights, op, inp.now);
+        assert_eq!(per, &mper[..], "per-limit replies differ from the model");
+        assert_eq!(whole, mwhole, "whole reply differs from the model");
+        for ((s, m), d) in states.iter().zip(&models).zip(per) {
+            let written = d.granted > 0 && !call.dryrun && !(call.refund > 0 && d.reset_after_ms == 0);
+            if !written {
+                continue;
+            }
+            match (s, m) {
+                (Owned::Tb(s), Limit::TokenBucket(_, m)) => {
+                    let b = Bucket::from_state(s);
+                    assert_eq!((b.num, b.d, b.last), (m.num, m.d, m.last), "bucket differs from the model");
+                }
+                (Owned::Log(s), Limit::SlidingLog(_, m)) => {
+                    assert_eq!(log_entries(&sl_encode(s)), m.entries(), "log differs from the model")
+                }
+                (Owned::Sc(s), Limit::SlidingCounter(_, m)) => assert_eq!(s, m, "counter differs from the model"),
+                _ => unreachable!(),
+            }
+        }
+    }
+    // The whole reply is the binding limit's, by the rules of docs/contract.md, "RL.MULTI".
+    assert!(whole.binding < n);
+    let b = per[whole.binding];
+    assert_eq!((whole.limit, whole.remaining, whole.reset_after_ms), (b.limit, b.remaining, b.reset_after_ms));
+    for ((d, l), &w) in per.iter().zip(&call.limits[..n]).zip(&weights) {
+        assert_eq!(d.limit, l.nums[0]);
+        assert!(d.remaining <= d.limit && d.retry_after_ms >= -1, "{d:?}");
+        if call.refund > 0 {
+            assert!(d.granted <= call.refund * w, "{d:?}");
+        }
+    }
+    let after: Vec<Vec<u8>> = states.iter().map(Owned::digest).collect();
+    match op {
+        multi::Op::Take { cost, partial, dryrun } => {
+            let g = per[0].granted / weights[0];
+            assert!(per.iter().zip(&weights).all(|(d, &w)| d.granted == g * w), "{per:?}");
+            assert!(g <= cost && (partial || g == 0 || g == cost));
+            assert_eq!(whole.allowed, if partial { g } else { u64::from(g == cost) });
+            if g == cost {
+                assert_eq!(whole.retry_after_ms, 0);
+            } else {
+                let never = per.iter().any(|d| d.retry_after_ms == -1);
+                let longest = per.iter().map(|d| d.retry_after_ms).max().unwrap_or(0);
+                assert_eq!(whole.retry_after_ms, if never { -1 } else { longest });
+                assert_eq!(b.retry_after_ms, whole.retry_after_ms);
+            }
+            if g == 0 || dryrun {
+                assert_eq!(after, before, "a call that writes nothing changed a state");
+            }
+            if g > 0 && !dryrun {
+                for (s, d) in states.iter().zip(per) {
+                    assert!(d.reset_after_ms > 0);
+                    match s {
+                        Owned::Tb(s) => assert_eq!(tb::State::decode(&s.encode()), Ok(*s)),
+                        Owned::Sc(s) => assert_eq!(sc::State::decode(&s.encode()), Ok(*s)),
+                        Owned::Log(s) => {
+                            let enc = sl_encode(s);
+                            assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc));
+                        }
+                    }
+                }
+            }
+        }
+        multi::Op::Refund(units) => {
+            assert_eq!(whole.allowed, if per.iter().any(|d| d.granted > 0) { units } else { 0 });
+            for ((s, d), (a, bf)) in states.iter().zip(per).zip(after.iter().zip(&before)) {
+                if d.granted == 0 {
+                    assert_eq!(a, bf, "a limit that gave nothing back changed");
+                } else if d.reset_after_ms > 0 {
+                    match s {
+                        Owned::Tb(s) => assert_eq!(tb::State::decode(&s.encode()), Ok(*s)),
+                        Owned::Sc(s) => assert_eq!(sc::State::decode(&s.encode()), Ok(*s)),
+                        Owned::Log(s) => {
+                            let enc = sl_encode(s);
+                            assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,166 @@
+//! Independent statements of the argument grammars, and the check of the
+//! parser (`args::parse`, `args::parse_multi`) against them.
+
+use crate::args::{Arg, ArgError, Call, Kind, LimitSpec, MultiCall, MAX_LIMITS};
+use crate::core::MAX_ARG;
+
+/// An independent statement of the argument grammar (docs/contract.md,
+/// "Ranges and numbers" and "Errors", and args.rs's documented "ASCII
+/// digits, at most 16").
+///
+/// Leading zeros ("01"): Redis's own integer arguments refuse them; whether
+/// this module does is args.rs's documented choice (its unit tests pin it),
+/// so the oracle follows it and checks everything else independently.
+fn oracle_num(s: &[u8], min: u64) -> Option<u64> {
+    let leading_zeros_ok = crate::args::parse_num(b"01", 0).is_some();
+    if s.is_empty() || s.len() > 16 || !s.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    if s.len() > 1 && s[0] == b'0' && !leading_zeros_ok {
+        return None;
+    }
+    let v: u128 = std::str::from_utf8(s).ok()?.parse().ok()?;
+    (u128::from(min)..=u128::from(MAX_ARG)).contains(&v).then_some(v as u64)
+}
+
+/// What the parser must answer: `Err(None)` arity, `Err(Some(i))` the i-th
+/// positional number (i = positional count: COST, + 1: REFUND),
+/// `Err(Some(usize::MAX))` syntax. REFUND n (1 or more) excludes COST,
+/// PARTIAL and DRYRUN.
+pub fn oracle_parse(args: &[&[u8]], npos: usize) -> Result<Call, Option<usize>> {
+    if args.len() < npos {
+        return Err(None);
+    }
+    let mut nums = [0u64; 3];
+    for i in 0..npos {
+        nums[i] = oracle_num(args[i], 1).ok_or(Some(i))?;
+    }
+    let (mut cost, mut partial, mut dryrun, mut refund) = (None, false, false, None);
+    let mut i = npos;
+    while i < args.len() {
+        let up = args[i].to_ascii_uppercase();
+        match &up[..] {
+            b"REFUND" if refund.is_none() && cost.is_none() && !partial && !dryrun => {
+                let v = args.get(i + 1).ok_or(Some(usize::MAX))?;
+                refund = Some(oracle_num(v, 1).ok_or(Some(npos + 1))?);
+                i += 2;
+            }
+            _ if refund.is_some() => return Err(Some(usize::MAX)),
+            b"COST" if cost.is_none() => {
+                let v = args.get(i + 1).ok_or(Some(usize::MAX))?;
+                cost = Some(oracle_num(v, 0).ok_or(Some(npos))?);
+                i += 2;
+            }
+            b"PARTIAL" if !partial => {
+                partial = true;
+                i += 1;
+            }
+            b"DRYRUN" if !dryrun => {
+                dryrun = true;
+                i += 1;
+            }
+            _ => return Err(Some(usize::MAX)),
+        }
+    }
+    Ok(Call { nums, cost: cost.unwrap_or(1), partial, dryrun, refund: refund.unwrap_or(0) })
+}
+
+/// Runs `args::parse` and checks it against the oracle, the argument an
+/// error names included.
+pub fn parse_checked(args: &[&[u8]], positional: &[Arg]) -> Option<Call> {
+    let got = crate::args::parse(args.iter().copied(), positional);
+    let want = oracle_parse(args, positional.len());
+    match (&got, &want) {
+        (Ok(g), Ok(w)) => assert_eq!(g, w, "args {args:?}"),
+        (Err(ArgError::Arity), Err(None)) => {}
+        (Err(ArgError::Syntax), Err(Some(usize::MAX))) => {}
+        (Err(ArgError::Number(a)), Err(Some(i))) if *i < positional.len() => {
+            assert_eq!(*a, positional[*i], "args {args:?}");
+        }
+        (Err(ArgError::Number(a)), Err(Some(i))) if *i == positional.len() => {
+            assert_eq!(*a, Arg::Cost, "args {args:?}");
+        }
+        (Err(ArgError::Number(a)), Err(Some(i))) if *i == positional.len() + 1 => {
+            assert_eq!(*a, Arg::Refund, "args {args:?}");
+        }
+        _ => panic!("args {args:?}: parser {got:?}, oracle {want:?}"),
+    }
+    got.ok()
+}
+
+/// The RL.MULTI grammar (docs/contract.md, "RL.MULTI"), stated by index.
+pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
+    use ArgError::*;
+    if a.len() < 5 {
+        return Err(Arity);
+    }
+    let up = |i: usize| a.get(i).map(|s| s.to_ascii_uppercase());
+    let n = oracle_num(a[0], 1).filter(|&n| n <= 16).ok_or(Number(Arg::NumKeys))? as usize;
+    if a.len() < 1 + n {
+        return Err(LimitCount);
+    }
+    let keys = &a[1..1 + n];
+    let blank = LimitSpec { kind: Kind::TokenBucket, nums: [0; 3], weight: 1 };
+    let mut call = MultiCall { n, limits: [blank; MAX_LIMITS], cost: 1, partial: false, dryrun: false, refund: 0 };
+    let is_opt = |w: &[u8]| matches!(w, b"COST" | b"PARTIAL" | b"DRYRUN" | b"REFUND");
+    let mut i = 1 + n;
+    for j in 0..n {
+        let Some(w) = up(i) else { return Err(LimitCount) };
+        let (kind, args): (Kind, &[Arg]) = match &w[..] {
+            b"TOKENBUCKET" => (Kind::TokenBucket, &[Arg::Capacity, Arg::Rate, Arg::PeriodMs]),
+            b"SLIDINGLOG" => (Kind::SlidingLog, &[Arg::Limit, Arg::WindowMs]),
+            b"SLIDINGCOUNTER" => (Kind::SlidingCounter, &[Arg::Limit, Arg::WindowMs]),
+            w if is_opt(w) => return Err(LimitCount),
+            _ => return Err(Syntax),
+        };
+        call.limits[j].kind = kind;
+        for (k, &arg) in args.iter().enumerate() {
+            let v = a.get(i + 1 + k).ok_or(Syntax)?;
+            call.limits[j].nums[k] = oracle_num(v, 1).ok_or(Number(arg))?;
+        }
+        i += 1 + args.len();
+        if up(i).as_deref() == Some(b"WEIGHT") {
+            let v = a.get(i + 1).ok_or(Syntax)?;
+            call.limits[j].weight = oracle_num(v, 1).ok_or(Number(Arg::Weight))?;
+            i += 2;
+        }
+    }
+    let (mut cost, mut refund) = (None, None);
+    while let Some(w) = up(i) {
+        let opts_taken = cost.is_some() || call.partial || call.dryrun;
+        match &w[..] {
+            b"COST" if cost.is_none() && refund.is_none() => {
+                cost = Some(oracle_num(a.get(i + 1).ok_or(Syntax)?, 0).ok_or(Number(Arg::Cost))?);
+                i += 2;
+            }
+            b"PARTIAL" if !call.partial && refund.is_none() => {
+                call.partial = true;
+                i += 1;
+            }
+            b"DRYRUN" if !call.dryrun && refund.is_none() => {
+                call.dryrun = true;
+                i += 1;
+            }
+            b"REFUND" if refund.is_none() && !opts_taken => {
+                refund = Some(oracle_num(a.get(i + 1).ok_or(Syntax)?, 1).ok_or(Number(Arg::Refund))?);
+                i += 2;
+            }
+            b"TOKENBUCKET" | b"SLIDINGLOG" | b"SLIDINGCOUNTER" => return Err(LimitCount),
+            _ => return Err(Syntax),
+        }
+    }
+    call.cost = cost.unwrap_or(1);
+    call.refund = refund.unwrap_or(0);
+    for x in 0..n {
+        for y in 0..x {
+            if keys[x] == keys[y] {
+                return Err(DuplicateKey);
+            }
+        }
+    }
+    let (units, which) = if call.refund > 0 { (call.refund, Arg::Refund) } else { (call.cost, Arg::Cost) };
+    if call.limits[..n].iter().any(|l| u128::from(units) * u128::from(l.weight) > u128::from(MAX_ARG)) {
+        return Err(Product(which));
+    }
+    Ok(call)
+}
