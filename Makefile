@@ -51,7 +51,7 @@ venv: deps $(PY)  ## the test virtualenv .venv (integration/requirements.txt)
 
 # make test's stages, in the order they run; .ci/run runs them one by one
 # under their names (make test-stages prints them).
-TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-clients-py test-clients-node lua-check
+TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-clients-py test-clients-node test-packaging lua-check
 test: $(TEST_STAGES)  ## every stage of TEST_STAGES, in order (what CI runs)
 
 test-stages:  ## print the stages of make test, in order
@@ -86,7 +86,7 @@ test-fuzz: deps  ## a 15 s fuzz run of every target
 # Benchmarks against INCR and the Lua twins; writes BENCHMARKS.md and docs/.
 # One server build per run (SERVER=name of integration/servers.py or a path;
 # default redis-server); BENCHMARKS.md gets its summary table.
-bench: build venv $(VENV)/.clients-py  ## benchmarks: BENCHMARKS.md, docs/benchmarks.md, docs/bench/ (SERVER=...)
+bench: build venv $(VENV)/.clients-py client-lua  ## benchmarks: BENCHMARKS.md, docs/benchmarks.md, docs/bench/ (SERVER=...)
 	$(PY) bench/bench.py $(if $(SERVER),--server $(SERVER))
 	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py
 
@@ -99,17 +99,17 @@ profile: build venv  ## instructions per request under callgrind: docs/PROFILE.m
 
 # The benchmark and profile scripts once with tiny counts: prove they work
 # (no timing).
-test-bench: build venv  ## the benchmark and profile scripts once with tiny counts
+test-bench: build venv client-lua  ## the benchmark and profile scripts once with tiny counts
 	$(PY) bench/bench.py --quick --out /tmp/rl-bench-quick
 	python3 bench/profile.py --server "$$(command -v redis-server)" --requests 2000 \
 	  --out /tmp/rl-profile-quick/PROFILE.md --json /tmp/rl-profile-quick.json
 
 # Live demo: three algorithms under one traffic profile, charted.
-demo: build venv  ## three algorithms under one traffic profile, charted
+demo: build venv client-lua  ## three algorithms under one traffic profile, charted
 	$(PY) demo/demo.py
 
 # Long soak and connection storm (minutes); make test runs short versions.
-soak: build venv  ## long soak and connection storm (minutes)
+soak: build venv client-lua  ## long soak and connection storm (minutes)
 	cd integration && RL_SOAK=long RL_MODULE=$(MODULE) $(PY) -m pytest -q -p no:cacheprovider test_resources.py
 
 # Unit and property tests (no server: everything that needs one is in the
@@ -131,7 +131,7 @@ server_bin = $(shell $(PY) $(CURDIR)/integration/servers.py path $(1))
 
 # Every Python suite (all of integration/) once per server, then the
 # server x suite matrix; fails if any test failed on any server.
-test-py: build venv dist  ## integration suites on every server of SERVERS (PYTEST_ARGS=...)
+test-py: build venv dist client-lua  ## integration suites on every server of SERVERS (PYTEST_ARGS=...)
 	@rm -rf $(MATRIX_DIR) && mkdir -p $(MATRIX_DIR)
 	@for s in $(SERVERS); do \
 	  bin=$$($(PY) integration/servers.py path $$s) || exit 1; \
@@ -148,9 +148,16 @@ $(VENV)/.clients-py: clients/python/requirements.txt $(PY)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r clients/python/requirements.txt
 	touch $@
 
-test-clients-py: build venv $(VENV)/.clients-py  ## the Python client library against real servers
+test-clients-py: build venv $(VENV)/.clients-py client-lua  ## the Python client library against real servers
 	cd clients/python && RL_MODULE=$(MODULE) $(PY) -m pytest -q -x -p no:cacheprovider tests
 	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py --quick --out /tmp/rl-clients-py-bench.md
+
+# The client packages as a user gets them: a fresh clone of this repository
+# (its committed HEAD), pip install ./clients/python, npm pack and npm install
+# ./clients/node, then the installed packages' scripts on a plain server.
+.PHONY: test-packaging
+test-packaging: venv $(VENV)/.clients-py  ## a clean clone's pip/npm installs ship the Lua scripts
+	$(PY) -m pytest -q -p no:cacheprovider clients/test_clean_clone.py
 
 # The Node client library (clients/node): its locked dev dependencies, then
 # node --test against servers the tests start themselves, then its benchmark
@@ -161,11 +168,11 @@ clients/node/node_modules/.installed: clients/node/package-lock.json
 	cd clients/node && npm ci --no-audit --no-fund
 	touch $@
 
-test-clients-node: build clients/node/node_modules/.installed  ## the Node client library against real servers
+test-clients-node: build clients/node/node_modules/.installed client-lua  ## the Node client library against real servers
 	cd clients/node && RL_MODULE=$(MODULE) node --test --test-concurrency=1 test/*.test.js
 	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --quick --out /tmp/rl-node-bench-quick.md >/dev/null
 
-bench-clients-node: build clients/node/node_modules/.installed  ## the Node client benchmark: clients/node/BENCH.md
+bench-clients-node: build clients/node/node_modules/.installed client-lua  ## the Node client benchmark: clients/node/BENCH.md
 	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --out BENCH.md
 
 # The release tarball: dist/redis-ratelimit-<version>-linux-<arch>.tar.gz
@@ -186,9 +193,17 @@ dist: build  ## the release tarball in dist/
 	(cd $(CURDIR)/dist && sha256sum $$name.tar.gz > $$name.tar.gz.sha256); \
 	echo "dist/$$name.tar.gz"
 
-# lua/*.lua are generated from lua/src/ (python3 lua/build.py); make test
-# checks that the committed ones are what the generator writes.
-.PHONY: lua-check
+# lua/*.lua are generated from lua/src/ (python3 lua/build.py) and committed
+# (users load them from a checkout); make test checks that they are what the
+# generator writes. The client packages' copies are generated, not committed
+# (docs/architecture.md, "Generated files"): their package builds make them
+# (clients/python/setup.py, npm prepack/prepare), and client-lua writes them
+# before anything here uses the packages from the source tree.
+.PHONY: lua-check client-lua
+client-lua:  ## the client packages' Lua copies (generated, not committed)
+	@python3 lua/build.py --out clients/python/redis_ratelimit/lua
+	@python3 lua/build.py --out clients/node/lua
+
 lua-check:  ## lua/*.lua are what lua/build.py writes
 	python3 lua/build.py --check
 

@@ -3,8 +3,11 @@
 
     python3 lua/build.py           write lua/<name>.lua for every lua/src/<name>.lua,
                                    and the client packages' copies (below)
-    python3 lua/build.py --check   write nothing; exit 1 naming every generated
-                                   file that is missing, out of date or stray
+    python3 lua/build.py --check   write nothing; exit 1 naming every committed
+                                   generated file (lua/*.lua) that is missing,
+                                   out of date or stray
+    python3 lua/build.py --out DIR write only the scripts a client package ships
+                                   into DIR (what the packages' build steps run)
 
 lua/src/<name>.lua is a template: its text, with every line
 `--@include <part>.lua` replaced by lua/src/parts/<part>.lua (expanded the
@@ -27,11 +30,14 @@ the parts it uses. library.lua is every limiter as one Redis Functions
 library (FUNCTION LOAD) built from the same parts.
 
 The client libraries ship the standalone scripts inside their packages
-(clients/python/redis_ratelimit/lua/, clients/node/lua/), so this script
-writes them there too. They are copies, not symbolic links, because
-`npm pack` leaves a link out of the package (setuptools would follow one;
-both packages get copies so that they are built the same way); `--check`
-(make lua-check, in make test) keeps them equal to lua/.
+(clients/python/redis_ratelimit/lua/, clients/node/lua/). Those copies are
+generated, not committed (docs/architecture.md, "Generated files"): the
+Python package's build (clients/python/setup.py) and npm's prepack and
+prepare scripts (clients/node/package.json) run `--out`, and `make` writes
+them before the client tests. They are copies, not symbolic links, because
+`npm pack` leaves a link out of the package. lua/*.lua are committed (users
+load them straight from a checkout); `--check` (make lua-check, in make
+test) keeps them equal to what lua/src makes.
 """
 import os
 import re
@@ -43,10 +49,15 @@ PARTS = os.path.join(SRC, "parts")
 ROOT = os.path.dirname(HERE)
 # Where the generated scripts go, and which of them: the client packages
 # ship the EVAL scripts, not the Functions library.
+# (folder, which scripts, committed): --check looks at the committed ones.
+def ships(name):
+    return name != "library.lua"
+
+
 OUTPUTS = [
-    ("lua", lambda name: True),
-    ("clients/python/redis_ratelimit/lua", lambda name: name != "library.lua"),
-    ("clients/node/lua", lambda name: name != "library.lua"),
+    ("lua", lambda name: True, True),
+    ("clients/python/redis_ratelimit/lua", ships, False),
+    ("clients/node/lua", ships, False),
 ]
 INCLUDE = re.compile(r"^--@include ([A-Za-z0-9_.-]+\.lua)\s*$")
 EXPAND = re.compile(r"^--@expand ([A-Za-z0-9_.-]+\.lua) ([A-Za-z_]\w*)\s*$")
@@ -388,11 +399,22 @@ def targets():
 
 def main(argv):
     check = "--check" in argv
+    outputs = OUTPUTS
+    if "--out" in argv:
+        i = argv.index("--out")
+        if i + 1 >= len(argv) or check:
+            print("usage: build.py [--check | --out DIR]", file=sys.stderr)
+            return 2
+        outputs = [(os.path.abspath(argv[i + 1]), ships, False)]
+    elif check:
+        outputs = [o for o in OUTPUTS if o[2]]
     stale = []
     texts = {name: build(name) for name in targets()}
-    for out, ships in OUTPUTS:
-        wanted = {name for name in texts if ships(name)}
+    for out, wants, _ in outputs:
+        wanted = {name for name in texts if wants(name)}
         folder = os.path.join(ROOT, out)
+        if not check:
+            os.makedirs(folder, exist_ok=True)
         for name in sorted(f for f in os.listdir(folder) if f.endswith(".lua") and f not in wanted):
             if check:  # a script that no template makes any more
                 stale.append(out + "/" + name)
