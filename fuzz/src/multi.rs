@@ -30,6 +30,18 @@ impl Owned {
             Owned::Log(s) => sl_encode(s),
         }
     }
+
+    /// A written state decodes back to itself (what RDB and RESTORE load).
+    fn check_round_trip(&self) {
+        match self {
+            Owned::Tb(s) => assert_eq!(tb::State::decode(&s.encode()), Ok(*s)),
+            Owned::Sc(s) => assert_eq!(sc::State::decode(&s.encode()), Ok(*s)),
+            Owned::Log(s) => {
+                let enc = sl_encode(s);
+                assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc));
+            }
+        }
+    }
 }
 
 /// The arguments follow `RL.MULTI`; the state bytes, cut in `n` pieces,
@@ -154,14 +166,7 @@ pub fn args_multi(data: &[u8]) {
             if g > 0 && !dryrun {
                 for (s, d) in states.iter().zip(per) {
                     assert!(d.reset_after_ms > 0);
-                    match s {
-                        Owned::Tb(s) => assert_eq!(tb::State::decode(&s.encode()), Ok(*s)),
-                        Owned::Sc(s) => assert_eq!(sc::State::decode(&s.encode()), Ok(*s)),
-                        Owned::Log(s) => {
-                            let enc = sl_encode(s);
-                            assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc));
-                        }
-                    }
+                    s.check_round_trip()
                 }
             }
         }
@@ -171,14 +176,7 @@ pub fn args_multi(data: &[u8]) {
                 if d.granted == 0 {
                     assert_eq!(a, bf, "a limit that gave nothing back changed");
                 } else if d.reset_after_ms > 0 {
-                    match s {
-                        Owned::Tb(s) => assert_eq!(tb::State::decode(&s.encode()), Ok(*s)),
-                        Owned::Sc(s) => assert_eq!(sc::State::decode(&s.encode()), Ok(*s)),
-                        Owned::Log(s) => {
-                            let enc = sl_encode(s);
-                            assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc));
-                        }
-                    }
+                    s.check_round_trip()
                 }
             }
         }
