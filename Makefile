@@ -187,3 +187,12 @@ lua-check:
 clean:
 	$(CARGO) clean
 	rm -rf $(VENV)
+
+# Container images (container/image.sh; the Dockerfile): redis-ratelimit:
+# <version>-redis and <version>-valkey, built from the make dist tarball
+# with docker if its daemon answers, else podman (CONTAINERS_CONF=
+# container/containers.conf). Official bases where they can be pulled,
+# else local Debian ones, made once and cached in the engine's store.
+.PHONY: image
+image: dist venv
+	container/image.sh
