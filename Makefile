@@ -196,3 +196,18 @@ clean:
 .PHONY: image
 image: dist venv
 	container/image.sh
+
+# The container suites (container/run-tests.sh): the README's testcontainers
+# recipes as printed, the client libraries' gateway calls, persistence on a
+# volume and MODULE LIST, in containers of both images; with podman, through
+# a podman system service socket the script starts and stops.
+.PHONY: test-container
+test: test-container
+$(VENV)/.container-py: container/requirements.txt $(VENV)/.clients-py
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r container/requirements.txt
+	touch $@
+container/node/node_modules/.installed: container/node/package-lock.json
+	cd container/node && npm ci --no-audit --no-fund
+	touch $@
+test-container: image $(VENV)/.container-py container/node/node_modules/.installed
+	container/run-tests.sh
