@@ -6,7 +6,8 @@
 # exit. testcontainers settings for these machines (docs/testing.md):
 # no Ryuk reaper (its image cannot be pulled; every test removes its own
 # containers), and the mapped ports on 127.0.0.1 even though /.dockerenv
-# makes testcontainers believe it runs inside a container.
+# makes testcontainers believe it runs inside a container (Python; Node's
+# testcontainers needs only DOCKER_HOST and the Ryuk setting).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
