@@ -200,7 +200,9 @@ image: dist venv
 # The container suites (container/run-tests.sh): the README's testcontainers
 # recipes as printed, the client libraries' gateway calls, persistence on a
 # volume and MODULE LIST, in containers of both images; with podman, through
-# a podman system service socket the script starts and stops.
+# a podman system service socket the script starts and stops. Extra pytest
+# arguments: make test-container CONTAINER_PYTEST_ARGS='-x -k persist'.
+CONTAINER_PYTEST_ARGS ?=
 .PHONY: test-container
 test: test-container
 $(VENV)/.container-py: container/requirements.txt $(VENV)/.clients-py
@@ -210,4 +212,4 @@ container/node/node_modules/.installed: container/node/package-lock.json
 	cd container/node && npm ci --no-audit --no-fund
 	touch $@
 test-container: image $(VENV)/.container-py container/node/node_modules/.installed
-	container/run-tests.sh
+	PYTEST_ARGS='$(CONTAINER_PYTEST_ARGS)' container/run-tests.sh
