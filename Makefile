@@ -201,7 +201,7 @@ image: dist venv
 # recipes as printed, the client libraries' gateway calls, persistence on a
 # volume and MODULE LIST, in containers of both images; with podman, through
 # a podman system service socket the script starts and stops. Extra pytest
-# arguments: make test-container CONTAINER_PYTEST_ARGS='-x -k persist'.
+# arguments: make test-container CONTAINER_PYTEST_ARGS='-x -k restart'.
 CONTAINER_PYTEST_ARGS ?=
 .PHONY: test-container
 test: test-container

@@ -4,6 +4,7 @@ limiters' state across a stop and start of a container that keeps its AOF
 import time
 import uuid
 
+import docker
 import redis
 from conftest import MODULE_PATH, TAGS, VERSION, start, url_of
 import pytest
@@ -46,8 +47,10 @@ def snapshot(c):
 @pytest.mark.parametrize("name", ["redis", "valkey"])
 def test_state_survives_a_restart_from_the_volume(name):
     volume = f"rl-persist-{uuid.uuid4().hex[:12]}"
-    cmd = ["--loadmodule", MODULE_PATH, "--protected-mode", "no",
-           "--appendonly", "yes", "--enable-debug-command", "yes"]
+    # The image's own arguments (its --loadmodule) and ours after them, as
+    # the README says to add arguments.
+    cmd = docker.from_env().images.get(TAGS[name]).attrs["Config"]["Cmd"]
+    cmd = cmd + ["--appendonly", "yes", "--enable-debug-command", "yes"]
     box = start(TAGS[name], cmd, volume=volume)
     try:
         c = redis.Redis.from_url(url_of(box))
