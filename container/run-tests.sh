@@ -28,7 +28,6 @@ fi
 export TESTCONTAINERS_RYUK_DISABLED=true
 export TESTCONTAINERS_CONNECTION_MODE=docker_host
 export TC_HOST=127.0.0.1
-export RL_CONTAINER_ENGINE=$engine
 rc=0
 t0=$(date +%s)
 ( cd container && "$root/.venv/bin/python" -m pytest -q -rfEs -p no:cacheprovider tests ${PYTEST_ARGS:-} ) || rc=1

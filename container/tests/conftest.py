@@ -3,11 +3,15 @@
 container/run-tests.sh sets DOCKER_HOST (a podman system service where
 docker is not there) and the TESTCONTAINERS_* / TC_HOST settings.
 """
-import os
 import pathlib
 import re
 import sys
 import tomllib
+
+import pytest
+import redis
+from testcontainers.core.container import DockerContainer
+from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 # The client library from the tree, as clients/python's own tests use it.
@@ -26,15 +30,6 @@ def readme_block(marker):
     assert m, f"README.md has no code block after {marker!r}"
     return m.group(1) + "\n"
 
-
-def engine():
-    return os.environ.get("RL_CONTAINER_ENGINE", "docker")
-
-
-import pytest  # noqa: E402
-import redis  # noqa: E402
-from testcontainers.core.container import DockerContainer  # noqa: E402
-from testcontainers.core.wait_strategies import LogMessageWaitStrategy  # noqa: E402
 
 # The servers the gateway test runs on: each image with its module, and the
 # Redis image started without it (the client library then runs the Lua twins).

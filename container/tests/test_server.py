@@ -5,9 +5,9 @@ import time
 import uuid
 
 import docker
+import pytest
 import redis
 from conftest import MODULE_PATH, TAGS, VERSION, start, url_of
-import pytest
 
 
 def pairs(reply):
