@@ -212,4 +212,4 @@ container/node/node_modules/.installed: container/node/package-lock.json
 	cd container/node && npm ci --no-audit --no-fund
 	touch $@
 test-container: image $(VENV)/.container-py container/node/node_modules/.installed
-	PYTEST_ARGS='$(CONTAINER_PYTEST_ARGS)' container/run-tests.sh
+	container/run-tests.sh $(CONTAINER_PYTEST_ARGS)

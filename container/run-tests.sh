@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # make test-container: the container suites (container/tests with pytest,
 # container/node/test with node --test) against the images `make image`
-# built. With podman, a `podman system service` on a socket of its own is
-# the Docker API testcontainers talks to; it is started here and stopped on
-# exit. testcontainers settings for these machines (docs/testing.md):
-# no Ryuk reaper (its image cannot be pulled; every test removes its own
-# containers), and the mapped ports on 127.0.0.1 even though /.dockerenv
-# makes testcontainers believe it runs inside a container (Python; Node's
-# testcontainers needs only DOCKER_HOST and the Ryuk setting).
+# built; arguments go to pytest. With podman, a `podman system service` on
+# a socket of its own is the Docker API testcontainers talks to; it is
+# started here and stopped on exit. testcontainers settings for these
+# machines (docs/testing.md): no Ryuk reaper (its image cannot be pulled;
+# every test removes its own containers), and the mapped ports on 127.0.0.1
+# even though /.dockerenv makes testcontainers believe it runs inside a
+# container (Python; Node's testcontainers needs only DOCKER_HOST and the
+# Ryuk setting).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -30,7 +31,7 @@ export TESTCONTAINERS_CONNECTION_MODE=docker_host
 export TC_HOST=127.0.0.1
 rc=0
 t0=$(date +%s)
-( cd container && "$root/.venv/bin/python" -m pytest -q -rfEs -p no:cacheprovider tests ${PYTEST_ARGS:-} ) || rc=1
+( cd container && "$root/.venv/bin/python" -m pytest -q -rfEs -p no:cacheprovider tests "$@" ) || rc=1
 t1=$(date +%s)
 ( cd container/node && node --test --test-concurrency=1 test/*.test.js ) || rc=1
 t2=$(date +%s)
