@@ -48,7 +48,7 @@ local_bases() {
     local ctx=$work/base-$server
     rm -rf "$ctx" && mkdir -p "$ctx/bin"
     cp container/docker-entrypoint.sh "$ctx/bin/"
-    [ $server = valkey ] && cp "$valkey" "$ctx/bin/valkey-server"
+    if [ $server = valkey ]; then cp "$valkey" "$ctx/bin/valkey-server"; fi
     $engine build -q -f container/base.Containerfile --build-arg ROOTFS="$rootfs" \
       --build-arg SERVER=$server-server -t localhost/redis-ratelimit-base:bookworm-$server "$ctx" >/dev/null
   done
