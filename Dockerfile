@@ -1,29 +1,30 @@
 # A server image with the ratelimit module loaded, for integration tests and
-# trials. NOT BUILT HERE: no container engine runs on the machines this
-# project is developed on (see README, "Use it in your integration tests").
+# trials. `make image` builds two (container/image.sh):
 #
-#   docker build -t redis-ratelimit .                                    # Valkey 8.1
+#   redis-ratelimit:<version>-redis    FROM redis:7.4-bookworm
+#   redis-ratelimit:<version>-valkey   FROM valkey/valkey:9.1-bookworm
+#
+# where those official images can be pulled, and FROM local Debian bases
+# (container/base.Containerfile) where no registry is reachable. By hand:
+#
+#   make dist
 #   docker build --build-arg SERVER_IMAGE=redis:7.4-bookworm -t redis-ratelimit:redis .
-#   docker run --rm -p 6379:6379 redis-ratelimit
+#   docker run --rm -p 127.0.0.1:6379:6379 redis-ratelimit:redis
 #
-# The module is built on Debian 12 (glibc 2.36), the same base as the server
-# images' bookworm variants, so its glibc need (2.34) is met.
-ARG SERVER_IMAGE=valkey/valkey:8.1-bookworm
-
-FROM rust:1-bookworm AS build
-# redis-module's bindings are generated with bindgen, which needs libclang.
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends clang libclang-dev \
- && rm -rf /var/lib/apt/lists/*
-WORKDIR /src
-COPY . .
-RUN cargo build --release --locked --lib \
- && objcopy --strip-debug target/release/libredis_ratelimit.so /libredis_ratelimit.so
-
+# The image takes the module `make dist` built (dist/*.tar.gz, checked
+# against its SHA256SUMS): compiling it needs Rust 1.88, newer than a
+# bookworm image's. The module is built on Debian 12 (glibc 2.36), the
+# base of the servers' bookworm variants, so its glibc need (2.34) is met.
+ARG SERVER_IMAGE=redis:7.4-bookworm
 FROM ${SERVER_IMAGE}
-COPY --from=build /libredis_ratelimit.so /usr/local/lib/redis-ratelimit/libredis_ratelimit.so
-COPY LICENSE /usr/local/share/doc/redis-ratelimit/LICENSE
-# The official redis and valkey entrypoints prepend the server binary when
-# the first argument is an option. Arguments given to `docker run` replace
-# these: keep the --loadmodule when adding your own.
+# The tarball of `make dist`; ADD unpacks it.
+ARG DIST=dist/redis-ratelimit-*-linux-*.tar.gz
+ADD ${DIST} /usr/local/lib/
+RUN set -e; cd /usr/local/lib; \
+    mv redis-ratelimit-*-linux-*/ redis-ratelimit; \
+    cd redis-ratelimit && sha256sum --quiet -c SHA256SUMS
+# The official redis and valkey entrypoints (and the local bases' one) put
+# the server binary in front when the first argument is an option.
+# Arguments given to `docker run` replace these: keep the --loadmodule when
+# adding your own.
 CMD ["--loadmodule", "/usr/local/lib/redis-ratelimit/libredis_ratelimit.so", "--protected-mode", "no"]

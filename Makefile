@@ -210,3 +210,29 @@ lua-check:  ## lua/*.lua are what lua/build.py writes
 clean:  ## remove target/ and .venv
 	$(CARGO) clean
 	rm -rf $(VENV)
+
+# Container images (container/image.sh; the Dockerfile): redis-ratelimit:
+# <version>-redis and <version>-valkey, built from the make dist tarball
+# with docker if its daemon answers, else podman (CONTAINERS_CONF=
+# container/containers.conf). Official bases where they can be pulled,
+# else local Debian ones, made once and cached in the engine's store.
+.PHONY: image
+image: dist venv
+	container/image.sh
+
+# The container suites (container/run-tests.sh): the README's testcontainers
+# recipes as printed, the client libraries' gateway calls, persistence on a
+# volume and MODULE LIST, in containers of both images; with podman, through
+# a podman system service socket the script starts and stops. Extra pytest
+# arguments: make test-container CONTAINER_PYTEST_ARGS='-x -k restart'.
+CONTAINER_PYTEST_ARGS ?=
+.PHONY: test-container
+test: test-container
+$(VENV)/.container-py: container/requirements.txt $(VENV)/.clients-py
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r container/requirements.txt
+	touch $@
+container/node/node_modules/.installed: container/node/package-lock.json
+	cd container/node && npm ci --no-audit --no-fund
+	touch $@
+test-container: image $(VENV)/.container-py container/node/node_modules/.installed
+	container/run-tests.sh $(CONTAINER_PYTEST_ARGS)

