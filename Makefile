@@ -51,7 +51,7 @@ venv: deps $(PY)  ## the test virtualenv .venv (integration/requirements.txt)
 
 # make test's stages, in the order they run; .ci/run runs them one by one
 # under their names (make test-stages prints them).
-TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-clients-py test-clients-node test-packaging lua-check
+TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-clients-py test-clients-node test-packaging test-container lua-check
 test: $(TEST_STAGES)  ## every stage of TEST_STAGES, in order (what CI runs)
 
 test-stages:  ## print the stages of make test, in order
@@ -217,7 +217,7 @@ clean:  ## remove target/ and .venv
 # container/containers.conf). Official bases where they can be pulled,
 # else local Debian ones, made once and cached in the engine's store.
 .PHONY: image
-image: dist venv
+image: dist venv  ## the module's server images redis-ratelimit:<version>-redis and -valkey
 	container/image.sh
 
 # The container suites (container/run-tests.sh): the README's testcontainers
@@ -226,13 +226,12 @@ image: dist venv
 # a podman system service socket the script starts and stops. Extra pytest
 # arguments: make test-container CONTAINER_PYTEST_ARGS='-x -k restart'.
 CONTAINER_PYTEST_ARGS ?=
-.PHONY: test-container
-test: test-container
+.PHONY: image test-container
 $(VENV)/.container-py: container/requirements.txt $(VENV)/.clients-py
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r container/requirements.txt
 	touch $@
 container/node/node_modules/.installed: container/node/package-lock.json
 	cd container/node && npm ci --no-audit --no-fund
 	touch $@
-test-container: image $(VENV)/.container-py container/node/node_modules/.installed
+test-container: image $(VENV)/.container-py container/node/node_modules/.installed client-lua  ## testcontainers recipes, gateway calls and persistence in both images
 	container/run-tests.sh $(CONTAINER_PYTEST_ARGS)
