@@ -235,6 +235,8 @@ def main():
     ap.add_argument("--requests", type=int, default=20000, help="requests per window")
     ap.add_argument("--keys", type=int, default=10000, help="keys per case")
     ap.add_argument("--windows", type=int, default=3, help="windows per case (the median is reported)")
+    ap.add_argument("--case", action="append",
+                    help="only the cases whose label contains this (repeatable; their floors run too)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "PROFILE.md"))
     ap.add_argument("--json", default=os.path.join(ROOT, "bench", "profile.json"), help="where the raw counts go")
     ap.add_argument("--from-json", help="rewrite the report from a saved bench/profile.json")
@@ -246,6 +248,10 @@ def main():
     for tool in ("valgrind", "callgrind_annotate", "callgrind_control", "gcc"):
         if not shutil.which(tool):
             sys.exit("profile: %s is required (make deps installs it)" % tool)
+    if a.case:
+        keep = {label for label, _, _ in CASES if any(c.lower() in label.lower() for c in a.case)}
+        keep |= {fl for label, fl, _ in CASES if label in keep and fl}
+        CASES[:] = [c for c in CASES if c[0] in keep]
     tmp = tempfile.mkdtemp(prefix="rl-profile-")
     floor = build_floor(tmp)
     runs = []

@@ -102,15 +102,18 @@ pub fn parse_num(s: &[u8], min: u64) -> Option<u64> {
     let mut v: u64 = 0;
     let mut rest = s;
     // Eight digits at a time (a capacity like 1000000000 is ten).
+    // At most 16 digits: v < 10^16 < 2^64 throughout, so the wrapping
+    // operations never wrap (and cost no overflow check).
     while let Some((chunk, r)) = rest.split_first_chunk::<8>() {
-        v = v * 100_000_000 + eight_digits(*chunk)?; // ≤ 16 digits < 2^64
+        v = v.wrapping_mul(100_000_000).wrapping_add(eight_digits(*chunk)?);
         rest = r;
     }
     for &b in rest {
-        if !b.is_ascii_digit() {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
             return None;
         }
-        v = v * 10 + u64::from(b - b'0'); // ≤ 16 digits < 2^64: no overflow
+        v = v.wrapping_mul(10).wrapping_add(u64::from(d));
     }
     if v < min || v > MAX_ARG {
         None
@@ -158,6 +161,22 @@ pub fn parse<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>, positional: &[Ar
         if !option(opt, &mut args, &mut call, &mut seen_cost)? {
             return Err(ArgError::Syntax);
         }
+    }
+    Ok(call)
+}
+
+/// [`parse`] of a call that gives only the positional numbers
+/// (`nums.len() == positional.len()`, no options: the common call), with the
+/// same result: nothing to read but the numbers. The module takes this path
+/// when the argument count says there are no options.
+#[inline(always)]
+pub fn parse_exact(nums: &[&[u8]], positional: &[Arg]) -> Result<Call, ArgError> {
+    if nums.len() != positional.len() {
+        return parse(nums.iter().copied(), positional);
+    }
+    let mut call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
+    for ((s, &arg), slot) in nums.iter().zip(positional).zip(call.nums.iter_mut()) {
+        *slot = parse_num(s, arg.min()).ok_or(ArgError::Number(arg))?;
     }
     Ok(call)
 }
@@ -409,6 +428,29 @@ mod tests {
             let len = (x % 18) as usize;
             let w: Vec<u8> = (0..len).map(|i| b'0' + ((x >> (i * 3)) % 10) as u8).collect();
             assert_eq!(parse_num(&w, 1), plain_num(&w, 1), "{w:?}");
+        }
+    }
+
+    /// `parse_exact` (the module's path for a call of numbers only) answers
+    /// what `parse` does, the argument an error names included, for every
+    /// mix of good and bad numbers; other lengths go to `parse` itself.
+    #[test]
+    fn parse_exact_agrees_with_parse() {
+        let words: [&[u8]; 9] = [b"1", b"0", b"1000000000", b"9007199254740991", b"9007199254740992", b"x", b"", b"COST", b"07"];
+        for pos in [TOKENBUCKET_ARGS, WINDOW_ARGS] {
+            for n in 0..=4usize {
+                let combos = words.len().pow(n as u32);
+                for mut c in 0..combos {
+                    let args: Vec<&[u8]> = (0..n)
+                        .map(|_| {
+                            let w = words[c % words.len()];
+                            c /= words.len();
+                            w
+                        })
+                        .collect();
+                    assert_eq!(parse_exact(&args, pos), parse(args.iter().copied(), pos), "{args:?}");
+                }
+            }
         }
     }
 
