@@ -72,6 +72,10 @@ pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
     })
 }
 
+/// Most arguments (after `RL.MULTI`) of a call the exact parser reads:
+/// numkeys, two keys and two token buckets.
+const EXACT_ARGS: usize = 11;
+
 /// RL.MULTI with room for `N` limits.
 #[inline(never)]
 unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> c_int {
@@ -79,7 +83,23 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         let Some(rest) = argv.get(1..) else {
             return ffi::wrong_arity(ctx);
         };
-        let call = match args::parse_multi_n::<N>(rest.iter().map(|&s| ffi::bytes(s))) {
+        // The common call (no WEIGHT, no options) is parsed from its byte
+        // slices read once; anything else, errors included, by the full
+        // parser.
+        let mut words: [&[u8]; EXACT_ARGS] = [&[]; EXACT_ARGS];
+        let exact = if rest.len() <= EXACT_ARGS {
+            for (w, &s) in words.iter_mut().zip(rest) {
+                *w = ffi::bytes(s);
+            }
+            args::parse_multi_exact::<N>(&words[..rest.len()])
+        } else {
+            None
+        };
+        let parsed = match exact {
+            Some(c) => Ok(c),
+            None => args::parse_multi_n::<N>(rest.iter().map(|&s| ffi::bytes(s))),
+        };
+        let call = match parsed {
             Ok(c) => c,
             // A numkeys above N is an error the full parser names exactly.
             Err(ArgError::Number(Arg::NumKeys)) if N < MAX_LIMITS => {

@@ -168,7 +168,7 @@ fn max_fit(prev: u128, cur: u128, limit: u128, w: u128, e: u128) -> u64 {
     let cap = limit.saturating_mul(w);
     let used = prev.saturating_mul(w.saturating_sub(e)).saturating_add(cur.saturating_mul(w));
     match cap.checked_sub(used) {
-        Some(free) => u64::try_from(free / w.max(1)).unwrap_or(u64::MAX),
+        Some(free) => u64::try_from(crate::div_rem_u128(free, w.max(1)).0).unwrap_or(u64::MAX),
         None => 0,
     }
 }
@@ -178,9 +178,10 @@ fn max_fit(prev: u128, cur: u128, limit: u128, w: u128, e: u128) -> u64 {
 fn first_fit(prev: u128, base: u128, cap: u128, w: u128, from: u128) -> Option<u128> {
     let room = cap.checked_sub(base)?;
     // prev·(w − x) ≤ room  ⇔  w − x ≤ ⌊room / prev⌋  ⇔  x ≥ w − ⌊room / prev⌋.
-    let lowest = match room.checked_div(prev) {
-        Some(q) => w.saturating_sub(q),
-        None => 0, // prev == 0: every x fits
+    let lowest = if prev == 0 {
+        0 // every x fits
+    } else {
+        w.saturating_sub(crate::div_rem_u128(room, prev).0)
     };
     let x = lowest.max(from);
     (x < w).then_some(x)
