@@ -253,15 +253,18 @@ def main():
         keep |= {fl for label, fl, _ in CASES if label in keep and fl}
         CASES[:] = [c for c in CASES if c[0] in keep]
     tmp = tempfile.mkdtemp(prefix="rl-profile-")
-    floor = build_floor(tmp)
     runs = []
     t0 = time.time()
-    for name, binary in resolve_servers(a.server):
-        version, malloc = server_version(binary)
-        print("== %s (%s, malloc=%s)" % (name or binary, version, malloc), flush=True)
-        sdir = tempfile.mkdtemp(prefix="srv-", dir=tmp)
-        runs.append({"name": name or version, "version": version, "malloc": malloc,
-                     "results": profile_server(binary, floor, a, sdir)})
+    try:
+        floor = build_floor(tmp)
+        for name, binary in resolve_servers(a.server):
+            version, malloc = server_version(binary)
+            print("== %s (%s, malloc=%s)" % (name or binary, version, malloc), flush=True)
+            sdir = tempfile.mkdtemp(prefix="srv-", dir=tmp)
+            runs.append({"name": name or version, "version": version, "malloc": malloc,
+                         "results": profile_server(binary, floor, a, sdir)})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     report = {"requests": a.requests, "keys": a.keys, "windows": a.windows, "pipeline": PIPELINE,
               "stamp": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": round(time.time() - t0),
               "servers": runs}
@@ -269,7 +272,6 @@ def main():
     with open(a.json, "w") as fh:
         json.dump(report, fh, indent=1)
     write(a.out, report)
-    shutil.rmtree(tmp, ignore_errors=True)
 
 
 def profile_server(binary, floor, a, tmp):
