@@ -167,7 +167,11 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
 
 /// [`word_apply`] for the sliding log, read and written in place.
 #[inline(always)]
-pub(super) unsafe fn log_apply(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, call: &Call) -> Result<Decision, c_int> {
+pub(super) unsafe fn log_apply(
+    ctx: *mut RedisModuleCtx,
+    name: *mut RedisModuleString,
+    call: &Call,
+) -> Result<Decision, c_int> {
     let p = sl::Params { limit: call.nums[0], window_ms: call.nums[1] };
     let now = clock::now_us();
     let key = Key::open(ctx, name, call.dryrun);

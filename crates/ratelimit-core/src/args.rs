@@ -487,7 +487,8 @@ mod tests {
         let mut taken = 0;
         for _ in 0..200_000 {
             let n = 1 + next(2) as usize;
-            let mut args: Vec<&[u8]> = vec![[&b"1"[..], b"2", b"3", b"0"][if next(8) == 0 { next(4) as usize } else { n - 1 }]];
+            let mut args: Vec<&[u8]> =
+                vec![[&b"1"[..], b"2", b"3", b"0"][if next(8) == 0 { next(4) as usize } else { n - 1 }]];
             for i in 0..n {
                 args.push([&b"a"[..], b"b", b"c"][if next(8) == 0 { 0 } else { i }]);
             }
@@ -533,7 +534,8 @@ mod tests {
     /// mix of good and bad numbers; other lengths go to `parse` itself.
     #[test]
     fn parse_exact_agrees_with_parse() {
-        let words: [&[u8]; 9] = [b"1", b"0", b"1000000000", b"9007199254740991", b"9007199254740992", b"x", b"", b"COST", b"07"];
+        let words: [&[u8]; 9] =
+            [b"1", b"0", b"1000000000", b"9007199254740991", b"9007199254740992", b"x", b"", b"COST", b"07"];
         for pos in [TOKENBUCKET_ARGS, WINDOW_ARGS] {
             for n in 0..=4usize {
                 let combos = words.len().pow(n as u32);
