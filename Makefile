@@ -91,9 +91,11 @@ bench: build venv $(VENV)/.clients-py client-lua  ## benchmarks: BENCHMARKS.md, 
 	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py
 
 # Instructions per request under callgrind (deterministic, unlike
-# requests/s): where a request's time goes, on every server build and for
-# the floor module. One server: make profile SERVER=valkey9.1 (or a path).
-# Writes docs/PROFILE.md.
+# requests/s): one server process per build with the module and the floor
+# module (../shared/floor/floor.c, or FLOOR_C=...), counters zeroed before
+# and dumped after each window, the median of 3 windows, counted in
+# processInputBuffer (the request) and call() (the command). Every server
+# build; one: make profile SERVER=valkey9.1 (or a path). Writes docs/PROFILE.md.
 profile: build venv  ## instructions per request under callgrind: docs/PROFILE.md (SERVER=...)
 	$(PY) bench/profile.py $(if $(SERVER),--server $(SERVER))
 
@@ -101,7 +103,7 @@ profile: build venv  ## instructions per request under callgrind: docs/PROFILE.m
 # (no timing).
 test-bench: build venv client-lua  ## the benchmark and profile scripts once with tiny counts
 	$(PY) bench/bench.py --quick --out /tmp/rl-bench-quick
-	python3 bench/profile.py --server "$$(command -v redis-server)" --requests 2000 \
+	python3 bench/profile.py --server "$$(command -v redis-server)" --requests 2000 --keys 1000 --windows 1 \
 	  --out /tmp/rl-profile-quick/PROFILE.md --json /tmp/rl-profile-quick.json
 
 # Live demo: three algorithms under one traffic profile, charted.

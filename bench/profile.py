@@ -1,25 +1,35 @@
 #!/usr/bin/env python3
-"""Where a request's time goes: instruction counts per call under callgrind.
+"""Where a request's time goes: instructions per request under callgrind.
 
-For each server build, starts one server (with the module and the floor
-module) under `valgrind --tool=callgrind`, drives it with redis-benchmark
-(pipeline 16, 50 clients, as `make bench`), and for each case zeroes the
-counters, runs N requests and dumps them. The counts are deterministic
-(instructions, not time), so unlike throughput they do not depend on what
-else runs on this shared machine. Writes docs/PROFILE.md.
+For each server build, one server process (the module and the floor module
+loaded, `hz 1`, no persistence) runs under `valgrind --tool=callgrind`.
+Every case's keys are written first (KEYS keys per case, twice over, so the
+keyspace's dictionaries are sized and done rehashing), with TTLs of an
+hour or more, so nothing expires during the run. Then, per case, WINDOWS
+windows of N requests each (one connection, pipeline 16, every key in
+turn): the counters are zeroed (`callgrind_control -z`) before a window
+and dumped (`-d`) after it, and each window is counted inclusively
 
-Cases: INCR; the floor (`FLOOR.WRITE` of /work/shared/floor/floor.c: the
-least any module command with this contract does, built here with the
-redismodule.h the redis-module crate bundles); each RL command granting and
-denying; the token-bucket Lua twin granting. For the module commands the
-handler is split into the module API calls it makes and the module's own
-code (the handler minus those).
+- inside `processInputBuffer`: the whole request (parsing it and the
+  command with its reply; no cron, no socket writes), and
+- inside `call()`: the command's own execution.
+
+A case's figure is the median of its windows, per request. Instruction
+counts do not move with the load of this shared machine; repeated runs
+agree within about 1%. The ratio to the floor is floor / case (1.00: as
+cheap as the floor; the target is 0.90 or more).
+
+Cases: the floor (`FLOOR.WRITE`, and `FLOOR.MULTI` for RL.MULTI's shape, of
+../shared/floor/floor.c, or FLOOR_C), RL.TOKENBUCKET, RL.SLIDINGCOUNTER,
+RL.SLIDINGLOG, RL.MULTI with 1 and 2 limits, all granted, and the
+token-bucket Lua twin for context.
 
 Servers: `--server` NAME or PATH, repeatable; NAME is one of
-integration/servers.py (redis7.0, valkey8.1, valkey9.1), `all` is all of
-them (the default when integration/servers.py is there, else redis-server).
+integration/servers.py, `all` is all of them (the default when
+integration/servers.py is there, else redis-server).
 
-Usage: bench/profile.py [--server S ...] [--requests N] [--out docs/PROFILE.md] [--json bench/profile.json]
+Usage: bench/profile.py [--server S ...] [--requests N] [--keys K] [--windows W]
+                        [--out docs/PROFILE.md] [--json bench/profile.json]
 """
 
 import argparse
@@ -29,6 +39,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,41 +47,42 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE = os.environ.get("RL_MODULE", os.path.join(ROOT, "target", "release", "libredis_ratelimit.so"))
-HOUR = 3600000
-FLOOR_C = os.environ.get("FLOOR_C", "/work/shared/floor/floor.c")
+FLOOR_C = os.environ.get("FLOOR_C", os.path.join(ROOT, "..", "shared", "floor", "floor.c"))
+HOUR = "3600000"
+BIG = "1000000000"
+PIPELINE = 16
 
-# (label, redis-benchmark command, kind): kind picks the command body row.
+# (label, floor label or None, the command for key(s) k; "lua" is EVALSHA
+# of lua/tokenbucket.lua). The numbers are the floor's: a capacity of 10^9,
+# one token an hour, an hour's expiry.
 CASES = [
-    ("INCR", ["INCR", "k:__rand_int__"], "incr"),
-    ("FLOOR.WRITE (the floor)", ["FLOOR.WRITE", "fl:__rand_int__", "1000000000", "1", str(HOUR)], "floor"),
-    ("RL.TOKENBUCKET granted", ["RL.TOKENBUCKET", "tb:__rand_int__", "1000000000", "1", "1000"], "module"),
-    ("RL.TOKENBUCKET denied", ["RL.TOKENBUCKET", "tbd:__rand_int__", "1", "1", str(HOUR)], "module"),
-    ("RL.SLIDINGCOUNTER granted", ["RL.SLIDINGCOUNTER", "sc:__rand_int__", "1000000000", "60000"], "module"),
-    ("RL.SLIDINGCOUNTER denied", ["RL.SLIDINGCOUNTER", "scd:__rand_int__", "1", str(HOUR)], "module"),
-    ("RL.SLIDINGLOG granted", ["RL.SLIDINGLOG", "sl:__rand_int__", "1000000000", "60000"], "module"),
-    ("RL.SLIDINGLOG denied", ["RL.SLIDINGLOG", "sld:__rand_int__", "1", str(HOUR)], "module"),
-    ("RL.MULTI 1 limit granted", ["RL.MULTI", "1", "m1:__rand_int__", "TOKENBUCKET", "1000000000", "1", "1000"], "module"),
-    ("RL.MULTI 2 limits granted", ["RL.MULTI", "2", "ma:__rand_int__", "mb:__rand_int__", "TOKENBUCKET", "1000000000", "1",
-                                   "1000", "TOKENBUCKET", "1000000000", "1", "1000"], "module"),
-    ("Lua token bucket granted", None, "lua"),
+    ("FLOOR.WRITE", None, lambda k: ["FLOOR.WRITE", "fw:" + k, BIG, "1", HOUR]),
+    ("FLOOR.MULTI 1", None, lambda k: ["FLOOR.MULTI", "1", "fm1:" + k, "TOKENBUCKET", BIG, "1", HOUR]),
+    ("FLOOR.MULTI 2", None, lambda k: ["FLOOR.MULTI", "2", "fma:" + k, "fmb:" + k,
+                                       "TOKENBUCKET", BIG, "1", HOUR, "TOKENBUCKET", BIG, "1", HOUR]),
+    ("RL.TOKENBUCKET", "FLOOR.WRITE", lambda k: ["RL.TOKENBUCKET", "tb:" + k, BIG, "1", HOUR]),
+    ("RL.SLIDINGCOUNTER", "FLOOR.WRITE", lambda k: ["RL.SLIDINGCOUNTER", "sc:" + k, BIG, HOUR]),
+    ("RL.SLIDINGLOG", "FLOOR.WRITE", lambda k: ["RL.SLIDINGLOG", "sl:" + k, BIG, HOUR]),
+    ("RL.MULTI, 1 limit", "FLOOR.MULTI 1", lambda k: ["RL.MULTI", "1", "m1:" + k, "TOKENBUCKET", BIG, "1", HOUR]),
+    ("RL.MULTI, 2 limits", "FLOOR.MULTI 2", lambda k: ["RL.MULTI", "2", "ma:" + k, "mb:" + k,
+                                                       "TOKENBUCKET", BIG, "1", HOUR, "TOKENBUCKET", BIG, "1", HOUR]),
+    ("Lua twin (token bucket)", "FLOOR.WRITE", "lua"),
 ]
+# The Lua twin costs ~15 native calls: its windows are a tenth as long.
+LUA_SHARE = 10
 
-# Module API calls a handler makes, by row.
+# Module API calls inside call(), by row of the breakdown (Valkey's VM_*
+# names are read as RM_*).
 API_ROWS = [
-    ("RM_OpenKey + RM_CloseKey (key lookup, incl. the expiry check)", ["RM_OpenKey", "RM_CloseKey"]),
-    ("RM_ModuleTypeSetValue (new keys only)", ["RM_ModuleTypeSetValue"]),
-    ("RM_SetAbsExpire / RM_SetExpire", ["RM_SetAbsExpire", "RM_SetExpire"]),
+    ("RM_OpenKey + RM_CloseKey", ["RM_OpenKey", "RM_CloseKey"]),
+    ("RM_KeyType, RM_ModuleTypeGetType/GetValue", ["RM_KeyType", "RM_ModuleTypeGetType", "RM_ModuleTypeGetValue"]),
+    ("RM_SetExpire / RM_SetAbsExpire", ["RM_SetExpire", "RM_SetAbsExpire"]),
     ("RM_SignalModifiedKey", ["RM_SignalModifiedKey"]),
-    ("RM_Replicate (the effect, when something can read it)", ["RM_Replicate"]),
-    ("RM_ReplicateVerbatim (counts the change when nothing can)", ["RM_ReplicateVerbatim"]),
-    ("  of which lookupCommandByCString", ["lookupCommandByCString"]),
-    ("RM_ReplyWithArray + 5 × RM_ReplyWithLongLong", ["RM_ReplyWithArray", "RM_ReplyWithLongLong"]),
-    ("RM_StringPtrLen (reading arguments)", ["RM_StringPtrLen"]),
-    ("RM_KeyType, RM_ModuleTypeGetType/GetValue (what the key holds)",
-     ["RM_KeyType", "RM_ModuleTypeGetType", "RM_ModuleTypeGetValue"]),
+    ("RM_ReplicateVerbatim", ["RM_ReplicateVerbatim"]),
+    ("RM_ReplyWithArray + RM_ReplyWithLongLong", ["RM_ReplyWithArray", "RM_ReplyWithLongLong"]),
+    ("RM_StringPtrLen / RM_StringToLongLong (arguments)", ["RM_StringPtrLen", "RM_StringToLongLong"]),
+    ("RM_Milliseconds / RM_CachedMicroseconds (clock)", ["RM_Milliseconds", "RM_CachedMicroseconds"]),
 ]
-# Rows that are part of another row (not subtracted again).
-NESTED = {"lookupCommandByCString"}
 
 
 def free_port():
@@ -79,46 +91,93 @@ def free_port():
         return s.getsockname()[1]
 
 
-def cli(port, *args):
-    return subprocess.run(["redis-cli", "-p", str(port)] + [str(a) for a in args],
-                          capture_output=True, text=True, timeout=120).stdout.strip()
+def resp(args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        a = a.encode() if isinstance(a, str) else a
+        out.append(b"$%d\r\n%s\r\n" % (len(a), a))
+    return b"".join(out)
 
 
-def wait(cond, what, timeout=120):
-    deadline = time.time() + timeout
-    while not cond():
-        if time.time() > deadline:
-            sys.exit("profile: timed out waiting for " + what)
-        time.sleep(0.2)
+class Conn:
+    """One RESP connection: pipelined requests, parsed replies."""
+
+    def __init__(self, port):
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=600)
+        self.buf = b""
+        self.pos = 0
+
+    def _line(self):
+        while True:
+            i = self.buf.find(b"\r\n", self.pos)
+            if i >= 0:
+                line = self.buf[self.pos:i]
+                self.pos = i + 2
+                return line
+            self._more()
+
+    def _more(self):
+        self.buf = self.buf[self.pos:]
+        self.pos = 0
+        chunk = self.s.recv(1 << 16)
+        if not chunk:
+            sys.exit("profile: the server closed the connection")
+        self.buf += chunk
+
+    def reply(self):
+        line = self._line()
+        t, rest = line[:1], line[1:]
+        if t == b":":
+            return int(rest)
+        if t == b"+":
+            return rest.decode()
+        if t == b"-":
+            sys.exit("profile: error reply: %s" % rest.decode())
+        if t == b"*":
+            return [self.reply() for _ in range(int(rest))]
+        if t == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            while len(self.buf) - self.pos < n + 2:
+                self._more()
+            v = self.buf[self.pos:self.pos + n]
+            self.pos += n + 2
+            return v.decode(errors="replace")
+        sys.exit("profile: unexpected reply %r" % line)
+
+    def call(self, *args):
+        self.s.sendall(resp(args))
+        return self.reply()
+
+    def pipeline(self, reqs):
+        """Send `reqs` (encoded) PIPELINE at a time; every reply must grant."""
+        for i in range(0, len(reqs), PIPELINE):
+            chunk = reqs[i:i + PIPELINE]
+            self.s.sendall(b"".join(chunk))
+            for _ in chunk:
+                r = self.reply()
+                if not isinstance(r, list) or r[0] != 1:
+                    sys.exit("profile: a request was not granted: %r" % (r,))
 
 
 def inclusive(path):
-    """Function name -> inclusive instruction count (the real function, not
-    its inlined pieces), plus the program total."""
+    """Function name -> inclusive instruction count."""
     out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", path],
                          capture_output=True, text=True, check=True).stdout
-    total = None
     funcs = {}
     for line in out.splitlines():
         m = re.match(r"\s*([\d,]+) \(\s*[\d.]+%\)\s+(.*)$", line)
         if not m:
             continue
-        n = int(m.group(1).replace(",", ""))
-        rest = m.group(2)
-        if rest.startswith("PROGRAM TOTALS"):
-            total = n
-            continue
-        fm = re.match(r"(.*?):(\S+) \[(.*)\]$", rest)
+        fm = re.match(r"(.*?):(\S+) \[(.*)\]$", m.group(2))
         if not fm:
-            continue  # an inlined range, attributed to a source file
+            continue
         name = fm.group(2)
-        # Valkey names the module API VM_* and its dispatcher after itself.
         if name.startswith("VM_"):
             name = "RM_" + name[3:]
-        elif name == "ValkeyModuleCommandDispatcher":
-            name = "RedisModuleCommandDispatcher"
-        funcs[name] = max(funcs.get(name, 0), n)
-    return total, funcs
+        funcs[name] = max(funcs.get(name, 0), int(m.group(1).replace(",", "")))
+    return funcs
 
 
 def resolve_servers(specs):
@@ -157,10 +216,10 @@ def server_version(binary):
 
 
 def build_floor(tmp):
-    """floor.so from FLOOR_C, or None (with a note) when it is not there."""
+    """floor.so from FLOOR_C, built with the redismodule.h the redis-module
+    crate bundles."""
     if not os.path.exists(FLOOR_C):
-        print("profile: %s not found: the floor rows are left out" % FLOOR_C, flush=True)
-        return None
+        sys.exit("profile: %s not found (set FLOOR_C to floor.c)" % FLOOR_C)
     headers = glob.glob(os.path.expanduser("~/.cargo/registry/src/*/redis-module-*/src/include/redismodule.h"))
     if not headers:
         sys.exit("profile: redismodule.h not found (the redis-module crate bundles it: run `cargo build` once)")
@@ -173,241 +232,221 @@ def build_floor(tmp):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--server", action="append", help="NAME, PATH or all (repeatable; default all)")
-    ap.add_argument("--requests", type=int, default=100000)
+    ap.add_argument("--requests", type=int, default=20000, help="requests per window")
+    ap.add_argument("--keys", type=int, default=10000, help="keys per case")
+    ap.add_argument("--windows", type=int, default=3, help="windows per case (the median is reported)")
+    ap.add_argument("--case", action="append",
+                    help="only the cases whose label contains this (repeatable; their floors run too)")
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "PROFILE.md"))
     ap.add_argument("--json", default=os.path.join(ROOT, "bench", "profile.json"), help="where the raw counts go")
     ap.add_argument("--from-json", help="rewrite the report from a saved bench/profile.json")
     a = ap.parse_args()
     if a.from_json:
         with open(a.from_json) as fh:
-            saved = json.load(fh)
-        write(a.out, saved["requests"], saved["servers"])
+            write(a.out, json.load(fh))
         return
-    for tool in ("valgrind", "callgrind_annotate", "callgrind_control", "redis-benchmark", "redis-cli", "gcc"):
+    for tool in ("valgrind", "callgrind_annotate", "callgrind_control", "gcc"):
         if not shutil.which(tool):
             sys.exit("profile: %s is required (make deps installs it)" % tool)
-    n = a.requests
+    if a.case:
+        keep = {label for label, _, _ in CASES if any(c.lower() in label.lower() for c in a.case)}
+        keep |= {fl for label, fl, _ in CASES if label in keep and fl}
+        CASES[:] = [c for c in CASES if c[0] in keep]
     tmp = tempfile.mkdtemp(prefix="rl-profile-")
-    floor = build_floor(tmp)
     runs = []
-    for name, binary in resolve_servers(a.server):
-        version, malloc = server_version(binary)
-        print("== %s (%s, malloc=%s)" % (name or binary, version, malloc), flush=True)
-        sdir = tempfile.mkdtemp(prefix="srv-", dir=tmp)
-        runs.append({"name": name or version, "version": version, "malloc": malloc, "binary": binary,
-                     "results": profile_server(binary, floor, n, sdir)})
-    with open(a.json, "w") as fh:
-        json.dump({"requests": n, "servers": runs}, fh, indent=1)
-    write(a.out, n, runs)
-    shutil.rmtree(tmp, ignore_errors=True)
-
-
-def profile_server(binary, floor, n, tmp):
-    """Every case on one server build: [(label, cmd, kind, total, funcs)]."""
-    modules = ["--loadmodule", MODULE] + (["--loadmodule", floor] if floor else [])
-    port = free_port()
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + os.path.join(tmp, "cg.out"),
-         binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", tmp] + modules,
-        stdout=open(os.path.join(tmp, "server.log"), "w"), stderr=subprocess.STDOUT)
-    results = []
-    replica = None
+    t0 = time.time()
     try:
-        deadline = time.time() + 120
-        while cli(port, "PING") != "PONG":
+        floor = build_floor(tmp)
+        for name, binary in resolve_servers(a.server):
+            version, malloc = server_version(binary)
+            print("== %s (%s, malloc=%s)" % (name or binary, version, malloc), flush=True)
+            sdir = tempfile.mkdtemp(prefix="srv-", dir=tmp)
+            runs.append({"name": name or version, "version": version, "malloc": malloc,
+                         "results": profile_server(binary, floor, a, sdir)})
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    report = {"requests": a.requests, "keys": a.keys, "windows": a.windows, "pipeline": PIPELINE,
+              "stamp": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seconds": round(time.time() - t0),
+              "servers": runs}
+    os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
+    with open(a.json, "w") as fh:
+        json.dump(report, fh, indent=1)
+    write(a.out, report)
+
+
+def profile_server(binary, floor, a, tmp):
+    """Every case on one server build: {label: {request, call, windows, api}}."""
+    port = free_port()
+    out = os.path.join(tmp, "cg.out")
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out, binary,
+         "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1",
+         "--dir", tmp, "--loadmodule", MODULE, "--loadmodule", floor],
+        stdout=open(os.path.join(tmp, "server.log"), "w"), stderr=subprocess.STDOUT)
+    results = {}
+    try:
+        deadline = time.time() + 180
+        conn = None
+        while conn is None:
             if time.time() > deadline or server.poll() is not None:
                 sys.exit("profile: %s under valgrind did not start (see %s)" % (binary, tmp))
-            time.sleep(0.5)
+            try:
+                conn = Conn(port)
+                conn.call("PING")
+            except OSError:
+                conn = None
+                time.sleep(0.5)
         with open(os.path.join(ROOT, "lua", "tokenbucket.lua")) as f:
-            sha = cli(port, "SCRIPT", "LOAD", f.read())
+            sha = conn.call("SCRIPT", "LOAD", f.read())
+        # The module replicates effects until its first check finds no
+        # replica, no backlog and no AOF (src/listeners.rs): wait for it.
+        deadline = time.time() + 120
+        while "ratelimit_effects_replicated:0" not in conn.call("INFO", "ratelimit"):
+            if time.time() > deadline:
+                sys.exit("profile: the module did not see a standalone server")
+            time.sleep(0.2)
+
+        def build(cmd, k):
+            if cmd == "lua":
+                # (The twin's exact range caps capacity × period: 10^6 here.)
+                return resp(["EVALSHA", sha, "1", "lua:" + k, "1000000", "1", HOUR])
+            return resp(cmd(k))
+
+        keys = [str(i) for i in range(a.keys)]
+        reqs = {label: [build(cmd, k) for k in keys] for label, _, cmd in CASES}
+        # Write every key, then once more: the dictionaries grow during the
+        # first pass and finish rehashing (one bucket a lookup) in the second.
+        for _ in range(2):
+            for label, _, _ in CASES:
+                conn.pipeline(reqs[label])
         dumps = 0
-        for phase in ("standalone", "replica"):
-            if phase == "standalone":
-                # The module replicates effects until its first check finds
-                # no replica, no backlog and no AOF (src/listeners.rs).
-                wait(lambda: "ratelimit_effects_replicated:0" in cli(port, "INFO", "ratelimit"),
-                     "the module to see a standalone server")
-            else:
-                rport = free_port()
-                replica = subprocess.Popen(
-                    [binary, "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
-                     "--appendonly", "no", "--dir", tmp, "--dbfilename", "replica.rdb"] + modules,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                wait(lambda: cli(rport, "PING") == "PONG", "the replica to start")
-                cli(rport, "REPLICAOF", "127.0.0.1", port)
-                wait(lambda: "master_link_status:up" in cli(rport, "INFO", "replication"), "the replica link")
-            for label, cmd, kind in CASES:
-                if kind == "floor" and not floor:
-                    continue
-                if phase == "replica" and not (kind in ("incr", "floor") or "granted" in label and kind == "module"):
-                    continue
-                if cmd is None:
-                    cmd = ["EVALSHA", sha, "1", "ltb:__rand_int__", "1000000000", "1", "1000"]
-                label = "%s, %s" % (label, "no replica" if phase == "standalone" else "replica attached")
-                bench = ["redis-benchmark", "-p", str(port), "-P", "16", "-c", "50", "-r", "1000", "-q"]
-                # Warm up: keys exist, denied keys are drained, buffers are sized.
-                # (20 calls per key on average: every key of a "denied" case is drained.)
-                subprocess.run(bench + ["-n", str(max(n // 5, 20000))] + cmd, capture_output=True, check=True)
+        for label, _, cmd in CASES:
+            n = a.requests // LUA_SHARE if cmd == "lua" else a.requests
+            window = [reqs[label][i % a.keys] for i in range(n)]
+            per_window = []
+            for _ in range(a.windows):
+                conn.pipeline(window[:PIPELINE * 4])  # the client's buffers at their steady size
                 subprocess.run(["callgrind_control", "-z", str(server.pid)], capture_output=True, check=True)
-                subprocess.run(bench + ["-n", str(n)] + cmd, capture_output=True, check=True)
+                conn.pipeline(window)
                 subprocess.run(["callgrind_control", "-d", str(server.pid)], capture_output=True, check=True)
                 dumps += 1
-                files = [p for p in glob.glob(os.path.join(tmp, "cg.out*")) if re.search(r"\.%d$" % dumps, p)]
+                files = [p for p in glob.glob(out + "*") if re.search(r"\.%d$" % dumps, p)]
                 if not files:
                     sys.exit("profile: no callgrind dump for %s" % label)
-                total, funcs = inclusive(files[0])
-                body = BODY[kind]
-                if not total or funcs.get(body, 0) < n:
-                    sys.exit("profile: %s: the dump does not show %s run %d times" % (label, body, n))
-                if kind == "module":
-                    # Granted calls replicate their effect with a replica, and
-                    # only count the change without; denied calls do neither.
-                    expect = {"RM_Replicate": "granted" in label and phase == "replica",
-                              "RM_ReplicateVerbatim": "granted" in label and phase == "standalone"}
-                    for fn, yes in expect.items():
-                        if (funcs.get(fn, 0) > 0) != yes:
-                            sys.exit("profile: %s: %s %s" % (label, fn, "not called" if yes else "called"))
-                results.append((label, cmd, kind, total, funcs))
-                print("%-48s %7.0f instructions per request" % (label, total / n), flush=True)
+                f = inclusive(files[0])
+                for fn in ("processInputBuffer", "call"):
+                    if f.get(fn, 0) < n:
+                        sys.exit("profile: %s: the dump does not show %s" % (label, fn))
+                per_window.append({"request": f["processInputBuffer"] / n, "call": f["call"] / n,
+                                   "api": {k: v / n for k, v in f.items() if k.startswith("RM_")}})
+            mid = sorted(per_window, key=lambda w: w["call"])[len(per_window) // 2]
+            results[label] = {"request": statistics.median(w["request"] for w in per_window),
+                              "call": statistics.median(w["call"] for w in per_window),
+                              "windows": [[round(w["request"]), round(w["call"])] for w in per_window],
+                              "api": mid["api"], "requests": n}
+            r = results[label]
+            print("%-26s request %7.0f  call() %7.0f   windows %s" % (label, r["request"], r["call"], r["windows"]),
+                  flush=True)
     finally:
-        if replica is not None:
-            replica.kill()
-            replica.wait()
-        cli(port, "SHUTDOWN", "NOSAVE")
         try:
-            server.wait(timeout=60)
+            Conn(port).s.sendall(resp(["SHUTDOWN", "NOSAVE"]))
+        except OSError:
+            pass
+        try:
+            server.wait(timeout=120)
         except subprocess.TimeoutExpired:
             server.kill()
+            server.wait()
     return results
 
 
-# The function whose inclusive count is the command body, by case kind.
-BODY = {"incr": "incrCommand", "module": "RedisModuleCommandDispatcher", "floor": "RedisModuleCommandDispatcher",
-        "lua": "evalShaCommand"}
-
-
-def phase_of(label):
-    return label.rsplit(", ", 1)[-1]
-
-
-def write(path, n, runs):
-    per = lambda v: v / n  # noqa: E731
+def write(path, report):
+    runs = report["servers"]
     lines = []
     w = lines.append
     w("# Profile: instructions per request")
     w("")
-    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    w("Generated by `make profile` (`bench/profile.py`) on %s; do not edit by hand." % stamp)
+    w("Generated by `make profile` (`bench/profile.py`) on %s (%d s); do not edit by hand."
+      % (report["stamp"], report.get("seconds", 0)))
     w("")
-    w("Each server build (%s) runs with the module and the floor module under `valgrind "
-      "--tool=callgrind`; each case is `redis-benchmark -P 16 -c 50 -r 1000 -n %d` after a warm-up, with "
-      "the counters zeroed before and dumped after, so every figure is instructions per request, measured "
-      "on the server. Instruction counts are deterministic: unlike requests/s they do not move with the "
-      "load of this shared machine. They are not time (cache misses and system calls cost more than their "
-      "instruction count), so the ratios here differ from `BENCHMARKS.md`, but they show where the work "
-      "is. The cases run twice: on a standalone server (no replica, no backlog, no AOF: the module then "
-      "skips building effects nobody can read, see `src/listeners.rs`), then with a replica attached "
-      "(every grant replicates its effect; INCR and the floor feed the replica their command)."
-      % (", ".join("%s (malloc=%s)" % (r["version"], r["malloc"]) for r in runs), n))
+    w("One server process per build (%s), with the module and the floor module, under `valgrind "
+      "--tool=callgrind`, `hz 1`, no persistence, no replica. Every case's %d keys are written twice "
+      "first, with TTLs of an hour or more (nothing expires during the run). Then each case runs %d "
+      "windows of %d requests (one connection, pipeline %d, every key in turn; the Lua twin's windows are "
+      "a tenth as long), all granted, with the counters zeroed (`callgrind_control -z`) before each window "
+      "and dumped after it. Each figure is the median window's count per request, counted inclusively "
+      "in `processInputBuffer` (**request**: parsing the request and running the command with its reply; "
+      "no cron, no socket writes) and in `call()` (**call()**: the command's own execution). Instruction "
+      "counts do not move with the load of the machine; repeated runs agree within about 1%%. They are "
+      "not time (cache misses and system calls cost more than their count), so they do not replace "
+      "`BENCHMARKS.md`, but they show where the work is."
+      % (", ".join("%s (malloc=%s)" % (r["version"], r["malloc"]) for r in runs), report["keys"],
+         report["windows"], report["requests"], report["pipeline"]))
     w("")
-    w("The floor is `FLOOR.WRITE key a b c` of `/work/shared/floor/floor.c`, built with the redismodule.h "
-      "the redis-module crate bundles: parse three numbers, open the key for writing, keep a 16-byte "
-      "module value, set a relative expiry, `ReplicateVerbatim`, reply five integers. It is the least a "
-      "native command with this contract does; the target is within 10% of it (× floor ≤ 1.10) for every "
-      "command on every server.")
+    w("The floor is `FLOOR.WRITE key 1000000000 1 3600000` of `floor/floor.c` (the shared floor "
+      "module, `../shared/floor/floor.c` or `FLOOR_C`), built with the redismodule.h the redis-module "
+      "crate bundles: parse three numbers, open the key for writing, keep a 16-byte module value, set a "
+      "relative expiry, `ReplicateVerbatim`, reply five integers; `FLOOR.MULTI` does the same for each "
+      "key with RL.MULTI's reply shape. It is the least a native command with this contract does. The "
+      "commands run with the floor's numbers (a capacity or limit of 10^9, one token an hour, windows of "
+      "an hour). \"× floor\" is floor / case on the same server in the same run (1.00: as cheap as the "
+      "floor); the target is 0.90 or more for every command on every server, by both measures.")
     w("")
-    w("## Summary")
-    w("")
-    w("| case | " + " | ".join("%s | × floor" % r["version"] for r in runs) + " |")
+    head = "| | " + " | ".join("%s request | %s call()" % (r["version"], r["version"]) for r in runs) + " |"
+    w(head)
     w("|---|" + "---:|---:|" * len(runs))
-    labels = []
-    for r in runs:
-        for res in r["results"]:
-            if res[0] not in labels:
-                labels.append(res[0])
+    labels = [label for label, _, _ in CASES]
+    floors = {label: fl for label, fl, _ in CASES}
     for label in labels:
         cells = []
         for r in runs:
-            by = {res[0]: res for res in r["results"]}
-            floor = {phase_of(res[0]): per(res[3]) for res in r["results"] if res[2] == "floor"}
-            res = by.get(label)
+            res = r["results"].get(label)
             if res is None:
                 cells += ["", ""]
                 continue
-            f = floor.get(phase_of(label))
-            cells += ["%.0f" % per(res[3]), "%.2f" % (per(res[3]) / f) if f else ""]
-        w("| %s | %s |" % (label, " | ".join(cells)))
+            fl = r["results"].get(floors[label]) if floors[label] else None
+            for m in ("request", "call"):
+                if fl:
+                    cells.append("{:,.0f} ({:.2f}×)".format(res[m], fl[m] / res[m]))
+                else:
+                    cells.append("{:,.0f}".format(res[m]))
+        name = label if floors[label] else "floor: " + label
+        w("| %s | %s |" % (name, " | ".join(cells)))
     w("")
-    w("\"× floor\" is the case's count divided by the floor's on the same server in the same setting "
-      "(lower is cheaper). On Redis 7.0 the module reads the clock itself; on Valkey (and Redis 7.2+) it "
-      "takes the server's cached command time (`RedisModule_CachedMicroseconds`, `src/clock.rs`).")
+    w("RL.TOKENBUCKET, RL.SLIDINGCOUNTER, RL.SLIDINGLOG and the Lua twin are compared with `FLOOR.WRITE`; "
+      "RL.MULTI with n limits with `FLOOR.MULTI` with n keys.")
     w("")
-    w("With a replica attached, a grant replicates its effect (`RedisModule_Replicate` of `RL.STATE key "
-      "payload`, the state with its absolute expiry) where the floor replicates the command it received "
-      "(`ReplicateVerbatim`). On Redis, `RedisModule_Replicate` looks the command name up on every call "
-      "(`lookupCommandByCString`: an sds copy, a split on `|`, a dictionary lookup; the \"of which\" row "
-      "below), which the module API offers no way around; that lookup is what puts the Redis 7.0 replica "
-      "cases above 1.10. On Valkey the module sets `SKIP_COMMAND_VALIDATION` (`src/ffi.rs`) and the "
-      "lookup is gone (Valkey still looks the name up during a slot export, where it needs the slot).")
+    w("## Module API calls inside call()")
+    w("")
+    w("Per request, inclusive, in the median window (Valkey's `VM_*` functions under their `RM_*` names). "
+      "What is left of call() is the server's own command bookkeeping and the module's own code.")
+    mods = [label for label, fl, cmd in CASES if cmd != "lua"]
     for r in runs:
-        write_server(w, per, r)
+        w("")
+        w("### %s" % r["version"])
+        w("")
+        present = [m for m in mods if m in r["results"]]
+        w("| | " + " | ".join(present) + " |")
+        w("|---|" + "---:|" * len(present))
+        for row, names in API_ROWS:
+            w("| %s | %s |" % (row, " | ".join(
+                "{:,.0f}".format(sum(r["results"][m]["api"].get(x, 0) for x in names)) for m in present)))
+        w("| call(), all | %s |" % " | ".join("{:,.0f}".format(r["results"][m]["call"]) for m in present))
     w("")
-    w("Rerun: `make profile` (all servers, 5-8 minutes each on this loaded machine; needs valgrind, which `make deps` installs), "
-      "or one server: `make profile SERVER=valkey9.1` (a name of `integration/servers.py` or a path).")
+    w("Windows (request, call() per request) of each case, to show the spread:")
     w("")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    for r in runs:
+        w("- %s: %s" % (r["version"], "; ".join(
+            "%s %s" % (label, " ".join("%d/%d" % tuple(x) for x in r["results"][label]["windows"]))
+            for label in labels if label in r["results"])))
+    w("")
+    w("Rerun: `make profile` (every server of `integration/servers.py`; needs valgrind, which `make deps` "
+      "installs), or one server: `make profile SERVER=valkey9.1` (a name or a path).")
+    w("")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as fh:
         fh.write("\n".join(lines))
     print("wrote", path)
-
-
-def write_server(w, per, run):
-    results = run["results"]
-    incr = {phase_of(r[0]): per(r[3]) for r in results if r[2] == "incr"}
-    w("")
-    w("## %s (malloc=%s)" % (run["version"], run["malloc"]))
-    w("")
-    w("| case | per request | × INCR | command body | own code of the module |")
-    w("|---|---:|---:|---:|---:|")
-    for label, cmd, kind, total, f in results:
-        own = "%.0f" % per(own_code(f)) if kind == "module" else ""
-        w("| %s | %.0f | %.2f | %.0f | %s |" % (label, per(total), incr[phase_of(label)] / per(total),
-                                                per(f.get(BODY[kind], 0)), own))
-    w("")
-    w("\"per request\" is everything the server does for one request: reading and parsing it, the "
-      "command, the reply, bookkeeping, propagation. \"× INCR\" is the count of INCR in the same "
-      "setting divided by the case's (higher is cheaper; the throughput ratio's counterpart). "
-      "\"command body\" is `incrCommand`, the module dispatcher (the handler and every API call it "
-      "makes) or `evalShaCommand`.")
-    w("")
-    w("### Inside a module command (%s)" % run["version"])
-    w("")
-    mods = [r for r in results if r[2] == "module"]
-    w("| | " + " | ".join(r[0].replace("RL.", "").lower() for r in mods) + " |")
-    w("|---|" + "---:|" * len(mods))
-    for row, names in API_ROWS:
-        w("| %s | %s |" % (row, " | ".join("%.0f" % per(sum(r[4].get(x, 0) for x in names)) for r in mods)))
-    w("| the module's own code (parse, read the clock, decide, encode the effect) | %s |"
-      % " | ".join("%.0f" % per(own_code(r[4])) for r in mods))
-    w("| other module API calls | %s |" % " | ".join("%.0f" % per(
-        sum(v for k, v in r[4].items() if k.startswith("RM_")) - sum(r[4].get(x, 0) for _, names in API_ROWS
-                                                                     for x in names if x not in NESTED))
-        for r in mods))
-    w("| dispatch (module context set-up and tear-down) | %s |" % " | ".join("%.0f" % per(dispatch(r[4])) for r in mods))
-
-
-def dispatch(f):
-    return f.get("moduleCreateContext", 0) + f.get("moduleFreeContext", 0)
-
-
-def own_code(f):
-    """The dispatcher minus every module API call made under it and the
-    context set-up: what the module's own instructions cost. (Callgrind's
-    inclusive figure for the Rust handler itself is unreliable here, as
-    the API is called through function pointers.)"""
-    api = sum(v for k, v in f.items() if k.startswith("RM_"))
-    return max(f.get("RedisModuleCommandDispatcher", 0) - api - dispatch(f), 0)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,16 @@
 //!
 //! Nothing lost by skipping it requires that nobody could ever read the
 //! stream entries skipped. The stream has three readers:
-//! - the AOF: checked on every call (`REDISMODULE_CTX_FLAGS_AOF`);
+//! - the AOF: checked by the same timer (`REDISMODULE_CTX_FLAGS_AOF`), and
+//!   assumed from the fork that switching it on makes. The server appends to
+//!   the AOF only while `appendonly` is on from start-up (the first check,
+//!   made before it could be switched off, sees it and keeps effects on) or
+//!   once the rewrite child that `CONFIG SET appendonly yes` forks exists
+//!   (Redis 7.0+ and Valkey: `feedAppendOnlyFile` feeds a waiting AOF only
+//!   while `child_type` is the AOF child; without that child it stays off),
+//!   and that fork fires the fork event below before the next command runs.
+//!   So the AOF costs no check per call (`RedisModule_GetContextFlags` was
+//!   ~80-140 instructions of every standalone grant);
 //! - replicas and the backlog a replica can resynchronize from: checked from
 //!   `INFO replication` by a timer (`connected_slaves`, `repl_backlog_active`,
 //!   `role`), and assumed from the moment any of these events fires: a fork
@@ -63,10 +72,11 @@ pub unsafe fn replicate<P: AsRef<[u8]>>(
 }
 
 /// Whether a grant's effect must be built and replicated (else only counted
-/// as a change); a call that writes several keys reads it once.
+/// as a change); a call that writes several keys reads it once. One load:
+/// every way a reader appears sets [`MAY_LISTEN`] before the next command.
 #[inline]
-pub unsafe fn must_replicate(ctx: *mut RedisModuleCtx) -> bool {
-    MAY_LISTEN.load(Relaxed) || aof_on(ctx)
+pub unsafe fn must_replicate(_ctx: *mut RedisModuleCtx) -> bool {
+    MAY_LISTEN.load(Relaxed)
 }
 
 /// [`replicate`] with [`must_replicate`] already read for this call.
@@ -111,7 +121,6 @@ unsafe fn listeners_possible(ctx: *mut RedisModuleCtx) -> bool {
 }
 
 unsafe extern "C" fn recheck(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
-    // (The AOF is also checked on every call; here it keeps INFO truthful.)
     MAY_LISTEN.store(EXPORTS.load(Relaxed) > 0 || aof_on(ctx) || listeners_possible(ctx), Relaxed);
     arm(ctx);
 }

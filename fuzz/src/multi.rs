@@ -49,6 +49,11 @@ impl Owned {
 pub fn args_multi(data: &[u8]) {
     let inp = Input::parse(data);
     let got = crate::args::parse_multi(inp.args.iter().copied());
+    // The module's path for calls without WEIGHT or options: declines, or
+    // answers the same.
+    if let Some(c) = crate::args::parse_multi_exact::<{ crate::args::MAX_LIMITS }>(&inp.args) {
+        assert_eq!(Ok(c), got, "parse_multi_exact, args {:?}", inp.args);
+    }
     let want = oracle_multi(&inp.args);
     assert_eq!(got, want, "args {:?}", inp.args);
     let Ok(call) = got else { return };

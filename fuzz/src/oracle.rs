@@ -69,6 +69,8 @@ pub fn oracle_parse(args: &[&[u8]], npos: usize) -> Result<Call, Option<usize>> 
 /// error names included.
 pub fn parse_checked(args: &[&[u8]], positional: &[Arg]) -> Option<Call> {
     let got = crate::args::parse(args.iter().copied(), positional);
+    // The module's path for a call of numbers only must answer the same.
+    assert_eq!(crate::args::parse_exact(args, positional), got, "parse_exact, args {args:?}");
     let want = oracle_parse(args, positional.len());
     match (&got, &want) {
         (Ok(g), Ok(w)) => assert_eq!(g, w, "args {args:?}"),

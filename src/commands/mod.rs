@@ -55,7 +55,10 @@ pub(super) unsafe fn argv_slice<'a>(argv: *mut *mut RedisModuleString, argc: c_i
 }
 
 /// Parse `key <positional> [options]`; on error the reply is already sent.
-#[inline]
+/// A call of the numbers only (the common one: the argument count says so)
+/// reads them straight into the call (`args::parse_exact`, the same
+/// result); any other goes through the full parser.
+#[inline(always)]
 pub(super) unsafe fn parse(
     ctx: *mut RedisModuleCtx,
     argv: &[*mut RedisModuleString],
@@ -64,10 +67,25 @@ pub(super) unsafe fn parse(
     let (Some(&key), Some(rest)) = (argv.get(1), argv.get(2..)) else {
         return Err(ffi::wrong_arity(ctx));
     };
-    match args::parse(rest.iter().map(|&s| ffi::bytes(s)), positional) {
+    let parsed = if rest.len() == positional.len() && rest.len() <= 3 {
+        let mut nums: [&[u8]; 3] = [&[]; 3];
+        for (b, &s) in nums.iter_mut().zip(rest) {
+            *b = ffi::bytes(s);
+        }
+        args::parse_exact(&nums[..rest.len()], positional)
+    } else {
+        parse_general(rest, positional)
+    };
+    match parsed {
         Ok(call) => Ok((key, call)),
         Err(e) => Err(reply_arg_error(ctx, e)),
     }
+}
+
+/// The full parser, for calls with options (kept out of line).
+#[inline(never)]
+unsafe fn parse_general(rest: &[*mut RedisModuleString], positional: &[Arg]) -> Result<Call, args::ArgError> {
+    args::parse(rest.iter().map(|&s| ffi::bytes(s)), positional)
 }
 
 /// Absolute expiry (Unix ms) for a state written at `now_us` whose reset is

@@ -2,14 +2,14 @@
 
 use std::ffi::c_int;
 
-use ratelimit_core::args::{self, Arg, ArgError, Kind, LimitSpec, MAX_LIMITS};
+use ratelimit_core::args::{self, Arg, ArgError, Call, Kind, LimitSpec, MAX_LIMITS};
 use ratelimit_core::codec;
 use ratelimit_core::multi::{self, Op, StateMut};
 use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use super::reply::{reply_arg_error, reply_multi, STORE_FAILED};
-use super::single::WordLimiter;
+use super::single::{log_apply, word_apply, WordLimiter};
 use super::{abs_expiry, argv_slice, delete, guarded, set_new, store};
 use crate::clock;
 use crate::ffi::{self, Key, Slot};
@@ -72,6 +72,40 @@ pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
     })
 }
 
+/// RL.MULTI of one limit of weight 1: the single command's decision and
+/// write, the reply in RL.MULTI's shape.
+#[inline(always)]
+unsafe fn multi_one(
+    ctx: *mut RedisModuleCtx,
+    name: *mut RedisModuleString,
+    spec: &LimitSpec,
+    cost: u64,
+    partial: bool,
+    dryrun: bool,
+    refund: u64,
+) -> c_int {
+    let single = Call { nums: spec.nums, cost, partial, dryrun, refund };
+    let d = match spec.kind {
+        Kind::TokenBucket => word_apply::<tb::State>(ctx, name, &single),
+        Kind::SlidingCounter => word_apply::<sc::State>(ctx, name, &single),
+        Kind::SlidingLog => log_apply(ctx, name, &single),
+    };
+    let d = match d {
+        Ok(d) => d,
+        Err(rc) => return rc,
+    };
+    let whole = if refund > 0 {
+        multi::combine_refund(&[d], &[1], refund)
+    } else {
+        multi::combine(&[d], &[1], d.granted, cost, partial)
+    };
+    reply_multi(ctx, refund, partial, cost, &whole, &[d], 1)
+}
+
+/// Most arguments (after `RL.MULTI`) of a call the exact parser reads:
+/// numkeys, two keys and two token buckets.
+const EXACT_ARGS: usize = 11;
+
 /// RL.MULTI with room for `N` limits.
 #[inline(never)]
 unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> c_int {
@@ -79,7 +113,23 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         let Some(rest) = argv.get(1..) else {
             return ffi::wrong_arity(ctx);
         };
-        let call = match args::parse_multi_n::<N>(rest.iter().map(|&s| ffi::bytes(s))) {
+        // The common call (no WEIGHT, no options) is parsed from its byte
+        // slices read once; anything else, errors included, by the full
+        // parser.
+        let mut words: [&[u8]; EXACT_ARGS] = [&[]; EXACT_ARGS];
+        let exact = if rest.len() <= EXACT_ARGS {
+            for (w, &s) in words.iter_mut().zip(rest) {
+                *w = ffi::bytes(s);
+            }
+            args::parse_multi_exact::<N>(&words[..rest.len()])
+        } else {
+            None
+        };
+        let parsed = match exact {
+            Some(c) => Ok(c),
+            None => args::parse_multi_n::<N>(rest.iter().map(|&s| ffi::bytes(s))),
+        };
+        let call = match parsed {
             Ok(c) => c,
             // A numkeys above N is an error the full parser names exactly.
             Err(ArgError::Number(Arg::NumKeys)) if N < MAX_LIMITS => {
@@ -92,6 +142,14 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         let (Some(names), Some(specs)) = (argv.get(2..2 + n), call.limits.get(..n)) else {
             return ffi::wrong_arity(ctx);
         };
+        // One limit of weight 1 answers exactly what its single command
+        // does (the core's property test `one_limit_is_the_single_command`):
+        // decide and write it as that command does, reply in RL.MULTI's shape.
+        if let ([name], [spec]) = (names, specs) {
+            if spec.weight == 1 {
+                return multi_one(ctx, *name, spec, call.cost, call.partial, call.dryrun, call.refund);
+            }
+        }
         let read_only = call.dryrun;
         let now = clock::now_us();
 

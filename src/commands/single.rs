@@ -4,7 +4,7 @@
 
 use std::ffi::c_int;
 
-use ratelimit_core::args::{self, Arg};
+use ratelimit_core::args::{self, Arg, Call};
 use ratelimit_core::{codec, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
@@ -85,48 +85,62 @@ unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut
             Ok(v) => v,
             Err(rc) => return rc,
         };
-        let p = T::params(call.nums);
-        let now = clock::now_us();
-        let key = Key::open(ctx, name, call.dryrun);
-        let slot = key.slot(T::redis_type());
-        let cur = match slot {
-            Slot::WrongType => return ffi::reply_error(ctx, ffi::WRONGTYPE),
-            Slot::Ours(p) => Value::<T>::with(p, |v| *v).unwrap_or_default(),
-            Slot::Empty => T::default(),
-        };
-        if call.refund > 0 {
-            // A refund that gives nothing back writes nothing; one that
-            // leaves the limiter fresh deletes the key.
-            let (d, new) = cur.refund(&p, call.refund, 1, now);
-            if d.granted > 0 {
-                if d.reset_after_ms == 0 {
-                    delete(ctx, &key, name);
-                } else if store(&key, &slot, new) {
-                    let abs = abs_expiry(now, d.reset_after_ms);
-                    key.set_abs_expire(abs);
-                    key.signal_modified();
-                    listeners::replicate(ctx, name, || new.effect(abs));
-                } else {
-                    return ffi::reply_error(ctx, STORE_FAILED);
-                }
-            }
-            drop(key);
-            return reply(ctx, T::CMD, &d, &call);
+        match word_apply::<T>(ctx, name, &call) {
+            Ok(d) => reply(ctx, T::CMD, &d, &call),
+            Err(rc) => rc,
         }
-        let (d, new) = cur.step(&p, call.cost, call.partial, now);
-        match write_grant(&d, call.dryrun, || store(&key, &slot, new)) {
-            Write::None => {}
-            Write::Failed => return ffi::reply_error(ctx, STORE_FAILED),
-            Write::Done => {
+    })
+}
+
+/// The work of a word-state limiter's call after parsing: read the key,
+/// decide, write (shared with RL.MULTI of one limit of weight 1, which
+/// answers what the single command does). The decision to reply with, or
+/// the handler's code when an error reply was sent.
+#[inline(always)]
+pub(super) unsafe fn word_apply<T: WordLimiter>(
+    ctx: *mut RedisModuleCtx,
+    name: *mut RedisModuleString,
+    call: &Call,
+) -> Result<Decision, c_int> {
+    let p = T::params(call.nums);
+    let now = clock::now_us();
+    let key = Key::open(ctx, name, call.dryrun);
+    let slot = key.slot(T::redis_type());
+    let cur = match slot {
+        Slot::WrongType => return Err(ffi::reply_error(ctx, ffi::WRONGTYPE)),
+        Slot::Ours(p) => Value::<T>::with(p, |v| *v).unwrap_or_default(),
+        Slot::Empty => T::default(),
+    };
+    if call.refund > 0 {
+        // A refund that gives nothing back writes nothing; one that
+        // leaves the limiter fresh deletes the key.
+        let (d, new) = cur.refund(&p, call.refund, 1, now);
+        if d.granted > 0 {
+            if d.reset_after_ms == 0 {
+                delete(ctx, &key, name);
+            } else if store(&key, &slot, new) {
                 let abs = abs_expiry(now, d.reset_after_ms);
                 key.set_abs_expire(abs);
                 key.signal_modified();
                 listeners::replicate(ctx, name, || new.effect(abs));
+            } else {
+                return Err(ffi::reply_error(ctx, STORE_FAILED));
             }
         }
-        drop(key);
-        reply(ctx, T::CMD, &d, &call)
-    })
+        return Ok(d);
+    }
+    let (d, new) = cur.step(&p, call.cost, call.partial, now);
+    match write_grant(&d, call.dryrun, || store(&key, &slot, new)) {
+        Write::None => {}
+        Write::Failed => return Err(ffi::reply_error(ctx, STORE_FAILED)),
+        Write::Done => {
+            let abs = abs_expiry(now, d.reset_after_ms);
+            key.set_abs_expire(abs);
+            key.signal_modified();
+            listeners::replicate(ctx, name, || new.effect(abs));
+        }
+    }
+    Ok(d)
 }
 
 pub unsafe extern "C" fn tokenbucket(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
@@ -144,69 +158,80 @@ pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut Re
             Ok(v) => v,
             Err(rc) => return rc,
         };
-        let p = sl::Params { limit: call.nums[0], window_ms: call.nums[1] };
-        let now = clock::now_us();
-        let key = Key::open(ctx, name, call.dryrun);
-        let slot = key.slot(sl::State::redis_type());
-        let log = match slot {
-            Slot::Ours(p) => Value::<sl::State>::wide_mut(p),
-            _ => None,
-        };
-        let empty = sl::State::default();
-        let cur: &sl::State = match (&slot, &log) {
-            (Slot::WrongType, _) => return ffi::reply_error(ctx, ffi::WRONGTYPE),
-            (_, Some(s)) => s,
-            _ => &empty,
-        };
-        if call.refund > 0 {
-            let (given, mut d) = match log {
-                Some(s) => {
-                    let given = sl::refund(s, p.window_ms, call.refund, now);
-                    (given, sl::View::at(s, &p, now).answer(0, 1))
-                }
-                None => (0, sl::View::at(&empty, &p, now).answer(0, 1)),
-            };
-            d.granted = given;
-            if given > 0 {
-                if d.reset_after_ms == 0 {
-                    delete(ctx, &key, name);
-                } else {
-                    let abs = abs_expiry(now, d.reset_after_ms);
-                    key.set_abs_expire(abs);
-                    key.signal_modified();
-                    let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: given };
-                    listeners::replicate(ctx, name, || codec::log_refund(&g, abs));
-                }
-            }
-            drop(key);
-            return reply(ctx, Cmd::SlidingLog, &d, &call);
+        match log_apply(ctx, name, &call) {
+            Ok(d) => reply(ctx, Cmd::SlidingLog, &d, &call),
+            Err(rc) => rc,
         }
-        let d = sl::decide(cur, &p, call.cost, call.partial, now);
-        // sl::grant decides everything before it mutates the log: a panic
-        // cannot leave it half-updated.
-        let write = write_grant(&d, call.dryrun, || match log {
+    })
+}
+
+/// [`word_apply`] for the sliding log, read and written in place.
+#[inline(always)]
+pub(super) unsafe fn log_apply(
+    ctx: *mut RedisModuleCtx,
+    name: *mut RedisModuleString,
+    call: &Call,
+) -> Result<Decision, c_int> {
+    let p = sl::Params { limit: call.nums[0], window_ms: call.nums[1] };
+    let now = clock::now_us();
+    let key = Key::open(ctx, name, call.dryrun);
+    let slot = key.slot(sl::State::redis_type());
+    let log = match slot {
+        Slot::Ours(p) => Value::<sl::State>::wide_mut(p),
+        _ => None,
+    };
+    let empty = sl::State::default();
+    let cur: &sl::State = match (&slot, &log) {
+        (Slot::WrongType, _) => return Err(ffi::reply_error(ctx, ffi::WRONGTYPE)),
+        (_, Some(s)) => s,
+        _ => &empty,
+    };
+    if call.refund > 0 {
+        let (given, mut d) = match log {
             Some(s) => {
-                sl::grant(s, p.window_ms, d.granted, now);
-                true
+                let given = sl::refund(s, p.window_ms, call.refund, now);
+                (given, sl::View::at(s, &p, now).answer(0, 1))
             }
-            None => {
-                let mut s = sl::State::default();
-                sl::grant(&mut s, p.window_ms, d.granted, now);
-                set_new(&key, s)
-            }
-        });
-        match write {
-            Write::None => {}
-            Write::Failed => return ffi::reply_error(ctx, STORE_FAILED),
-            Write::Done => {
+            None => (0, sl::View::at(&empty, &p, now).answer(0, 1)),
+        };
+        d.granted = given;
+        if given > 0 {
+            if d.reset_after_ms == 0 {
+                delete(ctx, &key, name);
+            } else {
                 let abs = abs_expiry(now, d.reset_after_ms);
                 key.set_abs_expire(abs);
                 key.signal_modified();
-                let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
-                listeners::replicate(ctx, name, || codec::log_grant(&g, abs));
+                let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: given };
+                listeners::replicate(ctx, name, || codec::log_refund(&g, abs));
             }
         }
-        drop(key);
-        reply(ctx, Cmd::SlidingLog, &d, &call)
-    })
+        return Ok(d);
+    }
+    let d = sl::decide(cur, &p, call.cost, call.partial, now);
+    // sl::grant decides everything before it mutates the log: a panic
+    // cannot leave it half-updated.
+    let write = write_grant(&d, call.dryrun, || match log {
+        Some(s) => {
+            sl::grant(s, p.window_ms, d.granted, now);
+            true
+        }
+        None => {
+            let mut s = sl::State::default();
+            sl::grant(&mut s, p.window_ms, d.granted, now);
+            set_new(&key, s)
+        }
+    });
+    match write {
+        Write::None => {}
+        Write::Failed => return Err(ffi::reply_error(ctx, STORE_FAILED)),
+        Write::Done => {
+            let abs = abs_expiry(now, d.reset_after_ms);
+            key.set_abs_expire(abs);
+            key.signal_modified();
+            let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
+            listeners::replicate(ctx, name, || codec::log_grant(&g, abs));
+        }
+    }
+    Ok(d)
 }

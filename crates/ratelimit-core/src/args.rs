@@ -102,15 +102,18 @@ pub fn parse_num(s: &[u8], min: u64) -> Option<u64> {
     let mut v: u64 = 0;
     let mut rest = s;
     // Eight digits at a time (a capacity like 1000000000 is ten).
+    // At most 16 digits: v < 10^16 < 2^64 throughout, so the wrapping
+    // operations never wrap (and cost no overflow check).
     while let Some((chunk, r)) = rest.split_first_chunk::<8>() {
-        v = v * 100_000_000 + eight_digits(*chunk)?; // ≤ 16 digits < 2^64
+        v = v.wrapping_mul(100_000_000).wrapping_add(eight_digits(*chunk)?);
         rest = r;
     }
     for &b in rest {
-        if !b.is_ascii_digit() {
+        let d = b.wrapping_sub(b'0');
+        if d > 9 {
             return None;
         }
-        v = v * 10 + u64::from(b - b'0'); // ≤ 16 digits < 2^64: no overflow
+        v = v.wrapping_mul(10).wrapping_add(u64::from(d));
     }
     if v < min || v > MAX_ARG {
         None
@@ -158,6 +161,22 @@ pub fn parse<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>, positional: &[Ar
         if !option(opt, &mut args, &mut call, &mut seen_cost)? {
             return Err(ArgError::Syntax);
         }
+    }
+    Ok(call)
+}
+
+/// [`parse`] of a call that gives only the positional numbers
+/// (`nums.len() == positional.len()`, no options: the common call), with the
+/// same result: nothing to read but the numbers. The module takes this path
+/// when the argument count says there are no options.
+#[inline(always)]
+pub fn parse_exact(nums: &[&[u8]], positional: &[Arg]) -> Result<Call, ArgError> {
+    if nums.len() != positional.len() {
+        return parse(nums.iter().copied(), positional);
+    }
+    let mut call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
+    for ((s, &arg), slot) in nums.iter().zip(positional).zip(call.nums.iter_mut()) {
+        *slot = parse_num(s, arg.min()).ok_or(ArgError::Number(arg))?;
     }
     Ok(call)
 }
@@ -294,6 +313,42 @@ pub fn parse_multi<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>) -> Result<
     parse_multi_n::<MAX_LIMITS>(args)
 }
 
+/// [`parse_multi_n`] of the common call: valid limits without WEIGHT, no
+/// options, distinct keys (`args` is every argument after `RL.MULTI`).
+/// Then it returns what `parse_multi_n` does; for any other input (an
+/// error, a WEIGHT, an option) it returns None and the caller runs
+/// `parse_multi_n`, so errors keep their one definition there.
+#[inline(always)]
+pub fn parse_multi_exact<const N: usize>(args: &[&[u8]]) -> Option<MultiCall<N>> {
+    let (&first, rest) = args.split_first()?;
+    let n = usize::try_from(parse_num(first, Arg::NumKeys.min())?).ok()?;
+    if n > N || n > MAX_LIMITS {
+        return None;
+    }
+    let (keys, mut rest) = (rest.get(..n)?, rest.get(n..)?);
+    let spec = LimitSpec { kind: Kind::TokenBucket, nums: [0; 3], weight: 1 };
+    let mut call = MultiCall { n, limits: [spec; N], cost: 1, partial: false, dryrun: false, refund: 0 };
+    for limit in call.limits.iter_mut().take(n) {
+        let (&word, r) = rest.split_first()?;
+        limit.kind = Kind::from_word(word)?;
+        let want = limit.kind.args();
+        let (nums, r) = (r.get(..want.len())?, r.get(want.len()..)?);
+        for ((&a, &arg), slot) in nums.iter().zip(want).zip(limit.nums.iter_mut()) {
+            *slot = parse_num(a, arg.min())?;
+        }
+        rest = r;
+    }
+    if !rest.is_empty() {
+        return None;
+    }
+    for (i, k) in keys.iter().enumerate() {
+        if keys.iter().take(i).any(|prev| prev == k) {
+            return None;
+        }
+    }
+    Some(call)
+}
+
 /// [`parse_multi`] with room for `N` limits: the same result for every
 /// input whose numkeys is at most `N`; a larger numkeys (which the caller
 /// rules out by reading it first) is `Number(NumKeys)`.
@@ -409,6 +464,92 @@ mod tests {
             let len = (x % 18) as usize;
             let w: Vec<u8> = (0..len).map(|i| b'0' + ((x >> (i * 3)) % 10) as u8).collect();
             assert_eq!(parse_num(&w, 1), plain_num(&w, 1), "{w:?}");
+        }
+    }
+
+    /// `parse_multi_exact` (the module's path for RL.MULTI calls without
+    /// WEIGHT or options) either declines or answers what `parse_multi_n`
+    /// does, and it declines no call of that common shape.
+    #[test]
+    fn parse_multi_exact_agrees_with_parse_multi() {
+        // Calls of the common shape, perturbed: a wrong word or number, a
+        // WEIGHT or an option, a duplicate key, a missing or extra word.
+        let kinds: [&[u8]; 4] = [b"TOKENBUCKET", b"slidinglog", b"SlidingCounter", b"x"];
+        let nums: [&[u8]; 5] = [b"1", b"1000", b"9007199254740991", b"0", b"x"];
+        let extra: [&[u8]; 4] = [b"WEIGHT", b"2", b"COST", b"DRYRUN"];
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let mut taken = 0;
+        for _ in 0..200_000 {
+            let n = 1 + next(2) as usize;
+            let mut args: Vec<&[u8]> =
+                vec![[&b"1"[..], b"2", b"3", b"0"][if next(8) == 0 { next(4) as usize } else { n - 1 }]];
+            for i in 0..n {
+                args.push([&b"a"[..], b"b", b"c"][if next(8) == 0 { 0 } else { i }]);
+            }
+            for _ in 0..n {
+                let k = if next(10) == 0 { next(4) } else { next(3) } as usize;
+                args.push(kinds[k]);
+                for _ in 0..(if k == 0 { 3 } else { 2 }) {
+                    args.push(nums[if next(10) == 0 { next(5) } else { next(3) } as usize]);
+                }
+                if next(10) == 0 {
+                    args.push(extra[next(4) as usize]);
+                }
+            }
+            match next(10) {
+                0 => {
+                    args.pop();
+                }
+                1 => args.push(extra[next(4) as usize]),
+                _ => {}
+            }
+            let full = parse_multi_n::<2>(args.iter().copied());
+            match parse_multi_exact::<2>(&args) {
+                Some(c) => {
+                    taken += 1;
+                    assert_eq!(Ok(c), full, "{args:?}");
+                }
+                None => {
+                    let common = full.is_ok_and(|c| {
+                        c.limits[..c.n].iter().all(|l| l.weight == 1)
+                            && !args.iter().any(|w| w.eq_ignore_ascii_case(b"WEIGHT") || is_option(w))
+                    });
+                    assert!(!common, "declined a common call {args:?}");
+                }
+            }
+        }
+        assert!(taken > 20_000, "only {taken} calls took the exact path");
+        let call: [&[u8]; 6] = [b"1", b"k", b"TOKENBUCKET", b"10", b"1", b"1000"];
+        assert_eq!(parse_multi_exact::<1>(&call).map(|c| c.limits[0].nums), Some([10, 1, 1000]));
+    }
+
+    /// `parse_exact` (the module's path for a call of numbers only) answers
+    /// what `parse` does, the argument an error names included, for every
+    /// mix of good and bad numbers; other lengths go to `parse` itself.
+    #[test]
+    fn parse_exact_agrees_with_parse() {
+        let words: [&[u8]; 9] =
+            [b"1", b"0", b"1000000000", b"9007199254740991", b"9007199254740992", b"x", b"", b"COST", b"07"];
+        for pos in [TOKENBUCKET_ARGS, WINDOW_ARGS] {
+            for n in 0..=4usize {
+                let combos = words.len().pow(n as u32);
+                for mut c in 0..combos {
+                    let args: Vec<&[u8]> = (0..n)
+                        .map(|_| {
+                            let w = words[c % words.len()];
+                            c /= words.len();
+                            w
+                        })
+                        .collect();
+                    assert_eq!(parse_exact(&args, pos), parse(args.iter().copied(), pos), "{args:?}");
+                }
+            }
         }
     }
 

@@ -94,14 +94,32 @@ pub const fn ms_to_us(ms: u64) -> u64 {
     ms.saturating_mul(1000)
 }
 
+/// `(n / d, n % d)`; `(u128::MAX, 0)` for `d == 0` instead of panicking.
+/// When both fit in 64 bits (every figure of a call with everyday
+/// arguments) this is one 64-bit divide giving both, instead of two calls
+/// of the 128-bit division routine.
+#[inline(always)]
+pub const fn div_rem_u128(n: u128, d: u128) -> (u128, u128) {
+    if d == 0 {
+        return (u128::MAX, 0);
+    }
+    if (n | d) >> 64 == 0 {
+        // Both below 2^64: the casts are exact.
+        let (n, d) = (n as u64, d as u64);
+        return ((n / d) as u128, (n % d) as u128);
+    }
+    (n / d, n % d)
+}
+
 /// ⌈n / d⌉ for `d > 0`; returns `u128::MAX` for `d == 0` instead of panicking.
 #[inline]
 pub const fn div_ceil_u128(n: u128, d: u128) -> u128 {
     if d == 0 {
         return u128::MAX;
     }
-    let q = n / d;
-    if n.is_multiple_of(d) {
+    let (q, r) = div_rem_u128(n, d);
+    // r > 0 means q < n / 1 ≤ u128::MAX: q + 1 cannot overflow.
+    if r == 0 {
         q
     } else {
         q + 1

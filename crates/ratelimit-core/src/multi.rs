@@ -81,7 +81,7 @@ pub fn units(cost: u64, weight: u64) -> Option<u64> {
 pub fn requests(avail_weight: impl Iterator<Item = (u64, u64)>, cost: u64, partial: bool) -> u64 {
     let mut g = cost;
     for (avail, weight) in avail_weight {
-        g = g.min(avail / weight.max(1));
+        g = g.min(if weight <= 1 { avail } else { avail / weight });
     }
     if g == cost || partial {
         g
@@ -103,11 +103,12 @@ fn wait_key(retry: i64) -> u128 {
 
 /// The limit with the fewest whole requests left (`remaining ÷ WEIGHT`),
 /// ties to the lowest index. `per` is not empty.
+#[inline]
 fn fewest_left(per: &[Decision], weights: &[u64]) -> usize {
     let mut best = 0;
     let mut best_left = u64::MAX;
     for (i, (d, &w)) in per.iter().zip(weights).enumerate() {
-        let left = d.remaining / w.max(1);
+        let left = if w <= 1 { d.remaining } else { d.remaining / w };
         if left < best_left {
             best = i;
             best_left = left;
@@ -118,6 +119,7 @@ fn fewest_left(per: &[Decision], weights: &[u64]) -> usize {
 
 /// The longest of the limits' waits (−1 when any limit never can), with
 /// the index of the first limit that waits that long.
+#[inline]
 fn longest_wait(per: &[Decision]) -> (i64, usize) {
     let mut best = 0;
     let mut key = 0u128;
@@ -131,6 +133,7 @@ fn longest_wait(per: &[Decision]) -> (i64, usize) {
     (per.get(best).map_or(0, |d| d.retry_after_ms), best)
 }
 
+#[inline]
 fn whole_from(allowed: u64, retry_after_ms: i64, b: usize, per: &[Decision]) -> Whole {
     let d =
         per.get(b).copied().unwrap_or(Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 });
@@ -141,6 +144,7 @@ fn whole_from(allowed: u64, retry_after_ms: i64, b: usize, per: &[Decision]) -> 
 /// per-limit replies: granted (`g == cost`) binds the limit with the fewest
 /// whole requests left and retries in 0; otherwise the longest wait binds
 /// and is the call's wait.
+#[inline]
 pub fn combine(per: &[Decision], weights: &[u64], g: u64, cost: u64, partial: bool) -> Whole {
     let allowed = if partial { g } else { u64::from(g == cost) };
     if g == cost {
@@ -165,6 +169,7 @@ pub fn combine_refund(per: &[Decision], weights: &[u64], n: u64) -> Whole {
 /// and every limit's reply, in `per` (the first `limits.len()` entries).
 /// Returns `g`; the caller writes every limit (`g × WEIGHT` units each)
 /// when `g > 0` and the call is not a dry run.
+#[inline]
 pub fn decide(limits: &[Option<Limit>], weights: &[u64], cost: u64, partial: bool, per: &mut [Decision]) -> u64 {
     let avail = limits.iter().zip(weights).map(|(l, &w)| (l.map_or(0, |l| l.available()), w));
     let g = requests(avail, cost, partial);
@@ -203,6 +208,7 @@ pub enum Params {
 
 /// A state read under its limit's parameters (None when the two are not of
 /// the same algorithm, which the caller rules out).
+#[inline]
 fn view<'a>(s: &'a Option<StateMut>, p: &Params, now_us: u64) -> Option<Limit<'a>> {
     Some(match (s.as_ref()?, p) {
         (StateMut::TokenBucket(s), Params::TokenBucket(p)) => Limit::TokenBucket(tb::View::at(s, p, now_us)),
@@ -213,6 +219,7 @@ fn view<'a>(s: &'a Option<StateMut>, p: &Params, now_us: u64) -> Option<Limit<'a
 }
 
 /// Record a take of `units` (> 0) decided at `now_us`.
+#[inline]
 fn take(s: &mut Option<StateMut>, p: &Params, units: u64, now_us: u64) {
     let Some(s) = s else { return };
     match (s, p) {

@@ -142,6 +142,7 @@ struct View {
 }
 
 impl View {
+    #[inline]
     fn at(state: &State, w: u64, now_us: u64) -> View {
         let now_eff = now_us.max(state.start_us);
         let e = now_eff % w;
@@ -157,6 +158,7 @@ impl View {
     }
 
     /// Largest `n` with `prev·(W−e) + (cur + n)·W ≤ limit·W`, or 0 if none.
+    #[inline]
     fn available(&self, limit: u64) -> u64 {
         max_fit(u128::from(self.prev), u128::from(self.cur), u128::from(limit), u128::from(self.w), u128::from(self.e))
     }
@@ -164,23 +166,26 @@ impl View {
 
 /// `⌊(limit·W − prev·(W−e) − cur·W) / W⌋`, or 0 when that is negative.
 /// The result is at most `limit`, so it fits back in a `u64`.
+#[inline]
 fn max_fit(prev: u128, cur: u128, limit: u128, w: u128, e: u128) -> u64 {
     let cap = limit.saturating_mul(w);
     let used = prev.saturating_mul(w.saturating_sub(e)).saturating_add(cur.saturating_mul(w));
     match cap.checked_sub(used) {
-        Some(free) => u64::try_from(free / w.max(1)).unwrap_or(u64::MAX),
+        Some(free) => u64::try_from(crate::div_rem_u128(free, w.max(1)).0).unwrap_or(u64::MAX),
         None => 0,
     }
 }
 
 /// Smallest whole `x` in `[from, w)` with `prev·(w − x) + base ≤ cap`, if any.
 /// (`base` is `(cur + cost)·W`, `cap` is `limit·W`.)
+#[inline]
 fn first_fit(prev: u128, base: u128, cap: u128, w: u128, from: u128) -> Option<u128> {
     let room = cap.checked_sub(base)?;
     // prev·(w − x) ≤ room  ⇔  w − x ≤ ⌊room / prev⌋  ⇔  x ≥ w − ⌊room / prev⌋.
-    let lowest = match room.checked_div(prev) {
-        Some(q) => w.saturating_sub(q),
-        None => 0, // prev == 0: every x fits
+    let lowest = if prev == 0 {
+        0 // every x fits
+    } else {
+        w.saturating_sub(crate::div_rem_u128(room, prev).0)
     };
     let x = lowest.max(from);
     (x < w).then_some(x)
@@ -223,6 +228,7 @@ impl Assess {
     /// that asked for `want`: retry_after_ms is 0 when it got them all, −1
     /// when `want` exceeds the limit, else the exact time until `want`
     /// units fit again after this take.
+    #[inline]
     pub fn answer(&self, taken: u64, want: u64) -> Decision {
         let v = &self.v;
         let limit = self.limit;
@@ -296,6 +302,7 @@ impl Assess {
 /// Decide a call and compute the state the key should hold if the caller
 /// writes (it writes only when `granted > 0`; otherwise the returned state is
 /// `*state`, unchanged).
+#[inline]
 pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
     let a = Assess::at(state, p, now_us);
     let granted = crate::grant_size(a.available(), cost, partial);

@@ -101,6 +101,7 @@ impl<'a> View<'a> {
     /// `now` by [`grant`]) for a call that asked for `want`: retry_after_ms
     /// is 0 when it got them all, −1 when `want` exceeds the limit, else the
     /// time until `want` units fit again after this take.
+    #[inline]
     pub fn answer(&self, taken: u64, want: u64) -> Decision {
         let now128 = u128::from(self.now);
         let real = u128::from(self.real);
@@ -149,6 +150,7 @@ impl<'a> View<'a> {
 }
 
 /// Pure: what the call would answer at `now_us`, without changing anything.
+#[inline]
 pub fn decide(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> Decision {
     let v = View::at(state, p, now_us);
     v.answer(crate::grant_size(v.available(), cost, partial), cost)
@@ -183,6 +185,7 @@ pub fn refund(state: &mut State, window_ms: u64, units: u64, now_us: u64) -> u64
 /// inputs: `units == 0` changes nothing, `window_ms` saturates, and units
 /// that would push the log's sum beyond `u64::MAX` (impossible on a master,
 /// whose log never holds more than `limit`) are dropped.
+#[inline]
 pub fn grant(state: &mut State, window_ms: u64, units: u64, now_us: u64) {
     if units == 0 {
         return;

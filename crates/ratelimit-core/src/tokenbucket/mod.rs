@@ -41,7 +41,7 @@ mod tests;
 
 pub use encoding::ENCODING_VERSION;
 
-use crate::{div_ceil_u128, ms_to_us, to_i64, us_to_ms_ceil, Decision};
+use crate::{div_ceil_u128, div_rem_u128, ms_to_us, to_i64, us_to_ms_ceil, Decision};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Params {
@@ -118,7 +118,7 @@ impl View {
     /// Whole tokens a call could take now (`≤ capacity`).
     #[inline]
     pub fn available(&self) -> u64 {
-        u64::try_from(self.level / self.den).unwrap_or(u64::MAX)
+        u64::try_from(div_rem_u128(self.level, self.den).0).unwrap_or(u64::MAX)
     }
 
     /// Milliseconds, rounded up, until the level reaches `target` units.
@@ -151,7 +151,7 @@ impl View {
         Decision {
             granted: taken,
             limit: self.capacity,
-            remaining: u64::try_from(after / self.den).unwrap_or(u64::MAX),
+            remaining: u64::try_from(div_rem_u128(after, self.den).0).unwrap_or(u64::MAX),
             retry_after_ms,
             reset_after_ms: self.wait_ms(after, self.full),
         }
@@ -162,9 +162,10 @@ impl View {
     #[inline]
     pub fn state_after(&self, taken: u64) -> State {
         let after = self.level.saturating_sub(u128::from(taken) * self.den);
+        let (tokens, frac) = div_rem_u128(after, self.den);
         State {
-            tokens: u64::try_from(after / self.den).unwrap_or(u64::MAX),
-            frac: u64::try_from(after % self.den).unwrap_or(0),
+            tokens: u64::try_from(tokens).unwrap_or(u64::MAX),
+            frac: u64::try_from(frac).unwrap_or(0),
             den: u64::try_from(self.den).unwrap_or(0),
             last_us: self.now_eff,
         }
@@ -186,6 +187,7 @@ impl View {
 /// `(state, params, cost, now) -> (decision, new state)`. Pure. The new state
 /// is what the key must hold if the call is written (granted > 0, not
 /// DRYRUN); it is never fresh then.
+#[inline]
 pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
     let v = View::at(state, p, now_us);
     let granted = crate::grant_size(v.available(), cost, partial);
