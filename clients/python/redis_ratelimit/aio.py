@@ -39,8 +39,12 @@ class AsyncRateLimit(_Base):
         if self.backend is None:
             if self.forced == LUA:               # nothing to ask the server
                 return self._set_backend(None)
-            kw = {"target_nodes": AsyncCluster.RANDOM} \
-                if isinstance(self.client, AsyncCluster) else {}
+            kw = {}
+            if isinstance(self.client, AsyncCluster):
+                # one node, named (redis-py 8 routes COMMAND INFO by a key
+                # when given the RANDOM flag); the client maps the cluster first
+                await asyncio.wait_for(self.client.initialize(), self.timeout)
+                kw = {"target_nodes": self.client.get_random_node()}
             try:
                 reply = await asyncio.wait_for(
                     self.client.execute_command("COMMAND INFO", "RL.TOKENBUCKET", "RL.MULTI",

@@ -5,7 +5,9 @@ from collections import OrderedDict
 from time import monotonic
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from .breaker import CLOSED, NO, PROBE, Breaker, Metrics, Panic, PanicBuckets
 from .core import (LOCAL, LUA, MODULE, RateLimitError, UnsupportedError, call_for,
@@ -15,6 +17,8 @@ from .decision import Decision
 from .policies import AllOf, Policy
 
 __all__ = ["RateLimit", "Limiter", "LeasedLimiter"]
+
+_REDIS_MAJOR = int(redis.__version__.split(".")[0])
 
 
 def _detect_reply(reply):
@@ -94,30 +98,94 @@ class _Base:
 
 
 def _timeout_of(client):
+    return _kwargs_of(client).get("socket_timeout")
+
+
+def _kwargs_of(client):
     if isinstance(client, RedisCluster):
-        kw = client.nodes_manager.connection_kwargs
+        return client.nodes_manager.connection_kwargs
+    return client.connection_pool.connection_kwargs
+
+
+def _retries(retry):
+    """How often a redis-py Retry tries again (-1: without end)."""
+    if retry is None:
+        return 0
+    n = retry.get_retries() if hasattr(retry, "get_retries") else retry._retries
+    return -1 if n < 0 else n
+
+
+def _connection_retries(kw):
+    """The retries of the connections a pool with these kwargs makes: redis-py
+    5 to 8 all build a connection's Retry this way (a `retry`, or
+    `retry_on_timeout` / `retry_on_error` with one retry by default; else
+    none). Every call on the connection, and its connect and handshake,
+    goes through it."""
+    retry = kw.get("retry")
+    if retry or kw.get("retry_on_timeout") or kw.get("retry_on_error"):
+        return 1 if retry is None else _retries(retry)
+    return 0
+
+
+def _unbounded(client):
+    """Why one call on this sync client could wait longer than its
+    socket_timeout (every reason, each naming its setting), or None."""
+    kw = _kwargs_of(client)
+    why = []
+    timeout = kw.get("socket_timeout")
+    if timeout is None:
+        why.append("it has no socket_timeout (every call must be bounded)")
+    connect = kw.get("socket_connect_timeout")
+    if timeout is not None and connect is not None and connect > timeout:
+        why.append(f"its socket_connect_timeout ({connect} s; redis-py 8 defaults it to 5 s) "
+                   f"is longer than its socket_timeout ({timeout} s), so a call that "
+                   "reconnects could wait that long: set socket_connect_timeout <= "
+                   "socket_timeout")
+    if isinstance(client, RedisCluster):
+        # redis-py 6+: client.retry (made from cluster_error_retry_attempts
+        # unless given); redis-py 5: cluster_error_retry_attempts, and a
+        # `retry` given goes to every node's connections.
+        if hasattr(client, "cluster_error_retry_attempts"):      # redis-py 5
+            n = client.cluster_error_retry_attempts or _connection_retries(kw)
+        else:
+            n = _retries(client.retry)
+        if n:
+            what = "without end" if n < 0 else f"{n} times"
+            why.append(f"it retries a timed-out call ({what}: cluster_error_retry_attempts / "
+                       "retry), so one call could take several timeouts: create it with "
+                       "retry=Retry(NoBackoff(), 0) (redis-py 5: and "
+                       "cluster_error_retry_attempts=0)")
     else:
-        kw = client.connection_pool.connection_kwargs
-    return kw.get("socket_timeout")
+        n = _connection_retries(kw)
+        if n:
+            what = "without end" if n < 0 else f"{n} times, with backoff"
+            why.append(f"it retries a timed-out or failed call ({what}: its retry setting, "
+                       "redis-py's default since 6.0), so one decision could take several "
+                       "timeouts instead of one: create it with retry=Retry(NoBackoff(), 0) "
+                       "(from redis.retry import Retry; from redis.backoff import NoBackoff) "
+                       "and without retry_on_timeout / retry_on_error")
+    if not why:
+        return None
+    kind = "RedisCluster" if isinstance(client, RedisCluster) else "redis"
+    return (f"RateLimit refuses this {kind} client: " + "; ".join(why)
+            + f"; or use RateLimit.from_url(url, timeout_ms=5{', cluster=True' if kind != 'redis' else ''}),"
+            " which builds a client bounded by timeout_ms")
 
 
 class RateLimit(_Base):
     """One per Redis client (redis.Redis or redis.cluster.RedisCluster).
 
-    The client's socket_timeout bounds every call; a client without one is
-    refused (a stalled Redis would block callers forever). from_url() builds
-    a client with `timeout_ms`."""
+    The client's socket_timeout bounds every call. A client that could wait
+    longer is refused with a ValueError naming the setting: one without a
+    socket_timeout, one whose socket_connect_timeout is longer, and one that
+    retries a failed call (redis-py's default since 6.0: each retry is
+    another timeout plus backoff). from_url() builds a client with
+    `timeout_ms` and no retries."""
 
     def __init__(self, client, *, backend="auto", breaker=None):
-        if _timeout_of(client) is None:
-            raise ValueError("the redis client needs a socket_timeout (every call must be "
-                             "bounded); or use RateLimit.from_url(url, timeout_ms=5)")
-        if isinstance(client, RedisCluster) and client.cluster_error_retry_attempts > 0:
-            raise ValueError(
-                "a RedisCluster client retries a timed-out call (cluster_error_retry_attempts="
-                f"{client.cluster_error_retry_attempts}), so one call could take several "
-                "timeouts: create it with cluster_error_retry_attempts=0 "
-                "(RateLimit.from_url(url, cluster=True) does)")
+        why = _unbounded(client)
+        if why is not None:
+            raise ValueError(why)
         self._setup(client, backend, breaker)
         self.timeout_s = _timeout_of(client)
         self._lock = threading.Lock()
@@ -125,11 +193,16 @@ class RateLimit(_Base):
     @classmethod
     def from_url(cls, url, timeout_ms=5, cluster=False, **kw):
         t = timeout_ms / 1000
+        no_retry = Retry(NoBackoff(), 0)
         if cluster:
+            # redis-py 6+ takes the cluster's retries from `retry` (and warns
+            # that cluster_error_retry_attempts is deprecated); 5 from both
+            old = {"cluster_error_retry_attempts": 0} if _REDIS_MAJOR < 6 else {}
             client = RedisCluster.from_url(url, socket_timeout=t, socket_connect_timeout=t,
-                                           cluster_error_retry_attempts=0)
+                                           retry=no_retry, **old)
         else:
-            client = redis.Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t)
+            client = redis.Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t,
+                                          retry=no_retry)
         return cls(client, **kw)
 
     def detect(self):
@@ -139,7 +212,9 @@ class RateLimit(_Base):
                 if self.backend is None:
                     if self.forced == LUA:       # nothing to ask the server
                         return self._set_backend(None)
-                    kw = {"target_nodes": RedisCluster.RANDOM} \
+                    # one node, named (redis-py 8 routes COMMAND INFO by
+                    # a key when given the RANDOM flag, and has none)
+                    kw = {"target_nodes": self.client.get_random_node()} \
                         if isinstance(self.client, RedisCluster) else {}
                     try:
                         reply = self.client.execute_command("COMMAND INFO", "RL.TOKENBUCKET",

@@ -14,6 +14,8 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import redis  # noqa: E402
+from redis.backoff import NoBackoff  # noqa: E402
+from redis.retry import Retry  # noqa: E402
 
 from redis_ratelimit import RateLimit, sliding_log  # noqa: E402
 
@@ -22,7 +24,8 @@ run_s = float(run_s)
 POLICY = sliding_log("shared", 1000, 10_000)
 
 rl = RateLimit(redis.Redis(host="127.0.0.1", port=int(port), socket_timeout=2,
-                           socket_connect_timeout=2), backend=backend)
+                           socket_connect_timeout=2, retry=Retry(NoBackoff(), 0)),
+               backend=backend)
 rl.detect()
 a = rl.leased(POLICY, batch=50, idle_ms=300, recheck_ms=50)
 b = rl.leased(POLICY, batch=50, idle_ms=300, recheck_ms=50)
