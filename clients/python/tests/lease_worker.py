@@ -11,7 +11,8 @@ import sys
 import threading
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+if not os.environ.get("RL_TEST_INSTALLED"):    # the installed package
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import redis  # noqa: E402
 from redis.backoff import NoBackoff  # noqa: E402

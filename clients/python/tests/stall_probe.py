@@ -19,7 +19,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "integration"))
-sys.path.insert(0, os.path.join(HERE, ".."))
+if not os.environ.get("RL_TEST_INSTALLED"):    # the installed package
+    sys.path.insert(0, os.path.join(HERE, ".."))
 
 import redis  # noqa: E402
 import redis.asyncio  # noqa: E402

@@ -73,6 +73,20 @@ def test_bounded_client_and_from_url_are_taken():
     assert RateLimit.from_url("redis://127.0.0.1:1", timeout_ms=30).timeout_s == T
 
 
+def test_sigstop_as_a_new_user_writes_it(server):
+    """The issue's run: RateLimit(redis.Redis(socket_timeout=0.03)). Either
+    the library refuses the client, naming the setting, or every decision
+    keeps the bound; never a silent multi-second stall."""
+    out = stall_probe.run_sync("plain", server)
+    print(f"\nredis-py {redis.__version__} plain: {out}")
+    if "refused" in out:
+        assert "retry=Retry(NoBackoff(), 0)" in out["refused"], out
+        assert MAJOR >= 6, out
+        return
+    assert out["slowest_ms"] <= stall_probe.TIMEOUT_MS + SLACK_MS, out
+    assert out["sources"] == ["panic"] and out["panic_granted"] == 5, out
+
+
 @pytest.mark.parametrize("mode", ["bounded", "from_url", "async"])
 def test_sigstop_slowest_decision_within_timeout(server, mode):
     if mode == "async":
