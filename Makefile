@@ -245,6 +245,13 @@ dist: build
 	(cd $(CURDIR)/dist && sha256sum $$name.tar.gz > $$name.tar.gz.sha256); \
 	echo "dist/$$name.tar.gz"
 
+# The client packages carry the project's version (Cargo.toml's, the one
+# place it is set): make test checks; python3 tools/version.py --write sets it.
+.PHONY: version-check
+test: version-check
+version-check:
+	python3 tools/version.py
+
 # lua/*.lua are generated from lua/src/ (python3 lua/build.py); make test
 # checks that the committed ones are what the generator writes.
 .PHONY: lua-check
