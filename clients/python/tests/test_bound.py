@@ -112,6 +112,7 @@ def test_cluster_clients(cluster):
     rl = RateLimit.from_url(f"redis://127.0.0.1:{port}", timeout_ms=30, cluster=True,
                             breaker=stall_probe.breaker())
     assert RateLimit(cluster_client(port, T)).timeout_s == T
+    stall_probe.warm(rl.detect)
     lim = rl.limiter(stall_probe.POLICY, panic=Panic(limit=5, window_ms=60_000))
     key = "rl:{c}:api"
     assert lim.limit(key).source == "module"
@@ -138,6 +139,8 @@ def test_async_client_bounded_with_the_drivers_retries(server):
         c = redis.asyncio.Redis(host="127.0.0.1", port=server.port,
                                 retry=redis.asyncio.retry.Retry(ExponentialBackoff(), -1))
         rl = AsyncRateLimit(c, timeout_ms=stall_probe.TIMEOUT_MS, breaker=Breaker(failures=3))
+        await stall_probe.awarm(c.ping)
+        await stall_probe.awarm(rl.detect)
         lim = rl.limiter(stall_probe.POLICY, panic=Panic(limit=5))
         assert (await lim.limit("rl:{a}:api")).source == "module"
         server.proc.send_signal(signal.SIGSTOP)
