@@ -92,10 +92,11 @@ def run_sync(mode, server):
             t0 = time.monotonic()
             ds.append(lim.limit(KEY))
             took.append(time.monotonic() - t0)
+        m = rl.metrics()            # while stopped (probes after SIGCONT may fail too)
     finally:
         server.proc.send_signal(signal.SIGCONT)
     wait_until(lambda: lim.limit(KEY).source == "module", timeout=30, what="module again")
-    return result(took, ds, rl.metrics())
+    return result(took, ds, m)
 
 
 def run_async(server):
@@ -113,6 +114,7 @@ def run_async(server):
                 t0 = time.monotonic()
                 ds.append(await lim.limit(KEY))
                 took.append(time.monotonic() - t0)
+            m = rl.metrics()
         finally:
             server.proc.send_signal(signal.SIGCONT)
         for _ in range(3000):
@@ -121,7 +123,7 @@ def run_async(server):
             await asyncio.sleep(0.01)
         else:
             raise AssertionError("the module never decided again")
-        out = result(took, ds, rl.metrics())
+        out = result(took, ds, m)
         await rl.client.aclose()
         return out
     return asyncio.run(main())
