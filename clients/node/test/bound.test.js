@@ -18,11 +18,17 @@ const TIMEOUT_MS = 30;
 const SLACK_MS = 20;
 const KEY = 'rl:{u}:api';
 
+// A RateLimit whose first decision came from the module: on a loaded
+// machine the first connect and COMMAND INFO can exceed 30 ms, and that
+// failure would count against the breaker, so a fresh one is made until
+// one answers in time.
 async function measure(client) {
-  const rl = new RateLimit(client, { timeoutMs: TIMEOUT_MS, breaker: { failures: 3, latencyBudgetMs: 1000, latencyPeriodMs: 1000, openMs: 500 } });
-  const lim = rl.limiter(tokenBucket('api', 100, 1, 1e12), { panic: new Panic({ limit: 5, windowMs: 60000 }) });
-  assert.equal((await lim.limit(KEY)).source, 'module');
-  return { rl, lim };
+  for (let i = 0; ; i++) {
+    const rl = new RateLimit(client, { timeoutMs: TIMEOUT_MS, breaker: { failures: 3, latencyBudgetMs: 1000, latencyPeriodMs: 1000, openMs: 500 } });
+    const lim = rl.limiter(tokenBucket('api', 1000, 1, 1e12), { panic: new Panic({ limit: 5, windowMs: 60000 }) });
+    if ((await lim.limit(KEY)).source === 'module') return { rl, lim };
+    if (i === 100) assert.fail('no decision from the module within 30 ms in 100 tries');
+  }
 }
 
 async function stalled(server, { rl, lim }) {
