@@ -51,7 +51,7 @@ venv: deps $(PY)  ## the test virtualenv .venv (integration/requirements.txt)
 
 # make test's stages, in the order they run; .ci/run runs them one by one
 # under their names (make test-stages prints them).
-TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-clients-py test-clients-node test-packaging test-container lua-check
+TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-clients-py test-clients-node test-clients-fresh test-packaging test-container version-check lua-check
 test: $(TEST_STAGES)  ## every stage of TEST_STAGES, in order (what CI runs)
 
 test-stages:  ## print the stages of make test, in order
@@ -145,13 +145,46 @@ test-py: build venv dist client-lua  ## integration suites on every server of SE
 	done
 	@$(PY) integration/matrix.py $(MATRIX_DIR)
 
-# The Python client library (clients/python) against real servers.
+# The Python client library (clients/python) against real servers, in a
+# driver x server matrix. One lock file per redis-py line
+# (clients/python/drivers/redis-pyN.txt: the newest release of the line),
+# installed into target/drivers/redis-pyN and put first on PYTHONPATH. Every
+# line runs the whole client suite on the first server of
+# `integration/servers.py names`; the newest line also on every other server.
+# Then the matrix (clients/matrix.py); fails if any test failed anywhere.
+# CLIENT_SERVERS=... narrows the servers (default: every name).
 $(VENV)/.clients-py: clients/python/requirements.txt $(PY)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r clients/python/requirements.txt
 	touch $@
 
-test-clients-py: build venv $(VENV)/.clients-py client-lua  ## the Python client library against real servers
-	cd clients/python && RL_MODULE=$(MODULE) $(PY) -m pytest -q -x -p no:cacheprovider tests
+DRIVERS_DIR := $(CURDIR)/target/drivers
+CLIENTS_MATRIX := $(CURDIR)/target/clients-matrix
+PY_DRIVERS := $(basename $(notdir $(wildcard clients/python/drivers/redis-py*.txt)))
+CLIENT_SERVERS ?=
+client_servers = $(or $(CLIENT_SERVERS),$$($(PY) integration/servers.py names))
+
+$(DRIVERS_DIR)/%/.installed: clients/python/drivers/%.txt | $(PY)
+	rm -rf $(@D)
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --target $(@D) -r $<
+	touch $@
+
+.PHONY: drivers-py
+drivers-py: $(PY_DRIVERS:%=$(DRIVERS_DIR)/%/.installed)
+
+test-clients-py: build venv $(VENV)/.clients-py drivers-py client-lua  ## the Python client library: every redis-py line x server
+	@rm -rf $(CLIENTS_MATRIX)/py && mkdir -p $(CLIENTS_MATRIX)/py
+	@newest=$$(printf '%s\n' $(PY_DRIVERS) | sort -V | tail -1); first=""; \
+	for s in $(client_servers); do [ -n "$$first" ] || first=$$s; \
+	  bin=$$($(PY) integration/servers.py path $$s) || exit 1; \
+	  for d in $$(printf '%s\n' $(PY_DRIVERS) | sort -V); do \
+	    [ $$s = $$first ] || [ $$d = $$newest ] || continue; \
+	    echo "== Python client suites: $$d on $$s"; t0=$$(date +%s); \
+	    ( cd clients/python && PYTHONPATH=$(DRIVERS_DIR)/$$d REDIS_SERVER=$$bin RL_MODULE=$(MODULE) \
+	        $(PY) -m pytest -q -p no:cacheprovider --junitxml=$(CLIENTS_MATRIX)/py/$$d@$$s.xml tests ); rc=$$?; \
+	    echo "$$d@$$s $$(( $$(date +%s) - t0 )) $$rc" >> $(CLIENTS_MATRIX)/py/times; \
+	  done; \
+	done
+	@$(PY) clients/matrix.py "Python client: redis-py line x server" $(CLIENTS_MATRIX)/py
 	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py --quick --out /tmp/rl-clients-py-bench.md
 
 # The client packages as a user gets them: a fresh clone of this repository
@@ -170,9 +203,43 @@ clients/node/node_modules/.installed: clients/node/package-lock.json
 	cd clients/node && npm ci --no-audit --no-fund
 	touch $@
 
-test-clients-node: build clients/node/node_modules/.installed client-lua  ## the Node client library against real servers
-	cd clients/node && RL_MODULE=$(MODULE) node --test --test-concurrency=1 test/*.test.js
+# NODE_DRIVERS: the driver lines of each run (test/clients.js; every line
+# is pinned in package-lock.json, the newest release of each under an npm
+# alias). The first run (the newest of both libraries) goes on every server
+# of `integration/servers.py names`, the others on the first; the suites
+# without a client (unit, types) run once. One junit file per test file,
+# then the matrix (clients/matrix.py).
+NODE_DRIVERS ?= ioredis6,node-redis6 ioredis5,node-redis5 node-redis4
+NODE_NO_CLIENT := unit.test.js types.test.js
+test-clients-node: build venv clients/node/node_modules/.installed client-lua  ## the Node client library: every driver line x server
+	@rm -rf $(CLIENTS_MATRIX)/node && mkdir -p $(CLIENTS_MATRIX)/node
+	@first=""; newest=$(firstword $(NODE_DRIVERS)); \
+	for s in $(client_servers); do [ -n "$$first" ] || first=$$s; \
+	  bin=$$($(PY) integration/servers.py path $$s) || exit 1; \
+	  for d in $(NODE_DRIVERS); do \
+	    [ $$s = $$first ] || [ $$d = $$newest ] || continue; \
+	    name=$$(echo $$d | tr , +)@$$s; out=$(CLIENTS_MATRIX)/node/$$name; mkdir -p $$out; \
+	    echo "== Node client suites: $$d on $$s"; t0=$$(date +%s); rc=0; \
+	    for f in clients/node/test/*.test.js; do f=$$(basename $$f); \
+	      case " $(NODE_NO_CLIENT) " in *" $$f "*) [ $$s = $$first ] && [ $$d = $$newest ] || continue;; esac; \
+	      ( cd clients/node && RL_NODE_DRIVERS=$$d REDIS_SERVER=$$bin RL_MODULE=$(MODULE) node --test --test-concurrency=1 \
+	          --test-reporter=junit --test-reporter-destination=$$out/$$f.xml \
+	          --test-reporter=dot --test-reporter-destination=stdout test/$$f ) || rc=1; \
+	    done; \
+	    echo "$$name $$(( $$(date +%s) - t0 )) $$rc" >> $(CLIENTS_MATRIX)/node/times; \
+	  done; \
+	done
+	@$(PY) clients/matrix.py "Node client: driver lines x server" $(CLIENTS_MATRIX)/node
 	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --quick --out /tmp/rl-node-bench-quick.md >/dev/null
+
+# The unpinned install test (issue 20): a fresh virtualenv with `pip install
+# ./clients/python` and an empty npm project with `npm install ./clients/node
+# ioredis redis`, no pins and no lock file, so whatever the registries serve
+# today; then the SIGSTOP bound, exactness and header tests against a real
+# server on the installed packages (clients/fresh-install.sh).
+.PHONY: test-clients-fresh
+test-clients-fresh: build  ## unpinned pip/npm installs of the clients: bound, exactness, headers
+	RL_MODULE=$(MODULE) bash clients/fresh-install.sh
 
 bench-clients-node: build clients/node/node_modules/.installed client-lua  ## the Node client benchmark: clients/node/BENCH.md
 	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --out BENCH.md
@@ -194,6 +261,12 @@ dist: build  ## the release tarball in dist/
 	rm -rf $$stage; \
 	(cd $(CURDIR)/dist && sha256sum $$name.tar.gz > $$name.tar.gz.sha256); \
 	echo "dist/$$name.tar.gz"
+
+# The client packages carry the project's version (Cargo.toml's, the one
+# place it is set): make test checks; python3 tools/version.py --write sets it.
+.PHONY: version-check
+version-check:  ## the client packages carry Cargo.toml's version
+	python3 tools/version.py
 
 # lua/*.lua are generated from lua/src/ (python3 lua/build.py) and committed
 # (users load them from a checkout); make test checks that they are what the

@@ -15,7 +15,9 @@ import threading
 import time
 
 import redis
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.retry import Retry
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE = os.environ.get(
@@ -159,7 +161,9 @@ class Server:
                 f"redis-server exited with {self.proc.returncode}: {self.log_tail()}"
             )
         try:
-            return self.client().ping()
+            # no retries: redis-py 6+ would retry a refused connection with
+            # backoff (in 7: seconds per server start)
+            return self.client(retry=Retry(NoBackoff(), 0)).ping()
         except redis.exceptions.BusyLoadingError:
             return False
         except redis.exceptions.ConnectionError:

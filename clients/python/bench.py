@@ -28,12 +28,19 @@ sys.path.insert(0, os.path.join(ROOT, "integration"))
 sys.path.insert(0, HERE)
 
 import redis  # noqa: E402
+from redis.backoff import NoBackoff  # noqa: E402
+from redis.retry import Retry  # noqa: E402
 from harness import Server  # noqa: E402
 
 from redis_ratelimit import RateLimit, sliding_log  # noqa: E402
 
 HUGE = 10**12
 pc = time.perf_counter_ns
+
+
+def bounded(port):
+    """A client RateLimit takes: a socket timeout and no retries."""
+    return redis.Redis(port=port, socket_timeout=2, retry=Retry(NoBackoff(), 0))
 
 
 def pct(xs, p):
@@ -52,7 +59,7 @@ def timer_overhead(n):
 def local_cost(port, n):
     """Per-call cost of a local decision. The reservoir is filled with one
     big lease first so no refill runs while calls are timed."""
-    rl = RateLimit(redis.Redis(port=port, socket_timeout=2))
+    rl = RateLimit(bounded(port))
     pol = sliding_log("local", 10**15, HUGE)
     lim = rl.leased(pol, batch=n * 2 + 10, low_water=0.0)
     f = lim.limit
@@ -78,7 +85,7 @@ def local_cost(port, n):
 
 def steady(port, batch, n, keys=20):
     """Decisions over `keys` keys in a tight loop: calls per decision."""
-    rl = RateLimit(redis.Redis(port=port, socket_timeout=2))
+    rl = RateLimit(bounded(port))
     lim = rl.leased(sliding_log(f"steady{batch}", 10**15, HUGE), batch=batch)
     rnd = random.Random(1)
     ks = [f"rl:{{k{i}}}:s" for i in range(keys)]
@@ -101,7 +108,7 @@ def redis_cpu(port, n, batch, rounds=5):
     """Redis CPU seconds per decision: one call each vs leases, measured in
     alternating rounds (the machine is shared: the median round is reported)."""
     c = redis.Redis(port=port)
-    rl = RateLimit(redis.Redis(port=port, socket_timeout=2))
+    rl = RateLimit(bounded(port))
     pol = sliding_log("cpu", 10**15, HUGE)
     per_call = rl.limiter(pol)
     lim = rl.leased(pol, batch=batch)
@@ -128,7 +135,7 @@ def redis_cpu(port, n, batch, rounds=5):
 
 def stranded(port, batch, backend, instances=8, keys=20, n=20000):
     """Units leased but unused once traffic stops, before and after refunds."""
-    rls = [RateLimit(redis.Redis(port=port, socket_timeout=2), backend=backend)
+    rls = [RateLimit(bounded(port), backend=backend)
            for _ in range(instances)]
     pol = sliding_log(f"strand{batch}", 10**12, HUGE)
     lims = [rl.leased(pol, batch=batch, idle_ms=300) for rl in rls]
@@ -164,7 +171,7 @@ def stranded(port, batch, backend, instances=8, keys=20, n=20000):
 def refund_backend(port):
     """The backend that has REFUND: the module's, else the Lua twins'."""
     for b in ("module", "lua"):
-        rl = RateLimit(redis.Redis(port=port, socket_timeout=2), backend=b)
+        rl = RateLimit(bounded(port), backend=b)
         try:
             rl.limiter(sliding_log("probe", 10, HUGE)).refund("rl:{probe}:x", 1)
             return b

@@ -116,3 +116,65 @@ export class Breaker {
     if (this.onChange) this.onChange(s);
   }
 }
+
+// Panic limits, the breaker's fallback: what decides while it is open.
+
+/** Panic limits: `new Panic({instances})` (limit // instances) or `new Panic({limit, windowMs})`. */
+export class Panic {
+  constructor({ instances, limit, windowMs } = {}) {
+    if (limit !== undefined) {
+      checkInt('panic limit', limit);
+      if (instances !== undefined) throw new RangeError('panic: give instances or limit, not both');
+    } else {
+      checkInt('panic instances', instances === undefined ? (instances = 1) : instances);
+    }
+    if (windowMs !== undefined) checkInt('panic windowMs', windowMs);
+    this.instances = instances;
+    this.limit = limit;
+    this.windowMs = windowMs;
+    Object.freeze(this);
+  }
+
+  capacity(policy) { return this.limit !== undefined ? this.limit : Math.max(1, Math.floor(policy.limit / this.instances)); }
+  window(policy) { return this.windowMs !== undefined ? this.windowMs : policy.windowMs; }
+}
+
+export function toPanic(p) {
+  if (p === undefined || p === null) return new Panic({ instances: 1 });
+  return p instanceof Panic ? p : new Panic(p);
+}
+
+/**
+ * Local token buckets per key for one policy while Redis is unavailable:
+ * capacity C, refilled C per window. Never grants more than that.
+ */
+export class PanicBuckets {
+  constructor(policy, panic, maxKeys) {
+    this.cap = panic.capacity(policy);
+    this.windowMs = panic.window(policy);
+    this.msPerToken = this.windowMs / this.cap;
+    this.maxKeys = maxKeys;
+    this.map = new Map();
+  }
+
+  state(key, now) {
+    let b = this.map.get(key);
+    if (b === undefined) {
+      if (this.map.size >= this.maxKeys) this.map.delete(this.map.keys().next().value);
+      b = { tokens: this.cap, at: now };
+      this.map.set(key, b);
+    } else if (now > b.at) {
+      b.tokens = Math.min(this.cap, b.tokens + (now - b.at) / this.msPerToken);
+      b.at = now;
+    }
+    return b;
+  }
+
+  /** The reply this part gives for `units` when `took` were taken and `left` remain. */
+  view(left, units, took) {
+    const whole = Math.floor(left + 1e-9);
+    const retry = took === units || (took === 0 && units <= whole) ? 0
+      : units > this.cap ? -1 : Math.max(1, Math.ceil((units - left) * this.msPerToken));
+    return { limit: this.cap, remaining: whole, retryAfterMs: retry, resetAfterMs: Math.max(0, Math.ceil((this.cap - left) * this.msPerToken)) };
+  }
+}

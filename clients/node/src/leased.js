@@ -5,9 +5,8 @@
 // or evicted keys give their unused tokens back with REFUND.
 import { performance } from 'node:perf_hooks';
 import { isPolicy, checkInt } from './policy.js';
-import {
-  UnavailableError, makeDecision, PanicBuckets, toPanic, decodeSingle, EMPTY,
-} from './ratelimit.js';
+import { UnavailableError, makeDecision, decodeSingle, EMPTY } from './decision.js';
+import { PanicBuckets, toPanic } from './breaker.js';
 
 // The promise's outcome (true/false, or {error} when it rejected), or
 // undefined when `ms` pass first.

@@ -2,22 +2,11 @@
 // circuit breaker; the limiters made from it share all three.
 import { performance } from 'node:perf_hooks';
 import { Backend, BackendError } from './backend.js';
-import { Breaker } from './breaker.js';
+import { Breaker, PanicBuckets, toPanic } from './breaker.js';
+import { EMPTY, UnavailableError, UnsupportedError, makeDecision, decodeSingle } from './decision.js';
 import { isPolicy, isAllOf, checkInt } from './policy.js';
 import { assertSameSlot } from './keys.js';
 import { LeasedLimiter } from './leased.js';
-
-export const EMPTY = Object.freeze([]);
-
-/** Redis did not answer in time, is down, or the breaker is open. */
-export class UnavailableError extends Error {
-  constructor(msg, cause) { super(msg, cause ? { cause } : undefined); this.name = 'UnavailableError'; }
-}
-
-/** A feature the server's backend does not have (e.g. allOf without RL.MULTI). */
-export class UnsupportedError extends Error {
-  constructor(msg) { super(msg); this.name = 'UnsupportedError'; }
-}
 
 const OPEN = new UnavailableError('circuit breaker open');
 const TIMEOUT = Symbol('timeout');
@@ -36,70 +25,6 @@ function isOurs(e) {
   return e instanceof BackendError || e instanceof UnsupportedError || e instanceof TypeError || e instanceof RangeError;
 }
 const UNAVAILABLE_REPLY = /^(BUSY|LOADING|MASTERDOWN|CLUSTERDOWN|TRYAGAIN|NOREPLICAS|READONLY)\b/;
-
-export function makeDecision(allowed, granted, limit, remaining, retryAfterMs, resetAfterMs, policy, binding, source, parts, rule) {
-  return Object.freeze({ allowed, granted, limit, remaining, retryAfterMs, resetAfterMs, policy, binding, source, parts, rule });
-}
-
-/** Panic limits: `new Panic({instances})` (limit // instances) or `new Panic({limit, windowMs})`. */
-export class Panic {
-  constructor({ instances, limit, windowMs } = {}) {
-    if (limit !== undefined) {
-      checkInt('panic limit', limit);
-      if (instances !== undefined) throw new RangeError('panic: give instances or limit, not both');
-    } else {
-      checkInt('panic instances', instances === undefined ? (instances = 1) : instances);
-    }
-    if (windowMs !== undefined) checkInt('panic windowMs', windowMs);
-    this.instances = instances;
-    this.limit = limit;
-    this.windowMs = windowMs;
-    Object.freeze(this);
-  }
-
-  capacity(policy) { return this.limit !== undefined ? this.limit : Math.max(1, Math.floor(policy.limit / this.instances)); }
-  window(policy) { return this.windowMs !== undefined ? this.windowMs : policy.windowMs; }
-}
-
-export function toPanic(p) {
-  if (p === undefined || p === null) return new Panic({ instances: 1 });
-  return p instanceof Panic ? p : new Panic(p);
-}
-
-/**
- * Local token buckets per key for one policy while Redis is unavailable:
- * capacity C, refilled C per window. Never grants more than that.
- */
-export class PanicBuckets {
-  constructor(policy, panic, maxKeys) {
-    this.cap = panic.capacity(policy);
-    this.windowMs = panic.window(policy);
-    this.msPerToken = this.windowMs / this.cap;
-    this.maxKeys = maxKeys;
-    this.map = new Map();
-  }
-
-  state(key, now) {
-    let b = this.map.get(key);
-    if (b === undefined) {
-      if (this.map.size >= this.maxKeys) this.map.delete(this.map.keys().next().value);
-      b = { tokens: this.cap, at: now };
-      this.map.set(key, b);
-    } else if (now > b.at) {
-      b.tokens = Math.min(this.cap, b.tokens + (now - b.at) / this.msPerToken);
-      b.at = now;
-    }
-    return b;
-  }
-
-  /** The reply this part gives for `units` when `took` were taken and `left` remain. */
-  view(left, units, took) {
-    const whole = Math.floor(left + 1e-9);
-    const retry = took === units || (took === 0 && units <= whole) ? 0
-      : units > this.cap ? -1 : Math.max(1, Math.ceil((units - left) * this.msPerToken));
-    return { limit: this.cap, remaining: whole, retryAfterMs: retry, resetAfterMs: Math.max(0, Math.ceil((this.cap - left) * this.msPerToken)) };
-  }
-}
 
 export class RateLimit {
   constructor(client, { timeoutMs = 5, backend = 'auto', breaker } = {}) {
@@ -185,12 +110,6 @@ export class RateLimit {
       throw new UnavailableError(`Redis call failed: ${e && e.message}`, e);
     });
   }
-}
-
-export function decodeSingle(r, cost, partial) {
-  if (!Array.isArray(r) || r.length !== 5) throw new Error(`unexpected reply from Redis: ${JSON.stringify(r)}`);
-  const a = Number(r[0]);
-  return { granted: partial ? a : a === 1 ? cost : 0, limit: Number(r[1]), remaining: Number(r[2]), retryAfterMs: Number(r[3]), resetAfterMs: Number(r[4]) };
 }
 
 /** Decides every call on Redis (one call per decision); panic limits while it is unavailable. */

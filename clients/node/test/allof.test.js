@@ -4,7 +4,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
 import { startServer, Cluster } from './harness.js';
-import { connect } from './clients.js';
+import { connect, KINDS } from './clients.js';
 import {
   RateLimit, tokenBucket, slidingLog, slidingCounter, allOf, makeKey, headers, problem, CrossSlotError,
   SCRIPTS,
@@ -87,12 +87,12 @@ test('allOf on the Lua twins (multi.lua): the same', async (t) => {
   await allOrNothing(t, 'lua');
 });
 
-test('allOf on a cluster, ioredis and node-redis, module and Lua', async (t) => {
+test(`allOf on a cluster (${KINDS.join(', ')}), module and Lua`, async (t) => {
   const backends = ['module', 'lua'];
   const cluster = await Cluster.start(3);
   try {
     const ports = cluster.nodes.map((s) => s.port);
-    for (const kind of ['ioredis', 'node-redis5', 'node-redis4']) {
+    for (const kind of KINDS) {
       for (const backend of backends) await allOrNothing(t, backend, kind, ports, true);
     }
   } finally { await cluster.close(); }
@@ -114,7 +114,7 @@ test('allOf panic decisions: every part\'s panic bucket, all or nothing', async 
 });
 
 test('refund gives units back (module and Lua, single and allOf)', async () => {
-  const { client, close } = await connect('node-redis5', server.port);
+  const { client, close } = await connect('node-redis', server.port);
   try {
     for (const backend of ['module', 'lua']) {
       const rl = new RateLimit(client, { timeoutMs: 2000, backend });
@@ -165,10 +165,10 @@ for (const backend of ['module', 'lua']) test(`leased (${backend}): an idle key 
 
 test('allOf: the module and the Lua twins give the same decisions', async (t) => {
   let t0 = performance.now();
-  const a = await allOrNothing(t, 'module', 'node-redis4');
+  const a = await allOrNothing(t, 'module', 'node-redis');
   const apartA = performance.now() - t0;
   t0 = performance.now();
-  const b = await allOrNothing(t, 'lua', 'node-redis4');
+  const b = await allOrNothing(t, 'lua', 'node-redis');
   // durations differ by at most how much longer one sequence's gaps were
   const apart = Math.max(apartA, performance.now() - t0) + 2;
   const shape = (d) => [d.allowed, d.granted, d.limit, d.remaining, d.binding, Math.sign(d.retryAfterMs),

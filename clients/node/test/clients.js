@@ -1,31 +1,72 @@
-// The four client kinds the library supports, made the same way for tests.
-import IORedis from 'ioredis';
-import * as redis5 from 'redis';
-import * as redis4 from 'redis4';
+// The client kinds the library supports, made the same way for tests: one
+// per driver line (ioredis 5 and 6, node-redis 4, 5 and 6; each the newest
+// release of its line, pinned in package-lock.json under an npm alias).
+// RL_NODE_DRIVERS picks the lines of a run (comma-separated; `make
+// test-clients-node` runs every line, see the Makefile); the default is the
+// newest of each library. Tests that loop over KINDS run once per line;
+// connect('ioredis' | 'node-redis', ...) uses the run's line of that library.
+const LINES = {
+  ioredis5: { family: 'ioredis', pkg: 'ioredis' },
+  ioredis6: { family: 'ioredis', pkg: 'ioredis6' },
+  'node-redis4': { family: 'node-redis', pkg: 'redis4' },
+  'node-redis5': { family: 'node-redis', pkg: 'redis' },
+  'node-redis6': { family: 'node-redis', pkg: 'redis6' },
+  // whatever `npm install ioredis redis` put in node_modules (the
+  // unpinned install test, make test-clients-fresh)
+  'ioredis-npm': { family: 'ioredis', pkg: 'ioredis' },
+  'node-redis-npm': { family: 'node-redis', pkg: 'redis' },
+};
+const NEWEST = { ioredis: 'ioredis6', 'node-redis': 'node-redis6' };
 
-export const KINDS = ['ioredis', 'node-redis5', 'node-redis4'];
+export const KINDS = (process.env.RL_NODE_DRIVERS || 'ioredis6,node-redis6').split(',').map((s) => s.trim()).filter(Boolean);
+for (const k of KINDS) {
+  if (!LINES[k]) throw new Error(`RL_NODE_DRIVERS: unknown driver line ${k} (known: ${Object.keys(LINES).join(', ')})`);
+}
+
+// Load only the lines a run uses (and the newest of a library no line of
+// the run names): an install without the aliases loads none of them.
+const wanted = new Set(KINDS);
+for (const fam of Object.keys(NEWEST)) if (!KINDS.some((k) => LINES[k].family === fam)) wanted.add(NEWEST[fam]);
+const LIBS = {};
+for (const k of wanted) {
+  const m = await import(LINES[k].pkg);
+  LIBS[k] = LINES[k].family === 'ioredis' ? m.default : m;
+}
+
+/** The driver line a test asks for: a line by name, or the run's line of a library. */
+export function line(kind) {
+  if (NEWEST[kind]) return KINDS.find((k) => LINES[k].family === kind) || NEWEST[kind];
+  if (LINES[kind]) return kind;
+  throw new Error(`unknown client kind ${kind}`);
+}
+
+/** The family ('ioredis' | 'node-redis') of a kind. */
+export function family(kind) { return LINES[line(kind)].family; }
 
 /** A connected client of `kind` to a standalone server (port) or a cluster (ports). */
-export async function connect(kind, ports, { cluster = false, ioredisOpts = {} } = {}) {
+export async function connect(kind, ports, { cluster = false, ioredisOpts = {}, nodeRedisOpts = {} } = {}) {
   const first = Array.isArray(ports) ? ports[0] : ports;
-  if (kind === 'ioredis') {
+  const k = line(kind);
+  const fam = LINES[k].family;
+  const lib = LIBS[k];
+  if (!lib) throw new Error(`driver line ${k} is not loaded in this run (RL_NODE_DRIVERS)`);
+  if (fam === 'ioredis') {
     if (cluster) {
-      const c = new IORedis.Cluster([{ host: '127.0.0.1', port: first }], { redisOptions: ioredisOpts });
+      const c = new lib.Cluster([{ host: '127.0.0.1', port: first }], { redisOptions: ioredisOpts });
       await new Promise((resolve, reject) => { c.once('ready', resolve); c.once('error', reject); });
       return { client: c, close: () => c.disconnect() };
     }
-    const c = new IORedis(first, '127.0.0.1', { lazyConnect: true, ...ioredisOpts });
+    const c = new lib(first, '127.0.0.1', { lazyConnect: true, ...ioredisOpts });
     await c.connect();
     return { client: c, close: () => c.disconnect() };
   }
-  const mod = kind === 'node-redis4' ? redis4 : redis5;
   if (cluster) {
-    const c = mod.createCluster({ rootNodes: [{ url: `redis://127.0.0.1:${first}` }] });
+    const c = lib.createCluster({ rootNodes: [{ url: `redis://127.0.0.1:${first}` }] });
     c.on('error', () => {});
     await c.connect();
     return { client: c, close: () => c.disconnect() };
   }
-  const c = mod.createClient({ url: `redis://127.0.0.1:${first}` });
+  const c = lib.createClient({ url: `redis://127.0.0.1:${first}`, ...nodeRedisOpts });
   c.on('error', () => {});
   await c.connect();
   return { client: c, close: () => c.disconnect() };

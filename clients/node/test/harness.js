@@ -8,7 +8,7 @@ import { join, dirname } from 'node:path';
 import net from 'node:net';
 import { fileURLToPath } from 'node:url';
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
+const ROOT = process.env.RL_ROOT || join(dirname(fileURLToPath(import.meta.url)), '..', '..', '..');
 export const MODULE = process.env.RL_MODULE || join(ROOT, 'target', 'release', 'libredis_ratelimit.so');
 export const REDIS_SERVER = process.env.REDIS_SERVER || 'redis-server';
 export const REDIS_CLI = process.env.REDIS_CLI || 'redis-cli';

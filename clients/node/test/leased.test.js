@@ -25,7 +25,7 @@ for (const backend of ['module', 'lua']) test(`4 processes × 2 leased limiters 
   const kids = [];
   const last = [];
   for (let i = 0; i < 4; i++) {
-    const kind = i % 2 === 0 ? 'ioredis' : 'node-redis5';
+    const kind = i % 2 === 0 ? 'ioredis' : 'node-redis';
     const child = fork(new URL('./fixtures/hammer.js', import.meta.url), [String(server.port), kind, key, String(LIMIT), String(WINDOW), '50', backend, '40']);
     kids.push(child);
     child.on('message', (m) => { last[i] = m; });

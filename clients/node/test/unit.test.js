@@ -7,7 +7,7 @@ import {
   makeKey, keySlot, assertSameSlot, CrossSlotError, tokenBucket, slidingLog, slidingCounter, allOf,
   headers, problem, RateLimit, Panic, SCRIPTS,
 } from '../src/index.js';
-import { makeDecision, EMPTY } from '../src/ratelimit.js';
+import { makeDecision, EMPTY } from '../src/decision.js';
 
 test('keySlot matches Redis Cluster (CRC16/XMODEM, hash tags)', () => {
   // values from Redis' own CLUSTER KEYSLOT
@@ -150,4 +150,23 @@ test('the packaged Lua scripts are the project\'s lua/ (python3 lua/build.py wri
     assert.equal(readFileSync(new URL(`../lua/${f}`, import.meta.url), 'utf8'), readFileSync(new URL(f, src), 'utf8'), f);
     assert.ok(SCRIPTS[f.replace('.lua', '')].sha.match(/^[0-9a-f]{40}$/));
   }
+});
+
+test('src/ has no import cycle (decisions and errors in decision.js, Panic beside the breaker)', () => {
+  const dir = new URL('../src/', import.meta.url);
+  const deps = {};
+  for (const f of readdirSync(dir).filter((x) => x.endsWith('.js'))) {
+    const text = readFileSync(new URL(f, dir), 'utf8');
+    deps[f] = [...text.matchAll(/^(?:import|export)\s[^;]*?from '\.\/([\w.-]+\.js)'/gms)].map((m) => m[1]);
+  }
+  assert.ok(deps['leased.js'].length > 0 && deps['ratelimit.js'].includes('leased.js'));
+  const state = {};
+  const visit = (f, path) => {
+    if (state[f] === 'done') return;
+    assert.notEqual(state[f], 'open', `import cycle: ${[...path, f].join(' -> ')}`);
+    state[f] = 'open';
+    for (const d of deps[f] || []) visit(d, [...path, f]);
+    state[f] = 'done';
+  };
+  for (const f of Object.keys(deps)) visit(f, []);
 });

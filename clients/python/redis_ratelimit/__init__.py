@@ -8,7 +8,7 @@ from .decision import Decision, Part, headers, problem
 from .policies import (CrossSlotError, all_of, key_slot, make_key, sliding_counter,
                        sliding_log, token_bucket)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["RateLimit", "AsyncRateLimit", "Limiter", "LeasedLimiter", "Breaker", "Panic",
            "Decision", "Part", "headers", "problem", "token_bucket", "sliding_log",

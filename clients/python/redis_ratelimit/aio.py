@@ -7,12 +7,10 @@ from time import monotonic
 import redis
 from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
-from .breaker import CLOSED, NO, PROBE, Panic, PanicBuckets
-from .client import MODULE, _Base, _LeasedCore
-from .core import (LOCAL, LUA, RateLimitError, call_for, check_cost, is_outage, keys_for,
-                   options, panic_decision, to_decision)
+from .breaker import CLOSED, NO, PROBE
+from .core import (LOCAL, LUA, MODULE, RateLimitError, _Base, _LeasedCore, _LimiterCore,
+                   call_for, check_cost, is_outage, options, panic_decision)
 from .decision import Decision
-from .policies import AllOf, Policy
 
 __all__ = ["AsyncRateLimit", "AsyncLimiter", "AsyncLeasedLimiter"]
 
@@ -39,8 +37,12 @@ class AsyncRateLimit(_Base):
         if self.backend is None:
             if self.forced == LUA:               # nothing to ask the server
                 return self._set_backend(None)
-            kw = {"target_nodes": AsyncCluster.RANDOM} \
-                if isinstance(self.client, AsyncCluster) else {}
+            kw = {}
+            if isinstance(self.client, AsyncCluster):
+                # one node, named (redis-py 8 routes COMMAND INFO by a key
+                # when given the RANDOM flag); the client maps the cluster first
+                await asyncio.wait_for(self.client.initialize(), self.timeout)
+                kw = {"target_nodes": self.client.get_random_node()}
             try:
                 reply = await asyncio.wait_for(
                     self.client.execute_command("COMMAND INFO", "RL.TOKENBUCKET", "RL.MULTI",
@@ -99,47 +101,20 @@ class AsyncRateLimit(_Base):
                                   recheck_ms, panic)
 
 
-class AsyncLimiter:
-    def __init__(self, rl, policy, panic=None):
-        if not isinstance(policy, (Policy, AllOf)):
-            raise ValueError("policy must come from token_bucket, sliding_log, "
-                             "sliding_counter or all_of")
-        self.rl = rl
-        self.policy = policy
-        self.panic = PanicBuckets(panic or Panic(), policy)
+class AsyncLimiter(_LimiterCore):
+    """As Limiter; the call is awaited."""
 
     async def limit(self, key, cost=1, partial=False, dry_run=False):
         check_cost(cost)
-        policy = self.policy
-        rl = self.rl
-        keys = keys_for(policy, key)
-        allow = rl.breaker.allow()
-        if allow != NO:
-            mod, lua = call_for(policy, keys[0] if isinstance(policy, Policy) else keys,
-                                options(cost, partial, dry_run))
-            reply = await rl.call(mod, lua, allow == PROBE, policy)
-            if reply is not None:
-                return rl._count(to_decision(reply, policy, cost, partial, rl.backend))
-        return rl._count(panic_decision(self.panic, policy, keys, cost, partial, dry_run))
+        keys, call = self._begin(key, options(cost, partial, dry_run))
+        reply = None if call is None else await self.rl.call(*call)
+        return self._decided(reply, keys, cost, partial, dry_run)
 
     async def refund(self, key, n):
         check_cost(n, 1)
-        policy = self.policy
-        rl = self.rl
-        keys = keys_for(policy, key)
-        allow = rl.breaker.allow()
-        if allow != NO:
-            mod, lua = call_for(policy, keys[0] if isinstance(policy, Policy) else keys,
-                                ["REFUND", n])
-            reply = await rl.call(mod, lua, allow == PROBE, policy)
-            if reply is not None:
-                rl._metrics.refunds += 1
-                d = to_decision(reply, policy, n, False, rl.backend, refund=True)
-                rl._metrics.refund_tokens += d.granted
-                return d
-        d = panic_decision(self.panic, policy, keys, 0, False, True)
-        d.granted = 0
-        return d
+        keys, call = self._begin(key, ["REFUND", n])
+        reply = None if call is None else await self.rl.call(*call)
+        return self._refunded(reply, keys, n)
 
 
 class AsyncLeasedLimiter(_LeasedCore):

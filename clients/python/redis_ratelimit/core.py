@@ -1,11 +1,16 @@
-"""What the sync and asyncio clients share: the calls they send, how replies
-become Decisions, which errors count as Redis being unavailable, and the
-Lua scripts shipped in the package."""
+"""What the sync and asyncio clients share, without I/O: the calls they
+send, how replies become Decisions, which errors count as Redis being
+unavailable, the Lua scripts shipped in the package, and the shared halves
+of RateLimit / Limiter / LeasedLimiter (client.py and aio.py add only the
+calls, one awaiting them)."""
 import hashlib
+import threading
+from collections import OrderedDict
 from importlib import resources
 
 import redis
 
+from .breaker import NO, PROBE, Breaker, Metrics, Panic, PanicBuckets
 from .decision import Decision, Part
 from .policies import MAX, AllOf, Policy
 
@@ -136,3 +141,259 @@ def keys_for(policy, key):
     if not isinstance(key, (str, bytes)):
         raise ValueError(f"key must be a string, not {type(key).__name__}")
     return [key]
+
+
+def _detect_reply(reply):
+    """COMMAND INFO RL.TOKENBUCKET RL.MULTI -> (has module, has RL.MULTI)."""
+    if isinstance(reply, dict):          # redis-py's parse_command
+        names = {(k.decode() if isinstance(k, bytes) else k).lower() for k in reply}
+        return "rl.tokenbucket" in names, "rl.multi" in names
+    if not isinstance(reply, (list, tuple)) or len(reply) != 2:
+        raise RateLimitError(f"unexpected COMMAND INFO reply: {reply!r}")
+    return reply[0] is not None, reply[1] is not None
+
+
+class _Base:
+    """Backend choice, the breaker and the counters (shared by sync and async)."""
+
+    def _setup(self, client, backend, breaker):
+        if backend not in ("auto", MODULE, LUA):
+            raise ValueError('backend must be "auto", "module" or "lua"')
+        self.client = client
+        self.forced = None if backend == "auto" else backend
+        self.backend = None
+        self.has_multi = False
+        self.breaker = breaker or Breaker()
+        self._metrics = Metrics()
+        self.breaker.metrics = self._metrics
+        self._scripts = scripts()
+
+    def _set_backend(self, reply):
+        """From COMMAND INFO's reply; None when backend="lua" asked nothing; a
+        ResponseError when COMMAND is refused (managed services): then Lua,
+        unless backend="module" was asked for."""
+        if reply is None:
+            module = multi = False
+        elif isinstance(reply, redis.exceptions.ResponseError):
+            if self.forced == MODULE:
+                raise UnsupportedError(f"backend='module' but COMMAND INFO failed: {reply}")
+            module = multi = False
+        else:
+            module, multi = _detect_reply(reply)
+        if self.forced == MODULE and not module:
+            raise UnsupportedError("backend='module' but the server has no RL.* commands")
+        self.backend = self.forced or (MODULE if module else LUA)
+        self.has_multi = multi if self.backend == MODULE else "multi" in self._scripts.sha
+        return self.backend
+
+    def _lua_args(self, lua):
+        name, keys, argv = lua
+        sha = self._scripts.sha.get(name)
+        if sha is None:
+            raise UnsupportedError(f"the package ships no {name}.lua")
+        return sha, name, keys, argv
+
+    def _check_policy(self, policy):
+        if isinstance(policy, AllOf) and self.backend is not None and not self.has_multi:
+            raise UnsupportedError(f"all_of needs RL.MULTI, which this {self.backend} "
+                                   "backend does not have")
+
+    def metrics(self):
+        m = self._metrics.snapshot()
+        m["state"] = self.breaker.state
+        return m
+
+    def _count(self, d):
+        m = self._metrics
+        s = d.source
+        if s == MODULE:
+            m.decisions_module += 1
+        elif s == LUA:
+            m.decisions_lua += 1
+        elif s == LOCAL:
+            m.decisions_local += 1
+        else:
+            m.decisions_panic += 1
+        if not d.allowed:
+            m.denied += 1
+        return d
+
+
+class _Entry:
+    __slots__ = ("tokens", "used", "inflight", "next_try", "remaining", "retry", "reset",
+                 "at", "limit", "event", "failed")
+
+    def __init__(self, now):
+        self.tokens = 0
+        self.used = now
+        self.inflight = False
+        self.next_try = 0.0
+        self.remaining = 0
+        self.retry = 0
+        self.reset = 0
+        self.at = now
+        self.limit = 0
+        self.event = None     # set when the lease in flight has landed
+        self.failed = False   # the last lease found Redis unavailable
+
+
+class _LeasedCore:
+    """The local tier, shared by the sync and asyncio leased limiters."""
+
+    def _init(self, rl, policy, batch, low_water, max_keys, idle_ms, recheck_ms, panic):
+        if not isinstance(policy, Policy):
+            raise ValueError("leased() takes a single policy (all_of is not leased)")
+        if type(batch) is not int or batch < 1:
+            raise ValueError("batch must be an integer >= 1")
+        if not 0 <= low_water < 1:
+            raise ValueError("low_water must be in [0, 1)")
+        if type(max_keys) is not int or max_keys < 1:
+            raise ValueError("max_keys must be an integer >= 1")
+        self.rl = rl
+        self.policy = policy
+        self.batch = min(batch, policy.limit)
+        self.low = low_water * self.batch
+        self.max_keys = max_keys
+        self.idle_s = idle_ms / 1000
+        self.recheck_s = recheck_ms / 1000
+        self.panic = PanicBuckets(panic or Panic(), policy)
+        self.entries = OrderedDict()
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def _local(self, e, key, cost, now):
+        """A local grant from e's reservoir (caller holds the lock)."""
+        t = e.tokens - cost
+        e.tokens = t
+        self.rl._metrics.decisions_local += 1
+        p = self.policy
+        reset = e.reset - int((now - e.at) * 1000)
+        return Decision(True, cost, p.limit, t + e.remaining, 0, reset if reset > 0 else 0,
+                        p.name, p.name, LOCAL, (), p)
+
+    def _local_denial(self, e, now):
+        m = self.rl._metrics
+        m.decisions_local += 1
+        m.denied += 1
+        p = self.policy
+        el = int((now - e.at) * 1000)
+        retry = e.retry if e.retry < 0 else max(1, e.retry - el)
+        reset = e.reset - el
+        return Decision(False, 0, p.limit, e.tokens + e.remaining, retry,
+                        reset if reset > 0 else 0, p.name, p.name, LOCAL, (), p)
+
+    def _after_wait(self, e, key, cost, landed, now):
+        """The decision of a caller that waited for the lease in flight
+        (landed: it came back within the timeout, with or without a reply).
+        It takes no lease of its own: the reservoir grants; else, when that
+        lease brought no reply in time (Redis unavailable or slow, the breaker
+        open), the panic limits (None: the caller asks them); else a local
+        denial from the shared reply it brought."""
+        if e.tokens >= cost:
+            return self._local(e, key, cost, now)
+        if not landed or e.failed or e.limit == 0:
+            return None
+        return self._local_denial(e, now)
+
+    def _lease_call(self, key, n):
+        p = self.policy
+        return call_for(p, key, ["COST", n, "PARTIAL"])
+
+    def _apply(self, e, reply, n, now):
+        """Fold a lease reply into the entry (caller holds the lock)."""
+        g, lim, rem, retry, reset = (int(x) for x in reply)
+        m = self.rl._metrics
+        m.leases += 1
+        m.lease_tokens += g
+        e.tokens += g
+        e.remaining = rem
+        e.retry = retry
+        e.reset = reset
+        e.at = now
+        e.limit = lim
+        e.failed = False
+        if g < n:
+            wait = retry / 1000 if retry > 0 else self.recheck_s
+            e.next_try = now + min(wait, self.recheck_s)
+        else:
+            e.next_try = 0.0
+
+    def _new_entry(self, key, now, evicted):
+        e = _Entry(now)
+        self.entries[key] = e
+        while len(self.entries) > self.max_keys:
+            k, old = self.entries.popitem(last=False)
+            if old.tokens > 0 and not old.inflight:
+                evicted.append((k, old.tokens))
+                old.tokens = 0
+        return e
+
+    def _sweep(self, now):
+        """Keys idle for idle_ms leave; their tokens go back (returned list)."""
+        out = []
+        cutoff = now - self.idle_s
+        with self.lock:
+            ents = self.entries
+            while ents:
+                k = next(iter(ents))
+                e = ents[k]
+                if e.used > cutoff:
+                    break
+                del ents[k]
+                if e.tokens > 0 and not e.inflight:
+                    out.append((k, e.tokens))
+                    e.tokens = 0
+        return out
+
+    def _orphan(self, key, e):
+        """A lease landed on an entry no longer in the table: its tokens go back."""
+        if self.entries.get(key) is not e and e.tokens > 0:
+            n, e.tokens = e.tokens, 0
+            return n
+        return 0
+
+    def stranded(self):
+        """Units leased to this instance and not yet used (all keys)."""
+        with self.lock:
+            return sum(e.tokens for e in self.entries.values())
+
+
+class _LimiterCore:
+    """limit()/refund() on one policy, one shared call each: all but the
+    call itself, which Limiter makes and AsyncLimiter awaits."""
+
+    def __init__(self, rl, policy, panic=None):
+        if not isinstance(policy, (Policy, AllOf)):
+            raise ValueError("policy must come from token_bucket, sliding_log, "
+                             "sliding_counter or all_of")
+        self.rl = rl
+        self.policy = policy
+        self.panic = PanicBuckets(panic or Panic(), policy)
+
+    def _begin(self, key, opts):
+        """(keys, the arguments of rl.call, or None while the breaker is open)."""
+        policy = self.policy
+        keys = keys_for(policy, key)
+        allow = self.rl.breaker.allow()
+        if allow == NO:
+            return keys, None
+        mod, lua = call_for(policy, keys[0] if isinstance(policy, Policy) else keys, opts)
+        return keys, (mod, lua, allow == PROBE, policy)
+
+    def _decided(self, reply, keys, cost, partial, dry_run):
+        """The decision from the reply, or from the panic limits (no reply)."""
+        rl = self.rl
+        if reply is not None:
+            return rl._count(to_decision(reply, self.policy, cost, partial, rl.backend))
+        return rl._count(panic_decision(self.panic, self.policy, keys, cost, partial, dry_run))
+
+    def _refunded(self, reply, keys, n):
+        rl = self.rl
+        if reply is not None:
+            rl._metrics.refunds += 1
+            d = to_decision(reply, self.policy, n, False, rl.backend, refund=True)
+            rl._metrics.refund_tokens += d.granted
+            return d
+        d = panic_decision(self.panic, self.policy, keys, 0, False, True)
+        d.granted = 0
+        return d

@@ -7,7 +7,9 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "integration"))
-sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
+# RL_TEST_INSTALLED (the unpinned install test): the installed package, not this tree's
+if not os.environ.get("RL_TEST_INSTALLED"):
+    sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 
 from harness import MODULE, Cluster  # noqa: E402
 import server_fixtures  # noqa: E402

@@ -3,7 +3,9 @@ import random
 import time
 
 import redis
+from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 
 from redis_ratelimit import (all_of, make_key, sliding_counter, sliding_log,
                              token_bucket)
@@ -24,13 +26,17 @@ MULTI = all_of(token_bucket("tb", 7, 1, LONG // 3), sliding_log("log", 12, LONG)
 
 
 def client(port, timeout=5.0):
+    """A sync client as RateLimit takes it: bounded, no retries (redis-py
+    6+ retries by default)."""
     return redis.Redis(host="127.0.0.1", port=port, socket_timeout=timeout,
-                       socket_connect_timeout=timeout)
+                       socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0))
 
 
 def cluster_client(port, timeout=5.0):
+    # redis-py 6+ warns that cluster_error_retry_attempts is deprecated (retry rules)
+    old = {"cluster_error_retry_attempts": 0} if int(redis.__version__.split(".")[0]) < 6 else {}
     return RedisCluster(host="127.0.0.1", port=port, socket_timeout=timeout,
-                        socket_connect_timeout=timeout, cluster_error_retry_attempts=0)
+                        socket_connect_timeout=timeout, retry=Retry(NoBackoff(), 0), **old)
 
 
 def sequence(seed, n, with_multi, with_refund):
