@@ -1,0 +1,589 @@
+"""Failover on real processes: a primary, replicas and Sentinels, each on its
+own loopback address, and packet-filter rules (nftables) that cut links
+between those addresses.
+
+Addresses: every topology takes a /24 of its own inside 127.0.0.0/8,
+127.A.B.0/24 with A and B drawn at random (never 127.0.0.x, where everything
+else on the machine listens), so two topologies never share an address and
+a rule written for one cannot touch another's traffic. In it:
+
+    .2  the primary        .3, .4      the replicas
+    .5, .6, .7  sentinels  .10, .11 ...  gateways (the clients' source addresses)
+
+Every data node loads the module and has `protected-mode no` (protected mode
+admits 127.0.0.1 only), `bind-source-addr` (its outgoing connections, the
+replication link included, leave from its own address, or the rules and the
+sentinels see 127.0.0.1) and `replica-announce-ip`. Sentinels run from the
+same binary (`REDIS_SERVER sentinel.conf --sentinel`), as Debian's
+redis-sentinel does.
+
+Rules: one nftables table per topology, `rl_failover_<pid>_<hex>` (family
+ip), one output chain on the loopback; `Firewall.cut(a, b)` drops every
+packet between the address sets a and b, both ways; `heal()` removes every
+rule; `close()` deletes the table. Tables are deleted when the fixture that
+made them ends, also when the test fails, and by an atexit guard for a
+process that dies between the two. Nothing here ever routes outside
+127.0.0.0/8: every address is checked to be in it.
+"""
+import atexit
+import ipaddress
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+
+import redis
+from redis.connection import Connection
+from redis.sentinel import Sentinel, SentinelManagedConnection
+
+from harness import MODULE, REDIS_SERVER, wait_until
+
+SERVICE = "rl"
+LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
+
+
+def _loopback(addr):
+    if ipaddress.ip_address(addr) not in LOOPBACK:
+        raise ValueError(f"{addr} is not in 127.0.0.0/8")
+    return addr
+
+
+def free_port(host):
+    """A TCP port free on `host` now."""
+    with socket.socket() as s:
+        s.bind((_loopback(host), 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------------
+# Packet filter
+# ---------------------------------------------------------------------------
+
+_LIVE_TABLES = set()
+
+
+def _nft(*args, check=True):
+    p = subprocess.run(["nft", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=30)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"nft {' '.join(args)}: {p.stdout.strip()}")
+    return p
+
+
+def nft_unavailable():
+    """None when this process can create and delete an nftables table, else
+    why not (no nft binary, no CAP_NET_ADMIN, no nf_tables in the kernel)."""
+    if shutil.which("nft") is None:
+        return "nft is not installed (make deps installs nftables)"
+    name = f"rl_failover_probe_{os.getpid()}"
+    p = _nft("add", "table", "ip", name, check=False)
+    if p.returncode != 0:
+        return f"nft cannot create a table here: {p.stdout.strip()}"
+    _nft("delete", "table", "ip", name, check=False)
+    return None
+
+
+@atexit.register
+def _delete_leftover_tables():
+    for name in list(_LIVE_TABLES):
+        _nft("delete", "table", "ip", name, check=False)
+        _LIVE_TABLES.discard(name)
+
+
+class Firewall:
+    """An nftables table of this topology's own, with one output chain on the
+    loopback."""
+
+    def __init__(self):
+        self.table = f"rl_failover_{os.getpid()}_{random.getrandbits(32):08x}"
+        _nft("add", "table", "ip", self.table)
+        _LIVE_TABLES.add(self.table)
+        _nft("add", "chain", "ip", self.table, "out",
+             "{ type filter hook output priority 0; policy accept; }")
+        self.cuts = []
+
+    def cut(self, a, b):
+        """Drop every packet between any address of `a` and any of `b`: one
+        nft transaction, so every link goes down at the same instant."""
+        lines = []
+        for x in a:
+            for y in b:
+                for src, dst in ((x, y), (y, x)):
+                    lines.append(f"add rule ip {self.table} out oifname lo "
+                                 f"ip saddr {_loopback(src)} ip daddr {_loopback(dst)} drop")
+        p = subprocess.run(["nft", "-f", "-"], input="\n".join(lines) + "\n", text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=30)
+        if p.returncode != 0:
+            raise RuntimeError(f"nft -f: {p.stdout.strip()}")
+        self.cuts.append((tuple(a), tuple(b)))
+
+    def heal(self):
+        _nft("flush", "chain", "ip", self.table, "out")
+        self.cuts = []
+
+    def rules(self):
+        return _nft("list", "table", "ip", self.table).stdout
+
+    def close(self):
+        if self.table in _LIVE_TABLES:
+            _nft("delete", "table", "ip", self.table, check=False)
+            _LIVE_TABLES.discard(self.table)
+
+
+# ---------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------
+
+class Process:
+    """One server process (data node or sentinel) on its own address."""
+
+    def __init__(self, host, dir):
+        self.host = _loopback(host)
+        self.port = free_port(host)
+        self.dir = dir
+        os.makedirs(dir, exist_ok=True)
+        self.proc = None
+
+    @property
+    def addr(self):
+        return (self.host, self.port)
+
+    def client(self, **kw):
+        kw.setdefault("socket_timeout", 10)
+        return redis.Redis(host=self.host, port=self.port, **kw)
+
+    def _spawn(self, cmd):
+        self.proc = subprocess.Popen(cmd, cwd=self.dir, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        wait_until(self._ready, timeout=30, what=f"{cmd[0]} on {self.host}:{self.port}")
+
+    def _ready(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(f"exited with {self.proc.returncode}: {self.log_tail()}")
+        try:
+            return self.client(socket_timeout=2).ping()
+        except (redis.exceptions.BusyLoadingError, redis.exceptions.ConnectionError,
+                redis.exceptions.TimeoutError):
+            return False
+
+    def log_tail(self, n=40):
+        try:
+            with open(os.path.join(self.dir, "server.log")) as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self):
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def close(self):
+        self.kill9()
+
+
+class DataNode(Process):
+    """A redis-server with the module loaded, on its own address."""
+
+    def __init__(self, host, dir, args=()):
+        super().__init__(host, dir)
+        self.args = list(args)
+        self.start()
+
+    def command_line(self):
+        return [
+            REDIS_SERVER,
+            "--port", str(self.port),
+            "--bind", self.host,
+            "--bind-source-addr", self.host,
+            "--replica-announce-ip", self.host,
+            "--protected-mode", "no",
+            "--dir", self.dir,
+            "--logfile", "server.log",
+            "--save", "",
+            "--appendonly", "no",
+            "--repl-diskless-sync", "yes",
+            "--repl-diskless-sync-delay", "0",
+            "--loadmodule", MODULE,
+            *self.args,
+        ]
+
+    def start(self, args=None):
+        if args is not None:
+            self.args = list(args)
+        self._spawn(self.command_line())
+
+    def role(self):
+        return self.client(socket_timeout=2).info("replication")["role"]
+
+
+class SentinelNode(Process):
+    def __init__(self, host, dir, primary, quorum=2, down_after_ms=1000, failover_timeout_ms=5000):
+        super().__init__(host, dir)
+        self.conf = os.path.join(dir, "sentinel.conf")
+        with open(self.conf, "w") as f:
+            f.write("\n".join([
+                f"port {self.port}",
+                f"bind {self.host}",
+                f"bind-source-addr {self.host}",
+                "protected-mode no",
+                f"dir {dir}",
+                "logfile server.log",
+                f"sentinel announce-ip {self.host}",
+                f"sentinel monitor {SERVICE} {primary.host} {primary.port} {quorum}",
+                f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}",
+                f"sentinel failover-timeout {SERVICE} {failover_timeout_ms}",
+                f"sentinel parallel-syncs {SERVICE} 2",
+                "",
+            ]))
+        self._spawn([REDIS_SERVER, self.conf, "--sentinel"])
+
+    def primary_addr(self):
+        a = self.client(socket_timeout=1).execute_command(
+            "SENTINEL", "GET-MASTER-ADDR-BY-NAME", SERVICE)
+        return None if a is None else (a[0].decode(), int(a[1]))
+
+
+# ---------------------------------------------------------------------------
+# Clients that leave from a gateway address
+# ---------------------------------------------------------------------------
+
+class _SourceBound:
+    """A redis-py connection whose socket is bound to `source_addr` before it
+    connects (a gateway's own address, so the rules can tell gateways
+    apart)."""
+
+    def __init__(self, *args, source_addr=None, **kw):
+        self.source_addr = source_addr
+        super().__init__(*args, **kw)
+
+    def _connect(self):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            if self.source_addr:
+                sock.bind((_loopback(self.source_addr), 0))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(self.socket_connect_timeout)
+            sock.connect((_loopback(self.host), self.port))
+            sock.settimeout(self.socket_timeout)
+            return sock
+        except OSError:
+            sock.close()
+            raise
+
+
+class BoundConnection(_SourceBound, Connection):
+    pass
+
+
+class BoundSentinelManagedConnection(_SourceBound, SentinelManagedConnection):
+    pass
+
+
+class Gateway:
+    """One application server: a redis-py `Sentinel` whose connections (to
+    the sentinels and to the primary) leave from `host`."""
+
+    def __init__(self, host, sentinels, timeout=0.5):
+        self.host = _loopback(host)
+        kw = dict(socket_timeout=timeout, socket_connect_timeout=timeout)
+        self.sentinel = Sentinel([s.addr for s in sentinels], sentinel_kwargs=kw, **kw)
+        # Sentinel() made plain connections to the sentinels; bind them too.
+        self.sentinel.sentinels = [
+            redis.Redis(connection_pool=redis.ConnectionPool(
+                connection_class=BoundConnection, host=s.host, port=s.port,
+                source_addr=self.host, **kw))
+            for s in sentinels
+        ]
+        self.kw = kw
+
+    def primary(self):
+        """A client of the primary the sentinels name; it asks them again
+        after a connection error or a READONLY reply."""
+        return self.sentinel.master_for(
+            SERVICE, connection_class=BoundSentinelManagedConnection,
+            source_addr=self.host, **self.kw)
+
+
+# ---------------------------------------------------------------------------
+# The topology
+# ---------------------------------------------------------------------------
+
+class Topology:
+    """A primary, `replicas` replicas and `sentinels` sentinels, on one /24
+    of 127.0.0.0/8, with a firewall of its own. `data_args` go to every data
+    node (e.g. min-replicas-to-write)."""
+
+    def __init__(self, replicas=2, sentinels=3, data_args=(), down_after_ms=1000):
+        self.base = f"127.{random.randint(100, 250)}.{random.randint(0, 255)}"
+        self.dir = tempfile.mkdtemp(prefix="rl-failover-")
+        self.firewall = None
+        self.nodes = []
+        self.sentinels = []
+        self._gateways = 0
+        try:
+            self.firewall = Firewall()
+            self.data_args = list(data_args)
+            self.primary = DataNode(self.ip(2), os.path.join(self.dir, "n2"), self.data_args)
+            self.nodes.append(self.primary)
+            for i in range(replicas):
+                self.add_replica(self.ip(3 + i))
+            for i in range(sentinels):
+                self.sentinels.append(SentinelNode(
+                    self.ip(5 + i), os.path.join(self.dir, f"s{5 + i}"), self.primary,
+                    quorum=sentinels // 2 + 1, down_after_ms=down_after_ms))
+            self.wait_sentinels_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def ip(self, n):
+        return _loopback(f"{self.base}.{n}")
+
+    def add_replica(self, host):
+        node = DataNode(host, os.path.join(self.dir, f"n{host.rsplit('.', 1)[1]}"),
+                        self.data_args + ["--replicaof", self.primary.host, str(self.primary.port)])
+        self.nodes.append(node)
+        wait_until(lambda: node.client().info("replication").get("master_link_status") == "up",
+                   what=f"replica {host} linked")
+        return node
+
+    @property
+    def data_nodes(self):
+        return list(self.nodes)
+
+    def replicas(self):
+        return [n for n in self.nodes if n is not self.primary]
+
+    def wait_sentinels_ready(self):
+        """Every sentinel names the primary, knows every live replica and
+        every other sentinel (they learn replicas from INFO and each other
+        from hello messages)."""
+        nrep = len([n for n in self.replicas() if n.alive()])
+        nsent = len(self.sentinels)
+
+        def ready():
+            for s in self.sentinels:
+                c = s.client(socket_timeout=1)
+                if s.primary_addr() != self.primary.addr:
+                    return False
+                reps = c.execute_command("SENTINEL", "REPLICAS", SERVICE)
+                ok = [r for r in reps if _field(r, "master-link-status") == "ok"
+                      and "s_down" not in _field(r, "flags")]
+                if len(ok) < nrep:
+                    return False
+                if len(c.execute_command("SENTINEL", "SENTINELS", SERVICE)) < nsent - 1:
+                    return False
+            return True
+        wait_until(ready, timeout=60, interval=0.05, what="sentinels know the topology")
+
+    def wait_promoted(self, old, timeout=60):
+        """Wait until a majority of sentinels name a live replica other than
+        `old` as the primary and that node says it is a primary; return it."""
+        by_addr = {n.addr: n for n in self.data_nodes}
+
+        def promoted():
+            names = []
+            for s in self.sentinels:
+                try:
+                    names.append(s.primary_addr())
+                except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+                    pass
+            for a in set(names):
+                if (a is not None and a != old.addr and names.count(a) > len(self.sentinels) // 2
+                        and a in by_addr and by_addr[a].role() == "master"):
+                    return by_addr[a]
+            return None
+        node = wait_until(promoted, timeout=timeout, interval=0.02, what="a replica promoted")
+        self.primary = node
+        return node
+
+    def gateway(self):
+        self._gateways += 1
+        return Gateway(self.ip(9 + self._gateways), self.sentinels)
+
+    def close(self):
+        for p in self.sentinels + self.nodes:
+            try:
+                p.close()
+            except Exception:  # noqa: BLE001 - best effort teardown
+                pass
+        if self.firewall is not None:
+            self.firewall.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def _field(flat, name):
+    """A field of a SENTINEL REPLICAS entry (a flat [k, v, k, v] list or a dict)."""
+    if isinstance(flat, dict):
+        v = flat.get(name, flat.get(name.encode(), ""))
+    else:
+        d = dict(zip(flat[::2], flat[1::2]))
+        v = d.get(name.encode(), d.get(name, b""))
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+# ---------------------------------------------------------------------------
+# Granting clients
+# ---------------------------------------------------------------------------
+
+HUGE = (1 << 53) - 1  # refill interval: no token ever comes back
+
+
+def bucket_call(capacity):
+    """The arguments of a grant from a bucket of `capacity` that never refills."""
+    return ["RL.TOKENBUCKET", None, capacity, 1, HUGE]
+
+
+class Granters:
+    """`n` client threads granting one unit at a time from `key`, each
+    through its own `gateway.primary()` client. A grant is counted when its
+    reply says allowed; in strict mode (`wait_timeout_ms`), the grant and
+    `WAIT 1 <timeout>` go in one plain pipeline and the grant counts only
+    when WAIT answers >= 1 (else it is an error: unacknowledged). Errors
+    (connection, READONLY, NOREPLICAS, no primary known) are counted by kind
+    and the call is retried. A thread stops at its first denial once
+    `stop_on_denial` is set (after the old primary is gone), or at stop()."""
+
+    def __init__(self, gateways, key, capacity, n=6, wait_timeout_ms=None):
+        self.key = key
+        self.capacity = capacity
+        self.wait_timeout_ms = wait_timeout_ms
+        self.lock = threading.Lock()
+        self.granted = 0
+        self.unacked = 0
+        self.denied_early = 0
+        self.errors = {}
+        self.stop_on_denial = threading.Event()
+        self._stop = threading.Event()
+        self.done = [threading.Event() for _ in range(n)]
+        self.failures = []
+        self.threads = [threading.Thread(target=self._run, args=(gateways[i % len(gateways)], i),
+                                         daemon=True) for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _run(self, gateway, i):
+        try:
+            r = gateway.primary()
+            args = ["RL.TOKENBUCKET", self.key, self.capacity, 1, HUGE]
+            while not self._stop.is_set():
+                try:
+                    if self.wait_timeout_ms is None:
+                        allowed = r.execute_command(*args)[0]
+                        acked = True
+                    else:
+                        p = r.pipeline(transaction=False)
+                        p.execute_command(*args)
+                        p.execute_command("WAIT", 1, self.wait_timeout_ms)
+                        reply, acks = p.execute()
+                        allowed, acked = reply[0], acks >= 1
+                except redis.exceptions.RedisError as e:
+                    kind = type(e).__name__
+                    msg = str(e)
+                    if "NOREPLICAS" in msg:
+                        kind = "NOREPLICAS"
+                    with self.lock:
+                        self.errors[kind] = self.errors.get(kind, 0) + 1
+                    time.sleep(0.005)
+                    continue
+                with self.lock:
+                    if allowed == 1 and acked:
+                        self.granted += 1
+                    elif allowed == 1:
+                        self.unacked += 1
+                    elif not self.stop_on_denial.is_set():
+                        self.denied_early += 1
+                if allowed != 1 and self.stop_on_denial.is_set():
+                    break
+        except BaseException as e:  # noqa: BLE001 - reported by finish()
+            self.failures.append(e)
+        finally:
+            self.done[i].set()
+
+    def count(self):
+        with self.lock:
+            return self.granted
+
+    def wait_count(self, n, timeout=60):
+        return wait_until(lambda: self.count() >= n or self.failures, timeout=timeout,
+                          interval=0.001, what=f"{n} grants")
+
+    def wait_done(self, timeout=90):
+        wait_until(lambda: all(d.is_set() for d in self.done), timeout=timeout,
+                   interval=0.01, what="every client saw the bucket empty")
+
+    def stop(self):
+        self._stop.set()
+        for t in self.threads:
+            t.join(30)
+        if self.failures:
+            raise self.failures[0]
+
+
+def crash_run(topo, capacity, cut_at, after_cut, strict_wait_ms=None, nclients=6,
+              cut_deadline_s=5.0):
+    """One failover under load. The clients grant from a fresh bucket of
+    `capacity`. With `after_cut` None: once `cut_at` grants were received the
+    primary is SIGKILLed (a lone process kill; the kernel still delivers its
+    socket buffers). Otherwise at `cut_at` grants the primary<->replica links
+    are cut (every packet dropped), and after `after_cut` further grants (or
+    `cut_deadline_s` seconds, if the primary stops granting: min-replicas)
+    it is SIGKILLed, as in a machine crash. The sentinels promote a replica;
+    the rules are removed only after the promotion (else the dead primary's
+    queued bytes would still reach the replicas). The clients go on until
+    each sees the bucket empty on the new primary. Returns a dict:
+    granted, over (granted - capacity), window (grants received while the
+    link was cut), before_cut, errors, unacked."""
+    key = f"rl:failover:{random.getrandbits(40):x}"
+    old = topo.primary
+    gws = [topo.gateway() for _ in range(2)]
+    g = Granters(gws, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms)
+    try:
+        g.wait_count(cut_at)
+        if after_cut is None:
+            at_cut = cut_lo = g.count()
+        else:
+            cut_lo = g.count()
+            topo.firewall.cut([old.host], [n.host for n in topo.replicas()])
+            at_cut = g.count()
+            deadline = time.monotonic() + cut_deadline_s
+            wait_until(lambda: g.count() >= at_cut + after_cut or time.monotonic() > deadline
+                       or g.failures, timeout=cut_deadline_s + 30, interval=0.001,
+                       what="grants after the cut")
+        old.kill9()
+        at_kill = g.count()
+        g.stop_on_denial.set()
+        t_kill = time.monotonic()
+        new = topo.wait_promoted(old)
+        promote_s = time.monotonic() - t_kill
+        topo.firewall.heal()
+        g.wait_done()
+    finally:
+        g.stop()
+    assert g.denied_early == 0, "the old primary ran out of tokens: capacity too small"
+    return {
+        "granted": g.granted, "over": g.granted - capacity,
+        "window": at_kill - at_cut, "window_hi": at_kill - cut_lo, "before_cut": cut_lo, "errors": dict(g.errors), "unacked": g.unacked,
+        "promote_s": round(promote_s, 2), "new_primary": new.host, "clients": nclients,
+    }
+
+
+def restore_topology(topo):
+    """After a crash run: restart the killed node as a replica of the new
+    primary, so the next run has two replicas again; wait until the
+    sentinels know it."""
+    dead = [n for n in topo.data_nodes if not n.alive()]
+    for n in dead:
+        n.start(topo.data_args + ["--replicaof", topo.primary.host, str(topo.primary.port)])
+        wait_until(lambda: n.client().info("replication").get("master_link_status") == "up",
+                   what="restarted node linked")
+    topo.wait_sentinels_ready()
