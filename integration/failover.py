@@ -210,6 +210,7 @@ class DataNode(Process):
             "--logfile", "server.log",
             "--save", "",
             "--appendonly", "no",
+            "--enable-debug-command", "yes",
             "--repl-diskless-sync", "yes",
             "--repl-diskless-sync-delay", "0",
             "--loadmodule", MODULE,
@@ -461,6 +462,7 @@ class Granters:
         self.granted = 0
         self.unacked = 0
         self.denied_early = 0
+        self.by_addr = {}  # grants counted, by the address of the server that made them
         self.errors = {}
         self.stop_on_denial = threading.Event()
         self._stop = threading.Event()
@@ -498,6 +500,10 @@ class Granters:
                 with self.lock:
                     if allowed == 1 and acked:
                         self.granted += 1
+                        # This thread's pool holds one connection, to the
+                        # primary it last asked the sentinels for.
+                        addr = r.connection_pool.master_address
+                        self.by_addr[addr] = self.by_addr.get(addr, 0) + 1
                     elif allowed == 1:
                         self.unacked += 1
                     elif not self.stop_on_denial.is_set():
@@ -512,6 +518,11 @@ class Granters:
     def count(self):
         with self.lock:
             return self.granted
+
+    def on(self, addr):
+        """Grants counted from the server at `addr`."""
+        with self.lock:
+            return self.by_addr.get(addr, 0)
 
     def wait_count(self, n, timeout=60):
         return wait_until(lambda: self.count() >= n or self.failures, timeout=timeout,
@@ -529,29 +540,35 @@ class Granters:
             raise self.failures[0]
 
 
-def crash_run(topo, capacity, cut_at, after_cut, strict_wait_ms=None, nclients=6,
-              cut_deadline_s=5.0):
+def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_deadline_s=5.0,
+              continue_grants=200, capacity=10**9):
     """One failover under load. The clients grant from a fresh bucket of
-    `capacity`. With `after_cut` None: once `cut_at` grants were received the
-    primary is SIGKILLed (a lone process kill; the kernel still delivers its
-    socket buffers). Otherwise at `cut_at` grants the primary<->replica links
-    are cut (every packet dropped), and after `after_cut` further grants (or
-    `cut_deadline_s` seconds, if the primary stops granting: min-replicas)
-    it is SIGKILLed, as in a machine crash. The sentinels promote a replica;
-    the rules are removed only after the promotion (else the dead primary's
-    queued bytes would still reach the replicas). The clients go on until
-    each sees the bucket empty on the new primary. Returns a dict:
-    granted, over (granted - capacity), window (grants received while the
-    link was cut), before_cut, errors, unacked."""
+    `capacity` that never refills. With `after_cut` None: once `cut_at`
+    grants were received the primary is SIGKILLed (a lone process kill; the
+    kernel still delivers its socket buffers). Otherwise at `cut_at` grants
+    the primary<->replica links are cut (every packet dropped, one nft
+    transaction), and after `after_cut` further grants (or `cut_deadline_s`
+    seconds, if the primary stops granting: min-replicas) it is SIGKILLed,
+    as in a machine crash. The sentinels promote a replica; the rules are
+    removed only after the promotion (else the dead primary's queued bytes
+    would still reach the replicas). The clients go on until they received
+    `continue_grants` more from the new primary.
+
+    over = grants received + tokens the new primary still holds - capacity:
+    the grants beyond capacity the bucket ends up making, without draining
+    it (the capacity is too large to run out on the old primary at any
+    client speed). window = the grants received after the cut was in place
+    and before the kill; window_hi = the same from just before the nft
+    command ran (grants made while it ran may fall either side)."""
     key = f"rl:failover:{random.getrandbits(40):x}"
     old = topo.primary
     gws = [topo.gateway() for _ in range(2)]
     g = Granters(gws, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms)
     try:
         g.wait_count(cut_at)
-        if after_cut is None:
-            at_cut = cut_lo = g.count()
-        else:
+        named = [s.primary_addr() for s in topo.sentinels]
+        assert named.count(old.addr) > len(named) // 2, (old.addr, named)
+        if after_cut is not None:
             cut_lo = g.count()
             topo.firewall.cut([old.host], [n.host for n in topo.replicas()])
             at_cut = g.count()
@@ -561,19 +578,24 @@ def crash_run(topo, capacity, cut_at, after_cut, strict_wait_ms=None, nclients=6
                        what="grants after the cut")
         old.kill9()
         at_kill = g.count()
-        g.stop_on_denial.set()
+        if after_cut is None:
+            at_cut = cut_lo = at_kill  # no cut: nothing was made while a link was down
         t_kill = time.monotonic()
         new = topo.wait_promoted(old)
         promote_s = time.monotonic() - t_kill
         topo.firewall.heal()
-        g.wait_done()
+        g.wait_count(at_kill + continue_grants)
     finally:
         g.stop()
-    assert g.denied_early == 0, "the old primary ran out of tokens: capacity too small"
+        topo.firewall.heal()
+    assert g.denied_early == 0, "a denial: the bucket ran out"
+    remaining = new.client().execute_command("RL.TOKENBUCKET", key, capacity, 1, HUGE,
+                                             "COST", 0)[2]
     return {
-        "granted": g.granted, "over": g.granted - capacity,
-        "window": at_kill - at_cut, "window_hi": at_kill - cut_lo, "before_cut": cut_lo, "errors": dict(g.errors), "unacked": g.unacked,
-        "promote_s": round(promote_s, 2), "new_primary": new.host, "clients": nclients,
+        "over": g.granted + remaining - capacity, "granted": g.granted,
+        "window": at_kill - at_cut, "window_hi": at_kill - cut_lo, "before_cut": cut_lo,
+        "errors": dict(g.errors), "unacked": g.unacked, "promote_s": round(promote_s, 2),
+        "clients": nclients,
     }
 
 
@@ -587,3 +609,98 @@ def restore_topology(topo):
         wait_until(lambda: n.client().info("replication").get("master_link_status") == "up",
                    what="restarted node linked")
     topo.wait_sentinels_ready()
+
+
+def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3):
+    """A partition, not a crash: {old primary, gateway A} cut off from {the
+    replicas, the sentinels, gateway B}. Gateway A keeps the connection it
+    has to the old primary; gateway B follows the sentinels. One bucket,
+    large enough never to run out here, so each side grants at its rate:
+
+      before   both gateways grant
+      during   the partition: the sentinels promote a replica; B grants on
+               the new primary; A grants on the old primary until it refuses
+               writes (NOREPLICAS, with min-replicas-to-write) or the
+               partition ends, once B made `hold_grants` on the new primary
+      healed   the partition healed, the old primary is still a primary
+               until the sentinels turn it into a replica of the new one:
+               A still grants on it
+      after    it rejoined (the resync discards every write it took since
+               the cut); both gateways go on until A's client got a grant
+               from the new primary
+
+    lost = grants the clients received - units the new primary counts as
+    spent at the end: the grants it will hand out a second time. Returns
+    the grants per gateway and phase, lost, and whether the old primary's
+    key matches the new primary's after it rejoined."""
+    capacity = 10**9
+    key = f"rl:partition:{random.getrandbits(40):x}"
+    old = topo.primary
+    gw_a, gw_b = topo.gateway(), topo.gateway()
+    a = Granters([gw_a], key, capacity, n=minority_clients)
+    b = Granters([gw_b], key, capacity, n=majority_clients)
+    snaps = {}
+    try:
+        wait_until(lambda: a.count() >= 100 and b.count() >= 100 or a.failures or b.failures,
+                   timeout=60, interval=0.001, what="warm-up grants")
+        snaps["before"] = (a.count(), b.count())
+        majority = [n.host for n in topo.replicas()] + [s.host for s in topo.sentinels] + [gw_b.host]
+        topo.firewall.cut([old.host, gw_a.host], majority)
+        snaps["cut"] = (a.count(), b.count())
+        on_old = {"cut": a.on(old.addr) + b.on(old.addr)}
+        new = topo.wait_promoted(old)
+        snaps["promoted"] = (a.count(), b.count())
+        refused_at = []
+
+        def held():
+            with a.lock:
+                if a.errors.get("NOREPLICAS", 0) and not refused_at:
+                    refused_at.append(a.granted)
+            return b.count() >= snaps["promoted"][1] + hold_grants
+        wait_until(held, timeout=120, interval=0.005, what="grants on the new primary")
+        snaps["during"] = (a.count(), b.count())
+        on_old["heal"] = a.on(old.addr) + b.on(old.addr)
+        topo.firewall.heal()
+        # Healed, the old primary is still a primary until the sentinels see
+        # it again and turn it into a replica (they wait to see it claim the
+        # role for a while first): gateway A's connection still reaches it.
+
+        def rejoined():
+            info = old.client(socket_timeout=2).info("replication")
+            return (info["role"] == "slave" and info.get("master_host") == new.host
+                    and info.get("master_link_status") == "up")
+        wait_until(rejoined, timeout=60, interval=0.02, what="the old primary rejoined as a replica")
+        snaps["rejoined"] = (a.count(), b.count())
+        on_old["rejoined"] = a.on(old.addr) + b.on(old.addr)
+        wait_until(lambda: a.count() > snaps["rejoined"][0] + 100, timeout=60, interval=0.005,
+                   what="gateway A granting on the new primary")
+        snaps["after"] = (a.count(), b.count())
+    finally:
+        a.stop()
+        b.stop()
+        topo.firewall.heal()
+    def same():
+        return (old.client().execute_command("DEBUG", "DIGEST-VALUE", key)
+                == new.client().execute_command("DEBUG", "DIGEST-VALUE", key))
+    try:
+        wait_until(same, timeout=30, what="the rejoined old primary caught up")
+        matches = True
+    except AssertionError:
+        matches = False
+    spent = capacity - new.client().execute_command(
+        "RL.TOKENBUCKET", key, capacity, 1, HUGE, "COST", 0)[2]
+    (a0, b0), (ac, bc), (a1, b1), (ar, br), (a2, b2) = (
+        snaps["before"], snaps["cut"], snaps["during"], snaps["rejoined"], snaps["after"])
+    total = a.granted + b.granted
+    return {
+        "before": a0 + b0, "cut_slack": (ac + bc) - (a0 + b0),
+        "during_old_primary": a1 - ac, "during_new_primary": b1 - bc,
+        "old_primary_refused_after": None if not refused_at else refused_at[0] - ac,
+        "old_primary_granted_after_refusal": None if not refused_at else a1 - refused_at[0],
+        "old_primary_from_cut": on_old["rejoined"] - on_old["cut"],
+        "healed_old_primary": on_old["rejoined"] - on_old["heal"],
+        "healed_a": ar - a1, "healed_b": br - b1,
+        "after_rejoin": (a2 - ar) + (b2 - br), "granted": total, "spent": spent,
+        "lost": total - spent, "old_primary_errors": dict(a.errors),
+        "rejoined_state_matches": matches, "clients": minority_clients + majority_clients,
+    }
