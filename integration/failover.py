@@ -26,6 +26,7 @@ process that dies between the two. Nothing here ever routes outside
 127.0.0.0/8: every address is checked to be in it.
 """
 import atexit
+import ctypes
 import ipaddress
 import os
 import random
@@ -100,6 +101,7 @@ class Firewall:
     loopback."""
 
     def __init__(self):
+        _sweep_dead_tables()
         self.table = f"rl_failover_{os.getpid()}_{random.getrandbits(32):08x}"
         _nft("add", "table", "ip", self.table)
         _LIVE_TABLES.add(self.table)
@@ -135,9 +137,28 @@ class Firewall:
             _LIVE_TABLES.discard(self.table)
 
 
+def _sweep_dead_tables():
+    """Delete the tables of test processes that died without cleaning up
+    (a SIGKILLed pytest runs no atexit handler)."""
+    p = _nft("list", "tables", "ip", check=False)
+    for line in p.stdout.splitlines():
+        name = line.split()[-1] if line.startswith("table ip rl_failover_") else ""
+        parts = name.split("_")
+        if len(parts) == 4 and parts[2].isdigit() and not os.path.exists(f"/proc/{parts[2]}"):
+            _nft("delete", "table", "ip", name, check=False)
+
+
 # ---------------------------------------------------------------------------
 # Processes
 # ---------------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _die_with_parent():
+    """In the child before exec: SIGKILL it when the test process dies, so
+    a killed test run leaves no servers behind (prctl PR_SET_PDEATHSIG)."""
+    _libc.prctl(1, signal.SIGKILL, 0, 0, 0)
 
 class Process:
     """One server process (data node or sentinel) on its own address."""
@@ -159,7 +180,7 @@ class Process:
 
     def _spawn(self, cmd):
         self.proc = subprocess.Popen(cmd, cwd=self.dir, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+                                     stderr=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         wait_until(self._ready, timeout=30, what=f"{cmd[0]} on {self.host}:{self.port}")
 
     def _ready(self):
@@ -562,6 +583,13 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
     command ran (grants made while it ran may fall either side)."""
     key = f"rl:failover:{random.getrandbits(40):x}"
     old = topo.primary
+    oc = old.client()
+    # The bytes one grant's effect adds to the replication stream (the
+    # second grant of the key: the first creates it).
+    for _ in range(2):
+        before = oc.info("replication")["master_repl_offset"]
+        assert oc.execute_command("RL.TOKENBUCKET", key, capacity, 1, HUGE)[0] == 1
+    effect = oc.info("replication")["master_repl_offset"] - before
     gws = [topo.gateway() for _ in range(2)]
     g = Granters(gws, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms)
     try:
@@ -572,6 +600,10 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
             cut_lo = g.count()
             topo.firewall.cut([old.host], [n.host for n in topo.replicas()])
             at_cut = g.count()
+        # Where the primary's stream is now, and what was counted before.
+        at_read = g.count()
+        p_off = oc.info("replication")["master_repl_offset"]
+        if after_cut is not None:
             deadline = time.monotonic() + cut_deadline_s
             wait_until(lambda: g.count() >= at_cut + after_cut or time.monotonic() > deadline
                        or g.failures, timeout=cut_deadline_s + 30, interval=0.001,
@@ -581,6 +613,8 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
         if after_cut is None:
             at_cut = cut_lo = at_kill  # no cut: nothing was made while a link was down
         t_kill = time.monotonic()
+        r_off = {n.addr: n.client().info("replication").get("slave_repl_offset", 0)
+                 for n in topo.replicas()}
         new = topo.wait_promoted(old)
         promote_s = time.monotonic() - t_kill
         topo.firewall.heal()
@@ -591,11 +625,16 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
     assert g.denied_early == 0, "a denial: the bucket ran out"
     remaining = new.client().execute_command("RL.TOKENBUCKET", key, capacity, 1, HUGE,
                                              "COST", 0)[2]
+    # The grants the promoted replica never received: at most the effects
+    # between its last offset and the primary's offset read above, plus
+    # every grant counted after that read.
+    lag = -(-max(0, p_off - r_off[new.addr]) // effect)
     return {
-        "over": g.granted + remaining - capacity, "granted": g.granted,
-        "window": at_kill - at_cut, "window_hi": at_kill - cut_lo, "before_cut": cut_lo,
-        "errors": dict(g.errors), "unacked": g.unacked, "promote_s": round(promote_s, 2),
-        "clients": nclients,
+        "over": g.granted + 2 + remaining - capacity, "granted": g.granted + 2,
+        "window": at_kill - at_cut, "window_hi": at_kill - cut_lo,
+        "bound": lag + at_kill - at_read + nclients, "lag_at_read": lag,
+        "before_cut": cut_lo, "errors": dict(g.errors), "unacked": g.unacked,
+        "promote_s": round(promote_s, 2), "clients": nclients,
     }
 
 

@@ -122,17 +122,19 @@ def check(r):
         # Every counted grant was on a replica before it was counted.
         assert r["over"] <= 0, r
     else:
-        # Over-admission is the grants the link never carried: those made
-        # while it was cut, give or take one in flight per client.
-        assert r["window"] - k <= r["over"] <= r["window_hi"] + k, r
+        # Over-admission is the grants the link never carried: every grant
+        # made while it was cut (give or take one in flight per client),
+        # and at most those plus the replica's lag when it was cut (the
+        # effects between its last offset and the primary's).
+        assert r["window"] - k <= r["over"] <= r["bound"], r
 
 
 def summary(rs):
     overs = sorted(r["over"] for r in rs)
-    wins = sorted(r["window_hi"] for r in rs)
+    wins = sorted(r["bound"] for r in rs)
     return (f"{rs[0]['config']}/{rs[0]['fault']} runs={len(rs)} over: min={overs[0]} "
             f"median={overs[len(overs) // 2]} max={overs[-1]} all={overs}; "
-            f"window_hi: min={wins[0]} max={wins[-1]}")
+            f"bound: min={wins[0]} max={wins[-1]}")
 
 
 @pytest.mark.parametrize("config,fault", [
@@ -220,13 +222,16 @@ def has_waitaof(c):
 ])
 def test_aof_kill9(server_factory, fsync, waitaof):
     """kill -9 of a server persisting to an AOF, under load, then a restart
-    from the AOF: every grant acknowledged before the kill is still spent,
-    with appendfsync always and everysec alike (the AOF is written before
-    the reply goes out; a dead process's writes are in the page cache). What
-    everysec risks is an OS crash or power cut, which loses the writes not
-    yet fsynced (about 1 s; up to 2 s while a slow fsync holds writes back)
-    and cannot be produced here; WAITAOF 1 0 after each grant counts a grant
-    only once it is fsynced, so none is at risk even then."""
+    from the AOF. appendfsync always: every grant acknowledged before the
+    kill is still spent (the AOF is written and fsynced before the reply).
+    everysec: the AOF is normally written before the reply, but while a
+    background fsync is still running the server holds its writes back for
+    up to 2 s and replies anyway, so a kill -9 can lose acknowledged grants
+    (seen here on a loaded disk: 1,082 of 4,734); the test asserts only
+    that nothing unacknowledged appears and prints what was lost. An OS
+    crash or power cut (not produced here) also loses everysec's writes not
+    yet fsynced. WAITAOF 1 0 after each grant (Redis 7.2+, Valkey) counts a
+    grant only once it is fsynced: then none is lost, with either setting."""
     s = server_factory(["--appendonly", "yes", "--appendfsync", fsync])
     c = s.client()
     if waitaof and not has_waitaof(c):
@@ -266,9 +271,12 @@ def test_aof_kill9(server_factory, fsync, waitaof):
     acked = counts["acked"]
     s.start()
     spent = capacity - s.client().execute_command(*args, "COST", 0)[2]
-    # Every acknowledged grant survived; beyond them, at most the calls in
-    # flight at the kill (one per client) and, with WAITAOF, the grants
-    # whose WAITAOF had not answered.
-    assert acked <= spent <= acked + counts["unacked"] + len(threads), (acked, spent, counts)
+    # Nothing beyond the acknowledged grants, the calls in flight at the
+    # kill (one per client) and, with WAITAOF, the grants whose WAITAOF had
+    # not answered.
+    assert spent <= acked + counts["unacked"] + len(threads), (acked, spent, counts)
     print(json.dumps({"fsync": fsync, "waitaof": waitaof, "acked": acked, "spent": spent,
-                      "server": str(SERVER)}))
+                      "lost": max(0, acked - spent), "server": str(SERVER)}))
+    if fsync == "always" or waitaof:
+        # Every acknowledged grant survived.
+        assert acked <= spent, (acked, spent, counts)
