@@ -685,9 +685,11 @@ def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3
         snaps["before"] = (a.count(), b.count())
         majority = [n.host for n in topo.replicas()] + [s.host for s in topo.sentinels] + [gw_b.host]
         topo.firewall.cut([old.host, gw_a.host], majority)
+        t = {"cut": time.monotonic()}
         snaps["cut"] = (a.count(), b.count())
         on_old = {"cut": a.on(old.addr) + b.on(old.addr)}
         new = topo.wait_promoted(old)
+        t["promoted"] = time.monotonic()
         snaps["promoted"] = (a.count(), b.count())
         refused_at = []
 
@@ -695,11 +697,13 @@ def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3
             with a.lock:
                 if a.errors.get("NOREPLICAS", 0) and not refused_at:
                     refused_at.append(a.granted)
+                    t["refused"] = time.monotonic()
             return b.count() >= snaps["promoted"][1] + hold_grants
         wait_until(held, timeout=120, interval=0.005, what="grants on the new primary")
         snaps["during"] = (a.count(), b.count())
         on_old["heal"] = a.on(old.addr) + b.on(old.addr)
         topo.firewall.heal()
+        t["heal"] = time.monotonic()
         # Healed, the old primary is still a primary until the sentinels see
         # it again and turn it into a replica (they wait to see it claim the
         # role for a while first): gateway A's connection still reaches it.
@@ -710,6 +714,7 @@ def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3
                     and info.get("master_link_status") == "up")
         wait_until(rejoined, timeout=60, interval=0.02, what="the old primary rejoined as a replica")
         snaps["rejoined"] = (a.count(), b.count())
+        t["rejoined"] = time.monotonic()
         on_old["rejoined"] = a.on(old.addr) + b.on(old.addr)
         wait_until(lambda: a.count() > snaps["rejoined"][0] + 100, timeout=60, interval=0.005,
                    what="gateway A granting on the new primary")
@@ -742,4 +747,5 @@ def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3
         "after_rejoin": (a2 - ar) + (b2 - br), "granted": total, "spent": spent,
         "lost": total - spent, "old_primary_errors": dict(a.errors),
         "rejoined_state_matches": matches, "clients": minority_clients + majority_clients,
+        "seconds": {k: round(v - t["cut"], 2) for k, v in t.items() if k != "cut"},
     }
