@@ -430,7 +430,7 @@ class Topology:
 
     def gateway(self):
         self._gateways += 1
-        return Gateway(self.ip(9 + self._gateways), self.sentinels)
+        return Gateway(self.ip(10 + self._gateways % 200), self.sentinels)
 
     def close(self):
         for p in self.sentinels + self.nodes:
@@ -475,8 +475,9 @@ class Granters:
     and the call is retried. A thread stops at its first denial once
     `stop_on_denial` is set (after the old primary is gone), or at stop()."""
 
-    def __init__(self, gateways, key, capacity, n=6, wait_timeout_ms=None):
+    def __init__(self, gateways, key, capacity, n=6, wait_timeout_ms=None, wait_replicas=1):
         self.key = key
+        self.wait_replicas = wait_replicas
         self.capacity = capacity
         self.wait_timeout_ms = wait_timeout_ms
         self.lock = threading.Lock()
@@ -506,9 +507,9 @@ class Granters:
                     else:
                         p = r.pipeline(transaction=False)
                         p.execute_command(*args)
-                        p.execute_command("WAIT", 1, self.wait_timeout_ms)
+                        p.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
                         reply, acks = p.execute()
-                        allowed, acked = reply[0], acks >= 1
+                        allowed, acked = reply[0], acks >= self.wait_replicas
                 except redis.exceptions.RedisError as e:
                     kind = type(e).__name__
                     msg = str(e)
@@ -562,7 +563,7 @@ class Granters:
 
 
 def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_deadline_s=5.0,
-              continue_grants=200, capacity=10**9):
+              continue_grants=200, capacity=10**9, wait_replicas=None):
     """One failover under load. The clients grant from a fresh bucket of
     `capacity` that never refills. With `after_cut` None: once `cut_at`
     grants were received the primary is SIGKILLed (a lone process kill; the
@@ -573,7 +574,8 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
     as in a machine crash. The sentinels promote a replica; the rules are
     removed only after the promotion (else the dead primary's queued bytes
     would still reach the replicas). The clients go on until they received
-    `continue_grants` more from the new primary.
+    `continue_grants` more from the new primary. Strict mode pipelines
+    `WAIT wait_replicas` (default: every replica) after each grant.
 
     over = grants received + tokens the new primary still holds - capacity:
     the grants beyond capacity the bucket ends up making, without draining
@@ -591,7 +593,8 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
         assert oc.execute_command("RL.TOKENBUCKET", key, capacity, 1, HUGE)[0] == 1
     effect = oc.info("replication")["master_repl_offset"] - before
     gws = [topo.gateway() for _ in range(2)]
-    g = Granters(gws, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms)
+    g = Granters(gws, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms,
+                 wait_replicas=wait_replicas or len(topo.replicas()))
     try:
         g.wait_count(cut_at)
         named = [s.primary_addr() for s in topo.sentinels]
@@ -618,6 +621,11 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
         new = topo.wait_promoted(old)
         promote_s = time.monotonic() - t_kill
         topo.firewall.heal()
+        if strict_wait_ms is not None and g.wait_replicas > len(topo.replicas()) - 1:
+            # WAIT for every replica: the new primary has one fewer until
+            # the dead node is back (as a replica of it); until then strict
+            # clients fail closed.
+            restore_topology(topo)
         g.wait_count(at_kill + continue_grants)
     finally:
         g.stop()
