@@ -7,10 +7,12 @@ the over-admission is the grants beyond C. Configurations:
 
     async    default asynchronous replication
     minrep   min-replicas-to-write 1, min-replicas-max-lag 1
-    strict   each grant followed by WAIT 1 <timeout> in the same plain
-             pipeline (not MULTI/EXEC: inside a transaction WAIT cannot
-             block and answers at once); a grant counts only when WAIT says
-             a replica has it, else it is an error
+    strict   each grant followed by WAIT <every replica> <timeout> in the
+             same plain pipeline (not MULTI/EXEC: inside a transaction WAIT
+             cannot block and answers at once); a grant counts only when
+             WAIT says every replica has it, else it is an error (WAIT 1
+             with two replicas once let 428 acknowledged grants be granted
+             again: the sentinels promoted the replica that lacked them)
 
 Faults: a lone SIGKILL of the primary (`lone`); the primary<->replica links
 cut at a random moment and the primary SIGKILLed after N further grants, as
@@ -19,9 +21,10 @@ gateway on one side (`test_partition_*`); kill -9 of a server persisting to
 an AOF (`test_aof_*`).
 
 The bound a crash must fit: the grants the old primary acknowledged after
-the last byte it replicated, i.e. the grants the clients received while the
-link was cut (counted between the moment the cut began and the kill), plus
-at most one in flight per client at either end.
+the last byte its promoted replica received: the grants the clients
+received while the link was cut, plus the replica's lag at the cut (the
+effects between its frozen offset and the primary's offset read right
+after the cut), give or take one in flight per client.
 
 make test runs one run of each; RL_FAILOVER_RUNS=20 runs each crash
 configuration 20 times and prints the distributions (docs/operations.md,
