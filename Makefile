@@ -30,6 +30,7 @@ deps:  ## install missing system packages (Debian/Ubuntu)
 	command -v rsvg-convert >/dev/null || missing="$$missing librsvg2-bin"; \
 	command -v npm >/dev/null || missing="$$missing npm"; \
 	command -v valgrind >/dev/null || missing="$$missing valgrind"; \
+	command -v nft >/dev/null || missing="$$missing nftables"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
