@@ -204,10 +204,11 @@ class Limiter:
     """The library's RateLimit (backend chosen once, breaker, panic limits)
     and one limiter per route version."""
 
-    def __init__(self, url, timeout_ms, retry_ms, stats):
+    def __init__(self, url, timeout_ms, retry_ms, stats, backend="auto", lease_batch=0):
         self.rl = rrl.RateLimit.from_url(
-            url, timeout_ms=timeout_ms,
+            url, timeout_ms=timeout_ms, backend=backend,
             breaker=rrl.Breaker(failures=1, open_ms=retry_ms))
+        self.lease_batch = lease_batch
         self.stats = stats
         self.lock = threading.Lock()
         self.limiters = {}    # (route name, signature, instances) -> Limiter
@@ -222,8 +223,12 @@ class Limiter:
             with self.lock:
                 if len(self.limiters) > 1000:    # rules changed many times
                     self.limiters.clear()
-                lim = self.limiters.setdefault(
-                    k, self.rl.limiter(route.policy, panic=rrl.Panic(instances=instances)))
+                panic = rrl.Panic(instances=instances)
+                lim = self.limiters.get(k)
+                if lim is None:
+                    lim = self.limiters[k] = (
+                        self.rl.leased(route.policy, batch=self.lease_batch, panic=panic)
+                        if self.lease_batch else self.rl.limiter(route.policy, panic=panic))
         before = self.rl.breaker.state
         d = lim.limit(key, cost=route.cost)
         if d.source == "panic":
@@ -370,7 +375,16 @@ def main():
     ap.add_argument("--redis-retry-ms", type=int, default=500,
                     help="after a failure, use local limits this long before trying Redis "
                          "again (default 500)")
+    ap.add_argument("--backend", choices=("auto", "module", "lua"), default="auto",
+                    help="the module's RL.* commands, their Lua twins (EVALSHA), or whichever "
+                         "the server has (default auto)")
+    ap.add_argument("--lease-batch", type=int, default=0,
+                    help="decide from local reservoirs leased this many units at a time "
+                         "(the library's leased limiter); 0: one shared call per request "
+                         "(default 0)")
     opts = ap.parse_args()
+    if opts.lease_batch < 0:
+        raise SystemExit("--lease-batch must be 0 or more")
 
     up = urllib.parse.urlsplit(opts.upstream)
     if up.scheme != "http" or not up.hostname:
@@ -378,7 +392,8 @@ def main():
     stats = Stats()
     Handler.stats = stats
     Handler.rules = RulesFile(opts.rules, stats)
-    Handler.limiter = Limiter(opts.redis, opts.redis_timeout_ms, opts.redis_retry_ms, stats)
+    Handler.limiter = Limiter(opts.redis, opts.redis_timeout_ms, opts.redis_retry_ms, stats,
+                              opts.backend, opts.lease_batch)
     Handler.upstream = (up.hostname, up.port or 80)
     server = ThreadingHTTPServer((opts.host, opts.port), Handler)
     server.daemon_threads = True
