@@ -177,6 +177,26 @@ dist: build
 	(cd $(CURDIR)/dist && sha256sum $$name.tar.gz > $$name.tar.gz.sha256); \
 	echo "dist/$$name.tar.gz"
 
+# The edge bench (bench/edge/): HTTP load at a fixed rate in front of both
+# example gateways (per-request Lua, per-request module, leased; and a
+# no-limit baseline) while Redis stalls, forks, stops and is killed; writes
+# bench/edge/results-TAG.json, the BENCHMARKS.md section, docs/edge.svg/.png
+# (~10 min). QUICK=1: the short run make test does (< 2 min, reports under
+# /tmp/rl-edge-quick, checks the run worked, nothing about speed).
+# SERVER=valkey9.1 (a name of integration/servers.py or a path).
+.PHONY: bench-edge test-bench-edge
+test: test-bench-edge
+examples/node/node_modules/.installed: examples/node/package-lock.json | deps
+	cd examples/node && npm ci --no-audit --no-fund
+	touch $@
+
+bench-edge: build venv $(VENV)/.clients-py examples/node/node_modules/.installed
+	$(PY) bench/edge/edge.py $(if $(SERVER),--server $(SERVER)) \
+	  $(if $(QUICK),--quick --out /tmp/rl-edge-quick)
+
+test-bench-edge:
+	$(MAKE) bench-edge QUICK=1
+
 # lua/*.lua are generated from lua/src/ (python3 lua/build.py); make test
 # checks that the committed ones are what the generator writes.
 .PHONY: lua-check

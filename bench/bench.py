@@ -1431,7 +1431,16 @@ def write_summary(out):
       "single cells by ±0.1; the ratios are what carries over." % (runs[0]["machine"]["nproc"] if runs else "?"))
     for d in runs:
         summary_table(w, Report(d), d)
-    with open(os.path.join(out, "BENCHMARKS.md"), "w") as f:
+    # The edge bench's section (bench/edge/edge.py writes it) stays.
+    path = os.path.join(out, "BENCHMARKS.md")
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+        a, b = old.find("<!-- edge-bench:begin -->"), old.find("<!-- edge-bench:end -->")
+        if 0 <= a < b:
+            w("")
+            w(old[a:b + len("<!-- edge-bench:end -->")])
+    with open(path, "w") as f:
         f.write("\n".join(L) + "\n")
 
 

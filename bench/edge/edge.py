@@ -1,0 +1,787 @@
+#!/usr/bin/env python3
+"""The edge bench: HTTP load in front of each example gateway, Redis faults
+injected mid-run, latency and errors as a gateway's users see them.
+
+    bench/edge/edge.py                 full run (~10 min): writes
+                                       bench/edge/results-TAG.json, the
+                                       BENCHMARKS.md section, docs/edge.md
+                                       and its chart docs/edge.svg / .png
+    bench/edge/edge.py --quick --out DIR
+                                       short run (< 2 min), same code paths;
+                                       asserts the run worked (every mode made
+                                       decisions, nothing crashed), not speed
+    bench/edge/edge.py --render-only bench/edge/results-TAG.json
+
+For each gateway (examples/node, examples/python), in front of its own
+trivial upstream, one Redis server with the module (--server, default
+redis7.0 of integration/servers.py) and four runs with the same load and the
+same fault schedule:
+
+    baseline  the gateway on a path no rule limits (no Redis call): what the
+              gateway, the upstream and the load generator cost by themselves
+    lua       one EVALSHA of the Lua twin per request (--backend lua)
+    module    one RL.TOKENBUCKET per request (--backend module)
+    leased    the client library's leased limiter, batch 50 (--lease-batch 50)
+
+All with the gateways' Redis timeout at 5 ms and their breaker (1 failure
+opens it for 500 ms, then one probe) and panic limits (instances 1).
+
+Load: bench/edge/load.js, open loop at a fixed rate (each request due at
+its time, latency counted from then: no coordinated omission), 10,000
+tenants drawn from Zipf(s=1) plus one abusive tenant sending 20x its
+sustained rate. The rate is FRACTION of the capacity measured first
+(closed loop, per-request Lua mode, per gateway).
+
+Faults, on a fixed schedule during every run: DEBUG SLEEP 0.015 once a
+second for 10 s; BGSAVE of a dataset of a few GB (DEBUG POPULATE, --data-gb)
+for a real fork stall; SIGSTOP for 3 s, then SIGCONT; SIGKILL and an
+immediate restart (empty: no persistence, the limiter state is lost).
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(ROOT, "integration"))
+
+import redis  # noqa: E402
+import servers  # noqa: E402  (integration/servers.py: server builds by name)
+
+MODULE = os.environ.get("RL_MODULE", os.path.join(ROOT, "target", "release",
+                                                  "libredis_ratelimit.so"))
+MODES = ("baseline", "lua", "module", "leased")
+GATEWAYS = ("node", "python")
+TIMEOUT_MS = 5          # the gateways' Redis timeout: the incident's budget
+RETRY_MS = 500          # breaker open time before one probe
+LEASE_BATCH = 50
+FRACTION = 0.5          # of the measured capacity
+TENANTS = 10000
+SLEEP_S = 0.015         # DEBUG SLEEP of the stall phase
+
+
+class BenchError(RuntimeError):
+    pass
+
+
+def log(msg):
+    print(f"[edge {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(pred, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if pred():
+                return
+        except Exception:
+            pass
+        time.sleep(0.02)
+    raise BenchError(f"timed out waiting for {what}")
+
+
+# --------------------------------------------------------------- schedule
+
+def schedule(quick):
+    """Phases (name, start_s, end_s) and fault events (t_s, action)."""
+    if quick:
+        d = dict(warmup=1, steady=1.5, stall=2, rec1=0.5, fork=1, outage=1, rec2=0.5,
+                 restart=1, rec3=1.5)
+    else:
+        d = dict(warmup=3, steady=10, stall=10, rec1=5, fork=8, outage=3, rec2=5,
+                 restart=3, rec3=8)
+    phases, t = [], 0.0
+    for key in ("warmup", "steady", "stall", "rec1", "fork", "outage", "rec2", "restart",
+                "rec3"):
+        name = "recovery" if key.startswith("rec") else key
+        phases.append((name, t, t + d[key]))
+        t += d[key]
+    start = {p[0]: p[1] for p in phases if p[0] != "recovery"}
+    events = [(start["stall"] + i, "sleep") for i in range(int(d["stall"]))]
+    events += [(start["fork"], "bgsave"), (start["outage"], "stop"),
+               (start["outage"] + d["outage"], "cont"), (start["restart"], "kill")]
+    return phases, sorted(events), t
+
+
+# ------------------------------------------------------------------ Redis
+
+class Redis:
+    def __init__(self, binary, workdir):
+        self.binary = binary
+        self.dir = workdir
+        self.port = free_port()
+        self.proc = None
+        self.gen = 0
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+             "--loadmodule", MODULE, "--enable-debug-command", "local",
+             "--save", "", "--appendonly", "no", "--dir", self.dir,
+             "--rdbcompression", "no", "--rdbchecksum", "no", "--logfile", "redis.log"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.gen += 1
+        wait_for(lambda: self.client().ping(), 10, "redis to answer")
+
+    def client(self, timeout=2.0):
+        return redis.Redis(port=self.port, socket_timeout=timeout, socket_connect_timeout=timeout)
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def cpu(self):
+        i = self.client(0.5).info("cpu")
+        return (self.gen, float(i["used_cpu_sys"]) + float(i["used_cpu_user"]))
+
+
+# --------------------------------------------------------------- gateways
+
+def gateway_cmd(gw, port, up_port, redis_port, rules, mode):
+    if gw == "node":
+        head = ["node", os.path.join(ROOT, "examples", "node", "gateway.js")]
+    else:
+        head = [sys.executable, os.path.join(ROOT, "examples", "python", "gateway.py")]
+    cmd = head + ["--port", str(port), "--upstream", f"http://127.0.0.1:{up_port}",
+                  "--redis", f"redis://127.0.0.1:{redis_port}/0", "--rules", rules,
+                  "--redis-timeout-ms", str(TIMEOUT_MS), "--redis-retry-ms", str(RETRY_MS)]
+    if mode == "lua":
+        cmd += ["--backend", "lua"]
+    elif mode in ("module", "baseline"):
+        cmd += ["--backend", "module"]
+    elif mode == "leased":
+        cmd += ["--backend", "module", "--lease-batch", str(LEASE_BATCH)]
+    return cmd
+
+
+def upstream_cmd(gw, port):
+    if gw == "node":
+        return ["node", os.path.join(ROOT, "examples", "node", "upstream.js"), "--port", str(port)]
+    return [sys.executable, os.path.join(ROOT, "examples", "python", "upstream.py"),
+            "--port", str(port)]
+
+
+def http_ok(url):
+    with urllib.request.urlopen(url, timeout=1) as r:
+        return r.status == 200
+
+
+def stats(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/_gateway/stats", timeout=2) as r:
+        return json.load(r)
+
+
+def write_rules(path, r):
+    """Token bucket 'api' on /api/: capacity 10 r, refilled at r per second."""
+    doc = {"instances": 1, "routes": [{"name": "api", "match": "/api/", "algorithm": "tokenbucket",
+                                       "capacity": 10 * r, "rate": 10 * r, "period_ms": 10000}]}
+    with open(path, "w") as f:
+        json.dump(doc, f)
+
+
+class Procs:
+    """Every process the bench starts, stopped in reverse on the way out."""
+
+    def __init__(self):
+        self.procs = []
+
+    def start(self, cmd, log_path):
+        f = open(log_path, "ab")
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+        f.close()
+        self.procs.append(p)
+        return p
+
+    def stop(self, p):
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+    def stop_all(self):
+        for p in reversed(self.procs):
+            self.stop(p)
+        self.procs = []
+
+
+def load_cmd(port, path, rate, duration, abuse_rate, out=None, closed=0):
+    cmd = ["node", os.path.join(HERE, "load.js"), "--url", f"http://127.0.0.1:{port}",
+           "--path", path, "--rate", str(rate), "--duration", str(duration),
+           "--tenants", str(TENANTS), "--abuse-rate", str(abuse_rate)]
+    if out:
+        cmd += ["--out", out]
+    if closed:
+        cmd += ["--closed", str(closed)]
+    return cmd
+
+
+# ------------------------------------------------------------------- runs
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.quick = args.quick
+        self.binary = servers.server_path(args.server) if args.server in servers.SERVERS \
+            else args.server
+        self.tmp = tempfile.mkdtemp(prefix="rl-edge-")
+        self.procs = Procs()
+        self.phases, self.events, self.total = schedule(self.quick)
+
+    def close(self):
+        self.procs.stop_all()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def setup(self, gw, mode, r, tag):
+        """Redis (fresh), the upstream and the gateway in `mode`."""
+        d = os.path.join(self.tmp, f"{gw}-{mode}-{tag}")
+        os.makedirs(d)
+        rs = Redis(self.binary, d)
+        rs.start()
+        up_port, gw_port = free_port(), free_port()
+        rules = os.path.join(d, "rules.json")
+        write_rules(rules, r)
+        up = self.procs.start(upstream_cmd(gw, up_port), os.path.join(d, "upstream.log"))
+        g = self.procs.start(gateway_cmd(gw, gw_port, up_port, rs.port, rules, mode),
+                             os.path.join(d, "gateway.log"))
+        wait_for(lambda: http_ok(f"http://127.0.0.1:{gw_port}/_gateway/stats"), 15,
+                 f"the {gw} gateway")
+        return d, rs, up, g, gw_port
+
+    def teardown(self, rs, up, g):
+        self.procs.stop(g)
+        self.procs.stop(up)
+        self.procs.procs = [p for p in self.procs.procs if p not in (g, up)]
+        rs.kill()
+
+    def capacity(self, gw):
+        """Closed-loop requests/s of the gateway in per-request Lua mode."""
+        d, rs, up, g, port = self.setup(gw, "lua", 1000, "capacity")
+        try:
+            secs = 1 if self.quick else 5
+            conns = 8 if self.quick else 32
+            out = subprocess.run(load_cmd(port, "/api/items", 0, 1, 0, closed=conns),
+                                 capture_output=True, text=True, check=True)  # warm
+            out = subprocess.run(load_cmd(port, "/api/items", 0, secs, 0, closed=conns),
+                                 capture_output=True, text=True, check=True)
+            res = json.loads(out.stdout)
+            if res["done"] == 0 or res["s5xx"] or res["errors"]:
+                raise BenchError(f"capacity run of {gw} failed: {res}")
+            log(f"{gw}: capacity {res['rps']:.0f} req/s (closed loop, {conns} connections, "
+                f"lua mode)")
+            return res["rps"]
+        finally:
+            self.teardown(rs, up, g)
+
+    def faults(self, rs, started, marks, errors, populate_keys):
+        """Fires the schedule's events relative to the load's start; samples
+        Redis CPU at every phase boundary."""
+        bounds = sorted({p[1] for p in self.phases} | {p[2] for p in self.phases})
+        first = {"cont": 0, "cpu": 1}    # at one instant: resume, sample, then the fault
+        todo = sorted([(t, "cpu") for t in bounds] + self.events,
+                      key=lambda e: (e[0], first.get(e[1], 2)))
+        c = rs.client()
+        for t, what in todo:
+            delay = started + t - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            try:
+                if what == "cpu":
+                    try:
+                        marks.append((t, "cpu", rs.cpu()))
+                    except redis.RedisError:
+                        marks.append((t, "cpu", None))
+                elif what == "sleep":
+                    c.execute_command("DEBUG", "SLEEP", SLEEP_S)
+                    marks.append((t, what, None))
+                elif what == "bgsave":
+                    c.bgsave()
+                    marks.append((t, what, None))
+                elif what == "stop":
+                    rs.proc.send_signal(signal.SIGSTOP)
+                    marks.append((t, what, None))
+                elif what == "cont":
+                    rs.proc.send_signal(signal.SIGCONT)
+                    marks.append((t, what, None))
+                    try:
+                        fi = rs.client(5).info("persistence")
+                        marks.append((t, "fork_info", {
+                            "latest_fork_usec": rs.client(5).info("stats")["latest_fork_usec"],
+                            "bgsave_in_progress": fi["rdb_bgsave_in_progress"],
+                            "last_bgsave_status": fi["rdb_last_bgsave_status"],
+                            "last_bgsave_time_sec": fi["rdb_last_bgsave_time_sec"]}))
+                    except redis.RedisError as e:
+                        errors.append(f"info after SIGCONT: {e}")
+                elif what == "kill":
+                    try:
+                        marks.append((t, "cpu", rs.cpu()))
+                    except redis.RedisError:
+                        pass
+                    rs.kill()
+                    t_kill = time.time()
+                    rs.start()
+                    c = rs.client()
+                    marks.append((t, "kill", {"restart_ms": (time.time() - t_kill) * 1000}))
+            except Exception as e:   # a fault that did not happen is an error of the run
+                errors.append(f"{what} at {t}s: {type(e).__name__}: {e}")
+
+    def run(self, gw, mode, rate, r):
+        d, rs, up, g, port = self.setup(gw, mode, r, "run")
+        try:
+            keys = 10000 if self.quick else int(self.args.data_gb * 1e9 / 1000)
+            if keys:
+                t0 = time.monotonic()
+                rs.client(600).execute_command("DEBUG", "POPULATE", keys, "pop", 1000)
+                mem = rs.client().info("memory")["used_memory"]
+                log(f"{gw}/{mode}: populated {keys} keys of 1000 bytes, used_memory "
+                    f"{mem / 2**30:.2f} GiB in {time.monotonic() - t0:.1f} s")
+            out = os.path.join(d, "records.csv")
+            path = "/free/items" if mode == "baseline" else "/api/items"
+            lp = subprocess.Popen(load_cmd(port, path, rate, self.total, 20 * r, out),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            line = lp.stderr.readline()
+            if not line.startswith("started "):
+                raise BenchError(f"load generator: {line}{lp.stderr.read()}")
+            started = float(line.split()[1]) / 1000
+            marks, errors = [], []
+            ft = threading.Thread(target=self.faults, args=(rs, started, marks, errors, keys))
+            ft.start()
+            so, se = lp.communicate()
+            ft.join()
+            if lp.returncode != 0:
+                raise BenchError(f"load generator failed: {se}")
+            summary = json.loads(so)
+            gst = stats(port)
+            alive = {"gateway": g.poll() is None, "upstream": up.poll() is None}
+            recs = read_records(out)
+        finally:
+            self.teardown(rs, up, g)
+        return {"gateway": gw, "mode": mode, "rate": rate, "r": r, "summary": summary,
+                "gateway_stats": gst, "alive": alive, "marks": marks, "errors": errors,
+                "data_keys": keys, "records": recs}
+
+
+def read_records(path):
+    """[(due_ms, latency_ms, status, abusive)] of the load generator's file."""
+    out = []
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            a, b, c, e = line.split(",")
+            out.append((float(a), float(b), int(c), int(e)))
+    out.sort()
+    return out
+
+
+# --------------------------------------------------------------- analysis
+
+def pct(sorted_vals, p):
+    if not sorted_vals:
+        return float("nan")
+    i = min(len(sorted_vals) - 1, max(0, math.ceil(p / 100 * len(sorted_vals)) - 1))
+    return sorted_vals[i]
+
+
+def cpu_between(marks, t0, t1):
+    """Redis CPU seconds between two phase boundaries (across a restart: the
+    new process's own CPU since it started)."""
+    cpu = [(t, v) for t, w, v in marks if w == "cpu" and v is not None]
+    a = [v for t, v in cpu if abs(t - t0) < 1e-6]
+    b = [v for t, v in cpu if abs(t - t1) < 1e-6]
+    if not a or not b:
+        return None
+    a, b = a[0], b[-1]
+    return b[1] - a[1] if a[0] == b[0] else b[1]
+
+
+def analyse(run, phases, timeout_ms):
+    """Per phase: the figures of the report (baseline subtraction comes later)."""
+    r = run["r"]
+    cap = 10 * r
+    out = {}
+    recs = run["records"]
+    for name in dict.fromkeys(p[0] for p in phases):
+        if name == "warmup":
+            continue
+        spans = [(a, b) for n, a, b in phases if n == name]
+        sel = [x for x in recs if any(a * 1000 <= x[0] < b * 1000 for a, b in spans)]
+        length = sum(b - a for a, b in spans)
+        lat = sorted(x[1] for x in sel)
+        cpu = sum(c for c in (cpu_between(run["marks"], a, b) for a, b in spans)
+                  if c is not None)
+        ab = [x for x in sel if x[3]]
+        ab_ok = sum(1 for x in ab if x[2] == 200)
+        answered = sum(1 for x in sel if x[2] > 0)
+        out[name] = {
+            "n": len(sel), "seconds": length, "rps": answered / length if length else 0,
+            "p50": pct(lat, 50), "p99": pct(lat, 99), "p999": pct(lat, 99.9),
+            "max": lat[-1] if lat else float("nan"), "lat": lat,
+            "s5xx": sum(1 for x in sel if x[2] >= 500),
+            "timeouts": sum(1 for x in sel if x[2] == 0),
+            "errors": sum(1 for x in sel if x[2] == -1),
+            "denied": sum(1 for x in sel if x[2] == 429),
+            "abuse_sent": len(ab), "abuse_granted": ab_ok,
+            "abuse_beyond": max(0, ab_ok - round(r * length)),
+            "redis_cpu_s": cpu,
+            "cpu_ms_per_1k": (cpu * 1000 / (len(sel) / 1000)) if sel and cpu else 0.0,
+        }
+    # the abusive tenant over the whole run: its bucket allows cap + r * T
+    first = next((x[0] for x in recs if x[3]), None)
+    if first is not None:
+        t_end = recs[-1][0]
+        granted = sum(1 for x in recs if x[3] and x[2] == 200)
+        allowed = cap + r * (t_end - first) / 1000
+        out["_abuse_total"] = {"granted": granted, "allowed": allowed,
+                               "beyond": max(0, granted - allowed)}
+    return out
+
+
+def added(lat, base_p50):
+    """Requests whose latency exceeds the baseline's median by more than 3 / 5 ms."""
+    return (sum(1 for v in lat if v - base_p50 > 3), sum(1 for v in lat if v - base_p50 > 5))
+
+
+def series(run, bin_s):
+    """p99 latency per bin of due time: the chart's lines."""
+    bins = {}
+    for due, lat, _, _ in run["records"]:
+        bins.setdefault(int(due / 1000 / bin_s), []).append(lat)
+    return [((k + 0.5) * bin_s, pct(sorted(v), 99)) for k, v in sorted(bins.items())]
+
+
+# ---------------------------------------------------------------- reports
+
+COLORS = {"baseline": "#888888", "lua": "#d62728", "module": "#1f77b4", "leased": "#2ca02c"}
+FAULT_PHASES = {"stall": ("#f4b400", "15 ms DEBUG SLEEP every 1 s"),
+                "fork": ("#9c27b0", "BGSAVE (fork)"),
+                "outage": ("#d62728", "SIGSTOP 3 s"),
+                "restart": ("#555555", "SIGKILL + restart")}
+PHASE_ORDER = ("steady", "stall", "fork", "outage", "restart", "recovery")
+
+
+def fmt(v, nd=2):
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    return f"{v:.{nd}f}"
+
+
+def table(res):
+    """The Markdown tables (one per gateway)."""
+    out = []
+    for gw in GATEWAYS:
+        runs = res["runs"].get(gw)
+        if not runs:
+            continue
+        m = res["meta"]["gateways"][gw]
+        out.append(f"**{gw} gateway**: capacity {m['capacity']:.0f} req/s (closed loop, Lua "
+                   f"mode), offered {m['rate']} req/s; abusive tenant {20 * m['r']} req/s "
+                   f"against its {m['r']}/s (bucket {10 * m['r']}).\n")
+        out.append("| mode | phase | req/s | p50 | p99 | p99.9 | max | >3 ms | >5 ms | 5xx | "
+                   "timeouts | abuser beyond | Redis CPU ms / 1k |")
+        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for mode in MODES:
+            run = runs.get(mode)
+            if not run:
+                continue
+            for ph in PHASE_ORDER:
+                s = run["phases"].get(ph)
+                if not s:
+                    continue
+                if mode == "baseline":
+                    lat = [f"{fmt(s[k])}" for k in ("p50", "p99", "p999", "max")]
+                    over = ["", ""]
+                    beyond, cpu = "", ""
+                else:
+                    lat = [f"+{fmt(s['added'][k])}" if s["added"][k] >= 0 else fmt(s["added"][k])
+                           for k in ("p50", "p99", "p999", "max")]
+                    over = [str(s["over3"]), str(s["over5"])]
+                    beyond = str(s["abuse_beyond"])
+                    cpu = fmt(s["cpu_ms_per_1k"], 1)
+                out.append(f"| {mode} | {ph} | {s['rps']:.0f} | " + " | ".join(lat) + " | "
+                           + " | ".join(over) + f" | {s['s5xx']} | {s['timeouts']} | {beyond}"
+                           f" | {cpu} |")
+        tot = ", ".join(f"{mode} {runs[mode]['phases']['_abuse_total']['beyond']:.0f}"
+                        for mode in MODES[1:] if mode in runs
+                        and "_abuse_total" in runs[mode]["phases"])
+        out.append(f"\nAbusive tenant over the whole run, grants beyond its bucket "
+                   f"(capacity + rate x time): {tot}.\n")
+    return "\n".join(out)
+
+
+def svg_chart(res):
+    """Per gateway: p99 per bin, one line per mode (log scale), and the ratio
+    to the baseline's p99 in the same bin; fault windows shaded."""
+    W, PH, L, R, T = 900, 200, 60, 20, 30
+    gws = [g for g in GATEWAYS if g in res["runs"]]
+    H = T + len(gws) * (2 * PH + 90) + 30
+    total = res["meta"]["total_s"]
+    phases = res["meta"]["phases"]
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+             f'font-family="sans-serif" font-size="11">',
+             f'<rect width="{W}" height="{H}" fill="white"/>',
+             f'<text x="{L}" y="18" font-size="13">Edge latency under Redis faults '
+             f'({res["meta"]["server"]}, {res["meta"]["date"]}; shared 2-core machine, '
+             f'load avg {res["meta"]["loadavg"]})</text>']
+    y0 = T
+    for gw in gws:
+        runs = res["runs"][gw]
+        base = dict(runs["baseline"]["series"]) if "baseline" in runs else {}
+        for panel in ("p99", "ratio"):
+            top, bot = y0 + 20, y0 + PH
+            lo, hi = (0.1, 2000.0) if panel == "p99" else (0.5, 1000.0)
+
+            def X(t):
+                return L + (W - L - R) * t / total
+
+            def Y(v, lo=lo, hi=hi, top=top, bot=bot):
+                v = min(max(v, lo), hi)
+                return bot - (bot - top) * (math.log10(v) - math.log10(lo)) / (
+                    math.log10(hi) - math.log10(lo))
+            for name, a, b in phases:
+                if name in FAULT_PHASES:
+                    parts.append(f'<rect x="{X(a):.1f}" y="{top}" width="{X(b) - X(a):.1f}" '
+                                 f'height="{bot - top}" fill="{FAULT_PHASES[name][0]}" '
+                                 f'fill-opacity="0.15"/>')
+                    if panel == "p99":
+                        parts.append(f'<text x="{X(a) + 2:.1f}" y="{top + 10}" font-size="9" '
+                                     f'fill="#333">{name}</text>')
+            parts.append(f'<rect x="{L}" y="{top}" width="{W - L - R}" height="{bot - top}" '
+                         f'fill="none" stroke="#999"/>')
+            v = lo
+            while v <= hi * 1.0001:
+                parts.append(f'<line x1="{L}" x2="{W - R}" y1="{Y(v):.1f}" y2="{Y(v):.1f}" '
+                             f'stroke="#eee"/><text x="{L - 4}" y="{Y(v) + 3:.1f}" '
+                             f'text-anchor="end">{v:g}</text>')
+                v *= 10
+            if panel == "p99":
+                ref = res["runs"][gw]["baseline"]["phases"]["steady"]["p50"] + 3 \
+                    if "baseline" in runs else 3
+                parts.append(f'<line x1="{L}" x2="{W - R}" y1="{Y(ref):.1f}" y2="{Y(ref):.1f}" '
+                             f'stroke="#000" stroke-dasharray="4 3"/>'
+                             f'<text x="{W - R - 4}" y="{Y(ref) - 3:.1f}" text-anchor="end">'
+                             f'3 ms added (budget)</text>')
+                title = f"{gw} gateway: p99 latency per 0.5 s (ms, log)"
+            else:
+                parts.append(f'<line x1="{L}" x2="{W - R}" y1="{Y(1):.1f}" y2="{Y(1):.1f}" '
+                             f'stroke="#888"/>')
+                title = f"{gw} gateway: p99 / baseline p99 in the same 0.5 s (log)"
+            parts.append(f'<text x="{L}" y="{top - 5}" font-size="12">{title}</text>')
+            for mode in MODES:
+                if mode not in runs or (panel == "ratio" and mode == "baseline"):
+                    continue
+                pts = []
+                for t, p in runs[mode]["series"]:
+                    if panel == "ratio":
+                        b = base.get(t)
+                        if not b:
+                            continue
+                        p = p / b
+                    pts.append(f"{X(t):.1f},{Y(p):.1f}")
+                parts.append(f'<polyline fill="none" stroke="{COLORS[mode]}" stroke-width="1.5" '
+                             f'points="{" ".join(pts)}"/>')
+            y0 += PH + 25
+        # legend and time axis
+        x = L
+        for mode in MODES:
+            parts.append(f'<line x1="{x}" x2="{x + 20}" y1="{y0}" y2="{y0}" '
+                         f'stroke="{COLORS[mode]}" stroke-width="2"/>'
+                         f'<text x="{x + 24}" y="{y0 + 4}">{mode}</text>')
+            x += 90
+        for t in range(0, int(total) + 1, 5):
+            parts.append(f'<text x="{L + (W - L - R) * t / total:.1f}" y="{y0 + 4}" '
+                         f'text-anchor="middle" fill="#666">{t if x < L + (W - L - R) * t / total - 10 else ""}</text>')
+        parts.append(f'<text x="{W - R}" y="{y0 + 18}" text-anchor="end" fill="#666">'
+                     f'seconds into the run</text>')
+        y0 += 40
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def render(res, docs_dir, bench_md, readme=None):
+    svg = svg_chart(res)
+    os.makedirs(docs_dir, exist_ok=True)
+    svg_path = os.path.join(docs_dir, "edge.svg")
+    with open(svg_path, "w") as f:
+        f.write(svg)
+    if shutil.which("rsvg-convert"):
+        subprocess.run(["rsvg-convert", "-o", os.path.join(docs_dir, "edge.png"), svg_path],
+                       check=True)
+    tbl = table(res)
+    with open(os.path.join(docs_dir, "edge-table.md"), "w") as f:
+        f.write(tbl + "\n")
+    if bench_md and os.path.exists(bench_md):
+        replace_section(bench_md, tbl, res)
+    return tbl
+
+
+BEGIN, END = "<!-- edge-bench:begin -->", "<!-- edge-bench:end -->"
+
+
+def replace_section(path, tbl, res):
+    """BENCHMARKS.md: the edge section between its markers (added at the end
+    the first time)."""
+    m = res["meta"]
+    body = (f"{BEGIN}\n## At the edge: HTTP gateways under Redis faults (`make bench-edge`)\n\n"
+            f"{m['date']}, {m['server']}, one run; a shared 2-core machine (load average "
+            f"{m['loadavg']} when it ended, other work running): absolute figures are noisy, "
+            f"compare the modes within one gateway. Latency is end to end from the request's "
+            f"due time (open loop); baseline rows are absolute ms, the other rows the "
+            f"difference to the baseline's same percentile in the same phase; >3 ms / >5 ms: "
+            f"requests more than 3 / 5 ms above the baseline's median. What the phases are and "
+            f"the chart: [docs/edge.md](docs/edge.md).\n\n{tbl}\n{END}\n")
+    with open(path) as f:
+        s = f.read()
+    if BEGIN in s and END in s:
+        a = s.index(BEGIN)
+        b = s.index(END) + len(END) + 1
+        s = s[:a] + body + s[b:]
+    else:
+        s = s.rstrip("\n") + "\n\n" + body
+    with open(path, "w") as f:
+        f.write(s)
+
+
+# ------------------------------------------------------------------- main
+
+def finish_run(run, phases, base):
+    """Analysis of one run against its gateway's baseline phases."""
+    ph = analyse(run, phases, TIMEOUT_MS)
+    for name, s in ph.items():
+        if name.startswith("_"):
+            continue
+        if base is not None and name in base:
+            b = base[name]
+            s["added"] = {k: s[k] - b[k] for k in ("p50", "p99", "p999", "max")}
+            s["over3"], s["over5"] = added(s["lat"], b["p50"])
+        else:
+            s["added"] = {k: 0.0 for k in ("p50", "p99", "p999", "max")}
+            s["over3"], s["over5"] = added(s["lat"], s["p50"])
+    out = {k: v for k, v in run.items() if k != "records"}
+    out["series"] = series(run, 0.5)
+    out["phases"] = ph
+    return out
+
+
+def check(res, quick):
+    """What a run must show to count: every mode decided, nothing crashed."""
+    problems = []
+    for gw, runs in res["runs"].items():
+        for mode, run in runs.items():
+            gst = run["gateway_stats"]
+            if not all(run["alive"].values()):
+                problems.append(f"{gw}/{mode}: a process died: {run['alive']}")
+            if run["errors"]:
+                problems.append(f"{gw}/{mode}: faults failed: {run['errors']}")
+            sm = run["summary"]
+            if sm["done"] == 0:
+                problems.append(f"{gw}/{mode}: no request answered")
+            if mode == "baseline":
+                if gst["unlimited"] == 0:
+                    problems.append(f"{gw}/baseline: no unlimited request")
+                continue
+            if gst["redis_decisions"] == 0:
+                problems.append(f"{gw}/{mode}: no decision from Redis")
+            if gst["denied"] == 0:
+                problems.append(f"{gw}/{mode}: the abusive tenant was never denied")
+            if gst["fallbacks"] == 0:
+                problems.append(f"{gw}/{mode}: the outage never reached the panic limits")
+    return problems
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--server", default="redis7.0")
+    ap.add_argument("--tag", default=None)
+    ap.add_argument("--out", default=None, help="where reports go (quick: required)")
+    ap.add_argument("--data-gb", type=float, default=3.0,
+                    help="dataset for the fork stall (GB of 1000-byte values, default 3)")
+    ap.add_argument("--gateways", default=",".join(GATEWAYS))
+    ap.add_argument("--render-only", default=None)
+    args = ap.parse_args(argv)
+    tag = args.tag or (args.server if args.server in servers.SERVERS
+                       else os.path.basename(args.server))
+    if args.render_only:
+        with open(args.render_only) as f:
+            res = json.load(f)
+        print(render(res, os.path.join(ROOT, "docs"), os.path.join(ROOT, "BENCHMARKS.md")))
+        return 0
+    if args.quick and not args.out:
+        ap.error("--quick needs --out DIR (the quick run does not touch the tree)")
+    b = Bench(args)
+    phases = b.phases
+    res = {"meta": {"server": tag, "quick": args.quick, "phases": phases, "total_s": b.total,
+                    "timeout_ms": TIMEOUT_MS, "retry_ms": RETRY_MS, "lease_batch": LEASE_BATCH,
+                    "fraction": FRACTION, "tenants": TENANTS, "gateways": {},
+                    "data_gb": 0 if args.quick else args.data_gb},
+           "runs": {}}
+    t_start = time.time()
+    try:
+        for gw in args.gateways.split(","):
+            cap = b.capacity(gw)
+            rate = max(50, int(cap * FRACTION))
+            r = max(5, round(rate / 80))
+            res["meta"]["gateways"][gw] = {"capacity": cap, "rate": rate, "r": r}
+            res["runs"][gw] = {}
+            base = None
+            for mode in MODES:
+                log(f"{gw}/{mode}: {rate} req/s for {b.total:.0f} s")
+                run = b.run(gw, mode, rate, r)
+                done = finish_run(run, phases, base)
+                if mode == "baseline":
+                    base = done["phases"]
+                for s in done["phases"].values():
+                    s.pop("lat", None)
+                res["runs"][gw][mode] = done
+                st = done["phases"].get("stall", {})
+                log(f"{gw}/{mode}: steady p99 {done['phases']['steady']['p99']:.2f} ms, "
+                    f"stall p99 {st.get('p99', float('nan')):.2f} ms, "
+                    f"timeouts {done['summary']['timeouts']}, 5xx {done['summary']['s5xx']}")
+    finally:
+        b.close()
+    res["meta"]["date"] = datetime.datetime.now(datetime.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M UTC")
+    res["meta"]["loadavg"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    res["meta"]["elapsed_s"] = time.time() - t_start
+    problems = check(res, args.quick)
+    if args.quick:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(res, f)
+        render(res, args.out, None)
+    else:
+        path = os.path.join(HERE, f"results-{tag}.json")
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+        print(render(res, os.path.join(ROOT, "docs"), os.path.join(ROOT, "BENCHMARKS.md")))
+    log(f"done in {res['meta']['elapsed_s']:.0f} s")
+    if problems:
+        for p in problems:
+            log(f"FAILED: {p}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
