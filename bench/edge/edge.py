@@ -24,13 +24,17 @@ same fault schedule:
     leased    the client library's leased limiter, batch 50 (--lease-batch 50)
 
 All with the gateways' Redis timeout at 5 ms and their breaker (1 failure
-opens it for 500 ms, then one probe) and panic limits (instances 1).
+opens it for 500 ms, then one probe) and panic limits: the rules say
+"instances": 2, so each gateway's panic limit is half the limit, which
+also tells the panic decisions apart in the X-RateLimit-Limit header.
 
 Load: bench/edge/load.js, open loop at a fixed rate (each request due at
 its time, latency counted from then: no coordinated omission), 10,000
 tenants drawn from Zipf(s=1) plus one abusive tenant sending 20x its
 sustained rate. The rate is FRACTION of the capacity measured first
-(closed loop, per-request Lua mode, per gateway).
+(closed loop, per-request Lua mode, per gateway). Every run starts with an
+unrecorded warm-up load (JIT, connections, leases) and then a recorded
+warm-up phase left out of the figures.
 
 Faults, on a fixed schedule during every run: DEBUG SLEEP 0.015 once a
 second for 10 s; BGSAVE of a dataset of a few GB (DEBUG POPULATE, --data-gb)
@@ -66,7 +70,7 @@ GATEWAYS = ("node", "python")
 TIMEOUT_MS = 5          # the gateways' Redis timeout: the incident's budget
 RETRY_MS = 500          # breaker open time before one probe
 LEASE_BATCH = 50
-FRACTION = 0.5          # of the measured capacity
+FRACTION = 0.3          # of the measured capacity
 TENANTS = 10000
 SLEEP_S = 0.015         # DEBUG SLEEP of the stall phase
 
@@ -144,9 +148,25 @@ class Redis:
         return redis.Redis(port=self.port, socket_timeout=timeout, socket_connect_timeout=timeout)
 
     def kill(self):
+        """SIGKILL, with any BGSAVE child (it would outlive the server, finish
+        the dump, and the restarted server would load it)."""
         if self.proc and self.proc.poll() is None:
+            pid = self.proc.pid
+            try:
+                with open(f"/proc/{pid}/task/{pid}/children") as f:
+                    children = [int(c) for c in f.read().split()]
+            except OSError:
+                children = []
             self.proc.kill()
             self.proc.wait()
+            for c in children:
+                try:
+                    os.kill(c, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for name in os.listdir(self.dir):
+            if name.endswith(".rdb"):
+                os.unlink(os.path.join(self.dir, name))
 
     def cpu(self):
         i = self.client(0.5).info("cpu")
@@ -189,10 +209,20 @@ def stats(port):
         return json.load(r)
 
 
+INSTANCES = 2   # the rules' "instances": each gateway's panic limit is half the limit
+
+
+def capacity_of(r):
+    """The tenants' bucket: r per second, bursts of at least 100 (so that a
+    lease of 50 is a lease of 50)."""
+    return max(100, 10 * r)
+
+
 def write_rules(path, r):
-    """Token bucket 'api' on /api/: capacity 10 r, refilled at r per second."""
-    doc = {"instances": 1, "routes": [{"name": "api", "match": "/api/", "algorithm": "tokenbucket",
-                                       "capacity": 10 * r, "rate": 10 * r, "period_ms": 10000}]}
+    """Token bucket 'api' on /api/: capacity_of(r), refilled at r per second."""
+    doc = {"instances": INSTANCES,
+           "routes": [{"name": "api", "match": "/api/", "algorithm": "tokenbucket",
+                       "capacity": capacity_of(r), "rate": r, "period_ms": 1000}]}
     with open(path, "w") as f:
         json.dump(doc, f)
 
@@ -273,6 +303,9 @@ class Bench:
         self.procs.stop(up)
         self.procs.procs = [p for p in self.procs.procs if p not in (g, up)]
         rs.kill()
+        for name in os.listdir(rs.dir):      # the run's files (records, logs) stay in memory
+            if name.endswith(".csv"):
+                os.unlink(os.path.join(rs.dir, name))
 
     def capacity(self, gw):
         """Closed-loop requests/s of the gateway in per-request Lua mode."""
@@ -357,6 +390,8 @@ class Bench:
                     f"{mem / 2**30:.2f} GiB in {time.monotonic() - t0:.1f} s")
             out = os.path.join(d, "records.csv")
             path = "/free/items" if mode == "baseline" else "/api/items"
+            warm = load_cmd(port, path, rate, 0.5 if self.quick else 5, 20 * r)
+            subprocess.run(warm + ["--seed", "2"], capture_output=True, check=True)
             lp = subprocess.Popen(load_cmd(port, path, rate, self.total, 20 * r, out),
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             line = lp.stderr.readline()
@@ -388,8 +423,8 @@ def read_records(path):
         for line in f:
             if line.startswith("#") or not line.strip():
                 continue
-            a, b, c, e = line.split(",")
-            out.append((float(a), float(b), int(c), int(e)))
+            a, b, c, e, lim = line.rstrip("\n").split(",")
+            out.append((float(a), float(b), int(c), int(e), int(lim) if lim else 0))
     out.sort()
     return out
 
@@ -418,7 +453,7 @@ def cpu_between(marks, t0, t1):
 def analyse(run, phases, timeout_ms):
     """Per phase: the figures of the report (baseline subtraction comes later)."""
     r = run["r"]
-    cap = 10 * r
+    cap = capacity_of(r)
     out = {}
     recs = run["records"]
     for name in dict.fromkeys(p[0] for p in phases):
@@ -432,6 +467,8 @@ def analyse(run, phases, timeout_ms):
                   if c is not None)
         ab = [x for x in sel if x[3]]
         ab_ok = sum(1 for x in ab if x[2] == 200)
+        limited = [x for x in sel if x[4]]
+        panic = sum(1 for x in limited if x[4] == cap // INSTANCES)
         answered = sum(1 for x in sel if x[2] > 0)
         out[name] = {
             "n": len(sel), "seconds": length, "rps": answered / length if length else 0,
@@ -441,19 +478,30 @@ def analyse(run, phases, timeout_ms):
             "timeouts": sum(1 for x in sel if x[2] == 0),
             "errors": sum(1 for x in sel if x[2] == -1),
             "denied": sum(1 for x in sel if x[2] == 429),
+            "panic_share": panic / len(limited) if limited else 0.0,
             "abuse_sent": len(ab), "abuse_granted": ab_ok,
+            "abuse_panic": sum(1 for x in ab if x[2] == 200 and x[4] == cap // INSTANCES),
             "abuse_beyond": max(0, ab_ok - round(r * length)),
             "redis_cpu_s": cpu,
             "cpu_ms_per_1k": (cpu * 1000 / (len(sel) / 1000)) if sel and cpu else 0.0,
         }
     # the abusive tenant over the whole run: its bucket allows cap + r * T
+    # (the shared bucket's, plus the panic bucket's cap / INSTANCES + r / INSTANCES
+    # x T that the design allows while Redis is away; the kill loses the shared
+    # bucket's state, which allows cap more)
     first = next((x[0] for x in recs if x[3]), None)
     if first is not None:
         t_end = recs[-1][0]
-        granted = sum(1 for x in recs if x[3] and x[2] == 200)
-        allowed = cap + r * (t_end - first) / 1000
-        out["_abuse_total"] = {"granted": granted, "allowed": allowed,
-                               "beyond": max(0, granted - allowed)}
+        ok = [x for x in recs if x[3] and x[2] == 200]
+        pan = sum(1 for x in ok if x[4] == cap // INSTANCES)
+        span = (t_end - first) / 1000
+        allowed = cap + r * span
+        out["_abuse_total"] = {
+            "granted": len(ok), "shared": len(ok) - pan, "panic": pan, "allowed": allowed,
+            "beyond": max(0, len(ok) - allowed),
+            "shared_beyond": max(0, len(ok) - pan - allowed - cap),
+            "panic_allowed": cap // INSTANCES + r / INSTANCES * span,
+            "restart_allows": cap, "seconds": span}
     return out
 
 
@@ -465,7 +513,7 @@ def added(lat, base_p50):
 def series(run, bin_s):
     """p99 latency per bin of due time: the chart's lines."""
     bins = {}
-    for due, lat, _, _ in run["records"]:
+    for due, lat, *_ in run["records"]:
         bins.setdefault(int(due / 1000 / bin_s), []).append(lat)
     return [((k + 0.5) * bin_s, pct(sorted(v), 99)) for k, v in sorted(bins.items())]
 
@@ -496,10 +544,10 @@ def table(res):
         m = res["meta"]["gateways"][gw]
         out.append(f"**{gw} gateway**: capacity {m['capacity']:.0f} req/s (closed loop, Lua "
                    f"mode), offered {m['rate']} req/s; abusive tenant {20 * m['r']} req/s "
-                   f"against its {m['r']}/s (bucket {10 * m['r']}).\n")
+                   f"against its {m['r']}/s (bucket {capacity_of(m['r'])}).\n")
         out.append("| mode | phase | req/s | p50 | p99 | p99.9 | max | >3 ms | >5 ms | 5xx | "
-                   "timeouts | abuser beyond | Redis CPU ms / 1k |")
-        out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+                   "timeouts | panic | abuser granted (panic) / allowed | Redis CPU ms / 1k |")
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         for mode in MODES:
             run = runs.get(mode)
             if not run:
@@ -516,16 +564,26 @@ def table(res):
                     lat = [f"+{fmt(s['added'][k])}" if s["added"][k] >= 0 else fmt(s["added"][k])
                            for k in ("p50", "p99", "p999", "max")]
                     over = [str(s["over3"]), str(s["over5"])]
-                    beyond = str(s["abuse_beyond"])
+                    beyond = (f"{s['abuse_granted']} ({s['abuse_panic']}) / "
+                              f"{m['r'] * s['seconds']:.0f}")
                     cpu = fmt(s["cpu_ms_per_1k"], 1)
+                panic = "" if mode == "baseline" else f"{100 * s['panic_share']:.0f}%"
                 out.append(f"| {mode} | {ph} | {s['rps']:.0f} | " + " | ".join(lat) + " | "
-                           + " | ".join(over) + f" | {s['s5xx']} | {s['timeouts']} | {beyond}"
-                           f" | {cpu} |")
-        tot = ", ".join(f"{mode} {runs[mode]['phases']['_abuse_total']['beyond']:.0f}"
-                        for mode in MODES[1:] if mode in runs
-                        and "_abuse_total" in runs[mode]["phases"])
-        out.append(f"\nAbusive tenant over the whole run, grants beyond its bucket "
-                   f"(capacity + rate x time): {tot}.\n")
+                           + " | ".join(over) + f" | {s['s5xx']} | {s['timeouts']} | {panic} | "
+                           f"{beyond} | {cpu} |")
+        out.append("\nAbusive tenant over the whole run (from its first request): granted "
+                   "(of which by panic limits) against what its bucket allows (capacity + "
+                   "rate x time) and what the panic buckets may add (capacity / 2 + rate / 2 x "
+                   "time):\n")
+        for mode in MODES[1:]:
+            a = runs.get(mode, {}).get("phases", {}).get("_abuse_total")
+            if a:
+                out.append(f"- {mode}: {a['granted']} granted ({a['panic']} panic) in "
+                           f"{a['seconds']:.0f} s; the bucket allows {a['allowed']:.0f}, the "
+                           f"panic buckets {a['panic_allowed']:.0f} more, the restart's lost "
+                           f"state {a['restart_allows']} more; shared grants beyond the bucket "
+                           f"and the restart: {a['shared_beyond']:.0f}")
+        out.append("")
     return "\n".join(out)
 
 
@@ -549,7 +607,7 @@ def svg_chart(res):
         base = dict(runs["baseline"]["series"]) if "baseline" in runs else {}
         for panel in ("p99", "ratio"):
             top, bot = y0 + 20, y0 + PH
-            lo, hi = (0.1, 2000.0) if panel == "p99" else (0.5, 1000.0)
+            lo, hi = (0.1, 3000.0) if panel == "p99" else (0.1, 1000.0)
 
             def X(t):
                 return L + (W - L - R) * t / total
@@ -601,18 +659,20 @@ def svg_chart(res):
                 parts.append(f'<polyline fill="none" stroke="{COLORS[mode]}" stroke-width="1.5" '
                              f'points="{" ".join(pts)}"/>')
             y0 += PH + 25
-        # legend and time axis
+        # time axis, then the legend
+        y0 += 8
         x = L
         for mode in MODES:
             parts.append(f'<line x1="{x}" x2="{x + 20}" y1="{y0}" y2="{y0}" '
                          f'stroke="{COLORS[mode]}" stroke-width="2"/>'
                          f'<text x="{x + 24}" y="{y0 + 4}">{mode}</text>')
             x += 90
-        for t in range(0, int(total) + 1, 5):
-            parts.append(f'<text x="{L + (W - L - R) * t / total:.1f}" y="{y0 + 4}" '
-                         f'text-anchor="middle" fill="#666">{t if x < L + (W - L - R) * t / total - 10 else ""}</text>')
-        parts.append(f'<text x="{W - R}" y="{y0 + 18}" text-anchor="end" fill="#666">'
-                     f'seconds into the run</text>')
+        step = 5 if total > 20 else 1
+        for t in range(0, int(total) + 1, step):
+            parts.append(f'<text x="{L + (W - L - R) * t / total:.1f}" y="{y0 - 12}" '
+                         f'text-anchor="middle" fill="#666">{t}</text>')
+        parts.append(f'<text x="{W - R}" y="{y0 + 4}" text-anchor="end" fill="#666">'
+                     f'seconds into the run (first {phases[0][2]:g} s: warm-up)</text>')
         y0 += 40
     parts.append("</svg>")
     return "\n".join(parts)
@@ -714,10 +774,14 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--server", default="redis7.0")
     ap.add_argument("--tag", default=None)
-    ap.add_argument("--out", default=None, help="where reports go (quick: required)")
-    ap.add_argument("--data-gb", type=float, default=3.0,
-                    help="dataset for the fork stall (GB of 1000-byte values, default 3)")
+    ap.add_argument("--out", default=None,
+                    help="write the results and reports there, not into the tree "
+                         "(required with --quick)")
+    ap.add_argument("--data-gb", type=float, default=2.0,
+                    help="dataset for the fork stall (GB of 1000-byte values, default 2)")
     ap.add_argument("--gateways", default=",".join(GATEWAYS))
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="a subset for development (the baseline must come first)")
     ap.add_argument("--render-only", default=None)
     args = ap.parse_args(argv)
     tag = args.tag or (args.server if args.server in servers.SERVERS
@@ -741,11 +805,11 @@ def main(argv=None):
         for gw in args.gateways.split(","):
             cap = b.capacity(gw)
             rate = max(50, int(cap * FRACTION))
-            r = max(5, round(rate / 80))
+            r = max(1, rate // 80)     # the abusive tenant: 20 r, a quarter of the load
             res["meta"]["gateways"][gw] = {"capacity": cap, "rate": rate, "r": r}
             res["runs"][gw] = {}
             base = None
-            for mode in MODES:
+            for mode in args.modes.split(","):
                 log(f"{gw}/{mode}: {rate} req/s for {b.total:.0f} s")
                 run = b.run(gw, mode, rate, r)
                 done = finish_run(run, phases, base)
@@ -765,7 +829,7 @@ def main(argv=None):
     res["meta"]["loadavg"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
     res["meta"]["elapsed_s"] = time.time() - t_start
     problems = check(res, args.quick)
-    if args.quick:
+    if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(res, f)

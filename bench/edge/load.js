@@ -14,8 +14,10 @@
 // Traffic: --tenants N callers drawn from a Zipf(s = --zipf) law, sent as
 // X-Api-Key "t<rank>", plus one abusive caller "abuser" getting exactly
 // --abuse-rate of the requests per second. --path is the request path.
-// --out: one line per request "due_ms,latency_ms,status,abusive" (status 0:
-// no answer within --timeout-ms; -1: connection error). stdout: a JSON summary.
+// --out: one line per request "due_ms,latency_ms,status,abusive,limit" (status
+// 0: no answer within --timeout-ms; -1: connection error; limit: the
+// X-RateLimit-Limit header, which tells panic decisions apart when the panic
+// limit differs from the shared one). stdout: a JSON summary.
 import fs from "node:fs";
 import http from "node:http";
 import { performance } from "node:perf_hooks";
@@ -76,7 +78,7 @@ const counts = { ok: 0, denied: 0, s5xx: 0, other: 0, timeouts: 0, errors: 0 };
 function fire(due, abusive, cb) {
   inflight += 1;
   let finished = false;
-  const finish = (status) => {
+  const finish = (status, limit) => {
     if (finished) return;
     finished = true;
     inflight -= 1;
@@ -88,7 +90,7 @@ function fire(due, abusive, cb) {
     else if (status === 0) counts.timeouts += 1;
     else if (status === -1) counts.errors += 1;
     else counts.other += 1;
-    if (o.out) lines.push(`${(due - T0).toFixed(3)},${lat.toFixed(3)},${status},${abusive ? 1 : 0}`);
+    if (o.out) lines.push(`${(due - T0).toFixed(3)},${lat.toFixed(3)},${status},${abusive ? 1 : 0},${limit || ""}`);
     if (cb) cb();
   };
   const key = abusive ? "abuser" : `t${zipf()}`;
@@ -97,7 +99,7 @@ function fire(due, abusive, cb) {
     headers: { "X-Api-Key": key },
   }, (res) => {
     res.on("data", () => {});
-    res.on("end", () => finish(res.statusCode));
+    res.on("end", () => finish(res.statusCode, res.headers["x-ratelimit-limit"]));
     res.on("error", () => finish(-1));
   });
   req.setTimeout(o["timeout-ms"], () => { req.destroy(); finish(0); });
