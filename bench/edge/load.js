@@ -13,8 +13,12 @@
 //
 // Traffic: --tenants N callers drawn from a Zipf(s = --zipf) law, sent as
 // X-Api-Key "t<rank>", plus one abusive caller "abuser" getting exactly
-// --abuse-rate of the requests per second. --path is the request path.
-// --out: one line per request "due_ms,latency_ms,status,abusive,limit" (status
+// --abuse-rate of the requests per second. --path is the request path; with
+// --control-every K, every K-th request of the mix goes to --control-path
+// instead (one no rule limits: the same gateway at the same moments, without
+// the limiter, to compare against).
+// --out: one line per request "due_ms,latency_ms,status,kind,limit" (kind 0
+// the mix, 1 the abusive tenant, 2 control; status
 // 0: no answer within --timeout-ms; -1: connection error; limit: the
 // X-RateLimit-Limit header, which tells panic decisions apart when the panic
 // limit differs from the shared one). stdout: a JSON summary.
@@ -26,7 +30,7 @@ function args(argv) {
   const o = {
     url: "http://127.0.0.1:8080", path: "/api/items", rate: 500, duration: 10, closed: 0,
     tenants: 10000, zipf: 1.0, "abuse-rate": 0, "timeout-ms": 2000, "max-sockets": 256,
-    out: "", seed: 1,
+    out: "", seed: 1, "control-path": "", "control-every": 0,
   };
   for (let i = 0; i < argv.length; i += 2) {
     const k = argv[i].replace(/^--/, "");
@@ -75,7 +79,9 @@ let inflight = 0;
 let done = 0;
 const counts = { ok: 0, denied: 0, s5xx: 0, other: 0, timeouts: 0, errors: 0 };
 
-function fire(due, abusive, cb) {
+// kind: 0 a tenant of the Zipf mix, 1 the abusive tenant, 2 a control request
+// (a tenant of the mix on --control-path, which no rule limits)
+function fire(due, kind, cb) {
   inflight += 1;
   let finished = false;
   const finish = (status, limit) => {
@@ -90,12 +96,12 @@ function fire(due, abusive, cb) {
     else if (status === 0) counts.timeouts += 1;
     else if (status === -1) counts.errors += 1;
     else counts.other += 1;
-    if (o.out) lines.push(`${(due - T0).toFixed(3)},${lat.toFixed(3)},${status},${abusive ? 1 : 0},${limit || ""}`);
+    if (o.out) lines.push(`${(due - T0).toFixed(3)},${lat.toFixed(3)},${status},${kind},${limit || ""}`);
     if (cb) cb();
   };
-  const key = abusive ? "abuser" : `t${zipf()}`;
+  const key = kind === 1 ? "abuser" : `t${zipf()}`;
   const req = http.request({
-    host: base.hostname, port: base.port, path: o.path, method: "GET", agent,
+    host: base.hostname, port: base.port, path: kind === 2 ? o["control-path"] : o.path, method: "GET", agent,
     headers: { "X-Api-Key": key },
   }, (res) => {
     res.on("data", () => {});
@@ -130,7 +136,8 @@ function openLoop() {
     const due = Math.min(total, Math.floor(((now - t0) * o.rate) / 1000) + 1);
     while (sent < due) {
       const abusive = Math.floor((sent + 1) * abuseEvery) > Math.floor(sent * abuseEvery);
-      fire(t0 + (sent * 1000) / o.rate, abusive, null);
+      const control = !abusive && o["control-every"] > 0 && sent % o["control-every"] === 0;
+      fire(t0 + (sent * 1000) / o.rate, abusive ? 1 : control ? 2 : 0, null);
       sent += 1;
     }
     if (sent < total) setTimeout(tick, 1);
@@ -160,7 +167,7 @@ function closedLoop() {
     }
     const abusive = Math.floor((n + 1) * abuseEvery) > Math.floor(n * abuseEvery);
     n += 1;
-    fire(performance.now(), abusive, next);
+    fire(performance.now(), abusive ? 1 : 0, next);
   };
   for (let i = 0; i < o.closed; i++) next();
 }
