@@ -74,7 +74,7 @@ GATEWAYS = ("node", "python")
 TIMEOUT_MS = 5          # the gateways' Redis timeout: the incident's budget
 RETRY_MS = 500          # breaker open time before one probe
 LEASE_BATCH = 50
-FRACTION = 0.3          # of the measured capacity
+FRACTION = 0.25         # of the measured capacity
 TENANTS = 10000
 SLEEP_S = 0.015         # DEBUG SLEEP of the stall phase
 
@@ -570,6 +570,20 @@ def table(res):
                     f"{s['s5xx']} | {s['timeouts']} | {100 * s['panic_share']:.0f}% | "
                     f"{s['abuse_granted']} ({s['abuse_panic']}) / {m['r'] * s['seconds']:.0f} | "
                     f"{fmt(s['cpu_ms_per_1k'], 1)} |")
+        out.append("\nThe client library's counters over the whole run, warm-up included "
+                   "(`rl.metrics()`):\n")
+        out.append("| mode | decisions module / lua / local / panic | Redis calls | failures | "
+                   "breaker trips (latency / failures) | leases | lease waits | refunds |")
+        out.append("|---|---:|---:|---:|---:|---:|---:|---:|")
+        for mode in MODES:
+            c = metrics_of(runs.get(mode, {}).get("gateway_stats", {}))
+            if c:
+                out.append(
+                    f"| {mode} | {c.get('decisions_module', 0)} / {c.get('decisions_lua', 0)} / "
+                    f"{c.get('decisions_local', 0)} / {c.get('decisions_panic', 0)} | "
+                    f"{c.get('calls', 0)} | {c.get('failures', 0)} | {c.get('trips', 0)} "
+                    f"({c.get('trips_latency', 0)} / {c.get('trips_failures', 0)}) | "
+                    f"{c.get('leases', 0)} | {c.get('lease_waits', 0)} | {c.get('refunds', 0)} |")
         out.append("\nThe abusive tenant over the whole run (from its first request):\n")
         for mode in MODES:
             a = runs.get(mode, {}).get("phases", {}).get("_abuse_total")
@@ -582,6 +596,14 @@ def table(res):
                            f"restart: {a['shared_beyond']:.0f}")
         out.append("")
     return "\n".join(out)
+
+
+def metrics_of(gateway_stats):
+    """The library's counters from a gateway's stats page, snake_case (Node's
+    are camelCase)."""
+    m = gateway_stats.get("limiter") or {}
+    return {"".join("_" + ch.lower() if ch.isupper() else ch for ch in k): v
+            for k, v in m.items()}
 
 
 def svg_chart(res):

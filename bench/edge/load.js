@@ -19,7 +19,7 @@
 // the limiter, to compare against).
 // --out: one line per request "due_ms,latency_ms,status,kind,limit" (kind 0
 // the mix, 1 the abusive tenant, 2 control; status
-// 0: no answer within --timeout-ms; -1: connection error; limit: the
+// 0: no answer within --timeout-ms of its due time; -1: connection error; limit: the
 // X-RateLimit-Limit header, which tells panic decisions apart when the panic
 // limit differs from the shared one). stdout: a JSON summary.
 import fs from "node:fs";
@@ -84,9 +84,11 @@ const counts = { ok: 0, denied: 0, s5xx: 0, other: 0, timeouts: 0, errors: 0 };
 function fire(due, kind, cb) {
   inflight += 1;
   let finished = false;
+  let timer = null;
   const finish = (status, limit) => {
     if (finished) return;
     finished = true;
+    if (timer !== null) clearTimeout(timer);
     inflight -= 1;
     done += 1;
     const lat = performance.now() - due;
@@ -108,7 +110,9 @@ function fire(due, kind, cb) {
     res.on("end", () => finish(res.statusCode, res.headers["x-ratelimit-limit"]));
     res.on("error", () => finish(-1));
   });
-  req.setTimeout(o["timeout-ms"], () => { req.destroy(); finish(0); });
+  // the deadline counts from the due time: a request still waiting for a
+  // socket in the agent's queue times out too
+  timer = setTimeout(() => { finish(0); req.destroy(); }, Math.max(0, o["timeout-ms"] - (performance.now() - due)));
   req.on("error", () => finish(-1));
   req.end();
 }
