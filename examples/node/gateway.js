@@ -300,6 +300,7 @@ function main() {
       sendJson(res, 200, "application/json", {
         ...stats,
         redis_errors: rl.metrics().failures,
+        limiter: rl.metrics(), // the client library's counters (DESIGN.md, "Metrics")
         redis: rl.breaker.state === "closed" ? "up" : "down",
         backend: rl.backend,
         instances: rules.instances,

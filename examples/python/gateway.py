@@ -353,6 +353,7 @@ class Handler(BaseHTTPRequestHandler):
     def stats_page(self):
         doc = self.stats.snapshot()
         doc["redis_errors"] = self.limiter.rl.metrics()["failures"]
+        doc["limiter"] = self.limiter.rl.metrics()   # the client library's counters
         rules = self.rules.rules
         doc.update({
             "redis": "up" if self.limiter.redis_up() else "down",
