@@ -768,6 +768,10 @@ def check(res):
                 problems.append(f"{gw}/{mode}: no control request reached the gateway")
             if gst["redis_decisions"] == 0:
                 problems.append(f"{gw}/{mode}: no decision from Redis")
+            own = {"lua": "decisions_lua", "module": "decisions_module",
+                   "leased": "decisions_local"}[mode]
+            if not metrics_of(gst).get(own):
+                problems.append(f"{gw}/{mode}: no decision by {own} (the mode did not run)")
             if gst["denied"] == 0:
                 problems.append(f"{gw}/{mode}: the abusive tenant was never denied")
             if gst["fallbacks"] == 0:
