@@ -46,6 +46,7 @@ immediate restart (empty: no persistence, the limiter state is lost).
 """
 import argparse
 import datetime
+import glob
 import json
 import math
 import os
@@ -74,7 +75,7 @@ GATEWAYS = ("node", "python")
 TIMEOUT_MS = 5          # the gateways' Redis timeout: the incident's budget
 RETRY_MS = 500          # breaker open time before one probe
 LEASE_BATCH = 50
-FRACTION = 0.25         # of the measured capacity
+FRACTION = 0.2          # of the measured capacity
 TENANTS = 10000
 SLEEP_S = 0.015         # DEBUG SLEEP of the stall phase
 
@@ -180,8 +181,9 @@ class Redis:
 # --------------------------------------------------------------- gateways
 
 def gateway_cmd(gw, port, up_port, redis_port, rules, mode):
-    if gw == "node":
-        head = ["node", os.path.join(ROOT, "examples", "node", "gateway.js")]
+    if gw == "node":   # EDGE_NODE_OPTIONS: e.g. --cpu-prof, to profile a gateway
+        head = ["node", *os.environ.get("EDGE_NODE_OPTIONS", "").split(),
+                os.path.join(ROOT, "examples", "node", "gateway.js")]
     else:
         head = [sys.executable, os.path.join(ROOT, "examples", "python", "gateway.py")]
     cmd = head + ["--port", str(port), "--upstream", f"http://127.0.0.1:{up_port}",
@@ -422,15 +424,16 @@ class Bench:
 
 
 def read_records(path):
-    """[(due_ms, latency_ms, status, kind, limit)] of the load generator's file
-    (kind 0: the mix, 1: the abusive tenant, 2: control; limit: X-RateLimit-Limit)."""
+    """[(due_ms, latency_ms, status, kind, limit, lag_ms)] of the load generator's
+    file (kind 0: the mix, 1: the abusive tenant, 2: control; limit:
+    X-RateLimit-Limit; lag: how late the generator sent it)."""
     out = []
     with open(path) as f:
         for line in f:
             if line.startswith("#") or not line.strip():
                 continue
-            a, b, c, e, lim = line.rstrip("\n").split(",")
-            out.append((float(a), float(b), int(c), int(e), int(lim) if lim else 0))
+            a, b, c, e, lim, lag = line.rstrip("\n").split(",")
+            out.append((float(a), float(b), int(c), int(e), int(lim) if lim else 0, float(lag)))
     out.sort()
     return out
 
@@ -478,6 +481,7 @@ def analyse(run, phases):
         ab_ok = [x for x in ab if x[2] == 200]
         decided = [x for x in lim if x[4]]
         st = {"n": len(lim), "n_control": len(ctl), "seconds": length,
+              "gen_lag_p99": pct(sorted(x[5] for x in sel), 99),
               "rps": sum(1 for x in sel if x[2] > 0) / length if length else 0,
               "s5xx": sum(1 for x in sel if x[2] >= 500),
               "timeouts": sum(1 for x in sel if x[2] == 0),
@@ -519,7 +523,7 @@ def analyse(run, phases):
 def series(run, bin_s):
     """(t, p99 of the limited requests, p99 of the control ones) per bin of due time."""
     bins = {}
-    for due, lat, _, kind, _ in run["records"]:
+    for due, lat, _, kind, *_ in run["records"]:
         bins.setdefault(int(due / 1000 / bin_s), ([], []))[kind == 2].append(lat)
     return [((k + 0.5) * bin_s, pct(sorted(a), 99), pct(sorted(c), 99))
             for k, (a, c) in sorted(bins.items()) if a and c]
@@ -550,10 +554,11 @@ def table(res):
                    f"mode), offered {m['rate']} req/s (a quarter of the mix on the unlimited "
                    f"control path); abusive tenant {20 * m['r']} req/s against its "
                    f"{m['r']}/s (bucket {capacity_of(m['r'])}).\n")
-        out.append("| mode | phase | req/s | control p50 / p99 | added p50 | p99 | p99.9 | max | "
-                   ">3 ms | >5 ms | 5xx | timeouts | panic | abuser granted (panic) / rate x t | "
-                   "Redis CPU ms / 1k |")
-        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        out.append("| mode | phase | req/s | generator lag p99 | control p50 / p99 | added p50 | "
+                   "p99 | p99.9 | max | >3 ms | >5 ms | 5xx | timeouts | panic | abuser granted "
+                   "(panic) / rate x t | Redis CPU ms / 1k |")
+        out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                   "---:|")
         for mode in MODES:
             run = runs.get(mode)
             if not run:
@@ -564,7 +569,8 @@ def table(res):
                     continue
                 lat = [fmt(s["added_" + k], sign=True) for k in ("p50", "p99", "p999", "max")]
                 out.append(
-                    f"| {mode} | {ph} | {s['rps']:.0f} | {fmt(s['control_p50'])} / "
+                    f"| {mode} | {ph} | {s['rps']:.0f} | {fmt(s['gen_lag_p99'])} | "
+                    f"{fmt(s['control_p50'])} / "
                     f"{fmt(s['control_p99'])} | " + " | ".join(lat) +
                     f" | {100 * s['over3'] / s['n']:.1f}% | {100 * s['over5'] / s['n']:.1f}% | "
                     f"{s['s5xx']} | {s['timeouts']} | {100 * s['panic_share']:.0f}% | "
@@ -697,47 +703,68 @@ def svg_chart(res):
     return "\n".join(parts)
 
 
-def render(res, docs_dir, bench_md, readme=None):
-    svg = svg_chart(res)
+SERVER_ORDER = ("redis7.0", "valkey8.1", "valkey9.1")
+
+
+def render(res, docs_dir, bench_md):
+    """The chart of this run (docs_dir/edge-TAG.svg and .png); with bench_md,
+    its section from every bench/edge/results-*.json, else docs_dir/edge-table.md."""
+    tag = res["meta"]["server"]
     os.makedirs(docs_dir, exist_ok=True)
-    svg_path = os.path.join(docs_dir, "edge.svg")
+    svg_path = os.path.join(docs_dir, f"edge-{tag}.svg")
     with open(svg_path, "w") as f:
-        f.write(svg)
+        f.write(svg_chart(res))
     if shutil.which("rsvg-convert"):
-        subprocess.run(["rsvg-convert", "-o", os.path.join(docs_dir, "edge.png"), svg_path],
-                       check=True)
+        subprocess.run(["rsvg-convert", "-o", svg_path[:-4] + ".png", svg_path], check=True)
     tbl = table(res)
-    with open(os.path.join(docs_dir, "edge-table.md"), "w") as f:
-        f.write(tbl + "\n")
     if bench_md and os.path.exists(bench_md):
-        replace_section(bench_md, tbl, res)
+        every = []
+        for path in glob.glob(os.path.join(HERE, "results-*.json")):
+            with open(path) as f:
+                every.append(json.load(f))
+        every.sort(key=lambda d: (SERVER_ORDER.index(d["meta"]["server"])
+                                  if d["meta"]["server"] in SERVER_ORDER else 99))
+        replace_section(bench_md, every)
+    else:
+        with open(os.path.join(docs_dir, "edge-table.md"), "w") as f:
+            f.write(tbl + "\n")
     return tbl
 
 
 BEGIN, END = "<!-- edge-bench:begin -->", "<!-- edge-bench:end -->"
 
 
-def replace_section(path, tbl, res):
+def replace_section(path, every):
     """BENCHMARKS.md: the edge section between its markers (added at the end
-    the first time)."""
-    m = res["meta"]
-    body = (f"{BEGIN}\n## At the edge: HTTP gateways under Redis faults (`make bench-edge`)\n\n"
-            f"{m['date']}, {m['server']}, one run; a shared 2-core machine (load average "
-            f"{m['loadavg']} when it ended, other work running): absolute figures are noisy, "
-            f"compare the modes within one gateway. Latency is end to end from the request's "
-            f"due time (open loop). Control: the requests on the unlimited path in the same "
-            f"run and phase (absolute ms); added: a limited request percentile minus the "
-            f"control's; >3 ms / >5 ms: limited requests more than 3 / 5 ms above the "
-            f"control's median; panic: decisions by the panic limits. What the phases are, "
-            f"the chart and what was learned: [docs/edge.md](docs/edge.md).\n\n{tbl}\n{END}\n")
+    the first time), one table set per server run."""
+    body = [f"{BEGIN}\n## At the edge: HTTP gateways under Redis faults (`make bench-edge`)\n",
+            "Generated by `bench/edge/edge.py` from `bench/edge/results-*.json`. One run per "
+            "server, on a shared 2-core machine (load average when it ended below; other "
+            "engineers' builds and tests were running): absolute figures are noisy, compare "
+            "within one run. Latency is end to end from the request's due time (open loop). "
+            "Control: the requests on the unlimited path in the same run and phase (absolute "
+            "ms); added: a limited request percentile minus the control's; >3 ms / >5 ms: "
+            "limited requests more than 3 / 5 ms above the control's median; panic: decisions "
+            "by the panic limits. The phases, the chart and what was learned: "
+            "[docs/edge.md](docs/edge.md).\n"]
+    for res in every:
+        m = res["meta"]
+        fi = [v for runs in res["runs"].values() for run in runs.values() for t, w, v in run["marks"]
+              if w == "fork_info"]
+        fork = ", ".join(f"{v['latest_fork_usec'] / 1000:.0f}" for v in fi)
+        body.append(f"### {m['server']}: {m['date']}\n\nLoad average {m['loadavg']} at the "
+                    f"end, {m['elapsed_s'] / 60:.1f} min; dataset {m['data_gb']:g} GB for the "
+                    f"fork (each run's fork: {fork} ms).\n\n{table(res)}")
+    body.append(f"{END}\n")
     with open(path) as f:
         s = f.read()
+    new = "\n".join(body)
     if BEGIN in s and END in s:
         a = s.index(BEGIN)
         b = s.index(END) + len(END) + 1
-        s = s[:a] + body + s[b:]
+        s = s[:a] + new + s[b:]
     else:
-        s = s.rstrip("\n") + "\n\n" + body
+        s = s.rstrip("\n") + "\n\n" + new
     with open(path, "w") as f:
         f.write(s)
 

@@ -17,11 +17,12 @@
 // --control-every K, every K-th request of the mix goes to --control-path
 // instead (one no rule limits: the same gateway at the same moments, without
 // the limiter, to compare against).
-// --out: one line per request "due_ms,latency_ms,status,kind,limit" (kind 0
+// --out: one line per request "due_ms,latency_ms,status,kind,limit,lag_ms" (kind 0
 // the mix, 1 the abusive tenant, 2 control; status
 // 0: no answer within --timeout-ms of its due time; -1: connection error; limit: the
 // X-RateLimit-Limit header, which tells panic decisions apart when the panic
-// limit differs from the shared one). stdout: a JSON summary.
+// limit differs from the shared one; lag: how late the generator itself sent
+// it, its own share of the latency). stdout: a JSON summary.
 import fs from "node:fs";
 import http from "node:http";
 import { performance } from "node:perf_hooks";
@@ -83,6 +84,7 @@ const counts = { ok: 0, denied: 0, s5xx: 0, other: 0, timeouts: 0, errors: 0 };
 // (a tenant of the mix on --control-path, which no rule limits)
 function fire(due, kind, cb) {
   inflight += 1;
+  const lag = performance.now() - due; // how late this generator sent it (its own lag)
   let finished = false;
   let timer = null;
   const finish = (status, limit) => {
@@ -98,7 +100,7 @@ function fire(due, kind, cb) {
     else if (status === 0) counts.timeouts += 1;
     else if (status === -1) counts.errors += 1;
     else counts.other += 1;
-    if (o.out) lines.push(`${(due - T0).toFixed(3)},${lat.toFixed(3)},${status},${kind},${limit || ""}`);
+    if (o.out) lines.push(`${(due - T0).toFixed(3)},${lat.toFixed(3)},${status},${kind},${limit || ""},${lag.toFixed(3)}`);
     if (cb) cb();
   };
   const key = kind === 1 ? "abuser" : `t${zipf()}`;
