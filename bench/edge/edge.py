@@ -658,10 +658,10 @@ def svg_chart(res):
                              f'text-anchor="end">{v:g}</text>')
                 v *= 10
             if panel == "p99":
-                for ref, label in ((3, "3 ms"), (5, "5 ms")):
+                for ref, label, dy in ((3, "3 ms", 11), (5, "5 ms", -3)):
                     parts.append(f'<line x1="{L}" x2="{W - R}" y1="{Y(ref):.1f}" '
                                  f'y2="{Y(ref):.1f}" stroke="#000" stroke-dasharray="4 3"/>'
-                                 f'<text x="{W - R - 4}" y="{Y(ref) - 3:.1f}" '
+                                 f'<text x="{W - R - 4}" y="{Y(ref) + dy:.1f}" '
                                  f'text-anchor="end">{label}</text>')
                 title = (f"{gw} gateway: p99 latency per 0.5 s, ms (log); grey: the control "
                          f"requests (unlimited path) of each run")
