@@ -52,7 +52,7 @@ venv: deps $(PY)  ## the test virtualenv .venv (integration/requirements.txt)
 
 # make test's stages, in the order they run; .ci/run runs them one by one
 # under their names (make test-stages prints them).
-TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-clients-py test-clients-node test-clients-fresh test-packaging test-container version-check lua-check
+TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-bench-edge test-clients-py test-clients-node test-clients-fresh test-packaging test-container version-check lua-check
 test: $(TEST_STAGES)  ## every stage of TEST_STAGES, in order (what CI runs)
 
 test-stages:  ## print the stages of make test, in order
@@ -262,6 +262,25 @@ dist: build  ## the release tarball in dist/
 	rm -rf $$stage; \
 	(cd $(CURDIR)/dist && sha256sum $$name.tar.gz > $$name.tar.gz.sha256); \
 	echo "dist/$$name.tar.gz"
+
+# The edge bench (bench/edge/): HTTP load at a fixed rate in front of both
+# example gateways (per-request Lua, per-request module, leased; and a
+# no-limit baseline) while Redis stalls, forks, stops and is killed; writes
+# bench/edge/results-TAG.json, the BENCHMARKS.md section, docs/edge.svg/.png
+# (~10 min). QUICK=1: the short run make test does (< 2 min, reports under
+# /tmp/rl-edge-quick, checks the run worked, nothing about speed).
+# SERVER=valkey9.1 (a name of integration/servers.py or a path).
+.PHONY: bench-edge test-bench-edge
+examples/node/node_modules/.installed: examples/node/package-lock.json | deps
+	cd examples/node && npm ci --no-audit --no-fund
+	touch $@
+
+bench-edge: build venv $(VENV)/.clients-py examples/node/node_modules/.installed client-lua  ## HTTP load on the example gateways under Redis faults (QUICK=1, SERVER=...)
+	$(PY) bench/edge/edge.py $(if $(SERVER),--server $(SERVER)) \
+	  $(if $(QUICK),--quick --out /tmp/rl-edge-quick)
+
+test-bench-edge:  ## the edge bench's short run (no speed asserted)
+	$(MAKE) bench-edge QUICK=1
 
 # The client packages carry the project's version (Cargo.toml's, the one
 # place it is set): make test checks; python3 tools/version.py --write sets it.

@@ -510,5 +510,13 @@ def write_summary(out):
         same_day="All on the same day." if len(days) == 1 else "**Not all on the same day: %s.**" % ", ".join(days),
         nproc=runs[0]["machine"]["nproc"] if runs else "?",
         servers=[line for d in runs for line in Report(d).summary()])
-    with open(os.path.join(out, "BENCHMARKS.md"), "w") as f:
+    # The edge bench's section (bench/edge/edge.py writes it) stays.
+    path = os.path.join(out, "BENCHMARKS.md")
+    if os.path.exists(path):
+        with open(path) as f:
+            old = f.read()
+        a, b = old.find("<!-- edge-bench:begin -->"), old.find("<!-- edge-bench:end -->")
+        if 0 <= a < b:
+            lines += ["", old[a:b + len("<!-- edge-bench:end -->")]]
+    with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

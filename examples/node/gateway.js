@@ -223,17 +223,25 @@ function parseArgs(argv) {
     rules: path.join(path.dirname(fileURLToPath(import.meta.url)), "..", "rules.json"),
     "redis-timeout-ms": 50,
     "redis-retry-ms": 500,
+    backend: "auto", // auto | module | lua (EVALSHA of the Lua twins)
+    "lease-batch": 0, // > 0: the library's leased limiter with batches of this many units
   };
   for (let i = 0; i < argv.length; i += 2) {
     const k = argv[i].replace(/^--/, "");
     if (!(k in opts) || argv[i + 1] === undefined) {
       log(`usage: node gateway.js [--host H] [--port N] [--upstream URL] [--redis URL] ` +
-        `[--rules FILE] [--redis-timeout-ms N] [--redis-retry-ms N]`);
+        `[--rules FILE] [--redis-timeout-ms N] [--redis-retry-ms N] [--backend auto|module|lua] ` +
+        `[--lease-batch N]`);
       process.exit(2);
     }
     opts[k] = argv[i + 1];
   }
-  for (const k of ["port", "redis-timeout-ms", "redis-retry-ms"]) opts[k] = Number(opts[k]);
+  for (const k of ["port", "redis-timeout-ms", "redis-retry-ms", "lease-batch"]) opts[k] = Number(opts[k]);
+  if (!["auto", "module", "lua"].includes(opts.backend) ||
+      !Number.isSafeInteger(opts["lease-batch"]) || opts["lease-batch"] < 0) {
+    log("--backend is auto, module or lua; --lease-batch an integer >= 0");
+    process.exit(2);
+  }
   return opts;
 }
 
@@ -265,14 +273,17 @@ function main() {
   // --redis-retry-ms, then one probe decides whether Redis is back.
   const rl = new RateLimit(redis, {
     timeoutMs,
+    backend: opts.backend,
     breaker: { failures: 1, openMs: opts["redis-retry-ms"], latencyBudgetMs: timeoutMs },
   });
   rl.breaker.onChange = (state) => {
     if (state === "open") log(`redis unavailable; panic limits for ${opts["redis-retry-ms"]} ms`);
     else if (state === "closed") log("redis answers again: shared limits");
   };
-  const rulesFile = new RulesFile(opts.rules, stats,
-    (route, instances) => rl.limiter(route.policy, { panic: new Panic({ instances }) }));
+  const batch = opts["lease-batch"];
+  const rulesFile = new RulesFile(opts.rules, stats, (route, instances) => (batch > 0
+    ? rl.leased(route.policy, { batch, panic: new Panic({ instances }) })
+    : rl.limiter(route.policy, { panic: new Panic({ instances }) })));
 
   const server = http.createServer((req, res) => {
     handle(req, res).catch((e) => {
@@ -289,6 +300,7 @@ function main() {
       sendJson(res, 200, "application/json", {
         ...stats,
         redis_errors: rl.metrics().failures,
+        limiter: rl.metrics(), // the client library's counters (DESIGN.md, "Metrics")
         redis: rl.breaker.state === "closed" ? "up" : "down",
         backend: rl.backend,
         instances: rules.instances,

@@ -204,10 +204,11 @@ class Limiter:
     """The library's RateLimit (backend chosen once, breaker, panic limits)
     and one limiter per route version."""
 
-    def __init__(self, url, timeout_ms, retry_ms, stats):
+    def __init__(self, url, timeout_ms, retry_ms, stats, backend="auto", lease_batch=0):
         self.rl = rrl.RateLimit.from_url(
-            url, timeout_ms=timeout_ms,
+            url, timeout_ms=timeout_ms, backend=backend,
             breaker=rrl.Breaker(failures=1, open_ms=retry_ms))
+        self.lease_batch = lease_batch
         self.stats = stats
         self.lock = threading.Lock()
         self.limiters = {}    # (route name, signature, instances) -> Limiter
@@ -222,8 +223,12 @@ class Limiter:
             with self.lock:
                 if len(self.limiters) > 1000:    # rules changed many times
                     self.limiters.clear()
-                lim = self.limiters.setdefault(
-                    k, self.rl.limiter(route.policy, panic=rrl.Panic(instances=instances)))
+                panic = rrl.Panic(instances=instances)
+                lim = self.limiters.get(k)
+                if lim is None:
+                    lim = self.limiters[k] = (
+                        self.rl.leased(route.policy, batch=self.lease_batch, panic=panic)
+                        if self.lease_batch else self.rl.limiter(route.policy, panic=panic))
         before = self.rl.breaker.state
         d = lim.limit(key, cost=route.cost)
         if d.source == "panic":
@@ -247,6 +252,10 @@ def caller_id(headers, client_addr):
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "rl-gateway-py"
+    # The head and the body go out in two writes: with Nagle's algorithm the
+    # body waits for the client's delayed ACK of the head, 40 ms on Linux, on
+    # every keep-alive request after the first.
+    disable_nagle_algorithm = True
     timeout = 60   # seconds a client connection may sit idle
     # set by main(): rules, limiter, stats, upstream (host, port)
 
@@ -344,6 +353,7 @@ class Handler(BaseHTTPRequestHandler):
     def stats_page(self):
         doc = self.stats.snapshot()
         doc["redis_errors"] = self.limiter.rl.metrics()["failures"]
+        doc["limiter"] = self.limiter.rl.metrics()   # the client library's counters
         rules = self.rules.rules
         doc.update({
             "redis": "up" if self.limiter.redis_up() else "down",
@@ -351,6 +361,13 @@ class Handler(BaseHTTPRequestHandler):
             "routes": [r.describe() for r in rules.routes],
         })
         self.send(200, [("Content-Type", "application/json")], json.dumps(doc).encode())
+
+
+class Server(ThreadingHTTPServer):
+    # socketserver's default listen backlog is 5: a burst of new connections
+    # overflows it and the kernel drops their SYNs, which the clients resend
+    # after 1 s (then 3 s).
+    request_queue_size = 1024
 
 
 def main():
@@ -366,7 +383,16 @@ def main():
     ap.add_argument("--redis-retry-ms", type=int, default=500,
                     help="after a failure, use local limits this long before trying Redis "
                          "again (default 500)")
+    ap.add_argument("--backend", choices=("auto", "module", "lua"), default="auto",
+                    help="the module's RL.* commands, their Lua twins (EVALSHA), or whichever "
+                         "the server has (default auto)")
+    ap.add_argument("--lease-batch", type=int, default=0,
+                    help="decide from local reservoirs leased this many units at a time "
+                         "(the library's leased limiter); 0: one shared call per request "
+                         "(default 0)")
     opts = ap.parse_args()
+    if opts.lease_batch < 0:
+        raise SystemExit("--lease-batch must be 0 or more")
 
     up = urllib.parse.urlsplit(opts.upstream)
     if up.scheme != "http" or not up.hostname:
@@ -374,9 +400,10 @@ def main():
     stats = Stats()
     Handler.stats = stats
     Handler.rules = RulesFile(opts.rules, stats)
-    Handler.limiter = Limiter(opts.redis, opts.redis_timeout_ms, opts.redis_retry_ms, stats)
+    Handler.limiter = Limiter(opts.redis, opts.redis_timeout_ms, opts.redis_retry_ms, stats,
+                              opts.backend, opts.lease_batch)
     Handler.upstream = (up.hostname, up.port or 80)
-    server = ThreadingHTTPServer((opts.host, opts.port), Handler)
+    server = Server((opts.host, opts.port), Handler)
     server.daemon_threads = True
     log(f"listening on http://{opts.host}:{server.server_address[1]} -> {opts.upstream}")
     try:
