@@ -228,12 +228,14 @@ class _Base:
     def _lost_backend(self):
         """An RL.* command is unknown where the module was found: the primary
         changed (a failover to a server without the module). The call is a
-        failure; the next one detects the backend again."""
-        if self.forced is None and self.backend == MODULE:
+        failure; the next one detects the backend again (unless a call that
+        answered later already did)."""
+        if self.forced is not None:
+            return False
+        if self.backend == MODULE:
             self.backend = None
             self._metrics.redetects += 1
-            return True
-        return False
+        return True
 
     def _set_backend(self, reply):
         """From COMMAND INFO's reply; None when backend="lua" asked nothing; a
