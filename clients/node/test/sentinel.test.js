@@ -128,6 +128,30 @@ for (const kind of RUN) {
   }
 }
 
+// The same switch without a failover's timing: the connection moves from a
+// server with the module to one without (as to a promoted replica), and
+// the first call there, answered in time with "unknown command", must be a
+// failure (panic), not an error for the caller; the next call detects Lua.
+for (const kind of RUN.filter((k) => line(k) === 'ioredis6')) {
+  test(`a primary that loses the module: a failure, then the backend detected again (${kind})`, async (t) => {
+    const a = await new Server().start();
+    t.after(() => a.close());
+    const b = await new Server({ module: false }).start();
+    t.after(() => b.close());
+    const c = await connect(kind, a.port);
+    t.after(() => c.close());
+    const { rl, lim } = limiter(c.client);
+    assert.equal((await lim.limit('k')).source, 'module');
+    c.client.options.port = b.port;
+    c.client.disconnect(true);
+    await waitUntil(async () => (await c.client.call('COMMAND', 'INFO', 'RL.TOKENBUCKET'))[0] === null,
+      { what: 'reconnected to the server without the module' });
+    assert.equal((await lim.limit('k')).source, 'panic');
+    assert.equal(rl.metrics().redetects, 1);
+    assert.equal((await lim.limit('k')).source, 'lua');
+  });
+}
+
 test('strict mode: the WAIT timeout must fit inside the call timeout', () => {
   const fake = { sendCommand() {}, isOpen: true, multi() {} };
   assert.throws(() => new RateLimit(fake, { timeoutMs: 5, strict: { timeoutMs: 5 } }), /strict\.timeoutMs.*timeoutMs/);
