@@ -99,6 +99,10 @@ export interface Metrics {
   refunds: number; refundTokens: number;
   trips: number; tripsFailures: number; tripsLatency: number;
   probesOk: number; probesFailed: number;
+  /** strict mode: grants WAIT did not see copied to enough replicas (failures, never grants) */
+  unreplicated: number;
+  /** times the module's commands became unknown (a failover to a server without it): backend detected again */
+  redetects: number;
   state: 'closed' | 'open' | 'halfOpen';
 }
 
@@ -107,7 +111,15 @@ export interface RateLimitOptions {
   timeoutMs?: number;
   backend?: 'auto' | 'module' | 'lua';
   breaker?: Breaker | BreakerOptions;
+  /**
+   * Strict mode: each grant is followed by `WAIT replicas timeoutMs` in the
+   * same pipeline and counts only when acknowledged; otherwise a failure
+   * (panic limits decide). true = {replicas: 1, timeoutMs: 80% of timeoutMs}.
+   */
+  strict?: boolean | StrictOptions;
 }
+
+export interface StrictOptions { replicas?: number; timeoutMs?: number }
 
 export class RateLimit {
   constructor(client: RedisLike, opts?: RateLimitOptions);

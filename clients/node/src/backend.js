@@ -31,8 +31,29 @@ export class BackendError extends Error {
 
 function isIoredisCluster(c) { return c && c.isCluster === true && typeof c.sendCommand === 'function'; }
 function isIoredis(c) { return c && typeof c.call === 'function' && typeof c.sendCommand === 'function' && 'options' in c; }
+function isNodeRedisSentinel(c) { return c && typeof c.getMasterNode === 'function' && typeof c.getSentinelNode === 'function' && typeof c.sendCommand === 'function'; }
 function isNodeRedisCluster(c) { return c && typeof c.getSlotRandomNode === 'function' && typeof c.sendCommand === 'function'; }
 function isNodeRedis(c) { return c && typeof c.sendCommand === 'function' && 'isOpen' in c; }
+
+// pipe(firstKey, [args, ...]) -> Promise<[reply or Error, ...]>: the commands
+// in one pipeline on one connection (strict mode's grant + WAIT).
+function nodeRedisPipe(client, sentinel) {
+  return async (firstKey, cmds) => {
+    const m = client.multi();
+    for (const a of cmds) {
+      if (sentinel) m.addCommand(false, a);
+      else m.addCommand(a);
+    }
+    try {
+      return await m.execAsPipeline();
+    } catch (e) {
+      if (e && Array.isArray(e.replies)) return e.replies; // MultiErrorReply: some replies are errors
+      // node-redis 6 rejects with the first error reply itself
+      if (/^NOSCRIPT/.test(errText(e))) return [e, null];
+      throw e;
+    }
+  };
+}
 
 /** send(firstKey, args: string[]) -> Promise<reply>, for any supported client. */
 export function adapt(client) {
@@ -50,13 +71,26 @@ export function adapt(client) {
     };
   }
   if (isIoredis(client)) {
-    return { kind: 'ioredis', send: (firstKey, args) => client.call(...args) };
+    return {
+      kind: client.options && Array.isArray(client.options.sentinels) ? 'ioredis-sentinel' : 'ioredis',
+      send: (firstKey, args) => client.call(...args),
+      async pipe(firstKey, cmds) {
+        const p = client.pipeline();
+        for (const a of cmds) p.call(...a);
+        const out = await p.exec();
+        return out.map(([err, reply]) => err || reply);
+      },
+    };
+  }
+  if (isNodeRedisSentinel(client)) {
+    // node-redis 5+ createSentinel: commands go to the primary it tracks
+    return { kind: 'node-redis-sentinel', send: (firstKey, args) => client.sendCommand(false, args), pipe: nodeRedisPipe(client, true) };
   }
   if (isNodeRedisCluster(client)) {
     return { kind: 'node-redis-cluster', send: (firstKey, args) => client.sendCommand(firstKey, false, args) };
   }
   if (isNodeRedis(client)) {
-    return { kind: 'node-redis', send: (firstKey, args) => client.sendCommand(args) };
+    return { kind: 'node-redis', send: (firstKey, args) => client.sendCommand(args), pipe: nodeRedisPipe(client, false) };
   }
   throw new TypeError('unsupported Redis client: pass an ioredis Redis/Cluster or a node-redis client/cluster');
 }
@@ -81,11 +115,39 @@ function errText(e) { return (e && e.message) || String(e); }
  * Backend: sends one decision (one policy, or several with RL.MULTI).
  * mode: 'auto' (module if RL.TOKENBUCKET exists, else Lua), 'module', 'lua'.
  */
+/**
+ * Strict mode's WAIT: {replicas, waitMs} from the `strict` option (true, or
+ * {replicas = 1, timeoutMs}), or null. WAIT's timeout (whole ms >= 1) must
+ * be shorter than the call's timeout; default 80% of it, rounded down.
+ */
+export function strictWait(strict, callTimeoutMs) {
+  if (strict === undefined || strict === null || strict === false) return null;
+  const o = strict === true ? {} : strict;
+  if (typeof o !== 'object') throw new TypeError('strict must be true, false or {replicas, timeoutMs}');
+  const replicas = o.replicas === undefined ? 1 : o.replicas;
+  if (!Number.isInteger(replicas) || replicas < 1) throw new RangeError('strict.replicas must be an integer >= 1');
+  const ms = o.timeoutMs === undefined ? Math.floor(callTimeoutMs * 0.8) : o.timeoutMs;
+  if (!Number.isInteger(ms) || ms < 1 || ms >= callTimeoutMs) {
+    throw new RangeError(`strict mode's WAIT timeout (${ms} ms: strict.timeoutMs) must be an integer of at least 1 ms `
+      + `and shorter than the call's timeout (${callTimeoutMs} ms: timeoutMs), so that the decision stays bounded`);
+  }
+  return { replicas, waitMs: ms };
+}
+
+/** A grant strict mode could not see copied: a failure (the breaker counts it), never a grant. */
+export class NotReplicatedError extends Error {
+  constructor(acked, wanted) { super(`grant acknowledged by ${acked} of ${wanted} replicas (strict mode)`); this.name = 'NotReplicatedError'; }
+}
+
 export class Backend {
-  constructor(client, { backend = 'auto' } = {}) {
+  constructor(client, { backend = 'auto', strict = null } = {}) {
     if (!['auto', 'module', 'lua'].includes(backend)) throw new TypeError(`backend must be auto, module or lua, not ${backend}`);
     this.client = client;
     this.io = adapt(client);
+    if (strict && !this.io.pipe) throw new TypeError(`strict mode is not supported on a ${this.io.kind} client (WAIT must follow the grant on the same node's connection)`);
+    this.strict = strict;
+    this.unreplicated = 0;
+    this.redetects = 0;
     this.wanted = backend;
     this.source = backend === 'auto' ? null : backend; // 'module' | 'lua' once known
     this.hasModuleMulti = null;
@@ -120,9 +182,9 @@ export class Backend {
     if (this.source === null || (this.source === 'module' && this.hasModuleMulti === null)) await this.detect();
     const tail = optionArgs(opt);
     if (this.source === 'module') {
-      return this.run(key, [policy.command, key, ...policy.args, ...tail]);
+      return this.run(key, [policy.command, key, ...policy.args, ...tail], grants(opt));
     }
-    return this.script(policy.script, [key], [...policy.args, ...tail]);
+    return this.script(policy.script, [key], [...policy.args, ...tail], grants(opt));
   }
 
   async multi(policies, keys, weights, opt) {
@@ -135,24 +197,39 @@ export class Backend {
     const tail = optionArgs(opt);
     if (this.source === 'module') {
       if (!this.hasModuleMulti) throw new BackendError('this server\'s redis-ratelimit module has no RL.MULTI (allOf needs it)');
-      return this.run(keys[0], ['RL.MULTI', String(keys.length), ...keys, ...limits, ...tail]);
+      return this.run(keys[0], ['RL.MULTI', String(keys.length), ...keys, ...limits, ...tail], grants(opt));
     }
     if (!SCRIPTS.multi) throw new BackendError('this package ships no multi.lua: allOf needs the module');
-    return this.script('multi', keys, [...limits, ...tail]);
+    return this.script('multi', keys, [...limits, ...tail], grants(opt));
   }
 
-  async run(firstKey, args) {
+  async run(firstKey, args, grant) {
     try {
+      if (grant && this.strict) return await this.waited(firstKey, [args]);
       return await this.io.send(firstKey, args);
     } catch (e) {
-      if (/unknown command/i.test(errText(e))) this.reset();
+      if (/unknown command/i.test(errText(e))) {
+        if (this.wanted === 'auto') {
+          // The module was found, and now its command is unknown: the
+          // primary changed (a failover to a server without it). A failure
+          // the breaker counts; the next call detects the backend again
+          // (unless a call that answered later already did).
+          if (this.source === 'module') {
+            this.reset();
+            this.redetects++;
+          }
+          throw new Error(`the server no longer has the module (${errText(e)}): backend detected again`, { cause: e });
+        }
+        this.reset();
+      }
       throw e;
     }
   }
 
-  async script(name, keys, args) {
+  async script(name, keys, args, grant) {
     const s = SCRIPTS[name];
     const head = [String(keys.length), ...keys, ...args];
+    if (grant && this.strict) return this.waited(keys[0], [['EVALSHA', s.sha, ...head], ['EVAL', s.text, ...head]]);
     try {
       return await this.io.send(keys[0], ['EVALSHA', s.sha, ...head]);
     } catch (e) {
@@ -160,7 +237,32 @@ export class Backend {
       return this.io.send(keys[0], ['EVAL', s.text, ...head]);
     }
   }
+
+  // Strict mode: the call and WAIT in one pipeline; the reply counts only
+  // when it granted nothing or enough replicas acknowledged it. `tries`:
+  // the call, then (Lua) the call that answers NOSCRIPT.
+  async waited(firstKey, tries) {
+    const { replicas, waitMs } = this.strict;
+    let reply;
+    for (const args of tries) {
+      const out = await this.io.pipe(firstKey, [args, ['WAIT', String(replicas), String(waitMs)]]);
+      reply = out[0];
+      if (reply instanceof Error && /^NOSCRIPT/.test(errText(reply))) continue;
+      if (reply instanceof Error) throw reply;
+      if (out[1] instanceof Error) throw out[1];
+      const acked = Number(out[1]);
+      if (Number(reply[0]) !== 0 && !(acked >= replicas)) {
+        this.unreplicated++;
+        throw new NotReplicatedError(acked, replicas);
+      }
+      return reply;
+    }
+    throw reply;
+  }
 }
+
+// A call that can grant (strict mode waits for its copy): not a refund, not a dry run.
+function grants(opt) { return !!opt && opt.refund === undefined && !opt.dryRun; }
 
 function optionArgs(opt) {
   const a = [];

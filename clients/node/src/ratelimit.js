@@ -1,7 +1,7 @@
 // RateLimit: one Redis client, one backend (module or Lua twins), one
 // circuit breaker; the limiters made from it share all three.
 import { performance } from 'node:perf_hooks';
-import { Backend, BackendError } from './backend.js';
+import { Backend, BackendError, strictWait } from './backend.js';
 import { Breaker, PanicBuckets, toPanic } from './breaker.js';
 import { EMPTY, UnavailableError, UnsupportedError, makeDecision, decodeSingle } from './decision.js';
 import { isPolicy, isAllOf, checkInt } from './policy.js';
@@ -27,10 +27,10 @@ function isOurs(e) {
 const UNAVAILABLE_REPLY = /^(BUSY|LOADING|MASTERDOWN|CLUSTERDOWN|TRYAGAIN|NOREPLICAS|READONLY)\b/;
 
 export class RateLimit {
-  constructor(client, { timeoutMs = 5, backend = 'auto', breaker } = {}) {
-    this._backend = new Backend(client, { backend });
-    this.timeoutMs = timeoutMs;
+  constructor(client, { timeoutMs = 5, backend = 'auto', breaker, strict } = {}) {
     if (typeof timeoutMs !== 'number' || !(timeoutMs > 0)) throw new RangeError('timeoutMs must be a number > 0');
+    this._backend = new Backend(client, { backend, strict: strictWait(strict, timeoutMs) });
+    this.timeoutMs = timeoutMs;
     this.breaker = breaker instanceof Breaker ? breaker : new Breaker(breaker || {});
     this.m = {
       decisionsModule: 0, decisionsLua: 0, decisionsLocal: 0, decisionsPanic: 0, denied: 0,
@@ -52,7 +52,8 @@ export class RateLimit {
 
   metrics() {
     const b = this.breaker;
-    return { ...this.m, trips: b.trips, tripsFailures: b.tripsFailures, tripsLatency: b.tripsLatency, probesOk: b.probesOk, probesFailed: b.probesFailed, state: b.state };
+    const be = this._backend;
+    return { ...this.m, unreplicated: be.unreplicated, redetects: be.redetects, trips: b.trips, tripsFailures: b.tripsFailures, tripsLatency: b.tripsLatency, probesOk: b.probesOk, probesFailed: b.probesFailed, state: b.state };
   }
 
   count(d) {

@@ -71,3 +71,21 @@ export async function connect(kind, ports, { cluster = false, ioredisOpts = {}, 
   await c.connect();
   return { client: c, close: () => c.disconnect() };
 }
+
+/** A client of `kind` on the primary that the sentinels (ports) name for `name`. */
+export async function connectSentinel(kind, sentinelPorts, name) {
+  const k = line(kind);
+  const lib = LIBS[k];
+  if (!lib) throw new Error(`driver line ${k} is not loaded in this run (RL_NODE_DRIVERS)`);
+  const nodes = sentinelPorts.map((port) => ({ host: '127.0.0.1', port }));
+  if (LINES[k].family === 'ioredis') {
+    const c = new lib({ sentinels: nodes, name, lazyConnect: true });
+    await c.connect();
+    return { client: c, close: () => c.disconnect() };
+  }
+  if (typeof lib.createSentinel !== 'function') return null; // node-redis 4: no sentinel client
+  const c = lib.createSentinel({ name, sentinelRootNodes: nodes });
+  c.on('error', () => {});
+  await c.connect();
+  return { client: c, close: () => c.destroy() };
+}

@@ -3,7 +3,7 @@ its Lua twins), with leased local decisions, a circuit breaker and panic
 limits. See clients/DESIGN.md and the package README."""
 from .breaker import Breaker, Panic
 from .client import LeasedLimiter, Limiter, RateLimit
-from .core import RateLimitError, UnsupportedError
+from .core import RateLimitError, Strict, UnsupportedError
 from .decision import Decision, Part, headers, problem
 from .policies import (CrossSlotError, all_of, key_slot, make_key, sliding_counter,
                        sliding_log, token_bucket)
@@ -13,7 +13,7 @@ __version__ = "0.2.0"
 __all__ = ["RateLimit", "AsyncRateLimit", "Limiter", "LeasedLimiter", "Breaker", "Panic",
            "Decision", "Part", "headers", "problem", "token_bucket", "sliding_log",
            "sliding_counter", "all_of", "make_key", "key_slot", "CrossSlotError",
-           "RateLimitError", "UnsupportedError"]
+           "RateLimitError", "UnsupportedError", "Strict"]
 
 
 def __getattr__(name):

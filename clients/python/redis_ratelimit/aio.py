@@ -9,7 +9,8 @@ from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
 from .breaker import CLOSED, NO, PROBE
 from .core import (LOCAL, LUA, MODULE, RateLimitError, _Base, _LeasedCore, _LimiterCore,
-                   call_for, check_cost, is_outage, options, panic_decision)
+                   call_for, check_cost, is_outage, is_unknown_command, options,
+                   panic_decision)
 from .decision import Decision
 
 __all__ = ["AsyncRateLimit", "AsyncLimiter", "AsyncLeasedLimiter"]
@@ -18,10 +19,13 @@ __all__ = ["AsyncRateLimit", "AsyncLimiter", "AsyncLeasedLimiter"]
 class AsyncRateLimit(_Base):
     """One per asyncio Redis client; see RateLimit."""
 
-    def __init__(self, client, *, timeout_ms=5, backend="auto", breaker=None):
+    def __init__(self, client, *, timeout_ms=5, backend="auto", breaker=None, strict=None):
         if type(timeout_ms) not in (int, float) or timeout_ms <= 0:
             raise ValueError("timeout_ms must be > 0")
-        self._setup(client, backend, breaker)
+        if strict and isinstance(client, AsyncCluster):
+            raise ValueError("strict mode is not supported on a RedisCluster client (WAIT "
+                             "must follow the grant on the same node's connection)")
+        self._setup(client, backend, breaker, strict, timeout_ms / 1000)
         self.timeout = timeout_ms / 1000
         self._detecting = None
 
@@ -32,6 +36,20 @@ class AsyncRateLimit(_Base):
         else:
             client = redis.asyncio.Redis.from_url(url)
         return cls(client, timeout_ms=timeout_ms, **kw)
+
+    @classmethod
+    def from_sentinel(cls, sentinels, service_name, timeout_ms=5, password=None,
+                      sentinel_password=None, **kw):
+        """An AsyncRateLimit on the primary the sentinels name
+        (redis.asyncio.sentinel); every call, the sentinels' answers
+        included, is bounded by timeout_ms."""
+        from redis.asyncio.sentinel import Sentinel
+        t = timeout_ms / 1000
+        skw = {"socket_timeout": t, "socket_connect_timeout": t}
+        if sentinel_password is not None:
+            skw["password"] = sentinel_password
+        s = Sentinel(sentinels, sentinel_kwargs=skw, socket_timeout=t, socket_connect_timeout=t)
+        return cls(s.master_for(service_name, password=password), timeout_ms=timeout_ms, **kw)
 
     async def detect(self):
         if self.backend is None:
@@ -56,7 +74,31 @@ class AsyncRateLimit(_Base):
                 self._set_backend(reply)
         return self.backend
 
-    async def _send(self, mod_args, lua):
+    async def _send_strict(self, mod_args, lua):
+        replicas, ms = self.wait
+        if self.backend == MODULE:
+            cmds = [mod_args]
+        else:
+            sha, name, keys, argv = self._lua_args(lua)
+            cmds = [["EVALSHA", sha, len(keys), *keys, *argv],
+                    ["EVAL", self._scripts.text[name], len(keys), *keys, *argv]]
+        for args in cmds:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.execute_command(*args)
+            pipe.execute_command("WAIT", replicas, ms)
+            reply, acked = await pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                continue        # first use on this node: EVAL caches it
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(acked, Exception):
+                raise acked
+            return reply, acked
+        raise reply
+
+    async def _send(self, mod_args, lua, grant=False):
+        if grant and self.wait is not None:
+            return await self._send_strict(mod_args, lua)
         if self.backend == MODULE:
             return await self.client.execute_command(*mod_args)
         sha, name, keys, argv = self._lua_args(lua)
@@ -66,7 +108,7 @@ class AsyncRateLimit(_Base):
             return await self.client.execute_command("EVAL", self._scripts.text[name],
                                                      len(keys), *keys, *argv)
 
-    async def call(self, mod_args, lua, probe=False, policy=None):
+    async def call(self, mod_args, lua, probe=False, policy=None, grant=True):
         """The reply, or None when Redis is unavailable (counted by the breaker)."""
         m = self._metrics
         t0 = monotonic()
@@ -76,13 +118,19 @@ class AsyncRateLimit(_Base):
             if policy is not None:
                 self._check_policy(policy)
             m.calls += 1
-            reply = await asyncio.wait_for(self._send(mod_args, lua), self.timeout)
+            reply = await asyncio.wait_for(self._send(mod_args, lua, grant), self.timeout)
+            if grant and self.wait is not None:
+                reply, acked = reply
+                if not self._acked(reply, acked):
+                    m.failures += 1
+                    self.breaker.failure(probe)
+                    return None
         except (RateLimitError, ValueError):
             if probe:
                 self.breaker.success(0.0, True)
             raise
         except Exception as e:
-            if is_outage(e):
+            if is_outage(e) or (is_unknown_command(e) and self._lost_backend()):
                 m.failures += 1
                 self.breaker.failure(probe)
                 return None
@@ -240,7 +288,7 @@ class AsyncLeasedLimiter(_LeasedCore):
         if self.rl.breaker.allow() == NO:
             return False
         mod, lua = call_for(self.policy, key, ["REFUND", n])
-        reply = await self.rl.call(mod, lua, False)
+        reply = await self.rl.call(mod, lua, False, grant=False)
         if reply is not None:
             m = self.rl._metrics
             m.refunds += 1

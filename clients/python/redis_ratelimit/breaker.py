@@ -15,7 +15,7 @@ class Metrics:
     FIELDS = ("decisions_module", "decisions_lua", "decisions_local", "decisions_panic",
               "denied", "calls", "failures", "leases", "lease_tokens", "lease_waits", "refunds",
               "refund_tokens", "trips", "trips_failures", "trips_latency", "probes_ok",
-              "probes_failed")
+              "probes_failed", "unreplicated", "redetects")
     __slots__ = FIELDS
 
     def __init__(self):

@@ -10,7 +10,8 @@ from redis.retry import Retry
 
 from .breaker import CLOSED, NO, PROBE
 from .core import (LOCAL, LUA, MODULE, RateLimitError, _Base, _LeasedCore, _LimiterCore,
-                   call_for, check_cost, is_outage, options, panic_decision)
+                   call_for, check_cost, is_outage, is_unknown_command, options,
+                   panic_decision)
 from .decision import Decision
 
 __all__ = ["RateLimit", "Limiter", "LeasedLimiter"]
@@ -48,9 +49,47 @@ def _connection_retries(kw):
     return 0
 
 
+def _sentinel_of(client):
+    """The redis.sentinel.Sentinel behind a master_for() client, or None."""
+    if isinstance(client, RedisCluster):
+        return None
+    return getattr(client.connection_pool, "sentinel_manager", None)
+
+
 def _unbounded(client):
     """Why one call on this sync client could wait longer than its
     socket_timeout (every reason, each naming its setting), or None."""
+    why = _unbounded_reasons(client)
+    sentinel = _sentinel_of(client)
+    if sentinel is not None:
+        # A connection to the primary first asks the sentinels, in turn,
+        # where it is (after a failover, on every reconnect): each of their
+        # clients must be bounded too.
+        timeout = _kwargs_of(client).get("socket_timeout")
+        for s in sentinel.sentinels:
+            kw = s.connection_pool.connection_kwargs
+            host = f"{kw.get('host')}:{kw.get('port')}"
+            w = _unbounded_reasons(s)
+            t = kw.get("socket_timeout")
+            if timeout is not None and t is not None and t > timeout:
+                w.append(f"its socket_timeout ({t} s) is longer than the primary's ({timeout} s)")
+            if w:
+                why.append(f"the sentinel client for {host} (Sentinel(..., sentinel_kwargs=...)) "
+                           "is not bounded: " + "; ".join(w).replace(
+                               "create it with", "give sentinel_kwargs"))
+    if not why:
+        return None
+    kind = "RedisCluster" if isinstance(client, RedisCluster) else \
+        "Sentinel master_for()" if sentinel is not None else "redis"
+    how = {"RedisCluster": "RateLimit.from_url(url, timeout_ms=5, cluster=True)",
+           "redis": "RateLimit.from_url(url, timeout_ms=5)",
+           "Sentinel master_for()": "RateLimit.from_sentinel(sentinels, service_name, "
+                                    "timeout_ms=5)"}[kind]
+    return (f"RateLimit refuses this {kind} client: " + "; ".join(why)
+            + f"; or use {how}, which builds a client bounded by timeout_ms")
+
+
+def _unbounded_reasons(client):
     kw = _kwargs_of(client)
     why = []
     timeout = kw.get("socket_timeout")
@@ -85,12 +124,7 @@ def _unbounded(client):
                        "timeouts instead of one: create it with retry=Retry(NoBackoff(), 0) "
                        "(from redis.retry import Retry; from redis.backoff import NoBackoff) "
                        "and without retry_on_timeout / retry_on_error")
-    if not why:
-        return None
-    kind = "RedisCluster" if isinstance(client, RedisCluster) else "redis"
-    return (f"RateLimit refuses this {kind} client: " + "; ".join(why)
-            + f"; or use RateLimit.from_url(url, timeout_ms=5{', cluster=True' if kind != 'redis' else ''}),"
-            " which builds a client bounded by timeout_ms")
+    return why
 
 
 class RateLimit(_Base):
@@ -103,11 +137,14 @@ class RateLimit(_Base):
     another timeout plus backoff). from_url() builds a client with
     `timeout_ms` and no retries."""
 
-    def __init__(self, client, *, backend="auto", breaker=None):
+    def __init__(self, client, *, backend="auto", breaker=None, strict=None):
         why = _unbounded(client)
         if why is not None:
             raise ValueError(why)
-        self._setup(client, backend, breaker)
+        if strict and isinstance(client, RedisCluster):
+            raise ValueError("strict mode is not supported on a RedisCluster client (WAIT "
+                             "must follow the grant on the same node's connection)")
+        self._setup(client, backend, breaker, strict, _timeout_of(client))
         self.timeout_s = _timeout_of(client)
         self._lock = threading.Lock()
 
@@ -124,6 +161,24 @@ class RateLimit(_Base):
         else:
             client = redis.Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t,
                                           retry=no_retry)
+        return cls(client, **kw)
+
+    @classmethod
+    def from_sentinel(cls, sentinels, service_name, timeout_ms=5, password=None,
+                      sentinel_password=None, **kw):
+        """A RateLimit on the primary that the sentinels name (redis.sentinel):
+        every connection, to the primary and to each sentinel, bounded by
+        timeout_ms, with no retries. After a failover a reconnect asks the
+        sentinels in turn (each at most timeout_ms) where the primary is."""
+        from redis.sentinel import Sentinel
+        t = timeout_ms / 1000
+        bounded = {"socket_timeout": t, "socket_connect_timeout": t,
+                   "retry": Retry(NoBackoff(), 0)}
+        skw = dict(bounded)
+        if sentinel_password is not None:
+            skw["password"] = sentinel_password
+        s = Sentinel(sentinels, sentinel_kwargs=skw, **bounded)
+        client = s.master_for(service_name, password=password)
         return cls(client, **kw)
 
     def detect(self):
@@ -147,7 +202,9 @@ class RateLimit(_Base):
                     self._set_backend(reply)
         return self.backend
 
-    def _send(self, mod_args, lua):
+    def _send(self, mod_args, lua, grant=False):
+        if grant and self.wait is not None:
+            return self._send_strict(mod_args, lua)
         if self.backend == MODULE:
             return self.client.execute_command(*mod_args)
         sha, name, keys, argv = self._lua_args(lua)
@@ -159,10 +216,35 @@ class RateLimit(_Base):
             return self.client.execute_command("EVAL", self._scripts.text[name], len(keys),
                                                *keys, *argv)
 
-    def call(self, mod_args, lua, probe=False, policy=None):
+    def _send_strict(self, mod_args, lua):
+        """The call and `WAIT replicas ms` in one pipeline on one connection:
+        (reply, replicas that acknowledged it)."""
+        replicas, ms = self.wait
+        if self.backend == MODULE:
+            cmds = [mod_args]
+        else:
+            sha, name, keys, argv = self._lua_args(lua)
+            cmds = [["EVALSHA", sha, len(keys), *keys, *argv],
+                    ["EVAL", self._scripts.text[name], len(keys), *keys, *argv]]
+        for args in cmds:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.execute_command(*args)
+            pipe.execute_command("WAIT", replicas, ms)
+            reply, acked = pipe.execute(raise_on_error=False)
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                continue        # first use on this node: EVAL caches it
+            if isinstance(reply, Exception):
+                raise reply
+            if isinstance(acked, Exception):
+                raise acked
+            return reply, acked
+        raise reply
+
+    def call(self, mod_args, lua, probe=False, policy=None, grant=True):
         """One Redis call (after choosing the backend, the first time): its
         reply, or None when Redis is unavailable (the breaker has counted
-        it). Other errors are raised. As AsyncRateLimit.call, not awaited."""
+        it). Other errors are raised. As AsyncRateLimit.call, not awaited.
+        `grant`: the call can grant (strict mode follows it with WAIT)."""
         m = self._metrics
         t0 = monotonic()
         try:
@@ -171,13 +253,19 @@ class RateLimit(_Base):
             if policy is not None:
                 self._check_policy(policy)
             m.calls += 1
-            reply = self._send(mod_args, lua)
+            reply = self._send(mod_args, lua, grant)
+            if grant and self.wait is not None:
+                reply, acked = reply
+                if not self._acked(reply, acked):
+                    m.failures += 1
+                    self.breaker.failure(probe)
+                    return None
         except (RateLimitError, ValueError):
             if probe:
                 self.breaker.success(0.0, True)
             raise
         except Exception as e:
-            if is_outage(e):
+            if is_outage(e) or (is_unknown_command(e) and self._lost_backend()):
                 m.failures += 1
                 self.breaker.failure(probe)
                 return None
@@ -333,7 +421,7 @@ class LeasedLimiter(_LeasedCore):
         mod, lua = call_for(self.policy, key, ["REFUND", n])
         if self.rl.breaker.allow() == NO:
             return False
-        reply = self._call(mod, lua, False)
+        reply = self.rl.call(mod, lua, False, grant=False)
         if reply is not None:
             m = self.rl._metrics
             m.refunds += 1

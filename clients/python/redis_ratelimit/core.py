@@ -74,6 +74,54 @@ def is_outage(exc):
     return False
 
 
+class Strict:
+    """Strict mode: every grant is followed, in the same pipeline on the same
+    connection, by `WAIT replicas timeout_ms`, and counts only when that
+    many replicas acknowledged it; otherwise the decision is a failure the
+    breaker counts (panic limits decide), never a grant. `timeout_ms`
+    (WAIT's, whole milliseconds >= 1) must be shorter than the call's
+    timeout; None: 80% of the call's timeout, rounded down (4 ms of 5), so
+    that WAIT's own answer comes back before the call times out."""
+
+    __slots__ = ("replicas", "timeout_ms")
+
+    def __init__(self, replicas=1, timeout_ms=None):
+        if type(replicas) is not int or replicas < 1:
+            raise ValueError("Strict(replicas=...) must be an integer >= 1")
+        if timeout_ms is not None and (type(timeout_ms) is not int or timeout_ms < 1):
+            raise ValueError("Strict(timeout_ms=...) must be an integer >= 1 (WAIT's "
+                             "timeout in ms; 0 would wait without end)")
+        self.replicas = replicas
+        self.timeout_ms = timeout_ms
+
+    def __repr__(self):
+        return f"Strict(replicas={self.replicas}, timeout_ms={self.timeout_ms})"
+
+
+def strict_wait(strict, call_timeout_s):
+    """(replicas, WAIT ms) for RateLimit's `strict` argument, or None."""
+    if strict is None or strict is False:
+        return None
+    if strict is True:
+        strict = Strict()
+    if not isinstance(strict, Strict):
+        raise ValueError("strict must be True, False, None or Strict(replicas, timeout_ms)")
+    limit_ms = call_timeout_s * 1000
+    ms = strict.timeout_ms
+    if ms is None:
+        ms = int(limit_ms * 0.8)
+    if not 1 <= ms < limit_ms:
+        raise ValueError(f"strict mode's WAIT timeout ({ms} ms: Strict(timeout_ms=...)) must be "
+                         f"at least 1 ms and shorter than the call's timeout ({limit_ms:g} ms: "
+                         "timeout_ms / socket_timeout), so that the decision stays bounded")
+    return strict.replicas, ms
+
+
+def is_unknown_command(exc):
+    return isinstance(exc, redis.exceptions.ResponseError) and \
+        str(exc).lower().startswith(("unknown command", "err unknown command"))
+
+
 def check_cost(cost, lo=0):
     if type(cost) is not int or not lo <= cost <= MAX:
         raise ValueError(f"cost must be an integer from {lo} to 2^53-1, not {cost!r}")
@@ -156,7 +204,7 @@ def _detect_reply(reply):
 class _Base:
     """Backend choice, the breaker and the counters (shared by sync and async)."""
 
-    def _setup(self, client, backend, breaker):
+    def _setup(self, client, backend, breaker, strict=None, timeout_s=None):
         if backend not in ("auto", MODULE, LUA):
             raise ValueError('backend must be "auto", "module" or "lua"')
         self.client = client
@@ -167,6 +215,27 @@ class _Base:
         self._metrics = Metrics()
         self.breaker.metrics = self._metrics
         self._scripts = scripts()
+        self.wait = strict_wait(strict, timeout_s)
+
+    def _acked(self, reply, acked):
+        """Strict mode: a grant counts only when WAIT saw enough replicas
+        acknowledge it (a call that granted nothing needs no copy)."""
+        if int(reply[0]) == 0 or int(acked) >= self.wait[0]:
+            return True
+        self._metrics.unreplicated += 1
+        return False
+
+    def _lost_backend(self):
+        """An RL.* command is unknown where the module was found: the primary
+        changed (a failover to a server without the module). The call is a
+        failure; the next one detects the backend again (unless a call that
+        answered later already did)."""
+        if self.forced is not None:
+            return False
+        if self.backend == MODULE:
+            self.backend = None
+            self._metrics.redetects += 1
+        return True
 
     def _set_backend(self, reply):
         """From COMMAND INFO's reply; None when backend="lua" asked nothing; a
@@ -378,7 +447,8 @@ class _LimiterCore:
         if allow == NO:
             return keys, None
         mod, lua = call_for(policy, keys[0] if isinstance(policy, Policy) else keys, opts)
-        return keys, (mod, lua, allow == PROBE, policy)
+        grant = "DRYRUN" not in opts and "REFUND" not in opts
+        return keys, (mod, lua, allow == PROBE, policy, grant)
 
     def _decided(self, reply, keys, cost, partial, dry_run):
         """The decision from the reply, or from the panic limits (no reply)."""

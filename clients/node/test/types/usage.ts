@@ -6,6 +6,8 @@ import {
 
 declare const client: object;
 const rl = new RateLimit(client, { timeoutMs: 5, backend: 'auto', breaker: { failures: 3, openMs: 500 } });
+const strict = new RateLimit(client, { timeoutMs: 50, strict: { replicas: 1, timeoutMs: 40 } });
+void strict; void new RateLimit(client, { strict: true });
 const api = tokenBucket('api', 100, 100, 60000);
 const both = allOf([api, slidingLog('day', 10000, 86400000).weighted(2)], { name: 'both' });
 async function f(): Promise<void> {
@@ -17,7 +19,8 @@ async function f(): Promise<void> {
   const s: number = lim.stranded() + keySlot('k') + body.status + l.remaining + Object.keys(h).length;
   const m: Metrics = rl.metrics();
   const mw = expressRateLimit(lim, { key: (req) => String(req.ip) });
-  void s; void m; void mw; void (await lim.close());
+  const u: number = m.unreplicated + m.redetects;
+  void s; void m; void u; void mw; void (await lim.close());
   // @ts-expect-error: a leased limiter takes a single policy
   rl.leased(both);
 }
