@@ -75,10 +75,12 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         }
         return Status::Err;
     }
-    unsafe { memusage::init() };
     if !types::publish_type_pointers() {
         return Status::Err;
     }
+    // MEMORY USAGE's share of a key the server does not count: measured with
+    // probe keys of the registered types.
+    unsafe { memusage::init(raw_ctx) };
     let ok = create_command(raw_ctx, c"RL.TOKENBUCKET", Some(commands::tokenbucket), RL_FLAGS)
         && create_command(raw_ctx, c"RL.SLIDINGLOG", Some(commands::slidinglog), RL_FLAGS)
         && create_command(raw_ctx, c"RL.SLIDINGCOUNTER", Some(commands::slidingcounter), RL_FLAGS)
