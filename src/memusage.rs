@@ -60,7 +60,8 @@ pub fn wrapper() -> usize {
 /// In cluster mode the probe needs a key in a slot this node serves (the
 /// server refuses `MEMORY USAGE` of any other key from a module), which a
 /// node that has just started may not have yet: there it is retried once a
-/// second until it runs, for up to [`RETRIES`] seconds.
+/// second until it runs (the cluster may also be down until every slot is
+/// served), for up to [`RETRIES`] seconds.
 pub unsafe fn init(ctx: *mut RedisModuleCtx) {
     let (Some(alloc), Some(free)) = (raw::RedisModule_Alloc, raw::RedisModule_Free) else { return };
     let p = alloc(16);
@@ -81,7 +82,7 @@ pub unsafe fn init(ctx: *mut RedisModuleCtx) {
 }
 
 /// How many times a deferred probe is retried (once a second).
-const RETRIES: usize = 120;
+const RETRIES: usize = 600;
 static TRIES: AtomicUsize = AtomicUsize::new(0);
 
 unsafe extern "C" fn retry(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
