@@ -64,8 +64,8 @@ def mem(c, key):
 def block_size(c, n):
     """The size the server's allocator gives an n-byte block: under jemalloc
     its smallest bin that holds n (DEBUG MALLCTL arenas.bin.I.size, asked of
-    the server); under libc malloc glibc's malloc_usable_size of an n-byte
-    block, asked of the same C library, which the server links."""
+    the server); under libc malloc glibc's malloc_usable_size of n-byte
+    blocks, asked of the same C library, which the server links."""
     if SERVER.malloc.startswith("jemalloc"):
         for i in range(64):
             size = int(c.execute_command("DEBUG", "MALLCTL", f"arenas.bin.{i}.size"))
@@ -79,11 +79,14 @@ def block_size(c, n):
     libc.malloc_usable_size.restype = ctypes.c_size_t
     libc.malloc_usable_size.argtypes = [ctypes.c_void_p]
     libc.free.argtypes = [ctypes.c_void_p]
-    p = libc.malloc(n)
+    # glibc may hand out a slightly larger free chunk it does not split (see
+    # mem()): the smallest of several blocks is the size of a fresh one.
+    blocks = [libc.malloc(n) for _ in range(64)]
     try:
-        return libc.malloc_usable_size(p)
+        return min(libc.malloc_usable_size(p) for p in blocks)
     finally:
-        libc.free(p)
+        for p in blocks:
+            libc.free(p)
 
 
 # The module's state blocks: two packed words (the compact form), and the
