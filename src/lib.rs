@@ -75,7 +75,6 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         }
         return Status::Err;
     }
-    unsafe { memusage::init() };
     if !types::publish_type_pointers() {
         return Status::Err;
     }
@@ -105,6 +104,10 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
         options |= ffi::VALKEY_OPTIONS_SKIP_COMMAND_VALIDATION;
     }
     unsafe { ffi::api!(RedisModule_SetModuleOptions)(raw_ctx, options) };
+    // MEMORY USAGE's share of a key the server does not count: measured with
+    // probe keys of the registered types (after the options, so that closing
+    // them signals no modified key to WATCH or client tracking).
+    unsafe { memusage::init(raw_ctx) };
     if let Some(register_info) = unsafe { raw::RedisModule_RegisterInfoFunc } {
         unsafe { register_info(raw_ctx, Some(stats::info)) };
     }

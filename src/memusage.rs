@@ -1,27 +1,34 @@
 //! What a limiter key really costs, for `MEMORY USAGE`: every block the
 //! value holds at the size the allocator gave it (its size class under
-//! jemalloc, the usable chunk size under libc malloc), plus the server's own
-//! wrapper around a module value that the server leaves out of a module
-//! key's `MEMORY USAGE`.
+//! jemalloc, the usable chunk size under libc malloc), plus the part of the
+//! key's cost that the server leaves out of a module key's `MEMORY USAGE`
+//! but counts for a string key.
 //!
-//! The wrapper: every server allocates a 16-byte `moduleValue` (type and
-//! value pointers) for a module key and never counts it. Redis 7.x (and
-//! Valkey before 8.1) also keep a separate 16-byte object header (`robj`)
-//! that a string key's MEMORY USAGE counts but a module key's does not;
-//! Valkey 8.1+ embeds the key name in that header and counts it for every
-//! type. Which layout the server has is not visible through the module API,
-//! so it is read from whether the server exports Valkey's API names (the
-//! only servers this module is tested on with the embedded layout); on
-//! Valkey 8.0 (untested) that leaves the header's 16 bytes out.
+//! That part differs by server layout: every server allocates a `moduleValue`
+//! (type and value pointers) for a module key and never counts it; Redis 7.x
+//! (and Valkey before 8.1) also keep a separate object header (`robj`) that a
+//! string key's MEMORY USAGE counts but a module key's does not, while Redis
+//! 8 and Valkey 8.1+ embed the key name in that header and count it for
+//! every type. The module API does not say which layout a server has, so it
+//! is measured at load, from what the server does ([`probe`]): a module key
+//! and a string key of the same name length are written, and for each the
+//! growth of `used_memory` (which counts every allocation at its usable size)
+//! is compared with what `MEMORY USAGE` reports for it. The module key's
+//! uncounted bytes less the string key's are what this module adds.
 //!
-//! Measured at load: the allocator's usable size of a 16-byte block.
+//! Where the probe cannot run or gives an implausible answer, the
+//! allocator's size of a 16-byte block (the `moduleValue`) stands in.
 
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-use redis_module::raw;
+use ratelimit_core::{tokenbucket as tb, PACK_EPOCH_US};
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleString};
 
-/// Bytes of the server's wrapper not counted by the server: set at load;
+use crate::types::TOKENBUCKET_PTR;
+use crate::value::Value;
+
+/// Bytes of a module key the server does not count: set at load;
 /// 0 where no server runs (unit tests), where the blocks' requested sizes
 /// stand in for their allocated ones as well.
 static WRAPPER: AtomicUsize = AtomicUsize::new(0);
@@ -49,12 +56,224 @@ pub fn wrapper() -> usize {
     WRAPPER.load(Relaxed)
 }
 
-/// Measure the wrapper once, at load.
-pub unsafe fn init() {
+/// Measure the wrapper once, at load, after the data types are registered.
+/// In cluster mode the probe needs a key in a slot this node serves (the
+/// server refuses `MEMORY USAGE` of any other key from a module), which a
+/// node that has just started may not have yet: there it is retried once a
+/// second until it runs (the cluster may also be down until every slot is
+/// served), for up to [`RETRIES`] seconds.
+pub unsafe fn init(ctx: *mut RedisModuleCtx) {
     let (Some(alloc), Some(free)) = (raw::RedisModule_Alloc, raw::RedisModule_Free) else { return };
     let p = alloc(16);
     let block = usable(p, 16).max(16);
     free(p);
-    let header = if crate::ffi::server_is_valkey() { 0 } else { block };
-    WRAPPER.store(block + header, Relaxed);
+    WRAPPER.store(block, Relaxed);
+    if !measure(ctx) {
+        let cluster =
+            raw::RedisModule_GetContextFlags.is_some_and(|f| f(ctx) & raw::REDISMODULE_CTX_FLAGS_CLUSTER as c_int != 0);
+        if cluster {
+            if let Some(timer) = raw::RedisModule_CreateTimer {
+                timer(ctx, 1000, Some(retry), std::ptr::null_mut());
+                return;
+            }
+        }
+        log(ctx, c"ratelimit: MEMORY USAGE adds %zu bytes per key (the probe could not run: the moduleValue block)");
+    }
+}
+
+/// How many times a deferred probe is retried (once a second).
+const RETRIES: usize = 600;
+static TRIES: AtomicUsize = AtomicUsize::new(0);
+
+unsafe extern "C" fn retry(ctx: *mut RedisModuleCtx, _data: *mut c_void) {
+    if measure(ctx) {
+        return;
+    }
+    if TRIES.fetch_add(1, Relaxed) < RETRIES {
+        if let Some(timer) = raw::RedisModule_CreateTimer {
+            timer(ctx, 1000, Some(retry), std::ptr::null_mut());
+        }
+    } else {
+        log(ctx, c"ratelimit: MEMORY USAGE adds %zu bytes per key (the probe could not run: the moduleValue block)");
+    }
+}
+
+/// Run the probe; on success store and log its answer.
+unsafe fn measure(ctx: *mut RedisModuleCtx) -> bool {
+    let Some(w) = probe(ctx) else { return false };
+    WRAPPER.store(w, Relaxed);
+    log(ctx, c"ratelimit: MEMORY USAGE adds %zu bytes per key that the server does not count (measured)");
+    true
+}
+
+unsafe fn log(ctx: *mut RedisModuleCtx, msg: &CStr) {
+    if let Some(log) = raw::RedisModule_Log {
+        log(ctx, c"notice".as_ptr(), msg.as_ptr(), wrapper());
+    }
+}
+
+/// Probe keys: three, each measured on its own; they must agree.
+const PROBE_KEYS: usize = 3;
+
+/// The bytes of a module key's real cost that `MEMORY USAGE` leaves out,
+/// beyond what it leaves out for a string key. Each probe key is first
+/// written as the string "x" and then overwritten with a compact token
+/// bucket: the growth of `used_memory` across the overwrite is what the
+/// module key really costs more than the string key, and the change of
+/// `MEMORY USAGE` is what the server counts of that. Overwriting the key
+/// leaves the keyspace table as it was (same key, same slot), so nothing
+/// else moves `used_memory` meanwhile; three keys must give the same answer.
+/// The probe keys are written in the load context's database without
+/// replication, AOF or notifications, and deleted before the module finishes
+/// loading; a name that already exists stops the probe (None), leaving that
+/// key alone.
+unsafe fn probe(ctx: *mut RedisModuleCtx) -> Option<usize> {
+    let free_string = raw::RedisModule_FreeString?;
+    let mut answer: Option<i64> = None;
+    let mut agree = true;
+    let mut tag = 0;
+    for _ in 0..PROBE_KEYS {
+        let name = free_name(ctx, &mut tag)?;
+        let w = uncounted(ctx, name);
+        free_string(ctx, name);
+        match (w, answer) {
+            (None, _) => return None,
+            (Some(w), None) => answer = Some(w),
+            (Some(w), Some(a)) => agree &= w == a,
+        }
+    }
+    // A key's uncounted wrapper is tens of bytes; anything else means the
+    // probe measured something else.
+    let w = answer.filter(|w| agree && (8..=256).contains(w))?;
+    usize::try_from(w).ok()
+}
+
+/// A probe key name that no key has, in a slot this node serves (cluster
+/// mode): the first of `{ratelimit-memusage-probe:NN}` from tag `*tag` on
+/// for which `MEMORY USAGE` answers nil; `*tag` moves past it.
+unsafe fn free_name(ctx: *mut RedisModuleCtx, tag: &mut u8) -> Option<*mut RedisModuleString> {
+    let create = raw::RedisModule_CreateString?;
+    let free_string = raw::RedisModule_FreeString?;
+    let (call, reply_type, free_reply) =
+        (raw::RedisModule_Call?, raw::RedisModule_CallReplyType?, raw::RedisModule_FreeCallReply?);
+    let mut buf = *b"{ratelimit-memusage-probe:00}";
+    let n = buf.len();
+    while *tag < 100 {
+        buf[n - 3] = b'0' + *tag / 10;
+        buf[n - 2] = b'0' + *tag % 10;
+        *tag += 1;
+        let name = create(ctx, buf.as_ptr().cast(), n);
+        if name.is_null() {
+            return None;
+        }
+        // NULL: refused (another node's slot, or the cluster is down).
+        let reply = call(ctx, c"MEMORY".as_ptr(), c"cs".as_ptr(), c"USAGE".as_ptr(), name);
+        let free = !reply.is_null() && reply_type(reply) == raw::REDISMODULE_REPLY_NULL as c_int;
+        if !reply.is_null() {
+            free_reply(reply);
+        }
+        if free {
+            return Some(name);
+        }
+        free_string(ctx, name);
+    }
+    None
+}
+
+/// `used_memory`, from INFO memory.
+unsafe fn used_memory(ctx: *mut RedisModuleCtx) -> Option<i64> {
+    let (get, free) = (raw::RedisModule_GetServerInfo?, raw::RedisModule_FreeServerInfo?);
+    let field = raw::RedisModule_ServerInfoGetFieldUnsigned?;
+    let info = get(ctx, c"memory".as_ptr());
+    if info.is_null() {
+        return None;
+    }
+    let mut err: c_int = 0;
+    let v = field(info, c"used_memory".as_ptr(), &mut err);
+    free(ctx, info);
+    if err != 0 {
+        return None;
+    }
+    i64::try_from(v).ok()
+}
+
+/// `MEMORY USAGE name`.
+unsafe fn memory_usage(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) -> Option<i64> {
+    let (call, reply_type) = (raw::RedisModule_Call?, raw::RedisModule_CallReplyType?);
+    let (reply_int, free_reply) = (raw::RedisModule_CallReplyInteger?, raw::RedisModule_FreeCallReply?);
+    let reply = call(ctx, c"MEMORY".as_ptr(), c"cs".as_ptr(), c"USAGE".as_ptr(), name);
+    if reply.is_null() {
+        return None;
+    }
+    let v = (reply_type(reply) == raw::REDISMODULE_REPLY_INTEGER as c_int).then(|| reply_int(reply));
+    free_reply(reply);
+    v
+}
+
+/// One probe key, written where no key is and deleted again: (used_memory
+/// growth) less (MEMORY USAGE growth) when its string value is replaced by a
+/// module value. None where the name exists (left alone) or a call fails.
+unsafe fn uncounted(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) -> Option<i64> {
+    let (open, close, key_type) = (raw::RedisModule_OpenKey?, raw::RedisModule_CloseKey?, raw::RedisModule_KeyType?);
+    let set_string = raw::RedisModule_StringSet?;
+    let (create, free_string) = (raw::RedisModule_CreateString?, raw::RedisModule_FreeString?);
+    let mode = (raw::REDISMODULE_READ | raw::REDISMODULE_WRITE) as c_int;
+    let key = open(ctx, name, mode);
+    if key.is_null() {
+        return None;
+    }
+    if key_type(key) != raw::REDISMODULE_KEYTYPE_EMPTY as c_int {
+        close(key);
+        return None;
+    }
+    let s = create(ctx, c"x".as_ptr(), 1);
+    let written = !s.is_null() && set_string(key, s) == raw::REDISMODULE_OK as c_int;
+    if !s.is_null() {
+        free_string(ctx, s);
+    }
+    close(key);
+    let result = if written { overwrite(ctx, name) } else { None };
+    delete(ctx, name);
+    result
+}
+
+/// The measured step of [`uncounted`]: the key holds a string now.
+unsafe fn overwrite(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) -> Option<i64> {
+    let (open, close, set_value) =
+        (raw::RedisModule_OpenKey?, raw::RedisModule_CloseKey?, raw::RedisModule_ModuleTypeSetValue?);
+    let as_string = memory_usage(ctx, name)?;
+    let before = used_memory(ctx)?;
+    let key = open(ctx, name, raw::REDISMODULE_WRITE as c_int);
+    if key.is_null() {
+        return None;
+    }
+    let state = tb::State { tokens: 1, frac: 0, den: 1000, last_us: PACK_EPOCH_US + 1 };
+    let v = Value::create(state);
+    let ok = set_value(key, TOKENBUCKET_PTR.load(Relaxed), v) == raw::REDISMODULE_OK as c_int;
+    if !ok {
+        Value::<tb::State>::free(v);
+    }
+    close(key);
+    if !ok {
+        return None;
+    }
+    let after = used_memory(ctx)?;
+    // The module key's MEMORY USAGE already holds this module's current
+    // answer for the wrapper (the stand-in, or 0 where none is set).
+    let as_module = memory_usage(ctx, name)?.checked_sub(i64::try_from(wrapper()).ok()?)?;
+    after.checked_sub(before)?.checked_sub(as_module.checked_sub(as_string)?)
+}
+
+/// Delete a probe key.
+unsafe fn delete(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) {
+    let (Some(open), Some(close), Some(del)) =
+        (raw::RedisModule_OpenKey, raw::RedisModule_CloseKey, raw::RedisModule_DeleteKey)
+    else {
+        return;
+    };
+    let key = open(ctx, name, raw::REDISMODULE_WRITE as c_int);
+    if !key.is_null() {
+        del(key);
+        close(key);
+    }
 }
