@@ -515,14 +515,21 @@ def test_memory_usage_is_honest(quiet_server, case):
     USAGE does not count for any key (measured the same way on a string key
     of the same name length with a TTL)."""
     srv, c, outside = quiet_server
-    growth, mu = per_key(srv, c, MEMORY_CASES[case], "k")
+    # The median of three measurements: used_memory can move by kilobytes
+    # for reasons of the server's own between two settled readings (seen on
+    # Redis 8.2, about one case in ten). Each run is compared with its own
+    # MEMORY USAGE (a log's size depends on how its grants' times fall); a
+    # wrong estimate is off in every run.
+    runs = [per_key(srv, c, MEMORY_CASES[case], "k") for _ in range(3)]
+    errors = sorted(((mu - (growth - outside)) / (growth - outside), growth, mu) for growth, mu in runs)
+    _, growth, mu = errors[1]
     real = growth - outside
     kind, ver = server_kind(c)
     alloc = "jemalloc" if "jemalloc" in str(c.info("memory").get("mem_allocator", "")) else "libc malloc"
     print(f"{kind} {ver[0]}.{ver[1]} ({alloc}) {case}: used_memory growth {growth:.1f} B/key, "
           f"outside MEMORY USAGE {outside:.1f}, so the key costs {real:.1f}; MEMORY USAGE {mu:.1f} "
-          f"({(mu - real) / real:+.1%})")
-    assert abs(mu - real) <= 0.10 * real, (case, growth, outside, real, mu)
+          f"({(mu - real) / real:+.1%}; the median of runs {[f'{e:+.1%}' for e, _, _ in errors]})")
+    assert abs(mu - real) <= 0.10 * real, (case, runs, outside)
 
 
 def test_readme_multi_snippet(server, tmp_path):
