@@ -560,6 +560,35 @@ impl State {
         self.plan_append(plan, time, new_count, window_us);
     }
 
+    /// What [`State::plan_grant`] then [`State::apply`] do for a grant of
+    /// `units` at `now` (> the newest entry) when nothing left the window
+    /// (the oldest entry is still in it), the sum stays below `u64::MAX`,
+    /// the new entry fits the format and the buffer has room for it without
+    /// being oversized: append the entry in place. Returns false, changing
+    /// nothing, in every other case (the caller then plans the grant).
+    /// Cannot panic or allocate (the push stays within the capacity).
+    #[inline]
+    pub(super) fn append_in_place(&mut self, now: u64, units: u64, window_us: u64) -> bool {
+        if self.len == 0 || now <= self.tail_time || u128::from(self.head_time) + u128::from(window_us) <= u128::from(now) {
+            return false;
+        }
+        let Some(total) = self.total.checked_add(units).filter(|&t| t < u64::MAX) else {
+            return false;
+        };
+        let delta = now - self.tail_time;
+        let n = self.len + 1;
+        let cap = self.cap_entries();
+        if !self.fits(delta, units) || self.head + n > cap || oversized(cap, n) {
+            return false;
+        }
+        let w = self.wn();
+        push_value(&mut self.buf, w, pack(self.cbits, delta, units));
+        self.tail_time = now;
+        self.len = n;
+        self.total = total;
+        true
+    }
+
     /// Carries out a plan made by [`State::plan_grant`] on this state. No
     /// step can panic: no arithmetic beyond what the plan checked, no
     /// indexing, no allocation but the push of one entry into a buffer the
