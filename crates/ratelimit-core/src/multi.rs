@@ -358,6 +358,87 @@ fn run_n<const N: usize>(
     }
 }
 
+/// A limit whose whole state is two or three words (token bucket, sliding
+/// counter), by value with its parameters: what [`take_words`] reads and
+/// writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WordLimit {
+    TokenBucket(tb::State, tb::Params),
+    SlidingCounter(sc::State, sc::Params),
+}
+
+/// A [`WordLimit`] read at the call's instant.
+#[derive(Clone, Copy)]
+enum WordView {
+    TokenBucket(tb::View),
+    SlidingCounter(sc::Assess),
+}
+
+impl WordLimit {
+    #[inline]
+    fn view(&self, now_us: u64) -> WordView {
+        match self {
+            WordLimit::TokenBucket(s, p) => WordView::TokenBucket(tb::View::at(s, p, now_us)),
+            WordLimit::SlidingCounter(s, p) => WordView::SlidingCounter(sc::Assess::at(s, p, now_us)),
+        }
+    }
+}
+
+/// [`run`] of `Op::Take` over limits that are all token buckets or sliding
+/// counters, for the calls RL.MULTI takes most (its property test holds it
+/// to `run`): each limit is read once, at `now_us`; the same `per` and
+/// whole reply; when the call writes (`g > 0`, not DRYRUN), every limit's
+/// state becomes its state after the take, else every state is left as it
+/// was. Limits beyond `N` (or beyond `weights` or `per`) are not read.
+#[inline]
+pub fn take_words<const N: usize>(
+    limits: &mut [WordLimit],
+    weights: &[u64],
+    cost: u64,
+    partial: bool,
+    dryrun: bool,
+    now_us: u64,
+    per: &mut [Decision],
+) -> Whole {
+    let n = limits.len().min(weights.len()).min(per.len()).min(N);
+    let (limits, weights, per) = (&mut limits[..n], &weights[..n], &mut per[..n]);
+    let mut views: [Option<WordView>; N] = [None; N];
+    let mut g = cost;
+    for ((v, l), &w) in views.iter_mut().zip(limits.iter()).zip(weights) {
+        let view = l.view(now_us);
+        let avail = match &view {
+            WordView::TokenBucket(v) => v.available(),
+            WordView::SlidingCounter(v) => v.available(),
+        };
+        g = g.min(if w <= 1 { avail } else { avail / w });
+        *v = Some(view);
+    }
+    if g != cost && !partial {
+        g = 0;
+    }
+    let write = g > 0 && !dryrun;
+    for (((v, l), &w), d) in views.iter().zip(limits.iter_mut()).zip(weights).zip(per.iter_mut()) {
+        // The parser checked cost × weight ≤ MAX_ARG, so g × w is too.
+        let (taken, want) = (g.saturating_mul(w), cost.saturating_mul(w));
+        match (v, l) {
+            (Some(WordView::TokenBucket(v)), WordLimit::TokenBucket(s, _)) => {
+                *d = v.answer(taken, want);
+                if write {
+                    *s = v.state_after(d.granted);
+                }
+            }
+            (Some(WordView::SlidingCounter(v)), WordLimit::SlidingCounter(s, _)) => {
+                *d = v.answer(taken, want);
+                if write {
+                    *s = v.state_after(d.granted);
+                }
+            }
+            _ => {}
+        }
+    }
+    combine(per, weights, g, cost, partial)
+}
+
 #[cfg(test)]
 #[path = "multi_tests.rs"]
 mod tests;
