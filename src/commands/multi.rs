@@ -39,13 +39,6 @@ fn multi_params(l: &LimitSpec) -> multi::Params {
 
 const NO_DECISION: Decision = Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 };
 
-/// The initial value of a slot of `multi::take_words`' array (overwritten
-/// for every limit of the call before it is read).
-const WORD_FILLER: multi::WordLimit = multi::WordLimit::TokenBucket(
-    tb::State { tokens: 0, frac: 0, den: 0, last_us: 0 },
-    tb::Params { capacity: 1, rate: 1, period_ms: 1 },
-);
-
 /// `RL.MULTI numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL]
 /// [DRYRUN] [REFUND n]`: every limit decided at one clock reading, all or
 /// nothing. Every key is opened and type-checked before anything is
@@ -177,52 +170,10 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         let mut tbs = [tb::State::default(); N];
         let mut scs = [sc::State::default(); N];
         let mut fresh_logs: [sl::State; N] = std::array::from_fn(|_| sl::State::default());
+        let mut params = [multi::Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }); N];
         let mut weights = [1u64; N];
         let mut per = [NO_DECISION; N];
-        let words_only = call.refund == 0 && specs.iter().all(|s| !matches!(s.kind, Kind::SlidingLog));
-        let whole = if words_only {
-            // Token buckets and sliding counters taking units (the common
-            // calls): by value through multi::take_words, which answers
-            // what multi::run does.
-            let mut words = [WORD_FILLER; N];
-            for (((w, wt), spec), &slot) in words.iter_mut().zip(weights.iter_mut()).zip(specs).zip(&slots) {
-                let [a, b, c] = spec.nums;
-                *wt = spec.weight;
-                *w = match spec.kind {
-                    Kind::SlidingCounter => {
-                        let s = match slot {
-                            Slot::Ours(p) => Value::<sc::State>::with(p, |v| *v).unwrap_or_default(),
-                            _ => sc::State::default(),
-                        };
-                        multi::WordLimit::SlidingCounter(s, sc::Params { limit: a, window_ms: b })
-                    }
-                    _ => {
-                        let s = match slot {
-                            Slot::Ours(p) => Value::<tb::State>::with(p, |v| *v).unwrap_or_default(),
-                            _ => tb::State::default(),
-                        };
-                        multi::WordLimit::TokenBucket(s, tb::Params { capacity: a, rate: b, period_ms: c })
-                    }
-                };
-            }
-            let whole = multi::take_words::<N>(
-                &mut words[..n],
-                &weights[..n],
-                call.cost,
-                call.partial,
-                call.dryrun,
-                now,
-                &mut per[..n],
-            );
-            for ((w, t), c) in words.iter().zip(tbs.iter_mut()).zip(scs.iter_mut()) {
-                match w {
-                    multi::WordLimit::TokenBucket(s, _) => *t = *s,
-                    multi::WordLimit::SlidingCounter(s, _) => *c = *s,
-                }
-            }
-            whole
-        } else {
-            let mut params = [multi::Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }); N];
+        let whole = {
             let mut states: [Option<StateMut>; N] = std::array::from_fn(|_| None);
             for (i, (((((st, slot), spec), t), c), l)) in states
                 .iter_mut()

@@ -163,64 +163,6 @@ proptest! {
         }
     }
 
-    /// Token buckets and sliding counters only: `take_words` answers every
-    /// take exactly as `run` does and leaves the same states (refunds go
-    /// through `run` on both, to reach states a take alone does not).
-    #[test]
-    fn take_words_is_run(
-        limits in proptest::collection::vec(limit_strategy(), 1..=4),
-        steps in proptest::collection::vec(step_strategy(), 1..120),
-        t0 in prop_oneof![Just(1_700_000_000_000_000u64), 0u64..10_000_000],
-    ) {
-        let mut params = Vec::new();
-        let mut weights = Vec::new();
-        let mut words = Vec::new();
-        for &(algo, limit, rate, ms, weight) in &limits {
-            weights.push(weight);
-            if algo == 0 {
-                let p = tb::Params { capacity: limit, rate, period_ms: ms };
-                params.push(Params::TokenBucket(p));
-                words.push(WordLimit::TokenBucket(tb::State::default(), p));
-            } else {
-                let p = sc::Params { limit, window_ms: ms };
-                params.push(Params::SlidingCounter(p));
-                words.push(WordLimit::SlidingCounter(sc::State::default(), p));
-            }
-        }
-        let spans: Vec<u64> = params.iter().map(span_us).collect();
-        let mut calls = Vec::new();
-        let mut now = t0;
-        for step in steps {
-            let op;
-            (now, op) = place(&step, now, &calls, &spans);
-            calls.push(now);
-            let mut states: Vec<Real> = words
-                .iter()
-                .map(|w| match w {
-                    WordLimit::TokenBucket(s, _) => Real::Tb(*s),
-                    WordLimit::SlidingCounter(s, _) => Real::Counter(*s),
-                })
-                .collect();
-            let (whole, per) = run_real(&mut states, &params, &weights, op, now);
-            if let Op::Take { cost, partial, dryrun } = op {
-                let mut got = [Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 }; MAX_LIMITS];
-                let w = take_words::<4>(&mut words, &weights, cost, partial, dryrun, now, &mut got);
-                prop_assert_eq!(&got[..words.len()], &per[..], "op {:?} at {}", op, now);
-                prop_assert_eq!(w, whole, "op {:?} at {}", op, now);
-            }
-            let refund = matches!(op, Op::Refund(_));
-            for (w, s) in words.iter_mut().zip(&states) {
-                match (w, s) {
-                    (WordLimit::TokenBucket(w, _), Real::Tb(s)) if refund => *w = *s,
-                    (WordLimit::SlidingCounter(w, _), Real::Counter(s)) if refund => *w = *s,
-                    (WordLimit::TokenBucket(w, _), Real::Tb(s)) => prop_assert_eq!(*w, *s),
-                    (WordLimit::SlidingCounter(w, _), Real::Counter(s)) => prop_assert_eq!(*w, *s),
-                    _ => prop_assert!(false),
-                }
-            }
-        }
-    }
-
     /// One limit of weight 1: RL.MULTI answers exactly what the single
     /// command answers, and leaves the same state.
     #[test]
