@@ -39,9 +39,13 @@ use crate::types::{SLIDINGCOUNTER_TYPE, SLIDINGLOG_TYPE, TOKENBUCKET_TYPE};
 const RL_FLAGS: &CStr = c"write deny-oom fast";
 
 /// RL.MULTI's: the same, and `getkeys-api`: its keys follow `numkeys`, and
-/// Redis 7.0's cluster routing finds such keys only by asking the command
-/// (later servers read the key spec `cmdinfo.rs` declares; `COMMAND
-/// GETKEYS` reads it everywhere).
+/// the servers' cluster routing (`getNodeByQuery`), client tracking and
+/// Valkey's slot precomputation find keys through `getKeysFromCommand`,
+/// which reads only a getkeys callback or the legacy (first, last, step)
+/// range, never a keynum key spec. Without the flag a cross-slot RL.MULTI
+/// runs (seen on Redis 7.0.15, Valkey 8.1.8 and 9.1.2, Redis 8.2.3, where
+/// `COMMAND GETKEYS`, which reads the key spec `cmdinfo.rs` declares, still
+/// finds the keys); test_multi.py's cross-slot test holds this.
 const MULTI_FLAGS: &CStr = c"write deny-oom fast getkeys-api";
 
 fn create_command(ctx: *mut raw::RedisModuleCtx, name: &CStr, f: raw::RedisModuleCmdFunc, flags: &CStr) -> bool {

@@ -50,9 +50,9 @@ pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
     guarded(ctx, || {
         let argv = argv_slice(argv, argc);
         if ffi::is_keys_position_request(ctx) {
-            // Redis 7.0's cluster routing asks the command itself (later
-            // servers read the key spec): the keys are arguments 2 ..
-            // 2 + numkeys, as far as they exist.
+            // Cluster routing asks the command itself on every server
+            // (lib.rs, MULTI_FLAGS): the keys are arguments 2 .. 2 +
+            // numkeys, as far as they exist.
             let n = argv.get(1).and_then(|&a| args::parse_num(ffi::bytes(a), 1)).unwrap_or(0);
             let n = usize::try_from(n).unwrap_or(0).min(MAX_LIMITS).min(argv.len().saturating_sub(2));
             for pos in 2..2 + n {

@@ -192,6 +192,11 @@ pub fn grant(state: &mut State, window_ms: u64, units: u64, now_us: u64) {
     }
     let w = ms_to_us(window_ms);
     let now = if state.len > 0 { now_us.max(state.tail_time) } else { now_us };
+    // The common grant (nothing to trim, a new entry that fits the format
+    // and the buffer's room) is the plan's Push, written directly.
+    if state.append_in_place(now, units, w) {
+        return;
+    }
     // Decide everything first (this may panic on a bug), then apply
     // infallibly: the log is never left half-updated.
     let plan = state.plan_grant(now, units, w);

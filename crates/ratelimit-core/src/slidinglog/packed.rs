@@ -29,9 +29,11 @@
 //! The live entries are `buf[head × words .. (head + len) × words]`: trimming
 //! advances `head` (no memmove per grant). When the tail reaches the
 //! capacity, the live entries are moved to the front if about a fifth of the
-//! capacity is dead, otherwise the buffer is reallocated at `1.25 × n + 1`
-//! entries. It is also reallocated (shrunk to that size) when the capacity
-//! exceeds twice the entries, and re-packed when the new entry does not fit
+//! capacity is dead, otherwise the buffer is reallocated at [`target`]`(n)`
+//! entries: the next power of two of at least 4 up to 16 entries (a log
+//! growing one entry per grant reallocates after 2, 4, 8 grants, not every
+//! 1–3), `1.25 × n + 1` beyond. It is also reallocated (shrunk to that size)
+//! when the capacity exceeds both twice the entries and that size, and re-packed when the new entry does not fit
 //! the format; every reallocation recomputes the narrowest format. A move or
 //! reallocation of `n` entries follows Ω(n) appends or trims, and a re-pack
 //! for a value that does not fit widens a field beyond every entry in the
@@ -111,10 +113,35 @@ pub(super) fn push_value(buf: &mut Vec<u32>, words: usize, v: u128) {
     }
 }
 
-/// Capacity (in entries) allocated for `n` entries: 25 % slack.
+/// Entries a log of up to this many is allocated in powers of two (at
+/// least [`MIN_CAP`]); beyond it, with 25 % slack.
+pub(super) const DOUBLING_UP_TO: usize = 16;
+
+/// The smallest buffer a log allocates, in entries (16 bytes of 4-byte
+/// entries: the smallest jemalloc class above 8 bytes; libc malloc's
+/// smallest chunk already holds 24 usable bytes).
+pub(super) const MIN_CAP: usize = 4;
+
+/// Capacity (in entries) allocated for `n` entries. Small logs double
+/// (4, 8, 16): a log that grows by one entry per grant then reallocates
+/// after 2, 4 and 8 grants instead of every 1–3 (each reallocation is a
+/// malloc, a re-pack and a free, ~1,000 instructions), for at most 32 bytes
+/// of slack; larger logs keep 25 % slack (4–5 bytes per entry).
 #[inline]
 pub(super) fn target(n: usize) -> usize {
-    n.saturating_add(n / 4).saturating_add(1)
+    if n <= DOUBLING_UP_TO {
+        n.max(MIN_CAP).next_power_of_two()
+    } else {
+        n.saturating_add(n / 4).saturating_add(1)
+    }
+}
+
+/// Whether a buffer of `cap` entries is too large for `n` live entries
+/// (then the next append shrinks it to [`target`]): more than twice the
+/// entries, and more than a new buffer for them would take.
+#[inline]
+pub(super) fn oversized(cap: usize, n: usize) -> bool {
+    cap > 2 * n && cap > target(n)
 }
 
 /// The in-memory format: like the canonical one, but spare bits go to the
@@ -484,7 +511,7 @@ impl State {
         let n = h.len + 1;
         let cap = self.cap_entries();
         let tail_full = h.head + n > cap;
-        if !self.fits(delta, count) || cap > 2 * n || (tail_full && cap < target(n)) {
+        if !self.fits(delta, count) || oversized(cap, n) || (tail_full && cap < target(n)) {
             self.plan_rebuild(plan, target(n), delta, count, window_us);
         } else if tail_full {
             // Move the live entries to the front of the buffer.
@@ -513,7 +540,7 @@ impl State {
         let idx = h.head + h.len - 1;
         let (delta, count) = self.raw(idx);
         let new_count = count.saturating_add(units);
-        if self.fits(delta, new_count) && self.cap_entries() <= 2 * (h.len + 1) {
+        if self.fits(delta, new_count) && !oversized(self.cap_entries(), h.len + 1) {
             plan.write = Write::Store(idx, pack(h.cbits, delta, new_count));
             h.total = h.total.saturating_add(units);
             return;
@@ -531,6 +558,35 @@ impl State {
             plan.truncate(live_words);
         }
         self.plan_append(plan, time, new_count, window_us);
+    }
+
+    /// What [`State::plan_grant`] then [`State::apply`] do for a grant of
+    /// `units` at `now` (> the newest entry) when nothing left the window
+    /// (the oldest entry is still in it), the sum stays below `u64::MAX`,
+    /// the new entry fits the format and the buffer has room for it without
+    /// being oversized: append the entry in place. Returns false, changing
+    /// nothing, in every other case (the caller then plans the grant).
+    /// Cannot panic or allocate (the push stays within the capacity).
+    #[inline]
+    pub(super) fn append_in_place(&mut self, now: u64, units: u64, window_us: u64) -> bool {
+        if self.len == 0 || now <= self.tail_time || u128::from(self.head_time) + u128::from(window_us) <= u128::from(now) {
+            return false;
+        }
+        let Some(total) = self.total.checked_add(units).filter(|&t| t < u64::MAX) else {
+            return false;
+        };
+        let delta = now - self.tail_time;
+        let n = self.len + 1;
+        let cap = self.cap_entries();
+        if !self.fits(delta, units) || self.head + n > cap || oversized(cap, n) {
+            return false;
+        }
+        let w = self.wn();
+        push_value(&mut self.buf, w, pack(self.cbits, delta, units));
+        self.tail_time = now;
+        self.len = n;
+        self.total = total;
+        true
     }
 
     /// Carries out a plan made by [`State::plan_grant`] on this state. No
@@ -628,7 +684,38 @@ mod tests {
         // After the window passes, one more grant: back to a single entry.
         call(&mut s, p, 1, false, t + 60_000_000);
         assert_eq!(s.len, 1);
-        assert!(s.heap_bytes() <= 8, "heap {}", s.heap_bytes());
+        assert!(s.heap_bytes() <= 16, "heap {}", s.heap_bytes());
+    }
+
+    #[test]
+    fn a_small_growing_log_reallocates_at_powers_of_two() {
+        // One entry per grant, nothing expiring (the profile's pattern): the
+        // buffer is allocated for 4 entries and regrown only at 5 and 9.
+        let p = Params { limit: 1_000_000, window_ms: 3_600_000 };
+        let mut s = State::default();
+        let mut caps = Vec::new();
+        for i in 1..=16u64 {
+            call(&mut s, p, 1, false, i * 1_000_000);
+            if caps.last() != Some(&s.cap_entries()) {
+                caps.push(s.cap_entries());
+            }
+            s.check_capacity();
+        }
+        assert_eq!(caps, vec![4, 8, 16]);
+        assert_eq!(s.heap_bytes(), 64);
+        // Beyond 16 entries, 25 % slack again.
+        call(&mut s, p, 1, false, 17_000_000);
+        assert_eq!(s.cap_entries(), 22);
+        // A log back to 3 live entries shrinks to 4 (not kept at 22).
+        let p = Params { limit: 1_000_000, window_ms: 1000 };
+        let mut s = State::default();
+        for i in 1..=20u64 {
+            call(&mut s, p, 1, false, i * 1000);
+        }
+        for i in 0..3u64 {
+            call(&mut s, p, 1, false, 2_000_000 + i * 1000);
+        }
+        assert_eq!((s.len, s.cap_entries()), (3, 4));
     }
 
     #[test]
