@@ -629,7 +629,9 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
             # WAIT for every replica: the new primary has one fewer until
             # the dead node is back (as a replica of it); until then strict
             # clients fail closed.
-            restore_topology(topo)
+            # Strict clients need the dead node linked again, not the
+            # sentinels' view of it (the run's end waits for that).
+            restore_topology(topo, sentinels=False)
         g.wait_count(at_kill + continue_grants)
     finally:
         g.stop()
@@ -650,16 +652,17 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
     }
 
 
-def restore_topology(topo):
+def restore_topology(topo, sentinels=True):
     """After a crash run: restart the killed node as a replica of the new
     primary, so the next run has two replicas again; wait until the
-    sentinels know it."""
+    sentinels know it (unless `sentinels` is false)."""
     dead = [n for n in topo.data_nodes if not n.alive()]
     for n in dead:
         n.start(topo.data_args + ["--replicaof", topo.primary.host, str(topo.primary.port)])
         wait_until(lambda: n.client().info("replication").get("master_link_status") == "up",
                    what="restarted node linked")
-    topo.wait_sentinels_ready()
+    if sentinels:
+        topo.wait_sentinels_ready()
 
 
 def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3):

@@ -90,7 +90,9 @@ def topo(shared, request):
     failed = request.session.testsfailed
     t = shared.get()
     yield t
-    if request.session.testsfailed != failed:  # the call's report is logged before teardown
+    # The call's report is logged before teardown. A topology the last run
+    # could not restore is rebuilt for the next test.
+    if request.session.testsfailed != failed or getattr(t, "broken", False):
         shared.drop()
 
 
@@ -113,7 +115,14 @@ def one_run(topo, config, fault, after_cut):
                         strict_wait_ms=WAIT_MS if config == "strict" else None,
                         nclients=CLIENTS, cut_deadline_s=3.0)
     finally:
-        F.restore_topology(topo)
+        try:
+            F.restore_topology(topo)
+        except AssertionError as e:
+            # Preparing the next run, not part of this one's measurement
+            # (seen once on Valkey 9.1: a sentinel that did not list the
+            # restarted replica within 60 s): a new topology is built.
+            print(f"topology not restored ({e}); it will be rebuilt")
+            topo.broken = True
     r.update(config=config, fault=fault, server=str(SERVER))
     print(json.dumps(r))
     return r
