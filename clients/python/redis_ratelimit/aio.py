@@ -75,25 +75,17 @@ class AsyncRateLimit(_Base):
         return self.backend
 
     async def _send_strict(self, mod_args, lua):
+        """The call and `WAIT replicas ms` in one pipeline on one connection:
+        (reply, replicas that acknowledged it)."""
         replicas, ms = self.wait
-        if self.backend == MODULE:
-            cmds = [mod_args]
-        else:
-            sha, name, keys, argv = self._lua_args(lua)
-            cmds = [["EVALSHA", sha, len(keys), *keys, *argv],
-                    ["EVAL", self._scripts.text[name], len(keys), *keys, *argv]]
-        for args in cmds:
+        for args in self._strict_cmds(mod_args, lua):
             pipe = self.client.pipeline(transaction=False)
             pipe.execute_command(*args)
             pipe.execute_command("WAIT", replicas, ms)
             reply, acked = await pipe.execute(raise_on_error=False)
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                continue        # first use on this node: EVAL caches it
-            if isinstance(reply, Exception):
-                raise reply
-            if isinstance(acked, Exception):
-                raise acked
-            return reply, acked
+            out = self._strict_reply(reply, acked)
+            if out is not None:
+                return out
         raise reply
 
     async def _send(self, mod_args, lua, grant=False):

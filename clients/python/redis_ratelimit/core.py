@@ -262,6 +262,27 @@ class _Base:
             raise UnsupportedError(f"the package ships no {name}.lua")
         return sha, name, keys, argv
 
+    def _strict_cmds(self, mod_args, lua):
+        """What strict mode sends, each followed by `WAIT replicas ms` in one
+        pipeline: the module call, or EVALSHA then (on NOSCRIPT) EVAL."""
+        if self.backend == MODULE:
+            return [mod_args]
+        sha, name, keys, argv = self._lua_args(lua)
+        return [["EVALSHA", sha, len(keys), *keys, *argv],
+                ["EVAL", self._scripts.text[name], len(keys), *keys, *argv]]
+
+    @staticmethod
+    def _strict_reply(reply, acked):
+        """(reply, replicas that acknowledged it) from a strict pipeline's
+        two replies; None after NOSCRIPT (send the next command)."""
+        if isinstance(reply, redis.exceptions.NoScriptError):
+            return None         # first use on this node: EVAL caches it
+        if isinstance(reply, Exception):
+            raise reply
+        if isinstance(acked, Exception):
+            raise acked
+        return reply, acked
+
     def _check_policy(self, policy):
         if isinstance(policy, AllOf) and self.backend is not None and not self.has_multi:
             raise UnsupportedError(f"all_of needs RL.MULTI, which this {self.backend} "
