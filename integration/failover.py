@@ -42,7 +42,7 @@ import redis
 from redis.connection import Connection
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
-from harness import MODULE, REDIS_SERVER, wait_until
+from harness import MODULE, REDIS_SERVER, ServerProcess, wait_until
 
 SERVICE = "rl"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
@@ -160,8 +160,10 @@ def _die_with_parent():
     a killed test run leaves no servers behind (prctl PR_SET_PDEATHSIG)."""
     _libc.prctl(1, signal.SIGKILL, 0, 0, 0)
 
-class Process:
+
+class Process(ServerProcess):
     """One server process (data node or sentinel) on its own address."""
+    LOG = "server.log"
 
     def __init__(self, host, dir):
         self.host = _loopback(host)
@@ -191,21 +193,6 @@ class Process:
         except (redis.exceptions.BusyLoadingError, redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError):
             return False
-
-    def log_tail(self, n=40):
-        try:
-            with open(os.path.join(self.dir, "server.log")) as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill9(self):
-        if self.alive():
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
 
     def close(self):
         self.kill9()

@@ -120,7 +120,28 @@ def wait_until(pred, timeout=30.0, interval=0.01, what="condition"):
     raise AssertionError(f"timed out waiting for {what} (last error: {last_exc})")
 
 
-class Server:
+class ServerProcess:
+    """What every server process of the tests shares: `proc`, the log file
+    LOG in `dir`, and how to tell it is alive and kill it."""
+    LOG = "redis.log"
+
+    def log_tail(self, n=40):
+        try:
+            with open(os.path.join(self.dir, self.LOG)) as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self):
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+class Server(ServerProcess):
     """One redis-server process with the module loaded."""
 
     def __init__(self, args=(), module=True, dir=None, port=None):
@@ -172,20 +193,6 @@ class Server:
     def client(self, **kw):
         return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=30, **kw)
 
-    def log_tail(self, n=40):
-        try:
-            with open(os.path.join(self.dir, "redis.log")) as f:
-                return "".join(f.readlines()[-n:])
-        except OSError:
-            return "(no log)"
-
-    def alive(self):
-        return self.proc is not None and self.proc.poll() is None
-
-    def kill9(self):
-        if self.alive():
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
 
     def stop(self):
         """Graceful shutdown without saving (SIGTERM), SIGKILL if it hangs."""
