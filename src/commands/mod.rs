@@ -32,6 +32,7 @@ use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use self::reply::reply_arg_error;
 use crate::ffi::{self, Key, Slot};
+use crate::listeners;
 use crate::types::Stored;
 use crate::value::Value;
 
@@ -97,6 +98,24 @@ unsafe fn parse_general(rest: &[*mut RedisModuleString], positional: &[Arg]) -> 
 #[inline]
 pub(super) fn abs_expiry(now_us: u64, reset_ms: u64) -> u64 {
     (now_us / 1000).saturating_add(reset_ms)
+}
+
+/// After a state was stored: the key expires when the limiter is fresh
+/// again (`reset_ms` from `now_us`), is signalled modified, and the effect
+/// `payload(abs)` is replicated (skipped where nothing reads it).
+#[inline(always)]
+pub(super) unsafe fn commit<P: AsRef<[u8]>>(
+    ctx: *mut RedisModuleCtx,
+    key: &Key,
+    name: *mut RedisModuleString,
+    now_us: u64,
+    reset_ms: u64,
+    payload: impl FnOnce(u64) -> P,
+) {
+    let abs = abs_expiry(now_us, reset_ms);
+    key.set_abs_expire(abs);
+    key.signal_modified();
+    listeners::replicate(ctx, name, || payload(abs));
 }
 
 /// Store `new` in the key: in place when it already holds our type in a

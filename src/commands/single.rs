@@ -9,10 +9,9 @@ use ratelimit_core::{codec, slidingcounter as sc, slidinglog as sl, tokenbucket 
 use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use super::reply::{reply, STORE_FAILED};
-use super::{abs_expiry, argv_slice, delete, guarded, parse, set_new, store, write_grant, Write};
+use super::{argv_slice, commit, delete, guarded, parse, set_new, store, write_grant, Write};
 use crate::clock;
 use crate::ffi::{self, Key, Slot};
-use crate::listeners;
 use crate::stats::Cmd;
 use crate::types::Stored;
 use crate::value::Value;
@@ -119,10 +118,7 @@ pub(super) unsafe fn word_apply<T: WordLimiter>(
             if d.reset_after_ms == 0 {
                 delete(ctx, &key, name);
             } else if store(&key, &slot, new) {
-                let abs = abs_expiry(now, d.reset_after_ms);
-                key.set_abs_expire(abs);
-                key.signal_modified();
-                listeners::replicate(ctx, name, || new.effect(abs));
+                commit(ctx, &key, name, now, d.reset_after_ms, |abs| new.effect(abs));
             } else {
                 return Err(ffi::reply_error(ctx, STORE_FAILED));
             }
@@ -134,10 +130,7 @@ pub(super) unsafe fn word_apply<T: WordLimiter>(
         Write::None => {}
         Write::Failed => return Err(ffi::reply_error(ctx, STORE_FAILED)),
         Write::Done => {
-            let abs = abs_expiry(now, d.reset_after_ms);
-            key.set_abs_expire(abs);
-            key.signal_modified();
-            listeners::replicate(ctx, name, || new.effect(abs));
+            commit(ctx, &key, name, now, d.reset_after_ms, |abs| new.effect(abs));
         }
     }
     Ok(d)
@@ -199,11 +192,8 @@ pub(super) unsafe fn log_apply(
             if d.reset_after_ms == 0 {
                 delete(ctx, &key, name);
             } else {
-                let abs = abs_expiry(now, d.reset_after_ms);
-                key.set_abs_expire(abs);
-                key.signal_modified();
                 let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: given };
-                listeners::replicate(ctx, name, || codec::log_refund(&g, abs));
+                commit(ctx, &key, name, now, d.reset_after_ms, |abs| codec::log_refund(&g, abs));
             }
         }
         return Ok(d);
@@ -226,11 +216,8 @@ pub(super) unsafe fn log_apply(
         Write::None => {}
         Write::Failed => return Err(ffi::reply_error(ctx, STORE_FAILED)),
         Write::Done => {
-            let abs = abs_expiry(now, d.reset_after_ms);
-            key.set_abs_expire(abs);
-            key.signal_modified();
             let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
-            listeners::replicate(ctx, name, || codec::log_grant(&g, abs));
+            commit(ctx, &key, name, now, d.reset_after_ms, |abs| codec::log_grant(&g, abs));
         }
     }
     Ok(d)
