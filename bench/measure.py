@@ -14,15 +14,13 @@ import re
 import shutil
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 
+from rltesting import proc  # the tests' server processes (testing/, installed by make venv)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "integration"))
-
-import harness  # noqa: E402  (the integration suite's server helper)
 
 REDIS_BENCHMARK = shutil.which("redis-benchmark") or "redis-benchmark"
 CLIENTS = 50
@@ -138,7 +136,7 @@ def resp(args):
 def pipe(port, chunks, count):
     """Send raw RESP through `redis-cli --pipe`; every reply must be a success."""
     data = b"".join(chunks)
-    p = subprocess.run([harness.REDIS_CLI, "-h", "127.0.0.1", "-p", str(port), "--pipe"],
+    p = subprocess.run([proc.REDIS_CLI, "-h", "127.0.0.1", "-p", str(port), "--pipe"],
                        input=data, capture_output=True)
     text = (p.stdout + p.stderr).decode(errors="replace")
     m = re.search(r"errors:\s*(\d+),\s*replies:\s*(\d+)", text)
@@ -190,7 +188,7 @@ class Bench:
 
     # -- servers ----------------------------------------------------------
     def start(self):
-        self.master = harness.Server()
+        self.master = proc.Server()
         self.c = self.master.client()
         # A replica must never be cut off for lagging (it shares the CPUs).
         self.c.config_set("client-output-buffer-limit", "replica 0 0 0")
@@ -198,7 +196,7 @@ class Bench:
         # After a replica half, free the backlog within seconds, so that the
         # next "no replica" half runs on a standalone server again.
         self.c.config_set("repl-backlog-ttl", "1")
-        self.replica = harness.Server()
+        self.replica = proc.Server()
         self.rc = self.replica.client()
         names = [m.get(b"name") or m.get("name") for m in self.c.module_list()]
         if not any(n in (b"ratelimit", "ratelimit") for n in names):
@@ -218,7 +216,7 @@ class Bench:
                 x = "<port>"
             elif x == self.master.dir:
                 x = "<tmpdir>"
-            elif x == harness.MODULE:
+            elif x == proc.MODULE:
                 x = self.module_shown
             elif x == "":
                 x = '""'
@@ -257,13 +255,13 @@ class Bench:
             return (ri.get("master_link_status") == "up" and isinstance(s0, dict)
                     and s0.get("state") == "online"
                     and ri.get("slave_repl_offset") == mi.get("master_repl_offset"))
-        harness.wait_until(synced, timeout=300, interval=0.05, what="replica full sync")
+        proc.wait_until(synced, timeout=300, interval=0.05, what="replica full sync")
         self.with_replica = True
         self.log("  replica attached (%.1f s)" % (time.monotonic() - t))
 
     def detach(self):
         self.rc.replicaof("NO", "ONE")
-        harness.wait_until(lambda: int(self.c.info("replication").get("connected_slaves", 0)) == 0,
+        proc.wait_until(lambda: int(self.c.info("replication").get("connected_slaves", 0)) == 0,
                            timeout=60, what="replica detached")
         self.with_replica = False
 
@@ -275,7 +273,7 @@ class Bench:
             ri = self.c.info("replication")
             return (int(ri.get("connected_slaves", 0)) == 0 and int(ri.get("repl_backlog_active", 1)) == 0
                     and int(self.c.info("ratelimit").get("ratelimit_effects_replicated", 1)) == 0)
-        harness.wait_until(alone, timeout=60, interval=0.05, what="a standalone master")
+        proc.wait_until(alone, timeout=60, interval=0.05, what="a standalone master")
 
     def caught_up(self, timeout=120):
         if not self.with_replica:
@@ -284,7 +282,7 @@ class Bench:
             mo = self.c.info("replication").get("master_repl_offset")
             ro = self.rc.info("replication").get("slave_repl_offset")
             return mo == ro
-        harness.wait_until(ok, timeout=timeout, interval=0.01, what="replica caught up")
+        proc.wait_until(ok, timeout=timeout, interval=0.01, what="replica caught up")
         if self.rc.info("replication").get("master_link_status") != "up":
             raise BenchError("replica link is down")
 
@@ -637,29 +635,29 @@ def machine():
         pass
     return dict(
         nproc=sh(["nproc"]), cpu=cpu, memory=mem, kernel=platform.release(),
-        redis_server=sh([harness.REDIS_SERVER, "--version"]),
+        redis_server=sh([proc.REDIS_SERVER, "--version"]),
         redis_benchmark=sh([REDIS_BENCHMARK, "--version"]),
         date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         loadavg=open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else "?",
         commit=sh(["git", "-C", ROOT, "describe", "--always", "--dirty", "--abbrev=12"]),
-        module=os.path.relpath(harness.MODULE, ROOT) if harness.MODULE.startswith(ROOT) else harness.MODULE,
-        module_built=datetime.datetime.fromtimestamp(os.path.getmtime(harness.MODULE), datetime.timezone.utc)
-        .strftime("%Y-%m-%d %H:%M UTC") if os.path.exists(harness.MODULE) else "?",
+        module=os.path.relpath(proc.MODULE, ROOT) if proc.MODULE.startswith(ROOT) else proc.MODULE,
+        module_built=datetime.datetime.fromtimestamp(os.path.getmtime(proc.MODULE), datetime.timezone.utc)
+        .strftime("%Y-%m-%d %H:%M UTC") if os.path.exists(proc.MODULE) else "?",
     )
 
 
 
 def resolve_server(spec):
-    """A server binary: a path, a name of integration/servers.py, or (None)
-    the one the integration harness would start."""
+    """A server binary: a path, a name of rltesting.servers, or (None)
+    the one the tests' Server would start."""
     if spec is None:
-        return harness.REDIS_SERVER
+        return proc.REDIS_SERVER
     if os.sep in spec or os.path.exists(spec):
         return os.path.abspath(spec)
     try:
-        import servers  # integration/servers.py
+        from rltesting import servers
     except ImportError:
-        raise BenchError("server %r: give a path (integration/servers.py, which knows the names, is missing)" % spec)
+        raise BenchError("server %r: give a path (rltesting.servers, which knows the names, is not installed: make venv)" % spec)
     try:
         return servers.server_path(spec)
     except LookupError as e:
@@ -675,7 +673,7 @@ def server_version(version_line):
 
 
 def server_tag(version_line):
-    """'redis7.0' / 'valkey9.1': the names integration/servers.py uses."""
+    """'redis7.0' / 'valkey9.1': the names rltesting.servers uses."""
     name, _ = server_version(version_line)
     product, ver = name.split(" ", 1)
     return product.lower() + ".".join(ver.split(".")[:2])
@@ -687,23 +685,22 @@ def run(quick, server=None, no_replica=False, algs="tb,sc,sl", only_multi=False,
     only. Raises BenchError when anything it relies on fails."""
     cfg = QUICK if quick else FULL
     t0 = time.monotonic()
-    if not os.path.exists(harness.MODULE):
-        raise BenchError("module not built: %s (make build)" % harness.MODULE)
-    harness.REDIS_SERVER = resolve_server(server)
-    if hasattr(harness, "ServerBuild"):
-        # The harness's ServerBuild probes harness.REDIS_SERVER on first use.
-        harness.SERVER = harness.ServerBuild()
+    if not os.path.exists(proc.MODULE):
+        raise BenchError("module not built: %s (make build)" % proc.MODULE)
+    proc.REDIS_SERVER = resolve_server(server)
+    # ServerBuild probes proc.REDIS_SERVER on first use.
+    proc.SERVER = proc.ServerBuild()
     mc = machine()
     tag = server_tag(mc["redis_server"])
-    log("server %s: %s" % (tag, harness.REDIS_SERVER))
+    log("server %s: %s" % (tag, proc.REDIS_SERVER))
     b = Bench(cfg, quick, log)
     # Load a private copy: a rebuild of the original during the run must not
     # change the code under a running server.
     tmpd = tempfile.mkdtemp(prefix="rl-bench-")
     b.module_shown = mc["module"]
-    copy = os.path.join(tmpd, os.path.basename(harness.MODULE))
-    shutil.copy2(harness.MODULE, copy)
-    harness.MODULE = copy
+    copy = os.path.join(tmpd, os.path.basename(proc.MODULE))
+    shutil.copy2(proc.MODULE, copy)
+    proc.MODULE = copy
     b.algs = [ALG_BY_TAG[t] for t in algs.split(",")]
     if only_multi:
         try:

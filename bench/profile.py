@@ -25,8 +25,8 @@ RL.SLIDINGLOG, RL.MULTI with 1 and 2 limits, all granted, and the
 token-bucket Lua twin for context.
 
 Servers: `--server` NAME or PATH, repeatable; NAME is one of
-integration/servers.py, `all` is all of them (the default when
-integration/servers.py is there, else redis-server).
+rltesting.servers, `all` is all of them (the default when
+rltesting.servers is there, else redis-server).
 
 Usage: bench/profile.py [--server S ...] [--requests N] [--keys K] [--windows W]
                         [--out docs/PROFILE.md] [--json bench/profile.json]
@@ -182,11 +182,10 @@ def inclusive(path):
 
 def resolve_servers(specs):
     """[(name, binary)] for --server arguments: a path, a name of
-    integration/servers.py, or `all`."""
-    sys.path.insert(0, os.path.join(ROOT, "integration"))
+    rltesting.servers, or `all`."""
     try:
-        import servers as known  # integration/servers.py
-    except ImportError:
+        from rltesting import servers as known  # testing/, installed by make venv
+    except ImportError:  # run by a Python without the test virtualenv
         known = None
     if not specs:
         specs = ["all"] if known else [shutil.which("redis-server") or "redis-server"]
@@ -195,14 +194,14 @@ def resolve_servers(specs):
         for item in spec.split(","):
             if item == "all":
                 if not known:
-                    sys.exit("profile: `all` needs integration/servers.py; give server binaries instead")
+                    sys.exit("profile: `all` needs rltesting.servers; give server binaries instead")
                 out += [(n, known.server_path(n)) for n in known.SERVERS]
             elif os.sep in item or os.path.exists(item):
                 out.append((None, os.path.abspath(item)))
             elif known and item in known.SERVERS:
                 out.append((item, known.server_path(item)))
             else:
-                sys.exit("profile: unknown server %r (a path, all, or a name of integration/servers.py)" % item)
+                sys.exit("profile: unknown server %r (a path, all, or a name of rltesting.servers)" % item)
     return out
 
 
@@ -440,7 +439,7 @@ def write(path, report):
             "%s %s" % (label, " ".join("%d/%d" % tuple(x) for x in r["results"][label]["windows"]))
             for label in labels if label in r["results"])))
     w("")
-    w("Rerun: `make profile` (every server of `integration/servers.py`; needs valgrind, which `make deps` "
+    w("Rerun: `make profile` (every server of `rltesting.servers`; needs valgrind, which `make deps` "
       "installs), or one server: `make profile SERVER=valkey9.1` (a name or a path).")
     w("")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)

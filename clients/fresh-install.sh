@@ -25,15 +25,17 @@ rc=0
 if [[ " $WHICH " == *" py "* ]]; then
   echo "== fresh install, Python: pip install $PY_PKG (no pins)"
   python3 -m venv "$work/venv"
+  # and the test-support package the tests import (rltesting, testing/)
   "$work/venv/bin/pip" install -q --disable-pip-version-check "$PY_PKG" pytest
+  "$work/venv/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT/testing"
   "$work/venv/bin/python" - <<'PY'
 import redis, redis_ratelimit, sys
 assert "site-packages" in redis_ratelimit.__file__, redis_ratelimit.__file__
 print(f"installed: redis-ratelimit from {redis_ratelimit.__file__}, redis-py {redis.__version__}")
 PY
-  # from $work, so that neither the cwd nor the tests' conftest puts the
-  # source tree's package before the installed one (RL_TEST_INSTALLED)
-  (cd "$work" && RL_TEST_INSTALLED=1 RL_MODULE=$MODULE "$work/venv/bin/python" -m pytest -q -rfE \
+  # from $work, so that the cwd does not put the source tree's package
+  # before the installed one
+  (cd "$work" && RL_MODULE=$MODULE "$work/venv/bin/python" -m pytest -q -rfE \
      -p no:cacheprovider --rootdir "$ROOT/clients/python" \
      "$ROOT/clients/python/tests/test_bound.py" "$ROOT/clients/python/tests/test_exactness.py" \
      "$ROOT/clients/python/tests/test_headers.py") || rc=1

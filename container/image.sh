@@ -43,7 +43,7 @@ local_bases() {
     rm -f "$work/rootfs.tar"
   fi
   local valkey
-  valkey=$("$root/.venv/bin/python" integration/servers.py path valkey9.1)
+  valkey=$("$root/.venv/bin/python" -m rltesting.servers path valkey9.1)
   for server in redis valkey; do
     local ctx=$work/base-$server
     rm -rf "$ctx" && mkdir -p "$ctx/bin"

@@ -77,8 +77,7 @@ def schedule():
 
 
 def start_server():
-    sys.path.insert(0, os.path.join(ROOT, "integration"))
-    from harness import MODULE, Server  # noqa: E402
+    from rltesting.proc import MODULE, Server
 
     if not os.path.exists(MODULE):
         sys.exit(f"module not built: {MODULE} (run `make build`)")

@@ -3,16 +3,13 @@ every module code path (commands and options, runtime rule changes, log
 growth and shrinking, RL.STATE, DUMP/RESTORE valid and hostile, COPY,
 DIGEST, MEMORY USAGE, RDB save/load, AOF rewrite and load, expiry,
 eviction, lazy free). Usage: valgrind_workload.py PORT"""
-import os
 import random
 import sys
 import time
 
 import redis
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "integration"))
-from test_hostile import (  # noqa: E402
+from rltesting.payloads import (
     MAX_ARG, Dump, mutate, payload, random_log, random_payloads, sl_body, with_trailer,
 )
 

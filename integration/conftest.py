@@ -1,14 +1,13 @@
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from harness import MODULE, SERVER  # noqa: E402
-import server_fixtures  # noqa: E402
+from rltesting import fixtures
+from rltesting.proc import MODULE, SERVER
 
-server_factory = server_fixtures.server_factory
-server = server_fixtures.server
+# The fixtures every suite takes.
+server_factory = fixtures.server_factory
+server = fixtures.server
 
 
 @pytest.fixture

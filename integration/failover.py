@@ -42,7 +42,7 @@ import redis
 from redis.connection import Connection
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
-from harness import MODULE, REDIS_SERVER, ServerProcess, wait_until
+from rltesting.proc import MODULE, REDIS_SERVER, ServerProcess, wait_until
 
 SERVICE = "rl"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")

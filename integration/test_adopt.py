@@ -21,7 +21,7 @@ import time
 import pytest
 import redis
 
-from harness import ROOT, wait_until
+from rltesting.proc import ROOT, wait_until
 
 LIMITERS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER", "RL.MULTI")
 
@@ -486,7 +486,7 @@ def quiet_server():
     reply buffer shrunk, mid-measurement), and 6,000 filler keys
     with a TTL so that 50 more keys never resize the keyspace or expires
     tables."""
-    from harness import Server
+    from rltesting.proc import Server
     srv = Server(["--latency-tracking", "no"])
     c = srv.client()
     # The server's cron shrinks and regrows a client's 16 KB reply buffer

@@ -7,10 +7,11 @@ import random
 import re
 import time
 
-from harness import (
-    COMMANDS, NEVER, Cluster, Workload, db_digest, granted_units, keyspace, key_slot, rl,
-    tags_in_slots, wait_replica_synced, wait_until,
-)
+from rltesting.cluster import Cluster, key_slot, tags_in_slots
+from rltesting.proc import wait_until
+from rltesting.replication import wait_replica_synced
+from rltesting.replies import COMMANDS, db_digest, granted_units, keyspace, NEVER, rl
+from rltesting.workload import Workload
 
 ROUTES = ("login", "search", "upload")
 

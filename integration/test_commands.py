@@ -10,7 +10,9 @@ import time
 import pytest
 import redis
 
-from harness import COMMANDS, SERVER, start_replica, wait_ack, wait_aof_rewrite, wait_until
+from rltesting.proc import SERVER, wait_until
+from rltesting.replication import start_replica, wait_ack, wait_aof_rewrite
+from rltesting.replies import COMMANDS
 
 MAX = (1 << 53) - 1
 # A window so long that no refill or window boundary happens during a test

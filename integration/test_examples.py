@@ -33,7 +33,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from harness import ROOT, free_port, wait_until
+from rltesting.proc import free_port, ROOT, wait_until
 
 EXAMPLES = os.path.join(ROOT, "examples")
 NODE_DIR = os.path.join(EXAMPLES, "node")

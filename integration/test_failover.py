@@ -40,7 +40,7 @@ import pytest
 import redis
 
 import failover as F
-from harness import SERVER, wait_until
+from rltesting.proc import SERVER, wait_until
 
 RUNS = int(os.environ.get("RL_FAILOVER_RUNS", "1"))
 SKIP = F.nft_unavailable()

@@ -36,7 +36,7 @@ import sys
 import pytest
 import redis
 
-from harness import ROOT, wait_until
+from rltesting.proc import ROOT, wait_until
 from models import MODELS, SlidingLog, ceil_div, log_model, multi, sc_model, single, tb_model
 
 LUA_DIR = os.path.join(ROOT, "lua")

@@ -12,10 +12,10 @@ import threading
 import pytest
 import redis
 
-from harness import (
-    HUGE, NEVER, Cluster, ReplicationTap, db_digest, key_slot, keyspace, options, rl, start_replica,
-    tags_in_slots, wait_ack, wait_until,
-)
+from rltesting.cluster import Cluster, key_slot, tags_in_slots
+from rltesting.proc import wait_until
+from rltesting.replication import ReplicationTap, start_replica, wait_ack
+from rltesting.replies import db_digest, HUGE, keyspace, NEVER, options, rl
 from models import combine
 
 SEED = int(os.environ.get("RL_SEED", "0")) or random.randrange(1, 2**31)

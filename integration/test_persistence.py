@@ -9,10 +9,10 @@ import shutil
 import pytest
 import redis
 
-from harness import (
-    COMMANDS, NEVER, SERVER, TYPE_NAMES, Workload, db_digest, granted_units, keyspace, load_json,
-    rl, wait_aof_rewrite, wait_bgsave, wait_until,
-)
+from rltesting.proc import SERVER, wait_until
+from rltesting.replication import wait_aof_rewrite, wait_bgsave
+from rltesting.replies import COMMANDS, db_digest, granted_units, keyspace, load_json, NEVER, rl, TYPE_NAMES
+from rltesting.workload import Workload
 
 FIXTURES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures")
 SEED = int(os.environ.get("RL_SEED", "0")) or random.randrange(1, 2**31)

@@ -10,10 +10,10 @@ import time
 import pytest
 import redis
 
-from harness import (
-    ReplicationTap,    COMMANDS, NEVER, TYPE_NAMES, Workload, check_reply, db_digest, granted_units, keyspace, rl,
-    start_replica, wait_ack, wait_replica_synced, wait_until,
-)
+from rltesting.proc import wait_until
+from rltesting.replication import ReplicationTap, start_replica, wait_ack, wait_replica_synced
+from rltesting.replies import check_reply, COMMANDS, db_digest, granted_units, keyspace, NEVER, rl, TYPE_NAMES
+from rltesting.workload import Workload
 
 SEED = int(os.environ.get("RL_SEED", "0")) or random.randrange(1, 2**31)
 

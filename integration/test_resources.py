@@ -18,7 +18,8 @@ import pytest
 import redis
 import redis.asyncio
 
-from harness import HUGE, MODULE, NEVER, ROOT, check_reply, granted_units, wait_until
+from rltesting.proc import MODULE, ROOT, wait_until
+from rltesting.replies import check_reply, granted_units, HUGE, NEVER
 
 COMMANDS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER")
 LONG_SOAK = os.environ.get("RL_SOAK") == "long"

@@ -21,7 +21,10 @@ import time
 import pytest
 import redis
 
-from harness import Cluster, Workload, _s, granted_units, info_field, key_slot, rl, tags_in_slots, wait_until
+from rltesting.cluster import Cluster, key_slot, tags_in_slots
+from rltesting.proc import wait_until
+from rltesting.replies import _s, granted_units, info_field, rl
+from rltesting.workload import Workload
 
 HOUR = 3_600_000
 FOREVER = 1 << 40

@@ -62,10 +62,9 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(ROOT, "integration"))
 
 import redis  # noqa: E402
-import servers  # noqa: E402  (integration/servers.py: server builds by name)
+from rltesting import servers  # noqa: E402  (testing/: server builds by name)
 
 MODULE = os.environ.get("RL_MODULE", os.path.join(ROOT, "target", "release",
                                                   "libredis_ratelimit.so"))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmarks of the Python client (make bench; make test runs --quick).
 
-Starts its own redis-server with the module (integration/harness.py) and
+Starts its own redis-server with the module (rltesting.proc) and
 measures, in one run:
 
 1. Local decision cost: one leased decision answered from the reservoir
@@ -22,17 +22,15 @@ import random
 import sys
 import time
 
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from rltesting.proc import Server
+
+from redis_ratelimit import RateLimit, sliding_log
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "integration"))
-sys.path.insert(0, HERE)
-
-import redis  # noqa: E402
-from redis.backoff import NoBackoff  # noqa: E402
-from redis.retry import Retry  # noqa: E402
-from harness import Server  # noqa: E402
-
-from redis_ratelimit import RateLimit, sliding_log  # noqa: E402
 
 HUGE = 10**12
 pc = time.perf_counter_ns

@@ -5,7 +5,6 @@ docker is not there) and the TESTCONTAINERS_* / TC_HOST settings.
 """
 import pathlib
 import re
-import sys
 import tomllib
 
 import pytest
@@ -14,8 +13,6 @@ from testcontainers.core.container import DockerContainer
 from testcontainers.core.wait_strategies import LogMessageWaitStrategy
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-# The client library from the tree, as clients/python's own tests use it.
-sys.path.insert(0, str(ROOT / "clients" / "python"))
 
 VERSION = tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"]["package"]["version"]
 TAGS = {server: f"redis-ratelimit:{VERSION}-{server}" for server in ("redis", "valkey")}

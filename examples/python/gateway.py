@@ -41,12 +41,7 @@ import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-try:
-    import redis_ratelimit as rrl
-except ImportError:   # running from the repository without installing the package
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                    "..", "..", "clients", "python"))
-    import redis_ratelimit as rrl
+import redis_ratelimit as rrl  # pip install ./clients/python (make venv installs it editable)
 
 MAX_ARG = 2**53 - 1
 ALGORITHMS = ("tokenbucket", "slidinglog", "slidingcounter")

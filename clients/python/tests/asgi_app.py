@@ -1,18 +1,15 @@
 """A Starlette app behind RateLimitMiddleware, served by uvicorn (a real
 HTTP server) for test_asgi.py:  python asgi_app.py HTTP_PORT REDIS_PORT"""
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import redis.asyncio
+import uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+from starlette.routing import Route
 
-import redis.asyncio  # noqa: E402
-import uvicorn  # noqa: E402
-from starlette.applications import Starlette  # noqa: E402
-from starlette.responses import JSONResponse  # noqa: E402
-from starlette.routing import Route  # noqa: E402
-
-from redis_ratelimit import AsyncRateLimit, sliding_log, token_bucket  # noqa: E402
-from redis_ratelimit.asgi import RateLimitMiddleware  # noqa: E402
+from redis_ratelimit import AsyncRateLimit, sliding_log, token_bucket
+from redis_ratelimit.asgi import RateLimitMiddleware
 
 http_port, redis_port = int(sys.argv[1]), int(sys.argv[2])
 HOUR = 3_600_000

@@ -1,21 +1,20 @@
-"""Real redis-server processes for the client tests (the project's harness)."""
+"""Real redis-server processes for the client tests (the test-support
+package rltesting, testing/). redis_ratelimit is the package installed in
+the virtualenv: `make venv` installs this tree's editable; the unpinned
+install test (clients/fresh-install.sh) a fresh `pip install`."""
 import os
-import sys
 
 import pytest
 
+from rltesting.cluster import Cluster
+from rltesting import fixtures
+from rltesting.proc import MODULE
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", "..", ".."))
-sys.path.insert(0, os.path.join(ROOT, "integration"))
-# RL_TEST_INSTALLED (the unpinned install test): the installed package, not this tree's
-if not os.environ.get("RL_TEST_INSTALLED"):
-    sys.path.insert(0, os.path.join(ROOT, "clients", "python"))
 
-from harness import MODULE, Cluster  # noqa: E402
-import server_fixtures  # noqa: E402
-
-server_factory = server_fixtures.server_factory
-server = server_fixtures.server
+server_factory = fixtures.server_factory
+server = fixtures.server
 
 
 def pytest_sessionstart(session):

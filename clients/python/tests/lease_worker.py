@@ -11,14 +11,11 @@ import sys
 import threading
 import time
 
-if not os.environ.get("RL_TEST_INSTALLED"):    # the installed package
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
-import redis  # noqa: E402
-from redis.backoff import NoBackoff  # noqa: E402
-from redis.retry import Retry  # noqa: E402
-
-from redis_ratelimit import Breaker, RateLimit, sliding_log  # noqa: E402
+from redis_ratelimit import Breaker, RateLimit, sliding_log
 
 port, backend, key, go_file, run_s = sys.argv[1:6]
 run_s = float(run_s)

@@ -9,7 +9,8 @@ import tempfile
 
 import redis
 
-from harness import REDIS_SERVER, free_port, start_replica, wait_until
+from rltesting.proc import free_port, REDIS_SERVER, wait_until
+from rltesting.replication import start_replica
 
 SERVICE = "rl"
 

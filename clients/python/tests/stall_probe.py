@@ -12,21 +12,15 @@ timeout_ms=30); async: AsyncRateLimit(redis.asyncio.Redis(), timeout_ms=30).
 A client the library refuses prints {"refused": message}."""
 import asyncio
 import json
-import os
 import signal
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "..", "integration"))
-if not os.environ.get("RL_TEST_INSTALLED"):    # the installed package
-    sys.path.insert(0, os.path.join(HERE, ".."))
+import redis
+import redis.asyncio
+from rltesting.proc import Server, wait_until
 
-import redis  # noqa: E402
-import redis.asyncio  # noqa: E402
-from harness import Server, wait_until  # noqa: E402
-
-from redis_ratelimit import (AsyncRateLimit, Breaker, Panic, RateLimit,  # noqa: E402
+from redis_ratelimit import (AsyncRateLimit, Breaker, Panic, RateLimit,
                              token_bucket)
 
 TIMEOUT_MS = 30

@@ -7,7 +7,7 @@ import sys
 
 import httpx
 import pytest
-from harness import free_port, wait_until
+from rltesting.proc import free_port, wait_until
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

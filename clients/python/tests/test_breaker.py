@@ -13,7 +13,7 @@ import time
 
 import pytest
 import redis.asyncio
-from harness import wait_until
+from rltesting.proc import wait_until
 from support import LONG, client
 
 from redis_ratelimit import (AsyncRateLimit, Breaker, Panic, RateLimit, sliding_log,

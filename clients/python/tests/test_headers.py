@@ -3,7 +3,7 @@ panic decisions; Retry-After is never 0 on a denial."""
 import random
 
 import pytest
-from harness import free_port
+from rltesting.proc import free_port
 from support import client
 
 from redis_ratelimit import (Breaker, Panic, RateLimit, all_of, headers, problem,

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 import redis.asyncio
-from harness import wait_until
+from rltesting.proc import wait_until
 from support import LONG, client
 
 from redis_ratelimit import AsyncRateLimit, Breaker, RateLimit, sliding_log, token_bucket

@@ -15,7 +15,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel as RedisSentinel
 
-from harness import start_replica, wait_ack, wait_until
+from rltesting.proc import wait_until
+from rltesting.replication import start_replica, wait_ack
 from redis_ratelimit import Breaker, Panic, RateLimit, Strict, token_bucket
 from redis_ratelimit.aio import AsyncRateLimit
 from sentinels import SERVICE, Deployment

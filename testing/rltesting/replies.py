@@ -1,0 +1,107 @@
+"""What the tests send and check: the three commands' arguments, the
+options, reply invariants, INFO fields and keyspace digests."""
+import json
+
+def module_commands():
+    """(command, limit-arguments) for each of the three commands."""
+    return [
+        ("RL.TOKENBUCKET", lambda limit, ms: [limit, limit, ms]),
+        ("RL.SLIDINGLOG", lambda limit, ms: [limit, ms]),
+        ("RL.SLIDINGCOUNTER", lambda limit, ms: [limit, ms]),
+    ]
+
+
+# Parameters under which no unit ever comes back in a test's lifetime (the
+# next token, window or log entry is ~285,000 years away): replies are then
+# time-independent and grants can be counted exactly.
+HUGE = (1 << 53) - 1
+NEVER = {
+    "RL.TOKENBUCKET": lambda limit: [limit, 1, HUGE],
+    "RL.SLIDINGLOG": lambda limit: [limit, HUGE],
+    "RL.SLIDINGCOUNTER": lambda limit: [limit, HUGE],
+}
+COMMANDS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER")
+TYPE_NAMES = {
+    "RL.TOKENBUCKET": "rl-tokbkt",
+    "RL.SLIDINGLOG": "rl-slilog",
+    "RL.SLIDINGCOUNTER": "rl-slicnt",
+}
+
+
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def options(cost=None, partial=False, dryrun=False, refund=None):
+    """The options every command takes, as arguments (None/False: absent)."""
+    args = [] if cost is None else ["COST", cost]
+    if partial:
+        args.append("PARTIAL")
+    if dryrun:
+        args.append("DRYRUN")
+    if refund is not None:
+        args += ["REFUND", refund]
+    return args
+
+
+def rl(client, cmd, key, params, cost=None, partial=False, dryrun=False):
+    """One rate-limit call; returns the five integers, checked for shape."""
+    reply = client.execute_command(cmd, key, *params, *options(cost, partial, dryrun))
+    check_reply(reply, cost if cost is not None else 1, partial, params[0])
+    return reply
+
+
+def check_reply(reply, cost, partial, limit):
+    """Invariants every reply keeps, whatever the state."""
+    assert isinstance(reply, list) and len(reply) == 5, reply
+    assert all(isinstance(x, int) for x in reply), reply
+    allowed, lim, remaining, retry, reset = reply
+    assert lim == limit, reply
+    assert 0 <= remaining <= limit, reply
+    assert reset >= 0, reply
+    if partial:
+        assert 0 <= allowed <= cost, reply
+        full = allowed == cost
+    else:
+        assert allowed in (0, 1), reply
+        full = allowed == 1
+    if full:
+        assert retry == 0, reply
+    elif cost > limit:
+        assert retry == -1, reply
+    else:
+        assert retry > 0, reply
+
+
+def granted_units(reply, cost, partial):
+    """Units a reply says were granted."""
+    if partial:
+        return reply[0]
+    return cost if reply[0] == 1 else 0
+
+
+def info_field(client, field, section=None):
+    """One field of INFO (as returned by redis-py: int, str, ...)."""
+    return client.info(section or "everything").get(field)
+
+
+def keyspace(client, pattern="*"):
+    """{key: (type, DEBUG DIGEST-VALUE, PEXPIRETIME)} for every key."""
+    out = {}
+    for k in client.scan_iter(match=pattern, count=1000):
+        t = _s(client.type(k))
+        if t == "none":
+            continue
+        d = _s(client.execute_command("DEBUG", "DIGEST-VALUE", k)[0])
+        out[_s(k)] = (t, d, client.execute_command("PEXPIRETIME", k))
+    return out
+
+
+def db_digest(client):
+    """DEBUG DIGEST: the whole dataset, values and expiries."""
+    return _s(client.execute_command("DEBUG", "DIGEST"))
+
+
+def load_json(path):
+    with open(path) as f:
+        return json.load(f)
