@@ -4,10 +4,13 @@ import pytest
 
 from rltesting import fixtures
 from rltesting.proc import MODULE, SERVER
+import twins
 
-# The fixtures every suite takes.
+# The fixtures every suite takes, and the Lua twin suites' (test_lua_twins*.py).
 server_factory = fixtures.server_factory
 server = fixtures.server
+plain = twins.plain
+tw = twins.tw
 
 
 @pytest.fixture
