@@ -1,14 +1,18 @@
-"""Print the driver x suite matrix of the client libraries' test runs.
+"""Print the suite x run matrix of junit-xml test reports: the integration
+suites per server (make test-py) and the client libraries per driver line
+and server (make test-clients-py, make test-clients-node).
 
-    python clients/matrix.py TITLE DIR
+    python -m rltesting.matrix TITLE DIR
 
-DIR/times has one line per run, "NAME SECONDS EXIT" (NAME: driver@server,
-e.g. redis-py8@valkey9.1 or node:ioredis6+redis6@redis7.0). A run's results
-are junit-xml files: DIR/NAME.xml (pytest: one suite per test module) or
-DIR/NAME/*.xml (one file per suite, named after it: node --test, one test
-file at a time). Prints passed/failed/skipped per suite and run, the totals
-and each run's wall time; exits 1 when a test failed or errored, a run exited
-non-zero, or a run left no report.
+DIR/times has one line per run, "NAME SECONDS EXIT" (NAME: a server, e.g.
+redis7.0, or driver@server, e.g. redis-py8@valkey9.1 or
+ioredis6+node-redis6@redis7.0). A run's results are junit-xml files:
+DIR/NAME.xml (pytest: one suite per test module) or DIR/NAME/*.xml (one file
+per suite, named after it: node --test, one test file at a time). Prints
+passed/failed/skipped per suite and run, the totals and each run's wall
+time; exits 1 when a test failed or errored, a run exited non-zero (pytest:
+1 some failed, 2-5 interrupted, internal or usage error, nothing collected),
+or a run left no report (it crashed or could not start).
 """
 import glob
 import os
@@ -17,7 +21,8 @@ import xml.etree.ElementTree as ET
 
 
 def module_of(classname):
-    """pytest's classname (tests.test_bound, or tests.test_x.TestY) -> test_bound.py"""
+    """pytest's classname (test_commands, tests.test_bound, or
+    tests.test_x.TestY) -> test_commands.py, test_bound.py, test_x.py"""
     parts = classname.split(".")
     return next((p for p in parts if p.startswith("test_")), parts[-1]) + ".py"
 
