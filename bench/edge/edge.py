@@ -480,6 +480,9 @@ def main(argv=None):
     ap.add_argument("--gateways", default=",".join(GATEWAYS))
     ap.add_argument("--modes", default=",".join(MODES),
                     help="a subset, for development")
+    ap.add_argument("--rate", type=int, default=0,
+                    help="offer this many req/s to each gateway instead of FRACTION of its "
+                         "measured capacity (no capacity run), for development")
     ap.add_argument("--render-only", default=None)
     args = ap.parse_args(argv)
     tag = args.tag or (args.server if args.server in servers.SERVERS
@@ -501,8 +504,11 @@ def main(argv=None):
     t_start = time.time()
     try:
         for gw in args.gateways.split(","):
-            cap = b.capacity(gw)
-            rate = max(50, int(cap * FRACTION))
+            if args.rate:   # a fixed load: runs before and after a change compare
+                cap, rate = 0, args.rate
+            else:
+                cap = b.capacity(gw)
+                rate = max(50, int(cap * FRACTION))
             r = max(1, rate // 80)     # the abusive tenant: 20 r, a quarter of the load
             res["meta"]["gateways"][gw] = {"capacity": cap, "rate": rate, "r": r}
             res["runs"][gw] = {}

@@ -136,8 +136,9 @@ def table(res):
         if not runs:
             continue
         m = res["meta"]["gateways"][gw]
-        out.append(f"**{gw} gateway**: capacity {m['capacity']:.0f} req/s (closed loop, Lua "
-                   f"mode), offered {m['rate']} req/s (a quarter of the mix on the unlimited "
+        cap = (f"capacity {m['capacity']:.0f} req/s (closed loop, Lua mode)" if m["capacity"]
+               else "capacity not measured (--rate)")
+        out.append(f"**{gw} gateway**: {cap}, offered {m['rate']} req/s (a quarter of the mix on the unlimited "
                    f"control path); abusive tenant {20 * m['r']} req/s against its "
                    f"{m['r']}/s (bucket {capacity_of(m['r'])}).\n")
         out.append("| mode | phase | req/s | generator lag p99 | control p50 / p99 | added p50 | "
