@@ -322,6 +322,18 @@ class Bench:
         finally:
             self.teardown(rs, up, g)
 
+    def trips(self, started, marks, port):
+        """Samples the gateway's breaker trips at every phase boundary (its own
+        thread: a slow stats page must not delay a fault)."""
+        for t in sorted({p[1] for p in self.phases} | {p[2] for p in self.phases}):
+            delay = started + t - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            try:
+                marks.append((t, "trips", metrics_of(stats(port)).get("trips")))
+            except OSError:
+                marks.append((t, "trips", None))
+
     def faults(self, rs, started, marks, errors, populate_keys):
         """Fires the schedule's events relative to the load's start; samples
         Redis CPU at every phase boundary."""
@@ -397,9 +409,12 @@ class Bench:
             started = float(line.split()[1]) / 1000
             marks, errors = [], []
             ft = threading.Thread(target=self.faults, args=(rs, started, marks, errors, keys))
+            tt = threading.Thread(target=self.trips, args=(started, marks, port))
             ft.start()
+            tt.start()
             so, se = lp.communicate()
             ft.join()
+            tt.join()
             if lp.returncode != 0:
                 raise BenchError(f"load generator failed: {se}")
             summary = json.loads(so)

@@ -45,6 +45,15 @@ def cpu_between(marks, t0, t1):
     return b[1] - a[1] if a[0] == b[0] else b[1]
 
 
+def trips_between(marks, t0, t1):
+    """The gateway's breaker trips between two phase boundaries (None for a
+    run recorded before the bench sampled them)."""
+    tr = {t: v for t, w, v in marks if w == "trips" and v is not None}
+    a = next((v for t, v in tr.items() if abs(t - t0) < 1e-6), None)
+    b = next((v for t, v in tr.items() if abs(t - t1) < 1e-6), None)
+    return None if a is None or b is None else b - a
+
+
 def analyse(run, phases):
     """Per phase: the limited requests' figures, the control requests'
     latency, and the limited ones' latency above the control's."""
@@ -78,6 +87,8 @@ def analyse(run, phases):
               "abuse_sent": len(ab), "abuse_granted": len(ab_ok),
               "abuse_panic": sum(1 for x in ab_ok if x[4] == cap // INSTANCES),
               "redis_cpu_s": cpu,
+              "trips": (None if any(trips_between(run["marks"], a, b) is None for a, b in spans)
+                        else sum(trips_between(run["marks"], a, b) for a, b in spans)),
               "cpu_ms_per_1k": cpu * 1000 / (len(lim) / 1000) if lim and cpu else 0.0}
         for k, q in (("p50", 50), ("p99", 99), ("p999", 99.9), ("max", 100)):
             st[k] = pct(lat, q)
@@ -142,10 +153,11 @@ def table(res):
                    f"control path); abusive tenant {20 * m['r']} req/s against its "
                    f"{m['r']}/s (bucket {capacity_of(m['r'])}).\n")
         out.append("| mode | phase | req/s | generator lag p99 | control p50 / p99 | added p50 | "
-                   "p99 | p99.9 | max | >3 ms | >5 ms | 5xx | timeouts | panic | abuser granted "
+                   "p99 | p99.9 | max | >3 ms | >5 ms | 5xx | timeouts | panic | breaker trips | "
+                   "abuser granted "
                    "(panic) / rate x t | Redis CPU ms / 1k |")
         out.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
-                   "---:|")
+                   "---:|---:|")
         for mode in MODES:
             run = runs.get(mode)
             if not run:
@@ -161,7 +173,7 @@ def table(res):
                     f"{fmt(s['control_p99'])} | " + " | ".join(lat) +
                     f" | {100 * s['over3'] / s['n']:.1f}% | {100 * s['over5'] / s['n']:.1f}% | "
                     f"{s['s5xx']} | {s['timeouts']} | {100 * s['panic_share']:.0f}% | "
-                    f"{s['abuse_granted']} ({s['abuse_panic']}) / {m['r'] * s['seconds']:.0f} | "
+                    f"{fmt(s.get('trips'), 0)} | {s['abuse_granted']} ({s['abuse_panic']}) / {m['r'] * s['seconds']:.0f} | "
                     f"{fmt(s['cpu_ms_per_1k'], 1)} |")
         out.append("\nThe client library's counters over the whole run, warm-up included "
                    "(`rl.metrics()`):\n")
