@@ -324,6 +324,9 @@ def render(res, docs_dir, bench_md):
         every.sort(key=lambda d: (SERVER_ORDER.index(d["meta"]["server"])
                                   if d["meta"]["server"] in SERVER_ORDER else 99))
         replace_section(bench_md, every)
+        readme = os.path.join(os.path.dirname(bench_md), "README.md")
+        if tag == README_SERVER and os.path.exists(readme):
+            replace_readme_line(readme, res)
     else:
         with open(os.path.join(docs_dir, "edge-table.md"), "w") as f:
             f.write(tbl + "\n")
@@ -331,6 +334,51 @@ def render(res, docs_dir, bench_md):
 
 
 BEGIN, END = "<!-- edge-bench:begin -->", "<!-- edge-bench:end -->"
+README_BEGIN, README_END = "<!-- edge-readme:begin -->", "<!-- edge-readme:end -->"
+README_SERVER = "redis7.0"   # the server the README's figures are from
+
+
+def readme_line(res):
+    """The README's sentence from this bench: the Node gateway's p99 in the
+    stall phase, leased against Lua, with their control requests' p99 (what
+    the shared machine cost at the same moments), errors and panic shares."""
+    runs = res["runs"]["node"]
+    le, lu = runs["leased"]["phases"]["stall"], runs["lua"]["phases"]["stall"]
+    errs = [s["s5xx"] + s["timeouts"] + s["errors"] for s in (le, lu)]
+    errs = (f"{errs[0]} errors in both" if errs[0] == errs[1]
+            else f"{errs[0]} and {errs[1]} errors")
+    return (f"At the edge ([HTTP load on the example gateways](docs/edge.md), Redis 7.0, "
+            f"{res['meta']['date'][:10]}, on a shared 2-core machine, so absolute figures are "
+            f"noisy): under a 15 ms Redis stall every second, the leased Node gateway kept "
+            f"p99 at {le['p99']:.1f} ms and the Lua gateway went to {lu['p99']:.1f} ms, "
+            f"against {le['control_p99']:.1f} and {lu['control_p99']:.1f} ms for their own "
+            f"unlimited requests at the same moments, with {errs}, "
+            f"as the 5 ms timeout and the breaker cap every wait; but the Lua gateway "
+            f"decided {100 * lu['panic_share']:.0f}% of those requests by its panic limits, "
+            f"the leased one {100 * le['panic_share']:.0f}%.")
+
+
+def replace_readme_line(path, res):
+    """README.md: the sentence between its markers (left alone without them)."""
+    with open(path) as f:
+        s = f.read()
+    if README_BEGIN not in s or README_END not in s:
+        return
+    a = s.index(README_BEGIN) + len(README_BEGIN)
+    b = s.index(README_END)
+    with open(path, "w") as f:
+        f.write(s[:a] + "\n" + wrap(readme_line(res)) + "\n" + s[b:])
+
+
+def wrap(text, width=76):
+    lines, cur = [], ""
+    for w in text.split(" "):
+        if cur and len(cur) + 1 + len(w) > width:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    return "\n".join(lines + [cur])
 
 
 def replace_section(path, every):
