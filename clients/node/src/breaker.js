@@ -117,6 +117,34 @@ export class Breaker {
   }
 }
 
+export const TIMEOUT = Symbol('timeout');
+
+/**
+ * A call's timeout, judged when the event loop gets to it. Node runs due
+ * timers before it polls the sockets, so a loop that was busy (other
+ * requests' callbacks, GC) or a process the OS did not run for longer than
+ * the timeout would see the timer first, and count as "no reply" a reply
+ * that came in time and sits unread in the socket. So the due timer only
+ * arms a setImmediate, which runs after the next poll: the replies that
+ * arrived meanwhile are read (and win the race) first; a Redis that has
+ * not answered still fails at once. `promise` rejects with TIMEOUT
+ * (`reject`), else resolves with undefined.
+ */
+export class Deadline {
+  constructor(ms, reject) {
+    this.immediate = null;
+    this.promise = new Promise((yes, no) => {
+      const settle = reject ? () => no(TIMEOUT) : () => yes(undefined);
+      this.timer = setTimeout(() => { this.immediate = setImmediate(settle); }, ms);
+    });
+  }
+
+  clear() {
+    clearTimeout(this.timer);
+    if (this.immediate !== null) clearImmediate(this.immediate);
+  }
+}
+
 // Panic limits, the breaker's fallback: what decides while it is open.
 
 /** Panic limits: `new Panic({instances})` (limit // instances) or `new Panic({limit, windowMs})`. */

@@ -6,14 +6,14 @@
 import { performance } from 'node:perf_hooks';
 import { isPolicy, checkInt } from './policy.js';
 import { UnavailableError, makeDecision, decodeSingle, EMPTY } from './decision.js';
-import { PanicBuckets, toPanic } from './breaker.js';
+import { Deadline, PanicBuckets, toPanic } from './breaker.js';
 
 // The promise's outcome (true/false, or {error} when it rejected), or
-// undefined when `ms` pass first.
+// undefined when `ms` pass first. (Judged when the event loop gets to it,
+// like the call's own timeout: a lease reply that came in time wins.)
 function within(promise, ms) {
-  let timer;
-  const t = new Promise((resolve) => { timer = setTimeout(resolve, Math.max(0, ms), undefined); });
-  return Promise.race([promise.then((v) => v, (error) => ({ error })), t]).finally(() => clearTimeout(timer));
+  const timer = new Deadline(Math.max(0, ms), false);
+  return Promise.race([promise.then((v) => v, (error) => ({ error })), timer.promise]).finally(() => timer.clear());
 }
 
 class Entry {

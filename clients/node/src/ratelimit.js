@@ -2,15 +2,13 @@
 // circuit breaker; the limiters made from it share all three.
 import { performance } from 'node:perf_hooks';
 import { Backend, BackendError, strictWait } from './backend.js';
-import { Breaker, PanicBuckets, toPanic } from './breaker.js';
+import { Breaker, Deadline, PanicBuckets, TIMEOUT, toPanic } from './breaker.js';
 import { EMPTY, UnavailableError, UnsupportedError, makeDecision, decodeSingle } from './decision.js';
 import { isPolicy, isAllOf, checkInt } from './policy.js';
 import { assertSameSlot } from './keys.js';
 import { LeasedLimiter } from './leased.js';
 
 const OPEN = new UnavailableError('circuit breaker open');
-const TIMEOUT = Symbol('timeout');
-
 // Errors that mean "the server answered": not an availability failure,
 // unless the answer says it cannot serve right now.
 function isReplyError(e) {
@@ -78,21 +76,20 @@ export class RateLimit {
     if (ok === 0) return Promise.reject(OPEN);
     const probe = ok === 2;
     this.m.calls++;
-    let timer;
     let p;
     try {
       p = Promise.resolve(fn());
     } catch (e) {
       p = Promise.reject(e);
     }
-    const timeout = new Promise((resolve, reject) => { timer = setTimeout(reject, this.timeoutMs, TIMEOUT); });
-    return Promise.race([p, timeout]).then((reply) => {
-      clearTimeout(timer);
+    const timer = new Deadline(this.timeoutMs, true);
+    return Promise.race([p, timer.promise]).then((reply) => {
+      timer.clear();
       const t1 = performance.now();
       this.breaker.success(t1 - t0, t1, probe);
       return reply;
     }, (e) => {
-      clearTimeout(timer);
+      timer.clear();
       const t1 = performance.now();
       if (e !== TIMEOUT && ((isReplyError(e) && !UNAVAILABLE_REPLY.test(e.message)) || isOurs(e))) {
         this.breaker.success(t1 - t0, t1, probe); // it answered: it is up
