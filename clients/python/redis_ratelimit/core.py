@@ -568,13 +568,12 @@ class _LeasedCore:
             if e.tokens < cost:
                 return None
             d = self._local(e, key, cost, now)
-            refill = e.tokens < self.low and not e.inflight and now >= e.next_try \
-                and self.rl.breaker.state == CLOSED
-            if refill:
-                e.inflight = True
-                e.event = self._event()
-        if refill:
-            self._later(self._refill(key, e))
+            if e.tokens >= self.low or e.inflight or now < e.next_try \
+                    or self.rl.breaker.state != CLOSED:
+                return d
+            e.inflight = True
+            e.event = self._event()
+        self._later(self._refill(key, e))
         return d
 
     def _slow(self, key, cost, now):
