@@ -8,14 +8,14 @@ use crate::core::DecodeError;
 use crate::input::Input;
 use crate::oracle::parse_checked;
 
-/// One algorithm as the harness drives it.
+/// One algorithm as the harness drives it. An impl names its pieces with
+/// `pieces!` and builds its parameters in `params`.
 pub trait Algorithm {
-    type State;
+    /// A key that does not exist holds `State::default()`.
+    type State: Default;
     type Params;
     /// The positional arguments after the key.
     const ARGS: &'static [Arg];
-    /// The state of a key that does not exist.
-    fn fresh() -> Self::State;
     /// The stored state from its RDB / DUMP bytes.
     fn decode(b: &[u8]) -> Result<Self::State, DecodeError>;
     /// A valid state built from arbitrary bytes.
@@ -28,11 +28,35 @@ pub trait Algorithm {
     fn call(cur: &Self::State, p: &Self::Params, call: &Call, now: u64, now2: u64);
 }
 
+/// The items of an `Algorithm` impl that only name things: the core module
+/// `$m` (its `State`, `Params` and decoder), the positional arguments, and
+/// the functions that synthesize a state and check a refund and a call.
+macro_rules! pieces {
+    ($m:ident, $args:expr, synth: $synth:path, refund: $refund:path, call: $call:path) => {
+        type State = $m::State;
+        type Params = $m::Params;
+        const ARGS: &'static [$crate::args::Arg] = $args;
+        fn decode(b: &[u8]) -> Result<$m::State, $crate::core::DecodeError> {
+            $m::State::decode(b)
+        }
+        fn synth(b: &[u8]) -> $m::State {
+            $synth(b)
+        }
+        fn refund(cur: &$m::State, p: &$m::Params, n: u64, now: u64) {
+            $refund(cur, p, n, now)
+        }
+        fn call(cur: &$m::State, p: &$m::Params, call: &$crate::args::Call, now: u64, now2: u64) {
+            $call(cur, p, call, now, now2)
+        }
+    };
+}
+pub(crate) use pieces;
+
 /// The stored state an input asks for (its mode byte: see lib.rs).
 fn state_of<A: Algorithm>(inp: &Input) -> A::State {
     match inp.mode {
-        0 => A::fresh(),
-        1 => A::decode(inp.state).unwrap_or_else(|_| A::fresh()),
+        0 => A::State::default(),
+        1 => A::decode(inp.state).unwrap_or_default(),
         2 => A::synth(inp.state),
         _ => A::decode(inp.state).unwrap_or_else(|_| A::synth(inp.state)),
     }

@@ -3,8 +3,8 @@
 
 use crate::args::{Call, WINDOW_ARGS};
 use crate::core::reference::slidingcounter::{self as scm, Search};
-use crate::core::{DecodeError, MAX_ARG};
-use crate::harness::Algorithm;
+use crate::core::MAX_ARG;
+use crate::harness::{pieces, Algorithm};
 use crate::input::words;
 use crate::invariants::{check_decision, check_remaining_exact, check_retry_exact};
 use crate::{codec, sc};
@@ -13,26 +13,9 @@ use crate::{codec, sc};
 pub struct SlidingCounter;
 
 impl Algorithm for SlidingCounter {
-    type State = sc::State;
-    type Params = sc::Params;
-    const ARGS: &'static [crate::args::Arg] = WINDOW_ARGS;
-    fn fresh() -> sc::State {
-        sc::State::default()
-    }
-    fn decode(b: &[u8]) -> Result<sc::State, DecodeError> {
-        sc::State::decode(b)
-    }
-    fn synth(b: &[u8]) -> sc::State {
-        synth_sc(b)
-    }
+    pieces!(sc, WINDOW_ARGS, synth: synth_sc, refund: sc_refund, call: sc_call);
     fn params(nums: &[u64; 3]) -> sc::Params {
         sc::Params { limit: nums[0], window_ms: nums[1] }
-    }
-    fn refund(cur: &sc::State, p: &sc::Params, n: u64, now: u64) {
-        sc_refund(cur, p, n, now)
-    }
-    fn call(cur: &sc::State, p: &sc::Params, call: &Call, now: u64, now2: u64) {
-        sc_call(cur, p, call, now, now2)
     }
 }
 

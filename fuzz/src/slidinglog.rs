@@ -4,8 +4,8 @@
 
 use crate::args::{Call, WINDOW_ARGS};
 use crate::core::reference::slidinglog::Log;
-use crate::core::{DecodeError, MAX_ARG};
-use crate::harness::Algorithm;
+use crate::core::MAX_ARG;
+use crate::harness::{pieces, Algorithm};
 use crate::input::words;
 use crate::invariants::{check_decision, check_remaining_exact, check_retry_exact};
 use crate::log::{log_entries, sl_encode};
@@ -15,26 +15,9 @@ use crate::{codec, sl};
 pub struct SlidingLog;
 
 impl Algorithm for SlidingLog {
-    type State = sl::State;
-    type Params = sl::Params;
-    const ARGS: &'static [crate::args::Arg] = WINDOW_ARGS;
-    fn fresh() -> sl::State {
-        sl::State::default()
-    }
-    fn decode(b: &[u8]) -> Result<sl::State, DecodeError> {
-        sl::State::decode(b)
-    }
-    fn synth(b: &[u8]) -> sl::State {
-        synth_sl(b)
-    }
+    pieces!(sl, WINDOW_ARGS, synth: synth_sl, refund: sl_refund, call: sl_call);
     fn params(nums: &[u64; 3]) -> sl::Params {
         sl::Params { limit: nums[0], window_ms: nums[1] }
-    }
-    fn refund(cur: &sl::State, p: &sl::Params, n: u64, now: u64) {
-        sl_refund(cur, p, n, now)
-    }
-    fn call(cur: &sl::State, p: &sl::Params, call: &Call, now: u64, now2: u64) {
-        sl_call(cur, p, call, now, now2)
     }
 }
 

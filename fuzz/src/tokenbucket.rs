@@ -3,8 +3,8 @@
 
 use crate::args::{Call, TOKENBUCKET_ARGS};
 use crate::core::reference::tokenbucket::Bucket;
-use crate::core::{DecodeError, MAX_ARG};
-use crate::harness::Algorithm;
+use crate::core::MAX_ARG;
+use crate::harness::{pieces, Algorithm};
 use crate::input::words;
 use crate::invariants::{check_decision, check_remaining_exact, check_retry_exact};
 use crate::{codec, tb};
@@ -13,26 +13,9 @@ use crate::{codec, tb};
 pub struct TokenBucket;
 
 impl Algorithm for TokenBucket {
-    type State = tb::State;
-    type Params = tb::Params;
-    const ARGS: &'static [crate::args::Arg] = TOKENBUCKET_ARGS;
-    fn fresh() -> tb::State {
-        tb::State::default()
-    }
-    fn decode(b: &[u8]) -> Result<tb::State, DecodeError> {
-        tb::State::decode(b)
-    }
-    fn synth(b: &[u8]) -> tb::State {
-        synth_tb(b)
-    }
+    pieces!(tb, TOKENBUCKET_ARGS, synth: synth_tb, refund: tb_refund, call: tb_call);
     fn params(nums: &[u64; 3]) -> tb::Params {
         tb::Params { capacity: nums[0], rate: nums[1], period_ms: nums[2] }
-    }
-    fn refund(cur: &tb::State, p: &tb::Params, n: u64, now: u64) {
-        tb_refund(cur, p, n, now)
-    }
-    fn call(cur: &tb::State, p: &tb::Params, call: &Call, now: u64, now2: u64) {
-        tb_call(cur, p, call, now, now2)
     }
 }
 

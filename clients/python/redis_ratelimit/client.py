@@ -8,11 +8,8 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from .breaker import CLOSED, NO, PROBE
-from .core import (LOCAL, LUA, MODULE, RateLimitError, _Base, _LeasedCore, _LimiterCore,
-                   call_for, check_cost, is_outage, is_unknown_command, options,
-                   panic_decision)
-from .decision import Decision
+from .core import (LUA, MODULE, WAIT, _Base, _LeasedCore, _LimiterCore, _resume, check_cost,
+                   options)
 
 __all__ = ["RateLimit", "Limiter", "LeasedLimiter"]
 
@@ -193,12 +190,9 @@ class RateLimit(_Base):
                     kw = {"target_nodes": self.client.get_random_node()} \
                         if isinstance(self.client, RedisCluster) else {}
                     try:
-                        reply = self.client.execute_command("COMMAND INFO", "RL.TOKENBUCKET",
-                                                            "RL.MULTI", **kw)
+                        reply = self.client.execute_command(*self._DETECT, **kw)
                     except redis.exceptions.ResponseError as e:
-                        if is_outage(e):
-                            raise
-                        reply = e                # COMMAND renamed or not permitted
+                        reply = self._detect_refused(e)
                     self._set_backend(reply)
         return self.backend
 
@@ -235,45 +229,14 @@ class RateLimit(_Base):
         reply, or None when Redis is unavailable (the breaker has counted
         it). Other errors are raised. As AsyncRateLimit.call, not awaited.
         `grant`: the call can grant (strict mode follows it with WAIT)."""
-        m = self._metrics
         t0 = monotonic()
         try:
             if self.backend is None:
                 self.detect()
-            if policy is not None:
-                self._check_policy(policy)
-            m.calls += 1
-            reply = self._send(mod_args, lua, grant)
-            if grant and self.wait is not None:
-                reply, acked = reply
-                if not self._acked(reply, acked):
-                    m.failures += 1
-                    self.breaker.failure(probe)
-                    return None
-        except (RateLimitError, ValueError):
-            if probe:
-                self.breaker.success(0.0, True)
-            raise
+            self._sending(policy)
+            return self._answered(self._send(mod_args, lua, grant), probe, grant, t0)
         except Exception as e:
-            if is_outage(e) or (is_unknown_command(e) and self._lost_backend()):
-                m.failures += 1
-                self.breaker.failure(probe)
-                return None
-            if probe:
-                self.breaker.success(0.0, True)
-            raise RateLimitError(str(e)) from e
-        self.breaker.success(monotonic() - t0, probe)
-        return reply
-
-    def limiter(self, policy, panic=None):
-        """One shared call per decision (or panic limits while Redis is away)."""
-        return Limiter(self, policy, panic)
-
-    def leased(self, policy, batch=50, low_water=0.2, max_keys=10_000, idle_ms=5_000,
-               recheck_ms=250, panic=None):
-        """Two-tier: decisions from local reservoirs leased in batches."""
-        return LeasedLimiter(self, policy, batch, low_water, max_keys, idle_ms, recheck_ms,
-                             panic)
+            return self._failed(e, probe)
 
 
 class Limiter(_LimiterCore):
@@ -297,7 +260,10 @@ class Limiter(_LimiterCore):
 
 class LeasedLimiter(_LeasedCore):
     """Decides from local reservoirs; one background thread refills them
-    (single flight per key), refunds idle and evicted keys' tokens."""
+    (single flight per key), refunds idle and evicted keys' tokens. The
+    call path is _LeasedCore's; this class makes its calls and waits."""
+
+    _event = threading.Event
 
     def __init__(self, rl, policy, batch, low_water, max_keys, idle_ms, recheck_ms, panic):
         self._init(rl, policy, batch, low_water, max_keys, idle_ms, recheck_ms, panic)
@@ -310,117 +276,36 @@ class LeasedLimiter(_LeasedCore):
         if type(cost) is not int or cost < 0:
             check_cost(cost)
         now = monotonic()
-        with self.lock:
-            e = self.entries.get(key)
-            if e is not None:
-                self.entries.move_to_end(key)
-                e.used = now
-                if e.tokens >= cost:
-                    d = self._local(e, key, cost, now)
-                    if e.tokens < self.low and not e.inflight and now >= e.next_try \
-                            and self.rl.breaker.state == CLOSED:
-                        e.inflight = True
-                        e.event = threading.Event()
-                        self.q.put(("lease", key, e))
-                    return d
-        return self._slow(key, cost, now)
-
-    def _slow(self, key, cost, now):
-        rl = self.rl
-        allow = rl.breaker.allow(now)
-        evicted = []
-        with self.lock:
-            e = self.entries.get(key)
-            if e is None:
-                e = self._new_entry(key, now, evicted)
-            elif e.tokens >= cost:      # a refill landed meanwhile
-                return self._local(e, key, cost, now)
-            wait = None
-            if allow != NO:
-                if e.inflight:
-                    wait = e.event
-                elif now < e.next_try:
-                    d = self._local_denial(e, now)
-                    allow = None
-                else:
-                    e.inflight = True
-                    e.event = threading.Event()
-        for k, n in evicted:
-            self.q.put(("refund", k, n))
-        if allow is None:
-            return d
-        if wait is not None:
-            # a lease for this key is in flight: wait for it (at most the timeout)
-            self.rl._metrics.lease_waits += 1
-            landed = wait.wait(self.rl.timeout_s)
-            with self.lock:
-                d = self._after_wait(e, key, cost, landed, monotonic())
-            if d is not None:
-                return d
-        if allow != NO:
-            n = max(self.batch, cost - e.tokens)
-            mod, lua = self._lease_call(key, n)
-            try:
-                reply = self._call(mod, lua, allow == PROBE)
-            except BaseException:
-                with self.lock:
-                    e.inflight = False
-                    e.failed = True
-                    e.event.set()
-                raise
-            with self.lock:
-                e.inflight = False
-                e.failed = reply is None
-                e.event.set()
-                if reply is not None:
-                    self._apply(e, reply, n, now)
-                    back = self._orphan(key, e)
-                    if back:
-                        self.q.put(("refund", key, back))
-                    if e.tokens >= cost:
-                        e.tokens -= cost
-                        p = self.policy
-                        return rl._count(Decision(True, cost, e.limit, e.tokens + e.remaining,
-                                                  0, e.reset, p.name, p.name, rl.backend, (), p))
-                    m = rl._metrics
-                    m.denied += 1
-                    m.decisions_module += rl.backend == MODULE
-                    m.decisions_lua += rl.backend == LUA
-                    p = self.policy
-                    return Decision(False, 0, e.limit, e.tokens + e.remaining,
-                                    e.retry if e.retry != 0 else 1, e.reset, p.name, p.name,
-                                    rl.backend, (), p)
-        return rl._count(panic_decision(self.panic, self.policy, [key], cost, False, False))
-
-    def _call(self, mod, lua, probe):
-        return self.rl.call(mod, lua, probe)
+        d = self._take(key, cost, now)
+        return d if d is not None else self._run(self._slow(key, cost, now))
 
     def refund(self, key, n):
         """A request that was granted locally was not served: its units go
         back into this key's reservoir (no I/O)."""
-        check_cost(n, 1)
-        with self.lock:
-            e = self.entries.get(key)
-            if e is not None:
-                e.tokens += n
-        p = self.policy
-        return Decision(True, n if e is not None else 0, p.limit,
-                        e.tokens if e is not None else 0, 0, 0, p.name, p.name, LOCAL, (), p)
+        return self._refund(key, n)
 
-    def _give_back(self, key, n):
-        mod, lua = call_for(self.policy, key, ["REFUND", n])
-        if self.rl.breaker.allow() == NO:
-            return False
-        reply = self.rl.call(mod, lua, False, grant=False)
-        if reply is not None:
-            m = self.rl._metrics
-            m.refunds += 1
-            m.refund_tokens += int(reply[0])
-            return True
-        return False
+    def _run(self, steps):
+        """Run one of the core's call paths: each CALL made, each WAIT waited."""
+        reply = exc = None
+        while True:
+            more, op = _resume(steps, reply, exc)
+            if not more:
+                return op
+            try:
+                reply, exc = self._io(op), None
+            except BaseException as e:  # noqa: BLE001 - thrown into the call path
+                reply, exc = None, e
+
+    def _io(self, op):
+        if op[0] == WAIT:
+            return op[1].wait(self.rl.timeout_s)
+        return self.rl.call(*op[1:])
+
+    def _later(self, steps):
+        self.q.put(steps)
 
     def _work(self):
-        tick = max(0.01, min(self.idle_s / 4, 1.0))
+        tick = self._tick()
         next_sweep = monotonic() + tick
         while True:
             timeout = max(0.0, next_sweep - monotonic())
@@ -432,40 +317,15 @@ class LeasedLimiter(_LeasedCore):
                 return
             try:
                 if job:
-                    self._job(*job)
+                    self._run(job)
                 now = monotonic()
                 if now >= next_sweep:
                     next_sweep = now + tick
                     for k, n in self._sweep(now):
-                        self._give_back(k, n)
+                        self._run(self._give_back(k, n))
             except Exception:   # noqa: BLE001 - the worker must outlive a bad reply
                 import traceback
                 traceback.print_exc()
-
-    def _job(self, kind, key, arg):
-        if kind == "refund":
-            self._give_back(key, arg)
-            return
-        e = arg
-        reply = None
-        try:
-            allow = self.rl.breaker.allow()
-            if allow == NO:
-                return
-            n = self.batch
-            mod, lua = self._lease_call(key, n)
-            reply = self._call(mod, lua, allow == PROBE)
-        finally:
-            with self.lock:
-                e.inflight = False
-                e.failed = reply is None
-                back = 0
-                if reply is not None:
-                    self._apply(e, reply, n, monotonic())
-                    back = self._orphan(key, e)
-                e.event.set()
-        if back:
-            self._give_back(key, back)
 
     def close(self):
         """Stop the worker and give every reservoir back (REFUND)."""
@@ -474,16 +334,14 @@ class LeasedLimiter(_LeasedCore):
         self.closed = True
         self.q.put(None)
         self.worker.join()
-        with self.lock:
-            items = [(k, e.tokens) for k, e in self.entries.items() if e.tokens > 0]
-            for e in self.entries.values():
-                e.tokens = 0
-            self.entries.clear()
-        for k, n in items:
-            self._give_back(k, n)
+        for k, n in self._drain():
+            self._run(self._give_back(k, n))
 
     def __enter__(self):
         return self
 
     def __exit__(self, *exc):
         self.close()
+
+
+RateLimit._limiter, RateLimit._leased = Limiter, LeasedLimiter

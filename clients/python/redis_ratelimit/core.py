@@ -7,15 +7,17 @@ import hashlib
 import threading
 from collections import OrderedDict
 from importlib import resources
+from time import monotonic
 
 import redis
 
-from .breaker import NO, PROBE, Breaker, Metrics, Panic, PanicBuckets
+from .breaker import CLOSED, NO, PROBE, Breaker, Metrics, Panic, PanicBuckets
 from .decision import Decision, Part
 from .policies import MAX, AllOf, Policy
 
 SCRIPTS = ("tokenbucket", "slidinglog", "slidingcounter", "multi")
 MODULE, LUA, LOCAL, PANIC = "module", "lua", "local", "panic"
+CALL, WAIT = "call", "wait"     # the I/O a leased limiter's call path yields
 
 
 class RateLimitError(Exception):
@@ -237,6 +239,53 @@ class _Base:
             self._metrics.redetects += 1
         return True
 
+    # One Redis call, as RateLimit.call makes it and AsyncRateLimit.call
+    # awaits it: detect the backend (the first time), _sending, the send,
+    # then _answered with its reply or _failed with its error.
+
+    _DETECT = ("COMMAND INFO", "RL.TOKENBUCKET", "RL.MULTI")
+
+    def _sending(self, policy):
+        """The backend is known: the policy must fit it; the call counts."""
+        if policy is not None:
+            self._check_policy(policy)
+        self._metrics.calls += 1
+
+    def _answered(self, reply, probe, grant, t0):
+        """The reply of a call that came back; None when strict mode finds
+        too few replicas acknowledged its grant (a failure)."""
+        if grant and self.wait is not None:
+            reply, acked = reply
+            if not self._acked(reply, acked):
+                self._metrics.failures += 1
+                self.breaker.failure(probe)
+                return None
+        self.breaker.success(monotonic() - t0, probe)
+        return reply
+
+    def _failed(self, exc, probe):
+        """A call that raised exc: None when Redis is unavailable (the breaker
+        counts it); other errors are raised (RateLimitError)."""
+        ours = isinstance(exc, (RateLimitError, ValueError))
+        if not ours and (is_outage(exc) or (is_unknown_command(exc) and self._lost_backend())):
+            self._metrics.failures += 1
+            self.breaker.failure(probe)
+            return None
+        if probe:
+            self.breaker.success(0.0, True)
+        if ours:
+            raise exc
+        raise RateLimitError(str(exc)) from exc
+
+    @staticmethod
+    def _detect_refused(exc):
+        """COMMAND INFO raised exc (a ResponseError): re-raised when it is an
+        outage, else the reply _set_backend takes (COMMAND renamed or not
+        permitted)."""
+        if is_outage(exc):
+            raise exc
+        return exc
+
     def _set_backend(self, reply):
         """From COMMAND INFO's reply; None when backend="lua" asked nothing; a
         ResponseError when COMMAND is refused (managed services): then Lua,
@@ -287,6 +336,16 @@ class _Base:
         if isinstance(policy, AllOf) and self.backend is not None and not self.has_multi:
             raise UnsupportedError(f"all_of needs RL.MULTI, which this {self.backend} "
                                    "backend does not have")
+
+    def limiter(self, policy, panic=None):
+        """One shared call per decision (or panic limits while Redis is away)."""
+        return self._limiter(self, policy, panic)
+
+    def leased(self, policy, batch=50, low_water=0.2, max_keys=10_000, idle_ms=5_000,
+               recheck_ms=250, panic=None):
+        """Two-tier: decisions from local reservoirs leased in batches."""
+        return self._leased(self, policy, batch, low_water, max_keys, idle_ms, recheck_ms,
+                            panic)
 
     def metrics(self):
         m = self._metrics.snapshot()
@@ -385,6 +444,23 @@ class _LeasedCore:
             return None
         return self._local_denial(e, now)
 
+    def _panic_decision(self, key, cost):
+        return self.rl._count(panic_decision(self.panic, self.policy, [key], cost, False, False))
+
+    def _leased_decision(self, e, cost):
+        """The decision of the caller whose own lease just landed on e
+        (caller holds the lock): from the reservoir it refilled, else a
+        denial from the reply (source: the backend that answered)."""
+        rl = self.rl
+        p = self.policy
+        if e.tokens >= cost:
+            e.tokens -= cost
+            return rl._count(Decision(True, cost, e.limit, e.tokens + e.remaining, 0, e.reset,
+                                      p.name, p.name, rl.backend, (), p))
+        return rl._count(Decision(False, 0, e.limit, e.tokens + e.remaining,
+                                  e.retry if e.retry != 0 else 1, e.reset, p.name, p.name,
+                                  rl.backend, (), p))
+
     def _lease_call(self, key, n):
         p = self.policy
         return call_for(p, key, ["COST", n, "PARTIAL"])
@@ -446,6 +522,156 @@ class _LeasedCore:
         """Units leased to this instance and not yet used (all keys)."""
         with self.lock:
             return sum(e.tokens for e in self.entries.values())
+
+    def _tick(self):
+        """How often idle keys are swept."""
+        return max(0.01, min(self.idle_s / 4, 1.0))
+
+    def _drain(self):
+        """close(): every key leaves the table; (key, units) to give back."""
+        with self.lock:
+            items = [(k, e.tokens) for k, e in self.entries.items() if e.tokens > 0]
+            for e in self.entries.values():
+                e.tokens = 0
+            self.entries.clear()
+        return items
+
+    def _refund(self, key, n):
+        """A request that was granted locally was not served: its units go
+        back into this key's reservoir (no I/O)."""
+        check_cost(n, 1)
+        with self.lock:
+            e = self.entries.get(key)
+            if e is not None:
+                e.tokens += n
+        p = self.policy
+        return Decision(True, n if e is not None else 0, p.limit,
+                        e.tokens if e is not None else 0, 0, 0, p.name, p.name, LOCAL, (), p)
+
+    # The call path, written once. limit() is _take (no I/O), else the
+    # steps of _slow. _slow, _refill and _give_back are generators that
+    # yield their I/O, (CALL, args of rl.call) or (WAIT, event), and are
+    # sent its result (or thrown its error): LeasedLimiter._run makes the
+    # call or waits on a threading.Event, AsyncLeasedLimiter._run awaits.
+    # Work for later goes to _later (the worker's queue, or a task), and
+    # events come from _event (threading.Event or asyncio.Event).
+
+    def _take(self, key, cost, now):
+        """A local grant from key's reservoir (starting its refill when it
+        runs low), or None: the caller goes on with _slow."""
+        with self.lock:
+            e = self.entries.get(key)
+            if e is None:
+                return None
+            self.entries.move_to_end(key)
+            e.used = now
+            if e.tokens < cost:
+                return None
+            d = self._local(e, key, cost, now)
+            if e.tokens >= self.low or e.inflight or now < e.next_try \
+                    or self.rl.breaker.state != CLOSED:
+                return d
+            e.inflight = True
+            e.event = self._event()
+        self._later(self._refill(key, e))
+        return d
+
+    def _slow(self, key, cost, now):
+        """limit() when the reservoir is short: wait for the lease in flight,
+        or send one on the caller's path, or decide from the panic limits."""
+        allow = self.rl.breaker.allow(now)
+        evicted = []
+        d = wait = None
+        with self.lock:
+            e = self.entries.get(key)
+            if e is None:
+                e = self._new_entry(key, now, evicted)
+            elif e.tokens >= cost:      # a refill landed meanwhile
+                return self._local(e, key, cost, now)
+            if allow != NO:
+                if e.inflight:
+                    wait = e.event
+                elif now < e.next_try:
+                    d = self._local_denial(e, now)
+                else:
+                    e.inflight = True
+                    e.event = self._event()
+        for k, n in evicted:
+            self._later(self._give_back(k, n))
+        if d is not None:
+            return d
+        if allow == NO:
+            return self._panic_decision(key, cost)
+        if wait is not None:
+            # a lease for this key is in flight: wait for it (at most the timeout)
+            self.rl._metrics.lease_waits += 1
+            landed = yield WAIT, wait
+            with self.lock:
+                d = self._after_wait(e, key, cost, landed, monotonic())
+            return d if d is not None else self._panic_decision(key, cost)
+        n = max(self.batch, cost - e.tokens)
+        reply, back = yield from self._lease(key, e, n, allow == PROBE, now)
+        if back:
+            self._later(self._give_back(key, back))
+        if reply is None:
+            return self._panic_decision(key, cost)
+        with self.lock:
+            return self._leased_decision(e, cost)
+
+    def _lease(self, key, e, n, probe, now=None):
+        """Send e's lease of n units (e is marked in flight) and fold its
+        reply in: (reply or None, units to give back as e left the table)."""
+        reply = None
+        try:
+            mod, lua = self._lease_call(key, n)
+            reply = yield CALL, mod, lua, probe
+        finally:
+            back = self._landed(key, e, reply, n, now)
+        return reply, back
+
+    def _landed(self, key, e, reply, n, now=None):
+        """e's lease is no longer in flight (reply None: it brought none)."""
+        with self.lock:
+            e.inflight = False
+            e.failed = reply is None
+            back = 0
+            if reply is not None:
+                self._apply(e, reply, n, monotonic() if now is None else now)
+                back = self._orphan(key, e)
+            e.event.set()
+        return back
+
+    def _refill(self, key, e):
+        """The background lease _take started."""
+        allow = self.rl.breaker.allow()
+        if allow == NO:
+            self._landed(key, e, None, 0)
+            return
+        _, back = yield from self._lease(key, e, self.batch, allow == PROBE)
+        if back:
+            yield from self._give_back(key, back)
+
+    def _give_back(self, key, n):
+        """REFUND n units of key's (swept, evicted or closed): True when done."""
+        if self.rl.breaker.allow() == NO:
+            return False
+        mod, lua = call_for(self.policy, key, ["REFUND", n])
+        reply = yield CALL, mod, lua, False, False
+        if reply is None:
+            return False
+        m = self.rl._metrics
+        m.refunds += 1
+        m.refund_tokens += int(reply[0])
+        return True
+
+
+def _resume(steps, reply, exc):
+    """One step of a call path's generator: (True, its next I/O) or (False,
+    its result), after sending it the last I/O's reply or throwing its error."""
+    try:
+        return True, (steps.send(reply) if exc is None else steps.throw(exc))
+    except StopIteration as done:
+        return False, done.value
 
 
 class _LimiterCore:

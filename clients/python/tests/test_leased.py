@@ -192,6 +192,44 @@ def test_sync_waiter_still_short_is_denied(server):
     lim.close()
 
 
+def test_sync_waiter_after_a_failed_lease_gets_the_panic_limits(server):
+    """The same rule for the thread-based LeasedLimiter: a thread that waited
+    for a lease that brought no reply (SIGSTOP: it times out) gets the panic
+    limits and sends no lease of its own (one call, one failure)."""
+    import threading
+
+    from redis_ratelimit import Panic
+
+    rl = RateLimit(client(server.port, 2.0), breaker=Breaker(failures=100))
+    lim = rl.leased(sliding_log("fail", 100_000, LONG), batch=1, low_water=0,
+                    panic=Panic(limit=5, window_ms=LONG))
+    assert lim.limit("rl:{known}:s").source == "module"     # the backend is known
+    before = rl.metrics()
+    key = "rl:{fresh}:s"
+    out = []
+
+    def caller():
+        out.append(lim.limit(key))
+
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        first = threading.Thread(target=caller)
+        first.start()
+        wait_until(lambda: key in lim.entries and lim.entries[key].inflight,
+                   what="the first lease in flight")
+        waiter = threading.Thread(target=caller)
+        waiter.start()
+        wait_until(lambda: rl.metrics()["lease_waits"] == 1, what="a caller waiting for it")
+        first.join(30)
+        waiter.join(30)
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+    assert [(d.source, d.allowed, d.limit) for d in out] == [("panic", True, 5)] * 2
+    m = rl.metrics()
+    assert (m["calls"] - before["calls"], m["failures"] - before["failures"]) == (1, 1)
+    lim.close()
+
+
 def test_waiter_after_a_failed_lease_gets_the_panic_limits(server):
     """DESIGN.md: a waiter whose lease brought no reply in time gets the
     panic limits, as the caller that sent it does (not a local denial),
