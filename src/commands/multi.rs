@@ -220,6 +220,7 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         let mut failed = false;
         // Read once for the call, at its first written key.
         let mut listen: Option<bool> = None;
+        let mut verbatim = false;
         for i in 0..n {
             let (Some(Some(key)), Some(&slot), Some(d), Some(&name), Some(spec)) =
                 (keys.get(i), slots.get(i), per.get(i), names.get(i), specs.get(i))
@@ -249,6 +250,16 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
             key.set_abs_expire(abs);
             key.signal_modified();
             let listen = *listen.get_or_insert_with(|| listeners::must_replicate(ctx));
+            if !listen {
+                // Nobody listens for effects: the command itself is
+                // replicated, once for the call, not once per written key
+                // (a second copy would only cost a MULTI/EXEC wrap).
+                if !verbatim {
+                    ffi::replicate_verbatim(ctx);
+                    verbatim = true;
+                }
+                continue;
+            }
             match spec.kind {
                 Kind::TokenBucket => {
                     let s = tbs.get(i).copied().unwrap_or_default();
