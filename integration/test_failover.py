@@ -13,6 +13,10 @@ the over-admission is the grants beyond C. Configurations:
              WAIT says every replica has it, else it is an error (WAIT 1
              with two replicas once let 428 acknowledged grants be granted
              again: the sentinels promoted the replica that lacked them)
+    libstrict  the same through the Python client library's own strict
+             mode: RateLimit(client, strict=Strict(<every replica>, 100))
+             on a redis-py Sentinel master_for() client; a grant counts
+             when a decision is allowed from the shared limit
 
 Faults: a lone SIGKILL of the primary (`lone`); the primary<->replica links
 cut at a random moment and the primary SIGKILLed after N further grants, as
@@ -112,8 +116,8 @@ def one_run(topo, config, fault, after_cut):
     try:
         cut_at = random.randint(200, 400)
         r = F.crash_run(topo, cut_at, None if fault == "lone" else after_cut,
-                        strict_wait_ms=WAIT_MS if config == "strict" else None,
-                        nclients=CLIENTS, cut_deadline_s=3.0)
+                        strict_wait_ms=WAIT_MS if config in ("strict", "libstrict") else None,
+                        nclients=CLIENTS, cut_deadline_s=3.0, library=config == "libstrict")
     finally:
         try:
             F.restore_topology(topo)
@@ -130,7 +134,7 @@ def one_run(topo, config, fault, after_cut):
 
 def check(r):
     k = r["clients"]
-    if r["config"] == "strict":
+    if r["config"] in ("strict", "libstrict"):
         # Every counted grant was on a replica before it was counted.
         assert r["over"] <= 0, r
     else:
@@ -152,6 +156,7 @@ def summary(rs):
 @pytest.mark.parametrize("config,fault", [
     pytest.param("async", "lone", marks=heavy), ("async", "cut"),
     pytest.param("minrep", "cut", marks=heavy), ("strict", "cut"),
+    pytest.param("libstrict", "cut", marks=heavy),
 ])
 def test_crash_failover(topo, config, fault):
     """A failover after a crash over-admits no more than the grants made while
@@ -163,7 +168,7 @@ def test_crash_failover(topo, config, fault):
 
 
 @pytest.mark.skipif(RUNS == 1, reason="long mode only (RL_FAILOVER_RUNS > 1)")
-@pytest.mark.parametrize("config", ["async", "minrep", "strict"])
+@pytest.mark.parametrize("config", ["async", "minrep", "strict", "libstrict"])
 def test_crash_failover_long_cut(topo, config):
     """The link cut for 3 s before the kill: asynchronous replication loses
     all of it; min-replicas-to-write caps the loss at the lag it allows."""
@@ -174,7 +179,7 @@ def test_crash_failover_long_cut(topo, config):
 
 
 @pytest.mark.skipif(RUNS == 1, reason="long mode only (RL_FAILOVER_RUNS > 1)")
-@pytest.mark.parametrize("config", ["minrep", "strict"])
+@pytest.mark.parametrize("config", ["minrep", "strict", "libstrict"])
 def test_crash_failover_long_lone(topo, config):
     rs = [one_run(topo, config, "lone", after_cut=None) for _ in range(RUNS)]
     for r in rs:
