@@ -28,6 +28,7 @@ process that dies between the two. Nothing here ever routes outside
 import atexit
 import ctypes
 import ipaddress
+import json
 import os
 import random
 import shutil
@@ -601,6 +602,80 @@ class Granters:
             raise self.failures[0]
 
 
+NODE_GRANTER = os.path.join(ROOT, "clients", "node", "test", "fixtures", "failover_granter.js")
+
+
+class NodeGranters:
+    """Granters' interface for crash_run, the grants made by the Node
+    library (clients/node, ioredis `sentinels`): one node process
+    (clients/node/test/fixtures/failover_granter.js) running `n` loops, each
+    with its own client and RateLimit, strict with `wait_replicas` /
+    `wait_timeout_ms` when wait_timeout_ms is set. It writes one byte per
+    decision; a reader thread counts them. Its connections leave from
+    127.0.0.1 (ioredis has no source address option): fine for a crash run,
+    whose cut is between the primary and the replicas."""
+
+    def __init__(self, topo, key, capacity, n=6, wait_timeout_ms=None, wait_replicas=1):
+        self.wait_replicas = wait_replicas
+        self.lock = threading.Lock()
+        self.granted = self.denied_early = self.unacked = 0
+        self.errors = {}
+        self.failures = []
+        self.stop_on_denial = threading.Event()
+        arg = {"sentinels": [list(x.addr) for x in topo.sentinels], "name": SERVICE,
+               "key": key, "capacity": capacity, "periodMs": HUGE, "clients": n,
+               "timeoutMs": 500, "replicas": wait_replicas if wait_timeout_ms else 0,
+               "waitMs": wait_timeout_ms or 0}
+        self.proc = subprocess.Popen(["node", NODE_GRANTER, json.dumps(arg)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        self.tail = b""
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        try:
+            while True:
+                chunk = self.proc.stdout.read1(1 << 16)
+                if not chunk:
+                    break
+                nl = chunk.find(b"\n")
+                body = chunk if nl < 0 else chunk[:nl]
+                with self.lock:
+                    self.granted += body.count(b"g")
+                    self.denied_early += body.count(b"d")
+                    p = body.count(b"p")
+                    if p:
+                        self.errors["panic"] = self.errors.get("panic", 0) + p
+                if nl >= 0:
+                    self.tail = chunk[nl:] + self.proc.stdout.read()
+                    break
+        except BaseException as e:  # noqa: BLE001 - reported by stop()
+            self.failures.append(e)
+
+    def count(self):
+        with self.lock:
+            return self.granted
+
+    def wait_count(self, n, timeout=60):
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"node granter exited {self.proc.returncode}: "
+                                     f"{self.proc.stderr.read().decode()[-2000:]}")
+            return self.count() >= n or self.failures
+        return wait_until(ready, timeout=timeout, interval=0.001, what=f"{n} grants (node)")
+
+    def stop(self):
+        self.proc.stdin.close()
+        self.reader.join(60)
+        self.proc.wait(60)
+        if self.failures:
+            raise self.failures[0]
+        m = json.loads(self.tail.strip() or b"{}").get("metrics", [])
+        self.unacked = sum(x.get("unreplicated", 0) for x in m)
+        self.errors["failures"] = sum(x.get("failures", 0) for x in m)
+
+
 def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_deadline_s=5.0,
               continue_grants=200, capacity=10**9, wait_replicas=None, library=False):
     """One failover under load. The clients grant from a fresh bucket of
@@ -617,7 +692,8 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
     `WAIT wait_replicas` (default: every replica) after each grant; with
     `library`, the clients are the Python library's `RateLimit` (its own
     strict mode, `Strict(wait_replicas, strict_wait_ms)`, when
-    strict_wait_ms is set) on each gateway's Sentinel-managed client.
+    strict_wait_ms is set) on each gateway's Sentinel-managed client;
+    with library="node", the Node library's (NodeGranters).
 
     over = grants received + tokens the new primary still holds - capacity:
     the grants beyond capacity the bucket ends up making, without draining
@@ -636,8 +712,12 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
     effect = oc.info("replication")["master_repl_offset"] - before
     assert effect > 0, "a grant added nothing to the replication stream"
     gws = [topo.gateway() for _ in range(2)]
-    g = Granters(gws, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms,
-                 wait_replicas=wait_replicas or len(topo.replicas()), library=library)
+    if library == "node":
+        g = NodeGranters(topo, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms,
+                         wait_replicas=wait_replicas or len(topo.replicas()))
+    else:
+        g = Granters(gws, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms,
+                     wait_replicas=wait_replicas or len(topo.replicas()), library=library)
     try:
         g.wait_count(cut_at)
         named = [s.primary_addr() for s in topo.sentinels]

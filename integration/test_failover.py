@@ -17,6 +17,9 @@ the over-admission is the grants beyond C. Configurations:
              mode: RateLimit(client, strict=Strict(<every replica>, 100))
              on a redis-py Sentinel master_for() client; a grant counts
              when a decision is allowed from the shared limit
+    nodestrict the same through the Node library's strict mode (ioredis
+             `sentinels`, strict: {replicas: <every replica>, timeoutMs:
+             100}); long mode only
 
 Faults: a lone SIGKILL of the primary (`lone`); the primary<->replica links
 cut at a random moment and the primary SIGKILLed after N further grants, as
@@ -51,6 +54,11 @@ SKIP = F.nft_unavailable()
 pytestmark = pytest.mark.skipif(SKIP is not None, reason=f"no packet filter: {SKIP}")
 
 CLIENTS = 6
+STRICT = ("strict", "libstrict", "nodestrict")
+NODE = os.path.join(os.path.dirname(F.NODE_GRANTER), "..", "..", "node_modules", "ioredis")
+node = pytest.mark.skipif(not os.path.isdir(NODE) or shutil.which("node") is None,
+                          reason="the Node library's dependencies are not installed (make "
+                                 "test-clients-node installs them)")
 WAIT_MS = 100
 
 # make test runs this suite on every server build; the crash runs that
@@ -116,8 +124,9 @@ def one_run(topo, config, fault, after_cut):
     try:
         cut_at = random.randint(200, 400)
         r = F.crash_run(topo, cut_at, None if fault == "lone" else after_cut,
-                        strict_wait_ms=WAIT_MS if config in ("strict", "libstrict") else None,
-                        nclients=CLIENTS, cut_deadline_s=3.0, library=config == "libstrict")
+                        strict_wait_ms=WAIT_MS if config in STRICT else None,
+                        nclients=CLIENTS, cut_deadline_s=3.0,
+                        library={"libstrict": True, "nodestrict": "node"}.get(config, False))
     finally:
         try:
             F.restore_topology(topo)
@@ -134,7 +143,7 @@ def one_run(topo, config, fault, after_cut):
 
 def check(r):
     k = r["clients"]
-    if r["config"] in ("strict", "libstrict"):
+    if r["config"] in STRICT:
         # Every counted grant was on a replica before it was counted.
         assert r["over"] <= 0, r
     else:
@@ -153,10 +162,14 @@ def summary(rs):
             f"bound: min={wins[0]} max={wins[-1]}")
 
 
+long_only = pytest.mark.skipif(RUNS == 1, reason="long mode only (RL_FAILOVER_RUNS > 1)")
+
+
 @pytest.mark.parametrize("config,fault", [
     pytest.param("async", "lone", marks=heavy), ("async", "cut"),
     pytest.param("minrep", "cut", marks=heavy), ("strict", "cut"),
     pytest.param("libstrict", "cut", marks=heavy),
+    pytest.param("nodestrict", "cut", marks=[node, long_only]),
 ])
 def test_crash_failover(topo, config, fault):
     """A failover after a crash over-admits no more than the grants made while
