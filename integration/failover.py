@@ -28,6 +28,7 @@ process that dies between the two. Nothing here ever routes outside
 import atexit
 import ctypes
 import ipaddress
+import json
 import os
 import random
 import shutil
@@ -42,7 +43,7 @@ import redis
 from redis.connection import Connection
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
-from rltesting.proc import MODULE, REDIS_SERVER, ServerProcess, wait_until
+from rltesting.proc import MODULE, REDIS_SERVER, ROOT, ServerProcess, wait_until
 
 SERVICE = "rl"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
@@ -465,8 +466,10 @@ class Granters:
     and the call is retried. A thread stops at its first denial once
     `stop_on_denial` is set (after the old primary is gone), or at stop()."""
 
-    def __init__(self, gateways, key, capacity, n=6, wait_timeout_ms=None, wait_replicas=1):
+    def __init__(self, gateways, key, capacity, n=6, wait_timeout_ms=None, wait_replicas=1,
+                 library=False):
         self.key = key
+        self.library = library
         self.wait_replicas = wait_replicas
         self.capacity = capacity
         self.wait_timeout_ms = wait_timeout_ms
@@ -488,6 +491,9 @@ class Granters:
     def _run(self, gateway, i):
         try:
             r = gateway.primary()
+            if self.library:
+                self._run_library(r)
+                return
             args = ["RL.TOKENBUCKET", self.key, self.capacity, 1, HUGE]
             while not self._stop.is_set():
                 try:
@@ -527,6 +533,44 @@ class Granters:
         finally:
             self.done[i].set()
 
+    def _run_library(self, r):
+        """The same loop through the Python client library (clients/python):
+        `RateLimit(client, strict=Strict(wait_replicas, wait_timeout_ms))`
+        on the gateway's Sentinel-managed client; a grant is counted when a
+        decision says allowed and comes from the shared limit (source
+        "module"), i.e. the library saw WAIT acknowledge it. Its failures
+        (connection, READONLY, NOREPLICAS, unreplicated) are the breaker's;
+        the decisions it makes meanwhile (panic) are counted by source."""
+        from redis_ratelimit import Breaker, Panic, RateLimit, Strict, token_bucket
+        strict = None if self.wait_timeout_ms is None else \
+            Strict(replicas=self.wait_replicas, timeout_ms=self.wait_timeout_ms)
+        rl = RateLimit(r, backend="module", strict=strict,
+                       breaker=Breaker(failures=3, open_ms=20))
+        lim = rl.limiter(token_bucket("failover", self.capacity, 1, HUGE),
+                         panic=Panic(limit=1, window_ms=HUGE))
+        try:
+            while not self._stop.is_set():
+                d = lim.limit(self.key)
+                with self.lock:
+                    if d.source == "module" and d.allowed:
+                        self.granted += 1
+                        addr = r.connection_pool.master_address
+                        self.by_addr[addr] = self.by_addr.get(addr, 0) + 1
+                    elif d.source == "module":
+                        if not self.stop_on_denial.is_set():
+                            self.denied_early += 1
+                    else:
+                        self.errors[d.source] = self.errors.get(d.source, 0) + 1
+                if d.source != "module":
+                    time.sleep(0.005)
+                elif not d.allowed and self.stop_on_denial.is_set():
+                    break
+        finally:
+            m = rl.metrics()
+            with self.lock:
+                self.unacked += m.get("unreplicated", 0)
+                self.errors["failures"] = self.errors.get("failures", 0) + m["failures"]
+
     def count(self):
         with self.lock:
             return self.granted
@@ -552,8 +596,82 @@ class Granters:
             raise self.failures[0]
 
 
+NODE_GRANTER = os.path.join(ROOT, "clients", "node", "test", "fixtures", "failover_granter.js")
+
+
+class NodeGranters:
+    """Granters' interface for crash_run, the grants made by the Node
+    library (clients/node, ioredis `sentinels`): one node process
+    (clients/node/test/fixtures/failover_granter.js) running `n` loops, each
+    with its own client and RateLimit, strict with `wait_replicas` /
+    `wait_timeout_ms` when wait_timeout_ms is set. It writes one byte per
+    decision; a reader thread counts them. Its connections leave from
+    127.0.0.1 (ioredis has no source address option): fine for a crash run,
+    whose cut is between the primary and the replicas."""
+
+    def __init__(self, topo, key, capacity, n=6, wait_timeout_ms=None, wait_replicas=1):
+        self.wait_replicas = wait_replicas
+        self.lock = threading.Lock()
+        self.granted = self.denied_early = self.unacked = 0
+        self.errors = {}
+        self.failures = []
+        self.stop_on_denial = threading.Event()
+        arg = {"sentinels": [list(x.addr) for x in topo.sentinels], "name": SERVICE,
+               "key": key, "capacity": capacity, "periodMs": HUGE, "clients": n,
+               "timeoutMs": 500, "replicas": wait_replicas if wait_timeout_ms else 0,
+               "waitMs": wait_timeout_ms or 0}
+        self.proc = subprocess.Popen(["node", NODE_GRANTER, json.dumps(arg)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, preexec_fn=_die_with_parent)
+        self.tail = b""
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        try:
+            while True:
+                chunk = self.proc.stdout.read1(1 << 16)
+                if not chunk:
+                    break
+                nl = chunk.find(b"\n")
+                body = chunk if nl < 0 else chunk[:nl]
+                with self.lock:
+                    self.granted += body.count(b"g")
+                    self.denied_early += body.count(b"d")
+                    p = body.count(b"p")
+                    if p:
+                        self.errors["panic"] = self.errors.get("panic", 0) + p
+                if nl >= 0:
+                    self.tail = chunk[nl:] + self.proc.stdout.read()
+                    break
+        except BaseException as e:  # noqa: BLE001 - reported by stop()
+            self.failures.append(e)
+
+    def count(self):
+        with self.lock:
+            return self.granted
+
+    def wait_count(self, n, timeout=60):
+        def ready():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"node granter exited {self.proc.returncode}: "
+                                     f"{self.proc.stderr.read().decode()[-2000:]}")
+            return self.count() >= n or self.failures
+        return wait_until(ready, timeout=timeout, interval=0.001, what=f"{n} grants (node)")
+
+    def stop(self):
+        self.proc.stdin.close()
+        self.reader.join(60)
+        self.proc.wait(60)
+        if self.failures:
+            raise self.failures[0]
+        m = json.loads(self.tail.strip() or b"{}").get("metrics", [])
+        self.unacked = sum(x.get("unreplicated", 0) for x in m)
+        self.errors["failures"] = sum(x.get("failures", 0) for x in m)
+
+
 def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_deadline_s=5.0,
-              continue_grants=200, capacity=10**9, wait_replicas=None):
+              continue_grants=200, capacity=10**9, wait_replicas=None, library=False):
     """One failover under load. The clients grant from a fresh bucket of
     `capacity` that never refills. With `after_cut` None: once `cut_at`
     grants were received the primary is SIGKILLed (a lone process kill; the
@@ -565,7 +683,11 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
     removed only after the promotion (else the dead primary's queued bytes
     would still reach the replicas). The clients go on until they received
     `continue_grants` more from the new primary. Strict mode pipelines
-    `WAIT wait_replicas` (default: every replica) after each grant.
+    `WAIT wait_replicas` (default: every replica) after each grant; with
+    `library`, the clients are the Python library's `RateLimit` (its own
+    strict mode, `Strict(wait_replicas, strict_wait_ms)`, when
+    strict_wait_ms is set) on each gateway's Sentinel-managed client;
+    with library="node", the Node library's (NodeGranters).
 
     over = grants received + tokens the new primary still holds - capacity:
     the grants beyond capacity the bucket ends up making, without draining
@@ -584,8 +706,12 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
     effect = oc.info("replication")["master_repl_offset"] - before
     assert effect > 0, "a grant added nothing to the replication stream"
     gws = [topo.gateway() for _ in range(2)]
-    g = Granters(gws, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms,
-                 wait_replicas=wait_replicas or len(topo.replicas()))
+    if library == "node":
+        g = NodeGranters(topo, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms,
+                         wait_replicas=wait_replicas or len(topo.replicas()))
+    else:
+        g = Granters(gws, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms,
+                     wait_replicas=wait_replicas or len(topo.replicas()), library=library)
     try:
         g.wait_count(cut_at)
         named = [s.primary_addr() for s in topo.sentinels]
@@ -635,7 +761,7 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
         "window": at_kill - at_cut, "window_hi": at_kill - cut_lo,
         "bound": lag + at_kill - at_read + nclients, "lag_at_read": lag,
         "before_cut": cut_lo, "errors": dict(g.errors), "unacked": g.unacked,
-        "promote_s": round(promote_s, 2), "clients": nclients,
+        "promote_s": round(promote_s, 2), "clients": nclients, "library": library,
     }
 
 

@@ -7,6 +7,7 @@ import glob
 import os
 import re
 import signal
+import threading
 import time
 
 import pytest
@@ -163,6 +164,50 @@ def test_failover_to_a_primary_without_the_module(plain_deployment):
     assert dec.allowed
     new.client().script_flush()
     assert lim.limit("k").source == "lua"
+
+
+@newest_only
+def test_sync_bound_with_the_sentinels_and_the_primary_stalled(deployment):
+    """The sync bound the README states: a decision that must find the
+    primary again asks the sentinels in turn, each bounded by the timeout,
+    so it takes at most (2 + number of sentinels) x the timeout, also when
+    every sentinel and the primary are stalled (SIGSTOP: connections are
+    accepted by the kernel, nothing answers). The breaker never opens here,
+    so every decision makes the call."""
+    d = deployment
+    rl = RateLimit.from_sentinel(d.addrs, SERVICE, timeout_ms=TIMEOUT_MS,
+                                 breaker=Breaker(failures=10**6, latency_budget_ms=10**6))
+    lim = rl.limiter(BUCKET, panic=Panic(limit=100, window_ms=LONG))
+    assert lim.limit("k").source == "module"
+    stalled = [d.primary.proc] + [s.proc for s in d.sentinels]
+    times, sources = [], []
+
+    def decide():
+        for _ in range(4):
+            t0 = time.monotonic()
+            sources.append(lim.limit("k").source)
+            times.append(time.monotonic() - t0)
+    for p in stalled:
+        p.send_signal(signal.SIGSTOP)
+    try:
+        t = threading.Thread(target=decide, daemon=True)
+        t.start()
+        t.join(30)
+        hung = t.is_alive()
+        m = rl.metrics()
+    finally:
+        for p in stalled:
+            p.send_signal(signal.SIGCONT)
+    t.join(30)
+    assert not hung, f"a decision did not return within 30 s ({times})"
+    bound = (2 + len(d.sentinels)) * TIMEOUT_MS / 1000
+    assert max(times) <= bound + 0.25, (times, bound)
+    assert sources == ["panic"] * 4, sources
+    # every decision made the call and failed: none was skipped by the breaker
+    assert m["failures"] == 4 and m["state"] == "closed", m
+    # after the first timeout the connection is dropped: the later decisions
+    # asked the stalled sentinels, each of them for a whole timeout
+    assert max(times[1:]) >= len(d.sentinels) * TIMEOUT_MS / 1000, times
 
 
 @pytest.fixture
