@@ -18,6 +18,7 @@
 #![allow(clippy::missing_safety_doc)]
 
 mod alloc;
+mod api;
 mod clock;
 mod cmdinfo;
 mod commands;
@@ -82,11 +83,11 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if !types::publish_type_pointers() {
         return Status::Err;
     }
-    let ok = create_command(raw_ctx, c"RL.TOKENBUCKET", Some(commands::tokenbucket), RL_FLAGS)
-        && create_command(raw_ctx, c"RL.SLIDINGLOG", Some(commands::slidinglog), RL_FLAGS)
-        && create_command(raw_ctx, c"RL.SLIDINGCOUNTER", Some(commands::slidingcounter), RL_FLAGS)
-        && create_command(raw_ctx, c"RL.STATE", Some(commands::state), c"write deny-oom")
-        && create_command_keys(raw_ctx, c"RL.MULTI", Some(commands::multi), MULTI_FLAGS, 0);
+    let ok = create_command(raw_ctx, c"RL.TOKENBUCKET", api::entry!(commands::tokenbucket), RL_FLAGS)
+        && create_command(raw_ctx, c"RL.SLIDINGLOG", api::entry!(commands::slidinglog), RL_FLAGS)
+        && create_command(raw_ctx, c"RL.SLIDINGCOUNTER", api::entry!(commands::slidingcounter), RL_FLAGS)
+        && create_command(raw_ctx, c"RL.STATE", api::entry!(commands::state), c"write deny-oom")
+        && create_command_keys(raw_ctx, c"RL.MULTI", api::entry!(commands::multi), MULTI_FLAGS, 0);
     if !ok {
         return Status::Err;
     }
