@@ -26,7 +26,7 @@ impl Algorithm for SlidingCounter {
         synth_sc(b)
     }
     fn params(nums: &[u64; 3]) -> sc::Params {
-        sc::Params { limit: nums[0], window_ms: nums[1] }
+        sc::Params::from_nums(*nums)
     }
     fn refund(cur: &sc::State, p: &sc::Params, n: u64, now: u64) {
         sc_refund(cur, p, n, now)

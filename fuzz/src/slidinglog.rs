@@ -28,7 +28,7 @@ impl Algorithm for SlidingLog {
         synth_sl(b)
     }
     fn params(nums: &[u64; 3]) -> sl::Params {
-        sl::Params { limit: nums[0], window_ms: nums[1] }
+        sl::Params::from_nums(*nums)
     }
     fn refund(cur: &sl::State, p: &sl::Params, n: u64, now: u64) {
         sl_refund(cur, p, n, now)

@@ -26,7 +26,7 @@ impl Algorithm for TokenBucket {
         synth_tb(b)
     }
     fn params(nums: &[u64; 3]) -> tb::Params {
-        tb::Params { capacity: nums[0], rate: nums[1], period_ms: nums[2] }
+        tb::Params::from_nums(*nums)
     }
     fn refund(cur: &tb::State, p: &tb::Params, n: u64, now: u64) {
         tb_refund(cur, p, n, now)

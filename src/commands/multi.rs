@@ -26,16 +26,6 @@ fn kind_type(kind: Kind) -> *mut redis_module::raw::RedisModuleType {
     }
 }
 
-#[inline]
-fn multi_params(l: &LimitSpec) -> multi::Params {
-    let [a, b, c] = l.nums;
-    match l.kind {
-        Kind::TokenBucket => multi::Params::TokenBucket(tb::Params { capacity: a, rate: b, period_ms: c }),
-        Kind::SlidingLog => multi::Params::SlidingLog(sl::Params { limit: a, window_ms: b }),
-        Kind::SlidingCounter => multi::Params::SlidingCounter(sc::Params { limit: a, window_ms: b }),
-    }
-}
-
 const NO_DECISION: Decision = Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 };
 
 /// `RL.MULTI numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL]
@@ -184,7 +174,7 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
                 .enumerate()
             {
                 if let (Some(p), Some(w)) = (params.get_mut(i), weights.get_mut(i)) {
-                    *p = multi_params(spec);
+                    *p = spec.params();
                     *w = spec.weight;
                 }
                 *st = Some(match (spec.kind, *slot, key) {

@@ -34,8 +34,8 @@ impl WordLimiter for tb::State {
     const ARGS: &'static [Arg] = args::TOKENBUCKET_ARGS;
     const CMD: Cmd = Cmd::TokenBucket;
     #[inline]
-    fn params([capacity, rate, period_ms]: [u64; 3]) -> tb::Params {
-        tb::Params { capacity, rate, period_ms }
+    fn params(nums: [u64; 3]) -> tb::Params {
+        tb::Params::from_nums(nums)
     }
     #[inline]
     fn step(&self, p: &tb::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self) {
@@ -56,8 +56,8 @@ impl WordLimiter for sc::State {
     const ARGS: &'static [Arg] = args::WINDOW_ARGS;
     const CMD: Cmd = Cmd::SlidingCounter;
     #[inline]
-    fn params([limit, window_ms, _]: [u64; 3]) -> sc::Params {
-        sc::Params { limit, window_ms }
+    fn params(nums: [u64; 3]) -> sc::Params {
+        sc::Params::from_nums(nums)
     }
     #[inline]
     fn step(&self, p: &sc::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self) {
@@ -150,7 +150,7 @@ pub fn slidinglog(ctx: Ctx, argv: &[Str]) -> c_int {
 /// [`word_apply`] for the sliding log, read and written in place.
 #[inline(always)]
 pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<Decision, c_int> {
-    let p = sl::Params { limit: call.nums[0], window_ms: call.nums[1] };
+    let p = sl::Params::from_nums(call.nums);
     let now = clock::now_us();
     let mut key = ctx.open_key(name, call.dryrun);
     let slot = key.slot(sl::State::redis_type());
