@@ -1,8 +1,7 @@
-//! A thin layer over Redis's raw module API, used by the request path.
-//!
-//! The crate's convenience layer allocates (a `Vec<RedisString>` of
-//! arguments, `RedisValue` replies); a rate limiter answers every request, so
-//! the handlers talk to the raw API through these few wrappers instead.
+//! The raw module API's presence checks and constants. The request path's
+//! safe wrappers over it are in `api.rs`: the crate's convenience layer
+//! allocates (a `Vec<RedisString>` of arguments, `RedisValue` replies), and
+//! a rate limiter answers every request.
 //!
 //! Every API function the module calls is either in [`REQUIRED`] (the module
 //! refuses to load, naming the function, unless the server provides all of

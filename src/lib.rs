@@ -6,16 +6,13 @@
 //!   versioned encodings, argument parsing and the RL.STATE effect payload;
 //!   no Redis, no unsafe.
 //! - this crate, the glue: `clock.rs` (server clock), `ffi.rs` (raw API:
+//!   API presence checks), `api.rs` (the safe call context: arguments,
 //!   keys, expiry, replies), `listeners.rs` (effect replication, skipped
 //!   when nothing can read it), `value.rs` (a state behind a key's value
 //!   pointer: compact or wide), `types.rs` (module data types),
 //!   `commands/` (handlers: the shared path in `mod.rs`, `single.rs`,
 //!   `multi.rs`, `state.rs` for RL.STATE, `reply.rs`), `stats.rs` (INFO),
 //!   and registration here.
-
-// The unsafe functions are Redis callbacks and thin wrappers over the raw
-// module API; their contract is Redis's (valid pointers from the server).
-#![allow(clippy::missing_safety_doc)]
 
 mod alloc;
 mod api;

@@ -71,10 +71,7 @@ pub fn args_multi(data: &[u8]) {
             }
         })
         .collect();
-    let params: Vec<multi::Params> = call.limits[..n]
-        .iter()
-        .map(|l| l.params())
-        .collect();
+    let params: Vec<multi::Params> = call.limits[..n].iter().map(|l| l.params()).collect();
     let weights: Vec<u64> = call.limits[..n].iter().map(|l| l.weight).collect();
     let before: Vec<Vec<u8>> = states.iter().map(Owned::digest).collect();
     // The reference: each limit on its own model, then all or nothing.

@@ -237,7 +237,7 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
             }
             key.set_abs_expire(abs);
             key.signal_modified();
-            let listen = *listen.get_or_insert_with(|| listeners::must_replicate());
+            let listen = *listen.get_or_insert_with(listeners::must_replicate);
             match spec.kind {
                 Kind::TokenBucket => {
                     let s = tbs.get(i).copied().unwrap_or_default();
