@@ -87,7 +87,7 @@ pub static REQUIRED: &ApiTable = table![
     RedisModule_SetModuleOptions,
     RedisModule_RegisterInfoFunc,
     RedisModule_Log,
-    // COMMAND DOCS and key specs (cmdinfo.rs)
+    // COMMAND DOCS and key specs (cmdinfo/)
     RedisModule_GetCommand,
     RedisModule_SetCommandInfo,
 ];
@@ -95,7 +95,7 @@ pub static REQUIRED: &ApiTable = table![
 /// API functions used only where the server has them: the cached command
 /// time (Redis 7.2+, Valkey; `clock.rs`), the name lookup that tells Valkey's
 /// events apart (`listeners.rs`), ACL categories (Redis 7.4+, Valkey 8+;
-/// `cmdinfo.rs`).
+/// `cmdinfo/`).
 #[cfg_attr(not(test), allow(dead_code))] // read by the test that keeps the lists in step
 pub static OPTIONAL: &ApiTable = table![
     RedisModule_CachedMicroseconds,

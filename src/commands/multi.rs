@@ -39,7 +39,7 @@ pub fn multi(ctx: Ctx, argv: &[Str]) -> c_int {
     {
         if ctx.is_keys_position_request() {
             // Cluster routing asks the command itself on every server
-            // (cmdinfo.rs, MULTI_FLAGS): the keys are arguments 2 .. 2 +
+            // (cmdinfo/, MULTI_FLAGS): the keys are arguments 2 .. 2 +
             // numkeys, as far as they exist.
             let n = argv.get(1).and_then(|&a| args::parse_num(a.bytes(), 1)).unwrap_or(0);
             let n = usize::try_from(n).unwrap_or(0).min(MAX_LIMITS).min(argv.len().saturating_sub(2));
