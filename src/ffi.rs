@@ -1,8 +1,7 @@
-//! A thin layer over Redis's raw module API, used by the request path.
-//!
-//! The crate's convenience layer allocates (a `Vec<RedisString>` of
-//! arguments, `RedisValue` replies); a rate limiter answers every request, so
-//! the handlers talk to the raw API through these few wrappers instead.
+//! The raw module API's presence checks and constants. The request path's
+//! safe wrappers over it are in `api.rs`: the crate's convenience layer
+//! allocates (a `Vec<RedisString>` of arguments, `RedisValue` replies), and
+//! a rate limiter answers every request.
 //!
 //! Every API function the module calls is either in [`REQUIRED`] (the module
 //! refuses to load, naming the function, unless the server provides all of
@@ -11,9 +10,9 @@
 //! absent at run time, and `api!` reads it without a check; a test keeps the
 //! lists and the code in step.
 
-use std::ffi::{c_int, c_long, c_longlong, c_void, CStr};
+use std::ffi::{c_int, c_void, CStr};
 
-use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString, RedisModuleType};
+use redis_module::raw;
 
 /// A required API function, read without a check: `lib.rs` refuses to load
 /// the module unless every function in [`REQUIRED`] is present (the test
@@ -88,7 +87,7 @@ pub static REQUIRED: &ApiTable = table![
     RedisModule_SetModuleOptions,
     RedisModule_RegisterInfoFunc,
     RedisModule_Log,
-    // COMMAND DOCS and key specs (cmdinfo.rs)
+    // COMMAND DOCS and key specs (cmdinfo/)
     RedisModule_GetCommand,
     RedisModule_SetCommandInfo,
 ];
@@ -96,7 +95,7 @@ pub static REQUIRED: &ApiTable = table![
 /// API functions used only where the server has them: the cached command
 /// time (Redis 7.2+, Valkey; `clock.rs`), the name lookup that tells Valkey's
 /// events apart (`listeners.rs`), ACL categories (Redis 7.4+, Valkey 8+;
-/// `cmdinfo.rs`).
+/// `cmdinfo/`).
 #[cfg_attr(not(test), allow(dead_code))] // read by the test that keeps the lists in step
 pub static OPTIONAL: &ApiTable = table![
     RedisModule_CachedMicroseconds,
@@ -142,188 +141,6 @@ pub const OK: c_int = raw::REDISMODULE_OK as c_int;
 
 /// Redis's standard WRONGTYPE error text.
 pub const WRONGTYPE: &CStr = c"WRONGTYPE Operation against a key holding the wrong kind of value";
-
-/// Largest absolute expiry we hand to Redis (ms since the epoch, ~146
-/// million years): far beyond any real reset, and `mstime() + ttl` cannot
-/// overflow inside Redis.
-const MAX_EXPIRE_MS: u64 = 1 << 62;
-
-/// The bytes of a Redis string argument.
-///
-/// # Safety
-/// `s` must be a valid `RedisModuleString` that outlives the returned slice.
-#[inline]
-pub unsafe fn bytes<'a>(s: *mut RedisModuleString) -> &'a [u8] {
-    let mut len = 0usize;
-    let p = api!(RedisModule_StringPtrLen)(s, &mut len);
-    if p.is_null() {
-        &[]
-    } else {
-        std::slice::from_raw_parts(p.cast::<u8>(), len)
-    }
-}
-
-#[inline]
-pub unsafe fn reply_error(ctx: *mut RedisModuleCtx, msg: &CStr) -> c_int {
-    api!(RedisModule_ReplyWithError)(ctx, msg.as_ptr());
-    OK
-}
-
-#[inline]
-pub unsafe fn wrong_arity(ctx: *mut RedisModuleCtx) -> c_int {
-    api!(RedisModule_WrongArity)(ctx);
-    OK
-}
-
-#[inline]
-pub unsafe fn reply_simple(ctx: *mut RedisModuleCtx, msg: &CStr) -> c_int {
-    api!(RedisModule_ReplyWithSimpleString)(ctx, msg.as_ptr());
-    OK
-}
-
-/// The five-integer reply.
-#[inline]
-pub unsafe fn reply_ints(ctx: *mut RedisModuleCtx, vals: [i64; 5]) -> c_int {
-    let ll = api!(RedisModule_ReplyWithLongLong);
-    api!(RedisModule_ReplyWithArray)(ctx, vals.len() as c_long);
-    for v in vals {
-        ll(ctx, v as c_longlong);
-    }
-    OK
-}
-
-/// An array reply header of `len` elements.
-#[inline]
-pub unsafe fn reply_array(ctx: *mut RedisModuleCtx, len: usize) {
-    api!(RedisModule_ReplyWithArray)(ctx, len as c_long);
-}
-
-/// One integer reply element.
-#[inline]
-pub unsafe fn reply_int(ctx: *mut RedisModuleCtx, v: i64) {
-    api!(RedisModule_ReplyWithLongLong)(ctx, v as c_longlong);
-}
-
-/// Is this call Redis asking for the key positions (a command registered
-/// with `getkeys-api`)?
-#[inline]
-pub unsafe fn is_keys_position_request(ctx: *mut RedisModuleCtx) -> bool {
-    api!(RedisModule_IsKeysPositionRequest)(ctx) != 0
-}
-
-/// Report argument `pos` as a key (to a key position request).
-#[inline]
-pub unsafe fn key_at_pos(ctx: *mut RedisModuleCtx, pos: usize) {
-    if let Ok(pos) = c_int::try_from(pos) {
-        api!(RedisModule_KeyAtPos)(ctx, pos);
-    }
-}
-
-/// What an opened key holds: nothing, our type's value pointer (non-NULL;
-/// its layout is the type's business, see `types::Stored`), or anything else.
-#[derive(Clone, Copy)]
-pub enum Slot {
-    Empty,
-    Ours(*mut c_void),
-    WrongType,
-}
-
-/// An open key, closed on drop.
-pub struct Key {
-    ctx: *mut RedisModuleCtx,
-    key: *mut RedisModuleKey,
-    name: *mut RedisModuleString,
-}
-
-impl Key {
-    /// Open `name` for reading, and for writing unless `read_only`.
-    #[inline]
-    pub unsafe fn open(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString, read_only: bool) -> Key {
-        let mode = if read_only { raw::REDISMODULE_READ } else { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } as c_int;
-        let key = api!(RedisModule_OpenKey)(ctx, name, mode);
-        Key { ctx, key, name }
-    }
-
-    /// The value if the key is empty or holds our type `ty`.
-    #[inline]
-    pub unsafe fn slot(&self, ty: *mut RedisModuleType) -> Slot {
-        if self.key.is_null() {
-            return Slot::Empty;
-        }
-        let kt = api!(RedisModule_KeyType)(self.key);
-        if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
-            return Slot::Empty;
-        }
-        if kt as isize != raw::REDISMODULE_KEYTYPE_MODULE {
-            return Slot::WrongType;
-        }
-        if api!(RedisModule_ModuleTypeGetType)(self.key) != ty || ty.is_null() {
-            return Slot::WrongType;
-        }
-        let v = api!(RedisModule_ModuleTypeGetValue)(self.key);
-        if v.is_null() {
-            Slot::WrongType
-        } else {
-            Slot::Ours(v)
-        }
-    }
-
-    /// Store a new value; on success the key owns `value`, on failure the
-    /// caller still does.
-    #[inline]
-    pub unsafe fn set_value(&self, ty: *mut RedisModuleType, value: *mut c_void) -> bool {
-        !self.key.is_null() && api!(RedisModule_ModuleTypeSetValue)(self.key, ty, value) == OK
-    }
-
-    /// Set the key's absolute expiry (Unix ms) exactly: the same value on
-    /// the master, its replicas and AOF replay, since the effect carries it.
-    #[inline]
-    pub unsafe fn set_abs_expire(&self, abs_ms: u64) {
-        api!(RedisModule_SetAbsExpire)(self.key, abs_ms.min(MAX_EXPIRE_MS) as i64);
-    }
-
-    /// Remove any expiry (an AOF-rewrite payload carries none: Redis
-    /// appends its own PEXPIREAT after it).
-    pub unsafe fn persist(&self) {
-        api!(RedisModule_SetExpire)(self.key, raw::REDISMODULE_NO_EXPIRE as i64);
-    }
-
-    /// Delete the key (a limiter that a refund made fresh). True when
-    /// deleted.
-    #[inline]
-    pub unsafe fn delete(&self) -> bool {
-        !self.key.is_null() && api!(RedisModule_DeleteKey)(self.key) == OK
-    }
-
-    /// Tell Redis the key changed (WATCH, client-side caching). The module
-    /// sets NO_IMPLICIT_SIGNAL_MODIFIED so that a denied call, which opens
-    /// the key for writing but changes nothing, does not signal.
-    #[inline]
-    pub unsafe fn signal_modified(&self) {
-        api!(RedisModule_SignalModifiedKey)(self.ctx, self.name);
-    }
-}
-
-impl Drop for Key {
-    #[inline]
-    fn drop(&mut self) {
-        if !self.key.is_null() {
-            unsafe { api!(RedisModule_CloseKey)(self.key) };
-        }
-    }
-}
-
-/// Replicate the deletion of `name` (`DEL name`): a refund made the
-/// limiter fresh, and a fresh limiter is not stored.
-pub unsafe fn replicate_del(ctx: *mut RedisModuleCtx, name: *mut RedisModuleString) {
-    api!(RedisModule_Replicate)(ctx, c"DEL".as_ptr(), c"s".as_ptr(), name);
-}
-
-/// Replicate the command as it was received (RL.STATE itself is
-/// deterministic: it carries an absolute expiry and no clock reads).
-pub unsafe fn replicate_verbatim(ctx: *mut RedisModuleCtx) {
-    api!(RedisModule_ReplicateVerbatim)(ctx);
-}
 
 #[cfg(test)]
 mod tests {

@@ -6,6 +6,7 @@
 //!   versioned encodings, argument parsing and the RL.STATE effect payload;
 //!   no Redis, no unsafe.
 //! - this crate, the glue: `clock.rs` (server clock), `ffi.rs` (raw API:
+//!   API presence checks), `api.rs` (the safe call context: arguments,
 //!   keys, expiry, replies), `listeners.rs` (effect replication, skipped
 //!   when nothing can read it), `value.rs` (a state behind a key's value
 //!   pointer: compact or wide), `types.rs` (module data types),
@@ -13,11 +14,8 @@
 //!   `multi.rs`, `state.rs` for RL.STATE, `reply.rs`), `stats.rs` (INFO),
 //!   and registration here.
 
-// The unsafe functions are Redis callbacks and thin wrappers over the raw
-// module API; their contract is Redis's (valid pointers from the server).
-#![allow(clippy::missing_safety_doc)]
-
 mod alloc;
+mod api;
 mod clock;
 mod cmdinfo;
 mod commands;
@@ -28,43 +26,17 @@ mod stats;
 mod types;
 mod value;
 
-use std::ffi::{c_int, CStr};
+use std::ffi::c_int;
 
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
 use crate::types::{SLIDINGCOUNTER_TYPE, SLIDINGLOG_TYPE, TOKENBUCKET_TYPE};
 
-/// Flags of the rate-limit commands: they write, are refused when Redis is
-/// out of memory, and are O(1) (amortized for the sliding log).
-const RL_FLAGS: &CStr = c"write deny-oom fast";
-
-/// RL.MULTI's: the same, and `getkeys-api`: its keys follow `numkeys`, and
-/// the servers' cluster routing (`getNodeByQuery`), client tracking and
-/// Valkey's slot precomputation find keys through `getKeysFromCommand`,
-/// which reads only a getkeys callback or the legacy (first, last, step)
-/// range, never a keynum key spec. Without the flag a cross-slot RL.MULTI
-/// runs (seen on Redis 7.0.15, Valkey 8.1.8 and 9.1.2, Redis 8.2.3, where
-/// `COMMAND GETKEYS`, which reads the key spec `cmdinfo.rs` declares, still
-/// finds the keys); test_multi.py's cross-slot test holds this.
-const MULTI_FLAGS: &CStr = c"write deny-oom fast getkeys-api";
-
-fn create_command(ctx: *mut raw::RedisModuleCtx, name: &CStr, f: raw::RedisModuleCmdFunc, flags: &CStr) -> bool {
-    create_command_keys(ctx, name, f, flags, 1)
-}
-
-/// `first_key` 1: the key is the first argument (Redis Cluster routes on
-/// it); 0: the keys are declared by a key spec (RL.MULTI).
-fn create_command_keys(
-    ctx: *mut raw::RedisModuleCtx,
-    name: &CStr,
-    f: raw::RedisModuleCmdFunc,
-    flags: &CStr,
-    first_key: c_int,
-) -> bool {
+/// Create the command `d` of the table (`cmdinfo::COMMANDS`).
+fn create_command(ctx: *mut raw::RedisModuleCtx, d: &cmdinfo::Doc) -> bool {
+    let k = d.first_key();
     match unsafe { raw::RedisModule_CreateCommand } {
-        Some(create) => {
-            (unsafe { create(ctx, name.as_ptr(), f, flags.as_ptr(), first_key, first_key, first_key) }) == ffi::OK
-        }
+        Some(create) => (unsafe { create(ctx, d.name.as_ptr(), d.handler, d.flags.as_ptr(), k, k, k) }) == ffi::OK,
         None => false,
     }
 }
@@ -82,11 +54,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if !types::publish_type_pointers() {
         return Status::Err;
     }
-    let ok = create_command(raw_ctx, c"RL.TOKENBUCKET", Some(commands::tokenbucket), RL_FLAGS)
-        && create_command(raw_ctx, c"RL.SLIDINGLOG", Some(commands::slidinglog), RL_FLAGS)
-        && create_command(raw_ctx, c"RL.SLIDINGCOUNTER", Some(commands::slidingcounter), RL_FLAGS)
-        && create_command(raw_ctx, c"RL.STATE", Some(commands::state), c"write deny-oom")
-        && create_command_keys(raw_ctx, c"RL.MULTI", Some(commands::multi), MULTI_FLAGS, 0);
+    let ok = cmdinfo::COMMANDS.iter().all(|d| create_command(raw_ctx, d));
     if !ok {
         return Status::Err;
     }

@@ -42,11 +42,12 @@
 //! (`RedisModule_ReplicateVerbatim` bumps the dirty counter that drives
 //! `save` points, and with no reader it propagates nothing).
 
-use std::ffi::{c_char, c_int, c_void, CStr};
+use std::ffi::{c_int, c_void, CStr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
-use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent, RedisModuleString};
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent};
 
+use crate::api::{Ctx, Str};
 use crate::ffi::{self, api};
 
 /// False only while the last check found no replica, no backlog, and this
@@ -63,36 +64,25 @@ const RECHECK_MS: i64 = 1000;
 /// Replicate a grant's effect, built by `payload` only when something can
 /// receive it.
 #[inline]
-pub unsafe fn replicate<P: AsRef<[u8]>>(
-    ctx: *mut RedisModuleCtx,
-    name: *mut RedisModuleString,
-    payload: impl FnOnce() -> P,
-) {
-    replicate_if(ctx, must_replicate(ctx), name, payload);
+pub fn replicate<'a, P: AsRef<[u8]>>(ctx: Ctx<'a>, name: Str<'a>, payload: impl FnOnce() -> P) {
+    replicate_if(ctx, must_replicate(), name, payload);
 }
 
 /// Whether a grant's effect must be built and replicated (else only counted
 /// as a change); a call that writes several keys reads it once. One load:
 /// every way a reader appears sets [`MAY_LISTEN`] before the next command.
 #[inline]
-pub unsafe fn must_replicate(_ctx: *mut RedisModuleCtx) -> bool {
+pub fn must_replicate() -> bool {
     MAY_LISTEN.load(Relaxed)
 }
 
 /// [`replicate`] with [`must_replicate`] already read for this call.
 #[inline]
-pub unsafe fn replicate_if<P: AsRef<[u8]>>(
-    ctx: *mut RedisModuleCtx,
-    listen: bool,
-    name: *mut RedisModuleString,
-    payload: impl FnOnce() -> P,
-) {
+pub fn replicate_if<'a, P: AsRef<[u8]>>(ctx: Ctx<'a>, listen: bool, name: Str<'a>, payload: impl FnOnce() -> P) {
     if listen {
-        let p = payload();
-        let p = p.as_ref();
-        api!(RedisModule_Replicate)(ctx, c"RL.STATE".as_ptr(), c"sb".as_ptr(), name, p.as_ptr().cast::<c_char>(), p.len());
+        ctx.replicate_state(name, payload().as_ref());
     } else {
-        crate::ffi::replicate_verbatim(ctx);
+        ctx.replicate_verbatim();
     }
 }
 

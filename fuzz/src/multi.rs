@@ -7,13 +7,12 @@ use crate::core::reference::multi::{self as multi_model, Limit};
 use crate::core::reference::slidinglog::Log;
 use crate::core::reference::tokenbucket::Bucket;
 use crate::core::Decision;
-use crate::harness::Algorithm;
 use crate::input::Input;
 use crate::log::{log_entries, sl_encode};
 use crate::oracle::oracle_multi;
-use crate::slidingcounter::{synth_sc, SlidingCounter};
-use crate::slidinglog::{synth_sl, SlidingLog};
-use crate::tokenbucket::{synth_tb, TokenBucket};
+use crate::slidingcounter::synth_sc;
+use crate::slidinglog::synth_sl;
+use crate::tokenbucket::synth_tb;
 use crate::{sc, sl, tb};
 
 enum Owned {
@@ -72,14 +71,7 @@ pub fn args_multi(data: &[u8]) {
             }
         })
         .collect();
-    let params: Vec<multi::Params> = call.limits[..n]
-        .iter()
-        .map(|l| match l.kind {
-            Kind::TokenBucket => multi::Params::TokenBucket(TokenBucket::params(&l.nums)),
-            Kind::SlidingLog => multi::Params::SlidingLog(SlidingLog::params(&l.nums)),
-            Kind::SlidingCounter => multi::Params::SlidingCounter(SlidingCounter::params(&l.nums)),
-        })
-        .collect();
+    let params: Vec<multi::Params> = call.limits[..n].iter().map(|l| l.params()).collect();
     let weights: Vec<u64> = call.limits[..n].iter().map(|l| l.weight).collect();
     let before: Vec<Vec<u8>> = states.iter().map(Owned::digest).collect();
     // The reference: each limit on its own model, then all or nothing.

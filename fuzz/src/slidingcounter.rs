@@ -15,7 +15,7 @@ pub struct SlidingCounter;
 impl Algorithm for SlidingCounter {
     pieces!(sc, WINDOW_ARGS, synth: synth_sc, refund: sc_refund, call: sc_call);
     fn params(nums: &[u64; 3]) -> sc::Params {
-        sc::Params { limit: nums[0], window_ms: nums[1] }
+        sc::Params::from_nums(*nums)
     }
 }
 

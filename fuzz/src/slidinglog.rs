@@ -17,7 +17,7 @@ pub struct SlidingLog;
 impl Algorithm for SlidingLog {
     pieces!(sl, WINDOW_ARGS, synth: synth_sl, refund: sl_refund, call: sl_call);
     fn params(nums: &[u64; 3]) -> sl::Params {
-        sl::Params { limit: nums[0], window_ms: nums[1] }
+        sl::Params::from_nums(*nums)
     }
 }
 

@@ -15,7 +15,7 @@ pub struct TokenBucket;
 impl Algorithm for TokenBucket {
     pieces!(tb, TOKENBUCKET_ARGS, synth: synth_tb, refund: tb_refund, call: tb_call);
     fn params(nums: &[u64; 3]) -> tb::Params {
-        tb::Params { capacity: nums[0], rate: nums[1], period_ms: nums[2] }
+        tb::Params::from_nums(*nums)
     }
 }
 

@@ -5,14 +5,18 @@
 //!
 //! # Parts
 //!
-//! - this file: the path every handler shares: the panic guard, argument
-//!   slice and parse, the expiry of a written state, store (in place or as
-//!   a new value), the write decision and the delete of a refunded key;
+//! - this file: the path every handler shares: the argument parse, the
+//!   expiry of a written state, the commit step (expire, signal,
+//!   replicate), the write decision and the delete of a refunded key;
 //! - [`single`]: RL.TOKENBUCKET, RL.SLIDINGCOUNTER and RL.SLIDINGLOG;
 //! - [`multi`]: RL.MULTI (several limits at one clock reading, all or
 //!   nothing);
 //! - [`state`]: RL.STATE, the effect command replicas and AOF replay run;
 //! - [`reply`]: error texts and the reply writers (with the INFO counts).
+//!
+//! The handlers are safe code over `crate::api` (context, arguments, keys,
+//! replies); `lib.rs` turns each into the `extern "C"` function Redis
+//! calls with `api::entry!`, which keeps the panic guard.
 
 mod multi;
 mod reply;
@@ -24,54 +28,27 @@ pub use single::{slidingcounter, slidinglog, tokenbucket};
 pub use state::state;
 
 use std::ffi::c_int;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use ratelimit_core::args::{self, Arg, Call};
 use ratelimit_core::Decision;
-use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use self::reply::reply_arg_error;
-use crate::ffi::{self, Key, Slot};
+use crate::api::{Ctx, Key, Str};
 use crate::listeners;
-use crate::types::Stored;
-use crate::value::Value;
-
-/// Run a handler; a panic (a bug: none is reachable by design) answers an
-/// error instead of unwinding into Redis, which would abort the server.
-#[inline]
-pub(super) unsafe fn guarded(ctx: *mut RedisModuleCtx, f: impl FnOnce() -> c_int) -> c_int {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(rc) => rc,
-        Err(_) => ffi::reply_error(ctx, c"ERR ratelimit internal error"),
-    }
-}
-
-#[inline]
-pub(super) unsafe fn argv_slice<'a>(argv: *mut *mut RedisModuleString, argc: c_int) -> &'a [*mut RedisModuleString] {
-    if argv.is_null() || argc <= 0 {
-        &[]
-    } else {
-        std::slice::from_raw_parts(argv, argc as usize)
-    }
-}
 
 /// Parse `key <positional> [options]`; on error the reply is already sent.
 /// A call of the numbers only (the common one: the argument count says so)
 /// reads them straight into the call (`args::parse_exact`, the same
 /// result); any other goes through the full parser.
 #[inline(always)]
-pub(super) unsafe fn parse(
-    ctx: *mut RedisModuleCtx,
-    argv: &[*mut RedisModuleString],
-    positional: &[Arg],
-) -> Result<(*mut RedisModuleString, Call), c_int> {
+pub(super) fn parse<'a>(ctx: Ctx<'a>, argv: &[Str<'a>], positional: &[Arg]) -> Result<(Str<'a>, Call), c_int> {
     let (Some(&key), Some(rest)) = (argv.get(1), argv.get(2..)) else {
-        return Err(ffi::wrong_arity(ctx));
+        return Err(ctx.wrong_arity());
     };
     let parsed = if rest.len() == positional.len() && rest.len() <= 3 {
         let mut nums: [&[u8]; 3] = [&[]; 3];
         for (b, &s) in nums.iter_mut().zip(rest) {
-            *b = ffi::bytes(s);
+            *b = s.bytes();
         }
         args::parse_exact(&nums[..rest.len()], positional)
     } else {
@@ -85,8 +62,8 @@ pub(super) unsafe fn parse(
 
 /// The full parser, for calls with options (kept out of line).
 #[inline(never)]
-unsafe fn parse_general(rest: &[*mut RedisModuleString], positional: &[Arg]) -> Result<Call, args::ArgError> {
-    args::parse(rest.iter().map(|&s| ffi::bytes(s)), positional)
+fn parse_general(rest: &[Str], positional: &[Arg]) -> Result<Call, args::ArgError> {
+    args::parse(rest.iter().map(|&s| s.bytes()), positional)
 }
 
 /// Absolute expiry (Unix ms) for a state written at `now_us` whose reset is
@@ -104,10 +81,10 @@ pub(super) fn abs_expiry(now_us: u64, reset_ms: u64) -> u64 {
 /// again (`reset_ms` from `now_us`), is signalled modified, and the effect
 /// `payload(abs)` is replicated (skipped where nothing reads it).
 #[inline(always)]
-pub(super) unsafe fn commit<P: AsRef<[u8]>>(
-    ctx: *mut RedisModuleCtx,
-    key: &Key,
-    name: *mut RedisModuleString,
+pub(super) fn commit<'a, P: AsRef<[u8]>>(
+    ctx: Ctx<'a>,
+    key: &Key<'a>,
+    name: Str<'a>,
     now_us: u64,
     reset_ms: u64,
     payload: impl FnOnce(u64) -> P,
@@ -116,31 +93,6 @@ pub(super) unsafe fn commit<P: AsRef<[u8]>>(
     key.set_abs_expire(abs);
     key.signal_modified();
     listeners::replicate(ctx, name, || payload(abs));
-}
-
-/// Store `new` in the key: in place when it already holds our type in a
-/// form that can hold `new`, else as a new value.
-#[inline]
-pub(super) unsafe fn store<T: Stored>(key: &Key, slot: &Slot, new: T) -> bool {
-    let new = match *slot {
-        Slot::Ours(p) => match Value::overwrite(p, new) {
-            Ok(()) => return true,
-            Err(v) => v,
-        },
-        _ => new,
-    };
-    set_new(key, new)
-}
-
-/// Set the key to a new value holding `v`.
-#[inline]
-pub(super) unsafe fn set_new<T: Stored>(key: &Key, v: T) -> bool {
-    let p = Value::create(v);
-    let ok = key.set_value(T::redis_type(), p);
-    if !ok {
-        Value::<T>::free(p);
-    }
-    ok
 }
 
 /// The write a decided call makes.
@@ -170,10 +122,10 @@ pub(super) fn write_grant(d: &Decision, dryrun: bool, store: impl FnOnce() -> bo
 /// Delete a limiter's key that a refund made fresh, and replicate the
 /// deletion.
 #[inline]
-pub(super) unsafe fn delete(ctx: *mut RedisModuleCtx, key: &Key, name: *mut RedisModuleString) {
+pub(super) fn delete<'a>(ctx: Ctx<'a>, key: &mut Key<'a>, name: Str<'a>) {
     if key.delete() {
         key.signal_modified();
-        ffi::replicate_del(ctx, name);
+        ctx.replicate_del(name);
     }
 }
 

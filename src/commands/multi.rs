@@ -6,16 +6,15 @@ use ratelimit_core::args::{self, Arg, ArgError, Call, Kind, LimitSpec, MAX_LIMIT
 use ratelimit_core::codec;
 use ratelimit_core::multi::{self, Op, StateMut};
 use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
-use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use super::reply::{reply_arg_error, reply_multi, STORE_FAILED};
 use super::single::{log_apply, word_apply, WordLimiter};
-use super::{abs_expiry, argv_slice, delete, guarded, set_new, store};
+use super::{abs_expiry, delete};
+use crate::api::{Ctx, Key, Slot, Str};
 use crate::clock;
-use crate::ffi::{self, Key, Slot};
+use crate::ffi;
 use crate::listeners;
 use crate::types::Stored;
-use crate::value::Value;
 
 /// The registered type of a limit's algorithm.
 #[inline]
@@ -24,16 +23,6 @@ fn kind_type(kind: Kind) -> *mut redis_module::raw::RedisModuleType {
         Kind::TokenBucket => tb::State::redis_type(),
         Kind::SlidingLog => sl::State::redis_type(),
         Kind::SlidingCounter => sc::State::redis_type(),
-    }
-}
-
-#[inline]
-fn multi_params(l: &LimitSpec) -> multi::Params {
-    let [a, b, c] = l.nums;
-    match l.kind {
-        Kind::TokenBucket => multi::Params::TokenBucket(tb::Params { capacity: a, rate: b, period_ms: c }),
-        Kind::SlidingLog => multi::Params::SlidingLog(sl::Params { limit: a, window_ms: b }),
-        Kind::SlidingCounter => multi::Params::SlidingCounter(sc::Params { limit: a, window_ms: b }),
     }
 }
 
@@ -46,17 +35,16 @@ const NO_DECISION: Decision = Decision { granted: 0, limit: 0, remaining: 0, ret
 /// writes, each written key gets its TTL and its own effect (Redis wraps
 /// the command's effects in MULTI/EXEC). Fixed-size arrays on the stack:
 /// no allocation per call.
-pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
-    guarded(ctx, || {
-        let argv = argv_slice(argv, argc);
-        if ffi::is_keys_position_request(ctx) {
+pub fn multi(ctx: Ctx, argv: &[Str]) -> c_int {
+    {
+        if ctx.is_keys_position_request() {
             // Cluster routing asks the command itself on every server
-            // (lib.rs, MULTI_FLAGS): the keys are arguments 2 .. 2 +
+            // (cmdinfo/, MULTI_FLAGS): the keys are arguments 2 .. 2 +
             // numkeys, as far as they exist.
-            let n = argv.get(1).and_then(|&a| args::parse_num(ffi::bytes(a), 1)).unwrap_or(0);
+            let n = argv.get(1).and_then(|&a| args::parse_num(a.bytes(), 1)).unwrap_or(0);
             let n = usize::try_from(n).unwrap_or(0).min(MAX_LIMITS).min(argv.len().saturating_sub(2));
             for pos in 2..2 + n {
-                ffi::key_at_pos(ctx, pos);
+                ctx.key_at_pos(pos);
             }
             return ffi::OK;
         }
@@ -69,15 +57,15 @@ pub unsafe extern "C" fn multi(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisMo
             3 | 4 => multi_n::<4>(ctx, argv),
             _ => multi_n::<MAX_LIMITS>(ctx, argv),
         }
-    })
+    }
 }
 
 /// RL.MULTI of one limit of weight 1: the single command's decision and
 /// write, the reply in RL.MULTI's shape.
 #[inline(always)]
-unsafe fn multi_one(
-    ctx: *mut RedisModuleCtx,
-    name: *mut RedisModuleString,
+fn multi_one<'a>(
+    ctx: Ctx<'a>,
+    name: Str<'a>,
     spec: &LimitSpec,
     cost: u64,
     partial: bool,
@@ -108,10 +96,10 @@ const EXACT_ARGS: usize = 11;
 
 /// RL.MULTI with room for `N` limits.
 #[inline(never)]
-unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisModuleString]) -> c_int {
+fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
     {
         let Some(rest) = argv.get(1..) else {
-            return ffi::wrong_arity(ctx);
+            return ctx.wrong_arity();
         };
         // The common call (no WEIGHT, no options) is parsed from its byte
         // slices read once; anything else, errors included, by the full
@@ -119,7 +107,7 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         let mut words: [&[u8]; EXACT_ARGS] = [&[]; EXACT_ARGS];
         let exact = if rest.len() <= EXACT_ARGS {
             for (w, &s) in words.iter_mut().zip(rest) {
-                *w = ffi::bytes(s);
+                *w = s.bytes();
             }
             args::parse_multi_exact::<N>(&words[..rest.len()])
         } else {
@@ -127,20 +115,20 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         };
         let parsed = match exact {
             Some(c) => Ok(c),
-            None => args::parse_multi_n::<N>(rest.iter().map(|&s| ffi::bytes(s))),
+            None => args::parse_multi_n::<N>(rest.iter().map(|&s| s.bytes())),
         };
         let call = match parsed {
             Ok(c) => c,
             // A numkeys above N is an error the full parser names exactly.
             Err(ArgError::Number(Arg::NumKeys)) if N < MAX_LIMITS => {
-                let e = args::parse_multi(rest.iter().map(|&s| ffi::bytes(s))).err().unwrap_or(ArgError::Arity);
+                let e = args::parse_multi(rest.iter().map(|&s| s.bytes())).err().unwrap_or(ArgError::Arity);
                 return reply_arg_error(ctx, e);
             }
             Err(e) => return reply_arg_error(ctx, e),
         };
         let n = call.n.min(N);
         let (Some(names), Some(specs)) = (argv.get(2..2 + n), call.limits.get(..n)) else {
-            return ffi::wrong_arity(ctx);
+            return ctx.wrong_arity();
         };
         // One limit of weight 1 answers exactly what its single command
         // does (the core's property test `one_limit_is_the_single_command`):
@@ -157,11 +145,11 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         let mut keys: [Option<Key>; N] = std::array::from_fn(|_| None);
         let mut slots = [Slot::Empty; N];
         for (((k, slot), &name), spec) in keys.iter_mut().zip(slots.iter_mut()).zip(names).zip(specs) {
-            let key = Key::open(ctx, name, read_only);
+            let mut key = ctx.open_key(name, read_only);
             *slot = key.slot(kind_type(spec.kind));
             *k = Some(key);
             if let Slot::WrongType = slot {
-                return ffi::reply_error(ctx, ffi::WRONGTYPE);
+                return ctx.reply_error(ffi::WRONGTYPE);
             }
         }
 
@@ -175,8 +163,9 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         let mut per = [NO_DECISION; N];
         let whole = {
             let mut states: [Option<StateMut>; N] = std::array::from_fn(|_| None);
-            for (i, (((((st, slot), spec), t), c), l)) in states
+            for (i, ((((((st, key), slot), spec), t), c), l)) in states
                 .iter_mut()
+                .zip(keys.iter_mut())
                 .zip(&slots)
                 .zip(specs)
                 .zip(tbs.iter_mut())
@@ -185,25 +174,25 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
                 .enumerate()
             {
                 if let (Some(p), Some(w)) = (params.get_mut(i), weights.get_mut(i)) {
-                    *p = multi_params(spec);
+                    *p = spec.params();
                     *w = spec.weight;
                 }
-                *st = Some(match (spec.kind, *slot) {
-                    (Kind::TokenBucket, Slot::Ours(p)) => {
-                        *t = Value::<tb::State>::with(p, |v| *v).unwrap_or_default();
+                *st = Some(match (spec.kind, *slot, key) {
+                    (Kind::TokenBucket, Slot::Ours, Some(key)) => {
+                        *t = key.read::<tb::State>().unwrap_or_default();
                         StateMut::TokenBucket(t)
                     }
-                    (Kind::TokenBucket, _) => StateMut::TokenBucket(t),
-                    (Kind::SlidingCounter, Slot::Ours(p)) => {
-                        *c = Value::<sc::State>::with(p, |v| *v).unwrap_or_default();
+                    (Kind::TokenBucket, _, _) => StateMut::TokenBucket(t),
+                    (Kind::SlidingCounter, Slot::Ours, Some(key)) => {
+                        *c = key.read::<sc::State>().unwrap_or_default();
                         StateMut::SlidingCounter(c)
                     }
-                    (Kind::SlidingCounter, _) => StateMut::SlidingCounter(c),
-                    (Kind::SlidingLog, Slot::Ours(p)) => match Value::<sl::State>::wide_mut(p) {
+                    (Kind::SlidingCounter, _, _) => StateMut::SlidingCounter(c),
+                    (Kind::SlidingLog, Slot::Ours, Some(key)) => match key.wide_mut::<sl::State>() {
                         Some(s) => StateMut::SlidingLog(s),
                         None => StateMut::SlidingLog(l),
                     },
-                    (Kind::SlidingLog, _) => StateMut::SlidingLog(l),
+                    (Kind::SlidingLog, _, _) => StateMut::SlidingLog(l),
                 });
             }
             let op = if call.refund > 0 {
@@ -223,7 +212,7 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         let mut verbatim = false;
         for i in 0..n {
             let (Some(Some(key)), Some(&slot), Some(d), Some(&name), Some(spec)) =
-                (keys.get(i), slots.get(i), per.get(i), names.get(i), specs.get(i))
+                (keys.get_mut(i), slots.get(i), per.get(i), names.get(i), specs.get(i))
             else {
                 continue;
             };
@@ -236,11 +225,11 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
             }
             let abs = abs_expiry(now, d.reset_after_ms);
             let stored = match spec.kind {
-                Kind::TokenBucket => tbs.get(i).is_some_and(|&s| store(key, &slot, s)),
-                Kind::SlidingCounter => scs.get(i).is_some_and(|&s| store(key, &slot, s)),
+                Kind::TokenBucket => tbs.get(i).is_some_and(|&s| key.store(s)),
+                Kind::SlidingCounter => scs.get(i).is_some_and(|&s| key.store(s)),
                 Kind::SlidingLog => match slot {
-                    Slot::Ours(_) => true,
-                    _ => fresh_logs.get_mut(i).is_some_and(|l| set_new(key, std::mem::take(l))),
+                    Slot::Ours => true,
+                    _ => fresh_logs.get_mut(i).is_some_and(|l| key.set_new(std::mem::take(l))),
                 },
             };
             if !stored {
@@ -249,13 +238,13 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
             }
             key.set_abs_expire(abs);
             key.signal_modified();
-            let listen = *listen.get_or_insert_with(|| listeners::must_replicate(ctx));
+            let listen = *listen.get_or_insert_with(listeners::must_replicate);
             if !listen {
                 // Nobody listens for effects: the command itself is
                 // replicated, once for the call, not once per written key
                 // (a second copy would only cost a MULTI/EXEC wrap).
                 if !verbatim {
-                    ffi::replicate_verbatim(ctx);
+                    ctx.replicate_verbatim();
                     verbatim = true;
                 }
                 continue;
@@ -284,7 +273,7 @@ unsafe fn multi_n<const N: usize>(ctx: *mut RedisModuleCtx, argv: &[*mut RedisMo
         if failed {
             // The server refused a value (it cannot, for an open key of ours):
             // never a silent "granted".
-            return ffi::reply_error(ctx, STORE_FAILED);
+            return ctx.reply_error(STORE_FAILED);
         }
 
         reply_multi(ctx, call.refund, call.partial, call.cost, &whole, &per, n)

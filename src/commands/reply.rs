@@ -4,13 +4,11 @@
 
 use std::ffi::{c_int, CStr};
 
+use crate::api::Ctx;
+use crate::stats::{self, Cmd};
 use ratelimit_core::args::{Arg, ArgError, Call};
 use ratelimit_core::multi::Whole;
 use ratelimit_core::{to_i64, Decision};
-use redis_module::raw::RedisModuleCtx;
-
-use crate::ffi;
-use crate::stats::{self, Cmd};
 
 pub(super) const SYNTAX_ERROR: &CStr = c"ERR syntax error";
 /// The key could not be set (the server refused the value): nothing was
@@ -34,20 +32,20 @@ pub(super) fn arg_error(a: Arg) -> &'static CStr {
 }
 
 /// Answer an argument error (the reply is sent; returns the handler's code).
-pub(super) unsafe fn reply_arg_error(ctx: *mut RedisModuleCtx, e: ArgError) -> c_int {
+pub(super) fn reply_arg_error(ctx: Ctx, e: ArgError) -> c_int {
     match e {
-        ArgError::Arity => ffi::wrong_arity(ctx),
-        ArgError::Number(a) => ffi::reply_error(ctx, arg_error(a)),
-        ArgError::Syntax => ffi::reply_error(ctx, SYNTAX_ERROR),
-        ArgError::LimitCount => ffi::reply_error(ctx, c"ERR the number of limits must equal numkeys"),
-        ArgError::DuplicateKey => ffi::reply_error(ctx, c"ERR every key must be distinct"),
-        ArgError::Product(Arg::Refund) => ffi::reply_error(ctx, c"ERR REFUND * WEIGHT must not exceed 9007199254740991"),
-        ArgError::Product(_) => ffi::reply_error(ctx, c"ERR COST * WEIGHT must not exceed 9007199254740991"),
+        ArgError::Arity => ctx.wrong_arity(),
+        ArgError::Number(a) => ctx.reply_error(arg_error(a)),
+        ArgError::Syntax => ctx.reply_error(SYNTAX_ERROR),
+        ArgError::LimitCount => ctx.reply_error(c"ERR the number of limits must equal numkeys"),
+        ArgError::DuplicateKey => ctx.reply_error(c"ERR every key must be distinct"),
+        ArgError::Product(Arg::Refund) => ctx.reply_error(c"ERR REFUND * WEIGHT must not exceed 9007199254740991"),
+        ArgError::Product(_) => ctx.reply_error(c"ERR COST * WEIGHT must not exceed 9007199254740991"),
     }
 }
 
 #[inline]
-pub(super) unsafe fn reply(ctx: *mut RedisModuleCtx, cmd: Cmd, d: &Decision, call: &Call) -> c_int {
+pub(super) fn reply(ctx: Ctx, cmd: Cmd, d: &Decision, call: &Call) -> c_int {
     // A refund's element 1 is the units it gave back.
     let first = if call.refund > 0 {
         stats::record_refund(cmd);
@@ -56,14 +54,14 @@ pub(super) unsafe fn reply(ctx: *mut RedisModuleCtx, cmd: Cmd, d: &Decision, cal
         stats::record(cmd, d.granted, call.cost);
         d.allowed(call.cost, call.partial)
     };
-    ffi::reply_ints(ctx, [to_i64(first), to_i64(d.limit), to_i64(d.remaining), d.retry_after_ms, to_i64(d.reset_after_ms)])
+    ctx.reply_ints([to_i64(first), to_i64(d.limit), to_i64(d.remaining), d.retry_after_ms, to_i64(d.reset_after_ms)])
 }
 
 /// RL.MULTI's reply, counted in INFO: the five integers of the whole call,
 /// the binding limit's index, then each of the `n` limits' own five.
 #[inline]
-pub(super) unsafe fn reply_multi<const N: usize>(
-    ctx: *mut RedisModuleCtx,
+pub(super) fn reply_multi<const N: usize>(
+    ctx: Ctx,
     refund: u64,
     partial: bool,
     cost: u64,
@@ -84,7 +82,7 @@ pub(super) unsafe fn reply_multi<const N: usize>(
         };
         stats::record(Cmd::Multi, g, cost);
     }
-    ffi::reply_array(ctx, 7);
+    ctx.reply_array(7);
     for v in [
         to_i64(whole.allowed),
         to_i64(whole.limit),
@@ -92,17 +90,20 @@ pub(super) unsafe fn reply_multi<const N: usize>(
         whole.retry_after_ms,
         to_i64(whole.reset_after_ms),
     ] {
-        ffi::reply_int(ctx, v);
+        ctx.reply_int(v);
     }
-    ffi::reply_int(ctx, i64::try_from(whole.binding).unwrap_or(0));
-    ffi::reply_array(ctx, n);
+    ctx.reply_int(i64::try_from(whole.binding).unwrap_or(0));
+    ctx.reply_array(n);
     for d in per.iter().take(n) {
-        ffi::reply_ints(
-            ctx,
-            [to_i64(d.granted), to_i64(d.limit), to_i64(d.remaining), d.retry_after_ms, to_i64(d.reset_after_ms)],
-        );
+        ctx.reply_ints([
+            to_i64(d.granted),
+            to_i64(d.limit),
+            to_i64(d.remaining),
+            d.retry_after_ms,
+            to_i64(d.reset_after_ms),
+        ]);
     }
-    ffi::OK
+    crate::ffi::OK
 }
 
 #[cfg(test)]

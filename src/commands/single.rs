@@ -6,15 +6,14 @@ use std::ffi::c_int;
 
 use ratelimit_core::args::{self, Arg, Call};
 use ratelimit_core::{codec, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
-use redis_module::raw::{RedisModuleCtx, RedisModuleString};
 
 use super::reply::{reply, STORE_FAILED};
-use super::{argv_slice, commit, delete, guarded, parse, set_new, store, write_grant, Write};
+use super::{commit, delete, parse, write_grant, Write};
+use crate::api::{Ctx, Slot, Str};
 use crate::clock;
-use crate::ffi::{self, Key, Slot};
+use crate::ffi;
 use crate::stats::Cmd;
 use crate::types::Stored;
-use crate::value::Value;
 
 /// A limiter whose whole state is a few machine words (token bucket,
 /// sliding counter): the pure `step` returns the new state by value, and the
@@ -35,8 +34,8 @@ impl WordLimiter for tb::State {
     const ARGS: &'static [Arg] = args::TOKENBUCKET_ARGS;
     const CMD: Cmd = Cmd::TokenBucket;
     #[inline]
-    fn params([capacity, rate, period_ms]: [u64; 3]) -> tb::Params {
-        tb::Params { capacity, rate, period_ms }
+    fn params(nums: [u64; 3]) -> tb::Params {
+        tb::Params::from_nums(nums)
     }
     #[inline]
     fn step(&self, p: &tb::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self) {
@@ -57,8 +56,8 @@ impl WordLimiter for sc::State {
     const ARGS: &'static [Arg] = args::WINDOW_ARGS;
     const CMD: Cmd = Cmd::SlidingCounter;
     #[inline]
-    fn params([limit, window_ms, _]: [u64; 3]) -> sc::Params {
-        sc::Params { limit, window_ms }
+    fn params(nums: [u64; 3]) -> sc::Params {
+        sc::Params::from_nums(nums)
     }
     #[inline]
     fn step(&self, p: &sc::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self) {
@@ -77,18 +76,15 @@ impl WordLimiter for sc::State {
 /// Read the key once, decide, and on a grant write once, expire, signal and
 /// replicate the new state (a grant that cannot be stored answers an error).
 #[inline]
-unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
-    guarded(ctx, || {
-        let argv = argv_slice(argv, argc);
-        let (name, call) = match parse(ctx, argv, T::ARGS) {
-            Ok(v) => v,
-            Err(rc) => return rc,
-        };
-        match word_apply::<T>(ctx, name, &call) {
-            Ok(d) => reply(ctx, T::CMD, &d, &call),
-            Err(rc) => rc,
-        }
-    })
+fn word_limiter<T: WordLimiter>(ctx: Ctx, argv: &[Str]) -> c_int {
+    let (name, call) = match parse(ctx, argv, T::ARGS) {
+        Ok(v) => v,
+        Err(rc) => return rc,
+    };
+    match word_apply::<T>(ctx, name, &call) {
+        Ok(d) => reply(ctx, T::CMD, &d, &call),
+        Err(rc) => rc,
+    }
 }
 
 /// The work of a word-state limiter's call after parsing: read the key,
@@ -96,18 +92,14 @@ unsafe fn word_limiter<T: WordLimiter>(ctx: *mut RedisModuleCtx, argv: *mut *mut
 /// answers what the single command does). The decision to reply with, or
 /// the handler's code when an error reply was sent.
 #[inline(always)]
-pub(super) unsafe fn word_apply<T: WordLimiter>(
-    ctx: *mut RedisModuleCtx,
-    name: *mut RedisModuleString,
-    call: &Call,
-) -> Result<Decision, c_int> {
+pub(super) fn word_apply<'a, T: WordLimiter>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<Decision, c_int> {
     let p = T::params(call.nums);
     let now = clock::now_us();
-    let key = Key::open(ctx, name, call.dryrun);
+    let mut key = ctx.open_key(name, call.dryrun);
     let slot = key.slot(T::redis_type());
     let cur = match slot {
-        Slot::WrongType => return Err(ffi::reply_error(ctx, ffi::WRONGTYPE)),
-        Slot::Ours(p) => Value::<T>::with(p, |v| *v).unwrap_or_default(),
+        Slot::WrongType => return Err(ctx.reply_error(ffi::WRONGTYPE)),
+        Slot::Ours => key.read::<T>().unwrap_or_default(),
         Slot::Empty => T::default(),
     };
     if call.refund > 0 {
@@ -116,19 +108,19 @@ pub(super) unsafe fn word_apply<T: WordLimiter>(
         let (d, new) = cur.refund(&p, call.refund, 1, now);
         if d.granted > 0 {
             if d.reset_after_ms == 0 {
-                delete(ctx, &key, name);
-            } else if store(&key, &slot, new) {
+                delete(ctx, &mut key, name);
+            } else if key.store(new) {
                 commit(ctx, &key, name, now, d.reset_after_ms, |abs| new.effect(abs));
             } else {
-                return Err(ffi::reply_error(ctx, STORE_FAILED));
+                return Err(ctx.reply_error(STORE_FAILED));
             }
         }
         return Ok(d);
     }
     let (d, new) = cur.step(&p, call.cost, call.partial, now);
-    match write_grant(&d, call.dryrun, || store(&key, &slot, new)) {
+    match write_grant(&d, call.dryrun, || key.store(new)) {
         Write::None => {}
-        Write::Failed => return Err(ffi::reply_error(ctx, STORE_FAILED)),
+        Write::Failed => return Err(ctx.reply_error(STORE_FAILED)),
         Write::Done => {
             commit(ctx, &key, name, now, d.reset_after_ms, |abs| new.effect(abs));
         }
@@ -136,46 +128,39 @@ pub(super) unsafe fn word_apply<T: WordLimiter>(
     Ok(d)
 }
 
-pub unsafe extern "C" fn tokenbucket(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
-    word_limiter::<tb::State>(ctx, argv, argc)
+pub fn tokenbucket(ctx: Ctx, argv: &[Str]) -> c_int {
+    word_limiter::<tb::State>(ctx, argv)
 }
 
-pub unsafe extern "C" fn slidingcounter(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
-    word_limiter::<sc::State>(ctx, argv, argc)
+pub fn slidingcounter(ctx: Ctx, argv: &[Str]) -> c_int {
+    word_limiter::<sc::State>(ctx, argv)
 }
 
-pub unsafe extern "C" fn slidinglog(ctx: *mut RedisModuleCtx, argv: *mut *mut RedisModuleString, argc: c_int) -> c_int {
-    guarded(ctx, || {
-        let argv = argv_slice(argv, argc);
-        let (name, call) = match parse(ctx, argv, args::WINDOW_ARGS) {
-            Ok(v) => v,
-            Err(rc) => return rc,
-        };
-        match log_apply(ctx, name, &call) {
-            Ok(d) => reply(ctx, Cmd::SlidingLog, &d, &call),
-            Err(rc) => rc,
-        }
-    })
+pub fn slidinglog(ctx: Ctx, argv: &[Str]) -> c_int {
+    let (name, call) = match parse(ctx, argv, args::WINDOW_ARGS) {
+        Ok(v) => v,
+        Err(rc) => return rc,
+    };
+    match log_apply(ctx, name, &call) {
+        Ok(d) => reply(ctx, Cmd::SlidingLog, &d, &call),
+        Err(rc) => rc,
+    }
 }
 
 /// [`word_apply`] for the sliding log, read and written in place.
 #[inline(always)]
-pub(super) unsafe fn log_apply(
-    ctx: *mut RedisModuleCtx,
-    name: *mut RedisModuleString,
-    call: &Call,
-) -> Result<Decision, c_int> {
-    let p = sl::Params { limit: call.nums[0], window_ms: call.nums[1] };
+pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<Decision, c_int> {
+    let p = sl::Params::from_nums(call.nums);
     let now = clock::now_us();
-    let key = Key::open(ctx, name, call.dryrun);
+    let mut key = ctx.open_key(name, call.dryrun);
     let slot = key.slot(sl::State::redis_type());
     let log = match slot {
-        Slot::Ours(p) => Value::<sl::State>::wide_mut(p),
+        Slot::Ours => key.wide_mut::<sl::State>(),
         _ => None,
     };
     let empty = sl::State::default();
     let cur: &sl::State = match (&slot, &log) {
-        (Slot::WrongType, _) => return Err(ffi::reply_error(ctx, ffi::WRONGTYPE)),
+        (Slot::WrongType, _) => return Err(ctx.reply_error(ffi::WRONGTYPE)),
         (_, Some(s)) => s,
         _ => &empty,
     };
@@ -190,7 +175,7 @@ pub(super) unsafe fn log_apply(
         d.granted = given;
         if given > 0 {
             if d.reset_after_ms == 0 {
-                delete(ctx, &key, name);
+                delete(ctx, &mut key, name);
             } else {
                 let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: given };
                 commit(ctx, &key, name, now, d.reset_after_ms, |abs| codec::log_refund(&g, abs));
@@ -201,20 +186,22 @@ pub(super) unsafe fn log_apply(
     let d = sl::decide(cur, &p, call.cost, call.partial, now);
     // sl::grant decides everything before it mutates the log: a panic
     // cannot leave it half-updated.
-    let write = write_grant(&d, call.dryrun, || match log {
-        Some(s) => {
+    // (One `write_grant` per arm: the log in place borrows the key, a new
+    // one is set through it.)
+    let write = match log {
+        Some(s) => write_grant(&d, call.dryrun, || {
             sl::grant(s, p.window_ms, d.granted, now);
             true
-        }
-        None => {
+        }),
+        None => write_grant(&d, call.dryrun, || {
             let mut s = sl::State::default();
             sl::grant(&mut s, p.window_ms, d.granted, now);
-            set_new(&key, s)
-        }
-    });
+            key.set_new(s)
+        }),
+    };
     match write {
         Write::None => {}
-        Write::Failed => return Err(ffi::reply_error(ctx, STORE_FAILED)),
+        Write::Failed => return Err(ctx.reply_error(STORE_FAILED)),
         Write::Done => {
             let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
             commit(ctx, &key, name, now, d.reset_after_ms, |abs| codec::log_grant(&g, abs));

@@ -248,6 +248,20 @@ pub struct LimitSpec {
     pub weight: u64,
 }
 
+impl LimitSpec {
+    /// The limit's algorithm parameters (from its kind and numbers).
+    #[inline]
+    pub const fn params(&self) -> crate::multi::Params {
+        use crate::multi::Params;
+        use crate::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
+        match self.kind {
+            Kind::TokenBucket => Params::TokenBucket(tb::Params::from_nums(self.nums)),
+            Kind::SlidingLog => Params::SlidingLog(sl::Params::from_nums(self.nums)),
+            Kind::SlidingCounter => Params::SlidingCounter(sc::Params::from_nums(self.nums)),
+        }
+    }
+}
+
 /// Most limits (and keys) one RL.MULTI call may name.
 pub const MAX_LIMITS: usize = crate::multi::MAX_LIMITS;
 

@@ -101,6 +101,16 @@ pub struct Params {
     pub window_ms: u64,
 }
 
+impl Params {
+    /// From a parsed call's numbers (`args::Call::nums`, `LimitSpec::nums`):
+    /// `limit window_ms` (the third is 0). Every caller builds the
+    /// parameters here.
+    #[inline]
+    pub const fn from_nums([limit, window_ms, _]: [u64; 3]) -> Params {
+        Params { limit, window_ms }
+    }
+}
+
 /// The stored state of one key. `Default` is the fresh state (all zero).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct State {

@@ -62,6 +62,16 @@ pub struct Params {
     pub window_ms: u64,
 }
 
+impl Params {
+    /// From a parsed call's numbers (`args::Call::nums`, `LimitSpec::nums`):
+    /// `limit window_ms` (the third is 0). Every caller builds the
+    /// parameters here.
+    #[inline]
+    pub const fn from_nums([limit, window_ms, _]: [u64; 3]) -> Params {
+        Params { limit, window_ms }
+    }
+}
+
 /// A log read at one instant under one call's parameters. The single
 /// command and every sliding-log limit of RL.MULTI decide through it:
 /// [`View::available`] says how many units a call could take and

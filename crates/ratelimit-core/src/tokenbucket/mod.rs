@@ -50,6 +50,16 @@ pub struct Params {
     pub period_ms: u64,
 }
 
+impl Params {
+    /// From a parsed call's numbers (`args::Call::nums`, `LimitSpec::nums`):
+    /// `capacity rate period_ms`. Every caller (the module, RL.MULTI, the
+    /// fuzzer) builds the parameters here.
+    #[inline]
+    pub const fn from_nums([capacity, rate, period_ms]: [u64; 3]) -> Params {
+        Params { capacity, rate, period_ms }
+    }
+}
+
 /// Stored state of a bucket that is not full. `den == 0` means "no state"
 /// (a fresh, full bucket); it is never stored.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

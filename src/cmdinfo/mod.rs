@@ -16,100 +16,33 @@
 //!
 //! What was available is shown in `INFO ratelimit` (section
 //! `ratelimit_module`).
+//!
+//! # Parts
+//!
+//! - this file: the command table ([`COMMANDS`]: name, handler, flags, first
+//!   key, docs, key specs, ACL categories; `lib.rs` registers each row) and
+//!   [`register`], which describes each command to the server;
+//! - `dsl.rs`: the argument-tree DSL of the docs;
+//! - `cstruct.rs`: the C structs built from a row;
+//! - `version.rs`: the version packing;
+//! - `info.rs`: the INFO section.
+
+mod cstruct;
+mod dsl;
+mod info;
+mod version;
 
 use std::ffi::{c_int, CStr};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::Ordering::Relaxed;
 
-use redis_module::raw::{
-    self, RedisModuleCommandArg, RedisModuleCommandHistoryEntry, RedisModuleCommandInfo, RedisModuleCommandInfoVersion,
-    RedisModuleCommandKeySpec, RedisModuleCtx, RedisModuleInfoCtx,
-};
+use redis_module::raw::{self, RedisModuleCommandHistoryEntry, RedisModuleCommandInfo, RedisModuleCtx};
 
-/// `major * 10000 + minor * 100 + patch` of the crate version, as
-/// `MODULE LIST` shows it (0.2.0 → 200).
-pub const MODULE_VERSION: c_int = {
-    let v = parse_u32(env!("CARGO_PKG_VERSION_MAJOR")) * 10_000
-        + parse_u32(env!("CARGO_PKG_VERSION_MINOR")) * 100
-        + parse_u32(env!("CARGO_PKG_VERSION_PATCH"));
-    assert!(v <= i32::MAX as u32);
-    v as c_int
-};
-
-/// The crate version as text, for INFO.
-pub const VERSION_TEXT: &CStr = {
-    match CStr::from_bytes_with_nul(concat!(env!("CARGO_PKG_VERSION"), "\0").as_bytes()) {
-        Ok(s) => s,
-        Err(_) => panic!("crate version contains a NUL"),
-    }
-};
-
-/// A decimal number at compile time; each version part is below 100 so the
-/// packed number stays unambiguous.
-const fn parse_u32(s: &str) -> u32 {
-    let b = s.as_bytes();
-    assert!(!b.is_empty());
-    let mut v = 0u32;
-    let mut i = 0;
-    while i < b.len() {
-        assert!(b[i].is_ascii_digit());
-        v = v * 10 + (b[i] - b'0') as u32;
-        i += 1;
-    }
-    assert!(v < 100);
-    v
-}
-
-// ---------------------------------------------------------------------------
-// The command descriptions.
-// ---------------------------------------------------------------------------
-
-#[derive(Clone, Copy)]
-enum Ty {
-    Key,
-    Int,
-    Str,
-    Token,
-    /// Exactly one of the sub-arguments.
-    OneOf,
-    /// The sub-arguments together (after the token, if any).
-    Block,
-}
-
-/// One argument of a command's tree (`RedisModuleCommandArg` without the
-/// pointers, so it can be a `static`).
-#[derive(Clone, Copy)]
-struct Arg {
-    name: &'static CStr,
-    ty: Ty,
-    /// The keyword before the value (`COST n`), or the whole pure token.
-    token: Option<&'static CStr>,
-    summary: Option<&'static CStr>,
-    since: Option<&'static CStr>,
-    /// What `redis-cli` shows for the value (`n` in `[COST n]`).
-    display: Option<&'static CStr>,
-    optional: bool,
-    multiple: bool,
-    sub: &'static [Arg],
-}
-
-const fn arg(name: &'static CStr, ty: Ty) -> Arg {
-    Arg { name, ty, token: None, summary: None, since: None, display: None, optional: false, multiple: false, sub: &[] }
-}
-const fn key(name: &'static CStr) -> Arg {
-    arg(name, Ty::Key)
-}
-const fn int(name: &'static CStr, summary: &'static CStr) -> Arg {
-    Arg { summary: Some(summary), ..arg(name, Ty::Int) }
-}
-/// `[TOKEN display]`: an optional keyword with an integer.
-const fn opt_int(name: &'static CStr, token: &'static CStr, display: &'static CStr, summary: &'static CStr) -> Arg {
-    Arg { token: Some(token), summary: Some(summary), display: Some(display), optional: true, ..arg(name, Ty::Int) }
-}
-/// `[TOKEN]`: an optional flag.
-const fn opt_flag(name: &'static CStr, token: &'static CStr, summary: &'static CStr) -> Arg {
-    Arg { token: Some(token), summary: Some(summary), optional: true, ..arg(name, Ty::Token) }
-}
+use self::cstruct::{c_args, key_specs, INFO_VERSION};
+use self::dsl::{arg, int, key, opt_flag, opt_int, Arg, Ty};
+pub use self::info::info_section;
+use self::info::{ACL_SET, CATEGORY_SET, DOCS_SET};
+pub use self::version::MODULE_VERSION;
 
 const COST: Arg = opt_int(c"cost", c"COST", c"n", c"units this call asks for (default 1; 0 only reports)");
 const PARTIAL: Arg = opt_flag(c"partial", c"PARTIAL", c"grant as many units as are available, up to COST");
@@ -191,8 +124,14 @@ enum Keys {
     NumKeys,
 }
 
-struct Doc {
-    name: &'static CStr,
+/// One row of the command table: what `lib.rs` registers (name, handler,
+/// flags, first key) and what the server tells users about it.
+pub struct Doc {
+    pub name: &'static CStr,
+    /// The `extern "C"` function Redis calls (`api::entry!` of a handler).
+    pub handler: raw::RedisModuleCmdFunc,
+    /// `CreateCommand` flags.
+    pub flags: &'static CStr,
     summary: &'static CStr,
     complexity: &'static CStr,
     since: &'static CStr,
@@ -207,6 +146,32 @@ struct Doc {
     history: &'static [(&'static CStr, &'static CStr)],
 }
 
+impl Doc {
+    /// `CreateCommand`'s first, last key and step: 1 when the key is the
+    /// first argument (Redis Cluster routes on it); 0 when the keys are
+    /// declared by a key spec (RL.MULTI).
+    pub const fn first_key(&self) -> c_int {
+        match self.keys {
+            Keys::First => 1,
+            Keys::NumKeys => 0,
+        }
+    }
+}
+
+/// Flags of the rate-limit commands: they write, are refused when Redis is
+/// out of memory, and are O(1) (amortized for the sliding log).
+const RL_FLAGS: &CStr = c"write deny-oom fast";
+
+/// RL.MULTI's: the same, and `getkeys-api`: its keys follow `numkeys`, and
+/// the servers' cluster routing (`getNodeByQuery`), client tracking and
+/// Valkey's slot precomputation find keys through `getKeysFromCommand`,
+/// which reads only a getkeys callback or the legacy (first, last, step)
+/// range, never a keynum key spec. Without the flag a cross-slot RL.MULTI
+/// runs (seen on Redis 7.0.15, Valkey 8.1.8 and 9.1.2, Redis 8.2.3, where
+/// `COMMAND GETKEYS`, which reads the key spec declared here, still finds
+/// the keys); test_multi.py's cross-slot test holds this.
+const MULTI_FLAGS: &CStr = c"write deny-oom fast getkeys-api";
+
 static REFUND_ADDED: [(&CStr, &CStr); 1] = [(c"0.2.0", c"Added the `REFUND n` option.")];
 
 /// Like INCR: reads the state (ACCESS: the reply shows it) and updates it
@@ -218,9 +183,12 @@ const STATE_KEY: u32 = raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UP
 /// The single-limit commands are O(1); the sliding log amortized O(1).
 const LIMITER_ACL: &CStr = c"write fast";
 
-static DOCS: [Doc; 5] = [
+/// The command table: one row per command.
+pub static COMMANDS: [Doc; 5] = [
     Doc {
         name: c"RL.TOKENBUCKET",
+        handler: crate::api::entry!(crate::commands::tokenbucket),
+        flags: RL_FLAGS,
         summary: c"Takes COST tokens from a token bucket that refills continuously; replies allowed, limit, remaining, retry_after_ms, reset_after_ms.",
         complexity: c"O(1)",
         since: c"0.1.0",
@@ -233,6 +201,8 @@ static DOCS: [Doc; 5] = [
     },
     Doc {
         name: c"RL.SLIDINGLOG",
+        handler: crate::api::entry!(crate::commands::slidinglog),
+        flags: RL_FLAGS,
         summary: c"Grants COST units when the units granted in the last window_ms plus COST stay within limit (exact log); replies allowed, limit, remaining, retry_after_ms, reset_after_ms.",
         complexity: c"O(1) amortized: each grant is appended once and dropped once",
         since: c"0.1.0",
@@ -245,6 +215,8 @@ static DOCS: [Doc; 5] = [
     },
     Doc {
         name: c"RL.SLIDINGCOUNTER",
+        handler: crate::api::entry!(crate::commands::slidingcounter),
+        flags: RL_FLAGS,
         summary: c"Grants COST units when the sliding-window estimate from the current and previous fixed windows plus COST stays within limit; replies allowed, limit, remaining, retry_after_ms, reset_after_ms.",
         complexity: c"O(1)",
         since: c"0.1.0",
@@ -257,6 +229,8 @@ static DOCS: [Doc; 5] = [
     },
     Doc {
         name: c"RL.MULTI",
+        handler: crate::api::entry!(crate::commands::multi),
+        flags: MULTI_FLAGS,
         summary: c"Decides several limits (TOKENBUCKET capacity rate period_ms | SLIDINGLOG limit window_ms | SLIDINGCOUNTER limit window_ms, each [WEIGHT w], one per key) in one atomic step: all or nothing; replies the five fields of the binding limit, its index, and each limit's reply.",
         complexity: c"O(N) where N is the number of limits (each as its single command)",
         since: c"0.2.0",
@@ -269,6 +243,8 @@ static DOCS: [Doc; 5] = [
     },
     Doc {
         name: c"RL.STATE",
+        handler: crate::api::entry!(crate::commands::state),
+        flags: c"write deny-oom",
         summary: c"Sets a limiter key to a given state and absolute expiry: the effect a grant replicates, and the AOF rewrite. Not for applications: it can set any limiter to any state.",
         complexity: c"O(N) where N is the size of the payload",
         since: c"0.1.0",
@@ -284,118 +260,6 @@ static DOCS: [Doc; 5] = [
 
 /// The ACL category of the user-facing commands.
 pub const CATEGORY: &CStr = c"ratelimit";
-
-// ---------------------------------------------------------------------------
-// What the server offered, for INFO.
-// ---------------------------------------------------------------------------
-
-static DOCS_SET: AtomicBool = AtomicBool::new(false);
-static ACL_SET: AtomicBool = AtomicBool::new(false);
-static CATEGORY_SET: AtomicBool = AtomicBool::new(false);
-
-/// The `ratelimit_module` INFO section: version and which of the optional
-/// APIs the server offered at load.
-pub unsafe fn info_section(ctx: *mut RedisModuleInfoCtx) {
-    let (Some(section), Some(num), Some(text)) =
-        (raw::RedisModule_InfoAddSection, raw::RedisModule_InfoAddFieldULongLong, raw::RedisModule_InfoAddFieldCString)
-    else {
-        return;
-    };
-    section(ctx, c"module".as_ptr());
-    text(ctx, c"version".as_ptr(), VERSION_TEXT.as_ptr().cast_mut());
-    num(ctx, c"version_num".as_ptr(), MODULE_VERSION as u64);
-    num(ctx, c"command_docs".as_ptr(), u64::from(DOCS_SET.load(Relaxed)));
-    num(ctx, c"acl_categories".as_ptr(), u64::from(ACL_SET.load(Relaxed)));
-    num(ctx, c"acl_category_ratelimit".as_ptr(), u64::from(CATEGORY_SET.load(Relaxed)));
-}
-
-// ---------------------------------------------------------------------------
-// Registration.
-// ---------------------------------------------------------------------------
-
-/// The layout this crate was compiled with; the server reads each array
-/// with these element sizes, so older and newer servers both read it right.
-static INFO_VERSION: RedisModuleCommandInfoVersion = RedisModuleCommandInfoVersion {
-    version: 1,
-    sizeof_historyentry: std::mem::size_of::<RedisModuleCommandHistoryEntry>(),
-    sizeof_keyspec: std::mem::size_of::<RedisModuleCommandKeySpec>(),
-    sizeof_arg: std::mem::size_of::<RedisModuleCommandArg>(),
-};
-
-fn opt(s: Option<&'static CStr>) -> *const std::ffi::c_char {
-    s.map_or(ptr::null(), CStr::as_ptr)
-}
-
-/// The C array for `args` (terminated by a zeroed entry), its sub-arrays
-/// kept alive in `store` (the server copies everything it is given).
-fn c_args(args: &[Arg], store: &mut Vec<Vec<RedisModuleCommandArg>>) -> *mut RedisModuleCommandArg {
-    let mut out: Vec<RedisModuleCommandArg> = Vec::with_capacity(args.len() + 1);
-    let mut key_index = 0;
-    for a in args {
-        let subargs = if a.sub.is_empty() { ptr::null_mut() } else { c_args(a.sub, store) };
-        let (type_, key_spec_index) = match a.ty {
-            Ty::Key => {
-                key_index += 1;
-                (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_KEY, key_index - 1)
-            }
-            Ty::Int => (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_INTEGER, -1),
-            Ty::Str => (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_STRING, -1),
-            Ty::Token => (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_PURE_TOKEN, -1),
-            Ty::OneOf => (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_ONEOF, -1),
-            Ty::Block => (raw::RedisModuleCommandArgType_REDISMODULE_ARG_TYPE_BLOCK, -1),
-        };
-        let mut flags = raw::REDISMODULE_CMD_ARG_NONE;
-        if a.optional {
-            flags |= raw::REDISMODULE_CMD_ARG_OPTIONAL;
-        }
-        if a.multiple {
-            flags |= raw::REDISMODULE_CMD_ARG_MULTIPLE;
-        }
-        out.push(RedisModuleCommandArg {
-            name: a.name.as_ptr(),
-            type_,
-            key_spec_index,
-            token: opt(a.token),
-            summary: opt(a.summary),
-            since: opt(a.since),
-            flags: flags as c_int,
-            deprecated_since: ptr::null(),
-            subargs,
-            display_text: opt(a.display),
-        });
-    }
-    // SAFETY: all-zero is the array terminator (name NULL) and a valid value
-    // of this plain C struct.
-    out.push(unsafe { std::mem::zeroed() });
-    let p = out.as_mut_ptr();
-    store.push(out);
-    p
-}
-
-fn key_specs(keys: Keys, flags: u32) -> Vec<RedisModuleCommandKeySpec> {
-    // SAFETY: zeroed is a valid key spec (and the terminator: BS_INVALID).
-    let mut spec: RedisModuleCommandKeySpec = unsafe { std::mem::zeroed() };
-    spec.flags = u64::from(flags);
-    match keys {
-        Keys::First => {
-            spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
-            spec.bs.index.pos = 1;
-            spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_RANGE;
-            spec.fk.range.lastkey = 0;
-            spec.fk.range.keystep = 1;
-            spec.fk.range.limit = 0;
-        }
-        Keys::NumKeys => {
-            spec.begin_search_type = raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INDEX;
-            spec.bs.index.pos = 1;
-            spec.find_keys_type = raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_KEYNUM;
-            spec.fk.keynum.keynumidx = 0;
-            spec.fk.keynum.firstkey = 1;
-            spec.fk.keynum.keystep = 1;
-        }
-    }
-    vec![spec, unsafe { std::mem::zeroed() }]
-}
 
 unsafe fn log_warning(ctx: *mut RedisModuleCtx, msg: &CStr) {
     if let Some(log) = raw::RedisModule_Log {
@@ -423,7 +287,7 @@ pub unsafe fn register(ctx: *mut RedisModuleCtx) -> bool {
     let mut docs_ok = true;
     let mut acl_ok = true;
     let mut category_ok = category;
-    for d in &DOCS {
+    for d in &COMMANDS {
         let cmd = get_command(ctx, d.name.as_ptr());
         if cmd.is_null() {
             log_warning(ctx, c"ratelimit: a command to describe is not registered");

@@ -1,0 +1,373 @@
+//! The safe layer the command handlers are written in: a call's context
+//! ([`Ctx`]), its arguments ([`Str`]), an open key ([`Key`]) and the reply
+//! writers, each a thin `#[inline]` method over one or two raw
+//! `RedisModule_*` calls (no allocation, no formatting). The raw API is
+//! reached here and in `ffi.rs` only; a handler is a plain safe
+//! `fn(Ctx, &[Str]) -> c_int`, turned into the `extern "C"` function Redis
+//! calls by [`entry!`], which creates the context once, slices the
+//! arguments and keeps the panic guard at the FFI boundary.
+
+use std::ffi::{c_char, c_int, c_long, c_longlong, c_void, CStr};
+use std::marker::PhantomData;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString, RedisModuleType};
+
+use crate::ffi::{api, OK};
+use crate::types::Stored;
+use crate::value::Value;
+
+/// Largest absolute expiry we hand to Redis (ms since the epoch, ~146
+/// million years): far beyond any real reset, and `mstime() + ttl` cannot
+/// overflow inside Redis.
+const MAX_EXPIRE_MS: u64 = 1 << 62;
+
+/// The context of one command call, valid while the call runs (`'a`).
+#[derive(Clone, Copy)]
+pub struct Ctx<'a> {
+    raw: *mut RedisModuleCtx,
+    _call: PhantomData<&'a RedisModuleCtx>,
+}
+
+/// One argument of the call (a `RedisModuleString` Redis owns for the
+/// call's duration). `repr(transparent)`: the call's `argv` is a `[Str]`.
+#[derive(Clone, Copy)]
+#[repr(transparent)]
+pub struct Str<'a> {
+    raw: *mut RedisModuleString,
+    _call: PhantomData<&'a RedisModuleString>,
+}
+
+/// The `extern "C"` command function Redis registers for the safe handler
+/// `$f: fn(Ctx, &[Str]) -> c_int`.
+macro_rules! entry {
+    ($f:path) => {{
+        unsafe extern "C" fn entry(
+            ctx: *mut redis_module::raw::RedisModuleCtx,
+            argv: *mut *mut redis_module::raw::RedisModuleString,
+            argc: std::ffi::c_int,
+        ) -> std::ffi::c_int {
+            // SAFETY: Redis calls a command function with the call's
+            // context and its `argc` arguments in `argv`, all valid until
+            // it returns.
+            unsafe { $crate::api::run(ctx, argv, argc, $f) }
+        }
+        Some(entry as unsafe extern "C" fn(_, _, _) -> _)
+    }};
+}
+pub(crate) use entry;
+
+/// Run the handler `f` on the call `(ctx, argv, argc)`; a panic (a bug:
+/// none is reachable by design) answers an error instead of unwinding into
+/// Redis, which would abort the server.
+///
+/// # Safety
+/// `ctx` must be the context of a command call in progress and `argv` its
+/// `argc` argument strings (or `argc <= 0`), all valid until `run` returns.
+#[inline(always)]
+pub unsafe fn run(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+    f: impl for<'a> FnOnce(Ctx<'a>, &'a [Str<'a>]) -> c_int,
+) -> c_int {
+    let ctx = Ctx { raw: ctx, _call: PhantomData };
+    match catch_unwind(AssertUnwindSafe(|| {
+        let args: &[Str] = if argv.is_null() || argc <= 0 {
+            &[]
+        } else {
+            // SAFETY: the caller's contract: `argc` valid pointers at
+            // `argv`; `Str` is a transparent `*mut RedisModuleString`.
+            unsafe { std::slice::from_raw_parts(argv.cast::<Str>(), argc as usize) }
+        };
+        f(ctx, args)
+    })) {
+        Ok(rc) => rc,
+        Err(_) => ctx.reply_error(c"ERR ratelimit internal error"),
+    }
+}
+
+impl<'a> Str<'a> {
+    /// The argument's bytes.
+    #[inline]
+    pub fn bytes(self) -> &'a [u8] {
+        let mut len = 0usize;
+        // SAFETY: `self.raw` is a live argument of the call (`run`), which
+        // outlives `'a`; Redis returns its buffer and length.
+        let p = unsafe { api!(RedisModule_StringPtrLen)(self.raw, &mut len) };
+        if p.is_null() {
+            &[]
+        } else {
+            // SAFETY: `len` bytes at `p`, owned by the argument.
+            unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }
+        }
+    }
+}
+
+impl<'a> Ctx<'a> {
+    /// Answer the error `msg`; the handler's return code.
+    #[inline]
+    pub fn reply_error(self, msg: &CStr) -> c_int {
+        // SAFETY: a live call context (`run`) and a NUL-terminated text.
+        unsafe { api!(RedisModule_ReplyWithError)(self.raw, msg.as_ptr()) };
+        OK
+    }
+
+    /// Answer Redis's wrong-number-of-arguments error.
+    #[inline]
+    pub fn wrong_arity(self) -> c_int {
+        // SAFETY: a live call context.
+        unsafe { api!(RedisModule_WrongArity)(self.raw) };
+        OK
+    }
+
+    /// Answer the simple string `msg`.
+    #[inline]
+    pub fn reply_simple(self, msg: &CStr) -> c_int {
+        // SAFETY: a live call context and a NUL-terminated text.
+        unsafe { api!(RedisModule_ReplyWithSimpleString)(self.raw, msg.as_ptr()) };
+        OK
+    }
+
+    /// The five-integer reply.
+    #[inline]
+    pub fn reply_ints(self, vals: [i64; 5]) -> c_int {
+        self.reply_array(vals.len());
+        for v in vals {
+            self.reply_int(v);
+        }
+        OK
+    }
+
+    /// An array reply header of `len` elements.
+    #[inline]
+    pub fn reply_array(self, len: usize) {
+        // SAFETY: a live call context.
+        unsafe { api!(RedisModule_ReplyWithArray)(self.raw, len as c_long) };
+    }
+
+    /// One integer reply element.
+    #[inline]
+    pub fn reply_int(self, v: i64) {
+        // SAFETY: a live call context.
+        unsafe { api!(RedisModule_ReplyWithLongLong)(self.raw, v as c_longlong) };
+    }
+
+    /// Is this call Redis asking for the key positions (a command registered
+    /// with `getkeys-api`)?
+    #[inline]
+    pub fn is_keys_position_request(self) -> bool {
+        // SAFETY: a live call context.
+        unsafe { api!(RedisModule_IsKeysPositionRequest)(self.raw) != 0 }
+    }
+
+    /// Report argument `pos` as a key (to a key position request).
+    #[inline]
+    pub fn key_at_pos(self, pos: usize) {
+        if let Ok(pos) = c_int::try_from(pos) {
+            // SAFETY: a live call context.
+            unsafe { api!(RedisModule_KeyAtPos)(self.raw, pos) };
+        }
+    }
+
+    /// Open `name` for reading, and for writing unless `read_only`.
+    #[inline]
+    pub fn open_key(self, name: Str<'a>, read_only: bool) -> Key<'a> {
+        let mode = if read_only { raw::REDISMODULE_READ } else { raw::REDISMODULE_READ | raw::REDISMODULE_WRITE } as c_int;
+        // SAFETY: a live call context and argument; the key is closed on
+        // drop, within the call.
+        let key = unsafe { api!(RedisModule_OpenKey)(self.raw, name.raw, mode) };
+        Key { ctx: self, key, name, ty: std::ptr::null_mut(), val: std::ptr::null_mut() }
+    }
+
+    /// Replicate the deletion of `name` (`DEL name`): a refund made the
+    /// limiter fresh, and a fresh limiter is not stored.
+    #[inline]
+    pub fn replicate_del(self, name: Str<'a>) {
+        // SAFETY: a live call context; the format "s" takes one string.
+        unsafe { api!(RedisModule_Replicate)(self.raw, c"DEL".as_ptr(), c"s".as_ptr(), name.raw) };
+    }
+
+    /// Replicate the effect `RL.STATE name payload`.
+    #[inline]
+    pub fn replicate_state(self, name: Str<'a>, payload: &[u8]) {
+        // SAFETY: a live call context; the format "sb" takes one string and
+        // a buffer with its length.
+        unsafe {
+            api!(RedisModule_Replicate)(
+                self.raw,
+                c"RL.STATE".as_ptr(),
+                c"sb".as_ptr(),
+                name.raw,
+                payload.as_ptr().cast::<c_char>(),
+                payload.len(),
+            )
+        };
+    }
+
+    /// Replicate the command as it was received (RL.STATE itself is
+    /// deterministic: it carries an absolute expiry and no clock reads).
+    #[inline]
+    pub fn replicate_verbatim(self) {
+        // SAFETY: a live call context.
+        unsafe { api!(RedisModule_ReplicateVerbatim)(self.raw) };
+    }
+}
+
+/// What an opened key holds (after [`Key::slot`]): nothing, a value of the
+/// type asked for, or anything else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Slot {
+    Empty,
+    Ours,
+    WrongType,
+}
+
+/// An open key, closed on drop. After [`Key::slot`] it remembers the value
+/// of our type it holds; the value is reached only through the key, so a
+/// borrow of it ends before the key is written, deleted or closed.
+pub struct Key<'a> {
+    ctx: Ctx<'a>,
+    key: *mut RedisModuleKey,
+    name: Str<'a>,
+    /// The type `slot` checked for, and the value (non-NULL only when the
+    /// key holds one of that type).
+    ty: *mut RedisModuleType,
+    val: *mut c_void,
+}
+
+impl Key<'_> {
+    /// What the key holds, checking for our type `ty`.
+    #[inline]
+    pub fn slot(&mut self, ty: *mut RedisModuleType) -> Slot {
+        self.ty = ty;
+        self.val = std::ptr::null_mut();
+        if self.key.is_null() {
+            return Slot::Empty;
+        }
+        // SAFETY (the three calls): an open key of a live call.
+        let kt = unsafe { api!(RedisModule_KeyType)(self.key) };
+        if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
+            return Slot::Empty;
+        }
+        if kt as isize != raw::REDISMODULE_KEYTYPE_MODULE {
+            return Slot::WrongType;
+        }
+        if unsafe { api!(RedisModule_ModuleTypeGetType)(self.key) } != ty || ty.is_null() {
+            return Slot::WrongType;
+        }
+        let v = unsafe { api!(RedisModule_ModuleTypeGetValue)(self.key) };
+        if v.is_null() {
+            Slot::WrongType
+        } else {
+            self.val = v;
+            Slot::Ours
+        }
+    }
+
+    /// The value pointer if the key holds one of `T`'s type.
+    #[inline]
+    fn ours<T: Stored>(&self) -> *mut c_void {
+        if !self.val.is_null() && self.ty == T::redis_type() {
+            self.val
+        } else {
+            std::ptr::null_mut()
+        }
+    }
+
+    /// A copy of the state the key holds, if it holds a `T`.
+    #[inline]
+    pub fn read<T: Stored + Copy>(&self) -> Option<T> {
+        let p = self.ours::<T>();
+        // SAFETY: `p` is NULL or the key's value of `T`'s type, which
+        // `T::redis_type()` values are laid out as (`value.rs`).
+        unsafe { Value::<T>::with(p, |v| *v) }
+    }
+
+    /// The state the key holds in place, if it holds a wide `T`.
+    #[inline]
+    pub fn wide_mut<T: Stored>(&mut self) -> Option<&mut T> {
+        let p = self.ours::<T>();
+        // SAFETY: as in `read`; the borrow of `self` keeps the value alive
+        // and unaliased while the reference is used.
+        unsafe { Value::<T>::wide_mut(p) }
+    }
+
+    /// Store `new` in the key: in place when it already holds `T` in a form
+    /// that can hold `new`, else as a new value.
+    #[inline]
+    pub fn store<T: Stored>(&mut self, new: T) -> bool {
+        let p = self.ours::<T>();
+        let new = if p.is_null() {
+            new
+        } else {
+            // SAFETY: as in `read`; nothing borrows the value (`&mut self`).
+            match unsafe { Value::overwrite(p, new) } {
+                Ok(()) => return true,
+                Err(v) => v,
+            }
+        };
+        self.set_new(new)
+    }
+
+    /// Set the key to a new value holding `v`.
+    #[inline]
+    pub fn set_new<T: Stored>(&mut self, v: T) -> bool {
+        let p = Value::create(v);
+        let ty = T::redis_type();
+        // SAFETY: an open key; on success the key owns `p`.
+        let ok = !self.key.is_null() && unsafe { api!(RedisModule_ModuleTypeSetValue)(self.key, ty, p) } == OK;
+        if ok {
+            self.ty = ty;
+            self.val = p;
+        } else {
+            // SAFETY: `p` was made by `Value::create` and nobody owns it.
+            unsafe { Value::<T>::free(p) };
+        }
+        ok
+    }
+
+    /// Set the key's absolute expiry (Unix ms) exactly: the same value on
+    /// the master, its replicas and AOF replay, since the effect carries it.
+    #[inline]
+    pub fn set_abs_expire(&self, abs_ms: u64) {
+        // SAFETY: an open key of a live call.
+        unsafe { api!(RedisModule_SetAbsExpire)(self.key, abs_ms.min(MAX_EXPIRE_MS) as i64) };
+    }
+
+    /// Remove any expiry (an AOF-rewrite payload carries none: Redis
+    /// appends its own PEXPIREAT after it).
+    #[inline]
+    pub fn persist(&self) {
+        // SAFETY: an open key of a live call.
+        unsafe { api!(RedisModule_SetExpire)(self.key, raw::REDISMODULE_NO_EXPIRE as i64) };
+    }
+
+    /// Delete the key (a limiter that a refund made fresh). True when
+    /// deleted.
+    #[inline]
+    pub fn delete(&mut self) -> bool {
+        self.val = std::ptr::null_mut();
+        // SAFETY: an open key of a live call.
+        !self.key.is_null() && unsafe { api!(RedisModule_DeleteKey)(self.key) } == OK
+    }
+
+    /// Tell Redis the key changed (WATCH, client-side caching). The module
+    /// sets NO_IMPLICIT_SIGNAL_MODIFIED so that a denied call, which opens
+    /// the key for writing but changes nothing, does not signal.
+    #[inline]
+    pub fn signal_modified(&self) {
+        // SAFETY: a live call context and argument.
+        unsafe { api!(RedisModule_SignalModifiedKey)(self.ctx.raw, self.name.raw) };
+    }
+}
+
+impl Drop for Key<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        if !self.key.is_null() {
+            // SAFETY: the key is open (opened once, closed once, here).
+            unsafe { api!(RedisModule_CloseKey)(self.key) };
+        }
+    }
+}
