@@ -119,10 +119,19 @@ pub static OPTIONAL: &ApiTable = table![
 /// True on Valkey (8.0+): it answers for its own `ValkeyModule_*` API
 /// names, which Redis has not. (Its version number says 8.x or 9.x, which
 /// compares above Redis releases whose event ids and option bits differ.)
+///
+/// # Safety
+///
+/// Called from OnLoad (or another server callback on the main thread), after
+/// `RedisModule_Init` has set the API pointers.
 pub unsafe fn server_is_valkey() -> bool {
-    let Some(get_api) = raw::RedisModule_GetApi else { return false };
+    // SAFETY: the API pointers are set by RedisModule_Init and not changed
+    // afterwards; this read runs on the main thread after it.
+    let Some(get_api) = (unsafe { raw::RedisModule_GetApi }) else { return false };
     let mut f: *mut c_void = std::ptr::null_mut();
-    get_api(c"ValkeyModule_SubscribeToServerEvent".as_ptr(), (&raw mut f).cast::<c_void>()) == OK && !f.is_null()
+    // SAFETY: GetApi reads a NUL-terminated name and writes one pointer to
+    // `f`, a live local of the type it expects.
+    unsafe { get_api(c"ValkeyModule_SubscribeToServerEvent".as_ptr(), (&raw mut f).cast::<c_void>()) == OK && !f.is_null() }
 }
 
 /// `VALKEYMODULE_OPTIONS_SKIP_COMMAND_VALIDATION` (Valkey; an unknown bit,
