@@ -82,10 +82,24 @@ fn body_of<T: Stored>(v: &T) -> Vec<u8> {
     out
 }
 
+/// RDB save (and DUMP): the state's versioned body as one string buffer.
+///
+/// # Safety
+///
+/// Only the server calls this: `rdb` is the valid IO handle of this save,
+/// and `value` a value pointer of this type (from `rdb_load`, `copy` or the
+/// commands, all made by `Value::create`), alive for the call.
 unsafe extern "C" fn rdb_save<T: Stored>(rdb: *mut RedisModuleIO, value: *mut c_void) {
-    let Some(body) = Value::<T>::with(value, body_of) else { return };
-    if let Some(save) = raw::RedisModule_SaveStringBuffer {
-        save(rdb, body.as_ptr().cast::<c_char>(), body.len());
+    // SAFETY: `value` is a live pointer of this type made by Value::create
+    // (the server hands a key's value only to its own type's callbacks).
+    let Some(body) = (unsafe { Value::<T>::with(value, body_of) }) else { return };
+    // SAFETY: the API pointer is set at load and never changed; `rdb` is the
+    // valid IO handle of this save; `body` is alive for the call, which
+    // copies len bytes from it.
+    unsafe {
+        if let Some(save) = raw::RedisModule_SaveStringBuffer {
+            save(rdb, body.as_ptr().cast::<c_char>(), body.len());
+        }
     }
 }
 
@@ -93,29 +107,42 @@ unsafe extern "C" fn rdb_save<T: Stored>(rdb: *mut RedisModuleIO, value: *mut c_
 /// a truncated payload makes the read report an error instead of aborting
 /// the server; this returns NULL for it and for any body the decoder
 /// refuses, and Redis answers RESTORE with an error (or refuses the RDB).
+///
+/// # Safety
+///
+/// Only the server calls this, with `rdb` the valid IO handle of this load.
 unsafe extern "C" fn rdb_load<T: Stored>(rdb: *mut RedisModuleIO, encver: c_int) -> *mut c_void {
     if encver != ENCVER {
         return ptr::null_mut();
     }
-    let (Some(load), Some(is_err), Some(free)) =
-        (raw::RedisModule_LoadStringBuffer, raw::RedisModule_IsIOError, raw::RedisModule_Free)
-    else {
+    // SAFETY: the API pointers are set at load and never changed afterwards.
+    let api = unsafe { (raw::RedisModule_LoadStringBuffer, raw::RedisModule_IsIOError, raw::RedisModule_Free) };
+    let (Some(load), Some(is_err), Some(free)) = api else {
         return ptr::null_mut();
     };
     let mut len = 0usize;
-    let p = load(rdb, &mut len);
-    if is_err(rdb) != 0 || p.is_null() {
+    // SAFETY: `rdb` is the valid IO handle of this load; `len` a live local
+    // the call writes the buffer's length to.
+    let p = unsafe { load(rdb, &mut len) };
+    // SAFETY: as above for `rdb`; a non-null `p` is the buffer LoadStringBuffer
+    // allocated with RedisModule_Alloc, freed once here and not used after.
+    if unsafe { is_err(rdb) } != 0 || p.is_null() {
         if !p.is_null() {
-            free(p.cast::<c_void>());
+            unsafe { free(p.cast::<c_void>()) };
         }
         return ptr::null_mut();
     }
     // The decoders never panic (fuzzed: fuzz/decode_*), but these bytes come
     // from outside (RESTORE, replication, RDB files): a panic unwinding out of
     // this extern "C" callback would abort the server, so refuse instead.
-    let bytes = std::slice::from_raw_parts(p.cast::<u8>(), len);
+    // SAFETY: without an IO error, `p` is non-null and points to the `len`
+    // initialised bytes LoadStringBuffer returned, alive (and not written)
+    // until the free below, after the last use of `bytes`.
+    let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
     let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| T::decode_body(bytes)));
-    free(p.cast::<c_void>());
+    // SAFETY: `p` came from RedisModule_Alloc (LoadStringBuffer) and is freed
+    // once; `bytes` is not used afterwards.
+    unsafe { free(p.cast::<c_void>()) };
     match decoded {
         Ok(Ok(v)) => Value::create(v),
         _ => ptr::null_mut(),
@@ -124,39 +151,85 @@ unsafe extern "C" fn rdb_load<T: Stored>(rdb: *mut RedisModuleIO, encver: c_int)
 
 /// AOF rewrite: `RL.STATE key payload` with no expiry in the payload; Redis
 /// appends the key's PEXPIREAT itself.
+///
+/// # Safety
+///
+/// Only the server calls this: `aof` is the valid IO handle of this rewrite,
+/// `key` the key's valid name, `value` a live value pointer of this type.
 unsafe extern "C" fn aof_rewrite<T: Stored>(aof: *mut RedisModuleIO, key: *mut RedisModuleString, value: *mut c_void) {
-    let Some(payload) =
+    // SAFETY: `value` is a live pointer of this type made by Value::create.
+    let Some(payload) = (unsafe {
         Value::<T>::with(value, |v| codec::full_state(T::KIND, 0, 48 + v.heap_bytes(), |out| v.encode_body(out)))
-    else {
+    }) else {
         return;
     };
-    if let Some(emit) = raw::RedisModule_EmitAOF {
-        emit(aof, c"RL.STATE".as_ptr(), c"sb".as_ptr(), key, payload.as_ptr().cast::<c_char>(), payload.len());
+    // SAFETY: the API pointer is set at load and never changed; `aof` and
+    // `key` are valid for this call; the format "sb" matches the arguments
+    // (a RedisModuleString, then a buffer pointer and its length), and
+    // `payload` is alive for the call, which copies it.
+    unsafe {
+        if let Some(emit) = raw::RedisModule_EmitAOF {
+            emit(aof, c"RL.STATE".as_ptr(), c"sb".as_ptr(), key, payload.as_ptr().cast::<c_char>(), payload.len());
+        }
     }
 }
 
+/// MEMORY USAGE of one value.
+///
+/// # Safety
+///
+/// Only the server calls this, with `value` a live value pointer of this
+/// type.
 unsafe extern "C" fn mem_usage<T: Stored>(value: *const c_void) -> usize {
-    Value::<T>::size(value)
+    // SAFETY: `value` is a live pointer of this type made by Value::create.
+    unsafe { Value::<T>::size(value) }
 }
 
+/// DEBUG DIGEST: the state's versioned body, as one sequence.
+///
+/// # Safety
+///
+/// Only the server calls this: `md` is the valid digest of this call and
+/// `value` a live value pointer of this type.
 unsafe extern "C" fn digest<T: Stored>(md: *mut RedisModuleDigest, value: *mut c_void) {
-    let Some(body) = Value::<T>::with(value, body_of) else { return };
-    if let (Some(add), Some(end)) = (raw::RedisModule_DigestAddStringBuffer, raw::RedisModule_DigestEndSequence) {
-        add(md, body.as_ptr().cast::<c_char>(), body.len());
-        end(md);
+    // SAFETY: `value` is a live pointer of this type made by Value::create.
+    let Some(body) = (unsafe { Value::<T>::with(value, body_of) }) else { return };
+    // SAFETY: the API pointers are set at load and never changed; `md` is
+    // the valid digest of this call; `body` is alive for the call.
+    unsafe {
+        if let (Some(add), Some(end)) = (raw::RedisModule_DigestAddStringBuffer, raw::RedisModule_DigestEndSequence) {
+            add(md, body.as_ptr().cast::<c_char>(), body.len());
+            end(md);
+        }
     }
 }
 
+/// Free one value.
+///
+/// # Safety
+///
+/// Only the server calls this, once per value, with `value` a live value
+/// pointer of this type that it does not use afterwards.
 unsafe extern "C" fn free<T: Stored>(value: *mut c_void) {
-    Value::<T>::free(value)
+    // SAFETY: `value` is a live pointer of this type made by Value::create,
+    // freed once (the server drops its reference with this call).
+    unsafe { Value::<T>::free(value) }
 }
 
+/// COPY: a new value pointer with a clone of the state.
+///
+/// # Safety
+///
+/// Only the server calls this, with `value` a live value pointer of this
+/// type.
 unsafe extern "C" fn copy<T: Stored>(
     _from: *mut RedisModuleString,
     _to: *mut RedisModuleString,
     value: *const c_void,
 ) -> *mut c_void {
-    Value::<T>::with(value, |v| Value::create(v.clone())).unwrap_or(ptr::null_mut())
+    // SAFETY: `value` is a live pointer of this type made by Value::create,
+    // only read (the clone gets its own allocation).
+    unsafe { Value::<T>::with(value, |v| Value::create(v.clone())) }.unwrap_or(ptr::null_mut())
 }
 
 const fn methods<T: Stored>() -> raw::RedisModuleTypeMethods {

@@ -115,8 +115,12 @@ impl<T: Packable> Value<T> {
     pub unsafe fn with<R>(p: *const c_void, f: impl FnOnce(&T) -> R) -> Option<R> {
         match Self::form(p) {
             Form::Null => None,
-            Form::Compact(w) => T::unpack(*w).map(|v| f(&v)),
-            Form::Wide(b) => Some(f(&*b)),
+            // SAFETY: `p` is a live pointer from `create` for this T (the
+            // caller's guarantee): a tagged one points, untagged, to a boxed
+            // `[u64; 2]`, an untagged one to a boxed T; both aligned and
+            // initialised, and only read here.
+            Form::Compact(w) => T::unpack(unsafe { *w }).map(|v| f(&v)),
+            Form::Wide(b) => Some(f(unsafe { &*b })),
         }
     }
 
@@ -128,7 +132,9 @@ impl<T: Packable> Value<T> {
     #[inline]
     pub unsafe fn wide_mut<'a>(p: *mut c_void) -> Option<&'a mut T> {
         match Self::form(p) {
-            Form::Wide(b) => Some(&mut *b),
+            // SAFETY: an untagged live pointer from `create` is a boxed T;
+            // the caller guarantees no other reference to it is alive.
+            Form::Wide(b) => Some(unsafe { &mut *b }),
             _ => None,
         }
     }
@@ -142,11 +148,17 @@ impl<T: Packable> Value<T> {
     pub unsafe fn overwrite(p: *mut c_void, v: T) -> Result<(), T> {
         match (Self::form(p), v.pack()) {
             (Form::Compact(w), Some(new)) => {
-                *w = new;
+                // SAFETY: a tagged live pointer from `create` is, untagged, a
+                // boxed `[u64; 2]`; no other reference to it is alive (the
+                // caller's guarantee).
+                unsafe { *w = new };
                 Ok(())
             }
             (Form::Wide(b), None) => {
-                *b = v;
+                // SAFETY: an untagged live pointer from `create` is a boxed,
+                // initialised T (the old state is dropped by the assignment);
+                // no other reference to it is alive (the caller's guarantee).
+                unsafe { *b = v };
                 Ok(())
             }
             _ => Err(v),
@@ -160,8 +172,11 @@ impl<T: Packable> Value<T> {
     pub unsafe fn free(p: *mut c_void) {
         match Self::form(p) {
             Form::Null => {}
-            Form::Compact(w) => drop(Box::from_raw(w)),
-            Form::Wide(b) => drop(Box::from_raw(b)),
+            // SAFETY: `create` made these with Box::into_raw of exactly these
+            // types (the tag removed by `form`); the caller frees each once
+            // and does not use it afterwards.
+            Form::Compact(w) => drop(unsafe { Box::from_raw(w) }),
+            Form::Wide(b) => drop(unsafe { Box::from_raw(b) }),
         }
     }
 
@@ -173,11 +188,17 @@ impl<T: Packable> Value<T> {
         use crate::memusage::{usable, wrapper};
         match Self::form(p) {
             Form::Null => 0,
-            Form::Compact(w) => wrapper() + usable(w.cast(), std::mem::size_of::<[u64; 2]>()),
-            Form::Wide(b) => {
+            // SAFETY: `w` is the live block `create` allocated for the words
+            // (the caller's guarantee), as `usable` requires.
+            Form::Compact(w) => wrapper() + unsafe { usable(w.cast(), std::mem::size_of::<[u64; 2]>()) },
+            // SAFETY: `b` is a live boxed T from `create` (the caller's
+            // guarantee), only read here; it and the heap block it owns (if
+            // any) are live allocations of the global allocator, as `usable`
+            // requires.
+            Form::Wide(b) => unsafe {
                 let heap = (*b).heap_block().map_or(0, |h| usable(h.cast(), (*b).heap_bytes()));
                 wrapper() + usable(b.cast(), std::mem::size_of::<T>()) + heap
-            }
+            },
         }
     }
 }
