@@ -42,6 +42,13 @@ pub struct Str<'a> {
 /// `$f: fn(Ctx, &[Str]) -> c_int`.
 macro_rules! entry {
     ($f:path) => {{
+        /// The command function Redis calls for this command.
+        ///
+        /// # Safety
+        ///
+        /// Only Redis calls this, as a registered command function: `ctx` is
+        /// the call's context and `argv` its `argc` argument strings, all
+        /// valid until it returns.
         unsafe extern "C" fn entry(
             ctx: *mut redis_module::raw::RedisModuleCtx,
             argv: *mut *mut redis_module::raw::RedisModuleString,
