@@ -92,10 +92,13 @@ export class LeasedLimiter {
         s ? Math.max(0, Math.ceil(s.resetAfterMs - (now - e.sharedAt))) : 0, p.name, p.name, 'local', EMPTY, p));
     }
     if (e.tokens >= cost) return this.take(key, e, cost, now, 'local');
-    if (e.lastFailed && e.inflight === null && rl.breaker.refuses(now)) {
-      // Redis unavailable and the reservoir is short: the panic limits decide.
-      // (Once the breaker would let a call out, this caller's lease is it:
-      // else a limiter whose every key last failed would never probe.)
+    if (rl.breaker.state !== 'closed') {
+      // Redis unavailable (the breaker open or half-open) and the reservoir
+      // is short: the panic limits decide, at once; no caller waits on
+      // Redis. When the breaker lets its half-open probe out, the probe is a
+      // background lease for this key (not awaited): its success closes the
+      // breaker and fills the reservoir, its failure opens it again.
+      if (e.inflight === null && !rl.breaker.refuses(now)) this.refill(key, e, cost - e.tokens);
       return rl.count(this.panicDecision(key, cost, now));
     }
     if (e.shared !== null && e.inflight === null && rl.breaker.state === 'closed' && this.knownShort(e, now)) {

@@ -140,3 +140,60 @@ test('a caller that waited for a lease that failed gets the panic limits', async
     await server2.close();
   }
 });
+
+// Redis stopped, the breaker open and half-open: no limit() waits on Redis.
+// Each half-open probe is a background lease: when the caller that let it
+// out gets its decision (the panic limits), the probe is still in flight;
+// after SIGCONT a probe closes the breaker and Redis decides again.
+// Python: test_leased_probes_from_the_worker_never_the_request.
+test('while the breaker is open or half-open, a caller never waits for the probe', async () => {
+  const server2 = await startServer();
+  const { client, close } = await connect('ioredis', server2.port);
+  try {
+    const TIMEOUT_MS = 100;
+    const rl = new RateLimit(client, { timeoutMs: TIMEOUT_MS, breaker: { failures: 1, openMs: 100 } });
+    const lim = rl.leased(slidingLog('probe', 100000, 3600000), { batch: 1, lowWater: 0, panic: { limit: 1000000, windowMs: 3600000 } });
+    assert.equal((await lim.limit('rl:{u}:p')).source, 'module');
+    const br = rl.breaker;
+    const acquire = br.acquire.bind(br);
+    let probes = 0;
+    let letOut = false;
+    br.acquire = (now) => {
+      const ok = acquire(now);
+      if (ok === 2) { probes++; letOut = true; }
+      return ok;
+    };
+    server2.signal('SIGSTOP');
+    let awaited = 0; // probes a caller's decision waited for
+    let n = 0;
+    let worst = 0;
+    const end = performance.now() + 30000;
+    try {
+      while (br.probesFailed < 3) {
+        assert.ok(performance.now() < end, 'no probe failed in 30 s');
+        letOut = false;
+        const t0 = performance.now();
+        const d = await lim.limit(`rl:{k${n % 7}}:p`);
+        worst = Math.max(worst, performance.now() - t0);
+        if (n > 0) assert.equal(d.source, 'panic'); // the first one opens the breaker
+        if (letOut && !br.probing) awaited++; // the probe was over when its caller got its decision
+        n++;
+        await new Promise((r) => setImmediate(r));
+      }
+      assert.equal(awaited, 0, `${awaited} of ${probes} probes awaited by a caller`);
+      assert.ok(probes >= 3 && br.trips === 1);
+      assert.ok(worst < TIMEOUT_MS + 1000, `slowest decision ${worst} ms`);
+    } finally {
+      server2.signal('SIGCONT');
+    }
+    await waitUntil(async () => (await lim.limit('rl:{k1}:p')).source === 'module', { timeout: 30000, interval: 5, what: 'a decision from Redis again' });
+    assert.equal(rl.metrics().state, 'closed');
+    assert.equal(br.probesOk, 1);
+    assert.equal(probes, br.probesFailed + 1);
+    await lim.close();
+  } finally {
+    server2.signal('SIGCONT');
+    await close();
+    await server2.close();
+  }
+});

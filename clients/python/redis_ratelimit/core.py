@@ -11,7 +11,7 @@ from time import monotonic
 
 import redis
 
-from .breaker import CLOSED, NO, PROBE, Breaker, Metrics, Panic, PanicBuckets
+from .breaker import CLOSED, NO, PROBE, YES, Breaker, Metrics, Panic, PanicBuckets
 from .decision import Decision, Part
 from .policies import MAX, AllOf, Policy
 
@@ -578,29 +578,42 @@ class _LeasedCore:
 
     def _slow(self, key, cost, now):
         """limit() when the reservoir is short: wait for the lease in flight,
-        or send one on the caller's path, or decide from the panic limits."""
-        allow = self.rl.breaker.allow(now)
+        or send one on the caller's path, or decide from the panic limits.
+        While the breaker is not closed no caller waits on Redis: the
+        half-open probe is a lease the background worker sends (_later),
+        and the caller is answered from the panic limits at once."""
+        breaker = self.rl.breaker
         evicted = []
         d = wait = None
+        allow = NO
         with self.lock:
             e = self.entries.get(key)
             if e is None:
                 e = self._new_entry(key, now, evicted)
             elif e.tokens >= cost:      # a refill landed meanwhile
                 return self._local(e, key, cost, now)
-            if allow != NO:
-                if e.inflight:
+            if e.inflight:
+                # the breaker closed: wait for it; else (a probe or a lease
+                # that will fail) the panic limits, at once
+                if breaker.state == CLOSED:
                     wait = e.event
-                elif now < e.next_try:
+            else:
+                allow = breaker.allow(now)
+                if allow == YES and now < e.next_try:
                     d = self._local_denial(e, now)
-                else:
+                elif allow != NO:
                     e.inflight = True
                     e.event = self._event()
         for k, n in evicted:
             self._later(self._give_back(k, n))
+        if allow == PROBE:
+            # the worker sends the probe (a lease for this key); a success
+            # closes the breaker and fills the reservoir
+            self._later(self._refill(key, e, max(self.batch, cost - e.tokens), PROBE))
+            return self._panic_decision(key, cost)
         if d is not None:
             return d
-        if allow == NO:
+        if wait is None and allow == NO:
             return self._panic_decision(key, cost)
         if wait is not None:
             # a lease for this key is in flight: wait for it (at most the timeout)
@@ -610,7 +623,7 @@ class _LeasedCore:
                 d = self._after_wait(e, key, cost, landed, monotonic())
             return d if d is not None else self._panic_decision(key, cost)
         n = max(self.batch, cost - e.tokens)
-        reply, back = yield from self._lease(key, e, n, allow == PROBE, now)
+        reply, back = yield from self._lease(key, e, n, False, now)
         if back:
             self._later(self._give_back(key, back))
         if reply is None:
@@ -641,13 +654,15 @@ class _LeasedCore:
             e.event.set()
         return back
 
-    def _refill(self, key, e):
-        """The background lease _take started."""
-        allow = self.rl.breaker.allow()
+    def _refill(self, key, e, n=None, allow=None):
+        """The background lease _take started, or (allow=PROBE) the breaker's
+        half-open probe _slow handed over: n units (default the batch)."""
+        if allow is None:
+            allow = self.rl.breaker.allow()
         if allow == NO:
             self._landed(key, e, None, 0)
             return
-        _, back = yield from self._lease(key, e, self.batch, allow == PROBE)
+        _, back = yield from self._lease(key, e, n or self.batch, allow == PROBE)
         if back:
             yield from self._give_back(key, back)
 

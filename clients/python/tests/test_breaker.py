@@ -220,3 +220,120 @@ def test_cluster_node_stalled(cluster):
     finally:
         victim.proc.send_signal(signal.SIGCONT)
     wait_until(lambda: lim.limit(key).source == "module", timeout=30, what="breaker closed")
+
+
+def _count_calls(rl, on_request_path):
+    """Every Redis call the limiter makes, as (made on the request path,
+    sent as the half-open probe): rl.call wrapped, the real call made."""
+    seen = []
+    real = rl.call
+
+    def counted(mod_args, lua, probe=False, *a, **kw):
+        seen.append((on_request_path(), probe))
+        return real(mod_args, lua, probe, *a, **kw)
+
+    rl.call = counted
+    return seen
+
+
+def _outage_decisions(decide, rl, probes):
+    """Decisions on a few keys (every reservoir short: each one takes the
+    slow path) until the worker has made `probes` failed probes; the
+    slowest one's time."""
+    worst, n = 0.0, 0
+    end = time.monotonic() + 30
+    while rl.metrics()["probes_failed"] < probes:
+        assert time.monotonic() < end, "no probe failed in 30 s"
+        d, took = decide(f"rl:{{k{n % 7}}}:leased")
+        assert d.source == "panic" or n == 0, (n, d)   # the first one opens the breaker
+        worst = max(worst, took)
+        n += 1
+    return worst, n
+
+
+def test_leased_probes_from_the_worker_never_the_request(server):
+    """Redis stopped, the breaker open and half-open: every half-open probe
+    of the leased limiter is sent by its worker thread, none by a request
+    (a request answers from the panic limits at once); after SIGCONT a
+    worker probe closes the breaker and decisions come from Redis again.
+    Node: the same test in clients/node/test/leased.test.js."""
+    rl = RateLimit(client(server.port, TIMEOUT_MS / 1000),
+                   breaker=Breaker(failures=1, open_ms=100))
+    lim = rl.leased(LEASED, batch=1, low_water=0, idle_ms=60_000,
+                    panic=Panic(limit=10**6))
+    assert lim.limit("rl:{u}:leased").source == "module"
+    seen = _count_calls(rl, lambda: threading.current_thread() is not lim.worker)
+
+    server.proc.send_signal(signal.SIGSTOP)
+    try:
+        worst, n = _outage_decisions(lambda k: timed(lim.limit, k), rl, 3)
+        m = rl.metrics()
+        on_path = [p for req, p in seen if req]
+        by_worker = [p for req, p in seen if not req]
+        print(f"\n{n} decisions while Redis was stopped, slowest {worst * 1000:.1f} ms; "
+              f"calls on the request path {on_path}, by the worker {by_worker}")
+        # the one call on a request's path is the lease that opened the breaker
+        assert on_path == [False] and m["trips"] == 1
+        assert by_worker.count(True) == m["probes_failed"] >= 3
+        assert worst < TIMEOUT_MS / 1000 + MARGIN_S
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+
+    # back: a probe (the worker's) closes the breaker, Redis decides again
+    wait_until(lambda: lim.limit("rl:{k1}:leased").source == "module", timeout=30,
+               interval=0.005, what="a decision from Redis again")
+    m = rl.metrics()
+    assert m["state"] == "closed" and m["probes_ok"] == 1
+    assert [p for req, p in seen if req and p] == []
+    assert [p for req, p in seen if not req].count(True) == m["probes_failed"] + 1
+    lim.close()
+
+
+def test_async_leased_probes_from_a_task_never_the_request(server):
+    """As test_leased_probes_from_the_worker_never_the_request, asyncio:
+    the probe is a background task, never the request's own."""
+
+    async def main():
+        rl = AsyncRateLimit(redis.asyncio.Redis(host="127.0.0.1", port=server.port),
+                            timeout_ms=TIMEOUT_MS, breaker=Breaker(failures=1, open_ms=100))
+        lim = rl.leased(LEASED, batch=1, low_water=0, idle_ms=60_000,
+                        panic=Panic(limit=10**6))
+        assert (await lim.limit("rl:{u}:leased")).source == "module"
+        request = asyncio.current_task()
+        seen = _count_calls(rl, lambda: asyncio.current_task() is request)
+
+        async def decide(k):
+            t0 = time.monotonic()
+            d = await lim.limit(k)
+            await asyncio.sleep(0)          # the background tasks run
+            return d, time.monotonic() - t0
+
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            worst, n, end = 0.0, 0, time.monotonic() + 30
+            while rl.metrics()["probes_failed"] < 3:
+                assert time.monotonic() < end, "no probe failed in 30 s"
+                d, took = await decide(f"rl:{{k{n % 7}}}:leased")
+                assert d.source == "panic" or n == 0, (n, d)
+                worst = max(worst, took)
+                n += 1
+            m = rl.metrics()
+            on_path = [p for req, p in seen if req]
+            by_tasks = [p for req, p in seen if not req]
+            assert on_path == [False] and m["trips"] == 1
+            assert by_tasks.count(True) == m["probes_failed"] >= 3
+            assert worst < TIMEOUT_MS / 1000 + MARGIN_S
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        end = time.monotonic() + 30
+        while (await decide("rl:{k1}:leased"))[0].source != "module":
+            assert time.monotonic() < end, "no decision from Redis in 30 s"
+            await asyncio.sleep(0.005)
+        m = rl.metrics()
+        assert m["state"] == "closed" and m["probes_ok"] == 1
+        assert [p for req, p in seen if req and p] == []
+        assert [p for req, p in seen if not req].count(True) == m["probes_failed"] + 1
+        await lim.close()
+        await rl.client.aclose()
+
+    asyncio.run(main())
