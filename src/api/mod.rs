@@ -1,11 +1,26 @@
-//! The safe layer the command handlers are written in: a call's context
-//! ([`Ctx`]), its arguments ([`Str`]), an open key ([`Key`]) and the reply
-//! writers, each a thin `#[inline]` method over one or two raw
-//! `RedisModule_*` calls (no allocation, no formatting). The raw API is
-//! reached here and in `ffi.rs` only; a handler is a plain safe
-//! `fn(Ctx, &[Str]) -> c_int`, turned into the `extern "C"` function Redis
-//! calls by [`entry!`], which creates the context once, slices the
-//! arguments and keeps the panic guard at the FFI boundary.
+//! The safe layer over the raw module API. Every pointer the server hands
+//! the module is wrapped once, in its callback's entry, into a [`Handle`]
+//! (or an open [`Key`]), and used through safe methods, each a thin
+//! `#[inline]` wrapper over one or a few raw `RedisModule_*` calls:
+//! - this file: a command call's context ([`Ctx`]), its arguments ([`Str`]),
+//!   an open key ([`Key`]) and the reply writers (no allocation, no
+//!   formatting: the request path); a handler is a plain safe
+//!   `fn(Ctx, &[Str]) -> c_int`, turned into the `extern "C"` function Redis
+//!   calls by [`entry!`], which creates the context once, slices the
+//!   arguments and keeps the panic guard at the FFI boundary;
+//! - `host.rs`: what load-time and timer code asks of the server through a
+//!   [`Ctx`] (registration, options, events, timers, logging, INFO fields,
+//!   strings the module owns, `MEMORY USAGE`);
+//! - `io.rs`: the data-type callbacks' handles (RDB and AOF [`Io`],
+//!   [`Digest`]) and the INFO callback's [`InfoCtx`].
+//!
+//! The raw API is reached here and in `ffi.rs` (the presence checks) only.
+
+mod host;
+mod io;
+
+pub use self::host::{CallReply, OwnedString};
+pub use self::io::{Digest, InfoCtx, Io};
 
 use std::ffi::{c_char, c_int, c_long, c_longlong, c_void, CStr};
 use std::marker::PhantomData;
@@ -15,28 +30,53 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString,
 
 use crate::ffi::{api, OK};
 use crate::types::Stored;
-use crate::value::Value;
+use crate::value::{Value, ValueRef};
 
 /// Largest absolute expiry we hand to Redis (ms since the epoch, ~146
 /// million years): far beyond any real reset, and `mstime() + ttl` cannot
 /// overflow inside Redis.
 const MAX_EXPIRE_MS: u64 = 1 << 62;
 
-/// The context of one command call, valid while the call runs (`'a`).
-#[derive(Clone, Copy)]
-pub struct Ctx<'a> {
-    raw: *mut RedisModuleCtx,
-    _call: PhantomData<&'a RedisModuleCtx>,
+/// A pointer the server handed to the running callback (a command call,
+/// OnLoad, a timer, an RDB or AOF callback, INFO), valid until it returns
+/// (`'a`): made once, in the callback's entry ([`Handle::from_raw`]), and
+/// used through the safe methods of its kind. `repr(transparent)`: a
+/// call's `argv` is a `[Str]`.
+#[repr(transparent)]
+pub struct Handle<'a, T> {
+    raw: *mut T,
+    _call: PhantomData<&'a T>,
 }
 
-/// One argument of the call (a `RedisModuleString` Redis owns for the
-/// call's duration). `repr(transparent)`: the call's `argv` is a `[Str]`.
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-pub struct Str<'a> {
-    raw: *mut RedisModuleString,
-    _call: PhantomData<&'a RedisModuleString>,
+impl<T> Clone for Handle<'_, T> {
+    #[inline]
+    fn clone(&self) -> Self {
+        *self
+    }
 }
+impl<T> Copy for Handle<'_, T> {}
+
+impl<T> Handle<'_, T> {
+    /// Wrap a pointer the server passed to the running callback.
+    ///
+    /// # Safety
+    ///
+    /// `raw` is the valid pointer of its kind that the server passed to the
+    /// callback running now on the main thread, valid for the handle's
+    /// lifetime, which does not outlive the callback.
+    #[inline]
+    pub unsafe fn from_raw(raw: *mut T) -> Self {
+        Handle { raw, _call: PhantomData }
+    }
+}
+
+/// A context the server passed to the running callback: a command call's
+/// (where the reply and key methods are used), OnLoad's or a timer's.
+pub type Ctx<'a> = Handle<'a, RedisModuleCtx>;
+
+/// One argument of the call (a `RedisModuleString` Redis owns for the
+/// call's duration), or a string this module owns ([`OwnedString`]).
+pub type Str<'a> = Handle<'a, RedisModuleString>;
 
 /// The `extern "C"` command function Redis registers for the safe handler
 /// `$f: fn(Ctx, &[Str]) -> c_int`.
@@ -59,7 +99,7 @@ macro_rules! entry {
             // it returns.
             unsafe { $crate::api::run(ctx, argv, argc, $f) }
         }
-        Some(entry as unsafe extern "C" fn(_, _, _) -> _)
+        Some(entry as _)
     }};
 }
 pub(crate) use entry;
@@ -99,14 +139,16 @@ impl<'a> Str<'a> {
     #[inline]
     pub fn bytes(self) -> &'a [u8] {
         let mut len = 0usize;
-        // SAFETY: `self.raw` is a live argument of the call (`run`), which
-        // outlives `'a`; Redis returns its buffer and length.
-        let p = unsafe { api!(RedisModule_StringPtrLen)(self.raw, &mut len) };
-        if p.is_null() {
-            &[]
-        } else {
-            // SAFETY: `len` bytes at `p`, owned by the argument.
-            unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }
+        // SAFETY: `self.raw` is a live string (an argument of the call,
+        // `run`, or an owned one), which outlives `'a`; Redis returns its
+        // buffer and length: `len` bytes at a non-null `p`, owned by it.
+        unsafe {
+            let p = api!(RedisModule_StringPtrLen)(self.raw, &mut len);
+            if p.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(p.cast::<u8>(), len)
+            }
         }
     }
 }
@@ -253,22 +295,24 @@ impl Key<'_> {
             return Slot::Empty;
         }
         // SAFETY (the three calls): an open key of a live call.
-        let kt = unsafe { api!(RedisModule_KeyType)(self.key) };
-        if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
-            return Slot::Empty;
-        }
-        if kt as isize != raw::REDISMODULE_KEYTYPE_MODULE {
-            return Slot::WrongType;
-        }
-        if unsafe { api!(RedisModule_ModuleTypeGetType)(self.key) } != ty || ty.is_null() {
-            return Slot::WrongType;
-        }
-        let v = unsafe { api!(RedisModule_ModuleTypeGetValue)(self.key) };
-        if v.is_null() {
-            Slot::WrongType
-        } else {
-            self.val = v;
-            Slot::Ours
+        unsafe {
+            let kt = api!(RedisModule_KeyType)(self.key);
+            if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
+                return Slot::Empty;
+            }
+            if kt as isize != raw::REDISMODULE_KEYTYPE_MODULE {
+                return Slot::WrongType;
+            }
+            if api!(RedisModule_ModuleTypeGetType)(self.key) != ty || ty.is_null() {
+                return Slot::WrongType;
+            }
+            let v = api!(RedisModule_ModuleTypeGetValue)(self.key);
+            if v.is_null() {
+                Slot::WrongType
+            } else {
+                self.val = v;
+                Slot::Ours
+            }
         }
     }
 
@@ -287,8 +331,9 @@ impl Key<'_> {
     pub fn read<T: Stored + Copy>(&self) -> Option<T> {
         let p = self.ours::<T>();
         // SAFETY: `p` is NULL or the key's value of `T`'s type, which
-        // `T::redis_type()` values are laid out as (`value.rs`).
-        unsafe { Value::<T>::with(p, |v| *v) }
+        // `T::redis_type()` values are laid out as (`value.rs`), alive while
+        // the key is open.
+        unsafe { ValueRef::<T>::from_raw(p) }.with(|v| *v)
     }
 
     /// The state the key holds in place, if it holds a wide `T`.
@@ -322,16 +367,18 @@ impl Key<'_> {
     pub fn set_new<T: Stored>(&mut self, v: T) -> bool {
         let p = Value::create(v);
         let ty = T::redis_type();
-        // SAFETY: an open key; on success the key owns `p`.
-        let ok = !self.key.is_null() && unsafe { api!(RedisModule_ModuleTypeSetValue)(self.key, ty, p) } == OK;
-        if ok {
-            self.ty = ty;
-            self.val = p;
-        } else {
-            // SAFETY: `p` was made by `Value::create` and nobody owns it.
-            unsafe { Value::<T>::free(p) };
+        // SAFETY: an open key; on success the key owns `p`, else nobody
+        // does, and `p`, made by `Value::create`, is freed once here.
+        unsafe {
+            let ok = !self.key.is_null() && api!(RedisModule_ModuleTypeSetValue)(self.key, ty, p) == OK;
+            if ok {
+                self.ty = ty;
+                self.val = p;
+            } else {
+                Value::<T>::free(p);
+            }
+            ok
         }
-        ok
     }
 
     /// Set the key's absolute expiry (Unix ms) exactly: the same value on
