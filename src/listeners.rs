@@ -47,7 +47,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleEvent};
 
-use crate::api::{Ctx, Str};
+use crate::api::Ctx;
 use crate::ffi;
 
 /// False only while the last check found no replica, no backlog, and this
@@ -61,29 +61,12 @@ static EXPORTS: AtomicU64 = AtomicU64::new(0);
 /// How often the timer re-reads INFO replication.
 const RECHECK_MS: i64 = 1000;
 
-/// Replicate a grant's effect, built by `payload` only when something can
-/// receive it.
-#[inline]
-pub fn replicate<'a, P: AsRef<[u8]>>(ctx: Ctx<'a>, name: Str<'a>, payload: impl FnOnce() -> P) {
-    replicate_if(ctx, must_replicate(), name, payload);
-}
-
 /// Whether a grant's effect must be built and replicated (else only counted
 /// as a change); a call that writes several keys reads it once. One load:
 /// every way a reader appears sets [`MAY_LISTEN`] before the next command.
 #[inline]
 pub fn must_replicate() -> bool {
     MAY_LISTEN.load(Relaxed)
-}
-
-/// [`replicate`] with [`must_replicate`] already read for this call.
-#[inline]
-pub fn replicate_if<'a, P: AsRef<[u8]>>(ctx: Ctx<'a>, listen: bool, name: Str<'a>, payload: impl FnOnce() -> P) {
-    if listen {
-        ctx.replicate_state(name, payload().as_ref());
-    } else {
-        ctx.replicate_verbatim();
-    }
 }
 
 /// Whether the context flags show the AOF on.
