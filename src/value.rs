@@ -107,52 +107,11 @@ impl<T: Packable> Value<T> {
         }
     }
 
-    /// The state behind a wide pointer, for mutation in place; None for a
-    /// compact or NULL pointer.
-    ///
-    /// # Safety
-    /// `p` is NULL or a pointer made by [`Value::create`] for this `T`, not
-    /// freed; no other reference to the state may be alive.
-    #[inline]
-    pub unsafe fn wide_mut<'a>(p: *mut c_void) -> Option<&'a mut T> {
-        match Self::form(p) {
-            // SAFETY: an untagged live pointer from `create` is a boxed T;
-            // the caller guarantees no other reference to it is alive.
-            Form::Wide(b) => Some(unsafe { &mut *b }),
-            _ => None,
-        }
-    }
-
-    /// Replace the state behind `p` in place, or hand `v` back when the
-    /// pointer's form cannot hold it (the caller then sets a new value).
-    ///
-    /// # Safety
-    /// As [`Value::wide_mut`].
-    #[inline]
-    pub unsafe fn overwrite(p: *mut c_void, v: T) -> Result<(), T> {
-        // SAFETY: a tagged live pointer from `create` is, untagged, a boxed
-        // `[u64; 2]`; an untagged one a boxed, initialised T (the old state
-        // is dropped by the assignment); no other reference to either is
-        // alive (the caller's guarantee).
-        unsafe {
-            match (Self::form(p), v.pack()) {
-                (Form::Compact(w), Some(new)) => {
-                    *w = new;
-                    Ok(())
-                }
-                (Form::Wide(b), None) => {
-                    *b = v;
-                    Ok(())
-                }
-                _ => Err(v),
-            }
-        }
-    }
-
     /// Free a value pointer made by [`Value::create`].
     ///
     /// # Safety
-    /// As [`Value::wide_mut`]; `p` is not used afterwards.
+    /// `p` is NULL or a pointer made by [`Value::create`] for this `T`, not
+    /// freed, not borrowed, and not used afterwards.
     pub unsafe fn free(p: *mut c_void) {
         // SAFETY: `create` made these with Box::into_raw of exactly these
         // types (the tag removed by `form`); the caller frees each once and
@@ -162,6 +121,60 @@ impl<T: Packable> Value<T> {
                 Form::Null => {}
                 Form::Compact(w) => drop(Box::from_raw(w)),
                 Form::Wide(b) => drop(Box::from_raw(b)),
+            }
+        }
+    }
+}
+
+/// A live value pointer of `T`'s type, borrowed exclusively for `'a`:
+/// written in place through safe methods.
+pub struct ValueMut<'a, T> {
+    p: *mut c_void,
+    _v: PhantomData<&'a mut T>,
+}
+
+impl<'a, T: Packable> ValueMut<'a, T> {
+    /// Borrow the value behind `p` exclusively; None for NULL.
+    ///
+    /// # Safety
+    ///
+    /// `p` is NULL or a pointer made by [`Value::create`] for this `T`, not
+    /// freed, and no other reference to its state is alive, for `'a`.
+    #[inline]
+    pub unsafe fn from_raw(p: *mut c_void) -> Option<Self> {
+        (!p.is_null()).then_some(ValueMut { p, _v: PhantomData })
+    }
+
+    /// The state in place, if the pointer is wide (None for a compact one).
+    #[inline]
+    pub fn wide(self) -> Option<&'a mut T> {
+        match Value::<T>::form(self.p) {
+            // SAFETY: an untagged live pointer from `create` is a boxed T,
+            // borrowed exclusively for `'a` (`from_raw`).
+            Form::Wide(b) => Some(unsafe { &mut *b }),
+            _ => None,
+        }
+    }
+
+    /// Replace the state in place, or hand `v` back when the pointer's form
+    /// cannot hold it (the caller then sets a new value).
+    #[inline]
+    pub fn overwrite(self, v: T) -> Result<(), T> {
+        // SAFETY: a tagged live pointer from `create` is, untagged, a boxed
+        // `[u64; 2]`; an untagged one a boxed, initialised T (the old state
+        // is dropped by the assignment); both borrowed exclusively
+        // (`from_raw`).
+        unsafe {
+            match (Value::<T>::form(self.p), v.pack()) {
+                (Form::Compact(w), Some(new)) => {
+                    *w = new;
+                    Ok(())
+                }
+                (Form::Wide(b), None) => {
+                    *b = v;
+                    Ok(())
+                }
+                _ => Err(v),
             }
         }
     }
@@ -245,10 +258,10 @@ mod tests {
             assert_eq!(p.addr() & COMPACT_TAG, 1);
             assert_eq!(ValueRef::<tb::State>::from_raw(p).with(|s| *s), Some(small));
             assert_eq!(ValueRef::<tb::State>::from_raw(p).size(), 16);
-            assert!(Value::<tb::State>::wide_mut(p).is_none());
-            assert_eq!(Value::overwrite(p, wide), Err(wide));
+            assert!(ValueMut::<tb::State>::from_raw(p).and_then(ValueMut::wide).is_none());
+            assert_eq!(ValueMut::from_raw(p).map(|h| h.overwrite(wide)), Some(Err(wide)));
             let small2 = tb::State { tokens: 4, ..small };
-            assert_eq!(Value::overwrite(p, small2), Ok(()));
+            assert_eq!(ValueMut::from_raw(p).map(|h| h.overwrite(small2)), Some(Ok(())));
             assert_eq!(ValueRef::<tb::State>::from_raw(p).with(|s| *s), Some(small2));
             Value::<tb::State>::free(p);
 
@@ -256,7 +269,7 @@ mod tests {
             assert_eq!(q.addr() & COMPACT_TAG, 0);
             assert_eq!(ValueRef::<tb::State>::from_raw(q).with(|s| *s), Some(wide));
             assert_eq!(ValueRef::<tb::State>::from_raw(q).size(), std::mem::size_of::<tb::State>());
-            assert_eq!(Value::overwrite(q, small), Err(small));
+            assert_eq!(ValueMut::from_raw(q).map(|h| h.overwrite(small)), Some(Err(small)));
             Value::<tb::State>::free(q);
 
             assert_eq!(ValueRef::<tb::State>::from_raw(std::ptr::null()).with(|s| *s), None);
@@ -273,7 +286,7 @@ mod tests {
             let p = Value::create(log.clone());
             assert_eq!(p.addr() & COMPACT_TAG, 0);
             assert_eq!(ValueRef::<sl::State>::from_raw(p).with(Clone::clone), Some(log.clone()));
-            assert!(Value::<sl::State>::wide_mut(p).is_some());
+            assert!(ValueMut::<sl::State>::from_raw(p).and_then(ValueMut::wide).is_some());
             let heap = ValueRef::<sl::State>::from_raw(p).with(|s| s.heap_bytes()).unwrap();
             assert!(heap >= 4);
             assert_eq!(ValueRef::<sl::State>::from_raw(p).size(), std::mem::size_of::<sl::State>() + heap);

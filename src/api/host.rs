@@ -8,10 +8,11 @@
 use std::ffi::{c_int, c_void, CStr};
 use std::marker::PhantomData;
 
-use redis_module::raw::{self, RedisModuleCommand, RedisModuleCommandInfo, RedisModuleCtx, RedisModuleEvent};
+use redis_module::raw::{self, RedisModuleCommand, RedisModuleCtx, RedisModuleEvent};
 use redis_module::raw::{RedisModuleServerInfoData, RedisModuleString};
 
 use super::{Ctx, Handle, Key, Str};
+use crate::cmdinfo::CommandInfo;
 use crate::ffi::{api, opt, OK};
 
 /// A server-event callback: it reads none of its arguments, so it is a safe
@@ -205,17 +206,12 @@ impl Command<'_> {
 
     /// Set the command's docs and key specs; None where the server lacks
     /// the API, else whether it accepted them.
-    ///
-    /// # Safety
-    ///
-    /// Every pointer in `info` (texts, argument tree, key specs, history)
-    /// is valid and each list terminated as the API expects, until this
-    /// returns (the server copies them).
-    pub unsafe fn set_info(&self, info: &RedisModuleCommandInfo) -> Option<bool> {
+    pub fn set_info(&self, info: &CommandInfo) -> Option<bool> {
         let set = opt!(RedisModule_SetCommandInfo)?;
-        // SAFETY: a command GetCommand returned; `info` as the caller
-        // guarantees.
-        Some(unsafe { set(self.raw, info) } == OK)
+        // SAFETY: a command GetCommand returned; every pointer in a
+        // `CommandInfo` is valid and every list in it terminated while it
+        // lives (cmdinfo/cstruct.rs builds it so); the server copies them.
+        Some(unsafe { set(self.raw, info.raw()) } == OK)
     }
 }
 

@@ -30,7 +30,7 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString,
 
 use crate::ffi::{api, OK};
 use crate::types::Stored;
-use crate::value::{Value, ValueRef};
+use crate::value::{Value, ValueMut, ValueRef};
 
 /// Largest absolute expiry we hand to Redis (ms since the epoch, ~146
 /// million years): far beyond any real reset, and `mstime() + ttl` cannot
@@ -95,40 +95,27 @@ macro_rules! entry {
             argc: std::ffi::c_int,
         ) -> std::ffi::c_int {
             // SAFETY: Redis calls a command function with the call's
-            // context and its `argc` arguments in `argv`, all valid until
-            // it returns.
-            unsafe { $crate::api::run(ctx, argv, argc, $f) }
+            // context and its `argc` arguments in `argv` (none when `argc`
+            // is not positive), all valid until it returns; `Str` is a
+            // transparent `*mut RedisModuleString`.
+            let (ctx, args) = unsafe {
+                let args: &[$crate::api::Str] =
+                    if argv.is_null() || argc <= 0 { &[] } else { std::slice::from_raw_parts(argv.cast(), argc as usize) };
+                ($crate::api::Ctx::from_raw(ctx), args)
+            };
+            $crate::api::run(ctx, args, $f)
         }
         Some(entry as _)
     }};
 }
 pub(crate) use entry;
 
-/// Run the handler `f` on the call `(ctx, argv, argc)`; a panic (a bug:
-/// none is reachable by design) answers an error instead of unwinding into
-/// Redis, which would abort the server.
-///
-/// # Safety
-/// `ctx` must be the context of a command call in progress and `argv` its
-/// `argc` argument strings (or `argc <= 0`), all valid until `run` returns.
+/// Run the handler `f` on the call `(ctx, args)`; a panic (a bug: none is
+/// reachable by design) answers an error instead of unwinding into Redis,
+/// which would abort the server.
 #[inline(always)]
-pub unsafe fn run(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-    f: impl for<'a> FnOnce(Ctx<'a>, &'a [Str<'a>]) -> c_int,
-) -> c_int {
-    let ctx = Ctx { raw: ctx, _call: PhantomData };
-    match catch_unwind(AssertUnwindSafe(|| {
-        let args: &[Str] = if argv.is_null() || argc <= 0 {
-            &[]
-        } else {
-            // SAFETY: the caller's contract: `argc` valid pointers at
-            // `argv`; `Str` is a transparent `*mut RedisModuleString`.
-            unsafe { std::slice::from_raw_parts(argv.cast::<Str>(), argc as usize) }
-        };
-        f(ctx, args)
-    })) {
+pub fn run<'a>(ctx: Ctx<'a>, args: &'a [Str<'a>], f: impl FnOnce(Ctx<'a>, &'a [Str<'a>]) -> c_int) -> c_int {
+    match catch_unwind(AssertUnwindSafe(|| f(ctx, args))) {
         Ok(rc) => rc,
         Err(_) => ctx.reply_error(c"ERR ratelimit internal error"),
     }
@@ -336,28 +323,31 @@ impl Key<'_> {
         unsafe { ValueRef::<T>::from_raw(p) }.with(|v| *v)
     }
 
+    /// The value of `T`'s type the key holds, borrowed with the key.
+    #[inline]
+    fn ours_mut<T: Stored>(&mut self) -> Option<ValueMut<'_, T>> {
+        // SAFETY: as in `read`; the borrow of `self` keeps the value alive
+        // and unaliased while the handle is used (the value is reached only
+        // through the key).
+        unsafe { ValueMut::from_raw(self.ours::<T>()) }
+    }
+
     /// The state the key holds in place, if it holds a wide `T`.
     #[inline]
     pub fn wide_mut<T: Stored>(&mut self) -> Option<&mut T> {
-        let p = self.ours::<T>();
-        // SAFETY: as in `read`; the borrow of `self` keeps the value alive
-        // and unaliased while the reference is used.
-        unsafe { Value::<T>::wide_mut(p) }
+        self.ours_mut::<T>()?.wide()
     }
 
     /// Store `new` in the key: in place when it already holds `T` in a form
     /// that can hold `new`, else as a new value.
     #[inline]
     pub fn store<T: Stored>(&mut self, new: T) -> bool {
-        let p = self.ours::<T>();
-        let new = if p.is_null() {
-            new
-        } else {
-            // SAFETY: as in `read`; nothing borrows the value (`&mut self`).
-            match unsafe { Value::overwrite(p, new) } {
+        let new = match self.ours_mut::<T>() {
+            None => new,
+            Some(v) => match v.overwrite(new) {
                 Ok(()) => return true,
                 Err(v) => v,
-            }
+            },
         };
         self.set_new(new)
     }

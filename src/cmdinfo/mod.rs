@@ -33,15 +33,14 @@ mod info;
 mod version;
 
 use std::ffi::{c_int, CStr};
-use std::ptr;
 use std::sync::atomic::Ordering::Relaxed;
 
-use redis_module::raw::{self, RedisModuleCommandHistoryEntry, RedisModuleCommandInfo};
+use redis_module::raw;
 
 use crate::api::Ctx;
 use crate::ffi::opt;
 
-use self::cstruct::{c_args, key_specs, INFO_VERSION};
+pub use self::cstruct::CommandInfo;
 use self::dsl::{arg, int, key, opt_flag, opt_int, Arg, Ty};
 pub use self::info::info_section;
 use self::info::{ACL_SET, CATEGORY_SET, DOCS_SET};
@@ -284,36 +283,7 @@ pub fn register(ctx: Ctx) -> bool {
             return false;
         };
         if opt!(RedisModule_SetCommandInfo).is_some() {
-            let mut store = Vec::new();
-            let args = c_args(d.args, &mut store);
-            let mut specs = key_specs(d.keys, d.key_flags);
-            let mut history: Vec<RedisModuleCommandHistoryEntry> = d
-                .history
-                .iter()
-                .map(|(since, changes)| RedisModuleCommandHistoryEntry { since: since.as_ptr(), changes: changes.as_ptr() })
-                .collect();
-            history.push(RedisModuleCommandHistoryEntry { since: ptr::null(), changes: ptr::null() });
-            let info = RedisModuleCommandInfo {
-                version: &INFO_VERSION,
-                summary: d.summary.as_ptr(),
-                complexity: d.complexity.as_ptr(),
-                since: d.since.as_ptr(),
-                history: if d.history.is_empty() { ptr::null_mut() } else { history.as_mut_ptr() },
-                tips: ptr::null(),
-                // 0 keeps the arity given at creation (any); RL.MULTI's
-                // shortest call is `RL.MULTI 1 key SLIDINGLOG limit window_ms`.
-                arity: match d.keys {
-                    Keys::First => 0,
-                    Keys::NumKeys => -6,
-                },
-                key_specs: specs.as_mut_ptr(),
-                args,
-            };
-            // SAFETY: every pointer in `info` (strings, args, specs, history,
-            // each list terminated as the API expects) points into statics
-            // or into `store`, `specs` and `history`, which live until after
-            // the call.
-            if unsafe { cmd.set_info(&info) } != Some(true) {
+            if cmd.set_info(&CommandInfo::new(d)) != Some(true) {
                 ctx.log(c"warning", c"ratelimit: the server refused a command's COMMAND DOCS / key specs");
                 return false;
             }
