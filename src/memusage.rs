@@ -47,11 +47,11 @@ pub unsafe fn usable(p: *const c_void, fallback: usize) -> usize {
     if p.is_null() {
         return 0;
     }
-    // SAFETY: where the size functions are set, the global allocator is
-    // Redis's (the API pointers are set before the module allocates), so `p`
-    // is a live block of the allocator they ask (the caller's guarantee);
-    // they only read its size.
     match (opt!(RedisModule_MallocUsableSize), opt!(RedisModule_MallocSize)) {
+        // SAFETY: where the size functions are set, the global allocator is
+        // Redis's (the API pointers are set before the module allocates), so
+        // `p` is a live block of the allocator they ask (the caller's
+        // guarantee); they only read its size.
         (Some(f), _) | (None, Some(f)) => unsafe { f(p.cast_mut()) },
         (None, None) => fallback,
     }

@@ -253,6 +253,8 @@ mod tests {
         let small = tb::State { tokens: 3, frac: 0, den: 1000, last_us: PACK_EPOCH_US + 5 };
         let wide = tb::State { tokens: 3, frac: 0, den: 1000, last_us: 1 };
         assert!(small.pack().is_some() && wide.pack().is_none());
+        // SAFETY: every pointer is made by Value::create, used while live,
+        // borrowed by one handle at a time and freed once.
         unsafe {
             let p = Value::create(small);
             assert_eq!(p.addr() & COMPACT_TAG, 1);
@@ -282,6 +284,7 @@ mod tests {
     fn a_sliding_log_is_always_wide() {
         let mut log = sl::State::default();
         sl::grant(&mut log, 1000, 1, PACK_EPOCH_US);
+        // SAFETY: as in the test above.
         unsafe {
             let p = Value::create(log.clone());
             assert_eq!(p.addr() & COMPACT_TAG, 0);

@@ -281,7 +281,7 @@ impl Key<'_> {
         if self.key.is_null() {
             return Slot::Empty;
         }
-        // SAFETY (the three calls): an open key of a live call.
+        // SAFETY: an open key of a live call (the three calls).
         unsafe {
             let kt = api!(RedisModule_KeyType)(self.key);
             if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY {

@@ -151,5 +151,6 @@ fn key_specs(keys: Keys, flags: u32) -> Vec<RedisModuleCommandKeySpec> {
             spec.fk.keynum.keystep = 1;
         }
     }
+    // SAFETY: as above: all-zero is the terminator (BS_INVALID).
     vec![spec, unsafe { std::mem::zeroed() }]
 }
