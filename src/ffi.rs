@@ -1,7 +1,7 @@
-//! The raw module API's presence checks and constants. The request path's
-//! safe wrappers over it are in `api.rs`: the crate's convenience layer
-//! allocates (a `Vec<RedisString>` of arguments, `RedisValue` replies), and
-//! a rate limiter answers every request.
+//! The raw module API's presence checks and constants. The safe wrappers
+//! over it are in `api/` (the request path's in `api/mod.rs`): the crate's
+//! convenience layer allocates (a `Vec<RedisString>` of arguments,
+//! `RedisValue` replies), and a rate limiter answers every request.
 //!
 //! Every API function the module calls is either in [`REQUIRED`] (the module
 //! refuses to load, naming the function, unless the server provides all of
