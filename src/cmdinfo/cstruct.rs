@@ -130,8 +130,7 @@ fn c_args(args: &[Arg], store: &mut Vec<Vec<RedisModuleCommandArg>>) -> *mut Red
 }
 
 fn key_specs(keys: Keys, flags: u32) -> Vec<RedisModuleCommandKeySpec> {
-    // SAFETY: zeroed is a valid key spec (and the terminator: BS_INVALID).
-    let mut spec: RedisModuleCommandKeySpec = unsafe { std::mem::zeroed() };
+    let mut spec = no_key_spec();
     spec.flags = u64::from(flags);
     match keys {
         Keys::First => {
@@ -151,6 +150,23 @@ fn key_specs(keys: Keys, flags: u32) -> Vec<RedisModuleCommandKeySpec> {
             spec.fk.keynum.keystep = 1;
         }
     }
-    // SAFETY: as above: all-zero is the terminator (BS_INVALID).
-    vec![spec, unsafe { std::mem::zeroed() }]
+    vec![spec, no_key_spec()]
+}
+
+/// A key spec of zeros: the array's terminator (BS_INVALID), and the
+/// start of every spec. Each union is written through its largest member,
+/// so that no byte of it but padding is left unset.
+fn no_key_spec() -> RedisModuleCommandKeySpec {
+    RedisModuleCommandKeySpec {
+        notes: ptr::null(),
+        flags: 0,
+        begin_search_type: raw::RedisModuleKeySpecBeginSearchType_REDISMODULE_KSPEC_BS_INVALID,
+        bs: raw::RedisModuleCommandKeySpec__bindgen_ty_1 {
+            keyword: raw::RedisModuleCommandKeySpec__bindgen_ty_1__bindgen_ty_2 { keyword: ptr::null(), startfrom: 0 },
+        },
+        find_keys_type: raw::RedisModuleKeySpecFindKeysType_REDISMODULE_KSPEC_FK_OMITTED,
+        fk: raw::RedisModuleCommandKeySpec__bindgen_ty_2 {
+            range: raw::RedisModuleCommandKeySpec__bindgen_ty_2__bindgen_ty_1 { lastkey: 0, keystep: 0, limit: 0 },
+        },
+    }
 }
