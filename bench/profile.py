@@ -161,6 +161,32 @@ class Conn:
                     sys.exit("profile: a request was not granted: %r" % (r,))
 
 
+def start_server(cmd, port, log_dir, valgrind=None, what="the server"):
+    """Start the server command line `cmd` (listening on 127.0.0.1:`port`),
+    under callgrind writing to `valgrind` when given, its output in
+    `log_dir`/server.log: (process, Conn) once it answers PING. Exits naming
+    `what` (the process killed) if it stops or does not answer within 180 s
+    (valgrind starts slowly). bench/strict_cost.py starts its servers here
+    too."""
+    if valgrind:
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + valgrind, *cmd]
+    with open(os.path.join(log_dir, "server.log"), "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 180
+    while True:
+        if proc.poll() is not None or time.time() > deadline:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+            sys.exit("%s did not start (see %s)" % (what, log_dir))
+        try:
+            conn = Conn(port)
+            conn.call("PING")
+            return proc, conn
+        except OSError:
+            time.sleep(0.2)
+
+
 def inclusive(path):
     """Function name -> inclusive instruction count."""
     out = subprocess.run(["callgrind_annotate", "--inclusive=yes", "--threshold=100", path],
@@ -277,24 +303,12 @@ def profile_server(binary, floor, a, tmp):
     """Every case on one server build: {label: {request, call, windows, api}}."""
     port = free_port()
     out = os.path.join(tmp, "cg.out")
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out, binary,
-         "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1",
+    server, conn = start_server(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1",
          "--dir", tmp, "--loadmodule", MODULE, "--loadmodule", floor],
-        stdout=open(os.path.join(tmp, "server.log"), "w"), stderr=subprocess.STDOUT)
+        port, tmp, valgrind=out, what="profile: %s under valgrind" % binary)
     results = {}
     try:
-        deadline = time.time() + 180
-        conn = None
-        while conn is None:
-            if time.time() > deadline or server.poll() is not None:
-                sys.exit("profile: %s under valgrind did not start (see %s)" % (binary, tmp))
-            try:
-                conn = Conn(port)
-                conn.call("PING")
-            except OSError:
-                conn = None
-                time.sleep(0.5)
         with open(os.path.join(ROOT, "lua", "tokenbucket.lua")) as f:
             sha = conn.call("SCRIPT", "LOAD", f.read())
         # The module replicates effects until its first check finds no

@@ -41,13 +41,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
-# bench/profile.py's server connection and callgrind reader (loaded by path:
+# bench/profile.py's server start, connection and callgrind reader (loaded by path:
 # the standard library has a `profile` module too)
 _spec = importlib.util.spec_from_file_location("rl_profile", os.path.join(HERE, "profile.py"))
 _profile = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(_profile)
-MODULE, Conn, free_port, inclusive, resp = (_profile.MODULE, _profile.Conn, _profile.free_port,
-                                            _profile.inclusive, _profile.resp)
+MODULE, free_port, inclusive, resp, start_server = (
+    _profile.MODULE, _profile.free_port, _profile.inclusive, _profile.resp, _profile.start_server)
 
 HUGE = str((1 << 53) - 1)
 CAP = "1000000000"
@@ -59,20 +59,7 @@ def start(binary, port, tmp, name, extra=(), valgrind=None):
     cmd = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
            "--dir", d, "--loadmodule", MODULE, "--repl-diskless-sync", "yes",
            "--repl-diskless-sync-delay", "0", *extra]
-    if valgrind:
-        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + valgrind] + cmd
-    p = subprocess.Popen(cmd, stdout=open(os.path.join(d, "server.log"), "w"),
-                         stderr=subprocess.STDOUT)
-    deadline = time.time() + 180
-    while True:
-        if p.poll() is not None or time.time() > deadline:
-            sys.exit(f"strict_cost: {name} did not start (see {d})")
-        try:
-            c = Conn(port)
-            c.call("PING")
-            return p, c
-        except OSError:
-            time.sleep(0.2)
+    return start_server(cmd, port, d, valgrind=valgrind, what=f"strict_cost: {name}")
 
 
 def pair(binary, tmp, valgrind=None):

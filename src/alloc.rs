@@ -20,6 +20,8 @@ fn size_for(layout: Layout) -> usize {
     (layout.size() + layout.align() - 1) & !(layout.align() - 1)
 }
 
+// SAFETY: each method keeps GlobalAlloc's contract: a block is freed or
+// resized by the allocator that made it (see each method's SAFETY comment).
 unsafe impl GlobalAlloc for ModuleAlloc {
     /// # Safety
     ///

@@ -1,6 +1,6 @@
 //! The server's own wall clock, read by the module (never a client's time).
 
-use redis_module::raw;
+use crate::ffi::opt;
 
 /// Microseconds since the Unix epoch, once per command.
 ///
@@ -17,7 +17,8 @@ use redis_module::raw;
 /// `ustime()`, read on each call.
 #[inline]
 pub fn now_us() -> u64 {
-    match unsafe { raw::RedisModule_CachedMicroseconds } {
+    match opt!(RedisModule_CachedMicroseconds) {
+        // SAFETY: the server's clock read takes no argument.
         Some(cached) => u64::try_from(unsafe { cached() }).unwrap_or(0),
         None => realtime_us(),
     }

@@ -1,7 +1,7 @@
-//! The raw module API's presence checks and constants. The request path's
-//! safe wrappers over it are in `api.rs`: the crate's convenience layer
-//! allocates (a `Vec<RedisString>` of arguments, `RedisValue` replies), and
-//! a rate limiter answers every request.
+//! The raw module API's presence checks and constants. The safe wrappers
+//! over it are in `api/` (the request path's in `api/mod.rs`): the crate's
+//! convenience layer allocates (a `Vec<RedisString>` of arguments,
+//! `RedisValue` replies), and a rate limiter answers every request.
 //!
 //! Every API function the module calls is either in [`REQUIRED`] (the module
 //! refuses to load, naming the function, unless the server provides all of
@@ -28,12 +28,25 @@ macro_rules! api {
 }
 pub(crate) use api;
 
+/// An API function pointer, read where it may be absent (`None`): the
+/// optional ones ([`OPTIONAL`]), or a required one read with a check.
+macro_rules! opt {
+    ($name:ident) => {
+        // SAFETY: the API pointers are written once, by RedisModule_Init in
+        // OnLoad before any other module code runs, and never again; the
+        // server calls the module on its main thread (the module starts no
+        // thread), so this read races with no write.
+        unsafe { redis_module::raw::$name }
+    };
+}
+pub(crate) use opt;
+
 /// `(name, present)` for a table of API functions.
 pub type ApiTable = [(&'static str, fn() -> bool)];
 
 macro_rules! table {
     ($($name:ident),* $(,)?) => {
-        &[$((stringify!($name), || unsafe { redis_module::raw::$name }.is_some())),*]
+        &[$((stringify!($name), || opt!($name).is_some())),*]
     };
 }
 
@@ -119,19 +132,13 @@ pub static OPTIONAL: &ApiTable = table![
 /// True on Valkey (8.0+): it answers for its own `ValkeyModule_*` API
 /// names, which Redis has not. (Its version number says 8.x or 9.x, which
 /// compares above Redis releases whose event ids and option bits differ.)
-///
-/// # Safety
-///
-/// Called from OnLoad (or another server callback on the main thread), after
-/// `RedisModule_Init` has set the API pointers.
-pub unsafe fn server_is_valkey() -> bool {
-    // SAFETY: the API pointers are set by RedisModule_Init and not changed
-    // afterwards; this read runs on the main thread after it.
-    let Some(get_api) = (unsafe { raw::RedisModule_GetApi }) else { return false };
+pub fn server_is_valkey() -> bool {
+    let Some(get_api) = opt!(RedisModule_GetApi) else { return false };
     let mut f: *mut c_void = std::ptr::null_mut();
     // SAFETY: GetApi reads a NUL-terminated name and writes one pointer to
     // `f`, a live local of the type it expects.
-    unsafe { get_api(c"ValkeyModule_SubscribeToServerEvent".as_ptr(), (&raw mut f).cast::<c_void>()) == OK && !f.is_null() }
+    (unsafe { get_api(c"ValkeyModule_SubscribeToServerEvent".as_ptr(), (&raw mut f).cast::<c_void>()) }) == OK
+        && !f.is_null()
 }
 
 /// `VALKEYMODULE_OPTIONS_SKIP_COMMAND_VALIDATION` (Valkey; an unknown bit,
@@ -171,8 +178,8 @@ mod tests {
         assert_eq!(first_missing(OPTIONAL), Some("RedisModule_CachedMicroseconds"));
     }
 
-    /// Every API function the module's sources read (through `raw::` or
-    /// `api!`) is in REQUIRED or OPTIONAL, and no OPTIONAL one is read with
+    /// Every API function the module's sources read (through `raw::`,
+    /// `opt!` or `api!`) is in REQUIRED or OPTIONAL, and no OPTIONAL one is read with
     /// `api!`, which does not check.
     #[test]
     fn every_api_use_is_listed() {
@@ -198,7 +205,8 @@ mod tests {
                 let name: String = text[i..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
                 let via_api = before.ends_with("api!(");
                 let via_raw = before.ends_with("raw::");
-                if !(via_api || via_raw) {
+                let via_opt = before.ends_with("opt!(");
+                if !(via_api || via_raw || via_opt) {
                     continue;
                 }
                 seen += 1;

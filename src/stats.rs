@@ -7,7 +7,9 @@
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use redis_module::raw::{self, RedisModuleInfoCtx};
+use redis_module::raw::RedisModuleInfoCtx;
+
+use crate::api::InfoCtx;
 
 #[derive(Clone, Copy)]
 pub enum Cmd {
@@ -68,25 +70,16 @@ fn bump(cmd: Cmd, column: usize) {
 /// `ctx` is the valid INFO context the server passes for this call (only
 /// the server calls this, from INFO or a crash report).
 pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: std::ffi::c_int) {
-    // SAFETY: the API pointers are set at load before this callback is
-    // registered and never change afterwards, so reading them races with no
-    // write.
-    let api = unsafe { (raw::RedisModule_InfoAddSection, raw::RedisModule_InfoAddFieldULongLong) };
-    let (Some(section), Some(field)) = api else {
-        return;
-    };
-    // SAFETY: the server passed a valid INFO ctx for this call; the names
-    // are NUL-terminated C string literals that outlive the calls.
-    unsafe {
-        crate::cmdinfo::info_section(ctx);
-        section(ctx, c"stats".as_ptr());
-        for (names, counts) in NAMES.iter().zip(COUNTS.iter()) {
-            for (name, c) in names.iter().zip(counts.iter()) {
-                field(ctx, name.as_ptr(), c.load(Relaxed));
-            }
+    // SAFETY: the server passed a valid INFO ctx for this call.
+    let ctx = unsafe { InfoCtx::from_raw(ctx) };
+    crate::cmdinfo::info_section(ctx);
+    ctx.section(c"stats");
+    for (names, counts) in NAMES.iter().zip(COUNTS.iter()) {
+        for (name, c) in names.iter().zip(counts.iter()) {
+            ctx.field_u64(name, c.load(Relaxed));
         }
-        // 1 while grants replicate their effect (a replica, a backlog or the
-        // AOF may read it), 0 while nothing can (see listeners.rs).
-        field(ctx, c"effects_replicated".as_ptr(), u64::from(crate::listeners::replicating()));
     }
+    // 1 while grants replicate their effect (a replica, a backlog or the
+    // AOF may read it), 0 while nothing can (see listeners.rs).
+    ctx.field_u64(c"effects_replicated", u64::from(crate::listeners::replicating()));
 }

@@ -4,7 +4,7 @@
 //! rewrite, DUMP/RESTORE and effect replication share one decoder, and that
 //! decoder validates every byte it is given.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 
@@ -13,7 +13,8 @@ use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, 
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString, RedisModuleType};
 
-use crate::value::{Packable, Value};
+use crate::api::{Digest, Io, Str};
+use crate::value::{Packable, Value, ValueRef};
 
 /// RDB encoding version of every type (the body carries its own version
 /// byte too, so a future change can be read side by side with this one).
@@ -82,6 +83,10 @@ fn body_of<T: Stored>(v: &T) -> Vec<u8> {
     out
 }
 
+// Each callback below is an entry: it wraps the pointers the server passed
+// into safe handles once (`api::Io`, `api::Digest`, `api::Str`,
+// `value::ValueRef`), and the body is safe code over them.
+
 /// RDB save (and DUMP): the state's versioned body as one string buffer.
 ///
 /// # Safety
@@ -90,16 +95,11 @@ fn body_of<T: Stored>(v: &T) -> Vec<u8> {
 /// and `value` a value pointer of this type (from `rdb_load`, `copy` or the
 /// commands, all made by `Value::create`), alive for the call.
 unsafe extern "C" fn rdb_save<T: Stored>(rdb: *mut RedisModuleIO, value: *mut c_void) {
-    // SAFETY: `value` is a live pointer of this type made by Value::create
-    // (the server hands a key's value only to its own type's callbacks).
-    let Some(body) = (unsafe { Value::<T>::with(value, body_of) }) else { return };
-    // SAFETY: the API pointer is set at load and never changed; `rdb` is the
-    // valid IO handle of this save; `body` is alive for the call, which
-    // copies len bytes from it.
-    unsafe {
-        if let Some(save) = raw::RedisModule_SaveStringBuffer {
-            save(rdb, body.as_ptr().cast::<c_char>(), body.len());
-        }
+    // SAFETY: the server's valid IO handle and a live value of this type
+    // (it hands a key's value only to its own type's callbacks), for the call.
+    let (io, v) = unsafe { (Io::from_raw(rdb), ValueRef::<T>::from_raw(value)) };
+    if let Some(body) = v.with(body_of) {
+        io.save_buffer(&body);
     }
 }
 
@@ -112,37 +112,20 @@ unsafe extern "C" fn rdb_save<T: Stored>(rdb: *mut RedisModuleIO, value: *mut c_
 ///
 /// Only the server calls this, with `rdb` the valid IO handle of this load.
 unsafe extern "C" fn rdb_load<T: Stored>(rdb: *mut RedisModuleIO, encver: c_int) -> *mut c_void {
+    // SAFETY: the server's valid IO handle of this load, for the call.
+    load::<T>(unsafe { Io::from_raw(rdb) }, encver)
+}
+
+fn load<T: Stored>(io: Io, encver: c_int) -> *mut c_void {
     if encver != ENCVER {
         return ptr::null_mut();
     }
-    // SAFETY: the API pointers are set at load and never changed afterwards.
-    let api = unsafe { (raw::RedisModule_LoadStringBuffer, raw::RedisModule_IsIOError, raw::RedisModule_Free) };
-    let (Some(load), Some(is_err), Some(free)) = api else {
-        return ptr::null_mut();
-    };
-    let mut len = 0usize;
-    // SAFETY: `rdb` is the valid IO handle of this load; `len` a live local
-    // the call writes the buffer's length to.
-    let p = unsafe { load(rdb, &mut len) };
-    // SAFETY: as above for `rdb`; a non-null `p` is the buffer LoadStringBuffer
-    // allocated with RedisModule_Alloc, freed once here and not used after.
-    if unsafe { is_err(rdb) } != 0 || p.is_null() {
-        if !p.is_null() {
-            unsafe { free(p.cast::<c_void>()) };
-        }
-        return ptr::null_mut();
-    }
+    let Some(buf) = io.load_buffer() else { return ptr::null_mut() };
     // The decoders never panic (fuzzed: fuzz/decode_*), but these bytes come
     // from outside (RESTORE, replication, RDB files): a panic unwinding out of
     // this extern "C" callback would abort the server, so refuse instead.
-    // SAFETY: without an IO error, `p` is non-null and points to the `len`
-    // initialised bytes LoadStringBuffer returned, alive (and not written)
-    // until the free below, after the last use of `bytes`.
-    let bytes = unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) };
-    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| T::decode_body(bytes)));
-    // SAFETY: `p` came from RedisModule_Alloc (LoadStringBuffer) and is freed
-    // once; `bytes` is not used afterwards.
-    unsafe { free(p.cast::<c_void>()) };
+    let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| T::decode_body(buf.bytes())));
+    drop(buf);
     match decoded {
         Ok(Ok(v)) => Value::create(v),
         _ => ptr::null_mut(),
@@ -157,20 +140,12 @@ unsafe extern "C" fn rdb_load<T: Stored>(rdb: *mut RedisModuleIO, encver: c_int)
 /// Only the server calls this: `aof` is the valid IO handle of this rewrite,
 /// `key` the key's valid name, `value` a live value pointer of this type.
 unsafe extern "C" fn aof_rewrite<T: Stored>(aof: *mut RedisModuleIO, key: *mut RedisModuleString, value: *mut c_void) {
-    // SAFETY: `value` is a live pointer of this type made by Value::create.
-    let Some(payload) = (unsafe {
-        Value::<T>::with(value, |v| codec::full_state(T::KIND, 0, 48 + v.heap_bytes(), |out| v.encode_body(out)))
-    }) else {
-        return;
-    };
-    // SAFETY: the API pointer is set at load and never changed; `aof` and
-    // `key` are valid for this call; the format "sb" matches the arguments
-    // (a RedisModuleString, then a buffer pointer and its length), and
-    // `payload` is alive for the call, which copies it.
-    unsafe {
-        if let Some(emit) = raw::RedisModule_EmitAOF {
-            emit(aof, c"RL.STATE".as_ptr(), c"sb".as_ptr(), key, payload.as_ptr().cast::<c_char>(), payload.len());
-        }
+    // SAFETY: the server's valid IO handle and key name, and a live value of
+    // this type, for the call.
+    let (io, key, v) = unsafe { (Io::from_raw(aof), Str::from_raw(key), ValueRef::<T>::from_raw(value)) };
+    let payload = v.with(|v| codec::full_state(T::KIND, 0, 48 + v.heap_bytes(), |out| v.encode_body(out)));
+    if let Some(payload) = payload {
+        io.emit(c"RL.STATE", key, &payload);
     }
 }
 
@@ -181,8 +156,8 @@ unsafe extern "C" fn aof_rewrite<T: Stored>(aof: *mut RedisModuleIO, key: *mut R
 /// Only the server calls this, with `value` a live value pointer of this
 /// type.
 unsafe extern "C" fn mem_usage<T: Stored>(value: *const c_void) -> usize {
-    // SAFETY: `value` is a live pointer of this type made by Value::create.
-    unsafe { Value::<T>::size(value) }
+    // SAFETY: a live value of this type, for the call.
+    unsafe { ValueRef::<T>::from_raw(value) }.size()
 }
 
 /// DEBUG DIGEST: the state's versioned body, as one sequence.
@@ -192,15 +167,11 @@ unsafe extern "C" fn mem_usage<T: Stored>(value: *const c_void) -> usize {
 /// Only the server calls this: `md` is the valid digest of this call and
 /// `value` a live value pointer of this type.
 unsafe extern "C" fn digest<T: Stored>(md: *mut RedisModuleDigest, value: *mut c_void) {
-    // SAFETY: `value` is a live pointer of this type made by Value::create.
-    let Some(body) = (unsafe { Value::<T>::with(value, body_of) }) else { return };
-    // SAFETY: the API pointers are set at load and never changed; `md` is
-    // the valid digest of this call; `body` is alive for the call.
-    unsafe {
-        if let (Some(add), Some(end)) = (raw::RedisModule_DigestAddStringBuffer, raw::RedisModule_DigestEndSequence) {
-            add(md, body.as_ptr().cast::<c_char>(), body.len());
-            end(md);
-        }
+    // SAFETY: the server's valid digest and a live value of this type, for
+    // the call.
+    let (md, v) = unsafe { (Digest::from_raw(md), ValueRef::<T>::from_raw(value)) };
+    if let Some(body) = v.with(body_of) {
+        md.add_sequence(&body);
     }
 }
 
@@ -227,9 +198,9 @@ unsafe extern "C" fn copy<T: Stored>(
     _to: *mut RedisModuleString,
     value: *const c_void,
 ) -> *mut c_void {
-    // SAFETY: `value` is a live pointer of this type made by Value::create,
-    // only read (the clone gets its own allocation).
-    unsafe { Value::<T>::with(value, |v| Value::create(v.clone())) }.unwrap_or(ptr::null_mut())
+    // SAFETY: a live value of this type, only read (the clone gets its own
+    // allocation).
+    unsafe { ValueRef::<T>::from_raw(value) }.with(|v| Value::create(v.clone())).unwrap_or(ptr::null_mut())
 }
 
 const fn methods<T: Stored>() -> raw::RedisModuleTypeMethods {

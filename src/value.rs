@@ -107,98 +107,135 @@ impl<T: Packable> Value<T> {
         }
     }
 
-    /// Run `f` on the state behind `p` (None for NULL).
+    /// Free a value pointer made by [`Value::create`].
     ///
     /// # Safety
-    /// `p` is NULL or a pointer made by [`Value::create`] for this `T`, not freed.
-    #[inline]
-    pub unsafe fn with<R>(p: *const c_void, f: impl FnOnce(&T) -> R) -> Option<R> {
-        match Self::form(p) {
-            Form::Null => None,
-            // SAFETY: `p` is a live pointer from `create` for this T (the
-            // caller's guarantee): a tagged one points, untagged, to a boxed
-            // `[u64; 2]`, an untagged one to a boxed T; both aligned and
-            // initialised, and only read here.
-            Form::Compact(w) => T::unpack(unsafe { *w }).map(|v| f(&v)),
-            Form::Wide(b) => Some(f(unsafe { &*b })),
+    /// `p` is NULL or a pointer made by [`Value::create`] for this `T`, not
+    /// freed, not borrowed, and not used afterwards.
+    pub unsafe fn free(p: *mut c_void) {
+        // SAFETY: `create` made these with Box::into_raw of exactly these
+        // types (the tag removed by `form`); the caller frees each once and
+        // does not use it afterwards.
+        unsafe {
+            match Self::form(p) {
+                Form::Null => {}
+                Form::Compact(w) => drop(Box::from_raw(w)),
+                Form::Wide(b) => drop(Box::from_raw(b)),
+            }
         }
     }
+}
 
-    /// The state behind a wide pointer, for mutation in place; None for a
-    /// compact or NULL pointer.
+/// A live value pointer of `T`'s type, borrowed exclusively for `'a`:
+/// written in place through safe methods.
+pub struct ValueMut<'a, T> {
+    p: *mut c_void,
+    _v: PhantomData<&'a mut T>,
+}
+
+impl<'a, T: Packable> ValueMut<'a, T> {
+    /// Borrow the value behind `p` exclusively; None for NULL.
     ///
     /// # Safety
-    /// As [`Value::with`]; no other reference to the state may be alive.
+    ///
+    /// `p` is NULL or a pointer made by [`Value::create`] for this `T`, not
+    /// freed, and no other reference to its state is alive, for `'a`.
     #[inline]
-    pub unsafe fn wide_mut<'a>(p: *mut c_void) -> Option<&'a mut T> {
-        match Self::form(p) {
-            // SAFETY: an untagged live pointer from `create` is a boxed T;
-            // the caller guarantees no other reference to it is alive.
+    pub unsafe fn from_raw(p: *mut c_void) -> Option<Self> {
+        (!p.is_null()).then_some(ValueMut { p, _v: PhantomData })
+    }
+
+    /// The state in place, if the pointer is wide (None for a compact one).
+    #[inline]
+    pub fn wide(self) -> Option<&'a mut T> {
+        match Value::<T>::form(self.p) {
+            // SAFETY: an untagged live pointer from `create` is a boxed T,
+            // borrowed exclusively for `'a` (`from_raw`).
             Form::Wide(b) => Some(unsafe { &mut *b }),
             _ => None,
         }
     }
 
-    /// Replace the state behind `p` in place, or hand `v` back when the
-    /// pointer's form cannot hold it (the caller then sets a new value).
-    ///
-    /// # Safety
-    /// As [`Value::wide_mut`].
+    /// Replace the state in place, or hand `v` back when the pointer's form
+    /// cannot hold it (the caller then sets a new value).
     #[inline]
-    pub unsafe fn overwrite(p: *mut c_void, v: T) -> Result<(), T> {
-        match (Self::form(p), v.pack()) {
-            (Form::Compact(w), Some(new)) => {
-                // SAFETY: a tagged live pointer from `create` is, untagged, a
-                // boxed `[u64; 2]`; no other reference to it is alive (the
-                // caller's guarantee).
-                unsafe { *w = new };
-                Ok(())
+    pub fn overwrite(self, v: T) -> Result<(), T> {
+        // SAFETY: a tagged live pointer from `create` is, untagged, a boxed
+        // `[u64; 2]`; an untagged one a boxed, initialised T (the old state
+        // is dropped by the assignment); both borrowed exclusively
+        // (`from_raw`).
+        unsafe {
+            match (Value::<T>::form(self.p), v.pack()) {
+                (Form::Compact(w), Some(new)) => {
+                    *w = new;
+                    Ok(())
+                }
+                (Form::Wide(b), None) => {
+                    *b = v;
+                    Ok(())
+                }
+                _ => Err(v),
             }
-            (Form::Wide(b), None) => {
-                // SAFETY: an untagged live pointer from `create` is a boxed,
-                // initialised T (the old state is dropped by the assignment);
-                // no other reference to it is alive (the caller's guarantee).
-                unsafe { *b = v };
-                Ok(())
+        }
+    }
+}
+
+/// A live value pointer of `T`'s type (or NULL), borrowed for `'a`: read
+/// through safe methods.
+#[derive(Clone, Copy)]
+pub struct ValueRef<'a, T> {
+    p: *const c_void,
+    _v: PhantomData<&'a T>,
+}
+
+impl<T: Packable> ValueRef<'_, T> {
+    /// Borrow the value behind `p`.
+    ///
+    /// # Safety
+    ///
+    /// `p` is NULL or a pointer made by [`Value::create`] for this `T`, not
+    /// freed, nor written through another pointer, while the borrow lasts.
+    #[inline]
+    pub unsafe fn from_raw(p: *const c_void) -> Self {
+        ValueRef { p, _v: PhantomData }
+    }
+
+    /// Run `f` on the state (None for NULL).
+    #[inline]
+    pub fn with<R>(self, f: impl FnOnce(&T) -> R) -> Option<R> {
+        let form = Value::<T>::form(self.p);
+        // SAFETY: a live pointer from `create` for this T (`from_raw`): a
+        // tagged one points, untagged, to a boxed `[u64; 2]`, an untagged one
+        // to a boxed T; both aligned and initialised, and only read here.
+        let state = unsafe {
+            match form {
+                Form::Null => return None,
+                Form::Compact(w) => Err(*w),
+                Form::Wide(b) => Ok(&*b),
             }
-            _ => Err(v),
+        };
+        match state {
+            Ok(v) => Some(f(v)),
+            Err(w) => T::unpack(w).map(|v| f(&v)),
         }
     }
 
-    /// Free a value pointer made by [`Value::create`].
-    ///
-    /// # Safety
-    /// As [`Value::wide_mut`]; `p` is not used afterwards.
-    pub unsafe fn free(p: *mut c_void) {
-        match Self::form(p) {
-            Form::Null => {}
-            // SAFETY: `create` made these with Box::into_raw of exactly these
-            // types (the tag removed by `form`); the caller frees each once
-            // and does not use it afterwards.
-            Form::Compact(w) => drop(unsafe { Box::from_raw(w) }),
-            Form::Wide(b) => drop(unsafe { Box::from_raw(b) }),
-        }
-    }
-
-    /// Bytes behind a value pointer, for MEMORY USAGE.
-    ///
-    /// # Safety
-    /// As [`Value::with`].
-    pub unsafe fn size(p: *const c_void) -> usize {
+    /// Bytes behind the pointer, for MEMORY USAGE.
+    pub fn size(self) -> usize {
         use crate::memusage::{usable, wrapper};
-        match Self::form(p) {
-            Form::Null => 0,
-            // SAFETY: `w` is the live block `create` allocated for the words
-            // (the caller's guarantee), as `usable` requires.
-            Form::Compact(w) => wrapper() + unsafe { usable(w.cast(), std::mem::size_of::<[u64; 2]>()) },
-            // SAFETY: `b` is a live boxed T from `create` (the caller's
-            // guarantee), only read here; it and the heap block it owns (if
-            // any) are live allocations of the global allocator, as `usable`
-            // requires.
-            Form::Wide(b) => unsafe {
-                let heap = (*b).heap_block().map_or(0, |h| usable(h.cast(), (*b).heap_bytes()));
-                wrapper() + usable(b.cast(), std::mem::size_of::<T>()) + heap
-            },
+        // SAFETY: `w` is the live block `create` allocated for the words,
+        // `b` a live boxed T from `create` (`from_raw`), only read here; it
+        // and the heap block it owns (if any) are live allocations of the
+        // global allocator, as `usable` requires.
+        unsafe {
+            match Value::<T>::form(self.p) {
+                Form::Null => 0,
+                Form::Compact(w) => wrapper() + usable(w.cast(), std::mem::size_of::<[u64; 2]>()),
+                Form::Wide(b) => {
+                    let heap = (*b).heap_block().map_or(0, |h| usable(h.cast(), (*b).heap_bytes()));
+                    wrapper() + usable(b.cast(), std::mem::size_of::<T>()) + heap
+                }
+            }
         }
     }
 }
@@ -216,27 +253,29 @@ mod tests {
         let small = tb::State { tokens: 3, frac: 0, den: 1000, last_us: PACK_EPOCH_US + 5 };
         let wide = tb::State { tokens: 3, frac: 0, den: 1000, last_us: 1 };
         assert!(small.pack().is_some() && wide.pack().is_none());
+        // SAFETY: every pointer is made by Value::create, used while live,
+        // borrowed by one handle at a time and freed once.
         unsafe {
             let p = Value::create(small);
             assert_eq!(p.addr() & COMPACT_TAG, 1);
-            assert_eq!(Value::<tb::State>::with(p, |s| *s), Some(small));
-            assert_eq!(Value::<tb::State>::size(p), 16);
-            assert!(Value::<tb::State>::wide_mut(p).is_none());
-            assert_eq!(Value::overwrite(p, wide), Err(wide));
+            assert_eq!(ValueRef::<tb::State>::from_raw(p).with(|s| *s), Some(small));
+            assert_eq!(ValueRef::<tb::State>::from_raw(p).size(), 16);
+            assert!(ValueMut::<tb::State>::from_raw(p).and_then(ValueMut::wide).is_none());
+            assert_eq!(ValueMut::from_raw(p).map(|h| h.overwrite(wide)), Some(Err(wide)));
             let small2 = tb::State { tokens: 4, ..small };
-            assert_eq!(Value::overwrite(p, small2), Ok(()));
-            assert_eq!(Value::<tb::State>::with(p, |s| *s), Some(small2));
+            assert_eq!(ValueMut::from_raw(p).map(|h| h.overwrite(small2)), Some(Ok(())));
+            assert_eq!(ValueRef::<tb::State>::from_raw(p).with(|s| *s), Some(small2));
             Value::<tb::State>::free(p);
 
             let q = Value::create(wide);
             assert_eq!(q.addr() & COMPACT_TAG, 0);
-            assert_eq!(Value::<tb::State>::with(q, |s| *s), Some(wide));
-            assert_eq!(Value::<tb::State>::size(q), std::mem::size_of::<tb::State>());
-            assert_eq!(Value::overwrite(q, small), Err(small));
+            assert_eq!(ValueRef::<tb::State>::from_raw(q).with(|s| *s), Some(wide));
+            assert_eq!(ValueRef::<tb::State>::from_raw(q).size(), std::mem::size_of::<tb::State>());
+            assert_eq!(ValueMut::from_raw(q).map(|h| h.overwrite(small)), Some(Err(small)));
             Value::<tb::State>::free(q);
 
-            assert_eq!(Value::<tb::State>::with(std::ptr::null(), |s| *s), None);
-            assert_eq!(Value::<tb::State>::size(std::ptr::null()), 0);
+            assert_eq!(ValueRef::<tb::State>::from_raw(std::ptr::null()).with(|s| *s), None);
+            assert_eq!(ValueRef::<tb::State>::from_raw(std::ptr::null()).size(), 0);
             Value::<tb::State>::free(std::ptr::null_mut());
         }
     }
@@ -245,14 +284,15 @@ mod tests {
     fn a_sliding_log_is_always_wide() {
         let mut log = sl::State::default();
         sl::grant(&mut log, 1000, 1, PACK_EPOCH_US);
+        // SAFETY: as in the test above.
         unsafe {
             let p = Value::create(log.clone());
             assert_eq!(p.addr() & COMPACT_TAG, 0);
-            assert_eq!(Value::<sl::State>::with(p, Clone::clone), Some(log.clone()));
-            assert!(Value::<sl::State>::wide_mut(p).is_some());
-            let heap = Value::<sl::State>::with(p, |s| s.heap_bytes()).unwrap();
+            assert_eq!(ValueRef::<sl::State>::from_raw(p).with(Clone::clone), Some(log.clone()));
+            assert!(ValueMut::<sl::State>::from_raw(p).and_then(ValueMut::wide).is_some());
+            let heap = ValueRef::<sl::State>::from_raw(p).with(|s| s.heap_bytes()).unwrap();
             assert!(heap >= 4);
-            assert_eq!(Value::<sl::State>::size(p), std::mem::size_of::<sl::State>() + heap);
+            assert_eq!(ValueRef::<sl::State>::from_raw(p).size(), std::mem::size_of::<sl::State>() + heap);
             Value::<sl::State>::free(p);
         }
     }

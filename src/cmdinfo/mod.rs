@@ -33,12 +33,14 @@ mod info;
 mod version;
 
 use std::ffi::{c_int, CStr};
-use std::ptr;
 use std::sync::atomic::Ordering::Relaxed;
 
-use redis_module::raw::{self, RedisModuleCommandHistoryEntry, RedisModuleCommandInfo, RedisModuleCtx};
+use redis_module::raw;
 
-use self::cstruct::{c_args, key_specs, INFO_VERSION};
+use crate::api::Ctx;
+use crate::ffi::opt;
+
+pub use self::cstruct::CommandInfo;
 use self::dsl::{arg, int, key, opt_flag, opt_int, Arg, Ty};
 pub use self::info::info_section;
 use self::info::{ACL_SET, CATEGORY_SET, DOCS_SET};
@@ -261,114 +263,43 @@ pub static COMMANDS: [Doc; 5] = [
 /// The ACL category of the user-facing commands.
 pub const CATEGORY: &CStr = c"ratelimit";
 
-/// Log `msg` at warning level.
-///
-/// # Safety
-///
-/// `ctx` is the valid context of the running OnLoad.
-unsafe fn log_warning(ctx: *mut RedisModuleCtx, msg: &CStr) {
-    // SAFETY: the pointer is set at load and never changed; `ctx` is valid
-    // (the caller's guarantee), and the message goes through a "%s" format,
-    // so it is never read as a format string.
-    unsafe {
-        if let Some(log) = raw::RedisModule_Log {
-            log(ctx, c"warning".as_ptr(), c"%s".as_ptr(), msg.as_ptr());
-        }
-    }
-}
-
 /// Docs, key specs and ACL categories for every registered command. Call
-/// from OnLoad after the commands are created. Returns false (the module
-/// then refuses to load) only when the server offers an API and refuses a
-/// description this module got wrong.
-///
-/// # Safety
-///
-/// `ctx` is the valid context of the running OnLoad (single-threaded, at
-/// load), and every command of `COMMANDS` has been created.
-pub unsafe fn register(ctx: *mut RedisModuleCtx) -> bool {
-    // SAFETY: the API pointers are set at load and never changed; this runs
-    // in OnLoad on the main thread.
-    let Some(get_command) = (unsafe { raw::RedisModule_GetCommand }) else {
+/// from OnLoad (`ctx`) after the commands are created. Returns false (the
+/// module then refuses to load) only when the server offers an API and
+/// refuses a description this module got wrong.
+pub fn register(ctx: Ctx) -> bool {
+    if opt!(RedisModule_GetCommand).is_none() {
         return true;
-    };
+    }
     // The category; after MODULE UNLOAD and LOAD it already exists (the
     // server cannot remove it), which the command flags below then use.
-    // SAFETY: as above for the pointer; `ctx` is OnLoad's valid ctx and the
-    // name a NUL-terminated static.
-    let category = match unsafe { raw::RedisModule_AddACLCategory } {
-        Some(add) => {
-            unsafe { add(ctx, CATEGORY.as_ptr()) };
-            true
-        }
-        None => false,
-    };
+    let category = ctx.add_acl_category(CATEGORY);
     let mut docs_ok = true;
     let mut acl_ok = true;
     let mut category_ok = category;
     for d in &COMMANDS {
-        // SAFETY: `ctx` is OnLoad's valid ctx; the name is a NUL-terminated
-        // static. A null answer is handled below.
-        let cmd = unsafe { get_command(ctx, d.name.as_ptr()) };
-        if cmd.is_null() {
-            // SAFETY: OnLoad's valid ctx (the caller's guarantee).
-            unsafe { log_warning(ctx, c"ratelimit: a command to describe is not registered") };
+        let Some(cmd) = ctx.get_command(d.name) else {
+            ctx.log(c"warning", c"ratelimit: a command to describe is not registered");
             return false;
-        }
-        // SAFETY: the API pointer is set at load and never changed.
-        if let Some(set_info) = unsafe { raw::RedisModule_SetCommandInfo } {
-            let mut store = Vec::new();
-            let args = c_args(d.args, &mut store);
-            let mut specs = key_specs(d.keys, d.key_flags);
-            let mut history: Vec<RedisModuleCommandHistoryEntry> = d
-                .history
-                .iter()
-                .map(|(since, changes)| RedisModuleCommandHistoryEntry { since: since.as_ptr(), changes: changes.as_ptr() })
-                .collect();
-            history.push(RedisModuleCommandHistoryEntry { since: ptr::null(), changes: ptr::null() });
-            let info = RedisModuleCommandInfo {
-                version: &INFO_VERSION,
-                summary: d.summary.as_ptr(),
-                complexity: d.complexity.as_ptr(),
-                since: d.since.as_ptr(),
-                history: if d.history.is_empty() { ptr::null_mut() } else { history.as_mut_ptr() },
-                tips: ptr::null(),
-                // 0 keeps the arity given at creation (any); RL.MULTI's
-                // shortest call is `RL.MULTI 1 key SLIDINGLOG limit window_ms`.
-                arity: match d.keys {
-                    Keys::First => 0,
-                    Keys::NumKeys => -6,
-                },
-                key_specs: specs.as_mut_ptr(),
-                args,
-            };
-            // SAFETY: `cmd` is the non-null command GetCommand returned; every
-            // pointer in `info` (strings, args, specs, history, each list
-            // terminated as the API expects) points into statics or into
-            // `store`, `specs` and `history`, which live until after the call.
-            if unsafe { set_info(cmd, &info) } != crate::ffi::OK {
-                // SAFETY: OnLoad's valid ctx (the caller's guarantee).
-                unsafe { log_warning(ctx, c"ratelimit: the server refused a command's COMMAND DOCS / key specs") };
+        };
+        if opt!(RedisModule_SetCommandInfo).is_some() {
+            if cmd.set_info(&CommandInfo::new(d)) != Some(true) {
+                ctx.log(c"warning", c"ratelimit: the server refused a command's COMMAND DOCS / key specs");
                 return false;
             }
         } else {
             docs_ok = false;
         }
-        // SAFETY: the API pointer is set at load and never changed.
-        if let Some(set_acl) = unsafe { raw::RedisModule_SetCommandACLCategories } {
+        if opt!(RedisModule_SetCommandACLCategories).is_some() {
             let mut ok = false;
             if category && d.user_facing {
                 let with_category = format!("{} {}", CATEGORY.to_string_lossy(), d.acl.to_string_lossy());
                 let with_category = std::ffi::CString::new(with_category).unwrap_or_default();
-                // SAFETY: `cmd` is non-null (checked above); the CString lives
-                // until after the call, which copies it.
-                ok = unsafe { set_acl(cmd, with_category.as_ptr()) } == crate::ffi::OK;
+                ok = cmd.set_acl_categories(&with_category) == Some(true);
                 category_ok &= ok;
             }
-            // SAFETY: `cmd` is non-null; `d.acl` is a NUL-terminated static.
-            if !ok && unsafe { set_acl(cmd, d.acl.as_ptr()) } != crate::ffi::OK {
-                // SAFETY: OnLoad's valid ctx (the caller's guarantee).
-                unsafe { log_warning(ctx, c"ratelimit: the server refused a command's ACL categories") };
+            if !ok && cmd.set_acl_categories(d.acl) != Some(true) {
+                ctx.log(c"warning", c"ratelimit: the server refused a command's ACL categories");
                 return false;
             }
         } else {

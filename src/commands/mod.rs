@@ -77,9 +77,20 @@ pub(super) fn abs_expiry(now_us: u64, reset_ms: u64) -> u64 {
     (now_us / 1000).saturating_add(reset_ms)
 }
 
+/// How a call's written keys replicate: whether anything can read effects
+/// is read once per call, at its first written key; where nothing can, the
+/// command itself is replicated once for the call, not once per written
+/// key (a second copy would only cost a MULTI/EXEC wrap).
+#[derive(Default)]
+pub(super) struct Effects {
+    listen: Option<bool>,
+    verbatim: bool,
+}
+
 /// After a state was stored: the key expires when the limiter is fresh
 /// again (`reset_ms` from `now_us`), is signalled modified, and the effect
-/// `payload(abs)` is replicated (skipped where nothing reads it).
+/// `payload(abs)` is replicated (skipped where nothing reads it: see
+/// [`Effects`]). Every command that writes a limiter commits it here.
 #[inline(always)]
 pub(super) fn commit<'a, P: AsRef<[u8]>>(
     ctx: Ctx<'a>,
@@ -87,12 +98,18 @@ pub(super) fn commit<'a, P: AsRef<[u8]>>(
     name: Str<'a>,
     now_us: u64,
     reset_ms: u64,
+    effects: &mut Effects,
     payload: impl FnOnce(u64) -> P,
 ) {
     let abs = abs_expiry(now_us, reset_ms);
     key.set_abs_expire(abs);
     key.signal_modified();
-    listeners::replicate(ctx, name, || payload(abs));
+    if *effects.listen.get_or_insert_with(listeners::must_replicate) {
+        ctx.replicate_state(name, payload(abs).as_ref());
+    } else if !effects.verbatim {
+        ctx.replicate_verbatim();
+        effects.verbatim = true;
+    }
 }
 
 /// The write a decided call makes.

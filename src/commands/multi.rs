@@ -9,11 +9,10 @@ use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, 
 
 use super::reply::{reply_arg_error, reply_multi, STORE_FAILED};
 use super::single::{log_apply, word_apply, WordLimiter};
-use super::{abs_expiry, delete};
+use super::{commit, delete, Effects};
 use crate::api::{Ctx, Key, Slot, Str};
 use crate::clock;
 use crate::ffi;
-use crate::listeners;
 use crate::types::Stored;
 
 /// The registered type of a limit's algorithm.
@@ -207,9 +206,7 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
         // that gave units back on a refund.
         let writes = !call.dryrun;
         let mut failed = false;
-        // Read once for the call, at its first written key.
-        let mut listen: Option<bool> = None;
-        let mut verbatim = false;
+        let mut effects = Effects::default();
         for i in 0..n {
             let (Some(Some(key)), Some(&slot), Some(d), Some(&name), Some(spec)) =
                 (keys.get_mut(i), slots.get(i), per.get(i), names.get(i), specs.get(i))
@@ -223,7 +220,6 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
                 delete(ctx, key, name);
                 continue;
             }
-            let abs = abs_expiry(now, d.reset_after_ms);
             let stored = match spec.kind {
                 Kind::TokenBucket => tbs.get(i).is_some_and(|&s| key.store(s)),
                 Kind::SlidingCounter => scs.get(i).is_some_and(|&s| key.store(s)),
@@ -236,35 +232,20 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
                 failed = true;
                 continue;
             }
-            key.set_abs_expire(abs);
-            key.signal_modified();
-            let listen = *listen.get_or_insert_with(listeners::must_replicate);
-            if !listen {
-                // Nobody listens for effects: the command itself is
-                // replicated, once for the call, not once per written key
-                // (a second copy would only cost a MULTI/EXEC wrap).
-                if !verbatim {
-                    ctx.replicate_verbatim();
-                    verbatim = true;
-                }
-                continue;
-            }
+            let (reset, e) = (d.reset_after_ms, &mut effects);
             match spec.kind {
                 Kind::TokenBucket => {
-                    let s = tbs.get(i).copied().unwrap_or_default();
-                    listeners::replicate_if(ctx, listen, name, || s.effect(abs));
+                    commit(ctx, key, name, now, reset, e, |abs| tbs.get(i).copied().unwrap_or_default().effect(abs));
                 }
                 Kind::SlidingCounter => {
-                    let s = scs.get(i).copied().unwrap_or_default();
-                    listeners::replicate_if(ctx, listen, name, || s.effect(abs));
+                    commit(ctx, key, name, now, reset, e, |abs| scs.get(i).copied().unwrap_or_default().effect(abs));
                 }
                 Kind::SlidingLog => {
-                    let window_ms = spec.nums[1];
-                    let g = codec::LogGrant { now_us: now, window_ms, units: d.granted };
+                    let g = || codec::LogGrant { now_us: now, window_ms: spec.nums[1], units: d.granted };
                     if call.refund > 0 {
-                        listeners::replicate_if(ctx, listen, name, || codec::log_refund(&g, abs));
+                        commit(ctx, key, name, now, reset, e, |abs| codec::log_refund(&g(), abs));
                     } else {
-                        listeners::replicate_if(ctx, listen, name, || codec::log_grant(&g, abs));
+                        commit(ctx, key, name, now, reset, e, |abs| codec::log_grant(&g(), abs));
                     }
                 }
             }

@@ -8,7 +8,7 @@ use ratelimit_core::args::{self, Arg, Call};
 use ratelimit_core::{codec, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 
 use super::reply::{reply, STORE_FAILED};
-use super::{commit, delete, parse, write_grant, Write};
+use super::{commit, delete, parse, write_grant, Effects, Write};
 use crate::api::{Ctx, Slot, Str};
 use crate::clock;
 use crate::ffi;
@@ -110,7 +110,7 @@ pub(super) fn word_apply<'a, T: WordLimiter>(ctx: Ctx<'a>, name: Str<'a>, call: 
             if d.reset_after_ms == 0 {
                 delete(ctx, &mut key, name);
             } else if key.store(new) {
-                commit(ctx, &key, name, now, d.reset_after_ms, |abs| new.effect(abs));
+                commit(ctx, &key, name, now, d.reset_after_ms, &mut Effects::default(), |abs| new.effect(abs));
             } else {
                 return Err(ctx.reply_error(STORE_FAILED));
             }
@@ -122,7 +122,7 @@ pub(super) fn word_apply<'a, T: WordLimiter>(ctx: Ctx<'a>, name: Str<'a>, call: 
         Write::None => {}
         Write::Failed => return Err(ctx.reply_error(STORE_FAILED)),
         Write::Done => {
-            commit(ctx, &key, name, now, d.reset_after_ms, |abs| new.effect(abs));
+            commit(ctx, &key, name, now, d.reset_after_ms, &mut Effects::default(), |abs| new.effect(abs));
         }
     }
     Ok(d)
@@ -178,7 +178,7 @@ pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<
                 delete(ctx, &mut key, name);
             } else {
                 let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: given };
-                commit(ctx, &key, name, now, d.reset_after_ms, |abs| codec::log_refund(&g, abs));
+                commit(ctx, &key, name, now, d.reset_after_ms, &mut Effects::default(), |abs| codec::log_refund(&g, abs));
             }
         }
         return Ok(d);
@@ -204,7 +204,7 @@ pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<
         Write::Failed => return Err(ctx.reply_error(STORE_FAILED)),
         Write::Done => {
             let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
-            commit(ctx, &key, name, now, d.reset_after_ms, |abs| codec::log_grant(&g, abs));
+            commit(ctx, &key, name, now, d.reset_after_ms, &mut Effects::default(), |abs| codec::log_grant(&g, abs));
         }
     }
     Ok(d)

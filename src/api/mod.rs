@@ -1,11 +1,26 @@
-//! The safe layer the command handlers are written in: a call's context
-//! ([`Ctx`]), its arguments ([`Str`]), an open key ([`Key`]) and the reply
-//! writers, each a thin `#[inline]` method over one or two raw
-//! `RedisModule_*` calls (no allocation, no formatting). The raw API is
-//! reached here and in `ffi.rs` only; a handler is a plain safe
-//! `fn(Ctx, &[Str]) -> c_int`, turned into the `extern "C"` function Redis
-//! calls by [`entry!`], which creates the context once, slices the
-//! arguments and keeps the panic guard at the FFI boundary.
+//! The safe layer over the raw module API. Every pointer the server hands
+//! the module is wrapped once, in its callback's entry, into a [`Handle`]
+//! (or an open [`Key`]), and used through safe methods, each a thin
+//! `#[inline]` wrapper over one or a few raw `RedisModule_*` calls:
+//! - this file: a command call's context ([`Ctx`]), its arguments ([`Str`]),
+//!   an open key ([`Key`]) and the reply writers (no allocation, no
+//!   formatting: the request path); a handler is a plain safe
+//!   `fn(Ctx, &[Str]) -> c_int`, turned into the `extern "C"` function Redis
+//!   calls by [`entry!`], which creates the context once, slices the
+//!   arguments and keeps the panic guard at the FFI boundary;
+//! - `host.rs`: what load-time and timer code asks of the server through a
+//!   [`Ctx`] (registration, options, events, timers, logging, INFO fields,
+//!   strings the module owns, `MEMORY USAGE`);
+//! - `io.rs`: the data-type callbacks' handles (RDB and AOF [`Io`],
+//!   [`Digest`]) and the INFO callback's [`InfoCtx`].
+//!
+//! The raw API is reached here and in `ffi.rs` (the presence checks) only.
+
+mod host;
+mod io;
+
+pub use self::host::{CallReply, OwnedString};
+pub use self::io::{Digest, InfoCtx, Io};
 
 use std::ffi::{c_char, c_int, c_long, c_longlong, c_void, CStr};
 use std::marker::PhantomData;
@@ -15,28 +30,53 @@ use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString,
 
 use crate::ffi::{api, OK};
 use crate::types::Stored;
-use crate::value::Value;
+use crate::value::{Value, ValueMut, ValueRef};
 
 /// Largest absolute expiry we hand to Redis (ms since the epoch, ~146
 /// million years): far beyond any real reset, and `mstime() + ttl` cannot
 /// overflow inside Redis.
 const MAX_EXPIRE_MS: u64 = 1 << 62;
 
-/// The context of one command call, valid while the call runs (`'a`).
-#[derive(Clone, Copy)]
-pub struct Ctx<'a> {
-    raw: *mut RedisModuleCtx,
-    _call: PhantomData<&'a RedisModuleCtx>,
+/// A pointer the server handed to the running callback (a command call,
+/// OnLoad, a timer, an RDB or AOF callback, INFO), valid until it returns
+/// (`'a`): made once, in the callback's entry ([`Handle::from_raw`]), and
+/// used through the safe methods of its kind. `repr(transparent)`: a
+/// call's `argv` is a `[Str]`.
+#[repr(transparent)]
+pub struct Handle<'a, T> {
+    raw: *mut T,
+    _call: PhantomData<&'a T>,
 }
 
-/// One argument of the call (a `RedisModuleString` Redis owns for the
-/// call's duration). `repr(transparent)`: the call's `argv` is a `[Str]`.
-#[derive(Clone, Copy)]
-#[repr(transparent)]
-pub struct Str<'a> {
-    raw: *mut RedisModuleString,
-    _call: PhantomData<&'a RedisModuleString>,
+impl<T> Clone for Handle<'_, T> {
+    #[inline]
+    fn clone(&self) -> Self {
+        *self
+    }
 }
+impl<T> Copy for Handle<'_, T> {}
+
+impl<T> Handle<'_, T> {
+    /// Wrap a pointer the server passed to the running callback.
+    ///
+    /// # Safety
+    ///
+    /// `raw` is the valid pointer of its kind that the server passed to the
+    /// callback running now on the main thread, valid for the handle's
+    /// lifetime, which does not outlive the callback.
+    #[inline]
+    pub unsafe fn from_raw(raw: *mut T) -> Self {
+        Handle { raw, _call: PhantomData }
+    }
+}
+
+/// A context the server passed to the running callback: a command call's
+/// (where the reply and key methods are used), OnLoad's or a timer's.
+pub type Ctx<'a> = Handle<'a, RedisModuleCtx>;
+
+/// One argument of the call (a `RedisModuleString` Redis owns for the
+/// call's duration), or a string this module owns ([`OwnedString`]).
+pub type Str<'a> = Handle<'a, RedisModuleString>;
 
 /// The `extern "C"` command function Redis registers for the safe handler
 /// `$f: fn(Ctx, &[Str]) -> c_int`.
@@ -55,40 +95,27 @@ macro_rules! entry {
             argc: std::ffi::c_int,
         ) -> std::ffi::c_int {
             // SAFETY: Redis calls a command function with the call's
-            // context and its `argc` arguments in `argv`, all valid until
-            // it returns.
-            unsafe { $crate::api::run(ctx, argv, argc, $f) }
+            // context and its `argc` arguments in `argv` (none when `argc`
+            // is not positive), all valid until it returns; `Str` is a
+            // transparent `*mut RedisModuleString`.
+            let (ctx, args) = unsafe {
+                let args: &[$crate::api::Str] =
+                    if argv.is_null() || argc <= 0 { &[] } else { std::slice::from_raw_parts(argv.cast(), argc as usize) };
+                ($crate::api::Ctx::from_raw(ctx), args)
+            };
+            $crate::api::run(ctx, args, $f)
         }
-        Some(entry as unsafe extern "C" fn(_, _, _) -> _)
+        Some(entry as _)
     }};
 }
 pub(crate) use entry;
 
-/// Run the handler `f` on the call `(ctx, argv, argc)`; a panic (a bug:
-/// none is reachable by design) answers an error instead of unwinding into
-/// Redis, which would abort the server.
-///
-/// # Safety
-/// `ctx` must be the context of a command call in progress and `argv` its
-/// `argc` argument strings (or `argc <= 0`), all valid until `run` returns.
+/// Run the handler `f` on the call `(ctx, args)`; a panic (a bug: none is
+/// reachable by design) answers an error instead of unwinding into Redis,
+/// which would abort the server.
 #[inline(always)]
-pub unsafe fn run(
-    ctx: *mut RedisModuleCtx,
-    argv: *mut *mut RedisModuleString,
-    argc: c_int,
-    f: impl for<'a> FnOnce(Ctx<'a>, &'a [Str<'a>]) -> c_int,
-) -> c_int {
-    let ctx = Ctx { raw: ctx, _call: PhantomData };
-    match catch_unwind(AssertUnwindSafe(|| {
-        let args: &[Str] = if argv.is_null() || argc <= 0 {
-            &[]
-        } else {
-            // SAFETY: the caller's contract: `argc` valid pointers at
-            // `argv`; `Str` is a transparent `*mut RedisModuleString`.
-            unsafe { std::slice::from_raw_parts(argv.cast::<Str>(), argc as usize) }
-        };
-        f(ctx, args)
-    })) {
+pub fn run<'a>(ctx: Ctx<'a>, args: &'a [Str<'a>], f: impl FnOnce(Ctx<'a>, &'a [Str<'a>]) -> c_int) -> c_int {
+    match catch_unwind(AssertUnwindSafe(|| f(ctx, args))) {
         Ok(rc) => rc,
         Err(_) => ctx.reply_error(c"ERR ratelimit internal error"),
     }
@@ -99,14 +126,16 @@ impl<'a> Str<'a> {
     #[inline]
     pub fn bytes(self) -> &'a [u8] {
         let mut len = 0usize;
-        // SAFETY: `self.raw` is a live argument of the call (`run`), which
-        // outlives `'a`; Redis returns its buffer and length.
-        let p = unsafe { api!(RedisModule_StringPtrLen)(self.raw, &mut len) };
-        if p.is_null() {
-            &[]
-        } else {
-            // SAFETY: `len` bytes at `p`, owned by the argument.
-            unsafe { std::slice::from_raw_parts(p.cast::<u8>(), len) }
+        // SAFETY: `self.raw` is a live string (an argument of the call,
+        // `run`, or an owned one), which outlives `'a`; Redis returns its
+        // buffer and length: `len` bytes at a non-null `p`, owned by it.
+        unsafe {
+            let p = api!(RedisModule_StringPtrLen)(self.raw, &mut len);
+            if p.is_null() {
+                &[]
+            } else {
+                std::slice::from_raw_parts(p.cast::<u8>(), len)
+            }
         }
     }
 }
@@ -252,23 +281,25 @@ impl Key<'_> {
         if self.key.is_null() {
             return Slot::Empty;
         }
-        // SAFETY (the three calls): an open key of a live call.
-        let kt = unsafe { api!(RedisModule_KeyType)(self.key) };
-        if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
-            return Slot::Empty;
-        }
-        if kt as isize != raw::REDISMODULE_KEYTYPE_MODULE {
-            return Slot::WrongType;
-        }
-        if unsafe { api!(RedisModule_ModuleTypeGetType)(self.key) } != ty || ty.is_null() {
-            return Slot::WrongType;
-        }
-        let v = unsafe { api!(RedisModule_ModuleTypeGetValue)(self.key) };
-        if v.is_null() {
-            Slot::WrongType
-        } else {
-            self.val = v;
-            Slot::Ours
+        // SAFETY: an open key of a live call (the three calls).
+        unsafe {
+            let kt = api!(RedisModule_KeyType)(self.key);
+            if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
+                return Slot::Empty;
+            }
+            if kt as isize != raw::REDISMODULE_KEYTYPE_MODULE {
+                return Slot::WrongType;
+            }
+            if api!(RedisModule_ModuleTypeGetType)(self.key) != ty || ty.is_null() {
+                return Slot::WrongType;
+            }
+            let v = api!(RedisModule_ModuleTypeGetValue)(self.key);
+            if v.is_null() {
+                Slot::WrongType
+            } else {
+                self.val = v;
+                Slot::Ours
+            }
         }
     }
 
@@ -287,32 +318,36 @@ impl Key<'_> {
     pub fn read<T: Stored + Copy>(&self) -> Option<T> {
         let p = self.ours::<T>();
         // SAFETY: `p` is NULL or the key's value of `T`'s type, which
-        // `T::redis_type()` values are laid out as (`value.rs`).
-        unsafe { Value::<T>::with(p, |v| *v) }
+        // `T::redis_type()` values are laid out as (`value.rs`), alive while
+        // the key is open.
+        unsafe { ValueRef::<T>::from_raw(p) }.with(|v| *v)
+    }
+
+    /// The value of `T`'s type the key holds, borrowed with the key.
+    #[inline]
+    fn ours_mut<T: Stored>(&mut self) -> Option<ValueMut<'_, T>> {
+        // SAFETY: as in `read`; the borrow of `self` keeps the value alive
+        // and unaliased while the handle is used (the value is reached only
+        // through the key).
+        unsafe { ValueMut::from_raw(self.ours::<T>()) }
     }
 
     /// The state the key holds in place, if it holds a wide `T`.
     #[inline]
     pub fn wide_mut<T: Stored>(&mut self) -> Option<&mut T> {
-        let p = self.ours::<T>();
-        // SAFETY: as in `read`; the borrow of `self` keeps the value alive
-        // and unaliased while the reference is used.
-        unsafe { Value::<T>::wide_mut(p) }
+        self.ours_mut::<T>()?.wide()
     }
 
     /// Store `new` in the key: in place when it already holds `T` in a form
     /// that can hold `new`, else as a new value.
     #[inline]
     pub fn store<T: Stored>(&mut self, new: T) -> bool {
-        let p = self.ours::<T>();
-        let new = if p.is_null() {
-            new
-        } else {
-            // SAFETY: as in `read`; nothing borrows the value (`&mut self`).
-            match unsafe { Value::overwrite(p, new) } {
+        let new = match self.ours_mut::<T>() {
+            None => new,
+            Some(v) => match v.overwrite(new) {
                 Ok(()) => return true,
                 Err(v) => v,
-            }
+            },
         };
         self.set_new(new)
     }
@@ -322,16 +357,18 @@ impl Key<'_> {
     pub fn set_new<T: Stored>(&mut self, v: T) -> bool {
         let p = Value::create(v);
         let ty = T::redis_type();
-        // SAFETY: an open key; on success the key owns `p`.
-        let ok = !self.key.is_null() && unsafe { api!(RedisModule_ModuleTypeSetValue)(self.key, ty, p) } == OK;
-        if ok {
-            self.ty = ty;
-            self.val = p;
-        } else {
-            // SAFETY: `p` was made by `Value::create` and nobody owns it.
-            unsafe { Value::<T>::free(p) };
+        // SAFETY: an open key; on success the key owns `p`, else nobody
+        // does, and `p`, made by `Value::create`, is freed once here.
+        unsafe {
+            let ok = !self.key.is_null() && api!(RedisModule_ModuleTypeSetValue)(self.key, ty, p) == OK;
+            if ok {
+                self.ty = ty;
+                self.val = p;
+            } else {
+                Value::<T>::free(p);
+            }
+            ok
         }
-        ok
     }
 
     /// Set the key's absolute expiry (Unix ms) exactly: the same value on
