@@ -2,7 +2,7 @@
 
 use std::ffi::c_int;
 
-use ratelimit_core::args::{self, Arg, ArgError, Call, Kind, LimitSpec, MAX_LIMITS};
+use ratelimit_core::args::{self, Arg, ArgError, Call, Kind, LimitSpec, WordLimit, MAX_LIMITS};
 use ratelimit_core::codec;
 use ratelimit_core::multi::{self, Op, StateMut};
 use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
@@ -101,6 +101,13 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
         let Some(rest) = argv.get(1..) else {
             return ctx.wrong_arity();
         };
+        // The commonest call (token buckets and sliding counters, no
+        // WEIGHT, no options) takes the fast path, parsed once.
+        if let Some((n, limits)) = args::parse_multi_words::<Str, N>(rest, Str::bytes) {
+            if let (Some(names), Some(limits)) = (argv.get(2..2 + n), limits.get(..n)) {
+                return multi_words::<N>(ctx, names, limits);
+            }
+        }
         // The common call (no WEIGHT, no options) is parsed from its byte
         // slices read once; anything else, errors included, by the full
         // parser.
@@ -278,4 +285,119 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
 
         reply_multi(ctx, call.refund, call.partial, call.cost, &whole, &per, n)
     }
+}
+
+/// A word-state limit read at the call's instant.
+#[derive(Clone, Copy)]
+enum WordView {
+    TokenBucket(tb::View),
+    SlidingCounter(sc::Assess),
+}
+
+/// Weight 1 for every limit of the fast path.
+const ONES: [u64; MAX_LIMITS] = [1; MAX_LIMITS];
+
+/// RL.MULTI of word-state limits only (token buckets and sliding
+/// counters), weight 1, COST 1, no options: the common call. What the
+/// generic path (`multi::run`) does for it, in one pass per limit without
+/// its per-limit state arrays: open the key and check its type (every key
+/// before anything is written: an error changes nothing), read the state by
+/// value and view it at the call's instant; then every limit answers for
+/// the call's grant (all or nothing), and on a grant each state is stored
+/// once, expired, signalled and replicated (the command once for the call
+/// when nothing listens for effects). The same replies and states as the
+/// generic path (the integration suite's differential tests compare both).
+#[inline(always)]
+fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[WordLimit]) -> c_int {
+    let n = names.len().min(limits.len()).min(N);
+    let now = clock::now_us();
+    let mut keys: [Option<Key<'a>>; N] = std::array::from_fn(|_| None);
+    let mut views = [None::<WordView>; N];
+    // COST 1, no PARTIAL: one request when every limit has a unit, else none.
+    let mut g = 1u64;
+    for (((k, v), &name), p) in keys.iter_mut().zip(views.iter_mut()).zip(names).zip(limits) {
+        let mut key = ctx.open_key(name, false);
+        let view = match *p {
+            WordLimit::TokenBucket(p) => {
+                let s = match key.slot(tb::State::redis_type()) {
+                    Slot::WrongType => return ctx.reply_error(ffi::WRONGTYPE),
+                    Slot::Ours => key.read::<tb::State>().unwrap_or_default(),
+                    Slot::Empty => tb::State::default(),
+                };
+                WordView::TokenBucket(tb::View::at(&s, &p, now))
+            }
+            WordLimit::SlidingCounter(p) => {
+                let s = match key.slot(sc::State::redis_type()) {
+                    Slot::WrongType => return ctx.reply_error(ffi::WRONGTYPE),
+                    Slot::Ours => key.read::<sc::State>().unwrap_or_default(),
+                    Slot::Empty => sc::State::default(),
+                };
+                WordView::SlidingCounter(sc::Assess::at(&s, &p, now))
+            }
+        };
+        let avail = match &view {
+            WordView::TokenBucket(v) => v.available(),
+            WordView::SlidingCounter(v) => v.available(),
+        };
+        g = g.min(avail);
+        *k = Some(key);
+        *v = Some(view);
+    }
+
+    let mut per = [NO_DECISION; N];
+    let mut failed = false;
+    // Read once for the call, at its first written key.
+    let mut listen: Option<bool> = None;
+    let mut verbatim = false;
+    for (((d, v), k), &name) in per.iter_mut().zip(&views).zip(keys.iter_mut()).zip(names) {
+        let (Some(v), Some(key)) = (v, k) else { continue };
+        *d = match v {
+            WordView::TokenBucket(v) => v.answer(g, 1),
+            WordView::SlidingCounter(v) => v.answer(g, 1),
+        };
+        if d.granted == 0 {
+            continue;
+        }
+        if d.reset_after_ms == 0 {
+            delete(ctx, key, name);
+            continue;
+        }
+        let abs = abs_expiry(now, d.reset_after_ms);
+        let stored = match v {
+            WordView::TokenBucket(v) => key.store(v.state_after(d.granted)),
+            WordView::SlidingCounter(v) => key.store(v.state_after(d.granted)),
+        };
+        if !stored {
+            failed = true;
+            continue;
+        }
+        key.set_abs_expire(abs);
+        key.signal_modified();
+        let listen = *listen.get_or_insert_with(listeners::must_replicate);
+        if !listen {
+            // Nobody listens for effects: the command itself is
+            // replicated, once for the call.
+            if !verbatim {
+                ctx.replicate_verbatim();
+                verbatim = true;
+            }
+            continue;
+        }
+        match v {
+            WordView::TokenBucket(v) => {
+                let s = v.state_after(d.granted);
+                listeners::replicate_if(ctx, listen, name, || s.effect(abs));
+            }
+            WordView::SlidingCounter(v) => {
+                let s = v.state_after(d.granted);
+                listeners::replicate_if(ctx, listen, name, || s.effect(abs));
+            }
+        }
+    }
+    drop(keys);
+    if failed {
+        return ctx.reply_error(STORE_FAILED);
+    }
+    let whole = multi::combine(&per[..n], &ONES[..n], g, 1, false);
+    reply_multi(ctx, 0, false, 1, &whole, &per, n)
 }

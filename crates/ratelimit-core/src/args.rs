@@ -363,6 +363,82 @@ pub fn parse_multi_exact<const N: usize>(args: &[&[u8]]) -> Option<MultiCall<N>>
     Some(call)
 }
 
+/// A limit of the commonest RL.MULTI call: a word-state algorithm (token
+/// bucket or sliding counter) of weight 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WordLimit {
+    TokenBucket(crate::tokenbucket::Params),
+    SlidingCounter(crate::slidingcounter::Params),
+}
+
+/// [`parse_multi_n`] of the commonest call: token buckets and sliding
+/// counters only, no WEIGHT, no options, distinct keys; `args` is every
+/// argument after `RL.MULTI`, each read once through `bytes` (the keys only
+/// to compare them, when there are two or more). Returns numkeys and the
+/// limits, the same as `parse_multi_n` (weights 1, COST 1, no options); for
+/// any other input (an error, a sliding log, a WEIGHT, an option) None, and
+/// the caller parses it in full, so errors keep their one definition there.
+#[inline(always)]
+pub fn parse_multi_words<'a, A: Copy, const N: usize>(
+    args: &[A],
+    bytes: impl Fn(A) -> &'a [u8],
+) -> Option<(usize, [WordLimit; N])> {
+    use crate::{slidingcounter as sc, tokenbucket as tb};
+    let (&first, rest) = args.split_first()?;
+    let n = usize::try_from(parse_num(bytes(first), Arg::NumKeys.min())?).ok()?;
+    if n > N || n > MAX_LIMITS {
+        return None;
+    }
+    let (keys, mut rest) = rest.split_at_checked(n)?;
+    let mut limits = [WordLimit::SlidingCounter(sc::Params { limit: 1, window_ms: 1 }); N];
+    for limit in limits.iter_mut().take(n) {
+        let (&word, r) = rest.split_first()?;
+        let w = bytes(word);
+        (*limit, rest) = if w.len() == 11 && eq_upper_letters(w, b"TOKENBUCKET") {
+            let [capacity, rate, period_ms, ref r @ ..] = *r else { return None };
+            let p = tb::Params {
+                capacity: parse_num(bytes(capacity), Arg::Capacity.min())?,
+                rate: parse_num(bytes(rate), Arg::Rate.min())?,
+                period_ms: parse_num(bytes(period_ms), Arg::PeriodMs.min())?,
+            };
+            (WordLimit::TokenBucket(p), r)
+        } else if w.len() == 14 && eq_upper_letters(w, b"SLIDINGCOUNTER") {
+            let [limit, window_ms, ref r @ ..] = *r else { return None };
+            let p = sc::Params {
+                limit: parse_num(bytes(limit), Arg::Limit.min())?,
+                window_ms: parse_num(bytes(window_ms), Arg::WindowMs.min())?,
+            };
+            (WordLimit::SlidingCounter(p), r)
+        } else {
+            return None;
+        };
+    }
+    if !rest.is_empty() {
+        return None;
+    }
+    match *keys {
+        [] | [_] => {}
+        [a, b] => {
+            if bytes(a) == bytes(b) {
+                return None;
+            }
+        }
+        _ => {
+            let mut seen: [&[u8]; N] = [&[]; N];
+            for (i, &k) in keys.iter().enumerate().take(N) {
+                let kb = bytes(k);
+                if seen.iter().take(i).any(|prev| *prev == kb) {
+                    return None;
+                }
+                if let Some(s) = seen.get_mut(i) {
+                    *s = kb;
+                }
+            }
+        }
+    }
+    Some((n, limits))
+}
+
 /// [`parse_multi`] with room for `N` limits: the same result for every
 /// input whose numkeys is at most `N`; a larger numkeys (which the caller
 /// rules out by reading it first) is `Number(NumKeys)`.
@@ -541,6 +617,75 @@ mod tests {
         assert!(taken > 20_000, "only {taken} calls took the exact path");
         let call: [&[u8]; 6] = [b"1", b"k", b"TOKENBUCKET", b"10", b"1", b"1000"];
         assert_eq!(parse_multi_exact::<1>(&call).map(|c| c.limits[0].nums), Some([10, 1, 1000]));
+    }
+
+    /// `parse_multi_words` (the module's fast path for RL.MULTI calls of
+    /// token buckets and sliding counters without WEIGHT or options) either
+    /// declines or answers what `parse_multi_n` does, and it declines no
+    /// call of that shape.
+    #[test]
+    fn parse_multi_words_agrees_with_parse_multi() {
+        use crate::{slidingcounter as sc, tokenbucket as tb};
+        let kinds: [&[u8]; 4] = [b"TOKENBUCKET", b"slidingcounter", b"SlidingLog", b"x"];
+        let nums: [&[u8]; 5] = [b"1", b"1000", b"9007199254740991", b"0", b"x"];
+        let extra: [&[u8]; 4] = [b"WEIGHT", b"2", b"COST", b"DRYRUN"];
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let mut taken = 0;
+        for _ in 0..300_000 {
+            let n = 1 + next(4) as usize;
+            let mut args: Vec<&[u8]> =
+                vec![[&b"1"[..], b"2", b"3", b"4", b"0"][if next(8) == 0 { next(5) as usize } else { n - 1 }]];
+            for i in 0..n {
+                args.push([&b"a"[..], b"b", b"c", b"d"][if next(6) == 0 { next(4) as usize } else { i }]);
+            }
+            for _ in 0..n {
+                let k = if next(10) == 0 { next(4) } else { next(2) } as usize;
+                args.push(kinds[k]);
+                for _ in 0..(if k == 0 { 3 } else { 2 }) {
+                    args.push(nums[if next(10) == 0 { next(5) } else { next(3) } as usize]);
+                }
+                if next(10) == 0 {
+                    args.push(extra[next(4) as usize]);
+                }
+            }
+            match next(10) {
+                0 => {
+                    args.pop();
+                }
+                1 => args.push(extra[next(4) as usize]),
+                _ => {}
+            }
+            let full = parse_multi_n::<4>(args.iter().copied());
+            match parse_multi_words::<&[u8], 4>(&args, |a| a) {
+                Some((n, limits)) => {
+                    taken += 1;
+                    let c = full.unwrap_or_else(|e| panic!("{args:?}: {e:?}"));
+                    assert_eq!((c.n, c.cost, c.partial, c.dryrun, c.refund), (n, 1, false, false, 0), "{args:?}");
+                    for (l, w) in c.limits[..n].iter().zip(&limits[..n]) {
+                        let want = match l.kind {
+                            Kind::TokenBucket => WordLimit::TokenBucket(tb::Params::from_nums(l.nums)),
+                            Kind::SlidingCounter => WordLimit::SlidingCounter(sc::Params::from_nums(l.nums)),
+                            Kind::SlidingLog => panic!("a sliding log on the word path {args:?}"),
+                        };
+                        assert_eq!((l.weight, *w), (1, want), "{args:?}");
+                    }
+                }
+                None => {
+                    let common = full.is_ok_and(|c| {
+                        c.limits[..c.n].iter().all(|l| l.weight == 1 && l.kind != Kind::SlidingLog)
+                            && !args.iter().any(|w| w.eq_ignore_ascii_case(b"WEIGHT") || is_option(w))
+                    });
+                    assert!(!common, "declined a common call {args:?}");
+                }
+            }
+        }
+        assert!(taken > 20_000, "only {taken} calls took the word path");
     }
 
     /// `parse_exact` (the module's path for a call of numbers only) answers
