@@ -287,6 +287,13 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
     }
 }
 
+/// A word-state limit's state after the call's take.
+#[derive(Clone, Copy)]
+enum Word {
+    TokenBucket(tb::State),
+    SlidingCounter(sc::State),
+}
+
 /// A word-state limit read at the call's instant.
 #[derive(Clone, Copy)]
 enum WordView {
@@ -316,8 +323,9 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
     // COST 1, no PARTIAL: one request when every limit has a unit, else none.
     let mut g = 1u64;
     for (((k, v), &name), p) in keys.iter_mut().zip(views.iter_mut()).zip(names).zip(limits) {
-        let mut key = ctx.open_key(name, false);
-        let view = match *p {
+        // Into its slot at once (closed on every return from here on).
+        let key = k.insert(ctx.open_key(name, false));
+        let view = v.insert(match *p {
             WordLimit::TokenBucket(p) => {
                 let s = match key.slot(tb::State::redis_type()) {
                     Slot::WrongType => return ctx.reply_error(ffi::WRONGTYPE),
@@ -334,14 +342,12 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
                 };
                 WordView::SlidingCounter(sc::Assess::at(&s, &p, now))
             }
-        };
-        let avail = match &view {
+        });
+        let avail = match view {
             WordView::TokenBucket(v) => v.available(),
             WordView::SlidingCounter(v) => v.available(),
         };
         g = g.min(avail);
-        *k = Some(key);
-        *v = Some(view);
     }
 
     let mut per = [NO_DECISION; N];
@@ -351,11 +357,18 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
     let mut verbatim = false;
     for (((d, v), k), &name) in per.iter_mut().zip(&views).zip(keys.iter_mut()).zip(names) {
         let (Some(v), Some(key)) = (v, k) else { continue };
-        *d = match v {
-            WordView::TokenBucket(v) => v.answer(g, 1),
-            WordView::SlidingCounter(v) => v.answer(g, 1),
+        let new = match v {
+            WordView::TokenBucket(v) => {
+                let (a, s) = v.take(g, 1);
+                *d = a;
+                Word::TokenBucket(s)
+            }
+            WordView::SlidingCounter(v) => {
+                *d = v.answer(g, 1);
+                Word::SlidingCounter(v.state_after(g))
+            }
         };
-        if d.granted == 0 {
+        if g == 0 {
             continue;
         }
         if d.reset_after_ms == 0 {
@@ -363,9 +376,9 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
             continue;
         }
         let abs = abs_expiry(now, d.reset_after_ms);
-        let stored = match v {
-            WordView::TokenBucket(v) => key.store(v.state_after(d.granted)),
-            WordView::SlidingCounter(v) => key.store(v.state_after(d.granted)),
+        let stored = match new {
+            Word::TokenBucket(s) => key.store(s),
+            Word::SlidingCounter(s) => key.store(s),
         };
         if !stored {
             failed = true;
@@ -383,15 +396,9 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
             }
             continue;
         }
-        match v {
-            WordView::TokenBucket(v) => {
-                let s = v.state_after(d.granted);
-                listeners::replicate_if(ctx, listen, name, || s.effect(abs));
-            }
-            WordView::SlidingCounter(v) => {
-                let s = v.state_after(d.granted);
-                listeners::replicate_if(ctx, listen, name, || s.effect(abs));
-            }
+        match new {
+            Word::TokenBucket(s) => listeners::replicate_if(ctx, listen, name, || s.effect(abs)),
+            Word::SlidingCounter(s) => listeners::replicate_if(ctx, listen, name, || s.effect(abs)),
         }
     }
     drop(keys);
