@@ -103,9 +103,12 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
         };
         // The commonest call (token buckets and sliding counters, no
         // WEIGHT, no options) takes the fast path, parsed once.
-        if let Some((n, limits)) = args::parse_multi_words::<Str, N>(rest, Str::bytes) {
+        // (A repeated key takes the generic path, which answers the error.)
+        if let Some((n, limits)) = args::parse_multi_words_unchecked::<Str, N>(rest, Str::bytes) {
             if let (Some(names), Some(limits)) = (argv.get(2..2 + n), limits.get(..n)) {
-                return multi_words::<N>(ctx, names, limits);
+                if let Some(rc) = multi_words::<N>(ctx, names, limits) {
+                    return rc;
+                }
             }
         }
         // The common call (no WEIGHT, no options) is parsed from its byte
@@ -315,7 +318,7 @@ const ONES: [u64; MAX_LIMITS] = [1; MAX_LIMITS];
 /// when nothing listens for effects). The same replies and states as the
 /// generic path (the integration suite's differential tests compare both).
 #[inline(always)]
-fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[WordLimit]) -> c_int {
+fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[WordLimit]) -> Option<c_int> {
     let n = names.len().min(limits.len()).min(N);
     let now = clock::now_us();
     let mut keys: [Option<Key<'a>>; N] = std::array::from_fn(|_| None);
@@ -328,7 +331,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
         let view = v.insert(match *p {
             WordLimit::TokenBucket(p) => {
                 let s = match key.slot(tb::State::redis_type()) {
-                    Slot::WrongType => return ctx.reply_error(ffi::WRONGTYPE),
+                    Slot::WrongType => return wrong_type(ctx, names),
                     Slot::Ours => key.read::<tb::State>().unwrap_or_default(),
                     Slot::Empty => tb::State::default(),
                 };
@@ -336,7 +339,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
             }
             WordLimit::SlidingCounter(p) => {
                 let s = match key.slot(sc::State::redis_type()) {
-                    Slot::WrongType => return ctx.reply_error(ffi::WRONGTYPE),
+                    Slot::WrongType => return wrong_type(ctx, names),
                     Slot::Ours => key.read::<sc::State>().unwrap_or_default(),
                     Slot::Empty => sc::State::default(),
                 };
@@ -348,6 +351,12 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
             WordView::SlidingCounter(v) => v.available(),
         };
         g = g.min(avail);
+    }
+    // Distinct keys: told by their values' addresses when every key holds
+    // one of ours (the common call), else by their names. A repeated key
+    // takes the generic path (nothing was written; the keys close here).
+    if n > 1 && !keys.get(..n).is_some_and(distinct_values) && !args::distinct_keys(names, Str::bytes) {
+        return None;
     }
 
     let mut per = [NO_DECISION; N];
@@ -403,8 +412,29 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
     }
     drop(keys);
     if failed {
-        return ctx.reply_error(STORE_FAILED);
+        return Some(ctx.reply_error(STORE_FAILED));
     }
     let whole = multi::combine(&per[..n], &ONES[..n], g, 1, false);
-    reply_multi(ctx, 0, false, 1, &whole, &per, n)
+    Some(reply_multi(ctx, 0, false, 1, &whole, &per, n))
+}
+
+/// A key of the fast path holds another type: WRONGTYPE, unless a key is
+/// repeated (then the generic path answers that error, as it comes first).
+#[inline(never)]
+fn wrong_type(ctx: Ctx, names: &[Str]) -> Option<c_int> {
+    if args::distinct_keys(names, Str::bytes) {
+        Some(ctx.reply_error(ffi::WRONGTYPE))
+    } else {
+        None
+    }
+}
+
+/// Every open key holds a value of ours, each at its own address: the keys
+/// are distinct.
+#[inline]
+fn distinct_values(keys: &[Option<Key>]) -> bool {
+    keys.iter().enumerate().all(|(i, k)| {
+        let a = k.as_ref().map_or(0, Key::value_addr);
+        a != 0 && keys.iter().take(i).all(|p| p.as_ref().map_or(0, Key::value_addr) != a)
+    })
 }

@@ -400,6 +400,19 @@ pub enum WordLimit {
 #[inline(always)]
 pub fn parse_multi_words<'a, A: Copy, const N: usize>(
     args: &[A],
+    bytes: impl Fn(A) -> &'a [u8] + Copy,
+) -> Option<(usize, [WordLimit; N])> {
+    let (n, limits) = parse_multi_words_unchecked::<A, N>(args, bytes)?;
+    distinct_keys(args.get(1..=n)?, bytes).then_some((n, limits))
+}
+
+/// [`parse_multi_words`] without the check that the keys are distinct
+/// (the keys are not read): the module checks that itself, where the
+/// opened keys can tell it without reading their names
+/// ([`distinct_keys`] otherwise, before anything is decided).
+#[inline(always)]
+pub fn parse_multi_words_unchecked<'a, A: Copy, const N: usize>(
+    args: &[A],
     bytes: impl Fn(A) -> &'a [u8],
 ) -> Option<(usize, [WordLimit; N])> {
     use crate::{slidingcounter as sc, tokenbucket as tb};
@@ -408,7 +421,7 @@ pub fn parse_multi_words<'a, A: Copy, const N: usize>(
     if n > N || n > MAX_LIMITS {
         return None;
     }
-    let (keys, mut rest) = rest.split_at_checked(n)?;
+    let mut rest = rest.get(n..)?;
     let mut limits = [WordLimit::SlidingCounter(sc::Params { limit: 1, window_ms: 1 }); N];
     for limit in limits.iter_mut().take(n) {
         let (&word, r) = rest.split_first()?;
@@ -435,27 +448,20 @@ pub fn parse_multi_words<'a, A: Copy, const N: usize>(
     if !rest.is_empty() {
         return None;
     }
-    match *keys {
-        [] | [_] => {}
-        [a, b] => {
-            if bytes(a) == bytes(b) {
-                return None;
-            }
-        }
-        _ => {
-            let mut seen: [&[u8]; N] = [&[]; N];
-            for (i, &k) in keys.iter().enumerate().take(N) {
-                let kb = bytes(k);
-                if seen.iter().take(i).any(|prev| *prev == kb) {
-                    return None;
-                }
-                if let Some(s) = seen.get_mut(i) {
-                    *s = kb;
-                }
-            }
-        }
-    }
     Some((n, limits))
+}
+
+/// No key is named twice in `keys` (each read through `bytes`).
+#[inline]
+pub fn distinct_keys<'a, A: Copy>(keys: &[A], bytes: impl Fn(A) -> &'a [u8]) -> bool {
+    match *keys {
+        [] | [_] => true,
+        [a, b] => bytes(a) != bytes(b),
+        _ => keys.iter().enumerate().all(|(i, &k)| {
+            let kb = bytes(k);
+            keys.iter().take(i).all(|&prev| bytes(prev) != kb)
+        }),
+    }
 }
 
 /// [`parse_multi`] with room for `N` limits: the same result for every
@@ -692,7 +698,10 @@ mod tests {
                 _ => {}
             }
             let full = parse_multi_n::<4>(args.iter().copied());
-            match parse_multi_words::<&[u8], 4>(&args, |a| a) {
+            let unchecked = parse_multi_words_unchecked::<&[u8], 4>(&args, |a| a);
+            let checked = parse_multi_words::<&[u8], 4>(&args, |a| a);
+            assert_eq!(checked, unchecked.filter(|&(n, _)| distinct_keys(&args[1..=n], |a| a)), "{args:?}");
+            match checked {
                 Some((n, limits)) => {
                     taken += 1;
                     let c = full.unwrap_or_else(|e| panic!("{args:?}: {e:?}"));
