@@ -308,6 +308,20 @@ fn eq_upper_letters(w: &[u8], upper: &[u8]) -> bool {
     if w.len() != upper.len() {
         return false;
     }
+    // Eight to sixteen bytes (the algorithm names): the first eight and the
+    // last eight, overlapping.
+    if let (Some((x0, _)), Some((_, x1)), Some((y0, _)), Some((_, y1))) = (
+        w.split_first_chunk::<8>(),
+        w.split_last_chunk::<8>(),
+        upper.split_first_chunk::<8>(),
+        upper.split_last_chunk::<8>(),
+    ) {
+        if w.len() <= 16 {
+            const CASE: u64 = 0xDFDF_DFDF_DFDF_DFDF;
+            return u64::from_le_bytes(*x0) & CASE == u64::from_le_bytes(*y0)
+                && u64::from_le_bytes(*x1) & CASE == u64::from_le_bytes(*y1);
+        }
+    }
     let (mut a, mut b) = (w, upper);
     while a.len() >= 8 {
         let (Some((x, ra)), Some((y, rb))) = (a.split_first_chunk::<8>(), b.split_first_chunk::<8>()) else {
