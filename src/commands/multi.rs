@@ -321,14 +321,13 @@ const ONES: [u64; MAX_LIMITS] = [1; MAX_LIMITS];
 fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[WordLimit]) -> Option<c_int> {
     let n = names.len().min(limits.len()).min(N);
     let now = clock::now_us();
-    let mut keys: [Option<Key<'a>>; N] = std::array::from_fn(|_| None);
-    let mut views = [None::<WordView>; N];
+    // Each limit's open key and its view, side by side.
+    let mut open: [Option<(Key<'a>, WordView)>; N] = std::array::from_fn(|_| None);
     // COST 1, no PARTIAL: one request when every limit has a unit, else none.
     let mut g = 1u64;
-    for (((k, v), &name), p) in keys.iter_mut().zip(views.iter_mut()).zip(names).zip(limits) {
-        // Into its slot at once (closed on every return from here on).
-        let key = k.insert(ctx.open_key(name, false));
-        let view = v.insert(match *p {
+    for ((o, &name), p) in open.iter_mut().zip(names).zip(limits) {
+        let mut key = ctx.open_key(name, false);
+        let view = match *p {
             WordLimit::TokenBucket(p) => {
                 let s = match key.slot(tb::State::redis_type()) {
                     Slot::WrongType => return wrong_type(ctx, names),
@@ -345,27 +344,27 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
                 };
                 WordView::SlidingCounter(sc::Assess::at(&s, &p, now))
             }
-        });
-        let avail = match view {
+        };
+        let avail = match &view {
             WordView::TokenBucket(v) => v.available(),
             WordView::SlidingCounter(v) => v.available(),
         };
         g = g.min(avail);
+        *o = Some((key, view));
     }
     // Distinct keys: told by their values' addresses when every key holds
     // one of ours (the common call), else by their names. A repeated key
     // takes the generic path (nothing was written; the keys close here).
-    if n > 1 && !keys.get(..n).is_some_and(distinct_values) && !args::distinct_keys(names, Str::bytes) {
+    if n > 1 && !open.get(..n).is_some_and(distinct_values) && !args::distinct_keys(names, Str::bytes) {
         return None;
     }
 
     let mut per = [NO_DECISION; N];
     let mut failed = false;
-    // Read once for the call, at its first written key.
-    let mut listen: Option<bool> = None;
+    let listen = g > 0 && listeners::must_replicate();
     let mut verbatim = false;
-    for (((d, v), k), &name) in per.iter_mut().zip(&views).zip(keys.iter_mut()).zip(names) {
-        let (Some(v), Some(key)) = (v, k) else { continue };
+    for ((d, o), &name) in per.iter_mut().zip(open.iter_mut()).zip(names) {
+        let Some((key, v)) = o else { continue };
         let new = match v {
             WordView::TokenBucket(v) => {
                 let (a, s) = v.take(g, 1);
@@ -395,7 +394,6 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
         }
         key.set_abs_expire(abs);
         key.signal_modified();
-        let listen = *listen.get_or_insert_with(listeners::must_replicate);
         if !listen {
             // Nobody listens for effects: the command itself is
             // replicated, once for the call.
@@ -410,7 +408,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
             Word::SlidingCounter(s) => listeners::replicate_if(ctx, listen, name, || s.effect(abs)),
         }
     }
-    drop(keys);
+    drop(open);
     if failed {
         return Some(ctx.reply_error(STORE_FAILED));
     }
@@ -432,9 +430,10 @@ fn wrong_type(ctx: Ctx, names: &[Str]) -> Option<c_int> {
 /// Every open key holds a value of ours, each at its own address: the keys
 /// are distinct.
 #[inline]
-fn distinct_values(keys: &[Option<Key>]) -> bool {
-    keys.iter().enumerate().all(|(i, k)| {
-        let a = k.as_ref().map_or(0, Key::value_addr);
-        a != 0 && keys.iter().take(i).all(|p| p.as_ref().map_or(0, Key::value_addr) != a)
+fn distinct_values(open: &[Option<(Key, WordView)>]) -> bool {
+    let addr = |o: &Option<(Key, WordView)>| o.as_ref().map_or(0, |(k, _)| k.value_addr());
+    open.iter().enumerate().all(|(i, o)| {
+        let a = addr(o);
+        a != 0 && open.iter().take(i).all(|p| addr(p) != a)
     })
 }
