@@ -300,6 +300,9 @@ enum Word {
 /// A word-state limit read at the call's instant.
 #[derive(Clone, Copy)]
 enum WordView {
+    /// Not read yet (never left so: every opened limit is read or the call
+    /// answers an error).
+    Unread,
     TokenBucket(tb::View),
     SlidingCounter(sc::Assess),
 }
@@ -326,15 +329,17 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
     // COST 1, no PARTIAL: one request when every limit has a unit, else none.
     let mut g = 1u64;
     for ((o, &name), p) in open.iter_mut().zip(names).zip(limits) {
-        let mut key = ctx.open_key(name, false);
-        let view = match *p {
+        // Into its slot at once, the view written in place (closed on
+        // every return from here on).
+        let (key, view) = o.insert((ctx.open_key(name, false), WordView::Unread));
+        match *p {
             WordLimit::TokenBucket(p) => {
                 let s = match key.slot(tb::State::redis_type()) {
                     Slot::WrongType => return wrong_type(ctx, names),
                     Slot::Ours => key.read::<tb::State>().unwrap_or_default(),
                     Slot::Empty => tb::State::default(),
                 };
-                WordView::TokenBucket(tb::View::at(&s, &p, now))
+                *view = WordView::TokenBucket(tb::View::at(&s, &p, now));
             }
             WordLimit::SlidingCounter(p) => {
                 let s = match key.slot(sc::State::redis_type()) {
@@ -342,15 +347,15 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
                     Slot::Ours => key.read::<sc::State>().unwrap_or_default(),
                     Slot::Empty => sc::State::default(),
                 };
-                WordView::SlidingCounter(sc::Assess::at(&s, &p, now))
+                *view = WordView::SlidingCounter(sc::Assess::at(&s, &p, now));
             }
-        };
-        let avail = match &view {
+        }
+        let avail = match view {
             WordView::TokenBucket(v) => v.available(),
             WordView::SlidingCounter(v) => v.available(),
+            WordView::Unread => 0,
         };
         g = g.min(avail);
-        *o = Some((key, view));
     }
     // Distinct keys: told by their values' addresses when every key holds
     // one of ours (the common call), else by their names. A repeated key
@@ -375,6 +380,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
                 *d = v.answer(g, 1);
                 Word::SlidingCounter(v.state_after(g))
             }
+            WordView::Unread => continue,
         };
         if g == 0 {
             continue;
