@@ -53,6 +53,29 @@ pub fn args_multi(data: &[u8]) {
     if let Some(c) = crate::args::parse_multi_exact::<{ crate::args::MAX_LIMITS }>(&inp.args) {
         assert_eq!(Ok(c), got, "parse_multi_exact, args {:?}", inp.args);
     }
+    // The module's fast path (token buckets and sliding counters, no
+    // WEIGHT, no options): declines, or answers the same limits; without
+    // its key check, the same unless a key repeats.
+    let words = crate::args::parse_multi_words::<&[u8], { crate::args::MAX_LIMITS }>(&inp.args, |a| a);
+    let unchecked = crate::args::parse_multi_words_unchecked::<&[u8], { crate::args::MAX_LIMITS }>(&inp.args, |a| a);
+    assert_eq!(
+        words,
+        unchecked.filter(|&(n, _)| crate::args::distinct_keys(&inp.args[1..=n], |a| a)),
+        "parse_multi_words, args {:?}",
+        inp.args
+    );
+    if let Some((n, limits)) = words {
+        let c = got.as_ref().unwrap_or_else(|e| panic!("parse_multi_words took {:?}: {e:?}", inp.args));
+        assert_eq!((c.n, c.cost, c.partial, c.dryrun, c.refund), (n, 1, false, false, 0), "args {:?}", inp.args);
+        for (l, w) in c.limits[..n].iter().zip(&limits[..n]) {
+            let same = match (l.kind, w) {
+                (Kind::TokenBucket, crate::args::WordLimit::TokenBucket(p)) => *p == tb::Params::from_nums(l.nums),
+                (Kind::SlidingCounter, crate::args::WordLimit::SlidingCounter(p)) => *p == sc::Params::from_nums(l.nums),
+                _ => false,
+            };
+            assert!(same && l.weight == 1, "parse_multi_words, args {:?}", inp.args);
+        }
+    }
     let want = oracle_multi(&inp.args);
     assert_eq!(got, want, "args {:?}", inp.args);
     let Ok(call) = got else { return };

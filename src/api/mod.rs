@@ -303,6 +303,15 @@ impl Key<'_> {
         }
     }
 
+    /// The address of the value of the type [`Key::slot`] checked for that
+    /// the key holds, 0 when it holds none: two open keys whose values are
+    /// at distinct nonzero addresses are distinct keys (a key owns its
+    /// value).
+    #[inline]
+    pub fn value_addr(&self) -> usize {
+        self.val.addr()
+    }
+
     /// The value pointer if the key holds one of `T`'s type.
     #[inline]
     fn ours<T: Stored>(&self) -> *mut c_void {

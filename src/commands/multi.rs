@@ -2,7 +2,7 @@
 
 use std::ffi::c_int;
 
-use ratelimit_core::args::{self, Arg, ArgError, Call, Kind, LimitSpec, MAX_LIMITS};
+use ratelimit_core::args::{self, Arg, ArgError, Call, Kind, LimitSpec, WordLimit, MAX_LIMITS};
 use ratelimit_core::codec;
 use ratelimit_core::multi::{self, Op, StateMut};
 use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
@@ -100,6 +100,16 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
         let Some(rest) = argv.get(1..) else {
             return ctx.wrong_arity();
         };
+        // The commonest call (token buckets and sliding counters, no
+        // WEIGHT, no options) takes the fast path, parsed once.
+        // (A repeated key takes the generic path, which answers the error.)
+        if let Some((n, limits)) = args::parse_multi_words_unchecked::<Str, N>(rest, Str::bytes) {
+            if let (Some(names), Some(limits)) = (argv.get(2..2 + n), limits.get(..n)) {
+                if let Some(rc) = multi_words::<N>(ctx, names, limits) {
+                    return rc;
+                }
+            }
+        }
         // The common call (no WEIGHT, no options) is parsed from its byte
         // slices read once; anything else, errors included, by the full
         // parser.
@@ -259,4 +269,158 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
 
         reply_multi(ctx, call.refund, call.partial, call.cost, &whole, &per, n)
     }
+}
+
+/// A word-state limit's state after the call's take.
+#[derive(Clone, Copy)]
+enum Word {
+    TokenBucket(tb::State),
+    SlidingCounter(sc::State),
+}
+
+/// A word-state limit read at the call's instant.
+#[derive(Clone, Copy)]
+enum WordView {
+    /// Not read yet (never left so: every opened limit is read or the call
+    /// answers an error).
+    Unread,
+    TokenBucket(tb::View),
+    SlidingCounter(sc::Assess),
+}
+
+/// Weight 1 for every limit of the fast path.
+const ONES: [u64; MAX_LIMITS] = [1; MAX_LIMITS];
+
+/// RL.MULTI of word-state limits only (token buckets and sliding
+/// counters), weight 1, COST 1, no options: the common call. What the
+/// generic path (`multi::run`) does for it, in one pass per limit without
+/// its per-limit state arrays: open the key and check its type (every key
+/// before anything is written: an error changes nothing), read the state by
+/// value and view it at the call's instant; then every limit answers for
+/// the call's grant (all or nothing), and on a grant each state is stored
+/// once, expired, signalled and replicated (the command once for the call
+/// when nothing listens for effects). The same replies and states as the
+/// generic path (the integration suite's differential tests compare both).
+#[inline(always)]
+fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[WordLimit]) -> Option<c_int> {
+    let n = names.len().min(limits.len()).min(N);
+    let now = clock::now_us();
+    // Each limit's open key and its view, side by side.
+    let mut open: [Option<(Key<'a>, WordView)>; N] = std::array::from_fn(|_| None);
+    // COST 1, no PARTIAL: one request when every limit has a unit, else none.
+    let mut g = 1u64;
+    for ((o, &name), p) in open.iter_mut().zip(names).zip(limits) {
+        // Into its slot at once, the view written in place (closed on
+        // every return from here on).
+        let (key, view) = o.insert((ctx.open_key(name, false), WordView::Unread));
+        match *p {
+            WordLimit::TokenBucket(p) => {
+                let s = match key.slot(tb::State::redis_type()) {
+                    Slot::WrongType => return wrong_type(ctx, names),
+                    Slot::Ours => key.read::<tb::State>().unwrap_or_default(),
+                    Slot::Empty => tb::State::default(),
+                };
+                *view = WordView::TokenBucket(tb::View::at(&s, &p, now));
+            }
+            WordLimit::SlidingCounter(p) => {
+                let s = match key.slot(sc::State::redis_type()) {
+                    Slot::WrongType => return wrong_type(ctx, names),
+                    Slot::Ours => key.read::<sc::State>().unwrap_or_default(),
+                    Slot::Empty => sc::State::default(),
+                };
+                *view = WordView::SlidingCounter(sc::Assess::at(&s, &p, now));
+            }
+        }
+        let avail = match view {
+            WordView::TokenBucket(v) => v.available(),
+            WordView::SlidingCounter(v) => v.available(),
+            WordView::Unread => 0,
+        };
+        g = g.min(avail);
+    }
+    // Distinct keys: told by their values' addresses when every key holds
+    // one of ours (the common call), else by their names. A repeated key
+    // takes the generic path (nothing was written; the keys close here).
+    if n > 1 && !open.get(..n).is_some_and(distinct_values) && !args::distinct_keys(names, Str::bytes) {
+        return None;
+    }
+
+    let mut per = [NO_DECISION; N];
+    let mut failed = false;
+    let listen = g > 0 && listeners::must_replicate();
+    let mut verbatim = false;
+    for ((d, o), &name) in per.iter_mut().zip(open.iter_mut()).zip(names) {
+        let Some((key, v)) = o else { continue };
+        let new = match v {
+            WordView::TokenBucket(v) => {
+                let (a, s) = v.take(g, 1);
+                *d = a;
+                Word::TokenBucket(s)
+            }
+            WordView::SlidingCounter(v) => {
+                *d = v.answer(g, 1);
+                Word::SlidingCounter(v.state_after(g))
+            }
+            WordView::Unread => continue,
+        };
+        if g == 0 {
+            continue;
+        }
+        if d.reset_after_ms == 0 {
+            delete(ctx, key, name);
+            continue;
+        }
+        let abs = abs_expiry(now, d.reset_after_ms);
+        let stored = match new {
+            Word::TokenBucket(s) => key.store(s),
+            Word::SlidingCounter(s) => key.store(s),
+        };
+        if !stored {
+            failed = true;
+            continue;
+        }
+        key.set_abs_expire(abs);
+        key.signal_modified();
+        if !listen {
+            // Nobody listens for effects: the command itself is
+            // replicated, once for the call.
+            if !verbatim {
+                ctx.replicate_verbatim();
+                verbatim = true;
+            }
+            continue;
+        }
+        match new {
+            Word::TokenBucket(s) => listeners::replicate_if(ctx, listen, name, || s.effect(abs)),
+            Word::SlidingCounter(s) => listeners::replicate_if(ctx, listen, name, || s.effect(abs)),
+        }
+    }
+    drop(open);
+    if failed {
+        return Some(ctx.reply_error(STORE_FAILED));
+    }
+    let whole = multi::combine(&per[..n], &ONES[..n], g, 1, false);
+    Some(reply_multi(ctx, 0, false, 1, &whole, &per, n))
+}
+
+/// A key of the fast path holds another type: WRONGTYPE, unless a key is
+/// repeated (then the generic path answers that error, as it comes first).
+#[inline(never)]
+fn wrong_type(ctx: Ctx, names: &[Str]) -> Option<c_int> {
+    if args::distinct_keys(names, Str::bytes) {
+        Some(ctx.reply_error(ffi::WRONGTYPE))
+    } else {
+        None
+    }
+}
+
+/// Every open key holds a value of ours, each at its own address: the keys
+/// are distinct.
+#[inline]
+fn distinct_values(open: &[Option<(Key, WordView)>]) -> bool {
+    let addr = |o: &Option<(Key, WordView)>| o.as_ref().map_or(0, |(k, _)| k.value_addr());
+    open.iter().enumerate().all(|(i, o)| {
+        let a = addr(o);
+        a != 0 && open.iter().take(i).all(|p| addr(p) != a)
+    })
 }

@@ -59,7 +59,7 @@ pub(super) fn reply(ctx: Ctx, cmd: Cmd, d: &Decision, call: &Call) -> c_int {
 
 /// RL.MULTI's reply, counted in INFO: the five integers of the whole call,
 /// the binding limit's index, then each of the `n` limits' own five.
-#[inline]
+#[inline(always)]
 pub(super) fn reply_multi<const N: usize>(
     ctx: Ctx,
     refund: u64,

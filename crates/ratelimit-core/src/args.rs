@@ -108,6 +108,11 @@ pub fn parse_num(s: &[u8], min: u64) -> Option<u64> {
         v = v.wrapping_mul(100_000_000).wrapping_add(eight_digits(*chunk)?);
         rest = r;
     }
+    // Then four at a time (a period like 3600000 is seven).
+    if let Some((chunk, r)) = rest.split_first_chunk::<4>() {
+        v = v.wrapping_mul(10_000).wrapping_add(four_digits(*chunk)?);
+        rest = r;
+    }
     for &b in rest {
         let d = b.wrapping_sub(b'0');
         if d > 9 {
@@ -139,6 +144,20 @@ fn eight_digits(chunk: [u8; 8]) -> Option<u64> {
     let x = (x.wrapping_mul(10) + (x >> 8)) & 0x00FF_00FF_00FF_00FF;
     let x = (x.wrapping_mul(100) + (x >> 16)) & 0x0000_FFFF_0000_FFFF;
     Some((x.wrapping_mul(10_000) + (x >> 32)) & 0xFFFF_FFFF)
+}
+
+/// [`eight_digits`] of four ASCII digits.
+#[inline(always)]
+fn four_digits(chunk: [u8; 4]) -> Option<u64> {
+    const HIGH: u32 = 0xF0F0_F0F0;
+    const ZEROS: u32 = 0x3030_3030;
+    let v = u32::from_le_bytes(chunk);
+    if v & HIGH != ZEROS || v.wrapping_add(0x0606_0606) & HIGH != ZEROS {
+        return None;
+    }
+    let x = v - ZEROS;
+    let x = (x.wrapping_mul(10) + (x >> 8)) & 0x00FF_00FF;
+    Some(u64::from((x.wrapping_mul(100) + (x >> 16)) & 0xFFFF))
 }
 
 /// Parse `args` = every argument after the key. `positional` lists the
@@ -289,6 +308,20 @@ fn eq_upper_letters(w: &[u8], upper: &[u8]) -> bool {
     if w.len() != upper.len() {
         return false;
     }
+    // Eight to sixteen bytes (the algorithm names): the first eight and the
+    // last eight, overlapping.
+    if let (Some((x0, _)), Some((_, x1)), Some((y0, _)), Some((_, y1))) = (
+        w.split_first_chunk::<8>(),
+        w.split_last_chunk::<8>(),
+        upper.split_first_chunk::<8>(),
+        upper.split_last_chunk::<8>(),
+    ) {
+        if w.len() <= 16 {
+            const CASE: u64 = 0xDFDF_DFDF_DFDF_DFDF;
+            return u64::from_le_bytes(*x0) & CASE == u64::from_le_bytes(*y0)
+                && u64::from_le_bytes(*x1) & CASE == u64::from_le_bytes(*y1);
+        }
+    }
     let (mut a, mut b) = (w, upper);
     while a.len() >= 8 {
         let (Some((x, ra)), Some((y, rb))) = (a.split_first_chunk::<8>(), b.split_first_chunk::<8>()) else {
@@ -361,6 +394,88 @@ pub fn parse_multi_exact<const N: usize>(args: &[&[u8]]) -> Option<MultiCall<N>>
         }
     }
     Some(call)
+}
+
+/// A limit of the commonest RL.MULTI call: a word-state algorithm (token
+/// bucket or sliding counter) of weight 1.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WordLimit {
+    TokenBucket(crate::tokenbucket::Params),
+    SlidingCounter(crate::slidingcounter::Params),
+}
+
+/// [`parse_multi_n`] of the commonest call: token buckets and sliding
+/// counters only, no WEIGHT, no options, distinct keys; `args` is every
+/// argument after `RL.MULTI`, each read once through `bytes` (the keys only
+/// to compare them, when there are two or more). Returns numkeys and the
+/// limits, the same as `parse_multi_n` (weights 1, COST 1, no options); for
+/// any other input (an error, a sliding log, a WEIGHT, an option) None, and
+/// the caller parses it in full, so errors keep their one definition there.
+#[inline(always)]
+pub fn parse_multi_words<'a, A: Copy, const N: usize>(
+    args: &[A],
+    bytes: impl Fn(A) -> &'a [u8] + Copy,
+) -> Option<(usize, [WordLimit; N])> {
+    let (n, limits) = parse_multi_words_unchecked::<A, N>(args, bytes)?;
+    distinct_keys(args.get(1..=n)?, bytes).then_some((n, limits))
+}
+
+/// [`parse_multi_words`] without the check that the keys are distinct
+/// (the keys are not read): the module checks that itself, where the
+/// opened keys can tell it without reading their names
+/// ([`distinct_keys`] otherwise, before anything is decided).
+#[inline(always)]
+pub fn parse_multi_words_unchecked<'a, A: Copy, const N: usize>(
+    args: &[A],
+    bytes: impl Fn(A) -> &'a [u8],
+) -> Option<(usize, [WordLimit; N])> {
+    use crate::{slidingcounter as sc, tokenbucket as tb};
+    let (&first, rest) = args.split_first()?;
+    let n = usize::try_from(parse_num(bytes(first), Arg::NumKeys.min())?).ok()?;
+    if n > N || n > MAX_LIMITS {
+        return None;
+    }
+    let mut rest = rest.get(n..)?;
+    let mut limits = [WordLimit::SlidingCounter(sc::Params { limit: 1, window_ms: 1 }); N];
+    for limit in limits.iter_mut().take(n) {
+        let (&word, r) = rest.split_first()?;
+        let w = bytes(word);
+        (*limit, rest) = if w.len() == 11 && eq_upper_letters(w, b"TOKENBUCKET") {
+            let [capacity, rate, period_ms, ref r @ ..] = *r else { return None };
+            let p = tb::Params {
+                capacity: parse_num(bytes(capacity), Arg::Capacity.min())?,
+                rate: parse_num(bytes(rate), Arg::Rate.min())?,
+                period_ms: parse_num(bytes(period_ms), Arg::PeriodMs.min())?,
+            };
+            (WordLimit::TokenBucket(p), r)
+        } else if w.len() == 14 && eq_upper_letters(w, b"SLIDINGCOUNTER") {
+            let [limit, window_ms, ref r @ ..] = *r else { return None };
+            let p = sc::Params {
+                limit: parse_num(bytes(limit), Arg::Limit.min())?,
+                window_ms: parse_num(bytes(window_ms), Arg::WindowMs.min())?,
+            };
+            (WordLimit::SlidingCounter(p), r)
+        } else {
+            return None;
+        };
+    }
+    if !rest.is_empty() {
+        return None;
+    }
+    Some((n, limits))
+}
+
+/// No key is named twice in `keys` (each read through `bytes`).
+#[inline]
+pub fn distinct_keys<'a, A: Copy>(keys: &[A], bytes: impl Fn(A) -> &'a [u8]) -> bool {
+    match *keys {
+        [] | [_] => true,
+        [a, b] => bytes(a) != bytes(b),
+        _ => keys.iter().enumerate().all(|(i, &k)| {
+            let kb = bytes(k);
+            keys.iter().take(i).all(|&prev| bytes(prev) != kb)
+        }),
+    }
 }
 
 /// [`parse_multi`] with room for `N` limits: the same result for every
@@ -457,8 +572,19 @@ mod tests {
 
     #[test]
     fn eight_digits_at_once_agrees_with_the_digit_loop() {
-        let bases: [&[u8]; 6] =
-            [b"12345678", b"9007199254740991", b"9007199254740992", b"1000000000", b"0000000000000000", b"99999999"];
+        let bases: [&[u8]; 11] = [
+            b"12345678",
+            b"9007199254740991",
+            b"9007199254740992",
+            b"1000000000",
+            b"0000000000000000",
+            b"99999999",
+            b"3600000",
+            b"9999",
+            b"12345",
+            b"123456789012",
+            b"900719925474099",
+        ];
         for base in bases {
             assert_eq!(parse_num(base, 0), plain_num(base, 0));
             for i in 0..base.len() {
@@ -541,6 +667,78 @@ mod tests {
         assert!(taken > 20_000, "only {taken} calls took the exact path");
         let call: [&[u8]; 6] = [b"1", b"k", b"TOKENBUCKET", b"10", b"1", b"1000"];
         assert_eq!(parse_multi_exact::<1>(&call).map(|c| c.limits[0].nums), Some([10, 1, 1000]));
+    }
+
+    /// `parse_multi_words` (the module's fast path for RL.MULTI calls of
+    /// token buckets and sliding counters without WEIGHT or options) either
+    /// declines or answers what `parse_multi_n` does, and it declines no
+    /// call of that shape.
+    #[test]
+    fn parse_multi_words_agrees_with_parse_multi() {
+        use crate::{slidingcounter as sc, tokenbucket as tb};
+        let kinds: [&[u8]; 4] = [b"TOKENBUCKET", b"slidingcounter", b"SlidingLog", b"x"];
+        let nums: [&[u8]; 5] = [b"1", b"1000", b"9007199254740991", b"0", b"x"];
+        let extra: [&[u8]; 4] = [b"WEIGHT", b"2", b"COST", b"DRYRUN"];
+        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+        let mut next = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        let mut taken = 0;
+        for _ in 0..300_000 {
+            let n = 1 + next(4) as usize;
+            let mut args: Vec<&[u8]> =
+                vec![[&b"1"[..], b"2", b"3", b"4", b"0"][if next(8) == 0 { next(5) as usize } else { n - 1 }]];
+            for i in 0..n {
+                args.push([&b"a"[..], b"b", b"c", b"d"][if next(6) == 0 { next(4) as usize } else { i }]);
+            }
+            for _ in 0..n {
+                let k = if next(10) == 0 { next(4) } else { next(2) } as usize;
+                args.push(kinds[k]);
+                for _ in 0..(if k == 0 { 3 } else { 2 }) {
+                    args.push(nums[if next(10) == 0 { next(5) } else { next(3) } as usize]);
+                }
+                if next(10) == 0 {
+                    args.push(extra[next(4) as usize]);
+                }
+            }
+            match next(10) {
+                0 => {
+                    args.pop();
+                }
+                1 => args.push(extra[next(4) as usize]),
+                _ => {}
+            }
+            let full = parse_multi_n::<4>(args.iter().copied());
+            let unchecked = parse_multi_words_unchecked::<&[u8], 4>(&args, |a| a);
+            let checked = parse_multi_words::<&[u8], 4>(&args, |a| a);
+            assert_eq!(checked, unchecked.filter(|&(n, _)| distinct_keys(&args[1..=n], |a| a)), "{args:?}");
+            match checked {
+                Some((n, limits)) => {
+                    taken += 1;
+                    let c = full.unwrap_or_else(|e| panic!("{args:?}: {e:?}"));
+                    assert_eq!((c.n, c.cost, c.partial, c.dryrun, c.refund), (n, 1, false, false, 0), "{args:?}");
+                    for (l, w) in c.limits[..n].iter().zip(&limits[..n]) {
+                        let want = match l.kind {
+                            Kind::TokenBucket => WordLimit::TokenBucket(tb::Params::from_nums(l.nums)),
+                            Kind::SlidingCounter => WordLimit::SlidingCounter(sc::Params::from_nums(l.nums)),
+                            Kind::SlidingLog => panic!("a sliding log on the word path {args:?}"),
+                        };
+                        assert_eq!((l.weight, *w), (1, want), "{args:?}");
+                    }
+                }
+                None => {
+                    let common = full.is_ok_and(|c| {
+                        c.limits[..c.n].iter().all(|l| l.weight == 1 && l.kind != Kind::SlidingLog)
+                            && !args.iter().any(|w| w.eq_ignore_ascii_case(b"WEIGHT") || is_option(w))
+                    });
+                    assert!(!common, "declined a common call {args:?}");
+                }
+            }
+        }
+        assert!(taken > 20_000, "only {taken} calls took the word path");
     }
 
     /// `parse_exact` (the module's path for a call of numbers only) answers

@@ -181,6 +181,37 @@ impl View {
         }
     }
 
+    /// [`View::answer`] and [`View::state_after`] of one take (`taken ≤
+    /// available()` of `want`) at once: they share the level after the take
+    /// and its division into tokens (RL.MULTI's fast path).
+    #[inline(always)]
+    pub fn take(&self, taken: u64, want: u64) -> (Decision, State) {
+        let after = self.level.saturating_sub(u128::from(taken) * self.den);
+        let (tokens, frac) = div_rem_u128(after, self.den);
+        let tokens = u64::try_from(tokens).unwrap_or(u64::MAX);
+        let retry_after_ms = if taken == want {
+            0
+        } else if want > self.capacity {
+            -1
+        } else {
+            to_i64(self.wait_ms(after, u128::from(want) * self.den))
+        };
+        let d = Decision {
+            granted: taken,
+            limit: self.capacity,
+            remaining: tokens,
+            retry_after_ms,
+            reset_after_ms: self.wait_ms(after, self.full),
+        };
+        let s = State {
+            tokens,
+            frac: u64::try_from(frac).unwrap_or(0),
+            den: u64::try_from(self.den).unwrap_or(0),
+            last_us: self.now_eff,
+        };
+        (d, s)
+    }
+
     /// The bucket after `n` tokens are given back: min(capacity, tokens + n).
     #[inline]
     pub fn refunded(&self, n: u64) -> View {

@@ -182,6 +182,8 @@ proptest! {
             let (d, n) = step(&s, p, op.cost, op.partial, now);
             let md = m.call(p, op.cost, op.partial, now, !op.dryrun);
             prop_assert_eq!(d, md);
+            // RL.MULTI's fast path answers and computes the state in one.
+            prop_assert_eq!(View::at(&s, p, now).take(d.granted, op.cost), (d, n));
             if d.granted > 0 && !op.dryrun {
                 prop_assert!(!n.is_fresh());
                 prop_assert!(d.reset_after_ms > 0);
