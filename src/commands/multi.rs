@@ -347,8 +347,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
 
     let mut per = [NO_DECISION; N];
     let mut failed = false;
-    let listen = g > 0 && listeners::must_replicate();
-    let mut verbatim = false;
+    let mut effects = Effects::default();
     for ((d, o), &name) in per.iter_mut().zip(open.iter_mut()).zip(names) {
         let Some((key, v)) = o else { continue };
         let new = match v {
@@ -370,7 +369,6 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
             delete(ctx, key, name);
             continue;
         }
-        let abs = abs_expiry(now, d.reset_after_ms);
         let stored = match new {
             Word::TokenBucket(s) => key.store(s),
             Word::SlidingCounter(s) => key.store(s),
@@ -379,20 +377,10 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
             failed = true;
             continue;
         }
-        key.set_abs_expire(abs);
-        key.signal_modified();
-        if !listen {
-            // Nobody listens for effects: the command itself is
-            // replicated, once for the call.
-            if !verbatim {
-                ctx.replicate_verbatim();
-                verbatim = true;
-            }
-            continue;
-        }
+        let (reset, e) = (d.reset_after_ms, &mut effects);
         match new {
-            Word::TokenBucket(s) => listeners::replicate_if(ctx, listen, name, || s.effect(abs)),
-            Word::SlidingCounter(s) => listeners::replicate_if(ctx, listen, name, || s.effect(abs)),
+            Word::TokenBucket(s) => commit(ctx, key, name, now, reset, e, |abs| s.effect(abs)),
+            Word::SlidingCounter(s) => commit(ctx, key, name, now, reset, e, |abs| s.effect(abs)),
         }
     }
     drop(open);
