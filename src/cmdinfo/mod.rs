@@ -171,7 +171,7 @@ const RL_FLAGS: &CStr = c"write deny-oom fast";
 /// range, never a keynum key spec. Without the flag a cross-slot RL.MULTI
 /// runs (seen on Redis 7.0.15, Valkey 8.1.8 and 9.1.2, Redis 8.2.3, where
 /// `COMMAND GETKEYS`, which reads the key spec declared here, still finds
-/// the keys); test_multi.py's cross-slot test holds this.
+/// the keys); test_multi_replication.py's cross-slot test holds this.
 const MULTI_FLAGS: &CStr = c"write deny-oom fast getkeys-api";
 
 static REFUND_ADDED: [(&CStr, &CStr); 1] = [(c"0.2.0", c"Added the `REFUND n` option.")];
