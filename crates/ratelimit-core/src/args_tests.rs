@@ -1,0 +1,359 @@
+//! Tests of the argument parsers (args.rs): numbers, options, the single
+//! commands' calls and RL.MULTI's (the generic parser and the fast path's).
+
+use super::*;
+
+fn p(args: &[&str], pos: &[Arg]) -> Result<Call, ArgError> {
+    parse(args.iter().map(|s| s.as_bytes()), pos)
+}
+
+#[test]
+fn numbers() {
+    assert_eq!(parse_num(b"1", 1), Some(1));
+    assert_eq!(parse_num(b"0", 1), None);
+    assert_eq!(parse_num(b"0", 0), Some(0));
+    assert_eq!(parse_num(b"9007199254740991", 1), Some(MAX_ARG));
+    assert_eq!(parse_num(b"9007199254740992", 1), None);
+    assert_eq!(parse_num(b"99999999999999999999", 1), None);
+    for bad in ["", "-1", "+1", " 1", "1 ", "1.0", "1e3", "0x10", "abc", "١"] {
+        assert_eq!(parse_num(bad.as_bytes(), 0), None, "{bad}");
+    }
+    assert_eq!(parse_num(b"0000000000000001", 1), Some(1));
+}
+
+/// The plain digit loop `parse_num` was: the eight-at-once path must
+/// agree with it on every input.
+fn plain_num(s: &[u8], min: u64) -> Option<u64> {
+    if s.is_empty() || s.len() > 16 || !s.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let v = s.iter().fold(0u64, |v, &b| v * 10 + u64::from(b - b'0'));
+    (min..=MAX_ARG).contains(&v).then_some(v)
+}
+
+#[test]
+fn eight_digits_at_once_agrees_with_the_digit_loop() {
+    let bases: [&[u8]; 11] = [
+        b"12345678",
+        b"9007199254740991",
+        b"9007199254740992",
+        b"1000000000",
+        b"0000000000000000",
+        b"99999999",
+        b"3600000",
+        b"9999",
+        b"12345",
+        b"123456789012",
+        b"900719925474099",
+    ];
+    for base in bases {
+        assert_eq!(parse_num(base, 0), plain_num(base, 0));
+        for i in 0..base.len() {
+            for b in 0..=255u8 {
+                let mut w = base.to_vec();
+                w[i] = b;
+                assert_eq!(parse_num(&w, 1), plain_num(&w, 1), "{w:?}");
+            }
+        }
+    }
+    // Every length, and a pseudo-random sweep of digit strings.
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    for _ in 0..200_000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let len = (x % 18) as usize;
+        let w: Vec<u8> = (0..len).map(|i| b'0' + ((x >> (i * 3)) % 10) as u8).collect();
+        assert_eq!(parse_num(&w, 1), plain_num(&w, 1), "{w:?}");
+    }
+}
+
+/// `parse_multi_exact` (the module's path for RL.MULTI calls without
+/// WEIGHT or options) either declines or answers what `parse_multi_n`
+/// does, and it declines no call of that common shape.
+#[test]
+fn parse_multi_exact_agrees_with_parse_multi() {
+    // Calls of the common shape, perturbed: a wrong word or number, a
+    // WEIGHT or an option, a duplicate key, a missing or extra word.
+    let kinds: [&[u8]; 4] = [b"TOKENBUCKET", b"slidinglog", b"SlidingCounter", b"x"];
+    let nums: [&[u8]; 5] = [b"1", b"1000", b"9007199254740991", b"0", b"x"];
+    let extra: [&[u8]; 4] = [b"WEIGHT", b"2", b"COST", b"DRYRUN"];
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut next = move |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    let mut taken = 0;
+    for _ in 0..200_000 {
+        let n = 1 + next(2) as usize;
+        let mut args: Vec<&[u8]> = vec![[&b"1"[..], b"2", b"3", b"0"][if next(8) == 0 { next(4) as usize } else { n - 1 }]];
+        for i in 0..n {
+            args.push([&b"a"[..], b"b", b"c"][if next(8) == 0 { 0 } else { i }]);
+        }
+        for _ in 0..n {
+            let k = if next(10) == 0 { next(4) } else { next(3) } as usize;
+            args.push(kinds[k]);
+            for _ in 0..(if k == 0 { 3 } else { 2 }) {
+                args.push(nums[if next(10) == 0 { next(5) } else { next(3) } as usize]);
+            }
+            if next(10) == 0 {
+                args.push(extra[next(4) as usize]);
+            }
+        }
+        match next(10) {
+            0 => {
+                args.pop();
+            }
+            1 => args.push(extra[next(4) as usize]),
+            _ => {}
+        }
+        let full = parse_multi_n::<2>(args.iter().copied());
+        match parse_multi_exact::<2>(&args) {
+            Some(c) => {
+                taken += 1;
+                assert_eq!(Ok(c), full, "{args:?}");
+            }
+            None => {
+                let common = full.is_ok_and(|c| {
+                    c.limits[..c.n].iter().all(|l| l.weight == 1)
+                        && !args.iter().any(|w| w.eq_ignore_ascii_case(b"WEIGHT") || is_option(w))
+                });
+                assert!(!common, "declined a common call {args:?}");
+            }
+        }
+    }
+    assert!(taken > 20_000, "only {taken} calls took the exact path");
+    let call: [&[u8]; 6] = [b"1", b"k", b"TOKENBUCKET", b"10", b"1", b"1000"];
+    assert_eq!(parse_multi_exact::<1>(&call).map(|c| c.limits[0].nums), Some([10, 1, 1000]));
+}
+
+/// `parse_multi_words` (the module's fast path for RL.MULTI calls of
+/// token buckets and sliding counters without WEIGHT or options) either
+/// declines or answers what `parse_multi_n` does, and it declines no
+/// call of that shape.
+#[test]
+fn parse_multi_words_agrees_with_parse_multi() {
+    use crate::{slidingcounter as sc, tokenbucket as tb};
+    let kinds: [&[u8]; 4] = [b"TOKENBUCKET", b"slidingcounter", b"SlidingLog", b"x"];
+    let nums: [&[u8]; 5] = [b"1", b"1000", b"9007199254740991", b"0", b"x"];
+    let extra: [&[u8]; 4] = [b"WEIGHT", b"2", b"COST", b"DRYRUN"];
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move |m: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % m
+    };
+    let mut taken = 0;
+    for _ in 0..300_000 {
+        let n = 1 + next(4) as usize;
+        let mut args: Vec<&[u8]> =
+            vec![[&b"1"[..], b"2", b"3", b"4", b"0"][if next(8) == 0 { next(5) as usize } else { n - 1 }]];
+        for i in 0..n {
+            args.push([&b"a"[..], b"b", b"c", b"d"][if next(6) == 0 { next(4) as usize } else { i }]);
+        }
+        for _ in 0..n {
+            let k = if next(10) == 0 { next(4) } else { next(2) } as usize;
+            args.push(kinds[k]);
+            for _ in 0..(if k == 0 { 3 } else { 2 }) {
+                args.push(nums[if next(10) == 0 { next(5) } else { next(3) } as usize]);
+            }
+            if next(10) == 0 {
+                args.push(extra[next(4) as usize]);
+            }
+        }
+        match next(10) {
+            0 => {
+                args.pop();
+            }
+            1 => args.push(extra[next(4) as usize]),
+            _ => {}
+        }
+        let full = parse_multi_n::<4>(args.iter().copied());
+        let unchecked = parse_multi_words_unchecked::<&[u8], 4>(&args, |a| a);
+        let checked = parse_multi_words::<&[u8], 4>(&args, |a| a);
+        assert_eq!(checked, unchecked.filter(|&(n, _)| distinct_keys(&args[1..=n], |a| a)), "{args:?}");
+        match checked {
+            Some((n, limits)) => {
+                taken += 1;
+                let c = full.unwrap_or_else(|e| panic!("{args:?}: {e:?}"));
+                assert_eq!((c.n, c.cost, c.partial, c.dryrun, c.refund), (n, 1, false, false, 0), "{args:?}");
+                for (l, w) in c.limits[..n].iter().zip(&limits[..n]) {
+                    let want = match l.kind {
+                        Kind::TokenBucket => WordLimit::TokenBucket(tb::Params::from_nums(l.nums)),
+                        Kind::SlidingCounter => WordLimit::SlidingCounter(sc::Params::from_nums(l.nums)),
+                        Kind::SlidingLog => panic!("a sliding log on the word path {args:?}"),
+                    };
+                    assert_eq!((l.weight, *w), (1, want), "{args:?}");
+                }
+            }
+            None => {
+                let common = full.is_ok_and(|c| {
+                    c.limits[..c.n].iter().all(|l| l.weight == 1 && l.kind != Kind::SlidingLog)
+                        && !args.iter().any(|w| w.eq_ignore_ascii_case(b"WEIGHT") || is_option(w))
+                });
+                assert!(!common, "declined a common call {args:?}");
+            }
+        }
+    }
+    assert!(taken > 20_000, "only {taken} calls took the word path");
+}
+
+/// `parse_exact` (the module's path for a call of numbers only) answers
+/// what `parse` does, the argument an error names included, for every
+/// mix of good and bad numbers; other lengths go to `parse` itself.
+#[test]
+fn parse_exact_agrees_with_parse() {
+    let words: [&[u8]; 9] = [b"1", b"0", b"1000000000", b"9007199254740991", b"9007199254740992", b"x", b"", b"COST", b"07"];
+    for pos in [TOKENBUCKET_ARGS, WINDOW_ARGS] {
+        for n in 0..=4usize {
+            let combos = words.len().pow(n as u32);
+            for mut c in 0..combos {
+                let args: Vec<&[u8]> = (0..n)
+                    .map(|_| {
+                        let w = words[c % words.len()];
+                        c /= words.len();
+                        w
+                    })
+                    .collect();
+                assert_eq!(parse_exact(&args, pos), parse(args.iter().copied(), pos), "{args:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn options_any_order_case_insensitive() {
+    let c = p(&["10", "1", "1000", "dryrun", "Cost", "5", "PARTIAL"], TOKENBUCKET_ARGS).unwrap();
+    assert_eq!(c, Call { nums: [10, 1, 1000], cost: 5, partial: true, dryrun: true, refund: 0 });
+    let c = p(&["10", "1000"], WINDOW_ARGS).unwrap();
+    assert_eq!(c, Call { nums: [10, 1000, 0], cost: 1, partial: false, dryrun: false, refund: 0 });
+}
+
+#[test]
+fn errors() {
+    assert_eq!(p(&["10", "1"], TOKENBUCKET_ARGS), Err(ArgError::Arity));
+    assert_eq!(p(&[], WINDOW_ARGS), Err(ArgError::Arity));
+    assert_eq!(p(&["0", "1", "1"], TOKENBUCKET_ARGS), Err(ArgError::Number(Arg::Capacity)));
+    assert_eq!(p(&["1", "x", "1"], TOKENBUCKET_ARGS), Err(ArgError::Number(Arg::Rate)));
+    assert_eq!(p(&["1", "1", "-5"], TOKENBUCKET_ARGS), Err(ArgError::Number(Arg::PeriodMs)));
+    assert_eq!(p(&["1", "1", "COST"], WINDOW_ARGS), Err(ArgError::Syntax));
+    assert_eq!(p(&["1", "1", "COST", "1", "COST", "2"], WINDOW_ARGS), Err(ArgError::Syntax));
+    assert_eq!(p(&["1", "1", "PARTIAL", "partial"], WINDOW_ARGS), Err(ArgError::Syntax));
+    assert_eq!(p(&["1", "1", "DRYRUN", "DRYRUN"], WINDOW_ARGS), Err(ArgError::Syntax));
+    assert_eq!(p(&["1", "1", "FOO"], WINDOW_ARGS), Err(ArgError::Syntax));
+    assert_eq!(p(&["1", "1", "COST", "9007199254740992"], WINDOW_ARGS), Err(ArgError::Number(Arg::Cost)));
+    assert_eq!(p(&["1", "1", "COST", "0"], WINDOW_ARGS).map(|c| c.cost), Ok(0));
+}
+
+#[test]
+fn refund_excludes_the_other_options() {
+    assert_eq!(p(&["1", "1", "refund", "3"], WINDOW_ARGS).map(|c| (c.refund, c.cost)), Ok((3, 1)));
+    for bad in [
+        &["REFUND", "1", "COST", "1"][..],
+        &["COST", "1", "REFUND", "1"],
+        &["PARTIAL", "REFUND", "1"],
+        &["REFUND", "1", "DRYRUN"],
+        &["REFUND", "1", "REFUND", "1"],
+        &["REFUND"],
+    ] {
+        let args: Vec<&str> = ["1", "1"].iter().chain(bad).copied().collect();
+        assert_eq!(p(&args, WINDOW_ARGS), Err(ArgError::Syntax), "{bad:?}");
+    }
+    assert_eq!(p(&["1", "1", "REFUND", "0"], WINDOW_ARGS), Err(ArgError::Number(Arg::Refund)));
+    assert_eq!(p(&["1", "1", "REFUND", "9007199254740992"], WINDOW_ARGS), Err(ArgError::Number(Arg::Refund)));
+}
+
+fn m(args: &str) -> Result<MultiCall, ArgError> {
+    let v: Vec<&[u8]> = args.split(' ').filter(|s| !s.is_empty()).map(str::as_bytes).collect();
+    parse_multi(v.into_iter())
+}
+
+#[test]
+fn multi_parses_limits_and_options() {
+    let c = m("2 a b TOKENBUCKET 10 1 1000 slidinglog 5 60000 weight 3 cost 2 PARTIAL").unwrap();
+    assert_eq!((c.n, c.cost, c.partial, c.dryrun, c.refund), (2, 2, true, false, 0));
+    assert_eq!(c.limits[0], LimitSpec { kind: Kind::TokenBucket, nums: [10, 1, 1000], weight: 1 });
+    assert_eq!(c.limits[1], LimitSpec { kind: Kind::SlidingLog, nums: [5, 60000, 0], weight: 3 });
+    let c = m("1 k SLIDINGCOUNTER 5 1000 REFUND 4").unwrap();
+    assert_eq!((c.n, c.refund, c.limits[0].kind), (1, 4, Kind::SlidingCounter));
+    // A key may be named like a keyword: keys are positional.
+    assert_eq!(m("1 TOKENBUCKET TOKENBUCKET 1 1 1").map(|c| c.n), Ok(1));
+    let sixteen: String = (0..16).map(|i| format!("k{i} ")).collect::<String>() + &"SLIDINGLOG 1 1 ".repeat(16);
+    assert_eq!(m(&format!("16 {sixteen}")).map(|c| c.n), Ok(16));
+}
+
+/// The word compare is `eq_ignore_ascii_case` for every byte at every
+/// position, and the sized parser answers what the full one does.
+#[test]
+fn fast_word_compare_and_sized_parse_agree_with_the_plain_ones() {
+    for name in [&b"TOKENBUCKET"[..], b"SLIDINGLOG", b"SLIDINGCOUNTER", b"WEIGHT"] {
+        for i in 0..name.len() {
+            for b in 0..=255u8 {
+                let mut w = name.to_vec();
+                w[i] = b;
+                assert_eq!(eq_upper_letters(&w, name), w.eq_ignore_ascii_case(name), "{w:?}");
+            }
+        }
+        assert!(!eq_upper_letters(&name[1..], name));
+    }
+    for args in [
+        "1 a tokenbucket 1 1 1",
+        "2 a b TOKENBUCKET 10 1 1000 slidinglog 5 60000 weight 3 cost 2 PARTIAL",
+        "2 a b SLIDINGCOUNTER 1 1 SLIDINGLOG 1 1 REFUND 2",
+        "2 a a SLIDINGLOG 1 1 SLIDINGLOG 1 1",
+        "2 a b SLIDINGLOG 1 1 SLIDINGLOG 1 0",
+    ] {
+        let v: Vec<&[u8]> = args.split(' ').map(str::as_bytes).collect();
+        let full = parse_multi(v.iter().copied());
+        let two = parse_multi_n::<2>(v.iter().copied());
+        assert_eq!(
+            full.map(|c| (c.n, c.limits[..c.n].to_vec(), c.cost, c.partial, c.dryrun, c.refund)),
+            two.map(|c| (c.n, c.limits[..c.n].to_vec(), c.cost, c.partial, c.dryrun, c.refund)),
+            "{args}"
+        );
+    }
+    let v: Vec<&[u8]> = "3 a b c SLIDINGLOG 1 1 SLIDINGLOG 1 1 SLIDINGLOG 1 1".split(' ').map(str::as_bytes).collect();
+    assert_eq!(parse_multi_n::<2>(v.iter().copied()).map(|c| c.n), Err(ArgError::Number(Arg::NumKeys)));
+    assert_eq!(parse_multi(v.iter().copied()).map(|c| c.n), Ok(3));
+}
+
+#[test]
+fn multi_errors() {
+    use ArgError::*;
+    let cases: &[(&str, ArgError)] = &[
+        ("1 k TOKENBUCKET 1", Arity),
+        ("0 k TOKENBUCKET 1 1 1", Number(Arg::NumKeys)),
+        ("17 k TOKENBUCKET 1 1 1", Number(Arg::NumKeys)),
+        ("x k TOKENBUCKET 1 1 1", Number(Arg::NumKeys)),
+        ("2 a b TOKENBUCKET 1 1 1", LimitCount),
+        ("2 a b TOKENBUCKET 1 1 1 COST 1", LimitCount),
+        ("1 a TOKENBUCKET 1 1 1 SLIDINGLOG 1 1", LimitCount),
+        ("3 a b c TOKENBUCKET", Syntax),
+        ("4 a b c TOKENBUCKET", LimitCount),
+        ("1 a LEAKY 1 1 1", Syntax),
+        ("1 a TOKENBUCKET 1 1", Syntax),
+        ("1 a TOKENBUCKET 1 1 1 WEIGHT", Syntax),
+        ("1 a TOKENBUCKET 1 1 1 WEIGHT 2 WEIGHT 2", Syntax),
+        ("1 a TOKENBUCKET 1 1 1 COST 1 WEIGHT 2", Syntax),
+        ("1 a TOKENBUCKET 1 1 1 REFUND 1 COST 1", Syntax),
+        ("1 a TOKENBUCKET 1 1 1 DRYRUN REFUND 1", Syntax),
+        ("1 a TOKENBUCKET 0 1 1", Number(Arg::Capacity)),
+        ("1 a SLIDINGLOG 1 0", Number(Arg::WindowMs)),
+        ("1 a SLIDINGCOUNTER x 1", Number(Arg::Limit)),
+        ("1 a SLIDINGLOG 1 1 WEIGHT 0", Number(Arg::Weight)),
+        ("1 a SLIDINGLOG 1 1 COST -1", Number(Arg::Cost)),
+        ("1 a SLIDINGLOG 1 1 REFUND 0", Number(Arg::Refund)),
+        ("2 a a SLIDINGLOG 1 1 SLIDINGLOG 1 1", DuplicateKey),
+        ("1 a SLIDINGLOG 1 1 WEIGHT 134217728 COST 67108864", Product(Arg::Cost)),
+        ("1 a SLIDINGLOG 1 1 WEIGHT 9007199254740991 REFUND 2", Product(Arg::Refund)),
+    ];
+    for (args, want) in cases {
+        assert_eq!(m(args), Err(*want), "{args}");
+    }
+    // The product at the edge is accepted.
+    assert!(m("1 a SLIDINGLOG 1 1 WEIGHT 9007199254740991 COST 1").is_ok());
+    assert!(m("1 a SLIDINGLOG 1 1 WEIGHT 9007199254740991 COST 0").is_ok());
+}
