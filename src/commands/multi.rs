@@ -57,8 +57,13 @@ pub fn multi(ctx: Ctx, argv: &[Str]) -> c_int {
 /// the panic guard (`api::entry!`), so nothing here can panic: checked
 /// reads, `parse_num` (total), a range bounded by MAX_LIMITS + 2.
 pub fn multi_keys(ctx: Ctx, argv: &[Str]) -> c_int {
-    let n = argv.get(1).and_then(|&a| args::parse_num(a.bytes(), 1)).unwrap_or(0);
-    let n = usize::try_from(n).unwrap_or(0).min(MAX_LIMITS).min(argv.len().saturating_sub(2));
+    // One digit (the common call) read at once, else by `parse_num`.
+    let n = match argv.get(1).map(|&a| a.bytes()) {
+        Some(&[d @ b'1'..=b'9']) => usize::from(d - b'0'),
+        Some(s) => args::parse_num(s, 1).map_or(0, |n| usize::try_from(n).unwrap_or(0)),
+        None => 0,
+    };
+    let n = n.min(MAX_LIMITS).min(argv.len().saturating_sub(2));
     for pos in 2..2 + n {
         ctx.key_at_pos(pos);
     }
