@@ -227,9 +227,10 @@ impl<'a> Ctx<'a> {
 
     /// Report argument `pos` as a key (to a key position request), with the
     /// flags `RedisModule_KeyAtPos` gives (read-write, access, update: the
-    /// flags of RL.MULTI's key spec). `KeyAtPosWithFlags` converts them
-    /// once; `KeyAtPos` converts its default twice (~60 instructions a key
-    /// on Valkey 9.1, which asks on every request to prefetch the keys).
+    /// flags of RL.MULTI's key spec). Valkey 9.1, which asks on every
+    /// request to prefetch the keys, stores these flags as given, where
+    /// `KeyAtPos` converts its default (~97 instructions a key); Redis
+    /// converts them once here, twice in `KeyAtPos`.
     #[inline]
     pub fn key_at_pos(self, pos: usize) {
         const FULL_ACCESS: c_int =

@@ -274,12 +274,7 @@ impl<W: Units> Lv<W> {
             retry_after_ms,
             reset_after_ms: self.wait_ms(after, self.full),
         };
-        let s = State {
-            tokens,
-            frac: u64::try_from(frac.wide()).unwrap_or(0),
-            den: self.den,
-            last_us: self.now_eff,
-        };
+        let s = State { tokens, frac: u64::try_from(frac.wide()).unwrap_or(0), den: self.den, last_us: self.now_eff };
         (d, s)
     }
 
