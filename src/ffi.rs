@@ -73,7 +73,7 @@ pub static REQUIRED: &ApiTable = table![
     RedisModule_Replicate,
     RedisModule_DeleteKey,
     RedisModule_IsKeysPositionRequest,
-    RedisModule_KeyAtPos,
+    RedisModule_KeyAtPosWithFlags,
     // effect skipping (listeners.rs)
     RedisModule_GetContextFlags,
     RedisModule_GetServerInfo,

@@ -107,6 +107,34 @@ macro_rules! entry {
         }
         Some(entry as _)
     }};
+    // A command registered with `getkeys-api`: `$keys`, a safe
+    // `fn(Ctx, &[Str]) -> c_int` that cannot panic (it only reads and
+    // reports positions), answers the server's key-position requests before
+    // the panic guard and the handler; `$f` runs every other call.
+    ($f:path, keys = $keys:path) => {{
+        /// The command function Redis calls for this command.
+        ///
+        /// # Safety
+        ///
+        /// As for `entry!($f)`.
+        unsafe extern "C" fn entry(
+            ctx: *mut redis_module::raw::RedisModuleCtx,
+            argv: *mut *mut redis_module::raw::RedisModuleString,
+            argc: std::ffi::c_int,
+        ) -> std::ffi::c_int {
+            // SAFETY: as in `entry!($f)`.
+            let (ctx, args) = unsafe {
+                let args: &[$crate::api::Str] =
+                    if argv.is_null() || argc <= 0 { &[] } else { std::slice::from_raw_parts(argv.cast(), argc as usize) };
+                ($crate::api::Ctx::from_raw(ctx), args)
+            };
+            if ctx.is_keys_position_request() {
+                return $keys(ctx, args);
+            }
+            $crate::api::run(ctx, args, $f)
+        }
+        Some(entry as _)
+    }};
 }
 pub(crate) use entry;
 
@@ -197,12 +225,19 @@ impl<'a> Ctx<'a> {
         unsafe { api!(RedisModule_IsKeysPositionRequest)(self.raw) != 0 }
     }
 
-    /// Report argument `pos` as a key (to a key position request).
+    /// Report argument `pos` as a key (to a key position request), with the
+    /// flags `RedisModule_KeyAtPos` gives (read-write, access, update: the
+    /// flags of RL.MULTI's key spec). Valkey 9.1, which asks on every
+    /// request to prefetch the keys, stores these flags as given, where
+    /// `KeyAtPos` converts its default (~97 instructions a key); Redis
+    /// converts them once here, twice in `KeyAtPos`.
     #[inline]
     pub fn key_at_pos(self, pos: usize) {
+        const FULL_ACCESS: c_int =
+            (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE) as c_int;
         if let Ok(pos) = c_int::try_from(pos) {
             // SAFETY: a live call context.
-            unsafe { api!(RedisModule_KeyAtPos)(self.raw, pos) };
+            unsafe { api!(RedisModule_KeyAtPosWithFlags)(self.raw, pos, FULL_ACCESS) };
         }
     }
 

@@ -231,7 +231,7 @@ pub static COMMANDS: [Doc; 5] = [
     },
     Doc {
         name: c"RL.MULTI",
-        handler: crate::api::entry!(crate::commands::multi),
+        handler: crate::api::entry!(crate::commands::multi, keys = crate::commands::multi_keys),
         flags: MULTI_FLAGS,
         summary: c"Decides several limits (TOKENBUCKET capacity rate period_ms | SLIDINGLOG limit window_ms | SLIDINGCOUNTER limit window_ms, each [WEIGHT w], one per key) in one atomic step: all or nothing; replies the five fields of the binding limit, its index, and each limit's reply.",
         complexity: c"O(N) where N is the number of limits (each as its single command)",

@@ -23,7 +23,7 @@ mod reply;
 mod single;
 mod state;
 
-pub use multi::multi;
+pub use multi::{multi, multi_keys};
 pub use single::{slidingcounter, slidinglog, tokenbucket};
 pub use state::state;
 

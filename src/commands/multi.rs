@@ -34,19 +34,10 @@ const NO_DECISION: Decision = Decision { granted: 0, limit: 0, remaining: 0, ret
 /// writes, each written key gets its TTL and its own effect (Redis wraps
 /// the command's effects in MULTI/EXEC). Fixed-size arrays on the stack:
 /// no allocation per call.
+/// (The server's key-position requests are answered by [`multi_keys`],
+/// before this runs: `api::entry!`.)
 pub fn multi(ctx: Ctx, argv: &[Str]) -> c_int {
     {
-        if ctx.is_keys_position_request() {
-            // Cluster routing asks the command itself on every server
-            // (cmdinfo/, MULTI_FLAGS): the keys are arguments 2 .. 2 +
-            // numkeys, as far as they exist.
-            let n = argv.get(1).and_then(|&a| args::parse_num(a.bytes(), 1)).unwrap_or(0);
-            let n = usize::try_from(n).unwrap_or(0).min(MAX_LIMITS).min(argv.len().saturating_sub(2));
-            for pos in 2..2 + n {
-                ctx.key_at_pos(pos);
-            }
-            return ffi::OK;
-        }
         // Size the per-limit stack arrays for the call: a limit takes at
         // least four arguments (key, algorithm, two numbers), so argc bounds
         // numkeys; one or two limits (the common calls) build no sixteen.
@@ -57,6 +48,26 @@ pub fn multi(ctx: Ctx, argv: &[Str]) -> c_int {
             _ => multi_n::<MAX_LIMITS>(ctx, argv),
         }
     }
+}
+
+/// RL.MULTI's answer to a key-position request (`getkeys-api`): cluster
+/// routing asks the command itself on every server, and Valkey 9.1 on
+/// every request, to prefetch the keys (cmdinfo/, MULTI_FLAGS): the keys
+/// are arguments 2 .. 2 + numkeys, as far as they exist. It runs outside
+/// the panic guard (`api::entry!`), so nothing here can panic: checked
+/// reads, `parse_num` (total), a range bounded by MAX_LIMITS + 2.
+pub fn multi_keys(ctx: Ctx, argv: &[Str]) -> c_int {
+    // One digit (the common call) read at once, else by `parse_num`.
+    let n = match argv.get(1).map(|&a| a.bytes()) {
+        Some(&[d @ b'1'..=b'9']) => usize::from(d - b'0'),
+        Some(s) => args::parse_num(s, 1).map_or(0, |n| usize::try_from(n).unwrap_or(0)),
+        None => 0,
+    };
+    let n = n.min(MAX_LIMITS).min(argv.len().saturating_sub(2));
+    for pos in 2..2 + n {
+        ctx.key_at_pos(pos);
+    }
+    ffi::OK
 }
 
 /// RL.MULTI of one limit of weight 1: the single command's decision and

@@ -40,13 +40,17 @@ impl State {
     /// states outside it, which are then stored in full.
     pub fn pack(&self) -> Option<[u64; 2]> {
         let t = self.last_us.checked_sub(PACK_EPOCH_US)?;
-        if t >> PACK_T_BITS != 0 || self.den == 0 || !self.den.is_multiple_of(1000) || self.frac >= self.den {
+        // `den` a nonzero whole number of ms (one division: `period` is 0
+        // for a `den` below 1000, and `period × 1000` is `den` only for a
+        // multiple of 1000).
+        let period = self.den / 1000;
+        if t >> PACK_T_BITS != 0 || period == 0 || period * 1000 != self.den || self.frac >= self.den {
             return None;
         }
-        let period = self.den / 1000;
         let pb = bit_len(period); // 1..=54
         let tokens_at = PACK_T_BITS + PACK_PB_BITS + pb + bit_len(self.den);
-        if tokens_at > u128::BITS || u128::from(self.tokens) >> (u128::BITS - tokens_at) != 0 {
+        // `tokens` fits in the bits above `tokens_at` (no 128-bit shift).
+        if bit_len(self.tokens) + tokens_at > u128::BITS {
             return None;
         }
         let x = u128::from(t)

@@ -85,116 +85,187 @@ impl State {
 /// RL.MULTI decide through it: [`View::available`] says how many tokens a
 /// call could take, [`View::answer`] is the reply after taking some, and
 /// [`View::state_after`] the state to store.
+///
+/// Counted in `u64` units when a full bucket (`capacity × den`) fits in 64
+/// bits (every everyday bucket: 10^9 tokens an hour is 3.6·10^18 units),
+/// else in `u128`: the same figures either way (the property test
+/// `narrow_and_wide_views_agree`), the narrow one without 128-bit
+/// arithmetic.
 #[derive(Clone, Copy, Debug)]
-pub struct View {
+pub struct View(Form);
+
+#[derive(Clone, Copy, Debug)]
+enum Form {
+    Narrow(Lv<u64>),
+    Wide(Lv<u128>),
+}
+
+/// The integer a view counts units in. Every product is of two `u64`
+/// figures, saturating at `MAX` (`u128` never saturates: each product is
+/// below 2^128); a view compares every saturated figure with `full`, which
+/// fits, before it is used, so saturation changes no answer.
+trait Units: Copy + Ord + core::fmt::Debug {
+    fn of(v: u64) -> Self;
+    /// `a × b`, saturating.
+    fn mul(a: u64, b: u64) -> Self;
+    /// `v`, saturating.
+    fn sat(v: u128) -> Self;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+    /// `(self / d, self % d)`; `(MAX, 0)` for `d == 0`.
+    fn div_rem(self, d: Self) -> (Self, Self);
+    fn wide(self) -> u128;
+    /// Milliseconds, rounded up, of `⌈deficit / rate⌉ + gap` µs
+    /// (saturating; `u64::MAX` for `rate == 0`).
+    fn wait_ms(deficit: Self, rate: u64, gap: u64) -> u64;
+}
+
+impl Units for u64 {
+    #[inline(always)]
+    fn of(v: u64) -> u64 {
+        v
+    }
+    #[inline(always)]
+    fn mul(a: u64, b: u64) -> u64 {
+        a.saturating_mul(b)
+    }
+    #[inline(always)]
+    fn sat(v: u128) -> u64 {
+        u64::try_from(v).unwrap_or(u64::MAX)
+    }
+    #[inline(always)]
+    fn add(self, o: u64) -> u64 {
+        self.saturating_add(o)
+    }
+    #[inline(always)]
+    fn sub(self, o: u64) -> u64 {
+        self.saturating_sub(o)
+    }
+    #[inline(always)]
+    fn div_rem(self, d: u64) -> (u64, u64) {
+        match (self.checked_div(d), self.checked_rem(d)) {
+            (Some(q), Some(r)) => (q, r),
+            _ => (u64::MAX, 0),
+        }
+    }
+    #[inline(always)]
+    fn wide(self) -> u128 {
+        u128::from(self)
+    }
+    #[inline(always)]
+    fn wait_ms(deficit: u64, rate: u64, gap: u64) -> u64 {
+        let (Some(q), Some(r)) = (deficit.checked_div(rate), deficit.checked_rem(rate)) else {
+            return u64::MAX;
+        };
+        // r > 0 means q < deficit: q + 1 cannot overflow.
+        let us = q + u64::from(r != 0);
+        match us.checked_add(gap) {
+            Some(us) => us.div_ceil(1000),
+            None => us_to_ms_ceil(u128::from(us) + u128::from(gap)),
+        }
+    }
+}
+
+impl Units for u128 {
+    #[inline(always)]
+    fn of(v: u64) -> u128 {
+        u128::from(v)
+    }
+    #[inline(always)]
+    fn mul(a: u64, b: u64) -> u128 {
+        // Below 2^128: never saturates.
+        u128::from(a) * u128::from(b)
+    }
+    #[inline(always)]
+    fn sat(v: u128) -> u128 {
+        v
+    }
+    #[inline(always)]
+    fn add(self, o: u128) -> u128 {
+        self.saturating_add(o)
+    }
+    #[inline(always)]
+    fn sub(self, o: u128) -> u128 {
+        self.saturating_sub(o)
+    }
+    #[inline(always)]
+    fn div_rem(self, d: u128) -> (u128, u128) {
+        div_rem_u128(self, d)
+    }
+    #[inline(always)]
+    fn wide(self) -> u128 {
+        self
+    }
+    #[inline(always)]
+    fn wait_ms(deficit: u128, rate: u64, gap: u64) -> u64 {
+        us_to_ms_ceil(div_ceil_u128(deficit, u128::from(rate)).saturating_add(u128::from(gap)))
+    }
+}
+
+/// The level of a [`View`] in one integer width.
+#[derive(Clone, Copy, Debug)]
+struct Lv<W> {
     /// Level in units (`den` units = one token), `≤ full`.
-    level: u128,
-    /// Units per token: `period_ms × 1000`.
-    den: u128,
+    level: W,
     /// `capacity × den`.
-    full: u128,
-    rate: u128,
+    full: W,
+    /// Units per token: `period_ms × 1000`.
+    den: u64,
+    rate: u64,
     capacity: u64,
     /// The instant the state is read at: `max(now, last write)`.
     now_eff: u64,
     /// µs from the real clock reading to `now_eff` (clock stepped back).
-    gap: u128,
+    gap: u64,
 }
 
-impl View {
-    #[inline]
-    pub fn at(state: &State, p: &Params, now_us: u64) -> View {
-        let den = u128::from(ms_to_us(p.period_ms).max(1));
-        let rate = u128::from(p.rate);
-        let full = u128::from(p.capacity) * den;
+impl<W: Units> Lv<W> {
+    #[inline(always)]
+    fn at(state: &State, p: &Params, den: u64, full: W, now_us: u64) -> Lv<W> {
         // Current level in units, after refill.
         let (level, now_eff) = if state.is_fresh() {
             (full, now_us)
         } else {
             let now_eff = now_us.max(state.last_us);
             // Rescale the fraction if the period changed (rounding down).
-            let frac = if u128::from(state.den) == den {
-                u128::from(state.frac)
+            let frac = if state.den == den {
+                W::of(state.frac)
             } else {
-                u128::from(state.frac) * den / u128::from(state.den)
+                W::sat(u128::from(state.frac) * u128::from(den) / u128::from(state.den))
             };
-            let stored = u128::from(state.tokens) * den + frac;
-            let refill = u128::from(now_eff - state.last_us) * rate;
-            (stored.saturating_add(refill).min(full), now_eff)
+            let stored = W::mul(state.tokens, den).add(frac);
+            let refill = W::mul(now_eff - state.last_us, p.rate);
+            (stored.add(refill).min(full), now_eff)
         };
-        View { level, den, full, rate, capacity: p.capacity, now_eff, gap: u128::from(now_eff - now_us) }
+        Lv { level, full, den, rate: p.rate, capacity: p.capacity, now_eff, gap: now_eff - now_us }
     }
 
-    /// Whole tokens a call could take now (`≤ capacity`).
-    #[inline]
-    pub fn available(&self) -> u64 {
-        u64::try_from(div_rem_u128(self.level, self.den).0).unwrap_or(u64::MAX)
+    #[inline(always)]
+    fn tokens(&self, level: W) -> (u64, W) {
+        let (q, r) = level.div_rem(W::of(self.den));
+        (u64::try_from(q.wide()).unwrap_or(u64::MAX), r)
     }
 
     /// Milliseconds, rounded up, until the level reaches `target` units.
-    /// Waits are measured from the real `now_us`: while the clock is behind
-    /// the stored time, the refill resumes only once it catches up, so the
-    /// gap is part of every wait (and of the key's TTL).
-    #[inline]
-    fn wait_ms(&self, level: u128, target: u128) -> u64 {
-        let deficit = target.saturating_sub(level);
-        if deficit == 0 {
+    #[inline(always)]
+    fn wait_ms(&self, level: W, target: W) -> u64 {
+        let deficit = target.sub(level);
+        if deficit == W::of(0) {
             return 0;
         }
-        us_to_ms_ceil(div_ceil_u128(deficit, self.rate).saturating_add(self.gap))
+        W::wait_ms(deficit, self.rate, self.gap)
     }
 
-    /// The reply after taking `taken` tokens (`≤ available()`) for a call
-    /// that asked for `want`: retry_after_ms is 0 when it got them all, −1
-    /// when `want` exceeds the capacity, else the time until `want` tokens
-    /// are there again after this take.
-    #[inline]
-    pub fn answer(&self, taken: u64, want: u64) -> Decision {
-        let after = self.level.saturating_sub(u128::from(taken) * self.den);
-        let retry_after_ms = if taken == want {
-            0
-        } else if want > self.capacity {
-            -1
-        } else {
-            to_i64(self.wait_ms(after, u128::from(want) * self.den))
-        };
-        Decision {
-            granted: taken,
-            limit: self.capacity,
-            remaining: u64::try_from(div_rem_u128(after, self.den).0).unwrap_or(u64::MAX),
-            retry_after_ms,
-            reset_after_ms: self.wait_ms(after, self.full),
-        }
-    }
-
-    /// The state to store after taking `taken` tokens (never fresh when
-    /// `taken > 0`).
-    #[inline]
-    pub fn state_after(&self, taken: u64) -> State {
-        let after = self.level.saturating_sub(u128::from(taken) * self.den);
-        let (tokens, frac) = div_rem_u128(after, self.den);
-        State {
-            tokens: u64::try_from(tokens).unwrap_or(u64::MAX),
-            frac: u64::try_from(frac).unwrap_or(0),
-            den: u64::try_from(self.den).unwrap_or(0),
-            last_us: self.now_eff,
-        }
-    }
-
-    /// [`View::answer`] and [`View::state_after`] of one take (`taken ≤
-    /// available()` of `want`) at once: they share the level after the take
-    /// and its division into tokens (RL.MULTI's fast path).
     #[inline(always)]
-    pub fn take(&self, taken: u64, want: u64) -> (Decision, State) {
-        let after = self.level.saturating_sub(u128::from(taken) * self.den);
-        let (tokens, frac) = div_rem_u128(after, self.den);
-        let tokens = u64::try_from(tokens).unwrap_or(u64::MAX);
+    fn take(&self, taken: u64, want: u64) -> (Decision, State) {
+        let after = self.level.sub(W::mul(taken, self.den));
+        let (tokens, frac) = self.tokens(after);
         let retry_after_ms = if taken == want {
             0
         } else if want > self.capacity {
             -1
         } else {
-            to_i64(self.wait_ms(after, u128::from(want) * self.den))
+            to_i64(self.wait_ms(after, W::mul(want, self.den)))
         };
         let d = Decision {
             granted: taken,
@@ -203,25 +274,89 @@ impl View {
             retry_after_ms,
             reset_after_ms: self.wait_ms(after, self.full),
         };
-        let s = State {
-            tokens,
-            frac: u64::try_from(frac).unwrap_or(0),
-            den: u64::try_from(self.den).unwrap_or(0),
-            last_us: self.now_eff,
-        };
+        let s = State { tokens, frac: u64::try_from(frac.wide()).unwrap_or(0), den: self.den, last_us: self.now_eff };
         (d, s)
+    }
+
+    #[inline(always)]
+    fn refunded(&self, n: u64) -> Lv<W> {
+        Lv { level: self.level.add(W::mul(n, self.den)).min(self.full), ..*self }
+    }
+}
+
+impl View {
+    #[inline]
+    pub fn at(state: &State, p: &Params, now_us: u64) -> View {
+        let den = ms_to_us(p.period_ms).max(1);
+        match p.capacity.checked_mul(den) {
+            Some(full) => View(Form::Narrow(Lv::at(state, p, den, full, now_us))),
+            None => View::at_wide(state, p, now_us),
+        }
+    }
+
+    /// [`View::at`] counted in `u128` whatever the parameters (the wide
+    /// form, which the narrow one must agree with).
+    #[inline(never)]
+    pub fn at_wide(state: &State, p: &Params, now_us: u64) -> View {
+        let den = ms_to_us(p.period_ms).max(1);
+        View(Form::Wide(Lv::at(state, p, den, u128::from(p.capacity) * u128::from(den), now_us)))
+    }
+
+    /// Whole tokens a call could take now (`≤ capacity`).
+    #[inline]
+    pub fn available(&self) -> u64 {
+        match &self.0 {
+            Form::Narrow(v) => v.tokens(v.level).0,
+            Form::Wide(v) => v.tokens(v.level).0,
+        }
+    }
+
+    /// The reply after taking `taken` tokens (`≤ available()`) for a call
+    /// that asked for `want`: retry_after_ms is 0 when it got them all, −1
+    /// when `want` exceeds the capacity, else the time until `want` tokens
+    /// are there again after this take. Waits are measured from the real
+    /// `now_us`: while the clock is behind the stored time, the refill
+    /// resumes only once it catches up, so the gap is part of every wait
+    /// (and of the key's TTL).
+    #[inline]
+    pub fn answer(&self, taken: u64, want: u64) -> Decision {
+        self.take(taken, want).0
+    }
+
+    /// The state to store after taking `taken` tokens (never fresh when
+    /// `taken > 0`).
+    #[inline]
+    pub fn state_after(&self, taken: u64) -> State {
+        self.take(taken, taken).1
+    }
+
+    /// [`View::answer`] and [`View::state_after`] of one take (`taken ≤
+    /// available()` of `want`) at once: they share the level after the take
+    /// and its division into tokens (RL.MULTI's fast path).
+    #[inline(always)]
+    pub fn take(&self, taken: u64, want: u64) -> (Decision, State) {
+        match &self.0 {
+            Form::Narrow(v) => v.take(taken, want),
+            Form::Wide(v) => v.take(taken, want),
+        }
     }
 
     /// The bucket after `n` tokens are given back: min(capacity, tokens + n).
     #[inline]
     pub fn refunded(&self, n: u64) -> View {
-        View { level: self.level.saturating_add(u128::from(n) * self.den).min(self.full), ..*self }
+        View(match &self.0 {
+            Form::Narrow(v) => Form::Narrow(v.refunded(n)),
+            Form::Wide(v) => Form::Wide(v.refunded(n)),
+        })
     }
 
     /// Nothing taken: the bucket is full.
     #[inline]
     pub fn is_full(&self) -> bool {
-        self.level >= self.full
+        match &self.0 {
+            Form::Narrow(v) => v.level >= v.full,
+            Form::Wide(v) => v.level >= v.full,
+        }
     }
 }
 

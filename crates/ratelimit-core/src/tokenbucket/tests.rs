@@ -214,3 +214,53 @@ proptest! {
     }
 
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 20000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The narrow view (`u64` units, when a full bucket fits in 64 bits)
+    /// answers exactly what the wide one (`u128`) does: every figure of
+    /// `available`, `take`, `answer`, `state_after`, `refunded` and
+    /// `is_full`, over everyday and extreme parameters (around the 2^64
+    /// boundary of `capacity × den` too), stored states under another
+    /// period, clock steps back, takes beyond what is there.
+    #[test]
+    fn narrow_and_wide_views_agree(
+        capacity in prop_oneof![1u64..50, 1u64..=MAX_ARG, any::<u64>()],
+        edge in prop_oneof![3 => Just(None), 1 => (0u64..3).prop_map(Some)],
+        rate in prop_oneof![1u64..20, 1u64..=MAX_ARG, any::<u64>()],
+        period in prop_oneof![1u64..5000, 1u64..=MAX_ARG, Just(3_600_000u64)],
+        tokens in prop_oneof![0u64..50, 0u64..MAX_ARG, any::<u64>()],
+        frac in any::<u64>(),
+        stored_period in prop_oneof![Just(0u64), 1u64..5000, 1u64..=MAX_ARG],
+        same_period in any::<bool>(),
+        last in any::<u64>(),
+        dt in prop_oneof![0u64..2_000_000, any::<u64>()],
+        back in any::<bool>(),
+        taken in any::<u64>(),
+        want in prop_oneof![0u64..50, any::<u64>()],
+        n in prop_oneof![0u64..50, any::<u64>()],
+    ) {
+        let den = ms_to_us(period).max(1);
+        // With `edge`, capacity × den just below, at or just above 2^64.
+        let capacity = edge.map_or(capacity, |d| (u64::MAX / den).saturating_add(d).saturating_sub(1).max(1));
+        let p = tb(capacity, rate, period);
+        let sden = if same_period { den } else { ms_to_us(stored_period) };
+        let s = State { tokens, frac: frac.checked_rem(sden).unwrap_or(0), den: sden, last_us: last };
+        let now = if back { last.saturating_sub(dt) } else { last.saturating_add(dt) };
+        let (a, b) = (View::at(&s, &p, now), View::at_wide(&s, &p, now));
+        let avail = a.available();
+        prop_assert_eq!(avail, b.available());
+        for t in [taken.checked_rem(avail.saturating_add(1)).unwrap_or(0), taken, 0, avail] {
+            prop_assert_eq!(a.take(t, want), b.take(t, want));
+            prop_assert_eq!(a.take(t, t), b.take(t, t));
+            prop_assert_eq!(a.answer(t, want), b.answer(t, want));
+            prop_assert_eq!(a.state_after(t), b.state_after(t));
+        }
+        let (ra, rb) = (a.refunded(n), b.refunded(n));
+        prop_assert_eq!(ra.available(), rb.available());
+        prop_assert_eq!(ra.answer(0, want), rb.answer(0, want));
+        prop_assert_eq!(ra.state_after(0), rb.state_after(0));
+        prop_assert_eq!((a.is_full(), ra.is_full()), (b.is_full(), rb.is_full()));
+    }
+}
