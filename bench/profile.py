@@ -402,8 +402,9 @@ def write(path, report):
       "relative expiry, `ReplicateVerbatim`, reply five integers; `FLOOR.MULTI` does the same for each "
       "key with RL.MULTI's reply shape. It is the least a native command with this contract does. The "
       "commands run with the floor's numbers (a capacity or limit of 10^9, one token an hour, windows of "
-      "an hour). \"× floor\" is floor / case on the same server in the same run (1.00: as cheap as the "
-      "floor); the target is 0.90 or more for every command on every server, by both measures.")
+      "an hour). \"× floor\" is floor / case on the same server in the same run (1.000: as cheap as the "
+      "floor; three decimals, so that a ratio just under the target does not round up to it); the "
+      "target is 0.90 or more for every command on every server, by both measures.")
     w("")
     head = "| | " + " | ".join("%s request | %s call()" % (r["version"], r["version"]) for r in runs) + " |"
     w(head)
@@ -420,7 +421,7 @@ def write(path, report):
             fl = r["results"].get(floors[label]) if floors[label] else None
             for m in ("request", "call"):
                 if fl:
-                    cells.append("{:,.0f} ({:.2f}×)".format(res[m], fl[m] / res[m]))
+                    cells.append("{:,.0f} ({:.3f}×)".format(res[m], fl[m] / res[m]))
                 else:
                     cells.append("{:,.0f}".format(res[m]))
         name = label if floors[label] else "floor: " + label
