@@ -95,7 +95,7 @@ fn multi_one<'a>(
     let whole = if refund > 0 {
         multi::combine_refund(&[d], &[1], refund)
     } else {
-        multi::combine(&[d], &[1], d.granted, cost, partial)
+        multi::combine_unweighted(&[d], d.granted, cost, partial)
     };
     reply_multi(ctx, refund, partial, cost, &whole, &[d], 1)
 }
@@ -299,9 +299,6 @@ enum WordView {
     SlidingCounter(sc::Assess),
 }
 
-/// Weight 1 for every limit of the fast path.
-const ONES: [u64; MAX_LIMITS] = [1; MAX_LIMITS];
-
 /// RL.MULTI of word-state limits only (token buckets and sliding
 /// counters), weight 1, COST 1, no options: the common call. What the
 /// generic path (`multi::run`) does for it, in one pass per limit without
@@ -398,7 +395,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
     if failed {
         return Some(ctx.reply_error(STORE_FAILED));
     }
-    let whole = multi::combine(&per[..n], &ONES[..n], g, 1, false);
+    let whole = multi::combine_unweighted(&per[..n], g, 1, false);
     Some(reply_multi(ctx, 0, false, 1, &whole, &per, n))
 }
 

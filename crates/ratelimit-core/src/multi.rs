@@ -155,6 +155,28 @@ pub fn combine(per: &[Decision], weights: &[u64], g: u64, cost: u64, partial: bo
     }
 }
 
+/// [`combine`] of a call whose every limit has WEIGHT 1 (RL.MULTI's fast
+/// path): the same whole reply, the fewest whole requests left being the
+/// fewest remaining units.
+#[inline]
+pub fn combine_unweighted(per: &[Decision], g: u64, cost: u64, partial: bool) -> Whole {
+    let allowed = if partial { g } else { u64::from(g == cost) };
+    if g == cost {
+        let mut best = 0;
+        let mut best_left = u64::MAX;
+        for (i, d) in per.iter().enumerate() {
+            if d.remaining < best_left {
+                best = i;
+                best_left = d.remaining;
+            }
+        }
+        whole_from(allowed, 0, best, per)
+    } else {
+        let (retry, b) = longest_wait(per);
+        whole_from(allowed, retry, b, per)
+    }
+}
+
 /// The whole reply of `REFUND n`: element 1 is `n` when any limit took
 /// units back, else 0; the binding limit is the one with the fewest whole
 /// requests left; retry_after_ms is the longest of the limits' waits for

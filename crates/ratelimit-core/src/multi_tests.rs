@@ -295,3 +295,30 @@ fn requests_is_the_largest_common_grant() {
     assert_eq!(units((1 << 53) - 1, 1), Some((1 << 53) - 1));
     assert_eq!(units(u64::MAX, 2), None);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 3000, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// The fast path's `combine_unweighted` is `combine` with every WEIGHT 1
+    /// (ties included: the remaining and retry values come from small ranges).
+    #[test]
+    fn combine_unweighted_is_combine_of_weight_one(
+        per in proptest::collection::vec((0u64..3, 0u64..4, -1i64..3, 0u64..3), 1..=MAX_LIMITS),
+        g in 0u64..3,
+        cost in 0u64..3,
+        partial in any::<bool>(),
+    ) {
+        let per: Vec<Decision> = per
+            .iter()
+            .map(|&(granted, remaining, retry_after_ms, reset_after_ms)| Decision {
+                granted,
+                limit: remaining + 7,
+                remaining,
+                retry_after_ms,
+                reset_after_ms,
+            })
+            .collect();
+        let ones = [1u64; MAX_LIMITS];
+        prop_assert_eq!(combine_unweighted(&per, g, cost, partial), combine(&per, &ones[..per.len()], g, cost, partial));
+    }
+}
