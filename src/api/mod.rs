@@ -156,14 +156,16 @@ impl<'a> Str<'a> {
         let mut len = 0usize;
         // SAFETY: `self.raw` is a live string (an argument of the call,
         // `run`, or an owned one), which outlives `'a`; Redis returns its
-        // buffer and length: `len` bytes at a non-null `p`, owned by it.
+        // buffer and length: `len` bytes at `p`, owned by it. `p` is never
+        // null: for a null string the server returns a static message, else
+        // it reads the length from the header before the buffer (sdslen:
+        // `p[-1]`) when `len` is given, as here, so a null buffer would fault
+        // in the server before returning (RM_StringPtrLen / VM_StringPtrLen
+        // on Redis 7.0 and 8.2, Valkey 8.1 and 9.1). No null test per
+        // argument on the hot path.
         unsafe {
             let p = api!(RedisModule_StringPtrLen)(self.raw, &mut len);
-            if p.is_null() {
-                &[]
-            } else {
-                std::slice::from_raw_parts(p.cast::<u8>(), len)
-            }
+            std::slice::from_raw_parts(p.cast::<u8>(), len)
         }
     }
 }
