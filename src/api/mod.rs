@@ -95,14 +95,9 @@ macro_rules! entry {
             argc: std::ffi::c_int,
         ) -> std::ffi::c_int {
             // SAFETY: Redis calls a command function with the call's
-            // context and its `argc` arguments in `argv` (none when `argc`
-            // is not positive), all valid until it returns; `Str` is a
-            // transparent `*mut RedisModuleString`.
-            let (ctx, args) = unsafe {
-                let args: &[$crate::api::Str] =
-                    if argv.is_null() || argc <= 0 { &[] } else { std::slice::from_raw_parts(argv.cast(), argc as usize) };
-                ($crate::api::Ctx::from_raw(ctx), args)
-            };
+            // context and its `argc` arguments in `argv`, all valid until it
+            // returns.
+            let (ctx, args) = unsafe { $crate::api::call_args(ctx, argv, argc) };
             $crate::api::run(ctx, args, $f)
         }
         Some(entry as _)
@@ -123,11 +118,7 @@ macro_rules! entry {
             argc: std::ffi::c_int,
         ) -> std::ffi::c_int {
             // SAFETY: as in `entry!($f)`.
-            let (ctx, args) = unsafe {
-                let args: &[$crate::api::Str] =
-                    if argv.is_null() || argc <= 0 { &[] } else { std::slice::from_raw_parts(argv.cast(), argc as usize) };
-                ($crate::api::Ctx::from_raw(ctx), args)
-            };
+            let (ctx, args) = unsafe { $crate::api::call_args(ctx, argv, argc) };
             if ctx.is_keys_position_request() {
                 return $keys(ctx, args);
             }
@@ -137,6 +128,30 @@ macro_rules! entry {
     }};
 }
 pub(crate) use entry;
+
+/// A command call's context and arguments as safe types: the one place the
+/// raw call becomes `Ctx` and `&[Str]` (both arms of [`entry!`]).
+///
+/// # Safety
+/// `ctx` must be the context of a command call in progress and `argv` its
+/// `argc` argument strings (none when `argc` is not positive or `argv` is
+/// null), all valid for `'a`.
+#[inline(always)]
+pub unsafe fn call_args<'a>(
+    ctx: *mut RedisModuleCtx,
+    argv: *mut *mut RedisModuleString,
+    argc: c_int,
+) -> (Ctx<'a>, &'a [Str<'a>]) {
+    let args: &[Str] = if argv.is_null() || argc <= 0 {
+        &[]
+    } else {
+        // SAFETY: `argc` live arguments at `argv` (the caller's contract);
+        // `Str` is a transparent `*mut RedisModuleString`.
+        unsafe { std::slice::from_raw_parts(argv.cast(), argc as usize) }
+    };
+    // SAFETY: a live call context (the caller's contract).
+    (unsafe { Ctx::from_raw(ctx) }, args)
+}
 
 /// Run the handler `f` on the call `(ctx, args)`; a panic (a bug: none is
 /// reachable by design) answers an error instead of unwinding into Redis,
