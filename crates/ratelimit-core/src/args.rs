@@ -94,32 +94,30 @@ pub const WINDOW_ARGS: &[Arg] = &[Arg::Limit, Arg::WindowMs];
 
 /// Parse a decimal integer in `min..=MAX_ARG`: ASCII digits only (no sign,
 /// no spaces, no leading `+`), at most 16 digits so it cannot overflow.
+/// Eight digits at a time, whatever the length: a lone digit (numkeys, a
+/// rate of 1) directly; up to eight as one padded word ([`short_digits`]);
+/// nine to sixteen as the leading ones and the last eight.
 #[inline(always)]
 pub fn parse_num(s: &[u8], min: u64) -> Option<u64> {
-    if s.is_empty() || s.len() > 16 {
-        return None;
-    }
-    let mut v: u64 = 0;
-    let mut rest = s;
-    // Eight digits at a time (a capacity like 1000000000 is ten).
-    // At most 16 digits: v < 10^16 < 2^64 throughout, so the wrapping
-    // operations never wrap (and cost no overflow check).
-    while let Some((chunk, r)) = rest.split_first_chunk::<8>() {
-        v = v.wrapping_mul(100_000_000).wrapping_add(eight_digits(*chunk)?);
-        rest = r;
-    }
-    // Then four at a time (a period like 3600000 is seven).
-    if let Some((chunk, r)) = rest.split_first_chunk::<4>() {
-        v = v.wrapping_mul(10_000).wrapping_add(four_digits(*chunk)?);
-        rest = r;
-    }
-    for &b in rest {
-        let d = b.wrapping_sub(b'0');
-        if d > 9 {
-            return None;
+    let v = match *s {
+        [d] => {
+            let d = d.wrapping_sub(b'0');
+            if d > 9 {
+                return None;
+            }
+            u64::from(d)
         }
-        v = v.wrapping_mul(10).wrapping_add(u64::from(d));
-    }
+        _ if s.len() <= 8 => short_digits(s)?,
+        _ => {
+            // 9..=16 digits: `hi` (1..=8 of them) below 10^8, so the
+            // sum stays below 10^16 < 2^64 (the wrapping never wraps).
+            let (hi, lo) = s.split_last_chunk::<8>()?;
+            if hi.len() > 8 {
+                return None;
+            }
+            short_digits(hi)?.wrapping_mul(100_000_000).wrapping_add(eight_digits(*lo)?)
+        }
+    };
     if v < min || v > MAX_ARG {
         None
     } else {
@@ -127,37 +125,51 @@ pub fn parse_num(s: &[u8], min: u64) -> Option<u64> {
     }
 }
 
+/// The value of 1..=8 ASCII digits (None for an empty slice, a longer one
+/// or a non-digit), as [`eight_digits`] of the digits left-padded with `0`:
+/// the bytes are gathered into one word by two overlapping four-byte loads
+/// (four or more digits) or three single-byte loads (fewer), which write
+/// equal bytes where they overlap.
+#[inline(always)]
+fn short_digits(s: &[u8]) -> Option<u64> {
+    const ZEROS: u64 = 0x3030_3030_3030_3030;
+    let n = s.len();
+    let x = if let (Some(a), Some(b)) = (s.first_chunk::<4>(), s.last_chunk::<4>()) {
+        // 4 <= n: `b` starts at byte n - 4 (n above 8 is refused below;
+        // the shift stays below 64 for any n).
+        u64::from(u32::from_le_bytes(*a)) | u64::from(u32::from_le_bytes(*b)) << (8 * (n.min(8) - 4))
+    } else {
+        let (Some(&a), Some(&b), Some(&c)) = (s.first(), s.get(n / 2), s.last()) else { return None };
+        u64::from(a) | u64::from(b) << (8 * (n / 2)) | u64::from(c) << (8 * (n - 1))
+    };
+    if n > 8 {
+        return None;
+    }
+    // The n digits to the top bytes (the first digit at byte 8 - n), the
+    // 8 - n bytes below them `0`.
+    let pad = 8 * (8 - n) as u32; // 0..=56
+    let v = x << pad | ZEROS & !(u64::MAX << pad);
+    eight_digits(v.to_le_bytes())
+}
+
 /// The value of eight ASCII digits (the first the most significant), or
 /// None when any byte is not one, computed on the eight bytes at once: a
-/// byte is a digit exactly when its high nibble is 3 and stays 3 after
-/// adding 6; then pairs, quads and the halves are combined, every lane
+/// byte is a digit exactly when it XOR `0` is at most 9, that is when
+/// neither it nor it plus 0x76 has its top bit set (a byte at 0x8A or
+/// above, already flagged, is the only one whose addition carries into the
+/// next); then pairs, quads and the halves are combined, every lane
 /// staying below its width (99, 9999, 99999999), so nothing carries.
 #[inline(always)]
 fn eight_digits(chunk: [u8; 8]) -> Option<u64> {
-    const HIGH: u64 = 0xF0F0_F0F0_F0F0_F0F0;
     const ZEROS: u64 = 0x3030_3030_3030_3030;
-    let v = u64::from_le_bytes(chunk);
-    if v & HIGH != ZEROS || v.wrapping_add(0x0606_0606_0606_0606) & HIGH != ZEROS {
+    const TOPS: u64 = 0x8080_8080_8080_8080;
+    let x = u64::from_le_bytes(chunk) ^ ZEROS;
+    if (x | x.wrapping_add(0x7676_7676_7676_7676)) & TOPS != 0 {
         return None;
     }
-    let x = v - ZEROS;
     let x = (x.wrapping_mul(10) + (x >> 8)) & 0x00FF_00FF_00FF_00FF;
     let x = (x.wrapping_mul(100) + (x >> 16)) & 0x0000_FFFF_0000_FFFF;
     Some((x.wrapping_mul(10_000) + (x >> 32)) & 0xFFFF_FFFF)
-}
-
-/// [`eight_digits`] of four ASCII digits.
-#[inline(always)]
-fn four_digits(chunk: [u8; 4]) -> Option<u64> {
-    const HIGH: u32 = 0xF0F0_F0F0;
-    const ZEROS: u32 = 0x3030_3030;
-    let v = u32::from_le_bytes(chunk);
-    if v & HIGH != ZEROS || v.wrapping_add(0x0606_0606) & HIGH != ZEROS {
-        return None;
-    }
-    let x = v - ZEROS;
-    let x = (x.wrapping_mul(10) + (x >> 8)) & 0x00FF_00FF;
-    Some(u64::from((x.wrapping_mul(100) + (x >> 16)) & 0xFFFF))
 }
 
 /// Parse `args` = every argument after the key. `positional` lists the

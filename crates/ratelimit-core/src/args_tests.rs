@@ -33,7 +33,16 @@ fn plain_num(s: &[u8], min: u64) -> Option<u64> {
 
 #[test]
 fn eight_digits_at_once_agrees_with_the_digit_loop() {
-    let bases: [&[u8]; 11] = [
+    let bases: [&[u8]; 20] = [
+        b"7",
+        b"42",
+        b"360",
+        b"123456",
+        b"9876543",
+        b"123456789",
+        b"90071992547",
+        b"1234567890123",
+        b"12345678901234",
         b"12345678",
         b"9007199254740991",
         b"9007199254740992",
