@@ -77,6 +77,67 @@ fn eight_digits_at_once_agrees_with_the_digit_loop() {
     }
 }
 
+/// Random RL.MULTI calls (the arguments after the command name) of the
+/// common shape, perturbed: a wrong numkeys, a repeated key, another or an
+/// unknown algorithm, a bad number, a WEIGHT or an option after a limit, a
+/// missing or an extra last word. A fixed xorshift sequence: the same calls
+/// on every run.
+struct RandomCalls {
+    x: u64,
+    kinds: [&'static [u8]; 4],
+}
+
+impl RandomCalls {
+    const NUMS: [&'static [u8]; 5] = [b"1", b"1000", b"9007199254740991", b"0", b"x"];
+    const EXTRA: [&'static [u8]; 4] = [b"WEIGHT", b"2", b"COST", b"DRYRUN"];
+    const NUMKEYS: [&'static [u8]; 5] = [b"1", b"2", b"3", b"4", b"0"];
+    const KEYS: [&'static [u8]; 4] = [b"a", b"b", b"c", b"d"];
+
+    /// `kinds[0]` must be TOKENBUCKET (three numbers), the others take two.
+    fn new(seed: u64, kinds: [&'static [u8]; 4]) -> Self {
+        RandomCalls { x: seed, kinds }
+    }
+
+    fn next(&mut self, m: u64) -> u64 {
+        self.x ^= self.x << 13;
+        self.x ^= self.x >> 7;
+        self.x ^= self.x << 17;
+        self.x % m
+    }
+
+    /// A call of 1..=`max_n` limits (`max_n` at most 4); one key in
+    /// `repeat_one_in` is another of the first `max_n`; the limits' kinds
+    /// are mostly of the first `common_kinds`.
+    fn next_call(&mut self, max_n: u64, repeat_one_in: u64, common_kinds: u64) -> Vec<&'static [u8]> {
+        let n = 1 + self.next(max_n) as usize;
+        let numkeys = if self.next(8) == 0 { self.next(5) as usize } else { n - 1 };
+        let mut args = vec![Self::NUMKEYS[numkeys]];
+        for i in 0..n {
+            let k = if self.next(repeat_one_in) == 0 { self.next(max_n) as usize } else { i };
+            args.push(Self::KEYS[k]);
+        }
+        for _ in 0..n {
+            let k = if self.next(10) == 0 { self.next(4) } else { self.next(common_kinds) } as usize;
+            args.push(self.kinds[k]);
+            for _ in 0..(if k == 0 { 3 } else { 2 }) {
+                let v = if self.next(10) == 0 { self.next(5) } else { self.next(3) } as usize;
+                args.push(Self::NUMS[v]);
+            }
+            if self.next(10) == 0 {
+                args.push(Self::EXTRA[self.next(4) as usize]);
+            }
+        }
+        match self.next(10) {
+            0 => {
+                args.pop();
+            }
+            1 => args.push(Self::EXTRA[self.next(4) as usize]),
+            _ => {}
+        }
+        args
+    }
+}
+
 /// `parse_multi_exact` (the module's path for RL.MULTI calls without
 /// WEIGHT or options) either declines or answers what `parse_multi_n`
 /// does, and it declines no call of that common shape.
@@ -84,40 +145,11 @@ fn eight_digits_at_once_agrees_with_the_digit_loop() {
 fn parse_multi_exact_agrees_with_parse_multi() {
     // Calls of the common shape, perturbed: a wrong word or number, a
     // WEIGHT or an option, a duplicate key, a missing or extra word.
-    let kinds: [&[u8]; 4] = [b"TOKENBUCKET", b"slidinglog", b"SlidingCounter", b"x"];
-    let nums: [&[u8]; 5] = [b"1", b"1000", b"9007199254740991", b"0", b"x"];
-    let extra: [&[u8]; 4] = [b"WEIGHT", b"2", b"COST", b"DRYRUN"];
-    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-    let mut next = move |m: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % m
-    };
+    let mut calls = RandomCalls::new(0x2545_F491_4F6C_DD1D, [b"TOKENBUCKET", b"slidinglog", b"SlidingCounter", b"x"]);
     let mut taken = 0;
     for _ in 0..200_000 {
-        let n = 1 + next(2) as usize;
-        let mut args: Vec<&[u8]> = vec![[&b"1"[..], b"2", b"3", b"0"][if next(8) == 0 { next(4) as usize } else { n - 1 }]];
-        for i in 0..n {
-            args.push([&b"a"[..], b"b", b"c"][if next(8) == 0 { 0 } else { i }]);
-        }
-        for _ in 0..n {
-            let k = if next(10) == 0 { next(4) } else { next(3) } as usize;
-            args.push(kinds[k]);
-            for _ in 0..(if k == 0 { 3 } else { 2 }) {
-                args.push(nums[if next(10) == 0 { next(5) } else { next(3) } as usize]);
-            }
-            if next(10) == 0 {
-                args.push(extra[next(4) as usize]);
-            }
-        }
-        match next(10) {
-            0 => {
-                args.pop();
-            }
-            1 => args.push(extra[next(4) as usize]),
-            _ => {}
-        }
+        // Up to two limits, a key repeated one time in eight, any kind.
+        let args = calls.next_call(2, 8, 3);
         let full = parse_multi_n::<2>(args.iter().copied());
         match parse_multi_exact::<2>(&args) {
             Some(c) => {
@@ -145,41 +177,12 @@ fn parse_multi_exact_agrees_with_parse_multi() {
 #[test]
 fn parse_multi_words_agrees_with_parse_multi() {
     use crate::{slidingcounter as sc, tokenbucket as tb};
-    let kinds: [&[u8]; 4] = [b"TOKENBUCKET", b"slidingcounter", b"SlidingLog", b"x"];
-    let nums: [&[u8]; 5] = [b"1", b"1000", b"9007199254740991", b"0", b"x"];
-    let extra: [&[u8]; 4] = [b"WEIGHT", b"2", b"COST", b"DRYRUN"];
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut next = move |m: u64| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x % m
-    };
+    let mut calls = RandomCalls::new(0x9E37_79B9_7F4A_7C15, [b"TOKENBUCKET", b"slidingcounter", b"SlidingLog", b"x"]);
     let mut taken = 0;
     for _ in 0..300_000 {
-        let n = 1 + next(4) as usize;
-        let mut args: Vec<&[u8]> =
-            vec![[&b"1"[..], b"2", b"3", b"4", b"0"][if next(8) == 0 { next(5) as usize } else { n - 1 }]];
-        for i in 0..n {
-            args.push([&b"a"[..], b"b", b"c", b"d"][if next(6) == 0 { next(4) as usize } else { i }]);
-        }
-        for _ in 0..n {
-            let k = if next(10) == 0 { next(4) } else { next(2) } as usize;
-            args.push(kinds[k]);
-            for _ in 0..(if k == 0 { 3 } else { 2 }) {
-                args.push(nums[if next(10) == 0 { next(5) } else { next(3) } as usize]);
-            }
-            if next(10) == 0 {
-                args.push(extra[next(4) as usize]);
-            }
-        }
-        match next(10) {
-            0 => {
-                args.pop();
-            }
-            1 => args.push(extra[next(4) as usize]),
-            _ => {}
-        }
+        // Up to four limits, a key repeated one time in six, mostly the
+        // word kinds (the first two).
+        let args = calls.next_call(4, 6, 2);
         let full = parse_multi_n::<4>(args.iter().copied());
         let unchecked = parse_multi_words_unchecked::<&[u8], 4>(&args, |a| a);
         let checked = parse_multi_words::<&[u8], 4>(&args, |a| a);
