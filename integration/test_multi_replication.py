@@ -11,6 +11,7 @@ from rltesting.cluster import Cluster, key_slot, tags_in_slots
 from rltesting.proc import wait_until
 from rltesting.replication import ReplicationTap, start_replica, wait_ack
 from rltesting.replies import db_digest, HUGE, keyspace
+from rltesting.workload import run_pipelined
 
 from multicalls import ALGOS, SEED, SINGLE, TYPE_OF, _s, check_multi, dump_all, multi, multi_args
 
@@ -55,44 +56,41 @@ class MultiWorkload:
         cost = rnd.choice([0, 1, 1, 1, 2, 3])
         return ("multi", keys, limits, cost, rnd.random() < 0.3, rnd.random() < 0.15)
 
-    def run(self, client, nops, batch=25):
-        done = 0
-        while done < nops:
-            ops = [self.op() for _ in range(min(batch, nops - done))]
-            pipe = client.pipeline(transaction=False)
-            for op in ops:
-                if op[0] == "refund":
-                    _, keys, limits, n = op
-                    if len(keys) == 1 and self.rnd.random() < 0.5:
-                        pipe.execute_command(SINGLE[limits[0][0]], keys[0], *limits[0][1], "REFUND", n)
-                    else:
-                        pipe.execute_command(*multi_args(keys, limits, refund=n))
-                elif op[0] == "single":
-                    _, a, k, p, cost, refund = op
-                    pipe.execute_command(SINGLE[a], k, *p, *(["REFUND", cost + 1] if refund else ["COST", cost]))
-                else:
-                    _, keys, limits, cost, partial, dryrun = op
-                    pipe.execute_command(*multi_args(keys, limits, cost=cost, partial=partial, dryrun=dryrun))
-            for op, reply in zip(ops, pipe.execute(raise_on_error=False)):
-                assert not isinstance(reply, Exception), (op, reply)
-                if op[0] == "refund":
-                    self.stats["refund"] += 1
-                    if len(reply) == 7:
-                        self.stats["multi_refund"] += 1
-                        check_multi(reply, op[2], refund=op[3])
-                elif op[0] == "single":
-                    self.stats["single"] += 1
-                else:
-                    _, keys, limits, cost, partial, dryrun = op
-                    check_multi(reply, limits, cost=cost, partial=partial, dryrun=dryrun)
-                    if dryrun:
-                        self.stats["multi_dryrun"] += 1
-                    elif reply[0] and cost:
-                        self.stats["multi_granted"] += 1
-                    elif cost:
-                        self.stats["multi_denied"] += 1
-            done += len(ops)
+    def run(self, client, nops):
+        run_pipelined(client, nops, self.op, self._send, self._check)
 
+    def _send(self, pipe, op):
+        if op[0] == "refund":
+            _, keys, limits, n = op
+            if len(keys) == 1 and self.rnd.random() < 0.5:
+                pipe.execute_command(SINGLE[limits[0][0]], keys[0], *limits[0][1], "REFUND", n)
+            else:
+                pipe.execute_command(*multi_args(keys, limits, refund=n))
+        elif op[0] == "single":
+            _, a, k, p, cost, refund = op
+            pipe.execute_command(SINGLE[a], k, *p, *(["REFUND", cost + 1] if refund else ["COST", cost]))
+        else:
+            _, keys, limits, cost, partial, dryrun = op
+            pipe.execute_command(*multi_args(keys, limits, cost=cost, partial=partial, dryrun=dryrun))
+
+    def _check(self, op, reply):
+        assert not isinstance(reply, Exception), (op, reply)
+        if op[0] == "refund":
+            self.stats["refund"] += 1
+            if len(reply) == 7:
+                self.stats["multi_refund"] += 1
+                check_multi(reply, op[2], refund=op[3])
+        elif op[0] == "single":
+            self.stats["single"] += 1
+        else:
+            _, keys, limits, cost, partial, dryrun = op
+            check_multi(reply, limits, cost=cost, partial=partial, dryrun=dryrun)
+            if dryrun:
+                self.stats["multi_dryrun"] += 1
+            elif reply[0] and cost:
+                self.stats["multi_granted"] += 1
+            elif cost:
+                self.stats["multi_denied"] += 1
 
 def assert_same(m, r):
     mk, rk = keyspace(m), keyspace(r)

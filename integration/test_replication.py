@@ -13,7 +13,7 @@ import redis
 from rltesting.proc import wait_until
 from rltesting.replication import ReplicationTap, start_replica, wait_ack, wait_replica_synced
 from rltesting.replies import check_reply, COMMANDS, db_digest, granted_units, keyspace, NEVER, rl, TYPE_NAMES
-from rltesting.workload import Workload
+from rltesting.workload import run_pipelined, Workload
 
 SEED = int(os.environ.get("RL_SEED", "0")) or random.randrange(1, 2**31)
 
@@ -81,29 +81,23 @@ class RandomWorkload:
         dryrun = rnd.random() < 0.15
         return ("call", cmd, key, params, cost, partial, dryrun)
 
-    def run(self, client, nops, batch=25):
-        done = 0
-        while done < nops:
-            ops = [self.op() for _ in range(min(batch, nops - done))]
-            pipe = client.pipeline(transaction=False)
-            for op in ops:
-                if op[0] == "copy":
-                    src = self.rnd.choice(self.keys)[1]
-                    pipe.execute_command("COPY", src, f"copy:{src}", "REPLACE")
-                else:
-                    _, cmd, key, params, cost, partial, dryrun = op
-                    # Options in any order and any case.
-                    opts = [["COST", cost]] + [["PARTIAL"]] * partial + [["DRYRUN"]] * dryrun
-                    self.rnd.shuffle(opts)
-                    args = [cmd, key, *params]
-                    for o in opts:
-                        word = o[0].lower() if self.rnd.random() < 0.3 else o[0]
-                        args += [word, *o[1:]]
-                    pipe.execute_command(*args)
-            replies = pipe.execute(raise_on_error=False)
-            for op, reply in zip(ops, replies):
-                self._check(op, reply)
-            done += len(ops)
+    def run(self, client, nops):
+        run_pipelined(client, nops, self.op, self._send, self._check)
+
+    def _send(self, pipe, op):
+        if op[0] == "copy":
+            src = self.rnd.choice(self.keys)[1]
+            pipe.execute_command("COPY", src, f"copy:{src}", "REPLACE")
+            return
+        _, cmd, key, params, cost, partial, dryrun = op
+        # Options in any order and any case.
+        opts = [["COST", cost]] + [["PARTIAL"]] * partial + [["DRYRUN"]] * dryrun
+        self.rnd.shuffle(opts)
+        args = [cmd, key, *params]
+        for o in opts:
+            word = o[0].lower() if self.rnd.random() < 0.3 else o[0]
+            args += [word, *o[1:]]
+        pipe.execute_command(*args)
 
     def _check(self, op, reply):
         if op[0] == "copy":

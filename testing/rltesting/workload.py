@@ -32,3 +32,19 @@ class Workload(threading.Thread):
         assert not self.is_alive(), "workload thread did not stop"
         if self.error is not None:
             raise self.error
+
+
+def run_pipelined(client, nops, make_op, send, check, batch=25):
+    """Make `nops` operations with `make_op()` and send them `batch` at a
+    time, one pipeline (no transaction) each: `send(pipe, op)` queues an
+    operation's command, `check(op, reply)` checks its reply. Errors come
+    back as replies (`raise_on_error=False`), so `check` sees every one."""
+    done = 0
+    while done < nops:
+        ops = [make_op() for _ in range(min(batch, nops - done))]
+        pipe = client.pipeline(transaction=False)
+        for op in ops:
+            send(pipe, op)
+        for op, reply in zip(ops, pipe.execute(raise_on_error=False)):
+            check(op, reply)
+        done += len(ops)
