@@ -23,9 +23,19 @@ def test_local_decisions_take_no_io(server):
     assert srcs[0] == "module" and srcs.count("local") == 4999
     assert m["calls"] == m["leases"] <= 5000 // 40 + 3
     assert m["lease_tokens"] >= 5000
-    # the server's count equals what was leased
-    d = rl.limiter(BIG).limit("rl:{a}:big", cost=0)
-    assert d.limit - d.remaining == m["lease_tokens"]
+    # the server's count equals what was leased less what was given back,
+    # once a refill the last decisions started is back (it can be in flight
+    # when the snapshot above is taken; seen once in CI: 5,050 on the
+    # server, 5,000 counted)
+    def taken():
+        d = rl.limiter(BIG).limit("rl:{a}:big", cost=0)
+        return d.limit - d.remaining
+
+    def leased():
+        m = rl.metrics()
+        return m["lease_tokens"] - m["refund_tokens"]
+    wait_until(lambda: taken() == leased(), timeout=10,
+               what="the server's count equal to the tokens leased and not given back")
     lim.close()
     assert rl.limiter(BIG).limit("rl:{a}:big", cost=0).remaining == BIG.limit - 5000
 
