@@ -244,6 +244,18 @@ class NodeGranters:
         self.errors["failures"] = sum(x.get("failures", 0) for x in m)
 
 
+def grant_effect(c, key, capacity):
+    """Make two grants of `key` on the primary `c`; return the bytes one
+    grant's effect adds to the replication stream (the second grant's: the
+    first creates the key). Divides a replica's lag in bytes into grants."""
+    for _ in range(2):
+        before = c.info("replication")["master_repl_offset"]
+        assert c.execute_command("RL.TOKENBUCKET", key, capacity, 1, HUGE)[0] == 1
+    effect = c.info("replication")["master_repl_offset"] - before
+    assert effect > 0, "a grant added nothing to the replication stream"
+    return effect
+
+
 def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_deadline_s=5.0,
               continue_grants=200, capacity=10**9, wait_replicas=None, library=False):
     """One failover under load. The clients grant from a fresh bucket of
@@ -272,13 +284,7 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
     key = f"rl:failover:{random.getrandbits(40):x}"
     old = topo.primary
     oc = old.client()
-    # The bytes one grant's effect adds to the replication stream (the
-    # second grant of the key: the first creates it).
-    for _ in range(2):
-        before = oc.info("replication")["master_repl_offset"]
-        assert oc.execute_command("RL.TOKENBUCKET", key, capacity, 1, HUGE)[0] == 1
-    effect = oc.info("replication")["master_repl_offset"] - before
-    assert effect > 0, "a grant added nothing to the replication stream"
+    effect = grant_effect(oc, key, capacity)
     gws = [topo.gateway() for _ in range(2)]
     if library == "node":
         g = NodeGranters(topo, key, capacity, n=nclients, wait_timeout_ms=strict_wait_ms,
@@ -398,11 +404,16 @@ def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3
 
     lost = grants the clients received - units the new primary counts as
     spent at the end: the grants it will hand out a second time. Returns
-    the grants per gateway and phase, lost, and whether the old primary's
-    key matches the new primary's after it rejoined."""
+    the grants per gateway and phase, lost, the promoted replica's lag at
+    the cut in grants (lag_at_cut: the effects between the offset it was
+    promoted at and the old primary's offset read right after the cut),
+    and whether the old primary's key matches the new primary's after it
+    rejoined."""
     capacity = 10**9
     key = f"rl:partition:{random.getrandbits(40):x}"
     old = topo.primary
+    oc = old.client()
+    effect = grant_effect(oc, key, capacity)
     gw_a, gw_b = topo.gateway(), topo.gateway()
     a = Granters([gw_a], key, capacity, n=minority_clients)
     b = Granters([gw_b], key, capacity, n=majority_clients)
@@ -416,8 +427,16 @@ def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3
         t = {"cut": time.monotonic()}
         snaps["cut"] = (a.count(), b.count())
         on_old = {"cut": a.on(old.addr) + b.on(old.addr)}
+        # Where the old primary's stream is now: every grant counted so far
+        # was made before this offset (the test reaches the old primary
+        # from an address no rule drops).
+        p_off = oc.info("replication")["master_repl_offset"]
         new = topo.wait_promoted(old)
         t["promoted"] = time.monotonic()
+        # The offset the promoted replica had reached: it started a new
+        # history one byte after it.
+        r_off = new.client().info("replication")["second_repl_offset"] - 1
+        assert r_off > 0, f"the promoted replica reports no offset it was promoted at: {r_off}"
         snaps["promoted"] = (a.count(), b.count())
         refused_at = []
 
@@ -463,7 +482,11 @@ def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3
         "RL.TOKENBUCKET", key, capacity, 1, HUGE, "COST", 0)[2]
     (a0, b0), (ac, bc), (a1, b1), (ar, br), (a2, b2) = (
         snaps["before"], snaps["cut"], snaps["during"], snaps["rejoined"], snaps["after"])
-    total = a.granted + b.granted
+    total = a.granted + b.granted + 2  # the two grant_effect made
+    # The grants counted before the cut that the promoted replica never
+    # received: at most the effects between its offset and the old
+    # primary's offset read right after the cut.
+    lag = -(-max(0, p_off - r_off) // effect)
     return {
         "before": a0 + b0, "cut_slack": (ac + bc) - (a0 + b0),
         "during_old_primary": a1 - ac, "during_new_primary": b1 - bc,
@@ -473,6 +496,7 @@ def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3
         "healed_old_primary": on_old["rejoined"] - on_old["heal"],
         "healed_a": ar - a1, "healed_b": br - b1,
         "after_rejoin": (a2 - ar) + (b2 - br), "granted": total, "spent": spent,
+        "lag_at_cut": lag,
         "lost": total - spent, "old_primary_errors": dict(a.errors),
         "rejoined_state_matches": matches, "clients": minority_clients + majority_clients,
         "seconds": {k: round(v - t["cut"], 2) for k, v in t.items() if k != "cut"},

@@ -246,10 +246,14 @@ def test_partition(topo, config):
         print(json.dumps(r))
         rs.append(r)
         topo.wait_sentinels_ready()
-        slack = r["cut_slack"] + r["clients"]  # one in flight per client at either end
         # What is lost is what the old primary granted from the cut until
-        # it rejoined as a replica.
-        assert abs(r["lost"] - r["old_primary_from_cut"]) <= slack, r
+        # it rejoined as a replica, plus what it had granted before the cut
+        # and not yet sent to the replica that was promoted (its lag at the
+        # cut: ci15 lost 231 more than the old primary granted after the
+        # cut, on a loaded machine), give or take one in flight per client
+        # at either end.
+        extra = r["lost"] - r["old_primary_from_cut"]
+        assert -(r["cut_slack"] + r["clients"]) <= extra <= r["lag_at_cut"] + r["clients"], r
         assert r["old_primary_from_cut"] >= r["during_old_primary"], r
         assert r["rejoined_state_matches"], r
         if config == "async":
