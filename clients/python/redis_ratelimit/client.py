@@ -9,7 +9,7 @@ from redis.cluster import RedisCluster
 from redis.retry import Retry
 
 from .core import (LUA, MODULE, WAIT, _Base, _LeasedCore, _LimiterCore, _resume, check_cost,
-                   options)
+                   is_outage, options)
 
 __all__ = ["RateLimit", "Limiter", "LeasedLimiter"]
 
@@ -192,7 +192,7 @@ class RateLimit(_Base):
                     # flag, and has none)
                     c = self.client
                     if self._cluster:
-                        c = self._node_client(c.get_random_node())
+                        c = c.get_redis_connection(c.get_random_node())
                     try:
                         reply = c.execute_command(*self._DETECT)
                     except redis.exceptions.ResponseError as e:
@@ -229,18 +229,15 @@ class RateLimit(_Base):
             return self.client.execute_command(*args)
         c = self.client
         try:
-            return self._node_client(c.get_node_from_key(key)).execute_command(*args)
+            # the redis.Redis the cluster client keeps for the node (its
+            # pool, its connection settings, no retries)
+            return c.get_redis_connection(c.get_node_from_key(key)).execute_command(*args)
         except (redis.exceptions.MovedError, redis.exceptions.AskError):
             return c.execute_command(*args)
-        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                redis.exceptions.ClusterDownError, redis.exceptions.SlotNotCoveredError):
-            self._refresh_map()
+        except Exception as e:
+            if is_outage(e):
+                self._refresh_map()
             raise
-
-    def _node_client(self, node):
-        """The redis.Redis the cluster client keeps for `node` (its pool,
-        its connection settings, no retries)."""
-        return self.client.get_redis_connection(node)
 
     def _refresh_map(self):
         """Re-read the cluster's slot map on a background thread, one at a
