@@ -256,6 +256,12 @@ def grant_effect(c, key, capacity):
     return effect
 
 
+def grants_in(nbytes, effect):
+    """The most grants `nbytes` of replication stream can hold (grants of
+    `effect` bytes each, rounded up; none for a negative count)."""
+    return -(-max(0, nbytes) // effect)
+
+
 def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_deadline_s=5.0,
               continue_grants=200, capacity=10**9, wait_replicas=None, library=False):
     """One failover under load. The clients grant from a fresh bucket of
@@ -339,7 +345,7 @@ def crash_run(topo, cut_at, after_cut, strict_wait_ms=None, nclients=6, cut_dead
     # The grants the promoted replica never received: at most the effects
     # between its last offset and the primary's offset read above, plus
     # every grant counted after that read.
-    lag = -(-max(0, p_off - r_off[new.addr]) // effect)
+    lag = grants_in(p_off - r_off[new.addr], effect)
     return {
         "over": g.granted + 2 + remaining - capacity, "granted": g.granted + 2,
         "window": at_kill - at_cut, "window_hi": at_kill - cut_lo,
@@ -486,7 +492,7 @@ def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3
     # The grants counted before the cut that the promoted replica never
     # received: at most the effects between its offset and the old
     # primary's offset read right after the cut.
-    lag = -(-max(0, p_off - r_off) // effect)
+    lag = grants_in(p_off - r_off, effect)
     return {
         "before": a0 + b0, "cut_slack": (ac + bc) - (a0 + b0),
         "during_old_primary": a1 - ac, "during_new_primary": b1 - bc,
