@@ -1,7 +1,25 @@
 // Types for redis-ratelimit (hand-written; the code is plain ESM JavaScript).
 
-/** Any supported client: ioredis Redis / Cluster, node-redis v4+ client / cluster. */
+/**
+ * Any supported client: ioredis or iovalkey Redis / Cluster, node-redis v4+
+ * client / cluster / sentinel, or a Valkey GLIDE GlideClient /
+ * GlideClusterClient (@valkey/valkey-glide 2.x; see GlideLike).
+ */
 export type RedisLike = object;
+
+/**
+ * What the library calls on a Valkey GLIDE client (GlideClient,
+ * GlideClusterClient): one customCommand per decision (routed by its first
+ * key on a cluster), exec of a non-atomic Batch for strict mode (GlideClient).
+ */
+export interface GlideLike {
+  customCommand(args: string[], options?: never): Promise<unknown>;
+  exec(batch: never, raiseOnError: boolean): Promise<unknown>;
+  close(): void;
+}
+
+/** An error reply from the server to a GLIDE call, in Redis's form ("WRONGTYPE Operation…"); `cause`: GLIDE's RequestError. */
+export class GlideReplyError extends Error {}
 
 export type Source = 'module' | 'lua' | 'local' | 'panic';
 

@@ -1,11 +1,14 @@
 // One way to send rate-limit calls to Redis, chosen once per client: the
 // module's RL.* commands when the server has them, else the project's Lua
 // twins by EVALSHA (NOSCRIPT answered with EVAL, which also caches the
-// script on that node). Works with ioredis (Redis, Cluster) and node-redis
-// v4+ (createClient, createCluster). Every call is routed by its first key.
+// script on that node). Works with ioredis and iovalkey (Redis, Cluster),
+// node-redis v4+ (createClient, createCluster) and Valkey GLIDE
+// (GlideClient, GlideClusterClient: glide.js). Every call is routed by its
+// first key.
 import { readFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { keySlot } from './keys.js';
+import { glideAdapter, glideKind } from './glide.js';
 
 const LUA_DIR = new URL('../lua/', import.meta.url);
 const SCRIPT_NAMES = ['tokenbucket', 'slidinglog', 'slidingcounter', 'multi'];
@@ -57,6 +60,8 @@ function nodeRedisPipe(client, sentinel) {
 
 /** send(firstKey, args: string[]) -> Promise<reply>, for any supported client. */
 export function adapt(client) {
+  const glide = glideKind(client);
+  if (glide) return glideAdapter(client, glide);
   if (isIoredisCluster(client)) {
     // ioredis does not know the RL.* commands' key position: give the slot
     // ourselves so the call goes to the right node without a MOVED.
@@ -92,7 +97,8 @@ export function adapt(client) {
   if (isNodeRedis(client)) {
     return { kind: 'node-redis', send: (firstKey, args) => client.sendCommand(args), pipe: nodeRedisPipe(client, false) };
   }
-  throw new TypeError('unsupported Redis client: pass an ioredis Redis/Cluster or a node-redis client/cluster');
+  throw new TypeError('unsupported Redis client: pass an ioredis / iovalkey Redis or Cluster, a node-redis client or cluster, '
+    + 'or a Valkey GLIDE GlideClient or GlideClusterClient');
 }
 
 // ioredis builds every call as `this.sendCommand(new Command(...))`: call it
@@ -145,6 +151,7 @@ export class Backend {
     this.client = client;
     this.io = adapt(client);
     if (strict && !this.io.pipe) throw new TypeError(`strict mode is not supported on a ${this.io.kind} client (WAIT must follow the grant on the same node's connection)`);
+    if (strict && this.io.prepare) this.io.prepare();
     this.strict = strict;
     this.unreplicated = 0;
     this.redetects = 0;

@@ -7,3 +7,4 @@ export { Breaker, Panic } from './breaker.js';
 export { headers, problem } from './headers.js';
 export { SCRIPTS, BackendError } from './backend.js';
 export { expressRateLimit, callerId } from './express.js';
+export { ReplyError as GlideReplyError } from './glide.js';

@@ -94,6 +94,9 @@ test(`module and Lua give identical decisions on a cluster (${KINDS.join(', ')})
     const counts = cluster.nodes.map((s) => Number(s.cli('DBSIZE')));
     assert.equal(counts.reduce((a, b) => a + b), KINDS.length * 6 * 2 * POLICIES.length);
     assert.ok(counts.every((c) => c > 0), `keys per node ${counts}`);
+    // … and every call went straight to its key's node: none was redirected
+    const moved = cluster.nodes.map((s) => Number(/errorstat_MOVED:count=(\d+)/.exec(s.cli('INFO', 'errorstats'))?.[1] || 0));
+    assert.deepEqual(moved, [0, 0, 0], `MOVED replies per node ${moved}`);
   } finally { await cluster.close(); }
 });
 

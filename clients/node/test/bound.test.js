@@ -5,8 +5,11 @@
 // call, SIGSTOP, 10 calls one after the other; the slowest within 30 + 20
 // ms; exactly 5 panic grants; the module again after SIGCONT) with each
 // driver line, as configured by default and with the settings that make a
-// driver wait longest (ioredis: retry every request without end and queue
-// while offline; node-redis: reconnect at once, forever).
+// driver wait longest (ioredis and iovalkey: retry every request without
+// end and queue while offline; node-redis: reconnect at once, forever;
+// GLIDE: a request timeout of a minute, so every call the library gives up
+// on stays in flight in GLIDE for the whole stall, and its slowest
+// reconnect backoff).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
@@ -51,6 +54,7 @@ async function stalled(server, { rl, lim }) {
 const HOSTILE = {
   ioredis: { ioredisOpts: { maxRetriesPerRequest: null, enableOfflineQueue: true, retryStrategy: () => 1 } },
   'node-redis': { nodeRedisOpts: { socket: { reconnectStrategy: () => 0 } } },
+  glide: { glideOpts: { requestTimeout: 60000, connectionBackoff: { numberOfRetries: 100, factor: 1000, exponentBase: 2 } } },
 };
 
 for (const kind of KINDS) {

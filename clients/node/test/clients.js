@@ -1,13 +1,18 @@
 // The client kinds the library supports, made the same way for tests: one
-// per driver line (ioredis 5 and 6, node-redis 4, 5 and 6; each the newest
-// release of its line, pinned in package-lock.json under an npm alias).
+// per driver line (ioredis 5 and 6, node-redis 4, 5 and 6, and Valkey's own:
+// iovalkey, the ioredis fork, and GLIDE 2; each the newest release of its
+// line, pinned in package-lock.json, under an npm alias where a library has
+// several lines).
 // RL_NODE_DRIVERS picks the lines of a run (comma-separated; `make
 // test-clients-node` runs every line, see the Makefile); the default is the
 // newest of each library. Tests that loop over KINDS run once per line;
-// connect('ioredis' | 'node-redis', ...) uses the run's line of that library.
+// connect('ioredis' | 'node-redis' | 'glide', ...) uses the run's line of
+// that library (iovalkey is of the ioredis family: its API is ioredis's).
 const LINES = {
   ioredis5: { family: 'ioredis', pkg: 'ioredis' },
   ioredis6: { family: 'ioredis', pkg: 'ioredis6' },
+  iovalkey: { family: 'ioredis', pkg: 'iovalkey' },
+  glide2: { family: 'glide', pkg: '@valkey/valkey-glide' },
   'node-redis4': { family: 'node-redis', pkg: 'redis4' },
   'node-redis5': { family: 'node-redis', pkg: 'redis' },
   'node-redis6': { family: 'node-redis', pkg: 'redis6' },
@@ -15,8 +20,14 @@ const LINES = {
   // unpinned install test, make test-clients-fresh)
   'ioredis-npm': { family: 'ioredis', pkg: 'ioredis' },
   'node-redis-npm': { family: 'node-redis', pkg: 'redis' },
+  // `npm install iovalkey @valkey/valkey-glide` (the same test)
+  'iovalkey-npm': { family: 'ioredis', pkg: 'iovalkey' },
+  'glide-npm': { family: 'glide', pkg: '@valkey/valkey-glide' },
 };
+// The line a test that names a library gets when the run has no line of it
+// (a GLIDE line is loaded only by a run that names one).
 const NEWEST = { ioredis: 'ioredis6', 'node-redis': 'node-redis6' };
+const FAMILY_NEWEST = { ...NEWEST, glide: 'glide2' };
 
 export const KINDS = (process.env.RL_NODE_DRIVERS || 'ioredis6,node-redis6').split(',').map((s) => s.trim()).filter(Boolean);
 for (const k of KINDS) {
@@ -31,25 +42,36 @@ const LIBS = {};
 for (const k of wanted) {
   const m = await import(LINES[k].pkg);
   LIBS[k] = LINES[k].family === 'ioredis' ? m.default : m;
+  // GLIDE logs every error reply at WARN to the console: only errors here
+  if (LINES[k].family === 'glide') m.Logger.setLoggerConfig('error');
 }
 
 /** The driver line a test asks for: a line by name, or the run's line of a library. */
 export function line(kind) {
-  if (NEWEST[kind]) return KINDS.find((k) => LINES[k].family === kind) || NEWEST[kind];
+  if (FAMILY_NEWEST[kind]) return KINDS.find((k) => LINES[k].family === kind) || FAMILY_NEWEST[kind];
   if (LINES[kind]) return kind;
   throw new Error(`unknown client kind ${kind}`);
 }
 
-/** The family ('ioredis' | 'node-redis') of a kind. */
+/** The family ('ioredis' | 'node-redis' | 'glide') of a kind. */
 export function family(kind) { return LINES[line(kind)].family; }
 
+/** The libraries of the run's lines, each once ('ioredis', 'node-redis', 'glide'): kinds for connect(). */
+export const FAMILIES = [...new Set(KINDS.map((k) => LINES[k].family))];
+
 /** A connected client of `kind` to a standalone server (port) or a cluster (ports). */
-export async function connect(kind, ports, { cluster = false, ioredisOpts = {}, nodeRedisOpts = {} } = {}) {
+export async function connect(kind, ports, { cluster = false, ioredisOpts = {}, nodeRedisOpts = {}, glideOpts = {} } = {}) {
   const first = Array.isArray(ports) ? ports[0] : ports;
   const k = line(kind);
   const fam = LINES[k].family;
   const lib = LIBS[k];
   if (!lib) throw new Error(`driver line ${k} is not loaded in this run (RL_NODE_DRIVERS)`);
+  if (fam === 'glide') {
+    const addresses = (Array.isArray(ports) ? ports : [ports]).map((port) => ({ host: '127.0.0.1', port }));
+    const Client = cluster ? lib.GlideClusterClient : lib.GlideClient;
+    const c = await Client.createClient({ addresses, ...glideOpts });
+    return { client: c, close: () => c.close() };
+  }
   if (fam === 'ioredis') {
     if (cluster) {
       const c = new lib.Cluster([{ host: '127.0.0.1', port: first }], { redisOptions: ioredisOpts });
@@ -77,6 +99,7 @@ export async function connectSentinel(kind, sentinelPorts, name) {
   const k = line(kind);
   const lib = LIBS[k];
   if (!lib) throw new Error(`driver line ${k} is not loaded in this run (RL_NODE_DRIVERS)`);
+  if (LINES[k].family === 'glide') return null; // GLIDE has no Sentinel client
   const nodes = sentinelPorts.map((port) => ({ host: '127.0.0.1', port }));
   if (LINES[k].family === 'ioredis') {
     const c = new lib({ sentinels: nodes, name, lazyConnect: true });

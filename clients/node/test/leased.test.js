@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { fork } from 'node:child_process';
 import { performance } from 'node:perf_hooks';
 import { startServer, waitUntil } from './harness.js';
-import { connect } from './clients.js';
+import { connect, FAMILIES } from './clients.js';
 import { RateLimit, slidingLog } from '../src/index.js';
 
 let server;
@@ -25,7 +25,9 @@ for (const backend of ['module', 'lua']) test(`4 processes × 2 leased limiters 
   const kids = [];
   const last = [];
   for (let i = 0; i < 4; i++) {
-    const kind = i % 2 === 0 ? 'ioredis' : 'node-redis';
+    // the run's libraries in turn (ioredis and node-redis by default)
+    const fams = FAMILIES.length > 1 ? FAMILIES : ['ioredis', 'node-redis'];
+    const kind = fams[i % fams.length];
     const child = fork(new URL('./fixtures/hammer.js', import.meta.url), [String(server.port), kind, key, String(LIMIT), String(WINDOW), '50', backend, '40']);
     kids.push(child);
     child.on('message', (m) => { last[i] = m; });

@@ -3,19 +3,20 @@
 // the replica and decisions continue there (the module, or the Lua twins
 // when the new primary lacks it); strict mode grants only what a replica
 // acknowledged. Each test takes seconds, so only the newest line of each
-// library runs them (node-redis: createSentinel, 5+; ioredis: `sentinels`).
+// library runs them (node-redis: createSentinel, 5+; ioredis and iovalkey:
+// `sentinels`; GLIDE has no Sentinel client: strict mode only).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { monitorEventLoopDelay, performance } from 'node:perf_hooks';
 import { Server, waitUntil } from './harness.js';
-import { KINDS, connect, connectSentinel, line } from './clients.js';
+import { KINDS, connect, connectSentinel, family, line } from './clients.js';
 import { Deployment, SERVICE, settled, startReplica } from './sentinels.js';
 import { RateLimit, tokenBucket, Panic } from '../src/index.js';
 
 const TIMEOUT_MS = 100; // loaded CI machines: generous
 const SLACK_MS = 250;
 const BUCKET = tokenBucket('tb', 1000, 1, 1e9); // never refills while a test runs
-const NEWEST = new Set(['ioredis6', 'node-redis6']);
+const NEWEST = new Set(['ioredis6', 'node-redis6', 'iovalkey', 'glide2']);
 const RUN = KINDS.filter((k) => NEWEST.has(line(k)));
 
 function limiter(client, opts = {}) {
@@ -59,7 +60,8 @@ async function failover(d, lim, want) {
 }
 
 for (const kind of RUN) {
-  test(`failover through Sentinel: decisions continue from the new primary (${kind})`, async (t) => {
+  const sentinel = { skip: family(kind) === 'glide' ? 'GLIDE has no Sentinel client' : false };
+  test(`failover through Sentinel: decisions continue from the new primary (${kind})`, sentinel, async (t) => {
     const d = await Deployment.start();
     t.after(() => d.close());
     const c = await connectSentinel(kind, d.ports, SERVICE);
@@ -70,7 +72,7 @@ for (const kind of RUN) {
     assert.ok(rl.metrics().trips >= 1);
   });
 
-  test(`failover to a primary without the module: the Lua twins, NOSCRIPT answered (${kind})`, async (t) => {
+  test(`failover to a primary without the module: the Lua twins, NOSCRIPT answered (${kind})`, sentinel, async (t) => {
     const d = await Deployment.start({ replicaModule: false });
     t.after(() => d.close());
     const c = await connectSentinel(kind, d.ports, SERVICE);
@@ -141,7 +143,7 @@ for (const kind of RUN) {
 // server with the module to one without (as to a promoted replica), and
 // the first call there, answered in time with "unknown command", must be a
 // failure (panic), not an error for the caller; the next call detects Lua.
-for (const kind of RUN.filter((k) => line(k) === 'ioredis6')) {
+for (const kind of RUN.filter((k) => family(k) === 'ioredis')) {
   test(`a primary that loses the module: a failure, then the backend detected again (${kind})`, async (t) => {
     const a = await new Server().start();
     t.after(() => a.close());

@@ -1,8 +1,10 @@
 // Compiled by tsc --noEmit in types.test.js: the declarations describe the API as used.
 import {
   RateLimit, tokenBucket, slidingLog, allOf, Panic, headers, problem, makeKey, keySlot, expressRateLimit,
-  type Decision, type Metrics,
+  GlideReplyError, type Decision, type Metrics, type GlideLike,
 } from 'redis-ratelimit';
+import { GlideClient, GlideClusterClient } from '@valkey/valkey-glide';
+import { Redis as Valkey, Cluster as ValkeyCluster } from 'iovalkey';
 
 declare const client: object;
 const rl = new RateLimit(client, { timeoutMs: 5, backend: 'auto', breaker: { failures: 3, openMs: 500 } });
@@ -25,3 +27,15 @@ async function f(): Promise<void> {
   rl.leased(both);
 }
 void f;
+
+// Valkey's clients: GLIDE's two clients have what the library calls on them
+declare const glide: GlideClient;
+declare const glideCluster: GlideClusterClient;
+const asGlide: GlideLike[] = [glide, glideCluster];
+void asGlide;
+void new RateLimit(glide, { timeoutMs: 30, strict: true });
+void new RateLimit(glideCluster, { timeoutMs: 30 });
+void new RateLimit(new Valkey(6379, '127.0.0.1'), { timeoutMs: 30 });
+void new RateLimit(new ValkeyCluster([{ host: '127.0.0.1', port: 7000 }]), { timeoutMs: 30 });
+function replyCode(e: unknown): string | null { return e instanceof GlideReplyError ? e.message.split(' ')[0] : null; }
+void replyCode;
