@@ -214,27 +214,43 @@ clients/node/node_modules/.installed: clients/node/package-lock.json
 # is pinned in package-lock.json, the newest release of each under an npm
 # alias). The first run (the newest of both libraries) goes on every server
 # of `python -m rltesting.servers names`, the others on the first; the suites
-# without a client (unit, types) run once. One junit file per test file,
-# then the matrix (rltesting.matrix).
+# without a client (unit, types) run once. NODE_VALKEY_DRIVERS, Valkey's own
+# clients (iovalkey and GLIDE), runs on the servers of NODE_VALKEY_SERVERS
+# (Redis 7.0, Valkey 8.1 and 9.1) with the suites of NODE_VALKEY_TESTS (the
+# bound, the breaker, both backends and cluster routing, GLIDE's own), and
+# on the last of them NODE_VALKEY_ONCE too (leases across processes, strict
+# mode and Sentinel: 50 s of the 90 s a server took). One junit file per
+# test file, then the matrix (rltesting.matrix).
 NODE_DRIVERS ?= ioredis6,node-redis6 ioredis5,node-redis5 node-redis4
 NODE_NO_CLIENT := unit.test.js types.test.js
+NODE_VALKEY_DRIVERS ?= iovalkey,glide2
+NODE_VALKEY_SERVERS ?= redis7.0 valkey8.1 valkey9.1
+NODE_VALKEY_TESTS := bound.test.js breaker.test.js backends.test.js glide.test.js
+NODE_VALKEY_ONCE := leased.test.js sentinel.test.js
 test-clients-node: build venv clients/node/node_modules/.installed client-lua  ## the Node client library: every driver line x server
 	@rm -rf $(CLIENTS_MATRIX)/node && mkdir -p $(CLIENTS_MATRIX)/node
-	@first=""; newest=$(firstword $(NODE_DRIVERS)); \
+	@run() { d=$$1; s=$$2; bin=$$3; shift 3; \
+	  name=$$(echo $$d | tr , +)@$$s; out=$(CLIENTS_MATRIX)/node/$$name; mkdir -p $$out; \
+	  echo "== Node client suites: $$d on $$s"; t0=$$(date +%s); rc=0; \
+	  for f in "$$@"; do \
+	    ( cd clients/node && RL_NODE_DRIVERS=$$d REDIS_SERVER=$$bin RL_MODULE=$(MODULE) node --test --test-concurrency=1 \
+	        --test-reporter=junit --test-reporter-destination=$$out/$$f.xml \
+	        --test-reporter=dot --test-reporter-destination=stdout test/$$f ) || rc=1; \
+	  done; \
+	  echo "$$name $$(( $$(date +%s) - t0 )) $$rc" >> $(CLIENTS_MATRIX)/node/times; }; \
+	first=""; newest=$(firstword $(NODE_DRIVERS)); \
 	for s in $(client_servers); do [ -n "$$first" ] || first=$$s; \
 	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  for d in $(NODE_DRIVERS); do \
 	    [ $$s = $$first ] || [ $$d = $$newest ] || continue; \
-	    name=$$(echo $$d | tr , +)@$$s; out=$(CLIENTS_MATRIX)/node/$$name; mkdir -p $$out; \
-	    echo "== Node client suites: $$d on $$s"; t0=$$(date +%s); rc=0; \
-	    for f in clients/node/test/*.test.js; do f=$$(basename $$f); \
+	    files=""; for f in clients/node/test/*.test.js; do f=$$(basename $$f); \
 	      case " $(NODE_NO_CLIENT) " in *" $$f "*) [ $$s = $$first ] && [ $$d = $$newest ] || continue;; esac; \
-	      ( cd clients/node && RL_NODE_DRIVERS=$$d REDIS_SERVER=$$bin RL_MODULE=$(MODULE) node --test --test-concurrency=1 \
-	          --test-reporter=junit --test-reporter-destination=$$out/$$f.xml \
-	          --test-reporter=dot --test-reporter-destination=stdout test/$$f ) || rc=1; \
+	      files="$$files $$f"; \
 	    done; \
-	    echo "$$name $$(( $$(date +%s) - t0 )) $$rc" >> $(CLIENTS_MATRIX)/node/times; \
+	    run $$d $$s $$bin $$files; \
 	  done; \
+	  case " $(NODE_VALKEY_SERVERS) " in *" $$s "*) [ -z "$(NODE_VALKEY_DRIVERS)" ] || \
+	    run $(NODE_VALKEY_DRIVERS) $$s $$bin $(NODE_VALKEY_TESTS) $$([ $$s = $(lastword $(NODE_VALKEY_SERVERS)) ] && echo $(NODE_VALKEY_ONCE));; esac; \
 	done
 	@$(PY) -m rltesting.matrix "Node client: driver lines x server" $(CLIENTS_MATRIX)/node
 	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --quick --out /tmp/rl-node-bench-quick.md >/dev/null

@@ -7,8 +7,9 @@
 #   Python: a fresh virtualenv, `pip install ./clients/python` (no pins; and
 #           pytest to run the tests), the tests run on the installed package.
 #   Node:   an empty npm project without a lock file, `npm install
-#           ./clients/node ioredis redis`; the tests run from that project,
-#           on its drivers, against the installed package.
+#           ./clients/node ioredis redis iovalkey @valkey/valkey-glide`; the
+#           tests run from that project, on its drivers, against the
+#           installed package (the bound test on Valkey's clients too).
 #
 # RL_FRESH_PY_PKG / RL_FRESH_NODE_PKG install another tree instead (to show
 # the test fails on the package before the fix); RL_FRESH=py|node runs one.
@@ -42,12 +43,14 @@ PY
 fi
 
 if [[ " $WHICH " == *" node "* ]]; then
-  echo "== fresh install, Node: npm install $NODE_PKG ioredis redis (no lock file)"
+  echo "== fresh install, Node: npm install $NODE_PKG ioredis redis iovalkey @valkey/valkey-glide (no lock file)"
   proj=$work/node
   mkdir -p "$proj" && cd "$proj"
   npm init -y >/dev/null && npm pkg set type=module   # the tests are ES modules
-  npm install --no-audit --no-fund --loglevel=error "$NODE_PKG" ioredis redis
-  for p in ioredis redis; do echo "installed: $p $(node -p "require('./node_modules/$p/package.json').version" --input-type=commonjs)"; done
+  # GLIDE's native core comes from an optional platform package
+  # (@valkey/valkey-glide-linux-x64-gnu here)
+  npm install --no-audit --no-fund --loglevel=error "$NODE_PKG" ioredis redis iovalkey @valkey/valkey-glide
+  for p in ioredis redis iovalkey @valkey/valkey-glide; do echo "installed: $p $(node -p "require('./node_modules/$p/package.json').version" --input-type=commonjs)"; done
   # the package's tests, run from this project on its drivers and on the
   # installed package (their ../src/ and ../lua/ point into node_modules)
   cp -r "$NODE_PKG/test" "$proj/test"
@@ -59,5 +62,7 @@ if [[ " $WHICH " == *" node "* ]]; then
       "$proj"/test/*.js "$proj"/test/fixtures/*.js
   RL_NODE_DRIVERS=ioredis-npm,node-redis-npm RL_ROOT=$ROOT RL_MODULE=$MODULE \
     node --test --test-concurrency=1 test/bound.test.js test/leased.test.js test/unit.test.js || rc=1
+  RL_NODE_DRIVERS=iovalkey-npm,glide-npm RL_ROOT=$ROOT RL_MODULE=$MODULE \
+    node --test --test-concurrency=1 test/bound.test.js || rc=1
 fi
 exit $rc
