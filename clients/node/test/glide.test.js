@@ -116,3 +116,9 @@ test('a closed GLIDE client is refused', { skip }, async () => {
   await close();
   assert.throws(() => new RateLimit(client), /GLIDE client is closed/);
 });
+
+test('strict mode on a GlideClusterClient is refused (WAIT would not follow the grant on its node)', () => {
+  class GlideClusterClient { customCommand() {} exec() {} }
+  assert.throws(() => new RateLimit(new GlideClusterClient(), { timeoutMs: 50, strict: true }), /strict mode is not supported on a glide-cluster client/);
+  assert.equal(new RateLimit(new GlideClusterClient(), { timeoutMs: 50 })._backend.io.kind, 'glide-cluster');
+});
