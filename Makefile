@@ -1,6 +1,7 @@
 # redis-ratelimit — build, run and test.
 #   make run    install what is missing, build, run redis-server with the module (PORT=6379)
 #   make test   install what is missing, build, run every test suite
+#   make check  the inner loop: lint, the core's tests, one server's suites (minutes)
 SHELL := /bin/bash
 PORT ?= 6379
 CARGO ?= cargo
@@ -9,7 +10,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all help deps build run lint test test-stages test-unit test-rust test-py test-clients-py venv bench profile fuzz demo soak clean dist
+.PHONY: all help deps build run lint check test test-stages test-rust test-py test-clients-py venv bench profile fuzz demo soak clean dist
 
 all: build  ## the module (same as build)
 
@@ -62,6 +63,30 @@ test: $(TEST_STAGES)  ## every stage of TEST_STAGES, in order (what CI runs)
 
 test-stages:  ## print the stages of make test, in order
 	@echo $(TEST_STAGES)
+
+# The inner loop (docs/testing.md, "make check"): rustfmt, clippy -D
+# warnings, ruff, the core crate's unit and property tests, and the
+# integration suites on one server without the tests marked slow
+# (integration/pytest.ini: failover, partition, resources, soak, ...).
+# SERVER=NAME picks the server (default valkey8.1, the fastest to start);
+# PYTEST_ARGS=... as for test-py. It prints its elapsed time; make test
+# stays the full gate.
+CHECK_SERVER = $(or $(SERVER),valkey8.1)
+check:  ## fmt, clippy, ruff, core tests, one server's suites without slow ones (SERVER=...)
+	@t0=$$(date +%s); $(MAKE) --no-print-directory check-steps; rc=$$?; \
+	echo "make check: $$(( $$(date +%s) - t0 )) s on $(CHECK_SERVER), load average $$(cut -d' ' -f1-3 /proc/loadavg) ($$([ $$rc = 0 ] && echo passed || echo FAILED))"; \
+	exit $$rc
+
+.PHONY: check-steps
+check-steps: build venv dist client-lua
+	$(CARGO) fmt --all --check
+	cd fuzz && $(CARGO) fmt --check
+	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+	$(VENV)/bin/ruff check .
+	$(CARGO) test --release -p ratelimit-core
+	@bin=$$($(PY) -m rltesting.servers path $(CHECK_SERVER)) || exit 1; \
+	echo "== integration suites on $(CHECK_SERVER) ($$bin), not slow"; \
+	cd integration && REDIS_SERVER=$$bin RL_MODULE=$(MODULE) $(PY) -m pytest -q -rfEs -m "not slow" $(PYTEST_ARGS) .
 
 # Lint, first in make test: rustfmt (rustfmt.toml) over the module, the core
 # and the fuzz crates; clippy with warnings as errors over every target of
@@ -337,9 +362,10 @@ clean:  ## remove target/ and .venv
 image: dist venv  ## the module's server images redis-ratelimit:<version>-redis and -valkey
 	container/image.sh
 
-# The container suites (container/run-tests.sh): the README's testcontainers
-# recipes as printed, the client libraries' gateway calls, persistence on a
-# volume and MODULE LIST, in containers of both images; with podman, through
+# The container suites (container/run-tests.sh): the testcontainers
+# recipes of docs/containers.md as printed, the client libraries' gateway
+# calls, persistence on a volume and MODULE LIST, in containers of both
+# images; with podman, through
 # a podman system service socket the script starts and stops. Extra pytest
 # arguments: make test-container CONTAINER_PYTEST_ARGS='-x -k restart'.
 CONTAINER_PYTEST_ARGS ?=

@@ -444,6 +444,7 @@ def test_fallback_when_redis_is_slow(env, lang):
     assert gw.stats()["redis_errors"] >= 1
 
 
+@pytest.mark.slow
 def test_demo_runs_and_draws_the_chart(tmp_path):
     """make demo end to end (19 s of real time): it starts its own server,
     prints the summary for the three algorithms and writes a well-formed SVG

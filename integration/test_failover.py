@@ -51,7 +51,9 @@ from rltesting.proc import SERVER, wait_until
 
 RUNS = int(os.environ.get("RL_FAILOVER_RUNS", "1"))
 SKIP = F.nft_unavailable()
-pytestmark = pytest.mark.skipif(SKIP is not None, reason=f"no packet filter: {SKIP}")
+# slow: the failover and partition runs (make check leaves them to make test).
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(SKIP is not None, reason=f"no packet filter: {SKIP}")]
 
 CLIENTS = 6
 STRICT = ("strict", "libstrict", "nodestrict")

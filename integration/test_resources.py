@@ -23,6 +23,8 @@ from rltesting.replies import check_reply, granted_units, HUGE, NEVER
 
 COMMANDS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER")
 LONG_SOAK = os.environ.get("RL_SOAK") == "long"
+# slow: the resources and soak suite (make check leaves it to make test).
+pytestmark = pytest.mark.slow
 
 # used_memory is Redis's own count of allocated bytes (zmalloc), not RSS, so
 # freed blocks are subtracted exactly and allocator caching or fragmentation

@@ -17,14 +17,15 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((ROOT / "Cargo.toml").read_text())["workspace"]["package"]["version"]
 TAGS = {server: f"redis-ratelimit:{VERSION}-{server}" for server in ("redis", "valkey")}
 MODULE_PATH = "/usr/local/lib/redis-ratelimit/libredis_ratelimit.so"
-README = ROOT / "README.md"
+# The page that prints the testcontainers recipes (the README points to it).
+RECIPES = ROOT / "docs" / "containers.md"
 
 
-def readme_block(marker):
-    """The fenced code block right after the README comment `marker`."""
-    text = README.read_text()
+def recipe_block(marker):
+    """The fenced code block right after the comment `marker` in docs/containers.md."""
+    text = RECIPES.read_text()
     m = re.search(re.escape(marker) + r"[^\n]*\n```[a-z]*\n(.*?)\n```\n", text, re.S)
-    assert m, f"README.md has no code block after {marker!r}"
+    assert m, f"docs/containers.md has no code block after {marker!r}"
     return m.group(1) + "\n"
 
 

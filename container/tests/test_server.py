@@ -48,7 +48,7 @@ def snapshot(c):
 def test_state_survives_a_restart_from_the_volume(name):
     volume = f"rl-persist-{uuid.uuid4().hex[:12]}"
     # The image's own arguments (its --loadmodule) and ours after them, as
-    # the README says to add arguments.
+    # docs/containers.md says to add arguments.
     cmd = docker.from_env().images.get(TAGS[name]).attrs["Config"]["Cmd"]
     cmd = cmd + ["--appendonly", "yes", "--enable-debug-command", "yes"]
     box = start(TAGS[name], cmd, volume=volume)
