@@ -5,9 +5,10 @@
 //! - this file: a command call's context ([`Ctx`]), its arguments ([`Str`]),
 //!   an open key ([`Key`]) and the reply writers (no allocation, no
 //!   formatting: the request path); a handler is a plain safe
-//!   `fn(Ctx, &[Str]) -> c_int`, turned into the `extern "C"` function Redis
-//!   calls by [`entry!`], which creates the context once, slices the
-//!   arguments and keeps the panic guard at the FFI boundary;
+//!   `fn(Ctx, &[Str]) -> Replied`, turned into the `extern "C"` function
+//!   Redis calls by [`entry!`], which creates the context once, slices the
+//!   arguments, keeps the panic guard at the FFI boundary and turns the
+//!   [`Replied`] token into the status;
 //! - `host.rs`: what load-time and timer code asks of the server through a
 //!   [`Ctx`] (registration, options, events, timers, logging, INFO fields,
 //!   strings the module owns, `MEMORY USAGE`);
@@ -78,8 +79,15 @@ pub type Ctx<'a> = Handle<'a, RedisModuleCtx>;
 /// call's duration), or a string this module owns ([`OwnedString`]).
 pub type Str<'a> = Handle<'a, RedisModuleString>;
 
+/// Proof that the call's reply was sent: only the reply methods of this
+/// module make one (its field is private), so a handler, which must return
+/// one, cannot return without answering. A failure before the reply is an
+/// `Err(Replied)` (the error reply is sent). Zero-sized: it costs nothing.
+#[must_use = "a handler returns the token of its reply"]
+pub struct Replied(());
+
 /// The `extern "C"` command function Redis registers for the safe handler
-/// `$f: fn(Ctx, &[Str]) -> c_int`.
+/// `$f: fn(Ctx, &[Str]) -> Replied`.
 macro_rules! entry {
     ($f:path) => {{
         /// The command function Redis calls for this command.
@@ -103,7 +111,7 @@ macro_rules! entry {
         Some(entry as _)
     }};
     // A command registered with `getkeys-api`: `$keys`, a safe
-    // `fn(Ctx, &[Str]) -> c_int` that cannot panic (it only reads and
+    // `fn(Ctx, &[Str]) -> Replied` that cannot panic (it only reads and
     // reports positions), answers the server's key-position requests before
     // the panic guard and the handler; `$f` runs every other call.
     ($f:path, keys = $keys:path) => {{
@@ -120,7 +128,7 @@ macro_rules! entry {
             // SAFETY: as in `entry!($f)`.
             let (ctx, args) = unsafe { $crate::api::call_args(ctx, argv, argc) };
             if ctx.is_keys_position_request() {
-                return $keys(ctx, args);
+                return $crate::api::status($keys(ctx, args));
             }
             $crate::api::run(ctx, args, $f)
         }
@@ -155,13 +163,20 @@ pub unsafe fn call_args<'a>(
 
 /// Run the handler `f` on the call `(ctx, args)`; a panic (a bug: none is
 /// reachable by design) answers an error instead of unwinding into Redis,
-/// which would abort the server.
+/// which would abort the server. The command's status: OK once replied.
 #[inline(always)]
-pub fn run<'a>(ctx: Ctx<'a>, args: &'a [Str<'a>], f: impl FnOnce(Ctx<'a>, &'a [Str<'a>]) -> c_int) -> c_int {
-    match catch_unwind(AssertUnwindSafe(|| f(ctx, args))) {
-        Ok(rc) => rc,
+pub fn run<'a>(ctx: Ctx<'a>, args: &'a [Str<'a>], f: impl FnOnce(Ctx<'a>, &'a [Str<'a>]) -> Replied) -> c_int {
+    let replied = match catch_unwind(AssertUnwindSafe(|| f(ctx, args))) {
+        Ok(r) => r,
         Err(_) => ctx.reply_error(c"ERR ratelimit internal error"),
-    }
+    };
+    status(replied)
+}
+
+/// The status a command function returns once its reply is sent (`entry!`).
+#[inline(always)]
+pub fn status(_: Replied) -> c_int {
+    OK
 }
 
 impl<'a> Str<'a> {
@@ -186,52 +201,44 @@ impl<'a> Str<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    /// Answer the error `msg`; the handler's return code.
+    /// Answer the error `msg`.
     #[inline]
-    pub fn reply_error(self, msg: &CStr) -> c_int {
+    pub fn reply_error(self, msg: &CStr) -> Replied {
         // SAFETY: a live call context (`run`) and a NUL-terminated text.
         unsafe { api!(RedisModule_ReplyWithError)(self.raw, msg.as_ptr()) };
-        OK
+        Replied(())
     }
 
     /// Answer Redis's wrong-number-of-arguments error.
     #[inline]
-    pub fn wrong_arity(self) -> c_int {
+    pub fn wrong_arity(self) -> Replied {
         // SAFETY: a live call context.
         unsafe { api!(RedisModule_WrongArity)(self.raw) };
-        OK
+        Replied(())
     }
 
     /// Answer the simple string `msg`.
     #[inline]
-    pub fn reply_simple(self, msg: &CStr) -> c_int {
+    pub fn reply_simple(self, msg: &CStr) -> Replied {
         // SAFETY: a live call context and a NUL-terminated text.
         unsafe { api!(RedisModule_ReplyWithSimpleString)(self.raw, msg.as_ptr()) };
-        OK
+        Replied(())
     }
 
     /// The five-integer reply.
     #[inline]
-    pub fn reply_ints(self, vals: [i64; 5]) -> c_int {
-        self.reply_array(vals.len());
-        for v in vals {
-            self.reply_int(v);
-        }
-        OK
+    pub fn reply_ints(self, vals: [i64; 5]) -> Replied {
+        Elements { ctx: self }.ints(vals);
+        Replied(())
     }
 
-    /// An array reply header of `len` elements.
-    #[inline]
-    pub fn reply_array(self, len: usize) {
-        // SAFETY: a live call context.
-        unsafe { api!(RedisModule_ReplyWithArray)(self.raw, len as c_long) };
-    }
-
-    /// One integer reply element.
-    #[inline]
-    pub fn reply_int(self, v: i64) {
-        // SAFETY: a live call context.
-        unsafe { api!(RedisModule_ReplyWithLongLong)(self.raw, v as c_longlong) };
+    /// An array reply of `len` elements, which `elems` writes.
+    #[inline(always)]
+    pub fn reply_array(self, len: usize, elems: impl FnOnce(Elements<'a>)) -> Replied {
+        let e = Elements { ctx: self };
+        e.array_header(len);
+        elems(e);
+        Replied(())
     }
 
     /// Is this call Redis asking for the key positions (a command registered
@@ -242,20 +249,23 @@ impl<'a> Ctx<'a> {
         unsafe { api!(RedisModule_IsKeysPositionRequest)(self.raw) != 0 }
     }
 
-    /// Report argument `pos` as a key (to a key position request), with the
-    /// flags `RedisModule_KeyAtPos` gives (read-write, access, update: the
-    /// flags of RL.MULTI's key spec). Valkey 9.1, which asks on every
-    /// request to prefetch the keys, stores these flags as given, where
-    /// `KeyAtPos` converts its default (~97 instructions a key); Redis
-    /// converts them once here, twice in `KeyAtPos`.
+    /// Answer a key position request: the arguments at `positions` are
+    /// keys, with the flags `RedisModule_KeyAtPos` gives (read-write,
+    /// access, update: the flags of RL.MULTI's key spec). Valkey 9.1, which
+    /// asks on every request to prefetch the keys, stores these flags as
+    /// given, where `KeyAtPos` converts its default; Redis converts them
+    /// once here, twice in `KeyAtPos`.
     #[inline]
-    pub fn key_at_pos(self, pos: usize) {
+    pub fn reply_keys_at(self, positions: std::ops::Range<usize>) -> Replied {
         const FULL_ACCESS: c_int =
             (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE) as c_int;
-        if let Ok(pos) = c_int::try_from(pos) {
-            // SAFETY: a live call context.
-            unsafe { api!(RedisModule_KeyAtPosWithFlags)(self.raw, pos, FULL_ACCESS) };
+        for pos in positions {
+            if let Ok(pos) = c_int::try_from(pos) {
+                // SAFETY: a live call context.
+                unsafe { api!(RedisModule_KeyAtPosWithFlags)(self.raw, pos, FULL_ACCESS) };
+            }
         }
+        Replied(())
     }
 
     /// Open `name` for reading, and for writing unless `read_only`.
@@ -299,6 +309,43 @@ impl<'a> Ctx<'a> {
     pub fn replicate_verbatim(self) {
         // SAFETY: a live call context.
         unsafe { api!(RedisModule_ReplicateVerbatim)(self.raw) };
+    }
+}
+
+/// The elements of an array reply being written ([`Ctx::reply_array`]).
+#[derive(Clone, Copy)]
+pub struct Elements<'a> {
+    ctx: Ctx<'a>,
+}
+
+impl Elements<'_> {
+    #[inline(always)]
+    fn array_header(self, len: usize) {
+        // SAFETY: a live call context.
+        unsafe { api!(RedisModule_ReplyWithArray)(self.ctx.raw, len as c_long) };
+    }
+
+    /// One integer element.
+    #[inline(always)]
+    pub fn int(self, v: i64) {
+        // SAFETY: a live call context.
+        unsafe { api!(RedisModule_ReplyWithLongLong)(self.ctx.raw, v as c_longlong) };
+    }
+
+    /// An element that is an array of five integers.
+    #[inline(always)]
+    pub fn ints(self, vals: [i64; 5]) {
+        self.array_header(vals.len());
+        for v in vals {
+            self.int(v);
+        }
+    }
+
+    /// An element that is an array of `len` elements, which `elems` writes.
+    #[inline(always)]
+    pub fn array(self, len: usize, elems: impl FnOnce(Self)) {
+        self.array_header(len);
+        elems(self);
     }
 }
 

@@ -27,21 +27,19 @@ pub use multi::{multi, multi_keys};
 pub use single::{slidingcounter, slidinglog, tokenbucket};
 pub use state::state;
 
-use std::ffi::c_int;
-
 use ratelimit_core::args::{self, Arg, Call};
 use ratelimit_core::Decision;
 
 use self::reply::reply_arg_error;
-use crate::api::{Ctx, Key, Str};
+use crate::api::{Ctx, Key, Replied, Str};
 use crate::listeners;
 
-/// Parse `key <positional> [options]`; on error the reply is already sent.
+/// Parse `key <positional> [options]`; an error is answered.
 /// A call of the numbers only (the common one: the argument count says so)
 /// reads them straight into the call (`args::parse_exact`, the same
 /// result); any other goes through the full parser.
 #[inline(always)]
-pub(super) fn parse<'a>(ctx: Ctx<'a>, argv: &[Str<'a>], positional: &[Arg]) -> Result<(Str<'a>, Call), c_int> {
+pub(super) fn parse<'a>(ctx: Ctx<'a>, argv: &[Str<'a>], positional: &[Arg]) -> Result<(Str<'a>, Call), Replied> {
     let (Some(&key), Some(rest)) = (argv.get(1), argv.get(2..)) else {
         return Err(ctx.wrong_arity());
     };

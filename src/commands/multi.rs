@@ -1,7 +1,5 @@
 //! RL.MULTI: several limits decided at one clock reading, all or nothing.
 
-use std::ffi::c_int;
-
 use ratelimit_core::args::{self, Arg, ArgError, Call, Kind, LimitSpec, WordLimit, MAX_LIMITS};
 use ratelimit_core::codec;
 use ratelimit_core::multi::{self, Op, StateMut};
@@ -10,7 +8,7 @@ use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, 
 use super::reply::{reply_arg_error, reply_multi, STORE_FAILED};
 use super::single::{log_apply, word_apply, WordLimiter};
 use super::{commit, delete, Effects};
-use crate::api::{Ctx, Key, Slot, Str};
+use crate::api::{Ctx, Key, Replied, Slot, Str};
 use crate::clock;
 use crate::ffi;
 use crate::types::Stored;
@@ -36,7 +34,7 @@ const NO_DECISION: Decision = Decision { granted: 0, limit: 0, remaining: 0, ret
 /// no allocation per call.
 /// (The server's key-position requests are answered by [`multi_keys`],
 /// before this runs: `api::entry!`.)
-pub fn multi(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn multi(ctx: Ctx, argv: &[Str]) -> Replied {
     {
         // Size the per-limit stack arrays for the call: a limit takes at
         // least four arguments (key, algorithm, two numbers), so argc bounds
@@ -56,7 +54,7 @@ pub fn multi(ctx: Ctx, argv: &[Str]) -> c_int {
 /// are arguments 2 .. 2 + numkeys, as far as they exist. It runs outside
 /// the panic guard (`api::entry!`), so nothing here can panic: checked
 /// reads, `parse_num` (total), a range bounded by MAX_LIMITS + 2.
-pub fn multi_keys(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn multi_keys(ctx: Ctx, argv: &[Str]) -> Replied {
     // One digit (the common call) read at once, else by `parse_num`.
     let n = match argv.get(1).map(|&a| a.bytes()) {
         Some(&[d @ b'1'..=b'9']) => usize::from(d - b'0'),
@@ -64,10 +62,7 @@ pub fn multi_keys(ctx: Ctx, argv: &[Str]) -> c_int {
         None => 0,
     };
     let n = n.min(MAX_LIMITS).min(argv.len().saturating_sub(2));
-    for pos in 2..2 + n {
-        ctx.key_at_pos(pos);
-    }
-    ffi::OK
+    ctx.reply_keys_at(2..2 + n)
 }
 
 /// RL.MULTI of one limit of weight 1: the single command's decision and
@@ -81,7 +76,7 @@ fn multi_one<'a>(
     partial: bool,
     dryrun: bool,
     refund: u64,
-) -> c_int {
+) -> Replied {
     let single = Call { nums: spec.nums, cost, partial, dryrun, refund };
     let d = match spec.kind {
         Kind::TokenBucket => word_apply::<tb::State>(ctx, name, &single),
@@ -106,7 +101,7 @@ const EXACT_ARGS: usize = 11;
 
 /// RL.MULTI with room for `N` limits.
 #[inline(never)]
-fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
+fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
     {
         let Some(rest) = argv.get(1..) else {
             return ctx.wrong_arity();
@@ -310,7 +305,7 @@ enum WordView {
 /// when nothing listens for effects). The same replies and states as the
 /// generic path (the integration suite's differential tests compare both).
 #[inline(always)]
-fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[WordLimit]) -> Option<c_int> {
+fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[WordLimit]) -> Option<Replied> {
     let n = names.len().min(limits.len()).min(N);
     let now = clock::now_us();
     // Each limit's open key and its view, side by side.
@@ -402,7 +397,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
 /// A key of the fast path holds another type: WRONGTYPE, unless a key is
 /// repeated (then the generic path answers that error, as it comes first).
 #[inline(never)]
-fn wrong_type(ctx: Ctx, names: &[Str]) -> Option<c_int> {
+fn wrong_type(ctx: Ctx, names: &[Str]) -> Option<Replied> {
     if args::distinct_keys(names, Str::bytes) {
         Some(ctx.reply_error(ffi::WRONGTYPE))
     } else {

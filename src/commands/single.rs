@@ -2,14 +2,12 @@
 //! limit. The two word-sized states share one generic handler; the log is
 //! read and written in place.
 
-use std::ffi::c_int;
-
 use ratelimit_core::args::{self, Arg, Call};
 use ratelimit_core::{codec, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 
 use super::reply::{reply, STORE_FAILED};
 use super::{commit, delete, parse, write_grant, Effects, Write};
-use crate::api::{Ctx, Slot, Str};
+use crate::api::{Ctx, Replied, Slot, Str};
 use crate::clock;
 use crate::ffi;
 use crate::stats::Cmd;
@@ -76,7 +74,7 @@ impl WordLimiter for sc::State {
 /// Read the key once, decide, and on a grant write once, expire, signal and
 /// replicate the new state (a grant that cannot be stored answers an error).
 #[inline]
-fn word_limiter<T: WordLimiter>(ctx: Ctx, argv: &[Str]) -> c_int {
+fn word_limiter<T: WordLimiter>(ctx: Ctx, argv: &[Str]) -> Replied {
     let (name, call) = match parse(ctx, argv, T::ARGS) {
         Ok(v) => v,
         Err(rc) => return rc,
@@ -90,9 +88,9 @@ fn word_limiter<T: WordLimiter>(ctx: Ctx, argv: &[Str]) -> c_int {
 /// The work of a word-state limiter's call after parsing: read the key,
 /// decide, write (shared with RL.MULTI of one limit of weight 1, which
 /// answers what the single command does). The decision to reply with, or
-/// the handler's code when an error reply was sent.
+/// the error reply sent.
 #[inline(always)]
-pub(super) fn word_apply<'a, T: WordLimiter>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<Decision, c_int> {
+pub(super) fn word_apply<'a, T: WordLimiter>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<Decision, Replied> {
     let p = T::params(call.nums);
     let now = clock::now_us();
     let mut key = ctx.open_key(name, call.dryrun);
@@ -128,15 +126,15 @@ pub(super) fn word_apply<'a, T: WordLimiter>(ctx: Ctx<'a>, name: Str<'a>, call: 
     Ok(d)
 }
 
-pub fn tokenbucket(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn tokenbucket(ctx: Ctx, argv: &[Str]) -> Replied {
     word_limiter::<tb::State>(ctx, argv)
 }
 
-pub fn slidingcounter(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn slidingcounter(ctx: Ctx, argv: &[Str]) -> Replied {
     word_limiter::<sc::State>(ctx, argv)
 }
 
-pub fn slidinglog(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn slidinglog(ctx: Ctx, argv: &[Str]) -> Replied {
     let (name, call) = match parse(ctx, argv, args::WINDOW_ARGS) {
         Ok(v) => v,
         Err(rc) => return rc,
@@ -149,7 +147,7 @@ pub fn slidinglog(ctx: Ctx, argv: &[Str]) -> c_int {
 
 /// [`word_apply`] for the sliding log, read and written in place.
 #[inline(always)]
-pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<Decision, c_int> {
+pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<Decision, Replied> {
     let p = sl::Params::from_nums(call.nums);
     let now = clock::now_us();
     let mut key = ctx.open_key(name, call.dryrun);

@@ -2,13 +2,11 @@
 //! master decided (a whole state, or a sliding-log grant or refund)
 //! instead of re-running the decision on their own clock.
 
-use std::ffi::c_int;
-
 use ratelimit_core::codec::{self, Effect};
 use ratelimit_core::slidinglog as sl;
 
 use super::reply::STORE_FAILED;
-use crate::api::{Ctx, Key, Slot, Str};
+use crate::api::{Ctx, Key, Replied, Slot, Str};
 use crate::ffi;
 use crate::types::Stored;
 
@@ -17,7 +15,7 @@ use crate::types::Stored;
 /// instead of the original command, so they never read their own clock for
 /// limiter state. Any client may call it (like RESTORE); the payload is
 /// validated as strictly as an RDB load, and it is replicated verbatim.
-pub fn state(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
     let (Some(&name), Some(&payload), 3) = (argv.get(1), argv.get(2), argv.len()) else {
         return ctx.wrong_arity();
     };
