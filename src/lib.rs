@@ -52,7 +52,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if !types::publish_type_pointers() {
         return Status::Err;
     }
-    if !ctx.create_commands() {
+    if !cmdinfo::create(ctx) {
         return Status::Err;
     }
     // COMMAND DOCS, key specs, ACL categories (each where the server has it).
@@ -77,8 +77,23 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // probe keys of the registered types (after the options, so that closing
     // them signals no modified key to WATCH or client tracking).
     memusage::init(ctx);
-    ctx.register_info_func();
+    // SAFETY: `info` is sound with any INFO context.
+    unsafe { ctx.register_info_func(info) };
     Status::Ok
+}
+
+/// The INFO callback: `INFO ratelimit` (the `ratelimit_module` and
+/// `ratelimit_stats` sections).
+///
+/// # Safety
+///
+/// `ctx` is the valid INFO context the server passes for this call (only
+/// the server calls this, from INFO or a crash report).
+unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+    // SAFETY: the server passed a valid INFO ctx for this call.
+    let ctx = unsafe { api::InfoCtx::from_raw(ctx) };
+    cmdinfo::info_section(ctx);
+    stats::info_section(ctx);
 }
 
 redis_module! {

@@ -30,8 +30,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString, RedisModuleType};
 
 use crate::ffi::{api, OK};
-use crate::types::Stored;
-use crate::value::{Value, ValueMut, ValueRef};
 
 /// Largest absolute expiry we hand to Redis (ms since the epoch, ~146
 /// million years): far beyond any real reset, and `mstime() + ttl` cannot
@@ -349,134 +347,79 @@ impl Elements<'_> {
     }
 }
 
-/// What an opened key holds (after [`Key::slot`]): nothing, a value of the
-/// type asked for, or anything else.
+/// What an open key holds, as the server reports it ([`Key::contents`]);
+/// whether a module value is a limiter state of some type, and which,
+/// `value.rs` decides.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Slot {
+pub enum Contents {
+    /// No value (or the key could not be opened).
     Empty,
-    Ours,
-    WrongType,
+    /// A value of a module data type: its type and its value pointer.
+    Module(*mut RedisModuleType, *mut c_void),
+    /// A value of another kind (a string, a list, ...).
+    Other,
 }
 
-/// An open key, closed on drop. After [`Key::slot`] it remembers the value
-/// of our type it holds; the value is reached only through the key, so a
-/// borrow of it ends before the key is written, deleted or closed.
+/// An open key, closed on drop. It remembers the module value it was last
+/// seen holding ([`Key::contents`]) or was given ([`Key::set_module_value`]),
+/// so that the value is read from the server once.
 pub struct Key<'a> {
     ctx: Ctx<'a>,
     key: *mut RedisModuleKey,
     name: Str<'a>,
-    /// The type `slot` checked for, and the value (non-NULL only when the
-    /// key holds one of that type).
+    /// The module type and value the key holds, NULL when none is known.
     ty: *mut RedisModuleType,
     val: *mut c_void,
 }
 
 impl Key<'_> {
-    /// What the key holds, checking for our type `ty`.
+    /// What the key holds (remembered for [`Key::module_value`]).
     #[inline]
-    pub fn slot(&mut self, ty: *mut RedisModuleType) -> Slot {
-        self.ty = ty;
+    pub fn contents(&mut self) -> Contents {
+        self.ty = std::ptr::null_mut();
         self.val = std::ptr::null_mut();
         if self.key.is_null() {
-            return Slot::Empty;
+            return Contents::Empty;
         }
         // SAFETY: an open key of a live call (the three calls).
         unsafe {
             let kt = api!(RedisModule_KeyType)(self.key);
             if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
-                return Slot::Empty;
+                return Contents::Empty;
             }
             if kt as isize != raw::REDISMODULE_KEYTYPE_MODULE {
-                return Slot::WrongType;
+                return Contents::Other;
             }
-            if api!(RedisModule_ModuleTypeGetType)(self.key) != ty || ty.is_null() {
-                return Slot::WrongType;
-            }
-            let v = api!(RedisModule_ModuleTypeGetValue)(self.key);
-            if v.is_null() {
-                Slot::WrongType
-            } else {
-                self.val = v;
-                Slot::Ours
-            }
+            self.ty = api!(RedisModule_ModuleTypeGetType)(self.key);
+            self.val = api!(RedisModule_ModuleTypeGetValue)(self.key);
         }
+        Contents::Module(self.ty, self.val)
     }
 
-    /// The address of the value of the type [`Key::slot`] checked for that
-    /// the key holds, 0 when it holds none: two open keys whose values are
-    /// at distinct nonzero addresses are distinct keys (a key owns its
-    /// value).
+    /// The module type and value pointer the key holds, as last seen by
+    /// [`Key::contents`] or set by [`Key::set_module_value`]; NULL pointers
+    /// when it holds none, or is deleted.
     #[inline]
-    pub fn value_addr(&self) -> usize {
-        self.val.addr()
+    pub fn module_value(&self) -> (*mut RedisModuleType, *mut c_void) {
+        (self.ty, self.val)
     }
 
-    /// The value pointer if the key holds one of `T`'s type.
+    /// Set the key's value to `p`, a value of the module type `ty`. True
+    /// when the key took it.
+    ///
+    /// # Safety
+    ///
+    /// `p` is a value pointer the callbacks of `ty` accept; on success the
+    /// key owns it, else the caller still does.
     #[inline]
-    fn ours<T: Stored>(&self) -> *mut c_void {
-        if !self.val.is_null() && self.ty == T::redis_type() {
-            self.val
-        } else {
-            std::ptr::null_mut()
+    pub unsafe fn set_module_value(&mut self, ty: *mut RedisModuleType, p: *mut c_void) -> bool {
+        // SAFETY: an open key; `p` a value of `ty` (the caller's contract).
+        let ok = !self.key.is_null() && unsafe { api!(RedisModule_ModuleTypeSetValue)(self.key, ty, p) } == OK;
+        if ok {
+            self.ty = ty;
+            self.val = p;
         }
-    }
-
-    /// A copy of the state the key holds, if it holds a `T`.
-    #[inline]
-    pub fn read<T: Stored + Copy>(&self) -> Option<T> {
-        let p = self.ours::<T>();
-        // SAFETY: `p` is NULL or the key's value of `T`'s type, which
-        // `T::redis_type()` values are laid out as (`value.rs`), alive while
-        // the key is open.
-        unsafe { ValueRef::<T>::from_raw(p) }.with(|v| *v)
-    }
-
-    /// The value of `T`'s type the key holds, borrowed with the key.
-    #[inline]
-    fn ours_mut<T: Stored>(&mut self) -> Option<ValueMut<'_, T>> {
-        // SAFETY: as in `read`; the borrow of `self` keeps the value alive
-        // and unaliased while the handle is used (the value is reached only
-        // through the key).
-        unsafe { ValueMut::from_raw(self.ours::<T>()) }
-    }
-
-    /// The state the key holds in place, if it holds a wide `T`.
-    #[inline]
-    pub fn wide_mut<T: Stored>(&mut self) -> Option<&mut T> {
-        self.ours_mut::<T>()?.wide()
-    }
-
-    /// Store `new` in the key: in place when it already holds `T` in a form
-    /// that can hold `new`, else as a new value.
-    #[inline]
-    pub fn store<T: Stored>(&mut self, new: T) -> bool {
-        let new = match self.ours_mut::<T>() {
-            None => new,
-            Some(v) => match v.overwrite(new) {
-                Ok(()) => return true,
-                Err(v) => v,
-            },
-        };
-        self.set_new(new)
-    }
-
-    /// Set the key to a new value holding `v`.
-    #[inline]
-    pub fn set_new<T: Stored>(&mut self, v: T) -> bool {
-        let p = Value::create(v);
-        let ty = T::redis_type();
-        // SAFETY: an open key; on success the key owns `p`, else nobody
-        // does, and `p`, made by `Value::create`, is freed once here.
-        unsafe {
-            let ok = !self.key.is_null() && api!(RedisModule_ModuleTypeSetValue)(self.key, ty, p) == OK;
-            if ok {
-                self.ty = ty;
-                self.val = p;
-            } else {
-                Value::<T>::free(p);
-            }
-            ok
-        }
+        ok
     }
 
     /// Set the key's absolute expiry (Unix ms) exactly: the same value on
@@ -499,6 +442,7 @@ impl Key<'_> {
     /// deleted.
     #[inline]
     pub fn delete(&mut self) -> bool {
+        self.ty = std::ptr::null_mut();
         self.val = std::ptr::null_mut();
         // SAFETY: an open key of a live call.
         !self.key.is_null() && unsafe { api!(RedisModule_DeleteKey)(self.key) } == OK

@@ -8,10 +8,10 @@ use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, 
 use super::reply::{reply_arg_error, reply_multi, STORE_FAILED};
 use super::single::{log_apply, word_apply, WordLimiter};
 use super::{commit, delete, Effects};
-use crate::api::{Ctx, Key, Replied, Slot, Str};
+use crate::api::{Ctx, Key, Replied, Str};
 use crate::clock;
 use crate::ffi;
-use crate::types::Stored;
+use crate::value::{Holds, Packable, TypedKey};
 
 /// The registered type of a limit's algorithm.
 #[inline]
@@ -158,12 +158,12 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
 
         // Open every key and check its type before deciding anything.
         let mut keys: [Option<Key>; N] = std::array::from_fn(|_| None);
-        let mut slots = [Slot::Empty; N];
+        let mut slots = [Holds::Empty; N];
         for (((k, slot), &name), spec) in keys.iter_mut().zip(slots.iter_mut()).zip(names).zip(specs) {
             let mut key = ctx.open_key(name, read_only);
-            *slot = key.slot(kind_type(spec.kind));
+            *slot = key.holds(kind_type(spec.kind));
             *k = Some(key);
-            if let Slot::WrongType = slot {
+            if let Holds::WrongType = slot {
                 return ctx.reply_error(ffi::WRONGTYPE);
             }
         }
@@ -193,17 +193,17 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
                     *w = spec.weight;
                 }
                 *st = Some(match (spec.kind, *slot, key) {
-                    (Kind::TokenBucket, Slot::Ours, Some(key)) => {
+                    (Kind::TokenBucket, Holds::Ours, Some(key)) => {
                         *t = key.read::<tb::State>().unwrap_or_default();
                         StateMut::TokenBucket(t)
                     }
                     (Kind::TokenBucket, _, _) => StateMut::TokenBucket(t),
-                    (Kind::SlidingCounter, Slot::Ours, Some(key)) => {
+                    (Kind::SlidingCounter, Holds::Ours, Some(key)) => {
                         *c = key.read::<sc::State>().unwrap_or_default();
                         StateMut::SlidingCounter(c)
                     }
                     (Kind::SlidingCounter, _, _) => StateMut::SlidingCounter(c),
-                    (Kind::SlidingLog, Slot::Ours, Some(key)) => match key.wide_mut::<sl::State>() {
+                    (Kind::SlidingLog, Holds::Ours, Some(key)) => match key.wide_mut::<sl::State>() {
                         Some(s) => StateMut::SlidingLog(s),
                         None => StateMut::SlidingLog(l),
                     },
@@ -240,7 +240,7 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
                 Kind::TokenBucket => tbs.get(i).is_some_and(|&s| key.store(s)),
                 Kind::SlidingCounter => scs.get(i).is_some_and(|&s| key.store(s)),
                 Kind::SlidingLog => match slot {
-                    Slot::Ours => true,
+                    Holds::Ours => true,
                     _ => fresh_logs.get_mut(i).is_some_and(|l| key.set_new(std::mem::take(l))),
                 },
             };
@@ -291,7 +291,7 @@ enum WordView {
     /// answers an error).
     Unread,
     TokenBucket(tb::View),
-    SlidingCounter(sc::Assess),
+    SlidingCounter(sc::View),
 }
 
 /// RL.MULTI of word-state limits only (token buckets and sliding
@@ -318,20 +318,20 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
         let (key, view) = o.insert((ctx.open_key(name, false), WordView::Unread));
         match *p {
             WordLimit::TokenBucket(p) => {
-                let s = match key.slot(tb::State::redis_type()) {
-                    Slot::WrongType => return wrong_type(ctx, names),
-                    Slot::Ours => key.read::<tb::State>().unwrap_or_default(),
-                    Slot::Empty => tb::State::default(),
+                let s = match key.holds(tb::State::redis_type()) {
+                    Holds::WrongType => return wrong_type(ctx, names),
+                    Holds::Ours => key.read::<tb::State>().unwrap_or_default(),
+                    Holds::Empty => tb::State::default(),
                 };
                 *view = WordView::TokenBucket(tb::View::at(&s, &p, now));
             }
             WordLimit::SlidingCounter(p) => {
-                let s = match key.slot(sc::State::redis_type()) {
-                    Slot::WrongType => return wrong_type(ctx, names),
-                    Slot::Ours => key.read::<sc::State>().unwrap_or_default(),
-                    Slot::Empty => sc::State::default(),
+                let s = match key.holds(sc::State::redis_type()) {
+                    Holds::WrongType => return wrong_type(ctx, names),
+                    Holds::Ours => key.read::<sc::State>().unwrap_or_default(),
+                    Holds::Empty => sc::State::default(),
                 };
-                *view = WordView::SlidingCounter(sc::Assess::at(&s, &p, now));
+                *view = WordView::SlidingCounter(sc::View::at(&s, &p, now));
             }
         }
         let avail = match view {

@@ -7,16 +7,16 @@ use ratelimit_core::{codec, slidingcounter as sc, slidinglog as sl, tokenbucket 
 
 use super::reply::{reply, STORE_FAILED};
 use super::{commit, delete, parse, write_grant, Effects, Write};
-use crate::api::{Ctx, Replied, Slot, Str};
+use crate::api::{Ctx, Replied, Str};
 use crate::clock;
 use crate::ffi;
 use crate::stats::Cmd;
-use crate::types::Stored;
+use crate::value::{Holds, Packable, TypedKey};
 
 /// A limiter whose whole state is a few machine words (token bucket,
 /// sliding counter): the pure `step` returns the new state by value, and the
 /// effect replicated is that state.
-pub(super) trait WordLimiter: Stored + Copy + Default {
+pub(super) trait WordLimiter: Packable + Copy + Default {
     type Params;
     const ARGS: &'static [Arg];
     const CMD: Cmd;
@@ -94,11 +94,11 @@ pub(super) fn word_apply<'a, T: WordLimiter>(ctx: Ctx<'a>, name: Str<'a>, call: 
     let p = T::params(call.nums);
     let now = clock::now_us();
     let mut key = ctx.open_key(name, call.dryrun);
-    let slot = key.slot(T::redis_type());
-    let cur = match slot {
-        Slot::WrongType => return Err(ctx.reply_error(ffi::WRONGTYPE)),
-        Slot::Ours => key.read::<T>().unwrap_or_default(),
-        Slot::Empty => T::default(),
+    let held = key.holds(T::redis_type());
+    let cur = match held {
+        Holds::WrongType => return Err(ctx.reply_error(ffi::WRONGTYPE)),
+        Holds::Ours => key.read::<T>().unwrap_or_default(),
+        Holds::Empty => T::default(),
     };
     if call.refund > 0 {
         // A refund that gives nothing back writes nothing; one that
@@ -151,14 +151,14 @@ pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<
     let p = sl::Params::from_nums(call.nums);
     let now = clock::now_us();
     let mut key = ctx.open_key(name, call.dryrun);
-    let slot = key.slot(sl::State::redis_type());
-    let log = match slot {
-        Slot::Ours => key.wide_mut::<sl::State>(),
+    let held = key.holds(sl::State::redis_type());
+    let log = match held {
+        Holds::Ours => key.wide_mut::<sl::State>(),
         _ => None,
     };
     let empty = sl::State::default();
-    let cur: &sl::State = match (&slot, &log) {
-        (Slot::WrongType, _) => return Err(ctx.reply_error(ffi::WRONGTYPE)),
+    let cur: &sl::State = match (&held, &log) {
+        (Holds::WrongType, _) => return Err(ctx.reply_error(ffi::WRONGTYPE)),
         (_, Some(s)) => s,
         _ => &empty,
     };

@@ -6,9 +6,9 @@ use ratelimit_core::codec::{self, Effect};
 use ratelimit_core::slidinglog as sl;
 
 use super::reply::STORE_FAILED;
-use crate::api::{Ctx, Key, Replied, Slot, Str};
+use crate::api::{Ctx, Key, Replied, Str};
 use crate::ffi;
-use crate::types::Stored;
+use crate::value::{Holds, Packable, TypedKey};
 
 /// `RL.STATE key payload`: set a limiter key to a replicated state, or apply
 /// a replicated sliding-log grant. This is what replicas and AOF replay run
@@ -27,16 +27,16 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
         Effect::TokenBucket(s) => put(&mut key, s),
         Effect::SlidingCounter(s) => put(&mut key, s),
         Effect::SlidingLog(s) => put(&mut key, s),
-        Effect::LogGrant(g) => match key.slot(sl::State::redis_type()) {
-            Slot::WrongType => Err(()),
-            Slot::Ours => match key.wide_mut::<sl::State>() {
+        Effect::LogGrant(g) => match key.holds(sl::State::redis_type()) {
+            Holds::WrongType => Err(()),
+            Holds::Ours => match key.wide_mut::<sl::State>() {
                 Some(s) => {
                     sl::grant(s, g.window_ms, g.units, g.now_us);
                     Ok(true)
                 }
                 None => Err(()),
             },
-            Slot::Empty => {
+            Holds::Empty => {
                 let mut s = sl::State::default();
                 sl::grant(&mut s, g.window_ms, g.units, g.now_us);
                 Ok(key.set_new(s))
@@ -44,9 +44,9 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
         },
         // A refund on a log, applied as the master applied it; on a
         // missing key there is nothing to give back.
-        Effect::LogRefund(g) => match key.slot(sl::State::redis_type()) {
-            Slot::WrongType => Err(()),
-            Slot::Ours => match key.wide_mut::<sl::State>() {
+        Effect::LogRefund(g) => match key.holds(sl::State::redis_type()) {
+            Holds::WrongType => Err(()),
+            Holds::Ours => match key.wide_mut::<sl::State>() {
                 Some(s) => {
                     sl::refund(s, g.window_ms, g.units, g.now_us);
                     if s.is_empty() {
@@ -56,7 +56,7 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
                 }
                 None => Err(()),
             },
-            Slot::Empty => Ok(true),
+            Holds::Empty => Ok(true),
         },
     };
     match ok {
@@ -77,9 +77,9 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
 }
 
 /// Replace the key's value with `s` if the key is empty or of `T`'s type.
-fn put<T: Stored>(key: &mut Key, s: T) -> Result<bool, ()> {
-    match key.slot(T::redis_type()) {
-        Slot::WrongType => Err(()),
+fn put<T: Packable>(key: &mut Key, s: T) -> Result<bool, ()> {
+    match key.holds(T::redis_type()) {
+        Holds::WrongType => Err(()),
         _ => Ok(key.store(s)),
     }
 }
