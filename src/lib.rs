@@ -1,19 +1,9 @@
-//! redis-ratelimit: native rate-limit commands for Redis.
+//! redis-ratelimit: native rate-limit commands for Redis and Valkey.
 //!
-//! Layout (see docs/architecture.md):
-//! - `crates/ratelimit-core` (`ratelimit_core`): the pure algorithms (token
-//!   bucket, sliding log, sliding counter) with their state types and
-//!   versioned encodings, argument parsing and the RL.STATE effect payload;
-//!   no Redis, no unsafe.
-//! - this crate, the glue: `clock.rs` (server clock), `ffi.rs` (raw API:
-//!   API presence checks), `api/` (the safe layer over the raw API: the
-//!   call context, arguments, keys, expiry, replies; load-time and timer
-//!   calls; the data-type and INFO callbacks' handles), `listeners.rs` (effect replication, skipped
-//!   when nothing can read it), `value.rs` (a state behind a key's value
-//!   pointer: compact or wide), `types.rs` (module data types),
-//!   `commands/` (handlers: the shared path in `mod.rs`, `single.rs`,
-//!   `multi.rs`, `state.rs` for RL.STATE, `reply.rs`), `stats.rs` (INFO),
-//!   and registration here.
+//! The map of this crate (its layers, which point one way, and the path of
+//! one request) is docs/architecture.md; `make lint` checks the layers
+//! (tools/layers.py). This file is the top layer: OnLoad's registration and
+//! the INFO callback.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::missing_safety_doc)]

@@ -448,6 +448,23 @@ impl Key<'_> {
         !self.key.is_null() && unsafe { api!(RedisModule_DeleteKey)(self.key) } == OK
     }
 
+    /// Emit the keyspace event `event` of the module class (`d` in
+    /// `notify-keyspace-events`) for this key: the server drops it at once
+    /// when nothing listens.
+    #[inline]
+    pub fn notify(&self, event: &'static CStr) {
+        // SAFETY: a live call context and argument; a NUL-terminated static
+        // name, which the server only reads.
+        unsafe {
+            api!(RedisModule_NotifyKeyspaceEvent)(
+                self.ctx.raw,
+                raw::REDISMODULE_NOTIFY_MODULE as c_int,
+                event.as_ptr(),
+                self.name.raw,
+            )
+        };
+    }
+
     /// Tell Redis the key changed (WATCH, client-side caching). The module
     /// sets NO_IMPLICIT_SIGNAL_MODIFIED so that a denied call, which opens
     /// the key for writing but changes nothing, does not signal.

@@ -11,6 +11,7 @@ use super::{commit, delete, Effects};
 use crate::api::{Ctx, Key, Replied, Str};
 use crate::clock;
 use crate::ffi;
+use crate::stats::Cmd;
 use crate::value::{Holds, Packable, TypedKey};
 
 /// The registered type of a limit's algorithm.
@@ -79,9 +80,9 @@ fn multi_one<'a>(
 ) -> Replied {
     let single = Call { nums: spec.nums, cost, partial, dryrun, refund };
     let d = match spec.kind {
-        Kind::TokenBucket => word_apply::<tb::State>(ctx, name, &single),
-        Kind::SlidingCounter => word_apply::<sc::State>(ctx, name, &single),
-        Kind::SlidingLog => log_apply(ctx, name, &single),
+        Kind::TokenBucket => word_apply::<tb::State>(ctx, name, &single, Cmd::Multi),
+        Kind::SlidingCounter => word_apply::<sc::State>(ctx, name, &single, Cmd::Multi),
+        Kind::SlidingLog => log_apply(ctx, name, &single, Cmd::Multi),
     };
     let d = match d {
         Ok(d) => d,
@@ -222,7 +223,7 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
         // that gave units back on a refund.
         let writes = !call.dryrun;
         let mut failed = false;
-        let mut effects = Effects::default();
+        let mut effects = Effects::new(Cmd::Multi, call.refund > 0);
         for i in 0..n {
             let (Some(Some(key)), Some(&slot), Some(d), Some(&name), Some(spec)) =
                 (keys.get_mut(i), slots.get(i), per.get(i), names.get(i), specs.get(i))
@@ -350,7 +351,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
 
     let mut per = [NO_DECISION; N];
     let mut failed = false;
-    let mut effects = Effects::default();
+    let mut effects = Effects::new(Cmd::Multi, false);
     for ((d, o), &name) in per.iter_mut().zip(open.iter_mut()).zip(names) {
         let Some((key, v)) = o else { continue };
         let new = match v {

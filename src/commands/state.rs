@@ -5,9 +5,13 @@
 use ratelimit_core::codec::{self, Effect};
 use ratelimit_core::slidinglog as sl;
 
+use std::ffi::CStr;
+
 use super::reply::STORE_FAILED;
+use super::{event, REFUND_EVENT};
 use crate::api::{Ctx, Key, Replied, Str};
 use crate::ffi;
+use crate::stats::Cmd;
 use crate::value::{Holds, Packable, TypedKey};
 
 /// `RL.STATE key payload`: set a limiter key to a replicated state, or apply
@@ -23,6 +27,7 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
         return ctx.reply_error(c"ERR invalid RL.STATE payload");
     };
     let mut key = ctx.open_key(name, false);
+    let event = effect_event(&effect);
     let ok = match effect {
         Effect::TokenBucket(s) => put(&mut key, s),
         Effect::SlidingCounter(s) => put(&mut key, s),
@@ -69,10 +74,25 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
                 key.set_abs_expire(abs);
             }
             key.signal_modified();
+            key.notify(event);
             drop(key);
             ctx.replicate_verbatim();
             ctx.reply_simple(c"OK")
         }
+    }
+}
+
+/// The keyspace event a replica (or AOF replay) emits for an effect: the
+/// event of the command that made it, as far as the payload tells: the
+/// limiter's kind for a whole state (whether the master ran the single
+/// command, RL.MULTI or a REFUND), `rl.slidinglog` for a log grant,
+/// `rl.refund` for a log refund.
+fn effect_event(effect: &Effect) -> &'static CStr {
+    match effect {
+        Effect::TokenBucket(_) => event(Cmd::TokenBucket, false),
+        Effect::SlidingCounter(_) => event(Cmd::SlidingCounter, false),
+        Effect::SlidingLog(_) | Effect::LogGrant(_) => event(Cmd::SlidingLog, false),
+        Effect::LogRefund(_) => REFUND_EVENT,
     }
 }
 
