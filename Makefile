@@ -92,11 +92,13 @@ check-steps: build venv dist client-lua
 # and the fuzz crates; clippy with warnings as errors over every target of
 # the workspace; ruff (ruff.toml) over the Python; ESLint's recommended rules
 # (tools/eslint, its own locked install) over every JavaScript file: the Node
-# client library, its tests and bench, and the Node example gateway.
-lint: deps venv tools/eslint/node_modules/.installed  ## rustfmt, clippy -D warnings, ruff, eslint
+# client library, its tests and bench, and the Node example gateway; the
+# layering of src/ (tools/layers.py: no cycle, no import of a higher layer).
+lint: deps venv tools/eslint/node_modules/.installed  ## rustfmt, clippy -D warnings, ruff, eslint, the layers of src/
 	$(CARGO) fmt --all --check
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
+	python3 tools/layers.py
 	$(VENV)/bin/ruff check .
 	tools/eslint/node_modules/.bin/eslint --config tools/eslint/eslint.config.js --max-warnings 0 .
 

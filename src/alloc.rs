@@ -11,6 +11,8 @@ use std::ffi::c_void;
 
 use redis_module::raw;
 
+use crate::ffi::opt;
+
 pub struct ModuleAlloc;
 
 /// Redis's allocator (jemalloc) aligns to 16 bytes; larger alignments go to
@@ -84,5 +86,28 @@ unsafe impl GlobalAlloc for ModuleAlloc {
                 None => System.realloc(ptr, layout, new_size),
             }
         }
+    }
+}
+
+/// The allocator's size for the block at `p` (allocated through Redis's
+/// allocator); 0 for NULL. Falls back to `fallback` where the server offers
+/// neither size function.
+///
+/// # Safety
+///
+/// `p` is NULL or a live block of the global allocator (Redis's allocator
+/// wherever the size functions are set: see above), not yet freed.
+#[inline]
+pub unsafe fn usable(p: *const c_void, fallback: usize) -> usize {
+    if p.is_null() {
+        return 0;
+    }
+    match (opt!(RedisModule_MallocUsableSize), opt!(RedisModule_MallocSize)) {
+        // SAFETY: where the size functions are set, the global allocator is
+        // Redis's (the API pointers are set before the module allocates), so
+        // `p` is a live block of the allocator they ask (the caller's
+        // guarantee); they only read its size.
+        (Some(f), _) | (None, Some(f)) => unsafe { f(p.cast_mut()) },
+        (None, None) => fallback,
     }
 }

@@ -69,6 +69,7 @@ pub static REQUIRED: &ApiTable = table![
     RedisModule_SetAbsExpire,
     RedisModule_SetExpire,
     RedisModule_SignalModifiedKey,
+    RedisModule_NotifyKeyspaceEvent,
     RedisModule_ReplicateVerbatim,
     RedisModule_Replicate,
     RedisModule_DeleteKey,

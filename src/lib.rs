@@ -1,19 +1,9 @@
-//! redis-ratelimit: native rate-limit commands for Redis.
+//! redis-ratelimit: native rate-limit commands for Redis and Valkey.
 //!
-//! Layout (see docs/architecture.md):
-//! - `crates/ratelimit-core` (`ratelimit_core`): the pure algorithms (token
-//!   bucket, sliding log, sliding counter) with their state types and
-//!   versioned encodings, argument parsing and the RL.STATE effect payload;
-//!   no Redis, no unsafe.
-//! - this crate, the glue: `clock.rs` (server clock), `ffi.rs` (raw API:
-//!   API presence checks), `api/` (the safe layer over the raw API: the
-//!   call context, arguments, keys, expiry, replies; load-time and timer
-//!   calls; the data-type and INFO callbacks' handles), `listeners.rs` (effect replication, skipped
-//!   when nothing can read it), `value.rs` (a state behind a key's value
-//!   pointer: compact or wide), `types.rs` (module data types),
-//!   `commands/` (handlers: the shared path in `mod.rs`, `single.rs`,
-//!   `multi.rs`, `state.rs` for RL.STATE, `reply.rs`), `stats.rs` (INFO),
-//!   and registration here.
+//! The map of this crate (its layers, which point one way, and the path of
+//! one request) is docs/architecture.md; `make lint` checks the layers
+//! (tools/layers.py). This file is the top layer: OnLoad's registration and
+//! the INFO callback.
 
 #![deny(unsafe_op_in_unsafe_fn)]
 #![deny(clippy::missing_safety_doc)]
@@ -52,7 +42,7 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if !types::publish_type_pointers() {
         return Status::Err;
     }
-    if !ctx.create_commands() {
+    if !cmdinfo::create(ctx) {
         return Status::Err;
     }
     // COMMAND DOCS, key specs, ACL categories (each where the server has it).
@@ -77,8 +67,23 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     // probe keys of the registered types (after the options, so that closing
     // them signals no modified key to WATCH or client tracking).
     memusage::init(ctx);
-    ctx.register_info_func();
+    // SAFETY: `info` is sound with any INFO context.
+    unsafe { ctx.register_info_func(info) };
     Status::Ok
+}
+
+/// The INFO callback: `INFO ratelimit` (the `ratelimit_module` and
+/// `ratelimit_stats` sections).
+///
+/// # Safety
+///
+/// `ctx` is the valid INFO context the server passes for this call (only
+/// the server calls this, from INFO or a crash report).
+unsafe extern "C" fn info(ctx: *mut raw::RedisModuleInfoCtx, _for_crash_report: c_int) {
+    // SAFETY: the server passed a valid INFO ctx for this call.
+    let ctx = unsafe { api::InfoCtx::from_raw(ctx) };
+    cmdinfo::info_section(ctx);
+    stats::info_section(ctx);
 }
 
 redis_module! {

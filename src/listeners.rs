@@ -1,10 +1,10 @@
 //! Does anything receive this server's replication stream?
 //!
 //! Every grant replicates its effect, `RL.STATE key payload`, with
-//! `RedisModule_Replicate`. On Redis 7.0 that call costs about a quarter of
-//! a granted request (docs/PROFILE.md) even when nothing listens: it
-//! resolves the command name and builds an argument vector before Redis
-//! finds that there is no replica, no replication backlog and no AOF.
+//! `RedisModule_Replicate`. That call is a large share of a granted request
+//! even when nothing listens (docs/architecture.md, "Where the instructions
+//! go"): it resolves the command name and builds an argument vector before
+//! Redis finds that there is no replica, no replication backlog and no AOF.
 //!
 //! Nothing lost by skipping it requires that nobody could ever read the
 //! stream entries skipped. The stream has three readers:
@@ -16,8 +16,8 @@
 //!   (Redis 7.0+ and Valkey: `feedAppendOnlyFile` feeds a waiting AOF only
 //!   while `child_type` is the AOF child; without that child it stays off),
 //!   and that fork fires the fork event below before the next command runs.
-//!   So the AOF costs no check per call (`RedisModule_GetContextFlags` was
-//!   ~80-140 instructions of every standalone grant);
+//!   So the AOF costs no check per call (no `RedisModule_GetContextFlags`
+//!   on the request path);
 //! - replicas and the backlog a replica can resynchronize from: checked from
 //!   `INFO replication` by a timer (`connected_slaves`, `repl_backlog_active`,
 //!   `role`), and assumed from the moment any of these events fires: a fork

@@ -19,49 +19,16 @@
 //! Where the probe cannot run or gives an implausible answer, the
 //! allocator's size of a 16-byte block (the `moduleValue`) stands in.
 
-use std::ffi::{c_int, c_void, CString};
+use std::ffi::{c_int, CString};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 use ratelimit_core::{tokenbucket as tb, PACK_EPOCH_US};
 use redis_module::raw;
 
-use crate::api::{CallReply, Ctx, OwnedString, Slot, Str};
+use crate::alloc::usable;
+use crate::api::{CallReply, Contents, Ctx, OwnedString, Str};
 use crate::ffi::opt;
-use crate::types::TOKENBUCKET_PTR;
-
-/// Bytes of a module key the server does not count: set at load;
-/// 0 where no server runs (unit tests), where the blocks' requested sizes
-/// stand in for their allocated ones as well.
-static WRAPPER: AtomicUsize = AtomicUsize::new(0);
-
-/// The allocator's size for the block at `p` (allocated through Redis's
-/// allocator); 0 for NULL. Falls back to `fallback` where the server offers
-/// neither size function.
-///
-/// # Safety
-///
-/// `p` is NULL or a live block of the global allocator (Redis's allocator
-/// wherever the size functions are set: see `alloc.rs`), not yet freed.
-#[inline]
-pub unsafe fn usable(p: *const c_void, fallback: usize) -> usize {
-    if p.is_null() {
-        return 0;
-    }
-    match (opt!(RedisModule_MallocUsableSize), opt!(RedisModule_MallocSize)) {
-        // SAFETY: where the size functions are set, the global allocator is
-        // Redis's (the API pointers are set before the module allocates), so
-        // `p` is a live block of the allocator they ask (the caller's
-        // guarantee); they only read its size.
-        (Some(f), _) | (None, Some(f)) => unsafe { f(p.cast_mut()) },
-        (None, None) => fallback,
-    }
-}
-
-/// The server's uncounted wrapper around one module value, in bytes.
-#[inline]
-pub fn wrapper() -> usize {
-    WRAPPER.load(Relaxed)
-}
+use crate::value::{set_wrapper, wrapper, TypedKey};
 
 /// Measure the wrapper once, at load, after the data types are registered.
 /// In cluster mode the probe needs a key in a slot this node serves (the
@@ -78,7 +45,7 @@ pub fn init(ctx: Ctx) {
     // read.
     let size = unsafe { usable((&raw const *block).cast(), 16) };
     drop(block);
-    WRAPPER.store(size.max(16), Relaxed);
+    set_wrapper(size.max(16));
     if !measure(ctx) {
         let cluster = ctx.context_flags() & raw::REDISMODULE_CTX_FLAGS_CLUSTER as c_int != 0;
         if cluster && ctx.create_timer(1000, retry) {
@@ -107,7 +74,7 @@ fn retry(ctx: Ctx) {
 /// through it).
 fn measure(ctx: Ctx) -> bool {
     let Some(w) = probe(ctx) else { return false };
-    WRAPPER.store(w, Relaxed);
+    set_wrapper(w);
     log(ctx, "that the server does not count (measured)");
     true
 }
@@ -212,7 +179,7 @@ fn uncounted(ctx: Ctx, name: Str) -> Option<i64> {
         if !key.is_open() {
             return None;
         }
-        if key.slot(TOKENBUCKET_PTR.load(Relaxed)) != Slot::Empty {
+        if key.contents() != Contents::Empty {
             return None;
         }
         let s = ctx.create_string(b"x");
@@ -226,12 +193,11 @@ fn uncounted(ctx: Ctx, name: Str) -> Option<i64> {
 }
 
 /// The measured step of [`uncounted`]: the key holds a string now. After
-/// the data types are registered (so that `TOKENBUCKET_PTR` is the token
-/// bucket's type).
+/// the data types are registered (so that the token bucket's type is set).
 fn overwrite(ctx: Ctx, name: Str) -> Option<i64> {
     let (as_string, before) = (memory_usage(ctx, name)?, used_memory(ctx)?);
     let state = tb::State { tokens: 1, frac: 0, den: 1000, last_us: PACK_EPOCH_US + 1 };
-    // On failure the value is freed (`Key::set_new`), and the key closed.
+    // On failure the value is freed (`TypedKey::set_new`), and the key closed.
     if !ctx.open_key(name, false).set_new(state) {
         return None;
     }

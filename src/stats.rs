@@ -7,9 +7,8 @@
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use redis_module::raw::RedisModuleInfoCtx;
-
 use crate::api::InfoCtx;
+use crate::listeners;
 
 #[derive(Clone, Copy)]
 pub enum Cmd {
@@ -63,16 +62,9 @@ fn bump(cmd: Cmd, column: usize) {
     }
 }
 
-/// The INFO callback (registered with `RedisModule_RegisterInfoFunc`).
-///
-/// # Safety
-///
-/// `ctx` is the valid INFO context the server passes for this call (only
-/// the server calls this, from INFO or a crash report).
-pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: std::ffi::c_int) {
-    // SAFETY: the server passed a valid INFO ctx for this call.
-    let ctx = unsafe { InfoCtx::from_raw(ctx) };
-    crate::cmdinfo::info_section(ctx);
+/// The `ratelimit_stats` INFO section: the counts, and whether grants
+/// replicate their effect.
+pub fn info_section(ctx: InfoCtx) {
     ctx.section(c"stats");
     for (names, counts) in NAMES.iter().zip(COUNTS.iter()) {
         for (name, c) in names.iter().zip(counts.iter()) {
@@ -81,5 +73,5 @@ pub unsafe extern "C" fn info(ctx: *mut RedisModuleInfoCtx, _for_crash_report: s
     }
     // 1 while grants replicate their effect (a replica, a backlog or the
     // AOF may read it), 0 while nothing can (see listeners.rs).
-    ctx.field_u64(c"effects_replicated", u64::from(crate::listeners::replicating()));
+    ctx.field_u64(c"effects_replicated", u64::from(listeners::replicating()));
 }

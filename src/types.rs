@@ -6,34 +6,29 @@
 
 use std::ffi::{c_int, c_void};
 use std::ptr;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::Ordering;
 
 use ratelimit_core::codec;
 use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError};
 use redis_module::native_types::RedisType;
-use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString, RedisModuleType};
+use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString};
 
 use crate::api::{Digest, Io, Str};
-use crate::value::{Packable, Value, ValueRef};
+use crate::value::{Packable, Value, ValueRef, SLIDINGCOUNTER_PTR, SLIDINGLOG_PTR, TOKENBUCKET_PTR};
 
 /// RDB encoding version of every type (the body carries its own version
 /// byte too, so a future change can be read side by side with this one).
 pub const ENCVER: i32 = 1;
 
 /// What each stored state provides to the generic callbacks. How it sits
-/// behind the key's value pointer (compact or wide) is `value.rs`'s concern.
+/// behind the key's value pointer (compact or wide), and which registered
+/// type holds it, is `value.rs`'s concern.
 pub trait Stored: Packable {
     /// Kind byte in an RL.STATE payload.
     const KIND: u8;
     fn encode_body(&self, out: &mut Vec<u8>);
     fn decode_body(bytes: &[u8]) -> Result<Self, DecodeError>;
-    /// The registered type.
-    fn redis_type() -> *mut RedisModuleType;
 }
-
-pub static TOKENBUCKET_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
-pub static SLIDINGLOG_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
-pub static SLIDINGCOUNTER_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 
 impl Stored for tb::State {
     const KIND: u8 = codec::KIND_TOKENBUCKET;
@@ -42,10 +37,6 @@ impl Stored for tb::State {
     }
     fn decode_body(bytes: &[u8]) -> Result<Self, DecodeError> {
         tb::State::decode(bytes)
-    }
-    #[inline]
-    fn redis_type() -> *mut RedisModuleType {
-        TOKENBUCKET_PTR.load(Ordering::Relaxed)
     }
 }
 
@@ -57,10 +48,6 @@ impl Stored for sc::State {
     fn decode_body(bytes: &[u8]) -> Result<Self, DecodeError> {
         sc::State::decode(bytes)
     }
-    #[inline]
-    fn redis_type() -> *mut RedisModuleType {
-        SLIDINGCOUNTER_PTR.load(Ordering::Relaxed)
-    }
 }
 
 impl Stored for sl::State {
@@ -70,10 +57,6 @@ impl Stored for sl::State {
     }
     fn decode_body(bytes: &[u8]) -> Result<Self, DecodeError> {
         sl::State::decode(bytes)
-    }
-    #[inline]
-    fn redis_type() -> *mut RedisModuleType {
-        SLIDINGLOG_PTR.load(Ordering::Relaxed)
     }
 }
 

@@ -13,15 +13,51 @@
 //! Redis never looks behind a module value pointer itself: it only hands it
 //! to the type callbacks (active defrag, with no `defrag` callback
 //! registered, moves only its own `moduleValue`), so the tag bit is ours.
+//!
+//! This is also the one place that claims "this key's value is a `T`": an
+//! open key ([`api::Key`]) reports the module type and value pointer it
+//! holds, and [`TypedKey`] checks the type against `T`'s registered one
+//! and casts the pointer, together.
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
+use std::ptr;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
 use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
+use redis_module::raw::RedisModuleType;
 
-/// A state that can sit behind a value pointer. A type with a two-word
-/// compact form overrides both functions; the defaults mean "always wide".
+use crate::alloc::usable;
+use crate::api::{self, Contents};
+
+/// The registered data types (set once at load by `types.rs`, read on the
+/// request path with one load).
+pub static TOKENBUCKET_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+pub static SLIDINGLOG_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+pub static SLIDINGCOUNTER_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+
+/// Bytes of a module key the server does not count in `MEMORY USAGE`,
+/// added to every value's size: measured at load (`memusage.rs`); 0 where
+/// no server runs (unit tests).
+static WRAPPER: AtomicUsize = AtomicUsize::new(0);
+
+/// The server's uncounted wrapper around one module value, in bytes.
+#[inline]
+pub fn wrapper() -> usize {
+    WRAPPER.load(Relaxed)
+}
+
+/// Set [`wrapper`] (at load, or from the deferred probe's timer).
+pub fn set_wrapper(bytes: usize) {
+    WRAPPER.store(bytes, Relaxed);
+}
+
+/// A state that can sit behind a value pointer of its registered type. A
+/// type with a two-word compact form overrides `pack` and `unpack`; the
+/// defaults mean "always wide".
 pub trait Packable: Sized + Clone {
+    /// The registered data type whose values hold this state.
+    fn redis_type() -> *mut RedisModuleType;
     /// The compact form, when this state fits it.
     fn pack(&self) -> Option<[u64; 2]> {
         None
@@ -43,6 +79,10 @@ pub trait Packable: Sized + Clone {
 
 impl Packable for tb::State {
     #[inline]
+    fn redis_type() -> *mut RedisModuleType {
+        TOKENBUCKET_PTR.load(Relaxed)
+    }
+    #[inline]
     fn pack(&self) -> Option<[u64; 2]> {
         tb::State::pack(self)
     }
@@ -54,6 +94,10 @@ impl Packable for tb::State {
 
 impl Packable for sc::State {
     #[inline]
+    fn redis_type() -> *mut RedisModuleType {
+        SLIDINGCOUNTER_PTR.load(Relaxed)
+    }
+    #[inline]
     fn pack(&self) -> Option<[u64; 2]> {
         sc::State::pack(self)
     }
@@ -64,6 +108,10 @@ impl Packable for sc::State {
 }
 
 impl Packable for sl::State {
+    #[inline]
+    fn redis_type() -> *mut RedisModuleType {
+        SLIDINGLOG_PTR.load(Relaxed)
+    }
     fn heap_bytes(&self) -> usize {
         sl::State::heap_bytes(self)
     }
@@ -222,7 +270,6 @@ impl<T: Packable> ValueRef<'_, T> {
 
     /// Bytes behind the pointer, for MEMORY USAGE.
     pub fn size(self) -> usize {
-        use crate::memusage::{usable, wrapper};
         // SAFETY: `w` is the live block `create` allocated for the words,
         // `b` a live boxed T from `create` (`from_raw`), only read here; it
         // and the heap block it owns (if any) are live allocations of the
@@ -236,6 +283,107 @@ impl<T: Packable> ValueRef<'_, T> {
                     wrapper() + usable(b.cast(), std::mem::size_of::<T>()) + heap
                 }
             }
+        }
+    }
+}
+
+/// What an open key holds, checked for a limiter type ([`TypedKey::holds`]):
+/// nothing, a value of that type, or anything else.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holds {
+    Empty,
+    Ours,
+    WrongType,
+}
+
+/// An open key's value as a limiter state: the type check and the pointer
+/// cast, in one place. The value is reached only through the key, so a
+/// borrow of it ends before the key is written, deleted or closed.
+pub trait TypedKey {
+    /// What the key holds, checked for the registered type `ty`.
+    fn holds(&mut self, ty: *mut RedisModuleType) -> Holds;
+    /// The address of the module value the key holds, 0 when it holds none:
+    /// two open keys whose values are at distinct nonzero addresses are
+    /// distinct keys (a key owns its value).
+    fn value_addr(&self) -> usize;
+    /// A copy of the state the key holds, if it holds a `T`.
+    fn read<T: Packable + Copy>(&self) -> Option<T>;
+    /// The state the key holds in place, if it holds a wide `T`.
+    fn wide_mut<T: Packable>(&mut self) -> Option<&mut T>;
+    /// Store `new` in the key: in place when it already holds `T` in a form
+    /// that can hold `new`, else as a new value.
+    fn store<T: Packable>(&mut self, new: T) -> bool;
+    /// Set the key to a new value holding `v`.
+    fn set_new<T: Packable>(&mut self, v: T) -> bool;
+}
+
+/// The value pointer if the key holds one of `T`'s registered type.
+#[inline]
+fn ours<T: Packable>(key: &api::Key) -> *mut c_void {
+    let (ty, val) = key.module_value();
+    if !val.is_null() && !ty.is_null() && ty == T::redis_type() {
+        val
+    } else {
+        ptr::null_mut()
+    }
+}
+
+impl TypedKey for api::Key<'_> {
+    #[inline]
+    fn holds(&mut self, ty: *mut RedisModuleType) -> Holds {
+        match self.contents() {
+            Contents::Empty => Holds::Empty,
+            Contents::Module(t, v) if t == ty && !ty.is_null() && !v.is_null() => Holds::Ours,
+            Contents::Module(..) | Contents::Other => Holds::WrongType,
+        }
+    }
+
+    #[inline]
+    fn value_addr(&self) -> usize {
+        self.module_value().1.addr()
+    }
+
+    #[inline]
+    fn read<T: Packable + Copy>(&self) -> Option<T> {
+        // SAFETY: `ours` is NULL or the key's value of `T`'s registered
+        // type, which every value of that type is laid out as (made by
+        // `Value::create` for `T`), alive while the key is open.
+        unsafe { ValueRef::<T>::from_raw(ours::<T>(self)) }.with(|v| *v)
+    }
+
+    #[inline]
+    fn wide_mut<T: Packable>(&mut self) -> Option<&mut T> {
+        // SAFETY: as in `read`; the borrow of the key keeps the value alive
+        // and unaliased while the reference is used (the value is reached
+        // only through the key).
+        unsafe { ValueMut::<T>::from_raw(ours::<T>(self)) }?.wide()
+    }
+
+    #[inline]
+    fn store<T: Packable>(&mut self, new: T) -> bool {
+        // SAFETY: as in `wide_mut`.
+        let new = match unsafe { ValueMut::<T>::from_raw(ours::<T>(self)) } {
+            None => new,
+            Some(v) => match v.overwrite(new) {
+                Ok(()) => return true,
+                Err(v) => v,
+            },
+        };
+        self.set_new(new)
+    }
+
+    #[inline]
+    fn set_new<T: Packable>(&mut self, v: T) -> bool {
+        let p = Value::create(v);
+        // SAFETY: `p`, made by `Value::create` for `T`, is what the
+        // callbacks of `T`'s registered type take; on failure nobody owns
+        // it, and it is freed once here.
+        unsafe {
+            let ok = self.set_module_value(T::redis_type(), p);
+            if !ok {
+                Value::<T>::free(p);
+            }
+            ok
         }
     }
 }

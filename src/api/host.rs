@@ -8,12 +8,14 @@
 use std::ffi::{c_int, c_void, CStr};
 use std::marker::PhantomData;
 
-use redis_module::raw::{self, RedisModuleCommand, RedisModuleCtx, RedisModuleEvent};
-use redis_module::raw::{RedisModuleServerInfoData, RedisModuleString};
+use redis_module::raw::{self, RedisModuleCommand, RedisModuleCommandInfo, RedisModuleCtx, RedisModuleEvent};
+use redis_module::raw::{RedisModuleInfoCtx, RedisModuleServerInfoData, RedisModuleString};
 
 use super::{Ctx, Handle, Key, Str};
-use crate::cmdinfo::CommandInfo;
 use crate::ffi::{api, opt, OK};
+
+/// The INFO callback the server calls (`RedisModule_RegisterInfoFunc`).
+pub type InfoFn = unsafe extern "C" fn(*mut RedisModuleInfoCtx, c_int);
 
 /// A server-event callback: it reads none of its arguments, so it is a safe
 /// function (the server calls it with the event's own data).
@@ -153,25 +155,37 @@ impl<'a> Ctx<'a> {
         unsafe { api!(RedisModule_SetModuleOptions)(self.raw, options) };
     }
 
-    /// Create every command of the table (`cmdinfo::COMMANDS`; OnLoad).
-    /// True when the server accepted them all.
-    pub fn create_commands(self) -> bool {
+    /// Create the command `name` (OnLoad), Redis calling `handler` for it,
+    /// with the `CreateCommand` flags and key range given. True when the
+    /// server accepted it.
+    ///
+    /// # Safety
+    ///
+    /// `handler` is sound for any call of the command the server makes (an
+    /// `api::entry!` command function).
+    pub unsafe fn create_command(
+        self,
+        name: &CStr,
+        handler: raw::RedisModuleCmdFunc,
+        flags: &CStr,
+        first_key: c_int,
+    ) -> bool {
         let Some(create) = opt!(RedisModule_CreateCommand) else { return false };
-        crate::cmdinfo::COMMANDS.iter().all(|d| {
-            let k = d.first_key();
-            // SAFETY: a live ctx; the name and flags are NUL-terminated
-            // statics; every handler of the table is an `api::entry!`
-            // command function.
-            (unsafe { create(self.raw, d.name.as_ptr(), d.handler, d.flags.as_ptr(), k, k, k) }) == OK
-        })
+        let k = first_key;
+        // SAFETY: a live ctx; the name and flags are NUL-terminated (the
+        // server copies them); the handler is sound (the caller's contract).
+        (unsafe { create(self.raw, name.as_ptr(), handler, flags.as_ptr(), k, k, k) }) == OK
     }
 
-    /// Register the INFO callback, `stats::info` (OnLoad).
-    pub fn register_info_func(self) {
+    /// Register the INFO callback `f` (OnLoad).
+    ///
+    /// # Safety
+    ///
+    /// `f` is sound with any INFO context the server passes it.
+    pub unsafe fn register_info_func(self, f: InfoFn) {
         if let Some(register) = opt!(RedisModule_RegisterInfoFunc) {
-            // SAFETY: a live ctx; `stats::info` is the INFO callback, sound
-            // with any INFO context.
-            unsafe { register(self.raw, Some(crate::stats::info)) };
+            // SAFETY: a live ctx; `f` is sound (the caller's contract).
+            unsafe { register(self.raw, Some(f)) };
         }
     }
 
@@ -206,12 +220,16 @@ impl Command<'_> {
 
     /// Set the command's docs and key specs; None where the server lacks
     /// the API, else whether it accepted them.
-    pub fn set_info(&self, info: &CommandInfo) -> Option<bool> {
+    ///
+    /// # Safety
+    ///
+    /// Every pointer in `info` is valid and every list in it terminated for
+    /// the call (the server copies them).
+    pub unsafe fn set_info(&self, info: &RedisModuleCommandInfo) -> Option<bool> {
         let set = opt!(RedisModule_SetCommandInfo)?;
-        // SAFETY: a command GetCommand returned; every pointer in a
-        // `CommandInfo` is valid and every list in it terminated while it
-        // lives (cmdinfo/cstruct.rs builds it so); the server copies them.
-        Some(unsafe { set(self.raw, info.raw()) } == OK)
+        // SAFETY: a command GetCommand returned, and a valid description
+        // (the caller's contract).
+        Some(unsafe { set(self.raw, std::ptr::from_ref(info).cast_mut()) } == OK)
     }
 }
 

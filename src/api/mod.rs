@@ -5,9 +5,10 @@
 //! - this file: a command call's context ([`Ctx`]), its arguments ([`Str`]),
 //!   an open key ([`Key`]) and the reply writers (no allocation, no
 //!   formatting: the request path); a handler is a plain safe
-//!   `fn(Ctx, &[Str]) -> c_int`, turned into the `extern "C"` function Redis
-//!   calls by [`entry!`], which creates the context once, slices the
-//!   arguments and keeps the panic guard at the FFI boundary;
+//!   `fn(Ctx, &[Str]) -> Replied`, turned into the `extern "C"` function
+//!   Redis calls by [`entry!`], which creates the context once, slices the
+//!   arguments, keeps the panic guard at the FFI boundary and turns the
+//!   [`Replied`] token into the status;
 //! - `host.rs`: what load-time and timer code asks of the server through a
 //!   [`Ctx`] (registration, options, events, timers, logging, INFO fields,
 //!   strings the module owns, `MEMORY USAGE`);
@@ -29,8 +30,6 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use redis_module::raw::{self, RedisModuleCtx, RedisModuleKey, RedisModuleString, RedisModuleType};
 
 use crate::ffi::{api, OK};
-use crate::types::Stored;
-use crate::value::{Value, ValueMut, ValueRef};
 
 /// Largest absolute expiry we hand to Redis (ms since the epoch, ~146
 /// million years): far beyond any real reset, and `mstime() + ttl` cannot
@@ -78,8 +77,15 @@ pub type Ctx<'a> = Handle<'a, RedisModuleCtx>;
 /// call's duration), or a string this module owns ([`OwnedString`]).
 pub type Str<'a> = Handle<'a, RedisModuleString>;
 
+/// Proof that the call's reply was sent: only the reply methods of this
+/// module make one (its field is private), so a handler, which must return
+/// one, cannot return without answering. A failure before the reply is an
+/// `Err(Replied)` (the error reply is sent). Zero-sized: it costs nothing.
+#[must_use = "a handler returns the token of its reply"]
+pub struct Replied(());
+
 /// The `extern "C"` command function Redis registers for the safe handler
-/// `$f: fn(Ctx, &[Str]) -> c_int`.
+/// `$f: fn(Ctx, &[Str]) -> Replied`.
 macro_rules! entry {
     ($f:path) => {{
         /// The command function Redis calls for this command.
@@ -103,7 +109,7 @@ macro_rules! entry {
         Some(entry as _)
     }};
     // A command registered with `getkeys-api`: `$keys`, a safe
-    // `fn(Ctx, &[Str]) -> c_int` that cannot panic (it only reads and
+    // `fn(Ctx, &[Str]) -> Replied` that cannot panic (it only reads and
     // reports positions), answers the server's key-position requests before
     // the panic guard and the handler; `$f` runs every other call.
     ($f:path, keys = $keys:path) => {{
@@ -120,7 +126,7 @@ macro_rules! entry {
             // SAFETY: as in `entry!($f)`.
             let (ctx, args) = unsafe { $crate::api::call_args(ctx, argv, argc) };
             if ctx.is_keys_position_request() {
-                return $keys(ctx, args);
+                return $crate::api::status($keys(ctx, args));
             }
             $crate::api::run(ctx, args, $f)
         }
@@ -155,13 +161,20 @@ pub unsafe fn call_args<'a>(
 
 /// Run the handler `f` on the call `(ctx, args)`; a panic (a bug: none is
 /// reachable by design) answers an error instead of unwinding into Redis,
-/// which would abort the server.
+/// which would abort the server. The command's status: OK once replied.
 #[inline(always)]
-pub fn run<'a>(ctx: Ctx<'a>, args: &'a [Str<'a>], f: impl FnOnce(Ctx<'a>, &'a [Str<'a>]) -> c_int) -> c_int {
-    match catch_unwind(AssertUnwindSafe(|| f(ctx, args))) {
-        Ok(rc) => rc,
+pub fn run<'a>(ctx: Ctx<'a>, args: &'a [Str<'a>], f: impl FnOnce(Ctx<'a>, &'a [Str<'a>]) -> Replied) -> c_int {
+    let replied = match catch_unwind(AssertUnwindSafe(|| f(ctx, args))) {
+        Ok(r) => r,
         Err(_) => ctx.reply_error(c"ERR ratelimit internal error"),
-    }
+    };
+    status(replied)
+}
+
+/// The status a command function returns once its reply is sent (`entry!`).
+#[inline(always)]
+pub fn status(_: Replied) -> c_int {
+    OK
 }
 
 impl<'a> Str<'a> {
@@ -186,52 +199,44 @@ impl<'a> Str<'a> {
 }
 
 impl<'a> Ctx<'a> {
-    /// Answer the error `msg`; the handler's return code.
+    /// Answer the error `msg`.
     #[inline]
-    pub fn reply_error(self, msg: &CStr) -> c_int {
+    pub fn reply_error(self, msg: &CStr) -> Replied {
         // SAFETY: a live call context (`run`) and a NUL-terminated text.
         unsafe { api!(RedisModule_ReplyWithError)(self.raw, msg.as_ptr()) };
-        OK
+        Replied(())
     }
 
     /// Answer Redis's wrong-number-of-arguments error.
     #[inline]
-    pub fn wrong_arity(self) -> c_int {
+    pub fn wrong_arity(self) -> Replied {
         // SAFETY: a live call context.
         unsafe { api!(RedisModule_WrongArity)(self.raw) };
-        OK
+        Replied(())
     }
 
     /// Answer the simple string `msg`.
     #[inline]
-    pub fn reply_simple(self, msg: &CStr) -> c_int {
+    pub fn reply_simple(self, msg: &CStr) -> Replied {
         // SAFETY: a live call context and a NUL-terminated text.
         unsafe { api!(RedisModule_ReplyWithSimpleString)(self.raw, msg.as_ptr()) };
-        OK
+        Replied(())
     }
 
     /// The five-integer reply.
     #[inline]
-    pub fn reply_ints(self, vals: [i64; 5]) -> c_int {
-        self.reply_array(vals.len());
-        for v in vals {
-            self.reply_int(v);
-        }
-        OK
+    pub fn reply_ints(self, vals: [i64; 5]) -> Replied {
+        Elements { ctx: self }.ints(vals);
+        Replied(())
     }
 
-    /// An array reply header of `len` elements.
-    #[inline]
-    pub fn reply_array(self, len: usize) {
-        // SAFETY: a live call context.
-        unsafe { api!(RedisModule_ReplyWithArray)(self.raw, len as c_long) };
-    }
-
-    /// One integer reply element.
-    #[inline]
-    pub fn reply_int(self, v: i64) {
-        // SAFETY: a live call context.
-        unsafe { api!(RedisModule_ReplyWithLongLong)(self.raw, v as c_longlong) };
+    /// An array reply of `len` elements, which `elems` writes.
+    #[inline(always)]
+    pub fn reply_array(self, len: usize, elems: impl FnOnce(Elements<'a>)) -> Replied {
+        let e = Elements { ctx: self };
+        e.array_header(len);
+        elems(e);
+        Replied(())
     }
 
     /// Is this call Redis asking for the key positions (a command registered
@@ -242,20 +247,23 @@ impl<'a> Ctx<'a> {
         unsafe { api!(RedisModule_IsKeysPositionRequest)(self.raw) != 0 }
     }
 
-    /// Report argument `pos` as a key (to a key position request), with the
-    /// flags `RedisModule_KeyAtPos` gives (read-write, access, update: the
-    /// flags of RL.MULTI's key spec). Valkey 9.1, which asks on every
-    /// request to prefetch the keys, stores these flags as given, where
-    /// `KeyAtPos` converts its default (~97 instructions a key); Redis
-    /// converts them once here, twice in `KeyAtPos`.
+    /// Answer a key position request: the arguments at `positions` are
+    /// keys, with the flags `RedisModule_KeyAtPos` gives (read-write,
+    /// access, update: the flags of RL.MULTI's key spec). Valkey 9.1, which
+    /// asks on every request to prefetch the keys, stores these flags as
+    /// given, where `KeyAtPos` converts its default; Redis converts them
+    /// once here, twice in `KeyAtPos`.
     #[inline]
-    pub fn key_at_pos(self, pos: usize) {
+    pub fn reply_keys_at(self, positions: std::ops::Range<usize>) -> Replied {
         const FULL_ACCESS: c_int =
             (raw::REDISMODULE_CMD_KEY_RW | raw::REDISMODULE_CMD_KEY_ACCESS | raw::REDISMODULE_CMD_KEY_UPDATE) as c_int;
-        if let Ok(pos) = c_int::try_from(pos) {
-            // SAFETY: a live call context.
-            unsafe { api!(RedisModule_KeyAtPosWithFlags)(self.raw, pos, FULL_ACCESS) };
+        for pos in positions {
+            if let Ok(pos) = c_int::try_from(pos) {
+                // SAFETY: a live call context.
+                unsafe { api!(RedisModule_KeyAtPosWithFlags)(self.raw, pos, FULL_ACCESS) };
+            }
         }
+        Replied(())
     }
 
     /// Open `name` for reading, and for writing unless `read_only`.
@@ -302,134 +310,116 @@ impl<'a> Ctx<'a> {
     }
 }
 
-/// What an opened key holds (after [`Key::slot`]): nothing, a value of the
-/// type asked for, or anything else.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Slot {
-    Empty,
-    Ours,
-    WrongType,
+/// The elements of an array reply being written ([`Ctx::reply_array`]).
+#[derive(Clone, Copy)]
+pub struct Elements<'a> {
+    ctx: Ctx<'a>,
 }
 
-/// An open key, closed on drop. After [`Key::slot`] it remembers the value
-/// of our type it holds; the value is reached only through the key, so a
-/// borrow of it ends before the key is written, deleted or closed.
+impl Elements<'_> {
+    #[inline(always)]
+    fn array_header(self, len: usize) {
+        // SAFETY: a live call context.
+        unsafe { api!(RedisModule_ReplyWithArray)(self.ctx.raw, len as c_long) };
+    }
+
+    /// One integer element.
+    #[inline(always)]
+    pub fn int(self, v: i64) {
+        // SAFETY: a live call context.
+        unsafe { api!(RedisModule_ReplyWithLongLong)(self.ctx.raw, v as c_longlong) };
+    }
+
+    /// An element that is an array of five integers.
+    #[inline(always)]
+    pub fn ints(self, vals: [i64; 5]) {
+        self.array_header(vals.len());
+        for v in vals {
+            self.int(v);
+        }
+    }
+
+    /// An element that is an array of `len` elements, which `elems` writes.
+    #[inline(always)]
+    pub fn array(self, len: usize, elems: impl FnOnce(Self)) {
+        self.array_header(len);
+        elems(self);
+    }
+}
+
+/// What an open key holds, as the server reports it ([`Key::contents`]);
+/// whether a module value is a limiter state of some type, and which,
+/// `value.rs` decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Contents {
+    /// No value (or the key could not be opened).
+    Empty,
+    /// A value of a module data type: its type and its value pointer.
+    Module(*mut RedisModuleType, *mut c_void),
+    /// A value of another kind (a string, a list, ...).
+    Other,
+}
+
+/// An open key, closed on drop. It remembers the module value it was last
+/// seen holding ([`Key::contents`]) or was given ([`Key::set_module_value`]),
+/// so that the value is read from the server once.
 pub struct Key<'a> {
     ctx: Ctx<'a>,
     key: *mut RedisModuleKey,
     name: Str<'a>,
-    /// The type `slot` checked for, and the value (non-NULL only when the
-    /// key holds one of that type).
+    /// The module type and value the key holds, NULL when none is known.
     ty: *mut RedisModuleType,
     val: *mut c_void,
 }
 
 impl Key<'_> {
-    /// What the key holds, checking for our type `ty`.
+    /// What the key holds (remembered for [`Key::module_value`]).
     #[inline]
-    pub fn slot(&mut self, ty: *mut RedisModuleType) -> Slot {
-        self.ty = ty;
+    pub fn contents(&mut self) -> Contents {
+        self.ty = std::ptr::null_mut();
         self.val = std::ptr::null_mut();
         if self.key.is_null() {
-            return Slot::Empty;
+            return Contents::Empty;
         }
         // SAFETY: an open key of a live call (the three calls).
         unsafe {
             let kt = api!(RedisModule_KeyType)(self.key);
             if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
-                return Slot::Empty;
+                return Contents::Empty;
             }
             if kt as isize != raw::REDISMODULE_KEYTYPE_MODULE {
-                return Slot::WrongType;
+                return Contents::Other;
             }
-            if api!(RedisModule_ModuleTypeGetType)(self.key) != ty || ty.is_null() {
-                return Slot::WrongType;
-            }
-            let v = api!(RedisModule_ModuleTypeGetValue)(self.key);
-            if v.is_null() {
-                Slot::WrongType
-            } else {
-                self.val = v;
-                Slot::Ours
-            }
+            self.ty = api!(RedisModule_ModuleTypeGetType)(self.key);
+            self.val = api!(RedisModule_ModuleTypeGetValue)(self.key);
         }
+        Contents::Module(self.ty, self.val)
     }
 
-    /// The address of the value of the type [`Key::slot`] checked for that
-    /// the key holds, 0 when it holds none: two open keys whose values are
-    /// at distinct nonzero addresses are distinct keys (a key owns its
-    /// value).
+    /// The module type and value pointer the key holds, as last seen by
+    /// [`Key::contents`] or set by [`Key::set_module_value`]; NULL pointers
+    /// when it holds none, or is deleted.
     #[inline]
-    pub fn value_addr(&self) -> usize {
-        self.val.addr()
+    pub fn module_value(&self) -> (*mut RedisModuleType, *mut c_void) {
+        (self.ty, self.val)
     }
 
-    /// The value pointer if the key holds one of `T`'s type.
+    /// Set the key's value to `p`, a value of the module type `ty`. True
+    /// when the key took it.
+    ///
+    /// # Safety
+    ///
+    /// `p` is a value pointer the callbacks of `ty` accept; on success the
+    /// key owns it, else the caller still does.
     #[inline]
-    fn ours<T: Stored>(&self) -> *mut c_void {
-        if !self.val.is_null() && self.ty == T::redis_type() {
-            self.val
-        } else {
-            std::ptr::null_mut()
+    pub unsafe fn set_module_value(&mut self, ty: *mut RedisModuleType, p: *mut c_void) -> bool {
+        // SAFETY: an open key; `p` a value of `ty` (the caller's contract).
+        let ok = !self.key.is_null() && unsafe { api!(RedisModule_ModuleTypeSetValue)(self.key, ty, p) } == OK;
+        if ok {
+            self.ty = ty;
+            self.val = p;
         }
-    }
-
-    /// A copy of the state the key holds, if it holds a `T`.
-    #[inline]
-    pub fn read<T: Stored + Copy>(&self) -> Option<T> {
-        let p = self.ours::<T>();
-        // SAFETY: `p` is NULL or the key's value of `T`'s type, which
-        // `T::redis_type()` values are laid out as (`value.rs`), alive while
-        // the key is open.
-        unsafe { ValueRef::<T>::from_raw(p) }.with(|v| *v)
-    }
-
-    /// The value of `T`'s type the key holds, borrowed with the key.
-    #[inline]
-    fn ours_mut<T: Stored>(&mut self) -> Option<ValueMut<'_, T>> {
-        // SAFETY: as in `read`; the borrow of `self` keeps the value alive
-        // and unaliased while the handle is used (the value is reached only
-        // through the key).
-        unsafe { ValueMut::from_raw(self.ours::<T>()) }
-    }
-
-    /// The state the key holds in place, if it holds a wide `T`.
-    #[inline]
-    pub fn wide_mut<T: Stored>(&mut self) -> Option<&mut T> {
-        self.ours_mut::<T>()?.wide()
-    }
-
-    /// Store `new` in the key: in place when it already holds `T` in a form
-    /// that can hold `new`, else as a new value.
-    #[inline]
-    pub fn store<T: Stored>(&mut self, new: T) -> bool {
-        let new = match self.ours_mut::<T>() {
-            None => new,
-            Some(v) => match v.overwrite(new) {
-                Ok(()) => return true,
-                Err(v) => v,
-            },
-        };
-        self.set_new(new)
-    }
-
-    /// Set the key to a new value holding `v`.
-    #[inline]
-    pub fn set_new<T: Stored>(&mut self, v: T) -> bool {
-        let p = Value::create(v);
-        let ty = T::redis_type();
-        // SAFETY: an open key; on success the key owns `p`, else nobody
-        // does, and `p`, made by `Value::create`, is freed once here.
-        unsafe {
-            let ok = !self.key.is_null() && api!(RedisModule_ModuleTypeSetValue)(self.key, ty, p) == OK;
-            if ok {
-                self.ty = ty;
-                self.val = p;
-            } else {
-                Value::<T>::free(p);
-            }
-            ok
-        }
+        ok
     }
 
     /// Set the key's absolute expiry (Unix ms) exactly: the same value on
@@ -452,9 +442,27 @@ impl Key<'_> {
     /// deleted.
     #[inline]
     pub fn delete(&mut self) -> bool {
+        self.ty = std::ptr::null_mut();
         self.val = std::ptr::null_mut();
         // SAFETY: an open key of a live call.
         !self.key.is_null() && unsafe { api!(RedisModule_DeleteKey)(self.key) } == OK
+    }
+
+    /// Emit the keyspace event `event` of the module class (`d` in
+    /// `notify-keyspace-events`) for this key: the server drops it at once
+    /// when nothing listens.
+    #[inline]
+    pub fn notify(&self, event: &'static CStr) {
+        // SAFETY: a live call context and argument; a NUL-terminated static
+        // name, which the server only reads.
+        unsafe {
+            api!(RedisModule_NotifyKeyspaceEvent)(
+                self.ctx.raw,
+                raw::REDISMODULE_NOTIFY_MODULE as c_int,
+                event.as_ptr(),
+                self.name.raw,
+            )
+        };
     }
 
     /// Tell Redis the key changed (WATCH, client-side caching). The module

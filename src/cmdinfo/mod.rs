@@ -40,7 +40,7 @@ use redis_module::raw;
 use crate::api::Ctx;
 use crate::ffi::opt;
 
-pub use self::cstruct::CommandInfo;
+use self::cstruct::CommandInfo;
 use self::dsl::{arg, int, key, opt_flag, opt_int, Arg, Ty};
 pub use self::info::info_section;
 use self::info::{ACL_SET, CATEGORY_SET, DOCS_SET};
@@ -260,6 +260,14 @@ pub static COMMANDS: [Doc; 5] = [
     },
 ];
 
+/// Create every command of the table (OnLoad). True when the server
+/// accepted them all.
+pub fn create(ctx: Ctx) -> bool {
+    // SAFETY: every handler of the table is an `api::entry!` command
+    // function, sound for any call of its command.
+    COMMANDS.iter().all(|d| unsafe { ctx.create_command(d.name, d.handler, d.flags, d.first_key()) })
+}
+
 /// The ACL category of the user-facing commands.
 pub const CATEGORY: &CStr = c"ratelimit";
 
@@ -283,7 +291,10 @@ pub fn register(ctx: Ctx) -> bool {
             return false;
         };
         if opt!(RedisModule_SetCommandInfo).is_some() {
-            if cmd.set_info(&CommandInfo::new(d)) != Some(true) {
+            let info = CommandInfo::new(d);
+            // SAFETY: every pointer in a `CommandInfo` is valid and every
+            // list in it terminated while it lives (cstruct.rs builds it so).
+            if unsafe { cmd.set_info(info.raw()) } != Some(true) {
                 ctx.log(c"warning", c"ratelimit: the server refused a command's COMMAND DOCS / key specs");
                 return false;
             }

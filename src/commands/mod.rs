@@ -1,22 +1,27 @@
-//! The command handlers: parse, read the key once, decide with the pure
-//! core, and only when units were granted (and not DRYRUN) write once, set
-//! the expiry and replicate the effect. Registered with the raw API so that a
-//! request costs no heap allocation for arguments or the reply.
+//! The command handlers. A request reads in one direction: parse (the
+//! handler's file, over `ratelimit_core::args`), open the key and read its
+//! state once (`api`, `value`), decide (the pure core), commit ([`write`]
+//! here: store, expire, signal, notify, replicate) and reply (`reply.rs`).
+//! Only a call that changed a limiter writes: nothing for a denial, COST 0
+//! or DRYRUN. Registered with the raw API so that a request costs no heap
+//! allocation for arguments or the reply.
 //!
 //! # Parts
 //!
-//! - this file: the path every handler shares: the argument parse, the
-//!   expiry of a written state, the commit step (expire, signal,
-//!   replicate), the write decision and the delete of a refunded key;
-//! - [`single`]: RL.TOKENBUCKET, RL.SLIDINGCOUNTER and RL.SLIDINGLOG;
+//! - this file: the commit step every handler shares ([`write`], and its
+//!   parts [`commit`] and [`delete`], which RL.MULTI calls per key) and the
+//!   keyspace event each write emits;
+//! - [`single`]: RL.TOKENBUCKET, RL.SLIDINGCOUNTER and RL.SLIDINGLOG, with
+//!   their argument parse;
 //! - [`multi`]: RL.MULTI (several limits at one clock reading, all or
 //!   nothing);
 //! - [`state`]: RL.STATE, the effect command replicas and AOF replay run;
 //! - [`reply`]: error texts and the reply writers (with the INFO counts).
 //!
 //! The handlers are safe code over `crate::api` (context, arguments, keys,
-//! replies); `lib.rs` turns each into the `extern "C"` function Redis
-//! calls with `api::entry!`, which keeps the panic guard.
+//! replies) and `crate::value` (a key's limiter state); `cmdinfo/` turns
+//! each into the `extern "C"` function Redis calls with `api::entry!`, which
+//! keeps the panic guard.
 
 mod multi;
 mod reply;
@@ -27,44 +32,34 @@ pub use multi::{multi, multi_keys};
 pub use single::{slidingcounter, slidinglog, tokenbucket};
 pub use state::state;
 
-use std::ffi::c_int;
+use std::ffi::CStr;
 
-use ratelimit_core::args::{self, Arg, Call};
+use ratelimit_core::args::Call;
 use ratelimit_core::Decision;
 
-use self::reply::reply_arg_error;
-use crate::api::{Ctx, Key, Str};
+use self::reply::STORE_FAILED;
+use crate::api::{Ctx, Key, Replied, Str};
 use crate::listeners;
+use crate::stats::Cmd;
 
-/// Parse `key <positional> [options]`; on error the reply is already sent.
-/// A call of the numbers only (the common one: the argument count says so)
-/// reads them straight into the call (`args::parse_exact`, the same
-/// result); any other goes through the full parser.
-#[inline(always)]
-pub(super) fn parse<'a>(ctx: Ctx<'a>, argv: &[Str<'a>], positional: &[Arg]) -> Result<(Str<'a>, Call), c_int> {
-    let (Some(&key), Some(rest)) = (argv.get(1), argv.get(2..)) else {
-        return Err(ctx.wrong_arity());
-    };
-    let parsed = if rest.len() == positional.len() && rest.len() <= 3 {
-        let mut nums: [&[u8]; 3] = [&[]; 3];
-        for (b, &s) in nums.iter_mut().zip(rest) {
-            *b = s.bytes();
-        }
-        args::parse_exact(&nums[..rest.len()], positional)
-    } else {
-        parse_general(rest, positional)
-    };
-    match parsed {
-        Ok(call) => Ok((key, call)),
-        Err(e) => Err(reply_arg_error(ctx, e)),
+/// The keyspace event of a write (module class, `d`): the command's name,
+/// or `rl.refund` for a REFUND that gave units back. Static C strings: an
+/// event costs no formatting.
+#[inline]
+pub(super) fn event(cmd: Cmd, refund: bool) -> &'static CStr {
+    if refund {
+        return REFUND_EVENT;
+    }
+    match cmd {
+        Cmd::TokenBucket => c"rl.tokenbucket",
+        Cmd::SlidingLog => c"rl.slidinglog",
+        Cmd::SlidingCounter => c"rl.slidingcounter",
+        Cmd::Multi => c"rl.multi",
     }
 }
 
-/// The full parser, for calls with options (kept out of line).
-#[inline(never)]
-fn parse_general(rest: &[Str], positional: &[Arg]) -> Result<Call, args::ArgError> {
-    args::parse(rest.iter().map(|&s| s.bytes()), positional)
-}
+/// The event of a REFUND write (a key stored or deleted).
+pub(super) const REFUND_EVENT: &CStr = c"rl.refund";
 
 /// Absolute expiry (Unix ms) for a state written at `now_us` whose reset is
 /// `reset_ms` away (the cores measure waits from the real clock, also when
@@ -77,20 +72,30 @@ pub(super) fn abs_expiry(now_us: u64, reset_ms: u64) -> u64 {
     (now_us / 1000).saturating_add(reset_ms)
 }
 
-/// How a call's written keys replicate: whether anything can read effects
-/// is read once per call, at its first written key; where nothing can, the
-/// command itself is replicated once for the call, not once per written
-/// key (a second copy would only cost a MULTI/EXEC wrap).
-#[derive(Default)]
+/// What a call's written keys emit: the keyspace event of the call, and
+/// how they replicate: whether anything can read effects is read once per
+/// call, at its first written key; where nothing can, the command itself is
+/// replicated once for the call, not once per written key (a second copy
+/// would only cost a MULTI/EXEC wrap).
 pub(super) struct Effects {
+    event: &'static CStr,
     listen: Option<bool>,
     verbatim: bool,
 }
 
+impl Effects {
+    /// For the writes of one call of `cmd` (a refund when `refund`).
+    #[inline]
+    pub(super) fn new(cmd: Cmd, refund: bool) -> Effects {
+        Effects { event: event(cmd, refund), listen: None, verbatim: false }
+    }
+}
+
 /// After a state was stored: the key expires when the limiter is fresh
-/// again (`reset_ms` from `now_us`), is signalled modified, and the effect
-/// `payload(abs)` is replicated (skipped where nothing reads it: see
-/// [`Effects`]). Every command that writes a limiter commits it here.
+/// again (`reset_ms` from `now_us`), is signalled modified, emits the
+/// call's keyspace event, and the effect `payload(abs)` is replicated
+/// (skipped where nothing reads it: see [`Effects`]). Every command that
+/// writes a limiter commits it here.
 #[inline(always)]
 pub(super) fn commit<'a, P: AsRef<[u8]>>(
     ctx: Ctx<'a>,
@@ -104,6 +109,7 @@ pub(super) fn commit<'a, P: AsRef<[u8]>>(
     let abs = abs_expiry(now_us, reset_ms);
     key.set_abs_expire(abs);
     key.signal_modified();
+    key.notify(effects.event);
     if *effects.listen.get_or_insert_with(listeners::must_replicate) {
         ctx.replicate_state(name, payload(abs).as_ref());
     } else if !effects.verbatim {
@@ -115,33 +121,66 @@ pub(super) fn commit<'a, P: AsRef<[u8]>>(
 /// The write a decided call makes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Write {
-    /// Nothing to write: denied, COST 0 or DRYRUN.
+    /// Nothing: denied, COST 0, DRYRUN, or a refund that gave nothing back.
     None,
-    /// The grant was stored: expire, signal and replicate it.
-    Done,
-    /// The grant could not be stored: answer an error, count nothing.
-    Failed,
+    /// A refund left the limiter fresh: delete its key.
+    Delete,
+    /// Store the new state, then expire, signal, notify and replicate it.
+    Store,
 }
 
-/// Store a grant (with `store`) when the decision made one and the call is
-/// not a dry run.
+/// What the decision `d` of `call` writes.
 #[inline]
-pub(super) fn write_grant(d: &Decision, dryrun: bool, store: impl FnOnce() -> bool) -> Write {
-    if d.granted == 0 || dryrun {
+pub(super) fn what_to_write(d: &Decision, call: &Call) -> Write {
+    if d.granted == 0 || call.dryrun {
         Write::None
-    } else if store() {
-        Write::Done
+    } else if call.refund > 0 && d.reset_after_ms == 0 {
+        Write::Delete
     } else {
-        Write::Failed
+        Write::Store
     }
 }
 
-/// Delete a limiter's key that a refund made fresh, and replicate the
-/// deletion.
+/// The commit step of a one-key call: write what the decision `d` of `call`
+/// (a call of `cmd`, at `now_us`) changed, once: `store` puts the new state
+/// in the key (false: the server refused it, answered with an error and
+/// counted nothing, never a silent grant), then [`commit`] expires,
+/// signals, notifies and replicates `payload(abs)`; a refund that made the
+/// limiter fresh deletes the key instead.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn write<'a, P: AsRef<[u8]>>(
+    ctx: Ctx<'a>,
+    key: &mut Key<'a>,
+    name: Str<'a>,
+    now_us: u64,
+    d: &Decision,
+    call: &Call,
+    cmd: Cmd,
+    store: impl FnOnce(&mut Key<'a>) -> bool,
+    payload: impl FnOnce(u64) -> P,
+) -> Result<(), Replied> {
+    match what_to_write(d, call) {
+        Write::None => Ok(()),
+        Write::Delete => {
+            delete(ctx, key, name);
+            Ok(())
+        }
+        Write::Store if store(key) => {
+            commit(ctx, key, name, now_us, d.reset_after_ms, &mut Effects::new(cmd, call.refund > 0), payload);
+            Ok(())
+        }
+        Write::Store => Err(ctx.reply_error(STORE_FAILED)),
+    }
+}
+
+/// Delete a limiter's key that a refund made fresh: signal it, emit
+/// `rl.refund`, and replicate the deletion.
 #[inline]
 pub(super) fn delete<'a>(ctx: Ctx<'a>, key: &mut Key<'a>, name: Str<'a>) {
     if key.delete() {
         key.signal_modified();
+        key.notify(REFUND_EVENT);
         ctx.replicate_del(name);
     }
 }
@@ -150,22 +189,37 @@ pub(super) fn delete<'a>(ctx: Ctx<'a>, key: &mut Key<'a>, name: Str<'a>) {
 mod tests {
     use super::*;
 
-    fn granted(n: u64) -> Decision {
-        Decision { granted: n, limit: 5, remaining: 0, retry_after_ms: 0, reset_after_ms: 1 }
+    fn decided(granted: u64, reset_after_ms: u64) -> Decision {
+        Decision { granted, limit: 5, remaining: 0, retry_after_ms: 0, reset_after_ms }
     }
 
-    /// A grant whose store fails is a failure (answered with an error, not
-    /// counted), never a silent "granted".
-    #[test]
-    fn a_failed_store_is_not_a_grant() {
-        assert_eq!(write_grant(&granted(1), false, || false), Write::Failed);
-        assert_eq!(write_grant(&granted(1), false, || true), Write::Done);
+    fn call(dryrun: bool, refund: u64) -> Call {
+        Call { nums: [5, 1, 1000], cost: 1, partial: false, dryrun, refund }
     }
 
     #[test]
     fn nothing_is_written_without_a_grant_or_on_dryrun() {
-        let never = || -> bool { panic!("no write expected") };
-        assert_eq!(write_grant(&granted(0), false, never), Write::None);
-        assert_eq!(write_grant(&granted(3), true, never), Write::None);
+        assert_eq!(what_to_write(&decided(0, 10), &call(false, 0)), Write::None);
+        assert_eq!(what_to_write(&decided(3, 10), &call(true, 0)), Write::None);
+        assert_eq!(what_to_write(&decided(0, 0), &call(false, 2)), Write::None);
+        assert_eq!(what_to_write(&decided(1, 10), &call(false, 0)), Write::Store);
+    }
+
+    /// Only a refund deletes: one that leaves the limiter fresh.
+    #[test]
+    fn a_refund_to_fresh_deletes() {
+        assert_eq!(what_to_write(&decided(2, 0), &call(false, 2)), Write::Delete);
+        assert_eq!(what_to_write(&decided(2, 5), &call(false, 2)), Write::Store);
+        assert_eq!(what_to_write(&decided(2, 0), &call(false, 0)), Write::Store);
+    }
+
+    #[test]
+    fn events_are_named_after_the_command() {
+        assert_eq!(event(Cmd::TokenBucket, false), c"rl.tokenbucket");
+        assert_eq!(event(Cmd::SlidingLog, false), c"rl.slidinglog");
+        assert_eq!(event(Cmd::SlidingCounter, false), c"rl.slidingcounter");
+        assert_eq!(event(Cmd::Multi, false), c"rl.multi");
+        assert_eq!(event(Cmd::Multi, true), c"rl.refund");
+        assert_eq!(event(Cmd::TokenBucket, true), c"rl.refund");
     }
 }

@@ -1,7 +1,5 @@
 //! RL.MULTI: several limits decided at one clock reading, all or nothing.
 
-use std::ffi::c_int;
-
 use ratelimit_core::args::{self, Arg, ArgError, Call, Kind, LimitSpec, WordLimit, MAX_LIMITS};
 use ratelimit_core::codec;
 use ratelimit_core::multi::{self, Op, StateMut};
@@ -10,10 +8,11 @@ use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, 
 use super::reply::{reply_arg_error, reply_multi, STORE_FAILED};
 use super::single::{log_apply, word_apply, WordLimiter};
 use super::{commit, delete, Effects};
-use crate::api::{Ctx, Key, Slot, Str};
+use crate::api::{Ctx, Key, Replied, Str};
 use crate::clock;
 use crate::ffi;
-use crate::types::Stored;
+use crate::stats::Cmd;
+use crate::value::{Holds, Packable, TypedKey};
 
 /// The registered type of a limit's algorithm.
 #[inline]
@@ -36,7 +35,7 @@ const NO_DECISION: Decision = Decision { granted: 0, limit: 0, remaining: 0, ret
 /// no allocation per call.
 /// (The server's key-position requests are answered by [`multi_keys`],
 /// before this runs: `api::entry!`.)
-pub fn multi(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn multi(ctx: Ctx, argv: &[Str]) -> Replied {
     {
         // Size the per-limit stack arrays for the call: a limit takes at
         // least four arguments (key, algorithm, two numbers), so argc bounds
@@ -56,7 +55,7 @@ pub fn multi(ctx: Ctx, argv: &[Str]) -> c_int {
 /// are arguments 2 .. 2 + numkeys, as far as they exist. It runs outside
 /// the panic guard (`api::entry!`), so nothing here can panic: checked
 /// reads, `parse_num` (total), a range bounded by MAX_LIMITS + 2.
-pub fn multi_keys(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn multi_keys(ctx: Ctx, argv: &[Str]) -> Replied {
     // One digit (the common call) read at once, else by `parse_num`.
     let n = match argv.get(1).map(|&a| a.bytes()) {
         Some(&[d @ b'1'..=b'9']) => usize::from(d - b'0'),
@@ -64,10 +63,7 @@ pub fn multi_keys(ctx: Ctx, argv: &[Str]) -> c_int {
         None => 0,
     };
     let n = n.min(MAX_LIMITS).min(argv.len().saturating_sub(2));
-    for pos in 2..2 + n {
-        ctx.key_at_pos(pos);
-    }
-    ffi::OK
+    ctx.reply_keys_at(2..2 + n)
 }
 
 /// RL.MULTI of one limit of weight 1: the single command's decision and
@@ -81,12 +77,12 @@ fn multi_one<'a>(
     partial: bool,
     dryrun: bool,
     refund: u64,
-) -> c_int {
+) -> Replied {
     let single = Call { nums: spec.nums, cost, partial, dryrun, refund };
     let d = match spec.kind {
-        Kind::TokenBucket => word_apply::<tb::State>(ctx, name, &single),
-        Kind::SlidingCounter => word_apply::<sc::State>(ctx, name, &single),
-        Kind::SlidingLog => log_apply(ctx, name, &single),
+        Kind::TokenBucket => word_apply::<tb::State>(ctx, name, &single, Cmd::Multi),
+        Kind::SlidingCounter => word_apply::<sc::State>(ctx, name, &single, Cmd::Multi),
+        Kind::SlidingLog => log_apply(ctx, name, &single, Cmd::Multi),
     };
     let d = match d {
         Ok(d) => d,
@@ -106,7 +102,7 @@ const EXACT_ARGS: usize = 11;
 
 /// RL.MULTI with room for `N` limits.
 #[inline(never)]
-fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
+fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
     {
         let Some(rest) = argv.get(1..) else {
             return ctx.wrong_arity();
@@ -163,12 +159,12 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
 
         // Open every key and check its type before deciding anything.
         let mut keys: [Option<Key>; N] = std::array::from_fn(|_| None);
-        let mut slots = [Slot::Empty; N];
+        let mut slots = [Holds::Empty; N];
         for (((k, slot), &name), spec) in keys.iter_mut().zip(slots.iter_mut()).zip(names).zip(specs) {
             let mut key = ctx.open_key(name, read_only);
-            *slot = key.slot(kind_type(spec.kind));
+            *slot = key.holds(kind_type(spec.kind));
             *k = Some(key);
-            if let Slot::WrongType = slot {
+            if let Holds::WrongType = slot {
                 return ctx.reply_error(ffi::WRONGTYPE);
             }
         }
@@ -198,17 +194,17 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
                     *w = spec.weight;
                 }
                 *st = Some(match (spec.kind, *slot, key) {
-                    (Kind::TokenBucket, Slot::Ours, Some(key)) => {
+                    (Kind::TokenBucket, Holds::Ours, Some(key)) => {
                         *t = key.read::<tb::State>().unwrap_or_default();
                         StateMut::TokenBucket(t)
                     }
                     (Kind::TokenBucket, _, _) => StateMut::TokenBucket(t),
-                    (Kind::SlidingCounter, Slot::Ours, Some(key)) => {
+                    (Kind::SlidingCounter, Holds::Ours, Some(key)) => {
                         *c = key.read::<sc::State>().unwrap_or_default();
                         StateMut::SlidingCounter(c)
                     }
                     (Kind::SlidingCounter, _, _) => StateMut::SlidingCounter(c),
-                    (Kind::SlidingLog, Slot::Ours, Some(key)) => match key.wide_mut::<sl::State>() {
+                    (Kind::SlidingLog, Holds::Ours, Some(key)) => match key.wide_mut::<sl::State>() {
                         Some(s) => StateMut::SlidingLog(s),
                         None => StateMut::SlidingLog(l),
                     },
@@ -227,7 +223,7 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
         // that gave units back on a refund.
         let writes = !call.dryrun;
         let mut failed = false;
-        let mut effects = Effects::default();
+        let mut effects = Effects::new(Cmd::Multi, call.refund > 0);
         for i in 0..n {
             let (Some(Some(key)), Some(&slot), Some(d), Some(&name), Some(spec)) =
                 (keys.get_mut(i), slots.get(i), per.get(i), names.get(i), specs.get(i))
@@ -245,7 +241,7 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> c_int {
                 Kind::TokenBucket => tbs.get(i).is_some_and(|&s| key.store(s)),
                 Kind::SlidingCounter => scs.get(i).is_some_and(|&s| key.store(s)),
                 Kind::SlidingLog => match slot {
-                    Slot::Ours => true,
+                    Holds::Ours => true,
                     _ => fresh_logs.get_mut(i).is_some_and(|l| key.set_new(std::mem::take(l))),
                 },
             };
@@ -296,7 +292,7 @@ enum WordView {
     /// answers an error).
     Unread,
     TokenBucket(tb::View),
-    SlidingCounter(sc::Assess),
+    SlidingCounter(sc::View),
 }
 
 /// RL.MULTI of word-state limits only (token buckets and sliding
@@ -310,7 +306,7 @@ enum WordView {
 /// when nothing listens for effects). The same replies and states as the
 /// generic path (the integration suite's differential tests compare both).
 #[inline(always)]
-fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[WordLimit]) -> Option<c_int> {
+fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[WordLimit]) -> Option<Replied> {
     let n = names.len().min(limits.len()).min(N);
     let now = clock::now_us();
     // Each limit's open key and its view, side by side.
@@ -323,20 +319,20 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
         let (key, view) = o.insert((ctx.open_key(name, false), WordView::Unread));
         match *p {
             WordLimit::TokenBucket(p) => {
-                let s = match key.slot(tb::State::redis_type()) {
-                    Slot::WrongType => return wrong_type(ctx, names),
-                    Slot::Ours => key.read::<tb::State>().unwrap_or_default(),
-                    Slot::Empty => tb::State::default(),
+                let s = match key.holds(tb::State::redis_type()) {
+                    Holds::WrongType => return wrong_type(ctx, names),
+                    Holds::Ours => key.read::<tb::State>().unwrap_or_default(),
+                    Holds::Empty => tb::State::default(),
                 };
                 *view = WordView::TokenBucket(tb::View::at(&s, &p, now));
             }
             WordLimit::SlidingCounter(p) => {
-                let s = match key.slot(sc::State::redis_type()) {
-                    Slot::WrongType => return wrong_type(ctx, names),
-                    Slot::Ours => key.read::<sc::State>().unwrap_or_default(),
-                    Slot::Empty => sc::State::default(),
+                let s = match key.holds(sc::State::redis_type()) {
+                    Holds::WrongType => return wrong_type(ctx, names),
+                    Holds::Ours => key.read::<sc::State>().unwrap_or_default(),
+                    Holds::Empty => sc::State::default(),
                 };
-                *view = WordView::SlidingCounter(sc::Assess::at(&s, &p, now));
+                *view = WordView::SlidingCounter(sc::View::at(&s, &p, now));
             }
         }
         let avail = match view {
@@ -355,7 +351,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
 
     let mut per = [NO_DECISION; N];
     let mut failed = false;
-    let mut effects = Effects::default();
+    let mut effects = Effects::new(Cmd::Multi, false);
     for ((d, o), &name) in per.iter_mut().zip(open.iter_mut()).zip(names) {
         let Some((key, v)) = o else { continue };
         let new = match v {
@@ -402,7 +398,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
 /// A key of the fast path holds another type: WRONGTYPE, unless a key is
 /// repeated (then the generic path answers that error, as it comes first).
 #[inline(never)]
-fn wrong_type(ctx: Ctx, names: &[Str]) -> Option<c_int> {
+fn wrong_type(ctx: Ctx, names: &[Str]) -> Option<Replied> {
     if args::distinct_keys(names, Str::bytes) {
         Some(ctx.reply_error(ffi::WRONGTYPE))
     } else {

@@ -2,9 +2,9 @@
 //! formatting), the five-integer reply of the single commands and RL.MULTI's
 //! nested one, each counted in INFO as it is sent.
 
-use std::ffi::{c_int, CStr};
+use std::ffi::CStr;
 
-use crate::api::Ctx;
+use crate::api::{Ctx, Replied};
 use crate::stats::{self, Cmd};
 use ratelimit_core::args::{Arg, ArgError, Call};
 use ratelimit_core::multi::Whole;
@@ -31,8 +31,8 @@ pub(super) fn arg_error(a: Arg) -> &'static CStr {
     }
 }
 
-/// Answer an argument error (the reply is sent; returns the handler's code).
-pub(super) fn reply_arg_error(ctx: Ctx, e: ArgError) -> c_int {
+/// Answer an argument error.
+pub(super) fn reply_arg_error(ctx: Ctx, e: ArgError) -> Replied {
     match e {
         ArgError::Arity => ctx.wrong_arity(),
         ArgError::Number(a) => ctx.reply_error(arg_error(a)),
@@ -45,7 +45,7 @@ pub(super) fn reply_arg_error(ctx: Ctx, e: ArgError) -> c_int {
 }
 
 #[inline]
-pub(super) fn reply(ctx: Ctx, cmd: Cmd, d: &Decision, call: &Call) -> c_int {
+pub(super) fn reply(ctx: Ctx, cmd: Cmd, d: &Decision, call: &Call) -> Replied {
     // A refund's element 1 is the units it gave back.
     let first = if call.refund > 0 {
         stats::record_refund(cmd);
@@ -68,7 +68,7 @@ pub(super) fn reply_multi<const N: usize>(
     whole: &Whole,
     per: &[Decision; N],
     n: usize,
-) -> c_int {
+) -> Replied {
     if refund > 0 {
         stats::record_refund(Cmd::Multi);
     } else {
@@ -82,28 +82,29 @@ pub(super) fn reply_multi<const N: usize>(
         };
         stats::record(Cmd::Multi, g, cost);
     }
-    ctx.reply_array(7);
-    for v in [
-        to_i64(whole.allowed),
-        to_i64(whole.limit),
-        to_i64(whole.remaining),
-        whole.retry_after_ms,
-        to_i64(whole.reset_after_ms),
-    ] {
-        ctx.reply_int(v);
-    }
-    ctx.reply_int(i64::try_from(whole.binding).unwrap_or(0));
-    ctx.reply_array(n);
-    for d in per.iter().take(n) {
-        ctx.reply_ints([
-            to_i64(d.granted),
-            to_i64(d.limit),
-            to_i64(d.remaining),
-            d.retry_after_ms,
-            to_i64(d.reset_after_ms),
-        ]);
-    }
-    crate::ffi::OK
+    ctx.reply_array(7, |e| {
+        for v in [
+            to_i64(whole.allowed),
+            to_i64(whole.limit),
+            to_i64(whole.remaining),
+            whole.retry_after_ms,
+            to_i64(whole.reset_after_ms),
+        ] {
+            e.int(v);
+        }
+        e.int(i64::try_from(whole.binding).unwrap_or(0));
+        e.array(n, |e| {
+            for d in per.iter().take(n) {
+                e.ints([
+                    to_i64(d.granted),
+                    to_i64(d.limit),
+                    to_i64(d.remaining),
+                    d.retry_after_ms,
+                    to_i64(d.reset_after_ms),
+                ]);
+            }
+        });
+    })
 }
 
 #[cfg(test)]

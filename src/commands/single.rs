@@ -1,24 +1,23 @@
 //! RL.TOKENBUCKET, RL.SLIDINGCOUNTER and RL.SLIDINGLOG: one key, one
 //! limit. The two word-sized states share one generic handler; the log is
-//! read and written in place.
-
-use std::ffi::c_int;
+//! read and written in place. Each handler reads as the request runs:
+//! parse, open and read the key, decide, commit (`super::write`), reply.
 
 use ratelimit_core::args::{self, Arg, Call};
 use ratelimit_core::{codec, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 
-use super::reply::{reply, STORE_FAILED};
-use super::{commit, delete, parse, write_grant, Effects, Write};
-use crate::api::{Ctx, Slot, Str};
+use super::reply::{reply, reply_arg_error};
+use super::write;
+use crate::api::{Ctx, Key, Replied, Str};
 use crate::clock;
 use crate::ffi;
 use crate::stats::Cmd;
-use crate::types::Stored;
+use crate::value::{Holds, Packable, TypedKey};
 
 /// A limiter whose whole state is a few machine words (token bucket,
 /// sliding counter): the pure `step` returns the new state by value, and the
 /// effect replicated is that state.
-pub(super) trait WordLimiter: Stored + Copy + Default {
+pub(super) trait WordLimiter: Packable + Copy + Default {
     type Params;
     const ARGS: &'static [Arg];
     const CMD: Cmd;
@@ -73,99 +72,81 @@ impl WordLimiter for sc::State {
     }
 }
 
-/// Read the key once, decide, and on a grant write once, expire, signal and
-/// replicate the new state (a grant that cannot be stored answers an error).
+/// Parse, then read the key once, decide, and on a grant write once,
+/// expire, signal, notify and replicate the new state (a grant that cannot
+/// be stored answers an error); reply.
 #[inline]
-fn word_limiter<T: WordLimiter>(ctx: Ctx, argv: &[Str]) -> c_int {
+fn word_limiter<T: WordLimiter>(ctx: Ctx, argv: &[Str]) -> Replied {
     let (name, call) = match parse(ctx, argv, T::ARGS) {
         Ok(v) => v,
-        Err(rc) => return rc,
+        Err(r) => return r,
     };
-    match word_apply::<T>(ctx, name, &call) {
+    match word_apply::<T>(ctx, name, &call, T::CMD) {
         Ok(d) => reply(ctx, T::CMD, &d, &call),
-        Err(rc) => rc,
+        Err(r) => r,
     }
 }
 
-/// The work of a word-state limiter's call after parsing: read the key,
-/// decide, write (shared with RL.MULTI of one limit of weight 1, which
-/// answers what the single command does). The decision to reply with, or
-/// the handler's code when an error reply was sent.
+/// The work of a word-state limiter's call after parsing: open and read
+/// the key, decide, commit (shared with RL.MULTI of one limit of weight 1,
+/// which answers what the single command does, as `cmd`). The decision to
+/// reply with, or the error reply sent.
 #[inline(always)]
-pub(super) fn word_apply<'a, T: WordLimiter>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<Decision, c_int> {
+pub(super) fn word_apply<'a, T: WordLimiter>(
+    ctx: Ctx<'a>,
+    name: Str<'a>,
+    call: &Call,
+    cmd: Cmd,
+) -> Result<Decision, Replied> {
     let p = T::params(call.nums);
     let now = clock::now_us();
     let mut key = ctx.open_key(name, call.dryrun);
-    let slot = key.slot(T::redis_type());
-    let cur = match slot {
-        Slot::WrongType => return Err(ctx.reply_error(ffi::WRONGTYPE)),
-        Slot::Ours => key.read::<T>().unwrap_or_default(),
-        Slot::Empty => T::default(),
+    let cur = match key.holds(T::redis_type()) {
+        Holds::WrongType => return Err(ctx.reply_error(ffi::WRONGTYPE)),
+        Holds::Ours => key.read::<T>().unwrap_or_default(),
+        Holds::Empty => T::default(),
     };
-    if call.refund > 0 {
-        // A refund that gives nothing back writes nothing; one that
-        // leaves the limiter fresh deletes the key.
-        let (d, new) = cur.refund(&p, call.refund, 1, now);
-        if d.granted > 0 {
-            if d.reset_after_ms == 0 {
-                delete(ctx, &mut key, name);
-            } else if key.store(new) {
-                commit(ctx, &key, name, now, d.reset_after_ms, &mut Effects::default(), |abs| new.effect(abs));
-            } else {
-                return Err(ctx.reply_error(STORE_FAILED));
-            }
-        }
-        return Ok(d);
-    }
-    let (d, new) = cur.step(&p, call.cost, call.partial, now);
-    match write_grant(&d, call.dryrun, || key.store(new)) {
-        Write::None => {}
-        Write::Failed => return Err(ctx.reply_error(STORE_FAILED)),
-        Write::Done => {
-            commit(ctx, &key, name, now, d.reset_after_ms, &mut Effects::default(), |abs| new.effect(abs));
-        }
-    }
+    // A refund that gives nothing back writes nothing; one that leaves the
+    // limiter fresh deletes the key (`write`).
+    let (d, new) =
+        if call.refund > 0 { cur.refund(&p, call.refund, 1, now) } else { cur.step(&p, call.cost, call.partial, now) };
+    write(ctx, &mut key, name, now, &d, call, cmd, |k| k.store(new), |abs| new.effect(abs))?;
     Ok(d)
 }
 
-pub fn tokenbucket(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn tokenbucket(ctx: Ctx, argv: &[Str]) -> Replied {
     word_limiter::<tb::State>(ctx, argv)
 }
 
-pub fn slidingcounter(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn slidingcounter(ctx: Ctx, argv: &[Str]) -> Replied {
     word_limiter::<sc::State>(ctx, argv)
 }
 
-pub fn slidinglog(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn slidinglog(ctx: Ctx, argv: &[Str]) -> Replied {
     let (name, call) = match parse(ctx, argv, args::WINDOW_ARGS) {
         Ok(v) => v,
-        Err(rc) => return rc,
+        Err(r) => return r,
     };
-    match log_apply(ctx, name, &call) {
+    match log_apply(ctx, name, &call, Cmd::SlidingLog) {
         Ok(d) => reply(ctx, Cmd::SlidingLog, &d, &call),
-        Err(rc) => rc,
+        Err(r) => r,
     }
 }
 
 /// [`word_apply`] for the sliding log, read and written in place.
 #[inline(always)]
-pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<Decision, c_int> {
+pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call, cmd: Cmd) -> Result<Decision, Replied> {
     let p = sl::Params::from_nums(call.nums);
     let now = clock::now_us();
     let mut key = ctx.open_key(name, call.dryrun);
-    let slot = key.slot(sl::State::redis_type());
-    let log = match slot {
-        Slot::Ours => key.wide_mut::<sl::State>(),
-        _ => None,
-    };
+    if key.holds(sl::State::redis_type()) == Holds::WrongType {
+        return Err(ctx.reply_error(ffi::WRONGTYPE));
+    }
     let empty = sl::State::default();
-    let cur: &sl::State = match (&slot, &log) {
-        (Slot::WrongType, _) => return Err(ctx.reply_error(ffi::WRONGTYPE)),
-        (_, Some(s)) => s,
-        _ => &empty,
-    };
     if call.refund > 0 {
-        let (given, mut d) = match log {
+        // The refund changes the log in place, then answers for a request
+        // of one unit; a missing log has nothing to give back.
+        let (given, mut d) = match key.wide_mut::<sl::State>() {
             Some(s) => {
                 let given = sl::refund(s, p.window_ms, call.refund, now);
                 (given, sl::View::at(s, &p, now).answer(0, 1))
@@ -173,39 +154,59 @@ pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call) -> Result<
             None => (0, sl::View::at(&empty, &p, now).answer(0, 1)),
         };
         d.granted = given;
-        if given > 0 {
-            if d.reset_after_ms == 0 {
-                delete(ctx, &mut key, name);
-            } else {
-                let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: given };
-                commit(ctx, &key, name, now, d.reset_after_ms, &mut Effects::default(), |abs| codec::log_refund(&g, abs));
-            }
-        }
+        let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: given };
+        write(ctx, &mut key, name, now, &d, call, cmd, |_| true, |abs| codec::log_refund(&g, abs))?;
         return Ok(d);
     }
-    let d = sl::decide(cur, &p, call.cost, call.partial, now);
+    let d = match key.wide_mut::<sl::State>() {
+        Some(s) => sl::decide(s, &p, call.cost, call.partial, now),
+        None => sl::decide(&empty, &p, call.cost, call.partial, now),
+    };
     // sl::grant decides everything before it mutates the log: a panic
-    // cannot leave it half-updated.
-    // (One `write_grant` per arm: the log in place borrows the key, a new
-    // one is set through it.)
-    let write = match log {
-        Some(s) => write_grant(&d, call.dryrun, || {
+    // cannot leave it half-updated. A missing log is a new one, set
+    // through the key.
+    let grant = |k: &mut Key| match k.wide_mut::<sl::State>() {
+        Some(s) => {
             sl::grant(s, p.window_ms, d.granted, now);
             true
-        }),
-        None => write_grant(&d, call.dryrun, || {
+        }
+        None => {
             let mut s = sl::State::default();
             sl::grant(&mut s, p.window_ms, d.granted, now);
-            key.set_new(s)
-        }),
-    };
-    match write {
-        Write::None => {}
-        Write::Failed => return Err(ctx.reply_error(STORE_FAILED)),
-        Write::Done => {
-            let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
-            commit(ctx, &key, name, now, d.reset_after_ms, &mut Effects::default(), |abs| codec::log_grant(&g, abs));
+            k.set_new(s)
         }
-    }
+    };
+    let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
+    write(ctx, &mut key, name, now, &d, call, cmd, grant, |abs| codec::log_grant(&g, abs))?;
     Ok(d)
+}
+
+/// Parse `key <positional> [options]`; an error is answered.
+/// A call of the numbers only (the common one: the argument count says so)
+/// reads them straight into the call (`args::parse_exact`, the same
+/// result); any other goes through the full parser.
+#[inline(always)]
+fn parse<'a>(ctx: Ctx<'a>, argv: &[Str<'a>], positional: &[Arg]) -> Result<(Str<'a>, Call), Replied> {
+    let (Some(&key), Some(rest)) = (argv.get(1), argv.get(2..)) else {
+        return Err(ctx.wrong_arity());
+    };
+    let parsed = if rest.len() == positional.len() && rest.len() <= 3 {
+        let mut nums: [&[u8]; 3] = [&[]; 3];
+        for (b, &s) in nums.iter_mut().zip(rest) {
+            *b = s.bytes();
+        }
+        args::parse_exact(&nums[..rest.len()], positional)
+    } else {
+        parse_general(rest, positional)
+    };
+    match parsed {
+        Ok(call) => Ok((key, call)),
+        Err(e) => Err(reply_arg_error(ctx, e)),
+    }
+}
+
+/// The full parser, for calls with options (kept out of line).
+#[inline(never)]
+fn parse_general(rest: &[Str], positional: &[Arg]) -> Result<Call, args::ArgError> {
+    args::parse(rest.iter().map(|&s| s.bytes()), positional)
 }

@@ -2,22 +2,24 @@
 //! master decided (a whole state, or a sliding-log grant or refund)
 //! instead of re-running the decision on their own clock.
 
-use std::ffi::c_int;
-
 use ratelimit_core::codec::{self, Effect};
 use ratelimit_core::slidinglog as sl;
 
+use std::ffi::CStr;
+
 use super::reply::STORE_FAILED;
-use crate::api::{Ctx, Key, Slot, Str};
+use super::{event, REFUND_EVENT};
+use crate::api::{Ctx, Key, Replied, Str};
 use crate::ffi;
-use crate::types::Stored;
+use crate::stats::Cmd;
+use crate::value::{Holds, Packable, TypedKey};
 
 /// `RL.STATE key payload`: set a limiter key to a replicated state, or apply
 /// a replicated sliding-log grant. This is what replicas and AOF replay run
 /// instead of the original command, so they never read their own clock for
 /// limiter state. Any client may call it (like RESTORE); the payload is
 /// validated as strictly as an RDB load, and it is replicated verbatim.
-pub fn state(ctx: Ctx, argv: &[Str]) -> c_int {
+pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
     let (Some(&name), Some(&payload), 3) = (argv.get(1), argv.get(2), argv.len()) else {
         return ctx.wrong_arity();
     };
@@ -25,20 +27,21 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> c_int {
         return ctx.reply_error(c"ERR invalid RL.STATE payload");
     };
     let mut key = ctx.open_key(name, false);
+    let event = effect_event(&effect);
     let ok = match effect {
         Effect::TokenBucket(s) => put(&mut key, s),
         Effect::SlidingCounter(s) => put(&mut key, s),
         Effect::SlidingLog(s) => put(&mut key, s),
-        Effect::LogGrant(g) => match key.slot(sl::State::redis_type()) {
-            Slot::WrongType => Err(()),
-            Slot::Ours => match key.wide_mut::<sl::State>() {
+        Effect::LogGrant(g) => match key.holds(sl::State::redis_type()) {
+            Holds::WrongType => Err(()),
+            Holds::Ours => match key.wide_mut::<sl::State>() {
                 Some(s) => {
                     sl::grant(s, g.window_ms, g.units, g.now_us);
                     Ok(true)
                 }
                 None => Err(()),
             },
-            Slot::Empty => {
+            Holds::Empty => {
                 let mut s = sl::State::default();
                 sl::grant(&mut s, g.window_ms, g.units, g.now_us);
                 Ok(key.set_new(s))
@@ -46,9 +49,9 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> c_int {
         },
         // A refund on a log, applied as the master applied it; on a
         // missing key there is nothing to give back.
-        Effect::LogRefund(g) => match key.slot(sl::State::redis_type()) {
-            Slot::WrongType => Err(()),
-            Slot::Ours => match key.wide_mut::<sl::State>() {
+        Effect::LogRefund(g) => match key.holds(sl::State::redis_type()) {
+            Holds::WrongType => Err(()),
+            Holds::Ours => match key.wide_mut::<sl::State>() {
                 Some(s) => {
                     sl::refund(s, g.window_ms, g.units, g.now_us);
                     if s.is_empty() {
@@ -58,7 +61,7 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> c_int {
                 }
                 None => Err(()),
             },
-            Slot::Empty => Ok(true),
+            Holds::Empty => Ok(true),
         },
     };
     match ok {
@@ -71,6 +74,7 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> c_int {
                 key.set_abs_expire(abs);
             }
             key.signal_modified();
+            key.notify(event);
             drop(key);
             ctx.replicate_verbatim();
             ctx.reply_simple(c"OK")
@@ -78,10 +82,24 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> c_int {
     }
 }
 
+/// The keyspace event a replica (or AOF replay) emits for an effect: the
+/// event of the command that made it, as far as the payload tells: the
+/// limiter's kind for a whole state (whether the master ran the single
+/// command, RL.MULTI or a REFUND), `rl.slidinglog` for a log grant,
+/// `rl.refund` for a log refund.
+fn effect_event(effect: &Effect) -> &'static CStr {
+    match effect {
+        Effect::TokenBucket(_) => event(Cmd::TokenBucket, false),
+        Effect::SlidingCounter(_) => event(Cmd::SlidingCounter, false),
+        Effect::SlidingLog(_) | Effect::LogGrant(_) => event(Cmd::SlidingLog, false),
+        Effect::LogRefund(_) => REFUND_EVENT,
+    }
+}
+
 /// Replace the key's value with `s` if the key is empty or of `T`'s type.
-fn put<T: Stored>(key: &mut Key, s: T) -> Result<bool, ()> {
-    match key.slot(T::redis_type()) {
-        Slot::WrongType => Err(()),
+fn put<T: Packable>(key: &mut Key, s: T) -> Result<bool, ()> {
+    match key.holds(T::redis_type()) {
+        Holds::WrongType => Err(()),
         _ => Ok(key.store(s)),
     }
 }

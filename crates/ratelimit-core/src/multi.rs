@@ -27,7 +27,7 @@ pub const MAX_LIMITS: usize = 16;
 pub enum Limit<'a> {
     TokenBucket(tb::View),
     SlidingLog(sl::View<'a>),
-    SlidingCounter(sc::Assess),
+    SlidingCounter(sc::View),
 }
 
 impl Limit<'_> {
@@ -235,7 +235,7 @@ fn view<'a>(s: &'a Option<StateMut>, p: &Params, now_us: u64) -> Option<Limit<'a
     Some(match (s.as_ref()?, p) {
         (StateMut::TokenBucket(s), Params::TokenBucket(p)) => Limit::TokenBucket(tb::View::at(s, p, now_us)),
         (StateMut::SlidingLog(s), Params::SlidingLog(p)) => Limit::SlidingLog(sl::View::at(s, p, now_us)),
-        (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => Limit::SlidingCounter(sc::Assess::at(s, p, now_us)),
+        (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => Limit::SlidingCounter(sc::View::at(s, p, now_us)),
         _ => return None,
     })
 }
@@ -247,7 +247,7 @@ fn take(s: &mut Option<StateMut>, p: &Params, units: u64, now_us: u64) {
     match (s, p) {
         (StateMut::TokenBucket(s), Params::TokenBucket(p)) => **s = tb::View::at(s, p, now_us).state_after(units),
         (StateMut::SlidingLog(s), Params::SlidingLog(p)) => sl::grant(s, p.window_ms, units, now_us),
-        (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => **s = sc::Assess::at(s, p, now_us).state_after(units),
+        (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => **s = sc::View::at(s, p, now_us).state_after(units),
         _ => {}
     }
 }

@@ -135,10 +135,10 @@ fn window_us(window_ms: u64) -> u64 {
     ms_to_us(window_ms.clamp(1, MAX_ARG))
 }
 
-/// The state as seen at an instant: counts shifted into the window of
+/// The window as seen at an instant: counts shifted into the window of
 /// `now_eff`, and the position inside that window.
 #[derive(Clone, Copy, Debug)]
-struct View {
+struct Window {
     /// Window length in µs (≥ 1000).
     w: u64,
     /// `max(now_us, start_us)`.
@@ -151,9 +151,9 @@ struct View {
     cur: u64,
 }
 
-impl View {
+impl Window {
     #[inline]
-    fn at(state: &State, w: u64, now_us: u64) -> View {
+    fn at(state: &State, w: u64, now_us: u64) -> Window {
         let now_eff = now_us.max(state.start_us);
         let e = now_eff % w;
         let window_start = now_eff - e; // e ≤ now_eff: cannot underflow
@@ -164,7 +164,7 @@ impl View {
             1 => (state.cur, 0),
             _ => (0, 0),
         };
-        View { w, now_eff, window_start, e, prev, cur }
+        Window { w, now_eff, window_start, e, prev, cur }
     }
 
     /// Largest `n` with `prev·(W−e) + (cur + n)·W ≤ limit·W`, or 0 if none.
@@ -204,8 +204,8 @@ fn first_fit(prev: u128, base: u128, cap: u128, w: u128, from: u128) -> Option<u
 /// A counter read at one instant under one call's parameters. The single
 /// command and every sliding-counter limit of RL.MULTI decide through it.
 #[derive(Clone, Copy, Debug)]
-pub struct Assess {
-    v: View,
+pub struct View {
+    v: Window,
     /// `limit` as given (the reply's element 2).
     limit_given: u64,
     /// `limit` for the arithmetic (≤ MAX_ARG).
@@ -216,11 +216,11 @@ pub struct Assess {
     now_us: u64,
 }
 
-impl Assess {
+impl View {
     #[inline]
-    pub fn at(state: &State, p: &Params, now_us: u64) -> Assess {
-        Assess {
-            v: View::at(state, window_us(p.window_ms), now_us),
+    pub fn at(state: &State, p: &Params, now_us: u64) -> View {
+        View {
+            v: Window::at(state, window_us(p.window_ms), now_us),
             limit_given: p.limit,
             limit: p.limit.min(MAX_ARG),
             start_us: state.start_us,
@@ -299,7 +299,7 @@ impl Assess {
     /// count first, what is left of `n` off the previous window's, never
     /// below zero. Returns it with the units given back.
     #[inline]
-    pub fn refunded(&self, n: u64) -> (Assess, u64) {
+    pub fn refunded(&self, n: u64) -> (View, u64) {
         let from_cur = n.min(self.v.cur);
         let from_prev = (n - from_cur).min(self.v.prev);
         let mut after = *self;
@@ -314,7 +314,7 @@ impl Assess {
 /// `*state`, unchanged).
 #[inline]
 pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
-    let a = Assess::at(state, p, now_us);
+    let a = View::at(state, p, now_us);
     let granted = crate::grant_size(a.available(), cost, partial);
     let new_state = if granted > 0 { a.state_after(granted) } else { *state };
     (a.answer(granted, cost), new_state)
@@ -328,7 +328,7 @@ pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) ->
 /// key is deleted, not stored. The state may count 0 in the current window
 /// and some units in the previous one.
 pub fn refund(state: &State, p: &Params, n: u64, want: u64, now_us: u64) -> (Decision, State) {
-    let a = Assess::at(state, p, now_us);
+    let a = View::at(state, p, now_us);
     let (after, given) = a.refunded(n);
     let mut d = after.answer(0, want);
     d.granted = given;
