@@ -7,6 +7,7 @@ from time import monotonic
 import redis
 from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
+from . import families, glide
 from .core import (LUA, MODULE, WAIT, _Base, _LeasedCore, _LimiterCore, _resume, check_cost,
                    options)
 
@@ -19,7 +20,8 @@ class AsyncRateLimit(_Base):
     def __init__(self, client, *, timeout_ms=5, backend="auto", breaker=None, strict=None):
         if type(timeout_ms) not in (int, float) or timeout_ms <= 0:
             raise ValueError("timeout_ms must be > 0")
-        if strict and isinstance(client, AsyncCluster):
+        client = glide.adapt_async(client)      # GLIDE's asyncio clients (glide.py)
+        if strict and (isinstance(client, families.ASYNC_CLUSTER) or glide.is_cluster(client)):
             raise ValueError("strict mode is not supported on a RedisCluster client (WAIT "
                              "must follow the grant on the same node's connection)")
         self._setup(client, backend, breaker, strict, timeout_ms / 1000)
@@ -52,7 +54,7 @@ class AsyncRateLimit(_Base):
             if self.forced == LUA:               # nothing to ask the server
                 return self._set_backend(None)
             kw = {}
-            if isinstance(self.client, AsyncCluster):
+            if isinstance(self.client, families.ASYNC_CLUSTER):
                 # one node, named (redis-py 8 routes COMMAND INFO by a key
                 # when given the RANDOM flag); the client maps the cluster first
                 await asyncio.wait_for(self.client.initialize(), self.timeout)
@@ -60,7 +62,7 @@ class AsyncRateLimit(_Base):
             try:
                 reply = await asyncio.wait_for(self.client.execute_command(*self._DETECT, **kw),
                                                self.timeout)
-            except redis.exceptions.ResponseError as e:
+            except families.RESPONSE_ERROR as e:
                 reply = self._detect_refused(e)
             if self.backend is None:
                 self._set_backend(reply)
@@ -88,7 +90,7 @@ class AsyncRateLimit(_Base):
         sha, name, keys, argv = self._lua_args(lua)
         try:
             return await self.client.execute_command("EVALSHA", sha, len(keys), *keys, *argv)
-        except redis.exceptions.NoScriptError:
+        except families.NOSCRIPT:
             return await self.client.execute_command("EVAL", self._scripts.text[name],
                                                      len(keys), *keys, *argv)
 

@@ -8,6 +8,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
+from . import families, glide
 from .core import (LUA, MODULE, WAIT, _Base, _LeasedCore, _LimiterCore, _resume, check_cost,
                    is_outage, options)
 
@@ -17,11 +18,13 @@ _REDIS_MAJOR = int(redis.__version__.split(".")[0])
 
 
 def _timeout_of(client):
+    if isinstance(client, glide.SyncGlide):
+        return client.timeout_s
     return _kwargs_of(client).get("socket_timeout")
 
 
 def _kwargs_of(client):
-    if isinstance(client, RedisCluster):
+    if isinstance(client, families.SYNC_CLUSTER):
         return client.nodes_manager.connection_kwargs
     return client.connection_pool.connection_kwargs
 
@@ -48,7 +51,7 @@ def _connection_retries(kw):
 
 def _sentinel_of(client):
     """The redis.sentinel.Sentinel behind a master_for() client, or None."""
-    if isinstance(client, RedisCluster):
+    if isinstance(client, families.SYNC_CLUSTER):
         return None
     return getattr(client.connection_pool, "sentinel_manager", None)
 
@@ -56,6 +59,8 @@ def _sentinel_of(client):
 def _unbounded(client):
     """Why one call on this sync client could wait longer than its
     socket_timeout (every reason, each naming its setting), or None."""
+    if isinstance(client, glide.SyncGlide):     # glide.adapt_sync checked it
+        return None
     why = _unbounded_reasons(client)
     sentinel = _sentinel_of(client)
     if sentinel is not None:
@@ -76,14 +81,17 @@ def _unbounded(client):
                                "create it with", "give sentinel_kwargs"))
     if not why:
         return None
-    kind = "RedisCluster" if isinstance(client, RedisCluster) else \
+    kind = "RedisCluster" if isinstance(client, families.SYNC_CLUSTER) else \
         "Sentinel master_for()" if sentinel is not None else "redis"
     how = {"RedisCluster": "RateLimit.from_url(url, timeout_ms=5, cluster=True)",
            "redis": "RateLimit.from_url(url, timeout_ms=5)",
            "Sentinel master_for()": "RateLimit.from_sentinel(sentinels, service_name, "
                                     "timeout_ms=5)"}[kind]
-    return (f"RateLimit refuses this {kind} client: " + "; ".join(why)
-            + f"; or use {how}, which builds a client bounded by timeout_ms")
+    msg = (f"RateLimit refuses this {kind} client: " + "; ".join(why)
+           + f"; or use {how}, which builds a client bounded by timeout_ms")
+    if families.family_of(client) == "valkey":      # valkey-py: its own modules
+        msg = msg.replace("RedisCluster", "ValkeyCluster").replace("from redis.", "from valkey.")
+    return msg
 
 
 def _unbounded_reasons(client):
@@ -98,7 +106,7 @@ def _unbounded_reasons(client):
                    f"is longer than its socket_timeout ({timeout} s), so a call that "
                    "reconnects could wait that long: set socket_connect_timeout <= "
                    "socket_timeout")
-    if isinstance(client, RedisCluster):
+    if isinstance(client, families.SYNC_CLUSTER):
         # redis-py 6+: client.retry (made from cluster_error_retry_attempts
         # unless given); redis-py 5: cluster_error_retry_attempts, and a
         # `retry` given goes to every node's connections.
@@ -135,16 +143,17 @@ class RateLimit(_Base):
     `timeout_ms` and no retries."""
 
     def __init__(self, client, *, backend="auto", breaker=None, strict=None):
+        client = glide.adapt_sync(client)       # GLIDE's sync clients (glide.py)
         why = _unbounded(client)
         if why is not None:
             raise ValueError(why)
-        if strict and isinstance(client, RedisCluster):
+        if strict and (isinstance(client, families.SYNC_CLUSTER) or glide.is_cluster(client)):
             raise ValueError("strict mode is not supported on a RedisCluster client (WAIT "
                              "must follow the grant on the same node's connection)")
         self._setup(client, backend, breaker, strict, _timeout_of(client))
         self.timeout_s = _timeout_of(client)
         self._lock = threading.Lock()
-        self._cluster = isinstance(client, RedisCluster)
+        self._cluster = isinstance(client, families.SYNC_CLUSTER)
         self._refreshing = False
 
     @classmethod
@@ -192,10 +201,10 @@ class RateLimit(_Base):
                     # flag, and has none)
                     c = self.client
                     if self._cluster:
-                        c = c.get_redis_connection(c.get_random_node())
+                        c = families.random_node_client(c)
                     try:
                         reply = c.execute_command(*self._DETECT)
-                    except redis.exceptions.ResponseError as e:
+                    except families.RESPONSE_ERROR as e:
                         reply = self._detect_refused(e)
                     self._set_backend(reply)
         return self.backend
@@ -209,7 +218,7 @@ class RateLimit(_Base):
         sha, name, keys, argv = self._lua_args(lua)
         try:
             return self._execute(key, ("EVALSHA", sha, len(keys), *keys, *argv))
-        except redis.exceptions.NoScriptError:
+        except families.NOSCRIPT:
             # First use on this node (or after SCRIPT FLUSH / a restart):
             # EVAL runs it and caches it there.
             return self._execute(key, ("EVAL", self._scripts.text[name], len(keys),
@@ -231,8 +240,8 @@ class RateLimit(_Base):
         try:
             # the redis.Redis the cluster client keeps for the node (its
             # pool, its connection settings, no retries)
-            return c.get_redis_connection(c.get_node_from_key(key)).execute_command(*args)
-        except (redis.exceptions.MovedError, redis.exceptions.AskError):
+            return families.node_client(c, key).execute_command(*args)
+        except families.REDIRECT:
             return c.execute_command(*args)
         except Exception as e:
             if is_outage(e):

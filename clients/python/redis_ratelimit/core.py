@@ -9,8 +9,7 @@ from collections import OrderedDict
 from importlib import resources
 from time import monotonic
 
-import redis
-
+from . import families
 from .breaker import CLOSED, NO, PROBE, YES, Breaker, Metrics, Panic, PanicBuckets
 from .decision import Decision, Part
 from .policies import MAX, AllOf, Policy
@@ -65,13 +64,11 @@ _FAILURE_PREFIXES = ("BUSY", "LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN",
 
 def is_outage(exc):
     """True when the error means Redis cannot answer now (down, slow,
-    busy, failing over): the breaker counts it and panic limits decide."""
-    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                        redis.exceptions.ClusterError, redis.exceptions.ClusterDownError,
-                        redis.exceptions.TryAgainError, redis.exceptions.ReadOnlyError,
-                        redis.exceptions.RedisClusterException, OSError, TimeoutError)):
+    busy, failing over): the breaker counts it and panic limits decide.
+    redis-py's and valkey-py's exception types alike (families.py)."""
+    if isinstance(exc, families.OUTAGE + (OSError, TimeoutError)):
         return True
-    if isinstance(exc, redis.exceptions.ResponseError):
+    if isinstance(exc, families.RESPONSE_ERROR):
         return str(exc).startswith(_FAILURE_PREFIXES)
     return False
 
@@ -120,7 +117,7 @@ def strict_wait(strict, call_timeout_s):
 
 
 def is_unknown_command(exc):
-    return isinstance(exc, redis.exceptions.ResponseError) and \
+    return isinstance(exc, families.RESPONSE_ERROR) and \
         str(exc).lower().startswith(("unknown command", "err unknown command"))
 
 
@@ -292,7 +289,7 @@ class _Base:
         unless backend="module" was asked for."""
         if reply is None:
             module = multi = False
-        elif isinstance(reply, redis.exceptions.ResponseError):
+        elif isinstance(reply, families.RESPONSE_ERROR):
             if self.forced == MODULE:
                 raise UnsupportedError(f"backend='module' but COMMAND INFO failed: {reply}")
             module = multi = False
@@ -324,7 +321,7 @@ class _Base:
     def _strict_reply(reply, acked):
         """(reply, replicas that acknowledged it) from a strict pipeline's
         two replies; None after NOSCRIPT (send the next command)."""
-        if isinstance(reply, redis.exceptions.NoScriptError):
+        if isinstance(reply, families.NOSCRIPT):
             return None         # first use on this node: EVAL caches it
         if isinstance(reply, Exception):
             raise reply
