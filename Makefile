@@ -67,12 +67,14 @@ test-stages:  ## print the stages of make test, in order
 # and the fuzz crates; clippy with warnings as errors over every target of
 # the workspace; ruff (ruff.toml) over the Python; ESLint's recommended rules
 # (tools/eslint, its own locked install) over every JavaScript file: the Node
-# client library, its tests and bench, and the Node example gateway.
-lint: deps venv tools/eslint/node_modules/.installed  ## rustfmt, clippy -D warnings, ruff, eslint
+# client library, its tests and bench, and the Node example gateway; mypy
+# --strict over the Python client and its usage file (clients/python/tests/types).
+lint: deps venv tools/eslint/node_modules/.installed  ## rustfmt, clippy -D warnings, ruff, mypy --strict, eslint
 	$(CARGO) fmt --all --check
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict --cache-dir target/mypy clients/python/redis_ratelimit clients/python/tests/types/usage.py
 	tools/eslint/node_modules/.bin/eslint --config tools/eslint/eslint.config.js --max-warnings 0 .
 
 tools/eslint/node_modules/.installed: tools/eslint/package-lock.json | deps

@@ -28,10 +28,15 @@ never replies), except for a lazy_connect client's first connect, which only
 `connection_timeout` bounds (GLIDE's default 2000 ms: measured 2002-2054
 ms): such a client is refused unless connection_timeout <= request_timeout.
 """
+from __future__ import annotations
+
 import importlib
 import re
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import redis.exceptions as rx
+
+Shape = Optional[Callable[[Any], Any]]
 
 _GLIDE_DEFAULT_REQUEST_TIMEOUT_MS = 250
 _GLIDE_DEFAULT_CONNECTION_TIMEOUT_MS = 2000
@@ -45,7 +50,7 @@ _SERVER = re.compile(r"An error was signalled by the server: - (\w+): (.*)", re.
 _CODE = re.compile(r"([A-Z][A-Z_-]+): (.*)", re.S)      # "NOREPLICAS: text"
 
 
-def package_of(client):
+def package_of(client: Any) -> Optional[str]:
     """"glide" (asyncio) or "glide_sync" for a GLIDE client, else None."""
     pkg = type(client).__module__.split(".")[0]
     if pkg in ("glide", "glide_sync") and hasattr(client, "custom_command"):
@@ -53,7 +58,7 @@ def package_of(client):
     return None
 
 
-def translate(exc):
+def translate(exc: BaseException) -> Exception:
     """GLIDE's exception as the redis-py exception the library classifies."""
     name, msg = type(exc).__name__, str(exc)
     if name == "TimeoutError":
@@ -75,7 +80,7 @@ def translate(exc):
     return rx.ResponseError(msg)
 
 
-def _key_of(args):
+def _key_of(args: Sequence[Any]) -> Any:
     """The key a command is routed by (None: any node will do)."""
     name = str(args[0]).upper()
     if name == "RL.MULTI":
@@ -87,12 +92,12 @@ def _key_of(args):
     return None
 
 
-def _is_detect(args):
+def _is_detect(args: Sequence[Any]) -> bool:
     """core's module detection: COMMAND INFO RL.TOKENBUCKET RL.MULTI."""
     return " ".join(str(a) for a in args).upper() == "COMMAND INFO RL.TOKENBUCKET RL.MULTI"
 
 
-def _detected(names):
+def _detected(names: Any) -> List[Optional[bytes]]:
     """COMMAND LIST FILTERBY PATTERN rl.* -> COMMAND INFO's shape for core."""
     have = {(n.decode() if isinstance(n, bytes) else n).lower() for n in names or ()}
     return [b"rl.tokenbucket" if "rl.tokenbucket" in have else None,
@@ -106,49 +111,49 @@ class _Adapter:
     """What the sync and asyncio adapters share: the command as GLIDE takes
     it and its route."""
 
-    def __init__(self, client, pkg):
+    def __init__(self, client: Any, pkg: str) -> None:
         self.glide = client                     # the GLIDE client itself
         self._pkg = importlib.import_module(pkg)
         self.cluster = isinstance(client, self._pkg.GlideClusterClient)
-        self._config = getattr(client, "config", None) or getattr(client, "_config", None)
+        self._config: Any = getattr(client, "config", None) or getattr(client, "_config", None)
 
-    def _command(self, args):
+    def _command(self, args: Sequence[Any]) -> Tuple[List[Any], Dict[str, Any], Shape]:
         """(GLIDE's args, its custom_command kwargs, how to shape the reply)."""
         if _is_detect(args):
-            kw = {"route": self._pkg.RandomNode()} if self.cluster else {}
-            return list(_DETECT), kw, _detected
+            route: Dict[str, Any] = {"route": self._pkg.RandomNode()} if self.cluster else {}
+            return list(_DETECT), route, _detected
         cmd = [str(a) if isinstance(a, int) else a for a in args]
-        kw = {}
+        kw: Dict[str, Any] = {}
         if self.cluster:
             key = _key_of(cmd)
             kw["route"] = (self._pkg.RandomNode() if key is None else
                            self._pkg.SlotKeyRoute(self._pkg.SlotType.PRIMARY, key))
         return cmd, kw, None
 
-    def _batch(self, cmds):
+    def _batch(self, cmds: Sequence[Sequence[Any]]) -> Any:
         batch = self._pkg.Batch(is_atomic=False)
         for args in cmds:
             batch.custom_command([str(a) if isinstance(a, int) else a for a in args])
         return batch
 
     @staticmethod
-    def _replies(replies):
+    def _replies(replies: Sequence[Any]) -> List[Any]:
         return [translate(r) if isinstance(r, Exception) else r for r in replies]
 
-    def _glide_error(self, exc):
+    def _glide_error(self, exc: BaseException) -> bool:
         return isinstance(exc, self._pkg.GlideError)
 
 
 class SyncGlide(_Adapter):
     """A glide_sync client, as RateLimit uses it (execute_command, pipeline)."""
 
-    def __init__(self, client):
+    def __init__(self, client: Any) -> None:
         super().__init__(client, "glide_sync")
         cfg = self._config
         ms = cfg.request_timeout or _GLIDE_DEFAULT_REQUEST_TIMEOUT_MS
         self.timeout_s = ms / 1000
 
-    def unbounded(self):
+    def unbounded(self) -> Optional[str]:
         """Why a call on this client could wait longer than its request_timeout, or None."""
         cfg = self._config
         ms = cfg.request_timeout or _GLIDE_DEFAULT_REQUEST_TIMEOUT_MS
@@ -166,7 +171,7 @@ class SyncGlide(_Adapter):
                     "leave lazy_connect unset")
         return None
 
-    def execute_command(self, *args):
+    def execute_command(self, *args: Any) -> Any:
         cmd, kw, shape = self._command(args)
         try:
             reply = self.glide.custom_command(cmd, **kw)
@@ -176,7 +181,7 @@ class SyncGlide(_Adapter):
             raise
         return shape(reply) if shape else reply
 
-    def pipeline(self, transaction=False):
+    def pipeline(self, transaction: bool = False) -> _SyncPipeline:
         return _SyncPipeline(self)
 
 
@@ -184,14 +189,14 @@ class _SyncPipeline:
     """Strict mode's pipeline: a non-atomic GLIDE Batch on the client's one
     connection (standalone only), so WAIT follows the call there."""
 
-    def __init__(self, adapter):
+    def __init__(self, adapter: _Adapter) -> None:
         self.adapter = adapter
-        self.cmds = []
+        self.cmds: List[Sequence[Any]] = []
 
-    def execute_command(self, *args):
+    def execute_command(self, *args: Any) -> None:
         self.cmds.append(args)
 
-    def execute(self, raise_on_error=True):
+    def execute(self, raise_on_error: bool = True) -> Any:
         a = self.adapter
         try:
             replies = a.glide.exec(a._batch(self.cmds), raise_on_error=False)
@@ -205,10 +210,10 @@ class _SyncPipeline:
 class AsyncGlide(_Adapter):
     """A glide (asyncio) client, as AsyncRateLimit uses it."""
 
-    def __init__(self, client):
+    def __init__(self, client: Any) -> None:
         super().__init__(client, "glide")
 
-    async def execute_command(self, *args):
+    async def execute_command(self, *args: Any) -> Any:
         cmd, kw, shape = self._command(args)
         try:
             reply = await self.glide.custom_command(cmd, **kw)
@@ -218,12 +223,12 @@ class AsyncGlide(_Adapter):
             raise
         return shape(reply) if shape else reply
 
-    def pipeline(self, transaction=False):
+    def pipeline(self, transaction: bool = False) -> _AsyncPipeline:
         return _AsyncPipeline(self)
 
 
 class _AsyncPipeline(_SyncPipeline):
-    async def execute(self, raise_on_error=True):
+    async def execute(self, raise_on_error: bool = True) -> Any:
         a = self.adapter
         try:
             replies = await a.glide.exec(a._batch(self.cmds), raise_on_error=False)
@@ -234,7 +239,7 @@ class _AsyncPipeline(_SyncPipeline):
         return a._replies(replies)
 
 
-def adapt_sync(client):
+def adapt_sync(client: Any) -> Any:
     """RateLimit's client: a glide_sync client adapted (ValueError when it
     could wait longer than its request_timeout), an asyncio one refused,
     any other returned as it is."""
@@ -252,7 +257,7 @@ def adapt_sync(client):
     return adapter
 
 
-def adapt_async(client):
+def adapt_async(client: Any) -> Any:
     """AsyncRateLimit's client: a glide client adapted, a glide_sync one
     refused, any other returned as it is."""
     pkg = package_of(client)
@@ -265,5 +270,5 @@ def adapt_async(client):
     return AsyncGlide(client)
 
 
-def is_cluster(client):
+def is_cluster(client: Any) -> bool:
     return isinstance(client, _Adapter) and client.cluster

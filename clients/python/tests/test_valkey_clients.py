@@ -139,7 +139,7 @@ def test_clients_that_could_wait_longer_are_refused(kind):
             with pytest.raises(ValueError, match="use AsyncRateLimit"):
                 RateLimit(c)
             # asyncio: bounded by AsyncRateLimit's timeout_ms whatever GLIDE's settings
-            assert AsyncRateLimit(c, timeout_ms=30).timeout == 0.03
+            assert AsyncRateLimit(c, timeout_ms=30).timeout_s == 0.03
             await c.close()
         asyncio.run(main())
     else:
