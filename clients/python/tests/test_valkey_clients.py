@@ -13,6 +13,7 @@ import time
 import pytest
 import stall_probe
 import valkey_drivers as vd
+from rltesting.proc import wait_until
 from rltesting.replication import start_replica
 from test_sentinel import settled
 from valkey_drivers import v
@@ -184,3 +185,57 @@ def test_strict_grants_only_what_a_replica_acknowledged(pair, kind):
             rep.proc.send_signal(signal.SIGCONT)
         await closer()
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_server_errors_are_classified_by_their_code(server, kind):
+    """BUSY (a script running too long) is an outage: the panic limits
+    decide and the breaker counts it; WRONGTYPE (a key of another type) is
+    a bug to fix: RateLimitError, never a panic grant. GLIDE reports both as
+    "CODE: text" (glide.translate keeps the code for core.is_outage)."""
+    import threading
+
+    from redis_ratelimit import RateLimitError
+    admin = server.client()
+    admin.config_set("busy-reply-threshold", 10)
+    admin.set("rl:{s}:api", "a string")
+
+    async def main():
+        rl, lim, closer = await vd.first_from_module(
+            kind, server.port, 500, stall_probe.POLICY, KEY, panic=Panic(limit=5))
+        with pytest.raises(RateLimitError, match="WRONGTYPE"):
+            await v(lim.limit("rl:{s}:api"))
+        busy = threading.Thread(target=_run_forever, args=(server,), daemon=True)
+        busy.start()
+        wait_until(lambda: "BUSY" in _error_of(server), what="the script holding the server")
+        try:
+            d = await v(lim.limit(KEY))
+            assert d.source == "panic", d
+            assert rl.metrics()["failures"] == 1
+        finally:
+            admin.script_kill()
+            busy.join(10)
+        for _ in range(3000):
+            if (await v(lim.limit(KEY))).source == "module":
+                break
+            await asyncio.sleep(0.01)
+        else:
+            raise AssertionError("the module never decided again")
+        await closer()
+    asyncio.run(main())
+
+
+def _error_of(server):
+    try:
+        server.client().ping()
+    except Exception as e:  # noqa: BLE001 - BUSY is what we wait for
+        return str(e)
+    return ""
+
+
+def _run_forever(server):
+    """A script that runs until SCRIPT KILL."""
+    try:
+        server.client().eval("while true do end", 0)
+    except Exception:   # noqa: BLE001 - "Script killed by user"
+        pass
