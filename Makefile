@@ -92,14 +92,16 @@ check-steps: build venv dist client-lua
 # and the fuzz crates; clippy with warnings as errors over every target of
 # the workspace; ruff (ruff.toml) over the Python; ESLint's recommended rules
 # (tools/eslint, its own locked install) over every JavaScript file: the Node
-# client library, its tests and bench, and the Node example gateway; the
-# layering of src/ (tools/layers.py: no cycle, no import of a higher layer).
-lint: deps venv tools/eslint/node_modules/.installed  ## rustfmt, clippy -D warnings, ruff, eslint, the layers of src/
+# client library, its tests and bench, and the Node example gateway; mypy
+# --strict over the Python client and its usage file (clients/python/tests/types);
+# the layering of src/ (tools/layers.py: no cycle, no import of a higher layer).
+lint: deps venv tools/eslint/node_modules/.installed  ## rustfmt, clippy -D warnings, ruff, mypy --strict, eslint, the layers of src/
 	$(CARGO) fmt --all --check
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	python3 tools/layers.py
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict --cache-dir target/mypy clients/python/redis_ratelimit clients/python/tests/types/usage.py
 	tools/eslint/node_modules/.bin/eslint --config tools/eslint/eslint.config.js --max-warnings 0 .
 
 tools/eslint/node_modules/.installed: tools/eslint/package-lock.json | deps
@@ -202,10 +204,23 @@ $(DRIVERS_DIR)/%/.installed: clients/python/drivers/%.txt | $(PY)
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --target $(@D) -r $<
 	touch $@
 
-.PHONY: drivers-py
-drivers-py: $(PY_DRIVERS:%=$(DRIVERS_DIR)/%/.installed)
+# The Valkey client lines (issue 33), installed the same way:
+# drivers/valkey-py6.txt (valkey-py, the redis-py fork) and drivers/glide2.txt
+# (GLIDE: valkey-glide and valkey-glide-sync), each the newest release of
+# its line. Each runs the Valkey client suites (tests/test_valkey_*.py: the
+# SIGSTOP bound, breaker, Lua twins, leases, strict mode, cluster) for its
+# client kinds (RL_VALKEY_KINDS, tests/valkey_drivers.py) on every server of
+# VALKEY_SERVERS (narrowed by CLIENT_SERVERS when that is given); the
+# redis-py lines skip those files.
+VALKEY_DRIVERS := valkey-py6=valkey-py,valkey-py-async glide2=glide-sync,glide-async
+VALKEY_SERVERS ?= valkey8.1 valkey9.1 redis7.0
+valkey_servers = $(if $(CLIENT_SERVERS),$(filter $(CLIENT_SERVERS),$(VALKEY_SERVERS)),$(VALKEY_SERVERS))
 
-test-clients-py: build venv $(VENV)/.clients-py drivers-py client-lua  ## the Python client library: every redis-py line x server
+.PHONY: drivers-py
+drivers-py: $(PY_DRIVERS:%=$(DRIVERS_DIR)/%/.installed) \
+            $(foreach d,$(VALKEY_DRIVERS),$(DRIVERS_DIR)/$(firstword $(subst =, ,$(d)))/.installed)
+
+test-clients-py: build venv $(VENV)/.clients-py drivers-py client-lua  ## the Python client library: every redis-py and Valkey client line x server
 	@rm -rf $(CLIENTS_MATRIX)/py && mkdir -p $(CLIENTS_MATRIX)/py
 	@newest=$$(printf '%s\n' $(PY_DRIVERS) | sort -V | tail -1); first=""; \
 	for s in $(client_servers); do [ -n "$$first" ] || first=$$s; \
@@ -214,11 +229,22 @@ test-clients-py: build venv $(VENV)/.clients-py drivers-py client-lua  ## the Py
 	    [ $$s = $$first ] || [ $$d = $$newest ] || continue; \
 	    echo "== Python client suites: $$d on $$s"; t0=$$(date +%s); \
 	    ( cd clients/python && PYTHONPATH=$(DRIVERS_DIR)/$$d REDIS_SERVER=$$bin RL_MODULE=$(MODULE) \
-	        $(PY) -m pytest -q -p no:cacheprovider --junitxml=$(CLIENTS_MATRIX)/py/$$d@$$s.xml tests ); rc=$$?; \
+	        $(PY) -m pytest -q -p no:cacheprovider --junitxml=$(CLIENTS_MATRIX)/py/$$d@$$s.xml \
+	        --ignore-glob='tests/test_valkey_*' tests ); rc=$$?; \
+	    echo "$$d@$$s $$(( $$(date +%s) - t0 )) $$rc" >> $(CLIENTS_MATRIX)/py/times; \
+	  done; \
+	done; \
+	for s in $(valkey_servers); do \
+	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
+	  for dk in $(VALKEY_DRIVERS); do d=$${dk%%=*}; \
+	    echo "== Python client suites: $$d ($${dk#*=}) on $$s"; t0=$$(date +%s); \
+	    ( cd clients/python && PYTHONPATH=$(DRIVERS_DIR)/$$d RL_VALKEY_KINDS=$${dk#*=} \
+	        REDIS_SERVER=$$bin RL_MODULE=$(MODULE) $(PY) -m pytest -q -p no:cacheprovider \
+	        --junitxml=$(CLIENTS_MATRIX)/py/$$d@$$s.xml tests/test_valkey_*.py ); rc=$$?; \
 	    echo "$$d@$$s $$(( $$(date +%s) - t0 )) $$rc" >> $(CLIENTS_MATRIX)/py/times; \
 	  done; \
 	done
-	@$(PY) -m rltesting.matrix "Python client: redis-py line x server" $(CLIENTS_MATRIX)/py
+	@$(PY) -m rltesting.matrix "Python client: redis-py and Valkey client lines x server" $(CLIENTS_MATRIX)/py
 	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py --quick --out /tmp/rl-clients-py-bench.md
 
 # The client packages as a user gets them: a fresh clone of this repository

@@ -4,8 +4,10 @@
 # SIGSTOP bound test, the exactness test and the header test against a real
 # server with the module (make test-clients-fresh).
 #
-#   Python: a fresh virtualenv, `pip install ./clients/python` (no pins; and
-#           pytest to run the tests), the tests run on the installed package.
+#   Python: a fresh virtualenv, `pip install ./clients/python[valkey,glide,glide-sync]`
+#           (no pins: redis-py, and Valkey's clients valkey-py, valkey-glide and
+#           valkey-glide-sync; and pytest to run the tests), the tests run on the
+#           installed package, the SIGSTOP bound on every client kind.
 #   Node:   an empty npm project without a lock file, `npm install
 #           ./clients/node ioredis redis iovalkey @valkey/valkey-glide`; the
 #           tests run from that project, on its drivers, against the
@@ -24,15 +26,18 @@ trap 'rm -rf "$work"' EXIT
 rc=0
 
 if [[ " $WHICH " == *" py "* ]]; then
-  echo "== fresh install, Python: pip install $PY_PKG (no pins)"
+  echo "== fresh install, Python: pip install $PY_PKG[valkey,glide,glide-sync] (no pins)"
   python3 -m venv "$work/venv"
   # and the test-support package the tests import (rltesting, testing/)
-  "$work/venv/bin/pip" install -q --disable-pip-version-check "$PY_PKG" pytest
+  "$work/venv/bin/pip" install -q --disable-pip-version-check "$PY_PKG[valkey,glide,glide-sync]" pytest
   "$work/venv/bin/pip" install -q --disable-pip-version-check --no-deps -e "$ROOT/testing"
   "$work/venv/bin/python" - <<'PY'
-import redis, redis_ratelimit, sys
+import redis, redis_ratelimit, sys, valkey
+from importlib.metadata import version
 assert "site-packages" in redis_ratelimit.__file__, redis_ratelimit.__file__
-print(f"installed: redis-ratelimit from {redis_ratelimit.__file__}, redis-py {redis.__version__}")
+print(f"installed: redis-ratelimit from {redis_ratelimit.__file__}, redis-py {redis.__version__}, "
+      f"valkey-py {valkey.__version__}, valkey-glide {version('valkey-glide')}, "
+      f"valkey-glide-sync {version('valkey-glide-sync')}")
 PY
   # from $work, so that the cwd does not put the source tree's package
   # before the installed one
@@ -40,6 +45,10 @@ PY
      -p no:cacheprovider --rootdir "$ROOT/clients/python" \
      "$ROOT/clients/python/tests/test_bound.py" "$ROOT/clients/python/tests/test_exactness.py" \
      "$ROOT/clients/python/tests/test_headers.py") || rc=1
+  # the SIGSTOP bound on each Valkey client kind (tests/valkey_drivers.py)
+  (cd "$work" && RL_MODULE=$MODULE "$work/venv/bin/python" -m pytest -q -rfE \
+     -p no:cacheprovider --rootdir "$ROOT/clients/python" -k "sigstop or refused" \
+     "$ROOT/clients/python/tests/test_valkey_clients.py") || rc=1
 fi
 
 if [[ " $WHICH " == *" node "* ]]; then

@@ -1,22 +1,29 @@
 """redis-ratelimit: rate limits shared through Redis (the ratelimit module or
 its Lua twins), with leased local decisions, a circuit breaker and panic
 limits. See clients/DESIGN.md and the package README."""
-from .breaker import Breaker, Panic
+from typing import TYPE_CHECKING, Any
+
+from .breaker import Breaker, BreakerState, Panic
 from .client import LeasedLimiter, Limiter, RateLimit
-from .core import RateLimitError, Strict, UnsupportedError
-from .decision import Decision, Part, headers, problem
-from .policies import (CrossSlotError, all_of, key_slot, make_key, sliding_counter,
-                       sliding_log, token_bucket)
+from .core import Backend, MetricsSnapshot, RateLimitError, Strict, UnsupportedError
+from .decision import Decision, Part, Source, headers, problem
+from .policies import (AllOf, CrossSlotError, Key, Keys, Kind, Policy, all_of, key_slot, make_key,
+                       sliding_counter, sliding_log, token_bucket)
 
 __version__ = "0.2.0"
 
 __all__ = ["RateLimit", "AsyncRateLimit", "Limiter", "LeasedLimiter", "Breaker", "Panic",
            "Decision", "Part", "headers", "problem", "token_bucket", "sliding_log",
            "sliding_counter", "all_of", "make_key", "key_slot", "CrossSlotError",
-           "RateLimitError", "UnsupportedError", "Strict"]
+           "RateLimitError", "UnsupportedError", "Strict", "Policy", "AllOf", "Backend", "Source",
+           "Kind", "Key", "Keys", "BreakerState", "MetricsSnapshot"]
 
 
-def __getattr__(name):
+if TYPE_CHECKING:
+    from .aio import AsyncRateLimit
+
+
+def __getattr__(name: str) -> Any:
     if name == "AsyncRateLimit":
         from .aio import AsyncRateLimit
         return AsyncRateLimit

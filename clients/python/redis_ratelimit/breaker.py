@@ -1,11 +1,21 @@
 """The circuit breaker, panic limits and the counters exposed as metrics."""
+from __future__ import annotations
+
 import threading
 from collections import OrderedDict, deque
 from time import monotonic
+from typing import TYPE_CHECKING, Deque, Dict, List, Literal, Optional, Sequence, Tuple
 
-__all__ = ["Breaker", "Panic", "Metrics"]
+if TYPE_CHECKING:
+    from .policies import AllOf, Key, Policy
 
-CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
+__all__ = ["Breaker", "Panic", "Metrics", "BreakerState"]
+
+#: The breaker's state (RateLimit.metrics()["state"]).
+BreakerState = Literal["closed", "open", "half_open"]
+CLOSED: BreakerState = "closed"
+OPEN: BreakerState = "open"
+HALF_OPEN: BreakerState = "half_open"
 NO, YES, PROBE = 0, 1, 2
 
 
@@ -17,12 +27,31 @@ class Metrics:
               "refund_tokens", "trips", "trips_failures", "trips_latency", "probes_ok",
               "probes_failed", "unreplicated", "redetects")
     __slots__ = FIELDS
+    decisions_module: int
+    decisions_lua: int
+    decisions_local: int
+    decisions_panic: int
+    denied: int
+    calls: int
+    failures: int
+    leases: int
+    lease_tokens: int
+    lease_waits: int
+    refunds: int
+    refund_tokens: int
+    trips: int
+    trips_failures: int
+    trips_latency: int
+    probes_ok: int
+    probes_failed: int
+    unreplicated: int
+    redetects: int
 
-    def __init__(self):
+    def __init__(self) -> None:
         for f in self.FIELDS:
             setattr(self, f, 0)
 
-    def snapshot(self):
+    def snapshot(self) -> Dict[str, int]:
         return {f: getattr(self, f) for f in self.FIELDS}
 
 
@@ -33,8 +62,9 @@ class Breaker:
     `open_ms`, then half-open: one probe; its success closes the breaker,
     its failure opens it again."""
 
-    def __init__(self, failures=5, latency_budget_ms=50, latency_period_ms=1000,
-                 latency_window=64, open_ms=1000):
+    def __init__(self, failures: int = 5, latency_budget_ms: float = 50,
+                 latency_period_ms: float = 1000, latency_window: int = 64,
+                 open_ms: float = 1000) -> None:
         if failures < 1 or latency_window < 1 or open_ms < 0:
             raise ValueError("failures and latency_window must be >= 1, open_ms >= 0")
         self.failures = failures
@@ -42,17 +72,17 @@ class Breaker:
         self.latency_period = latency_period_ms / 1000
         self.latency_window = latency_window
         self.open_s = open_ms / 1000
-        self.state = CLOSED
-        self.metrics = None            # set by the RateLimit that owns it
+        self.state: BreakerState = CLOSED
+        self.metrics: Optional[Metrics] = None            # set by the RateLimit that owns it
         self._lock = threading.Lock()
         self._consecutive = 0
-        self._lat = deque(maxlen=latency_window)
-        self._over_since = None
+        self._lat: Deque[float] = deque(maxlen=latency_window)
+        self._over_since: Optional[float] = None
         self._open_until = 0.0
         self._probe_at = 0.0
-        self.last_trip = None          # "failures" or "latency"
+        self.last_trip: Optional[str] = None          # "failures" or "latency"
 
-    def allow(self, now=None):
+    def allow(self, now: Optional[float] = None) -> int:
         """NO (use panic limits), YES, or PROBE (this call is the half-open probe)."""
         if self.state == CLOSED:
             return YES
@@ -69,7 +99,7 @@ class Breaker:
             self._probe_at = now
             return PROBE
 
-    def success(self, latency_s, probe=False):
+    def success(self, latency_s: float, probe: bool = False) -> None:
         self._consecutive = 0
         if probe or self.state != CLOSED:
             with self._lock:
@@ -96,7 +126,7 @@ class Breaker:
         elif now - self._over_since >= self.latency_period:
             self._trip(now, "latency")
 
-    def failure(self, probe=False):
+    def failure(self, probe: bool = False) -> None:
         now = monotonic()
         if probe or self.state == HALF_OPEN:
             with self._lock:
@@ -109,7 +139,7 @@ class Breaker:
         if self._consecutive >= self.failures and self.state == CLOSED:
             self._trip(now, "failures")
 
-    def _trip(self, now, why):
+    def _trip(self, now: float, why: str) -> None:
         with self._lock:
             if self.state != CLOSED:
                 return
@@ -132,7 +162,8 @@ class Panic:
     token bucket of `limit` units refilled over `window_ms` — by default the
     policy's limit divided by `instances`, over the policy's window."""
 
-    def __init__(self, instances=None, limit=None, window_ms=None):
+    def __init__(self, instances: Optional[int] = None, limit: Optional[int] = None,
+                 window_ms: Optional[int] = None) -> None:
         if limit is None and instances is None:
             instances = 1
         if instances is not None and (type(instances) is not int or instances < 1):
@@ -145,12 +176,13 @@ class Panic:
         self.fixed = limit
         self.window_ms = window_ms
 
-    def capacity(self, policy):
+    def capacity(self, policy: Policy) -> int:
         if self.fixed is not None:
             return self.fixed
+        assert self.instances is not None       # __init__: one of limit and instances
         return max(1, policy.limit // self.instances)
 
-    def window(self, policy):
+    def window(self, policy: Policy) -> int:
         return self.window_ms or policy.window_ms
 
 
@@ -159,15 +191,15 @@ class PanicBuckets:
 
     MAX_KEYS = 100_000
 
-    def __init__(self, panic, policy):
+    def __init__(self, panic: Panic, policy: Policy | AllOf) -> None:
         self.panic = panic
         self.lock = threading.Lock()
-        self.buckets = OrderedDict()   # (key, part index) -> [tokens, t]
+        self.buckets: OrderedDict[Tuple[Key, int], List[float]] = OrderedDict()   # (key, part index) -> [tokens, t]
         # per part: (capacity, ms per token)
         self.shape = [(panic.capacity(p), panic.window(p) / panic.capacity(p))
                       for p in policy.parts]
 
-    def _bucket(self, k, cap, ms_per, now):
+    def _bucket(self, k: Tuple[Key, int], cap: int, ms_per: float, now: float) -> List[float]:
         b = self.buckets.get(k)
         if b is None:
             b = [float(cap), now]
@@ -180,7 +212,8 @@ class PanicBuckets:
             b[1] = now
         return b
 
-    def decide(self, keys, cost, weights, partial, dry_run=False):
+    def decide(self, keys: Sequence[Key], cost: int, weights: Sequence[int], partial: bool,
+               dry_run: bool = False) -> List[Tuple[int, int, int, int, int]]:
         """[(units taken, cap, remaining, retry_ms, reset_ms)] per part: the
         largest g <= cost (all or nothing unless partial) that every part can
         take g * weight of."""
@@ -212,5 +245,5 @@ class PanicBuckets:
             return out
 
 
-def _ceil(x):
+def _ceil(x: float) -> int:
     return -int(-x // 1)

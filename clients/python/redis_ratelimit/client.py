@@ -1,32 +1,44 @@
 """The synchronous client: RateLimit, Limiter and LeasedLimiter."""
+from __future__ import annotations
+
 import queue
 import threading
 from time import monotonic
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
 
-from .core import (LUA, MODULE, WAIT, _Base, _LeasedCore, _LimiterCore, _resume, check_cost,
-                   is_outage, options)
+from . import families, glide
+from .breaker import Breaker, Panic
+from .core import (CMD, LUA, WAIT, Args, Backend, StrictArg, Steps, _Base, _LimiterCore,
+                   check_cost, drive, is_outage, log, options)
+from .decision import Decision
+from .lease import _LeasedCore
+from .policies import AllOf, Key, Keys, Policy
 
 __all__ = ["RateLimit", "Limiter", "LeasedLimiter"]
 
 _REDIS_MAJOR = int(redis.__version__.split(".")[0])
 
 
-def _timeout_of(client):
+def _timeout_of(client: Any) -> Optional[float]:
+    if isinstance(client, glide.SyncGlide):
+        return client.timeout_s
     return _kwargs_of(client).get("socket_timeout")
 
 
-def _kwargs_of(client):
-    if isinstance(client, RedisCluster):
-        return client.nodes_manager.connection_kwargs
-    return client.connection_pool.connection_kwargs
+def _kwargs_of(client: Any) -> Dict[str, Any]:
+    if isinstance(client, families.SYNC_CLUSTER):
+        kw: Dict[str, Any] = client.nodes_manager.connection_kwargs
+    else:
+        kw = client.connection_pool.connection_kwargs
+    return kw
 
 
-def _retries(retry):
+def _retries(retry: Any) -> int:
     """How often a redis-py Retry tries again (-1: without end)."""
     if retry is None:
         return 0
@@ -34,7 +46,7 @@ def _retries(retry):
     return -1 if n < 0 else n
 
 
-def _connection_retries(kw):
+def _connection_retries(kw: Dict[str, Any]) -> int:
     """The retries of the connections a pool with these kwargs makes: redis-py
     5 to 8 all build a connection's Retry this way (a `retry`, or
     `retry_on_timeout` / `retry_on_error` with one retry by default; else
@@ -46,16 +58,18 @@ def _connection_retries(kw):
     return 0
 
 
-def _sentinel_of(client):
+def _sentinel_of(client: Any) -> Any:
     """The redis.sentinel.Sentinel behind a master_for() client, or None."""
-    if isinstance(client, RedisCluster):
+    if isinstance(client, families.SYNC_CLUSTER):
         return None
     return getattr(client.connection_pool, "sentinel_manager", None)
 
 
-def _unbounded(client):
+def _unbounded(client: Any) -> Optional[str]:
     """Why one call on this sync client could wait longer than its
     socket_timeout (every reason, each naming its setting), or None."""
+    if isinstance(client, glide.SyncGlide):     # glide.adapt_sync checked it
+        return None
     why = _unbounded_reasons(client)
     sentinel = _sentinel_of(client)
     if sentinel is not None:
@@ -76,19 +90,22 @@ def _unbounded(client):
                                "create it with", "give sentinel_kwargs"))
     if not why:
         return None
-    kind = "RedisCluster" if isinstance(client, RedisCluster) else \
+    kind = "RedisCluster" if isinstance(client, families.SYNC_CLUSTER) else \
         "Sentinel master_for()" if sentinel is not None else "redis"
     how = {"RedisCluster": "RateLimit.from_url(url, timeout_ms=5, cluster=True)",
            "redis": "RateLimit.from_url(url, timeout_ms=5)",
            "Sentinel master_for()": "RateLimit.from_sentinel(sentinels, service_name, "
                                     "timeout_ms=5)"}[kind]
-    return (f"RateLimit refuses this {kind} client: " + "; ".join(why)
-            + f"; or use {how}, which builds a client bounded by timeout_ms")
+    msg = (f"RateLimit refuses this {kind} client: " + "; ".join(why)
+           + f"; or use {how}, which builds a client bounded by timeout_ms")
+    if families.family_of(client) == "valkey":      # valkey-py: its own modules
+        msg = msg.replace("RedisCluster", "ValkeyCluster").replace("from redis.", "from valkey.")
+    return msg
 
 
-def _unbounded_reasons(client):
+def _unbounded_reasons(client: Any) -> List[str]:
     kw = _kwargs_of(client)
-    why = []
+    why: List[str] = []
     timeout = kw.get("socket_timeout")
     if timeout is None:
         why.append("it has no socket_timeout (every call must be bounded)")
@@ -98,7 +115,7 @@ def _unbounded_reasons(client):
                    f"is longer than its socket_timeout ({timeout} s), so a call that "
                    "reconnects could wait that long: set socket_connect_timeout <= "
                    "socket_timeout")
-    if isinstance(client, RedisCluster):
+    if isinstance(client, families.SYNC_CLUSTER):
         # redis-py 6+: client.retry (made from cluster_error_retry_attempts
         # unless given); redis-py 5: cluster_error_retry_attempts, and a
         # `retry` given goes to every node's connections.
@@ -124,7 +141,7 @@ def _unbounded_reasons(client):
     return why
 
 
-class RateLimit(_Base):
+class RateLimit(_Base["Limiter", "LeasedLimiter"]):
     """One per Redis client (redis.Redis or redis.cluster.RedisCluster).
 
     The client's socket_timeout bounds every call. A client that could wait
@@ -134,53 +151,49 @@ class RateLimit(_Base):
     another timeout plus backoff). from_url() builds a client with
     `timeout_ms` and no retries."""
 
-    def __init__(self, client, *, backend="auto", breaker=None, strict=None):
+    def __init__(self, client: Union[redis.Redis, RedisCluster], *, backend: Backend = "auto",
+                 breaker: Optional[Breaker] = None, strict: StrictArg = None) -> None:
+        client = glide.adapt_sync(client)       # GLIDE's sync clients (glide.py)
         why = _unbounded(client)
         if why is not None:
             raise ValueError(why)
-        if strict and isinstance(client, RedisCluster):
+        if strict and (isinstance(client, families.SYNC_CLUSTER) or glide.is_cluster(client)):
             raise ValueError("strict mode is not supported on a RedisCluster client (WAIT "
                              "must follow the grant on the same node's connection)")
-        self._setup(client, backend, breaker, strict, _timeout_of(client))
-        self.timeout_s = _timeout_of(client)
+        timeout = _timeout_of(client)
+        assert timeout is not None      # _unbounded refuses a client without one
+        self._setup(client, backend, breaker, strict, timeout)
         self._lock = threading.Lock()
-        self._cluster = isinstance(client, RedisCluster)
+        self._cluster = isinstance(client, families.SYNC_CLUSTER)
         self._refreshing = False
 
     @classmethod
-    def from_url(cls, url, timeout_ms=5, cluster=False, **kw):
-        t = timeout_ms / 1000
+    def _url_client(cls, url: str, t: float, cluster: bool) -> Any:
         no_retry = Retry(NoBackoff(), 0)
         if cluster:
             # redis-py 6+ takes the cluster's retries from `retry` (and warns
             # that cluster_error_retry_attempts is deprecated); 5 from both
             old = {"cluster_error_retry_attempts": 0} if _REDIS_MAJOR < 6 else {}
-            client = RedisCluster.from_url(url, socket_timeout=t, socket_connect_timeout=t,
-                                           retry=no_retry, **old)
-        else:
-            client = redis.Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t,
-                                          retry=no_retry)
-        return cls(client, **kw)
+            cluster_cls: Any = RedisCluster        # redis-py 5 leaves from_url untyped
+            return cluster_cls.from_url(url, socket_timeout=t, socket_connect_timeout=t,
+                                         retry=no_retry, **old)
+        return redis.Redis.from_url(url, socket_timeout=t, socket_connect_timeout=t,
+                                    retry=no_retry)
 
     @classmethod
-    def from_sentinel(cls, sentinels, service_name, timeout_ms=5, password=None,
-                      sentinel_password=None, **kw):
-        """A RateLimit on the primary that the sentinels name (redis.sentinel):
-        every connection, to the primary and to each sentinel, bounded by
-        timeout_ms, with no retries. After a failover a reconnect asks the
-        sentinels in turn (each at most timeout_ms) where the primary is."""
+    def _sentinel_class(cls) -> Any:
         from redis.sentinel import Sentinel
-        t = timeout_ms / 1000
-        bounded = {"socket_timeout": t, "socket_connect_timeout": t,
-                   "retry": Retry(NoBackoff(), 0)}
-        skw = dict(bounded)
-        if sentinel_password is not None:
-            skw["password"] = sentinel_password
-        s = Sentinel(sentinels, sentinel_kwargs=skw, **bounded)
-        client = s.master_for(service_name, password=password)
-        return cls(client, **kw)
+        return Sentinel
 
-    def detect(self):
+    @classmethod
+    def _bounded(cls, t: float) -> Dict[str, Any]:
+        return {"socket_timeout": t, "socket_connect_timeout": t, "retry": Retry(NoBackoff(), 0)}
+
+    @classmethod
+    def _made(cls, client: Any, timeout_ms: float, **kw: Any) -> RateLimit:
+        return cls(client, **kw)     # the client's own socket_timeout bounds it
+
+    def detect(self) -> Optional[str]:
         """Choose the backend (once): the module when its commands exist, else Lua."""
         if self.backend is None:
             with self._lock:
@@ -192,30 +205,28 @@ class RateLimit(_Base):
                     # flag, and has none)
                     c = self.client
                     if self._cluster:
-                        c = c.get_redis_connection(c.get_random_node())
+                        c = families.random_node_client(c)
                     try:
                         reply = c.execute_command(*self._DETECT)
-                    except redis.exceptions.ResponseError as e:
+                    except families.RESPONSE_ERROR as e:
                         reply = self._detect_refused(e)
                     self._set_backend(reply)
         return self.backend
 
-    def _send(self, mod_args, lua, grant=False):
-        if grant and self.wait is not None:
-            return self._send_strict(mod_args, lua)
-        key = lua[1][0]
-        if self.backend == MODULE:
-            return self._execute(key, mod_args)
-        sha, name, keys, argv = self._lua_args(lua)
-        try:
-            return self._execute(key, ("EVALSHA", sha, len(keys), *keys, *argv))
-        except redis.exceptions.NoScriptError:
-            # First use on this node (or after SCRIPT FLUSH / a restart):
-            # EVAL runs it and caches it there.
-            return self._execute(key, ("EVAL", self._scripts.text[name], len(keys),
-                                       *keys, *argv))
+    def _send(self, mod_args: Args, lua: Any, grant: bool = False) -> Any:
+        return drive(self._sends(mod_args, lua, grant), self._send_io)
 
-    def _execute(self, key, args):
+    def _send_io(self, op: Tuple[Any, ...]) -> Any:
+        """One I/O of _sends: a command, or strict mode's pipeline."""
+        if op[0] == CMD:
+            return self._execute(op[1], op[2])
+        _, args, replicas, ms = op
+        pipe = self.client.pipeline(transaction=False)
+        pipe.execute_command(*args)
+        pipe.execute_command("WAIT", replicas, ms)
+        return pipe.execute(raise_on_error=False)
+
+    def _execute(self, key: Any, args: Args) -> Any:
         """One command on `key`. On a RedisCluster it goes straight to the
         client of the node that holds the key's slot: after a timeout or a
         connection error the cluster client itself would re-read the slot
@@ -231,15 +242,15 @@ class RateLimit(_Base):
         try:
             # the redis.Redis the cluster client keeps for the node (its
             # pool, its connection settings, no retries)
-            return c.get_redis_connection(c.get_node_from_key(key)).execute_command(*args)
-        except (redis.exceptions.MovedError, redis.exceptions.AskError):
+            return families.node_client(c, key).execute_command(*args)
+        except families.REDIRECT:
             return c.execute_command(*args)
         except Exception as e:
             if is_outage(e):
                 self._refresh_map()
             raise
 
-    def _refresh_map(self):
+    def _refresh_map(self) -> None:
         """Re-read the cluster's slot map on a background thread, one at a
         time: the node a key maps to may be gone for good (a failover)."""
         with self._lock:
@@ -247,7 +258,7 @@ class RateLimit(_Base):
                 return
             self._refreshing = True
 
-        def refresh():
+        def refresh() -> None:
             try:
                 self.client.nodes_manager.initialize()
             except Exception:   # noqa: BLE001 - the next failed call tries again
@@ -256,21 +267,8 @@ class RateLimit(_Base):
                 self._refreshing = False
         threading.Thread(target=refresh, daemon=True, name="rl-cluster-map").start()
 
-    def _send_strict(self, mod_args, lua):
-        """The call and `WAIT replicas ms` in one pipeline on one connection:
-        (reply, replicas that acknowledged it)."""
-        replicas, ms = self.wait
-        for args in self._strict_cmds(mod_args, lua):
-            pipe = self.client.pipeline(transaction=False)
-            pipe.execute_command(*args)
-            pipe.execute_command("WAIT", replicas, ms)
-            reply, acked = pipe.execute(raise_on_error=False)
-            out = self._strict_reply(reply, acked)
-            if out is not None:
-                return out
-        raise reply
-
-    def call(self, mod_args, lua, probe=False, policy=None, grant=True):
+    def call(self, mod_args: Args, lua: Any, probe: bool = False,
+             policy: Optional[Policy | AllOf] = None, grant: bool = True) -> Any:
         """One Redis call (after choosing the backend, the first time): its
         reply, or None when Redis is unavailable (the breaker has counted
         it). Other errors are raised. As AsyncRateLimit.call, not awaited.
@@ -288,13 +286,16 @@ class RateLimit(_Base):
 class Limiter(_LimiterCore):
     """limit()/refund() on one policy, one shared call each."""
 
-    def limit(self, key, cost=1, partial=False, dry_run=False):
+    rl: RateLimit
+
+    def limit(self, key: Keys, cost: int = 1, partial: bool = False,
+              dry_run: bool = False) -> Decision:
         check_cost(cost)
         keys, call = self._begin(key, options(cost, partial, dry_run))
         reply = None if call is None else self.rl.call(*call)
         return self._decided(reply, keys, cost, partial, dry_run)
 
-    def refund(self, key, n):
+    def refund(self, key: Keys, n: int) -> Decision:
         """Give n units back (the request was not served after all). Returns
         a Decision whose `granted` is the units given back (0 when Redis is
         unavailable: then nothing was given back)."""
@@ -310,51 +311,47 @@ class LeasedLimiter(_LeasedCore):
     call path is _LeasedCore's; this class makes its calls and waits."""
 
     _event = threading.Event
+    rl: RateLimit
 
-    def __init__(self, rl, policy, batch, low_water, max_keys, idle_ms, recheck_ms, panic):
+    def __init__(self, rl: RateLimit, policy: Policy, batch: int, low_water: float,
+                 max_keys: int, idle_ms: float, recheck_ms: float,
+                 panic: Optional[Panic]) -> None:
         self._init(rl, policy, batch, low_water, max_keys, idle_ms, recheck_ms, panic)
-        self.q = queue.SimpleQueue()
+        self.q: queue.SimpleQueue[Optional[Steps[Any]]] = queue.SimpleQueue()
         self.worker = threading.Thread(target=self._work, daemon=True,
                                        name=f"rl-leases-{policy.name}")
         self.worker.start()
 
-    def limit(self, key, cost=1):
+    def limit(self, key: Key, cost: int = 1) -> Decision:
         if type(cost) is not int or cost < 0:
             check_cost(cost)
         now = monotonic()
         d = self._take(key, cost, now)
         return d if d is not None else self._run(self._slow(key, cost, now))
 
-    def refund(self, key, n):
+    def refund(self, key: Key, n: int) -> Decision:
         """A request that was granted locally was not served: its units go
         back into this key's reservoir (no I/O)."""
         return self._refund(key, n)
 
-    def _run(self, steps):
+    def _run(self, steps: Steps[Any]) -> Any:
         """Run one of the core's call paths: each CALL made, each WAIT waited."""
-        reply = exc = None
-        while True:
-            more, op = _resume(steps, reply, exc)
-            if not more:
-                return op
-            try:
-                reply, exc = self._io(op), None
-            except BaseException as e:  # noqa: BLE001 - thrown into the call path
-                reply, exc = None, e
+        return drive(steps, self._io)
 
-    def _io(self, op):
+    def _io(self, op: Tuple[Any, ...]) -> Any:
         if op[0] == WAIT:
             return op[1].wait(self.rl.timeout_s)
         return self.rl.call(*op[1:])
 
-    def _later(self, steps):
+    def _later(self, steps: Steps[Any]) -> None:
         self.q.put(steps)
 
-    def _work(self):
+    def _work(self) -> None:
         tick = self._tick()
         next_sweep = monotonic() + tick
         while True:
             timeout = max(0.0, next_sweep - monotonic())
+            job: Union[Steps[Any], None, Literal[False]]
             try:
                 job = self.q.get(timeout=timeout)
             except queue.Empty:
@@ -362,7 +359,7 @@ class LeasedLimiter(_LeasedCore):
             if job is None:
                 return
             try:
-                if job:
+                if job is not False:
                     self._run(job)
                 now = monotonic()
                 if now >= next_sweep:
@@ -370,10 +367,10 @@ class LeasedLimiter(_LeasedCore):
                     for k, n in self._sweep(now):
                         self._run(self._give_back(k, n))
             except Exception:   # noqa: BLE001 - the worker must outlive a bad reply
-                import traceback
-                traceback.print_exc()
+                log.exception("leased limiter %r: a background lease or refund failed",
+                              self.policy.name)
 
-    def close(self):
+    def close(self) -> None:
         """Stop the worker and give every reservoir back (REFUND)."""
         if self.closed:
             return
@@ -383,10 +380,10 @@ class LeasedLimiter(_LeasedCore):
         for k, n in self._drain():
             self._run(self._give_back(k, n))
 
-    def __enter__(self):
+    def __enter__(self) -> LeasedLimiter:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 

@@ -2,22 +2,72 @@
 send, how replies become Decisions, which errors count as Redis being
 unavailable, the Lua scripts shipped in the package, and the shared halves
 of RateLimit / Limiter / LeasedLimiter (client.py and aio.py add only the
-calls, one awaiting them)."""
+calls, one awaiting them; lease.py is the leased limiters' shared half)."""
+from __future__ import annotations
+
 import hashlib
-import threading
-from collections import OrderedDict
+import logging
+from dataclasses import replace
 from importlib import resources
 from time import monotonic
+from typing import (Any, Callable, ClassVar, Dict, Generator, Generic, List, Literal, Optional, Sequence,
+                    Tuple, Type, TypedDict, TypeVar, Union, cast)
 
-import redis
-
-from .breaker import CLOSED, NO, PROBE, YES, Breaker, Metrics, Panic, PanicBuckets
-from .decision import Decision, Part
-from .policies import MAX, AllOf, Policy
+from . import families
+from .breaker import NO, PROBE, Breaker, BreakerState, Metrics, Panic, PanicBuckets
+from .decision import Decision, Part, Source
+from .policies import MAX, AllOf, Key, Keys, Policy
 
 SCRIPTS = ("tokenbucket", "slidinglog", "slidingcounter", "multi")
-MODULE, LUA, LOCAL, PANIC = "module", "lua", "local", "panic"
+
+#: What RateLimit(backend=...) takes: "auto" (the module when the server
+#: has its commands, else the Lua twins) or one forced.
+Backend = Literal["auto", "module", "lua"]
+#: The backend a client chose (RateLimit.backend once detected).
+Chosen = Literal["module", "lua"]
+MODULE: Chosen = "module"
+LUA: Chosen = "lua"
+LOCAL: Source = "local"
+PANIC: Source = "panic"
 CALL, WAIT = "call", "wait"     # the I/O a leased limiter's call path yields
+CMD, PIPE = "cmd", "pipe"       # the I/O a client's send path yields
+
+#: Background errors (a leased limiter's worker, its sweeps) are logged here.
+log = logging.getLogger("redis_ratelimit")
+
+_T = TypeVar("_T")
+#: A call path written once as a generator: it yields its I/O (a tuple
+#: naming it) and is sent that I/O's result, or thrown its error.
+Steps = Generator[Tuple[Any, ...], Any, _T]
+#: A command's arguments, as redis-py's execute_command takes them.
+Args = Sequence[Union[str, bytes, int, float]]
+#: The Lua twin of a call: (script name, keys, argv).
+LuaCall = Tuple[str, Sequence[str], Args]
+
+
+class MetricsSnapshot(TypedDict):
+    """What RateLimit.metrics() returns: the counters and the breaker's state."""
+
+    decisions_module: int
+    decisions_lua: int
+    decisions_local: int
+    decisions_panic: int
+    denied: int
+    calls: int
+    failures: int
+    leases: int
+    lease_tokens: int
+    lease_waits: int
+    refunds: int
+    refund_tokens: int
+    trips: int
+    trips_failures: int
+    trips_latency: int
+    probes_ok: int
+    probes_failed: int
+    unreplicated: int
+    redetects: int
+    state: BreakerState
 
 
 class RateLimitError(Exception):
@@ -29,7 +79,7 @@ class UnsupportedError(RateLimitError):
     """The backend lacks what this call needs (RL.MULTI, REFUND)."""
 
 
-def script_text(name):
+def script_text(name: str) -> Optional[str]:
     try:
         return (resources.files("redis_ratelimit") / "lua" / f"{name}.lua").read_text()
     except FileNotFoundError:
@@ -39,9 +89,9 @@ def script_text(name):
 class Scripts:
     """Script texts and their SHA1s, read once from the package."""
 
-    def __init__(self):
-        self.text = {}
-        self.sha = {}
+    def __init__(self) -> None:
+        self.text: Dict[str, str] = {}
+        self.sha: Dict[str, str] = {}
         for n in SCRIPTS:
             t = script_text(n)
             if t is not None:
@@ -49,10 +99,10 @@ class Scripts:
                 self.sha[n] = hashlib.sha1(t.encode()).hexdigest()
 
 
-_SCRIPTS = None
+_SCRIPTS: Optional[Scripts] = None
 
 
-def scripts():
+def scripts() -> Scripts:
     global _SCRIPTS
     if _SCRIPTS is None:
         _SCRIPTS = Scripts()
@@ -63,15 +113,13 @@ _FAILURE_PREFIXES = ("BUSY", "LOADING", "CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN",
                      "NOREPLICAS", "READONLY", "MISCONF")
 
 
-def is_outage(exc):
+def is_outage(exc: BaseException) -> bool:
     """True when the error means Redis cannot answer now (down, slow,
-    busy, failing over): the breaker counts it and panic limits decide."""
-    if isinstance(exc, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError,
-                        redis.exceptions.ClusterError, redis.exceptions.ClusterDownError,
-                        redis.exceptions.TryAgainError, redis.exceptions.ReadOnlyError,
-                        redis.exceptions.RedisClusterException, OSError, TimeoutError)):
+    busy, failing over): the breaker counts it and panic limits decide.
+    redis-py's and valkey-py's exception types alike (families.py)."""
+    if isinstance(exc, families.OUTAGE + (OSError, TimeoutError)):
         return True
-    if isinstance(exc, redis.exceptions.ResponseError):
+    if isinstance(exc, families.RESPONSE_ERROR):
         return str(exc).startswith(_FAILURE_PREFIXES)
     return False
 
@@ -87,7 +135,7 @@ class Strict:
 
     __slots__ = ("replicas", "timeout_ms")
 
-    def __init__(self, replicas=1, timeout_ms=None):
+    def __init__(self, replicas: int = 1, timeout_ms: Optional[int] = None) -> None:
         if type(replicas) is not int or replicas < 1:
             raise ValueError("Strict(replicas=...) must be an integer >= 1")
         if timeout_ms is not None and (type(timeout_ms) is not int or timeout_ms < 1):
@@ -96,11 +144,15 @@ class Strict:
         self.replicas = replicas
         self.timeout_ms = timeout_ms
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"Strict(replicas={self.replicas}, timeout_ms={self.timeout_ms})"
 
 
-def strict_wait(strict, call_timeout_s):
+#: What RateLimit(strict=...) takes.
+StrictArg = Union[bool, Strict, None]
+
+
+def strict_wait(strict: StrictArg, call_timeout_s: float) -> Optional[Tuple[int, int]]:
     """(replicas, WAIT ms) for RateLimit's `strict` argument, or None."""
     if strict is None or strict is False:
         return None
@@ -119,18 +171,25 @@ def strict_wait(strict, call_timeout_s):
     return strict.replicas, ms
 
 
-def is_unknown_command(exc):
-    return isinstance(exc, redis.exceptions.ResponseError) and \
+def is_unknown_command(exc: BaseException) -> bool:
+    return isinstance(exc, families.RESPONSE_ERROR) and \
         str(exc).lower().startswith(("unknown command", "err unknown command"))
 
 
-def check_cost(cost, lo=0):
+def is_no_script(exc: object) -> bool:
+    """NOSCRIPT: EVALSHA on a node that does not have the script (cached
+    again by one EVAL). With is_outage and is_unknown_command, the whole
+    classification of a driver's errors."""
+    return isinstance(exc, families.NOSCRIPT)
+
+
+def check_cost(cost: object, lo: int = 0) -> None:
     if type(cost) is not int or not lo <= cost <= MAX:
         raise ValueError(f"cost must be an integer from {lo} to 2^53-1, not {cost!r}")
 
 
-def options(cost, partial, dry_run):
-    opts = [] if cost == 1 else ["COST", cost]
+def options(cost: int, partial: bool, dry_run: bool) -> List[Union[str, int]]:
+    opts: List[Union[str, int]] = [] if cost == 1 else ["COST", cost]
     if partial:
         opts.append("PARTIAL")
     if dry_run:
@@ -138,40 +197,54 @@ def options(cost, partial, dry_run):
     return opts
 
 
-def call_for(policy, key, opts):
+def call_for(policy: Policy | AllOf, key: Union[Key, Sequence[str]],
+             opts: Sequence[Union[str, int]]) -> Tuple[Args, LuaCall]:
     """(module command args, (script, keys, argv)) for one call."""
     if isinstance(policy, Policy):
-        return ([policy.command, key, *policy.params, *opts],
-                (policy.script, [key], [*policy.params, *opts]))
-    keys = key
-    specs = []
+        one = cast(str, key)        # a single policy's call has one key (str or bytes)
+        return ([policy.command, one, *policy.params, *opts],
+                (policy.script, [one], [*policy.params, *opts]))
+    keys = cast(Sequence[str], key)
+    specs: List[Union[str, int]] = []
     for p in policy.parts:
         specs += p.multi_spec()
     return (["RL.MULTI", len(keys), *keys, *specs, *opts],
             ("multi", keys, [*specs, *opts]))
 
 
-def to_decision(reply, policy, cost, partial, source, refund=False):
+def decision_on(policy: Policy, source: Source, *, allowed: bool, granted: int, limit: int,
+                remaining: int, retry_after_ms: int, reset_after_ms: int) -> Decision:
+    """A decision on one policy (no parts: the policy is the binding one)."""
+    return Decision(allowed=allowed, granted=granted, limit=limit, remaining=remaining,
+                    retry_after_ms=retry_after_ms, reset_after_ms=reset_after_ms,
+                    policy=policy.name, binding=policy.name, source=source, parts=(),
+                    rule=policy)
+
+
+def to_decision(reply: Any, policy: Policy | AllOf, cost: int, partial: bool, source: Source,
+                refund: bool = False) -> Decision:
     if isinstance(policy, Policy):
         a, lim, rem, retry, reset = (int(x) for x in reply)
         granted = a if (partial or refund) else (cost if a == 1 else 0)
-        return Decision(refund or granted == cost, granted, lim, rem, retry, reset,
-                        policy.name, policy.name, source, (), policy)
+        return decision_on(policy, source, allowed=refund or granted == cost, granted=granted,
+                           limit=lim, remaining=rem, retry_after_ms=retry, reset_after_ms=reset)
     a, lim, rem, retry, reset, b, per = reply
     a, lim, rem, retry, reset, b = int(a), int(lim), int(rem), int(retry), int(reset), int(b)
     granted = a if (partial or refund) else (cost if a == 1 else 0)
     parts = tuple(Part(p.name, *(int(x) for x in r)) for p, r in zip(policy.parts, per))
-    return Decision(refund or granted == cost, granted, lim, rem, retry, reset,
-                    policy.name, policy.parts[b].name, source, parts, policy)
+    return Decision(allowed=refund or granted == cost, granted=granted, limit=lim, remaining=rem,
+                    retry_after_ms=retry, reset_after_ms=reset, policy=policy.name,
+                    binding=policy.parts[b].name, source=source, parts=parts, rule=policy)
 
 
-def panic_decision(buckets, policy, keys, cost, partial, dry_run):
+def panic_decision(buckets: PanicBuckets, policy: Policy | AllOf, keys: Sequence[Key], cost: int,
+                   partial: bool, dry_run: bool) -> Decision:
     """A decision from the local panic buckets (source "panic")."""
     res = buckets.decide(keys, cost, [p.weight for p in policy.parts], partial, dry_run)
     if isinstance(policy, Policy):
         u, cap, rem, retry, reset = res[0]
-        return Decision(u == cost, u, cap, rem, retry, reset, policy.name, policy.name,
-                        PANIC, (), policy)
+        return decision_on(policy, PANIC, allowed=u == cost, granted=u, limit=cap, remaining=rem,
+                           retry_after_ms=retry, reset_after_ms=reset)
     g = res[0][0] // policy.parts[0].weight
     parts = tuple(Part(p.name, *r) for p, r in zip(policy.parts, res))
     if g == cost:   # granted: the part with the fewest whole requests left
@@ -181,11 +254,12 @@ def panic_decision(buckets, policy, keys, cost, partial, dry_run):
     _, cap, rem, _, reset = res[b]
     retry = 0 if g == cost else (-1 if any(r[3] < 0 for r in res)
                                  else max(1, max(r[3] for r in res)))
-    return Decision(g == cost, g, cap, rem, retry, reset, policy.name, policy.parts[b].name,
-                    PANIC, parts, policy)
+    return Decision(allowed=g == cost, granted=g, limit=cap, remaining=rem, retry_after_ms=retry,
+                    reset_after_ms=reset, policy=policy.name, binding=policy.parts[b].name,
+                    source=PANIC, parts=parts, rule=policy)
 
 
-def keys_for(policy, key):
+def keys_for(policy: Policy | AllOf, key: Keys) -> List[Any]:
     if isinstance(policy, AllOf):
         return policy.keys(key)
     if not isinstance(key, (str, bytes)):
@@ -193,7 +267,7 @@ def keys_for(policy, key):
     return [key]
 
 
-def _detect_reply(reply):
+def _detect_reply(reply: Any) -> Tuple[bool, bool]:
     """COMMAND INFO RL.TOKENBUCKET RL.MULTI -> (has module, has RL.MULTI)."""
     if isinstance(reply, dict):          # redis-py's parse_command
         names = {(k.decode() if isinstance(k, bytes) else k).lower() for k in reply}
@@ -203,31 +277,129 @@ def _detect_reply(reply):
     return reply[0] is not None, reply[1] is not None
 
 
-class _Base:
-    """Backend choice, the breaker and the counters (shared by sync and async)."""
+_L = TypeVar("_L")      # the limiter type a client makes (Limiter, AsyncLimiter)
+_LL = TypeVar("_LL")    # the leased limiter type (LeasedLimiter, AsyncLeasedLimiter)
+_R = TypeVar("_R", bound="_Base[Any, Any]")
 
-    def _setup(self, client, backend, breaker, strict=None, timeout_s=None):
+
+class _Base(Generic[_L, _LL]):
+    """Backend choice, the breaker, the counters, the constructors and the
+    send path (shared by sync and async). A subclass gives the client
+    classes (_url_client, _sentinel_class, _bounded), its construction
+    (_made) and its I/O (running _sends' steps)."""
+
+    # the limiter classes (set after each subclass: they are defined after it)
+    _limiter: ClassVar[Callable[..., Any]]
+    _leased: ClassVar[Callable[..., Any]]
+    #: the seconds that bound one call (the sync client's socket_timeout,
+    #: the asyncio client's timeout_ms / 1000)
+    timeout_s: float
+
+    def _setup(self, client: Any, backend: Backend, breaker: Optional[Breaker],
+               strict: StrictArg, timeout_s: float) -> None:
         if backend not in ("auto", MODULE, LUA):
             raise ValueError('backend must be "auto", "module" or "lua"')
         self.client = client
-        self.forced = None if backend == "auto" else backend
-        self.backend = None
+        self.forced: Optional[Chosen] = None if backend == "auto" else backend
+        self.backend: Optional[Chosen] = None
         self.has_multi = False
         self.breaker = breaker or Breaker()
         self._metrics = Metrics()
         self.breaker.metrics = self._metrics
         self._scripts = scripts()
+        self.timeout_s = timeout_s
         self.wait = strict_wait(strict, timeout_s)
 
-    def _acked(self, reply, acked):
+    # The constructors, written once: a subclass names the redis-py classes.
+
+    @classmethod
+    def from_url(cls: Type[_R], url: str, timeout_ms: float = 5, cluster: bool = False, *,
+                 backend: Backend = "auto", breaker: Optional[Breaker] = None,
+                 strict: StrictArg = None) -> _R:
+        """A client on `url` (a RedisCluster's when cluster=True), every call
+        bounded by timeout_ms."""
+        client = cls._url_client(url, timeout_ms / 1000, cluster)
+        return cls._made(client, timeout_ms, backend=backend, breaker=breaker, strict=strict)
+
+    @classmethod
+    def from_sentinel(cls: Type[_R], sentinels: Sequence[Tuple[str, int]], service_name: str,
+                      timeout_ms: float = 5, password: Optional[str] = None,
+                      sentinel_password: Optional[str] = None, *, backend: Backend = "auto",
+                      breaker: Optional[Breaker] = None, strict: StrictArg = None) -> _R:
+        """A client on the primary that the sentinels name: every connection,
+        to the primary and to each sentinel, bounded by timeout_ms (the sync
+        client's with no retries). After a failover a reconnect asks the
+        sentinels in turn (each at most timeout_ms) where the primary is."""
+        bounded = cls._bounded(timeout_ms / 1000)
+        skw = dict(bounded)
+        if sentinel_password is not None:
+            skw["password"] = sentinel_password
+        s = cls._sentinel_class()(sentinels, sentinel_kwargs=skw, **bounded)
+        client = s.master_for(service_name, password=password)
+        return cls._made(client, timeout_ms, backend=backend, breaker=breaker, strict=strict)
+
+    @classmethod
+    def _url_client(cls, url: str, t: float, cluster: bool) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def _sentinel_class(cls) -> Any:
+        raise NotImplementedError
+
+    @classmethod
+    def _bounded(cls, t: float) -> Dict[str, Any]:
+        """The connection settings of from_sentinel's clients (t seconds)."""
+        raise NotImplementedError
+
+    @classmethod
+    def _made(cls: Type[_R], client: Any, timeout_ms: float, **kw: Any) -> _R:
+        raise NotImplementedError
+
+    def _source(self) -> Source:
+        """The source of a decision from a reply: the backend that answered
+        (known once a call has come back)."""
+        return cast(Source, self.backend)
+
+    # The send path of one call, written once: RateLimit._send runs its
+    # steps with calls, AsyncRateLimit._send awaits them.
+
+    def _sends(self, mod_args: Args, lua: LuaCall, grant: bool) -> Steps[Any]:
+        """Yields (CMD, key, args): one command on key, sent its reply or
+        thrown its error; or, in strict mode, (PIPE, args, replicas, ms):
+        args then `WAIT replicas ms` in one pipeline on one connection, sent
+        both replies (errors as values). Returns the reply; strict mode's
+        is (reply, replicas that acknowledged it)."""
+        if grant and self.wait is not None:
+            replicas, ms = self.wait
+            for args in self._strict_cmds(mod_args, lua):
+                reply, acked = yield PIPE, args, replicas, ms
+                out = self._strict_reply(reply, acked)
+                if out is not None:
+                    return out
+            raise reply
+        key = lua[1][0]
+        if self.backend == MODULE:
+            return (yield CMD, key, mod_args)
+        sha, name, keys, argv = self._lua_args(lua)
+        try:
+            return (yield CMD, key, ("EVALSHA", sha, len(keys), *keys, *argv))
+        except Exception as e:
+            if not is_no_script(e):
+                raise
+            # First use on this node (or after SCRIPT FLUSH / a restart):
+            # EVAL runs it and caches it there.
+            return (yield CMD, key, ("EVAL", self._scripts.text[name], len(keys), *keys, *argv))
+
+    def _acked(self, reply: Any, acked: Any) -> bool:
         """Strict mode: a grant counts only when WAIT saw enough replicas
         acknowledge it (a call that granted nothing needs no copy)."""
+        assert self.wait is not None        # strict mode
         if int(reply[0]) == 0 or int(acked) >= self.wait[0]:
             return True
         self._metrics.unreplicated += 1
         return False
 
-    def _lost_backend(self):
+    def _lost_backend(self) -> bool:
         """An RL.* command is unknown where the module was found: the primary
         changed (a failover to a server without the module). The call is a
         failure; the next one detects the backend again (unless a call that
@@ -245,13 +417,13 @@ class _Base:
 
     _DETECT = ("COMMAND INFO", "RL.TOKENBUCKET", "RL.MULTI")
 
-    def _sending(self, policy):
+    def _sending(self, policy: Optional[Policy | AllOf]) -> None:
         """The backend is known: the policy must fit it; the call counts."""
         if policy is not None:
             self._check_policy(policy)
         self._metrics.calls += 1
 
-    def _answered(self, reply, probe, grant, t0):
+    def _answered(self, reply: Any, probe: bool, grant: bool, t0: float) -> Any:
         """The reply of a call that came back; None when strict mode finds
         too few replicas acknowledged its grant (a failure)."""
         if grant and self.wait is not None:
@@ -263,7 +435,7 @@ class _Base:
         self.breaker.success(monotonic() - t0, probe)
         return reply
 
-    def _failed(self, exc, probe):
+    def _failed(self, exc: Exception, probe: bool) -> None:
         """A call that raised exc: None when Redis is unavailable (the breaker
         counts it); other errors are raised (RateLimitError)."""
         ours = isinstance(exc, (RateLimitError, ValueError))
@@ -278,7 +450,7 @@ class _Base:
         raise RateLimitError(str(exc)) from exc
 
     @staticmethod
-    def _detect_refused(exc):
+    def _detect_refused(exc: Exception) -> Any:
         """COMMAND INFO raised exc (a ResponseError): re-raised when it is an
         outage, else the reply _set_backend takes (COMMAND renamed or not
         permitted)."""
@@ -286,13 +458,13 @@ class _Base:
             raise exc
         return exc
 
-    def _set_backend(self, reply):
+    def _set_backend(self, reply: Any) -> Optional[Chosen]:
         """From COMMAND INFO's reply; None when backend="lua" asked nothing; a
         ResponseError when COMMAND is refused (managed services): then Lua,
         unless backend="module" was asked for."""
         if reply is None:
             module = multi = False
-        elif isinstance(reply, redis.exceptions.ResponseError):
+        elif isinstance(reply, families.RESPONSE_ERROR):
             if self.forced == MODULE:
                 raise UnsupportedError(f"backend='module' but COMMAND INFO failed: {reply}")
             module = multi = False
@@ -304,14 +476,14 @@ class _Base:
         self.has_multi = multi if self.backend == MODULE else "multi" in self._scripts.sha
         return self.backend
 
-    def _lua_args(self, lua):
+    def _lua_args(self, lua: LuaCall) -> Tuple[str, str, Sequence[str], Args]:
         name, keys, argv = lua
         sha = self._scripts.sha.get(name)
         if sha is None:
             raise UnsupportedError(f"the package ships no {name}.lua")
         return sha, name, keys, argv
 
-    def _strict_cmds(self, mod_args, lua):
+    def _strict_cmds(self, mod_args: Args, lua: LuaCall) -> List[Args]:
         """What strict mode sends, each followed by `WAIT replicas ms` in one
         pipeline: the module call, or EVALSHA then (on NOSCRIPT) EVAL."""
         if self.backend == MODULE:
@@ -321,10 +493,10 @@ class _Base:
                 ["EVAL", self._scripts.text[name], len(keys), *keys, *argv]]
 
     @staticmethod
-    def _strict_reply(reply, acked):
+    def _strict_reply(reply: Any, acked: Any) -> Optional[Tuple[Any, Any]]:
         """(reply, replicas that acknowledged it) from a strict pipeline's
         two replies; None after NOSCRIPT (send the next command)."""
-        if isinstance(reply, redis.exceptions.NoScriptError):
+        if is_no_script(reply):
             return None         # first use on this node: EVAL caches it
         if isinstance(reply, Exception):
             raise reply
@@ -332,27 +504,30 @@ class _Base:
             raise acked
         return reply, acked
 
-    def _check_policy(self, policy):
+    def _check_policy(self, policy: Policy | AllOf) -> None:
         if isinstance(policy, AllOf) and self.backend is not None and not self.has_multi:
             raise UnsupportedError(f"all_of needs RL.MULTI, which this {self.backend} "
                                    "backend does not have")
 
-    def limiter(self, policy, panic=None):
+    def limiter(self, policy: Policy | AllOf, panic: Optional[Panic] = None) -> _L:
         """One shared call per decision (or panic limits while Redis is away)."""
-        return self._limiter(self, policy, panic)
+        return cast(_L, self._limiter(self, policy, panic))
 
-    def leased(self, policy, batch=50, low_water=0.2, max_keys=10_000, idle_ms=5_000,
-               recheck_ms=250, panic=None):
+    def leased(self, policy: Policy, batch: int = 50, low_water: float = 0.2,
+               max_keys: int = 10_000, idle_ms: float = 5_000, recheck_ms: float = 250,
+               panic: Optional[Panic] = None) -> _LL:
         """Two-tier: decisions from local reservoirs leased in batches."""
-        return self._leased(self, policy, batch, low_water, max_keys, idle_ms, recheck_ms,
-                            panic)
+        return cast(_LL, self._leased(self, policy, batch, low_water, max_keys, idle_ms,
+                                      recheck_ms, panic))
 
-    def metrics(self):
-        m = self._metrics.snapshot()
+    def metrics(self) -> MetricsSnapshot:
+        """The counters (decisions by source, calls, failures, leases, refunds,
+        trips, probes...) and the breaker's state."""
+        m: Dict[str, Any] = dict(self._metrics.snapshot())
         m["state"] = self.breaker.state
-        return m
+        return cast(MetricsSnapshot, m)
 
-    def _count(self, d):
+    def _count(self, d: Decision) -> Decision:
         m = self._metrics
         s = d.source
         if s == MODULE:
@@ -368,319 +543,9 @@ class _Base:
         return d
 
 
-class _Entry:
-    __slots__ = ("tokens", "used", "inflight", "next_try", "remaining", "retry", "reset",
-                 "at", "limit", "event", "failed")
 
-    def __init__(self, now):
-        self.tokens = 0
-        self.used = now
-        self.inflight = False
-        self.next_try = 0.0
-        self.remaining = 0
-        self.retry = 0
-        self.reset = 0
-        self.at = now
-        self.limit = 0
-        self.event = None     # set when the lease in flight has landed
-        self.failed = False   # the last lease found Redis unavailable
-
-
-class _LeasedCore:
-    """The local tier, shared by the sync and asyncio leased limiters."""
-
-    def _init(self, rl, policy, batch, low_water, max_keys, idle_ms, recheck_ms, panic):
-        if not isinstance(policy, Policy):
-            raise ValueError("leased() takes a single policy (all_of is not leased)")
-        if type(batch) is not int or batch < 1:
-            raise ValueError("batch must be an integer >= 1")
-        if not 0 <= low_water < 1:
-            raise ValueError("low_water must be in [0, 1)")
-        if type(max_keys) is not int or max_keys < 1:
-            raise ValueError("max_keys must be an integer >= 1")
-        self.rl = rl
-        self.policy = policy
-        self.batch = min(batch, policy.limit)
-        self.low = low_water * self.batch
-        self.max_keys = max_keys
-        self.idle_s = idle_ms / 1000
-        self.recheck_s = recheck_ms / 1000
-        self.panic = PanicBuckets(panic or Panic(), policy)
-        self.entries = OrderedDict()
-        self.lock = threading.Lock()
-        self.closed = False
-
-    def _local(self, e, key, cost, now):
-        """A local grant from e's reservoir (caller holds the lock)."""
-        t = e.tokens - cost
-        e.tokens = t
-        self.rl._metrics.decisions_local += 1
-        p = self.policy
-        reset = e.reset - int((now - e.at) * 1000)
-        return Decision(True, cost, p.limit, t + e.remaining, 0, reset if reset > 0 else 0,
-                        p.name, p.name, LOCAL, (), p)
-
-    def _local_denial(self, e, now):
-        m = self.rl._metrics
-        m.decisions_local += 1
-        m.denied += 1
-        p = self.policy
-        el = int((now - e.at) * 1000)
-        retry = e.retry if e.retry < 0 else max(1, e.retry - el)
-        reset = e.reset - el
-        return Decision(False, 0, p.limit, e.tokens + e.remaining, retry,
-                        reset if reset > 0 else 0, p.name, p.name, LOCAL, (), p)
-
-    def _after_wait(self, e, key, cost, landed, now):
-        """The decision of a caller that waited for the lease in flight
-        (landed: it came back within the timeout, with or without a reply).
-        It takes no lease of its own: the reservoir grants; else, when that
-        lease brought no reply in time (Redis unavailable or slow, the breaker
-        open), the panic limits (None: the caller asks them); else a local
-        denial from the shared reply it brought."""
-        if e.tokens >= cost:
-            return self._local(e, key, cost, now)
-        if not landed or e.failed or e.limit == 0:
-            return None
-        return self._local_denial(e, now)
-
-    def _panic_decision(self, key, cost):
-        return self.rl._count(panic_decision(self.panic, self.policy, [key], cost, False, False))
-
-    def _leased_decision(self, e, cost):
-        """The decision of the caller whose own lease just landed on e
-        (caller holds the lock): from the reservoir it refilled, else a
-        denial from the reply (source: the backend that answered)."""
-        rl = self.rl
-        p = self.policy
-        if e.tokens >= cost:
-            e.tokens -= cost
-            return rl._count(Decision(True, cost, e.limit, e.tokens + e.remaining, 0, e.reset,
-                                      p.name, p.name, rl.backend, (), p))
-        return rl._count(Decision(False, 0, e.limit, e.tokens + e.remaining,
-                                  e.retry if e.retry != 0 else 1, e.reset, p.name, p.name,
-                                  rl.backend, (), p))
-
-    def _lease_call(self, key, n):
-        p = self.policy
-        return call_for(p, key, ["COST", n, "PARTIAL"])
-
-    def _apply(self, e, reply, n, now):
-        """Fold a lease reply into the entry (caller holds the lock)."""
-        g, lim, rem, retry, reset = (int(x) for x in reply)
-        m = self.rl._metrics
-        m.leases += 1
-        m.lease_tokens += g
-        e.tokens += g
-        e.remaining = rem
-        e.retry = retry
-        e.reset = reset
-        e.at = now
-        e.limit = lim
-        e.failed = False
-        if g < n:
-            wait = retry / 1000 if retry > 0 else self.recheck_s
-            e.next_try = now + min(wait, self.recheck_s)
-        else:
-            e.next_try = 0.0
-
-    def _new_entry(self, key, now, evicted):
-        e = _Entry(now)
-        self.entries[key] = e
-        while len(self.entries) > self.max_keys:
-            k, old = self.entries.popitem(last=False)
-            if old.tokens > 0 and not old.inflight:
-                evicted.append((k, old.tokens))
-                old.tokens = 0
-        return e
-
-    def _sweep(self, now):
-        """Keys idle for idle_ms leave; their tokens go back (returned list)."""
-        out = []
-        cutoff = now - self.idle_s
-        with self.lock:
-            ents = self.entries
-            while ents:
-                k = next(iter(ents))
-                e = ents[k]
-                if e.used > cutoff:
-                    break
-                del ents[k]
-                if e.tokens > 0 and not e.inflight:
-                    out.append((k, e.tokens))
-                    e.tokens = 0
-        return out
-
-    def _orphan(self, key, e):
-        """A lease landed on an entry no longer in the table: its tokens go back."""
-        if self.entries.get(key) is not e and e.tokens > 0:
-            n, e.tokens = e.tokens, 0
-            return n
-        return 0
-
-    def stranded(self):
-        """Units leased to this instance and not yet used (all keys)."""
-        with self.lock:
-            return sum(e.tokens for e in self.entries.values())
-
-    def _tick(self):
-        """How often idle keys are swept."""
-        return max(0.01, min(self.idle_s / 4, 1.0))
-
-    def _drain(self):
-        """close(): every key leaves the table; (key, units) to give back."""
-        with self.lock:
-            items = [(k, e.tokens) for k, e in self.entries.items() if e.tokens > 0]
-            for e in self.entries.values():
-                e.tokens = 0
-            self.entries.clear()
-        return items
-
-    def _refund(self, key, n):
-        """A request that was granted locally was not served: its units go
-        back into this key's reservoir (no I/O)."""
-        check_cost(n, 1)
-        with self.lock:
-            e = self.entries.get(key)
-            if e is not None:
-                e.tokens += n
-        p = self.policy
-        return Decision(True, n if e is not None else 0, p.limit,
-                        e.tokens if e is not None else 0, 0, 0, p.name, p.name, LOCAL, (), p)
-
-    # The call path, written once. limit() is _take (no I/O), else the
-    # steps of _slow. _slow, _refill and _give_back are generators that
-    # yield their I/O, (CALL, args of rl.call) or (WAIT, event), and are
-    # sent its result (or thrown its error): LeasedLimiter._run makes the
-    # call or waits on a threading.Event, AsyncLeasedLimiter._run awaits.
-    # Work for later goes to _later (the worker's queue, or a task), and
-    # events come from _event (threading.Event or asyncio.Event).
-
-    def _take(self, key, cost, now):
-        """A local grant from key's reservoir (starting its refill when it
-        runs low), or None: the caller goes on with _slow."""
-        with self.lock:
-            e = self.entries.get(key)
-            if e is None:
-                return None
-            self.entries.move_to_end(key)
-            e.used = now
-            if e.tokens < cost:
-                return None
-            d = self._local(e, key, cost, now)
-            if e.tokens >= self.low or e.inflight or now < e.next_try \
-                    or self.rl.breaker.state != CLOSED:
-                return d
-            e.inflight = True
-            e.event = self._event()
-        self._later(self._refill(key, e))
-        return d
-
-    def _slow(self, key, cost, now):
-        """limit() when the reservoir is short: wait for the lease in flight,
-        or send one on the caller's path, or decide from the panic limits.
-        While the breaker is not closed no caller waits on Redis: the
-        half-open probe is a lease the background worker sends (_later),
-        and the caller is answered from the panic limits at once."""
-        breaker = self.rl.breaker
-        evicted = []
-        d = wait = None
-        allow = NO
-        with self.lock:
-            e = self.entries.get(key)
-            if e is None:
-                e = self._new_entry(key, now, evicted)
-            elif e.tokens >= cost:      # a refill landed meanwhile
-                return self._local(e, key, cost, now)
-            if e.inflight:
-                # the breaker closed: wait for it; else (a probe or a lease
-                # that will fail) the panic limits, at once
-                if breaker.state == CLOSED:
-                    wait = e.event
-            else:
-                allow = breaker.allow(now)
-                if allow == YES and now < e.next_try:
-                    d = self._local_denial(e, now)
-                elif allow != NO:
-                    e.inflight = True
-                    e.event = self._event()
-        for k, n in evicted:
-            self._later(self._give_back(k, n))
-        if allow == PROBE:
-            # the worker sends the probe (a lease for this key); a success
-            # closes the breaker and fills the reservoir
-            self._later(self._refill(key, e, max(self.batch, cost - e.tokens), PROBE))
-            return self._panic_decision(key, cost)
-        if d is not None:
-            return d
-        if wait is None and allow == NO:
-            return self._panic_decision(key, cost)
-        if wait is not None:
-            # a lease for this key is in flight: wait for it (at most the timeout)
-            self.rl._metrics.lease_waits += 1
-            landed = yield WAIT, wait
-            with self.lock:
-                d = self._after_wait(e, key, cost, landed, monotonic())
-            return d if d is not None else self._panic_decision(key, cost)
-        n = max(self.batch, cost - e.tokens)
-        reply, back = yield from self._lease(key, e, n, False, now)
-        if back:
-            self._later(self._give_back(key, back))
-        if reply is None:
-            return self._panic_decision(key, cost)
-        with self.lock:
-            return self._leased_decision(e, cost)
-
-    def _lease(self, key, e, n, probe, now=None):
-        """Send e's lease of n units (e is marked in flight) and fold its
-        reply in: (reply or None, units to give back as e left the table)."""
-        reply = None
-        try:
-            mod, lua = self._lease_call(key, n)
-            reply = yield CALL, mod, lua, probe
-        finally:
-            back = self._landed(key, e, reply, n, now)
-        return reply, back
-
-    def _landed(self, key, e, reply, n, now=None):
-        """e's lease is no longer in flight (reply None: it brought none)."""
-        with self.lock:
-            e.inflight = False
-            e.failed = reply is None
-            back = 0
-            if reply is not None:
-                self._apply(e, reply, n, monotonic() if now is None else now)
-                back = self._orphan(key, e)
-            e.event.set()
-        return back
-
-    def _refill(self, key, e, n=None, allow=None):
-        """The background lease _take started, or (allow=PROBE) the breaker's
-        half-open probe _slow handed over: n units (default the batch)."""
-        if allow is None:
-            allow = self.rl.breaker.allow()
-        if allow == NO:
-            self._landed(key, e, None, 0)
-            return
-        _, back = yield from self._lease(key, e, n or self.batch, allow == PROBE)
-        if back:
-            yield from self._give_back(key, back)
-
-    def _give_back(self, key, n):
-        """REFUND n units of key's (swept, evicted or closed): True when done."""
-        if self.rl.breaker.allow() == NO:
-            return False
-        mod, lua = call_for(self.policy, key, ["REFUND", n])
-        reply = yield CALL, mod, lua, False, False
-        if reply is None:
-            return False
-        m = self.rl._metrics
-        m.refunds += 1
-        m.refund_tokens += int(reply[0])
-        return True
-
-
-def _resume(steps, reply, exc):
+def _resume(steps: Steps[_T], reply: Any,
+            exc: Optional[BaseException]) -> Tuple[bool, Any]:
     """One step of a call path's generator: (True, its next I/O) or (False,
     its result), after sending it the last I/O's reply or throwing its error."""
     try:
@@ -689,11 +554,29 @@ def _resume(steps, reply, exc):
         return False, done.value
 
 
+def drive(steps: Steps[_T], io: Callable[[Tuple[Any, ...]], Any]) -> _T:
+    """Run a call path's steps to their result, each I/O done by io(op)
+    (the sync clients; aio.py's adrive awaits it)."""
+    reply: Any = None
+    exc: Optional[BaseException] = None
+    while True:
+        more, op = _resume(steps, reply, exc)
+        if not more:
+            return cast(_T, op)
+        try:
+            reply, exc = io(op), None
+        except BaseException as e:  # noqa: BLE001 - thrown into the call path
+            reply, exc = None, e
+
+
 class _LimiterCore:
     """limit()/refund() on one policy, one shared call each: all but the
     call itself, which Limiter makes and AsyncLimiter awaits."""
 
-    def __init__(self, rl, policy, panic=None):
+    rl: _Base[Any, Any]
+
+    def __init__(self, rl: _Base[Any, Any], policy: Policy | AllOf,
+                 panic: Optional[Panic] = None) -> None:
         if not isinstance(policy, (Policy, AllOf)):
             raise ValueError("policy must come from token_bucket, sliding_log, "
                              "sliding_counter or all_of")
@@ -701,7 +584,8 @@ class _LimiterCore:
         self.policy = policy
         self.panic = PanicBuckets(panic or Panic(), policy)
 
-    def _begin(self, key, opts):
+    def _begin(self, key: Keys, opts: Sequence[Union[str, int]]
+               ) -> Tuple[List[Any], Optional[Tuple[Args, LuaCall, bool, Policy | AllOf, bool]]]:
         """(keys, the arguments of rl.call, or None while the breaker is open)."""
         policy = self.policy
         keys = keys_for(policy, key)
@@ -712,20 +596,20 @@ class _LimiterCore:
         grant = "DRYRUN" not in opts and "REFUND" not in opts
         return keys, (mod, lua, allow == PROBE, policy, grant)
 
-    def _decided(self, reply, keys, cost, partial, dry_run):
+    def _decided(self, reply: Any, keys: Sequence[str], cost: int, partial: bool,
+                 dry_run: bool) -> Decision:
         """The decision from the reply, or from the panic limits (no reply)."""
         rl = self.rl
         if reply is not None:
-            return rl._count(to_decision(reply, self.policy, cost, partial, rl.backend))
+            return rl._count(to_decision(reply, self.policy, cost, partial, rl._source()))
         return rl._count(panic_decision(self.panic, self.policy, keys, cost, partial, dry_run))
 
-    def _refunded(self, reply, keys, n):
+    def _refunded(self, reply: Any, keys: Sequence[str], n: int) -> Decision:
         rl = self.rl
         if reply is not None:
             rl._metrics.refunds += 1
-            d = to_decision(reply, self.policy, n, False, rl.backend, refund=True)
+            d = to_decision(reply, self.policy, n, False, rl._source(), refund=True)
             rl._metrics.refund_tokens += d.granted
             return d
         d = panic_decision(self.panic, self.policy, keys, 0, False, True)
-        d.granted = 0
-        return d
+        return replace(d, granted=0)

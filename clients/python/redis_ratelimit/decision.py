@@ -1,74 +1,86 @@
 """Decisions, and what HTTP makes of them: headers and the 429 body."""
+from __future__ import annotations
 
-__all__ = ["Decision", "Part", "headers", "problem"]
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple, Union
+
+if TYPE_CHECKING:
+    from .policies import AllOf, Policy
+
+__all__ = ["Decision", "Part", "Source", "headers", "problem"]
+
+#: Where a decision came from: the module, the Lua twins, a leased
+#: limiter's local reservoir, or the panic limits (Redis unavailable).
+Source = Literal["module", "lua", "local", "panic"]
 
 QUOTA_EXCEEDED = "https://iana.org/assignments/http-problem-types#quota-exceeded"
 QUOTA_TITLE = "Request cannot be satisfied as assigned quota has been exceeded"
 
 
+@dataclass(frozen=True)
 class Part:
-    """One policy's answer inside an all_of decision."""
+    """One policy's answer inside an all_of decision (immutable)."""
 
     __slots__ = ("policy", "granted", "limit", "remaining", "retry_after_ms", "reset_after_ms")
+    policy: str
+    granted: int
+    limit: int
+    remaining: int
+    retry_after_ms: int
+    reset_after_ms: int
 
-    def __init__(self, policy, granted, limit, remaining, retry_after_ms, reset_after_ms):
-        self.policy = policy
-        self.granted = granted
-        self.limit = limit
-        self.remaining = remaining
-        self.retry_after_ms = retry_after_ms
-        self.reset_after_ms = reset_after_ms
-
-    def as_tuple(self):
+    def as_tuple(self) -> Tuple[str, int, int, int, int, int]:
         return (self.policy, self.granted, self.limit, self.remaining, self.retry_after_ms,
                 self.reset_after_ms)
 
-    def __eq__(self, other):
-        return isinstance(other, Part) and self.as_tuple() == other.as_tuple()
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # frozen with __slots__: pickle and copy rebuild it through __init__
+        return (Part, self.as_tuple())
 
-    __hash__ = None
-
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "Part(%r, granted=%d, limit=%d, remaining=%d, retry_after_ms=%d, " \
                "reset_after_ms=%d)" % self.as_tuple()
 
 
+@dataclass(frozen=True, eq=False)
 class Decision:
-    """The answer to one limit() or refund() call. See clients/DESIGN.md."""
+    """The answer to one limit() or refund() call (immutable; built by
+    keyword). See clients/DESIGN.md. Two decisions are equal when they agree
+    on everything but `rule` (the policy object itself)."""
 
     __slots__ = ("allowed", "granted", "limit", "remaining", "retry_after_ms",
                  "reset_after_ms", "policy", "binding", "source", "parts", "rule")
+    allowed: bool
+    granted: int
+    limit: int
+    remaining: int
+    retry_after_ms: int
+    reset_after_ms: int
+    policy: str
+    binding: str
+    source: Source
+    parts: Tuple[Part, ...]
+    rule: Union[Policy, AllOf]
 
-    def __init__(self, allowed, granted, limit, remaining, retry_after_ms, reset_after_ms,
-                 policy, binding, source, parts, rule):
-        self.allowed = allowed
-        self.granted = granted
-        self.limit = limit
-        self.remaining = remaining
-        self.retry_after_ms = retry_after_ms
-        self.reset_after_ms = reset_after_ms
-        self.policy = policy
-        self.binding = binding
-        self.source = source
-        self.parts = parts
-        self.rule = rule
-
-    def values(self):
+    def values(self) -> Tuple[Any, ...]:
         """Everything but `source` and `rule`: what two backends must agree on."""
         return (self.allowed, self.granted, self.limit, self.remaining, self.retry_after_ms,
                 self.reset_after_ms, self.policy, self.binding,
                 tuple(p.as_tuple() for p in self.parts))
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         return isinstance(other, Decision) and self.values() == other.values() \
             and self.source == other.source
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]
 
-    def __bool__(self):
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (Decision, tuple(getattr(self, f) for f in self.__slots__))
+
+    def __bool__(self) -> bool:
         return self.allowed
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Decision(allowed={self.allowed}, granted={self.granted}, limit={self.limit}, "
                 f"remaining={self.remaining}, retry_after_ms={self.retry_after_ms}, "
                 f"reset_after_ms={self.reset_after_ms}, policy={self.policy!r}, "
@@ -76,11 +88,11 @@ class Decision:
                 + (f", parts={list(self.parts)!r})" if self.parts else ")"))
 
 
-def _secs(ms):
+def _secs(ms: int) -> int:
     return -(-ms // 1000) if ms > 0 else 0
 
 
-def headers(decision):
+def headers(decision: Decision) -> Dict[str, str]:
     """The IETF RateLimit fields, the legacy X-RateLimit-* and, on a denial,
     Retry-After (whole seconds, rounded up, never 0). Returns a dict in the
     order the fields should be sent."""
@@ -104,7 +116,7 @@ def headers(decision):
     return h
 
 
-def violated(decision):
+def violated(decision: Decision) -> List[str]:
     """Names of the policies that could not take their units."""
     d = decision
     if d.parts:
@@ -113,7 +125,7 @@ def violated(decision):
     return [d.policy]
 
 
-def problem(decision, instance=None):
+def problem(decision: Decision, instance: Optional[str] = None) -> Dict[str, Any]:
     """The body of a 429 (application/problem+json) for a denied decision."""
     d = decision
     if d.retry_after_ms < 0:
@@ -121,7 +133,7 @@ def problem(decision, instance=None):
     else:
         detail = f'Rate limit "{d.binding}" exceeded; retry in ' \
                  f'{max(1, _secs(d.retry_after_ms))} s.'
-    body = {
+    body: Dict[str, Any] = {
         "type": QUOTA_EXCEEDED,
         "title": QUOTA_TITLE,
         "status": 429,

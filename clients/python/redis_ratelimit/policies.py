@@ -1,26 +1,37 @@
 """Policies (what a limit is) and keys (where its state lives)."""
+from __future__ import annotations
+
 import re
+from typing import List, Literal, Optional, Sequence, Tuple, Union, cast
 
 from redis.crc import key_slot as _crc_slot
 
 MAX = (1 << 53) - 1
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
-__all__ = ["Policy", "AllOf", "token_bucket", "sliding_log", "sliding_counter", "all_of",
+__all__ = ["Policy", "AllOf", "Kind", "token_bucket", "sliding_log", "sliding_counter", "all_of",
            "make_key", "key_slot", "CrossSlotError"]
+
+#: A single policy's algorithm (its module command is "RL." + kind.upper()).
+Kind = Literal["tokenbucket", "slidinglog", "slidingcounter"]
+#: One key (a leased limiter's, a single policy's).
+Key = Union[str, bytes]
+#: What limit() and refund() take: one key, or (all_of) one key per policy
+#: (a string k stands for the keys "k:<policy name>").
+Keys = Union[str, bytes, Sequence[str]]
 
 
 class CrossSlotError(ValueError):
     """The keys of an all_of call cannot share a cluster slot."""
 
 
-def _int(what, v, lo=1):
+def _int(what: str, v: object, lo: int = 1) -> int:
     if type(v) is not int or not lo <= v <= MAX:
         raise ValueError(f"{what} must be an integer from {lo} to 2^53-1, not {v!r}")
     return v
 
 
-def _name(v):
+def _name(v: object) -> str:
     if not isinstance(v, str) or not _NAME.match(v):
         raise ValueError(f"policy name {v!r}: 1-64 of A-Z a-z 0-9 . _ -")
     return v
@@ -36,7 +47,20 @@ class Policy:
     __slots__ = ("kind", "name", "limit", "window_ms", "params", "weight", "command",
                  "script", "rate", "period_ms", "parts")
 
-    def __init__(self, kind, name, limit, params, window_ms, rate, period_ms, weight=1):
+    kind: Kind
+    name: str
+    limit: int
+    window_ms: int
+    params: Tuple[int, ...]
+    weight: int
+    command: str
+    script: str
+    rate: int
+    period_ms: int
+    parts: Tuple[Policy]
+
+    def __init__(self, kind: Kind, name: str, limit: int, params: Tuple[int, ...], window_ms: int,
+                 rate: int, period_ms: int, weight: int = 1) -> None:
         self.kind = kind
         self.name = name
         self.limit = limit
@@ -49,22 +73,22 @@ class Policy:
         self.script = kind
         self.parts = (self,)
 
-    def weighted(self, weight):
+    def weighted(self, weight: int) -> Policy:
         """The same policy counting WEIGHT w units per unit of cost in all_of."""
         return Policy(self.kind, self.name, self.limit, self.params, self.window_ms,
                       self.rate, self.period_ms, weight)
 
-    def multi_spec(self):
-        spec = [self.kind.upper(), *self.params]
+    def multi_spec(self) -> List[Union[str, int]]:
+        spec: List[Union[str, int]] = [self.kind.upper(), *self.params]
         if self.weight != 1:
             spec += ["WEIGHT", self.weight]
         return spec
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{self.kind} {self.name!r} {self.params}>"
 
 
-def token_bucket(name, capacity, rate, period_ms):
+def token_bucket(name: str, capacity: int, rate: int, period_ms: int) -> Policy:
     """At most `capacity` tokens; `rate` come back every `period_ms`."""
     _name(name)
     _int("capacity", capacity), _int("rate", rate), _int("period_ms", period_ms)
@@ -73,14 +97,14 @@ def token_bucket(name, capacity, rate, period_ms):
                   rate, period_ms)
 
 
-def sliding_log(name, limit, window_ms):
+def sliding_log(name: str, limit: int, window_ms: int) -> Policy:
     """Exact: at most `limit` units in any `window_ms`."""
     _name(name)
     _int("limit", limit), _int("window_ms", window_ms)
     return Policy("slidinglog", name, limit, (limit, window_ms), window_ms, limit, window_ms)
 
 
-def sliding_counter(name, limit, window_ms):
+def sliding_counter(name: str, limit: int, window_ms: int) -> Policy:
     """Approximate sliding window (two fixed windows, weighted)."""
     _name(name)
     _int("limit", limit), _int("window_ms", window_ms)
@@ -92,19 +116,23 @@ class AllOf:
 
     __slots__ = ("name", "parts", "limit", "window_ms")
     kind = "multi"
+    name: str
+    parts: Tuple[Policy, ...]
+    limit: int
+    window_ms: int
 
-    def __init__(self, parts, name):
+    def __init__(self, parts: Tuple[Policy, ...], name: str) -> None:
         self.parts = parts
         self.name = name
         self.limit = min(p.limit for p in parts)
         self.window_ms = max(p.window_ms for p in parts)
 
-    def keys(self, key):
+    def keys(self, key: Keys) -> List[str]:
         """The key of each part: `key:name` for a string, else one key per part."""
         if isinstance(key, str):
             keys = [f"{key}:{p.name}" for p in self.parts]
         else:
-            keys = list(key)
+            keys = list(cast(Sequence[str], key))
             if len(keys) != len(self.parts):
                 raise ValueError(f"all_of {self.name!r} has {len(self.parts)} policies "
                                  f"but {len(keys)} keys were given")
@@ -117,20 +145,22 @@ class AllOf:
                 "put the shared part in a hash tag (make_key)")
         return keys
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<all_of {self.name!r} {list(self.parts)}>"
 
 
-def all_of(*policies, name=None):
+def all_of(*policies: Union[Policy, Sequence[Policy]], name: Optional[str] = None) -> AllOf:
     """All the policies must grant, or none takes anything."""
+    given: Sequence[object] = policies
     if len(policies) == 1 and isinstance(policies[0], (list, tuple)):
-        policies = tuple(policies[0])
-    if not 1 <= len(policies) <= 16:
+        given = tuple(policies[0])
+    if not 1 <= len(given) <= 16:
         raise ValueError("all_of takes 1 to 16 policies")
-    if not all(isinstance(p, Policy) for p in policies):
+    if not all(isinstance(p, Policy) for p in given):
         raise ValueError("all_of takes single policies (token_bucket, sliding_log, "
                          "sliding_counter)")
-    names = [p.name for p in policies]
+    parts = cast(Tuple[Policy, ...], tuple(given))
+    names = [p.name for p in parts]
     if len(set(names)) != len(names):
         raise ValueError(f"all_of: policy names must be distinct, got {names}")
     if name is None:
@@ -140,15 +170,15 @@ def all_of(*policies, name=None):
         if len(name) > 64:
             raise ValueError(f"all_of: the default name {name!r} is longer than 64 "
                              "characters; give all_of a name=")
-    return AllOf(tuple(policies), _name(name))
+    return AllOf(parts, _name(name))
 
 
-def key_slot(key):
+def key_slot(key: Union[str, bytes]) -> int:
     """The cluster slot of `key` (CRC16 of its hash tag, as Redis computes it)."""
     return _crc_slot(key.encode() if isinstance(key, str) else key)
 
 
-def make_key(tag, *parts, prefix="rl"):
+def make_key(tag: str, *parts: str, prefix: str = "rl") -> str:
     """`rl:{tag}:part1:part2`: the tag is what must share a cluster slot."""
     if not isinstance(tag, str) or not tag or "{" in tag or "}" in tag:
         raise ValueError(f"key tag {tag!r}: a non-empty string without braces")

@@ -2,6 +2,7 @@
 flight per key, denials from the last shared reply, refunds of idle and
 evicted keys."""
 import asyncio
+import logging
 import signal
 
 import pytest
@@ -9,7 +10,8 @@ import redis.asyncio
 from rltesting.proc import wait_until
 from support import LONG, client
 
-from redis_ratelimit import AsyncRateLimit, Breaker, RateLimit, sliding_log, token_bucket
+from redis_ratelimit import (AsyncRateLimit, Breaker, RateLimit, RateLimitError, sliding_log,
+                             token_bucket)
 
 BIG = sliding_log("big", 1_000_000, LONG)
 
@@ -108,6 +110,61 @@ def test_async_leased(server):
         assert srcs.count("local") >= 1999 - 10 and m["leases"] <= 2000 // 40 + 3
         d = await rl.limiter(BIG).limit("rl:{a}:big", cost=0)
         assert d.limit - d.remaining == m["lease_tokens"]
+        await rl.client.aclose()
+
+    asyncio.run(main())
+
+
+def background_failures(caplog):
+    return [r for r in caplog.records if r.name == "redis_ratelimit"]
+
+
+def test_a_worker_failure_is_logged_and_the_worker_goes_on(server, caplog):
+    """A background refill that Redis refuses (the key changed type:
+    WRONGTYPE, a bug to fix, not an outage) goes to the "redis_ratelimit"
+    logger with its traceback, and the worker thread goes on serving the
+    other keys."""
+    rl = RateLimit(client(server.port))
+    lim = rl.leased(BIG, batch=10, low_water=0.5, idle_ms=60_000)
+    assert lim.limit("rl:{w}:big").source == "module"        # 10 leased, 9 left
+    raw = client(server.port)
+    raw.delete("rl:{w}:big")
+    raw.rpush("rl:{w}:big", "not a limiter")
+    for _ in range(5):          # 4 left: below the mark, the worker refills
+        assert lim.limit("rl:{w}:big").source == "local"
+    wait_until(lambda: background_failures(caplog), timeout=10, what="the logged failure")
+    (rec,) = background_failures(caplog)
+    assert rec.levelno == logging.ERROR and "'big'" in rec.getMessage()
+    assert rec.exc_info[0] is RateLimitError and "WRONGTYPE" in str(rec.exc_info[1])
+    assert lim.worker.is_alive()
+    for _ in range(6):          # another key: its own lease, then a refill by the worker
+        assert lim.limit("rl:{v}:big").allowed
+    wait_until(lambda: rl.metrics()["leases"] == 3, timeout=10, what="the refill, by the worker")
+    raw.delete("rl:{w}:big")    # close() gives w's 4 back (REFUND, which WRONGTYPE would refuse)
+    lim.close()
+
+
+def test_an_async_background_failure_is_logged(server, caplog):
+    """The asyncio limiter's refills run as tasks: a task's failure goes to
+    the same logger (not to asyncio's "exception never retrieved")."""
+    async def main():
+        rl = AsyncRateLimit(redis.asyncio.Redis(host="127.0.0.1", port=server.port),
+                            timeout_ms=2000)
+        lim = rl.leased(BIG, batch=10, low_water=0.5, idle_ms=60_000)
+        assert (await lim.limit("rl:{w}:big")).source == "module"
+        await rl.client.delete("rl:{w}:big")
+        await rl.client.rpush("rl:{w}:big", "not a limiter")
+        for _ in range(5):
+            assert (await lim.limit("rl:{w}:big")).source == "local"
+        for _ in range(1000):
+            if background_failures(caplog):
+                break
+            await asyncio.sleep(0.01)
+        (rec,) = background_failures(caplog)
+        assert rec.levelno == logging.ERROR and "'big'" in rec.getMessage()
+        assert rec.exc_info[0] is RateLimitError and "WRONGTYPE" in str(rec.exc_info[1])
+        await rl.client.delete("rl:{w}:big")
+        await lim.close()
         await rl.client.aclose()
 
     asyncio.run(main())

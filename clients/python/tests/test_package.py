@@ -39,3 +39,31 @@ def test_wheel_ships_the_scripts(tmp_path):
     for f in os.listdir(PKG_LUA):
         assert f"redis_ratelimit/lua/{f}" in names
     assert "redis_ratelimit/asgi.py" in names and "redis_ratelimit/aio.py" in names
+
+
+def test_decisions_are_frozen_slotted_and_survive_pickle_and_copy():
+    import copy
+    import dataclasses
+    import pickle
+
+    from redis_ratelimit import Decision, Part, all_of, sliding_log, token_bucket
+    pol = all_of(token_bucket("a", 5, 1, 1000), sliding_log("b", 3, 1000))
+    parts = (Part("a", 1, 5, 4, 0, 200), Part("b", 1, 3, 2, 0, 1000))
+    d = Decision(allowed=True, granted=1, limit=3, remaining=2, retry_after_ms=0,
+                 reset_after_ms=1000, policy=pol.name, binding="b", source="module",
+                 parts=parts, rule=pol)
+    for attr, value in (("allowed", False), ("granted", 0), ("rule", None)):
+        try:
+            setattr(d, attr, value)
+        except dataclasses.FrozenInstanceError:
+            continue
+        raise AssertionError(f"Decision.{attr} could be set")
+    assert not hasattr(d, "__dict__") and not hasattr(parts[0], "__dict__")
+    # equal: everything but the policy object itself
+    same_rule = all_of(token_bucket("a", 5, 1, 1000), sliding_log("b", 3, 1000))
+    assert d == dataclasses.replace(d, rule=same_rule)
+    assert d != dataclasses.replace(d, source="lua") and d != dataclasses.replace(d, granted=0)
+    for twin in (copy.copy(d), copy.deepcopy(d), pickle.loads(pickle.dumps(d))):
+        assert twin == d and twin.parts == parts and repr(twin) == repr(d)
+    assert repr(parts[0]) == ("Part('a', granted=1, limit=5, remaining=4, retry_after_ms=0, "
+                              "reset_after_ms=200)")
