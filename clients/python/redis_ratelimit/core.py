@@ -15,7 +15,7 @@ from typing import (Any, Callable, ClassVar, Dict, Generator, Generic, List, Lit
 
 from . import families
 from .breaker import NO, PROBE, Breaker, BreakerState, Metrics, Panic, PanicBuckets
-from .decision import Decision, Part, Source
+from .decision import Decision, Part, Source, _decision
 from .policies import MAX, AllOf, Key, Keys, Policy
 
 SCRIPTS = ("tokenbucket", "slidinglog", "slidingcounter", "multi")
@@ -215,10 +215,10 @@ def call_for(policy: Policy | AllOf, key: Union[Key, Sequence[str]],
 def decision_on(policy: Policy, source: Source, *, allowed: bool, granted: int, limit: int,
                 remaining: int, retry_after_ms: int, reset_after_ms: int) -> Decision:
     """A decision on one policy (no parts: the policy is the binding one)."""
-    return Decision(allowed=allowed, granted=granted, limit=limit, remaining=remaining,
-                    retry_after_ms=retry_after_ms, reset_after_ms=reset_after_ms,
-                    policy=policy.name, binding=policy.name, source=source, parts=(),
-                    rule=policy)
+    return _decision(allowed=allowed, granted=granted, limit=limit, remaining=remaining,
+                     retry_after_ms=retry_after_ms, reset_after_ms=reset_after_ms,
+                     policy=policy.name, binding=policy.name, source=source, parts=(),
+                     rule=policy)
 
 
 def to_decision(reply: Any, policy: Policy | AllOf, cost: int, partial: bool, source: Source,
@@ -232,9 +232,10 @@ def to_decision(reply: Any, policy: Policy | AllOf, cost: int, partial: bool, so
     a, lim, rem, retry, reset, b = int(a), int(lim), int(rem), int(retry), int(reset), int(b)
     granted = a if (partial or refund) else (cost if a == 1 else 0)
     parts = tuple(Part(p.name, *(int(x) for x in r)) for p, r in zip(policy.parts, per))
-    return Decision(allowed=refund or granted == cost, granted=granted, limit=lim, remaining=rem,
-                    retry_after_ms=retry, reset_after_ms=reset, policy=policy.name,
-                    binding=policy.parts[b].name, source=source, parts=parts, rule=policy)
+    return _decision(allowed=refund or granted == cost, granted=granted, limit=lim,
+                     remaining=rem, retry_after_ms=retry, reset_after_ms=reset,
+                     policy=policy.name, binding=policy.parts[b].name, source=source,
+                     parts=parts, rule=policy)
 
 
 def panic_decision(buckets: PanicBuckets, policy: Policy | AllOf, keys: Sequence[Key], cost: int,
@@ -254,9 +255,9 @@ def panic_decision(buckets: PanicBuckets, policy: Policy | AllOf, keys: Sequence
     _, cap, rem, _, reset = res[b]
     retry = 0 if g == cost else (-1 if any(r[3] < 0 for r in res)
                                  else max(1, max(r[3] for r in res)))
-    return Decision(allowed=g == cost, granted=g, limit=cap, remaining=rem, retry_after_ms=retry,
-                    reset_after_ms=reset, policy=policy.name, binding=policy.parts[b].name,
-                    source=PANIC, parts=parts, rule=policy)
+    return _decision(allowed=g == cost, granted=g, limit=cap, remaining=rem,
+                     retry_after_ms=retry, reset_after_ms=reset, policy=policy.name,
+                     binding=policy.parts[b].name, source=PANIC, parts=parts, rule=policy)
 
 
 def keys_for(policy: Policy | AllOf, key: Keys) -> List[Any]:

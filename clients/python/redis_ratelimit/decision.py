@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional, Tuple, Union, cast
 
 if TYPE_CHECKING:
     from .policies import AllOf, Policy
@@ -42,14 +42,20 @@ class Part:
                "reset_after_ms=%d)" % self.as_tuple()
 
 
+class _DecisionSlots:
+    """A Decision's storage (its slots): see _decision."""
+
+    __slots__ = ("allowed", "granted", "limit", "remaining", "retry_after_ms",
+                 "reset_after_ms", "policy", "binding", "source", "parts", "rule")
+
+
 @dataclass(frozen=True, eq=False)
-class Decision:
+class Decision(_DecisionSlots):
     """The answer to one limit() or refund() call (immutable; built by
     keyword). See clients/DESIGN.md. Two decisions are equal when they agree
     on everything but `rule` (the policy object itself)."""
 
-    __slots__ = ("allowed", "granted", "limit", "remaining", "retry_after_ms",
-                 "reset_after_ms", "policy", "binding", "source", "parts", "rule")
+    __slots__ = ()
     allowed: bool
     granted: int
     limit: int
@@ -75,7 +81,7 @@ class Decision:
     __hash__ = None  # type: ignore[assignment]
 
     def __reduce__(self) -> Tuple[Any, ...]:
-        return (Decision, tuple(getattr(self, f) for f in self.__slots__))
+        return (Decision, tuple(getattr(self, f) for f in _DecisionSlots.__slots__))
 
     def __bool__(self) -> bool:
         return self.allowed
@@ -86,6 +92,34 @@ class Decision:
                 f"reset_after_ms={self.reset_after_ms}, policy={self.policy!r}, "
                 f"binding={self.binding!r}, source={self.source!r}"
                 + (f", parts={list(self.parts)!r})" if self.parts else ")"))
+
+
+_new = object.__new__
+
+
+def _decision(*, allowed: bool, granted: int, limit: int, remaining: int, retry_after_ms: int,
+              reset_after_ms: int, policy: str, binding: str, source: Source,
+              parts: Tuple[Part, ...], rule: Union[Policy, AllOf]) -> Decision:
+    """Decision(...) the fast way, for the package's own decisions. A frozen
+    dataclass's __init__ sets each field through object.__setattr__: 11 of
+    them took a leased limiter's local decision from 1.5 to 5 us here. This
+    stores the slots plainly on the storage class, then makes the object a
+    Decision (same slots, same layout): 1.9 us for the 11 stores where
+    Decision(...) takes 9.1 and the old mutable class 1.5."""
+    d: Any = _new(_DecisionSlots)
+    d.allowed = allowed
+    d.granted = granted
+    d.limit = limit
+    d.remaining = remaining
+    d.retry_after_ms = retry_after_ms
+    d.reset_after_ms = reset_after_ms
+    d.policy = policy
+    d.binding = binding
+    d.source = source
+    d.parts = parts
+    d.rule = rule
+    d.__class__ = Decision
+    return cast(Decision, d)
 
 
 def _secs(ms: int) -> int:

@@ -65,5 +65,16 @@ def test_decisions_are_frozen_slotted_and_survive_pickle_and_copy():
     assert d != dataclasses.replace(d, source="lua") and d != dataclasses.replace(d, granted=0)
     for twin in (copy.copy(d), copy.deepcopy(d), pickle.loads(pickle.dumps(d))):
         assert twin == d and twin.parts == parts and repr(twin) == repr(d)
+    # the package's own decisions (built without Decision.__init__) are the same objects
+    from redis_ratelimit.core import to_decision
+    made = to_decision([1, 3, 2, 0, 1000, 1, [[1, 5, 4, 0, 200], [1, 3, 2, 0, 1000]]], pol, 1,
+                       False, "module")
+    assert type(made) is Decision and made == d and repr(made) == repr(d)
+    assert not hasattr(made, "__dict__") and pickle.loads(pickle.dumps(made)) == d
+    try:
+        made.granted = 0
+        raise AssertionError("a decision the package made could be changed")
+    except dataclasses.FrozenInstanceError:
+        pass
     assert repr(parts[0]) == ("Part('a', granted=1, limit=5, remaining=4, retry_after_ms=0, "
                               "reset_after_ms=200)")
