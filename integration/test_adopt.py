@@ -268,8 +268,11 @@ def test_acl_standard_categories_where_offered(r):
 # ---------------------------------------------------------------------------
 
 def dist_tarball():
+    """The tarball of the server's architecture: the host's, or RL_DIST_ARCH
+    (make test-arm64: aarch64, loaded into an emulated arm64 server)."""
     major, minor, patch = crate_version()
-    name = f"redis-ratelimit-{major}.{minor}.{patch}-linux-{platform.machine()}"
+    arch = os.environ.get("RL_DIST_ARCH", platform.machine())
+    name = f"redis-ratelimit-{major}.{minor}.{patch}-linux-{arch}"
     return name, os.path.join(ROOT, "dist", f"{name}.tar.gz")
 
 
