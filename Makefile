@@ -414,9 +414,16 @@ clean:  ## remove target/ and .venv
 # with docker if its daemon answers, else podman (CONTAINERS_CONF=
 # container/containers.conf). Official bases where they can be pulled,
 # else local Debian ones, made once and cached in the engine's store.
-.PHONY: image
-image: dist venv  ## the module's server images redis-ratelimit:<version>-redis and -valkey
-	container/image.sh
+# ARCH=aarch64: the arm64 images (-redis-arm64; -valkey-arm64 only from an
+# official base) from the aarch64 tarball, under qemu-user; make
+# test-image-arm64 builds them and checks the redis one answers.
+.PHONY: image test-image-arm64
+image: dist venv  ## the module's server images redis-ratelimit:<version>-redis and -valkey (ARCH=aarch64: arm64)
+	RL_IMAGE_ARCH=$(dist_arch) container/image.sh
+
+test-image-arm64:  ## make image ARCH=aarch64, then the arm64 redis image answers under emulation
+	$(MAKE) image ARCH=aarch64
+	container/arch-smoke.sh redis-ratelimit:$(VERSION)-redis-arm64 aarch64
 
 # The container suites (container/run-tests.sh): the README's testcontainers
 # recipes as printed, the client libraries' gateway calls, persistence on a
