@@ -267,9 +267,19 @@ def test_acl_standard_categories_where_offered(r):
 # The release tarball (make dist)
 # ---------------------------------------------------------------------------
 
+# The ELF header's e_machine of each architecture's module.
+ELF_MACHINE = {"x86_64": 62, "aarch64": 183}
+
+
+def dist_arch():
+    """The architecture of the tarball under test, the server's: the host's,
+    or RL_DIST_ARCH (make test-arm64: aarch64, in an emulated arm64 server)."""
+    return os.environ.get("RL_DIST_ARCH", platform.machine())
+
+
 def dist_tarball():
     major, minor, patch = crate_version()
-    name = f"redis-ratelimit-{major}.{minor}.{patch}-linux-{platform.machine()}"
+    name = f"redis-ratelimit-{major}.{minor}.{patch}-linux-{dist_arch()}"
     return name, os.path.join(ROOT, "dist", f"{name}.tar.gz")
 
 
@@ -303,6 +313,10 @@ def test_dist_tarball_loads(server_factory, tmp_path):
         assert f.read().split()[0] == hashlib.sha256(open(path, "rb").read()).hexdigest()
 
     so = str(root / "libredis_ratelimit.so")
+    # The module is built for the architecture the tarball's name gives.
+    with open(so, "rb") as f:
+        elf = f.read(20)
+    assert elf[:4] == b"\x7fELF" and int.from_bytes(elf[18:20], "little") == ELF_MACHINE[dist_arch()], elf
     # The README states the glibc the artifact needs; keep it true.
     need = ".".join(map(str, glibc_needed(so)))
     readme = (root / "README.md").read_text()
@@ -317,7 +331,9 @@ def test_dist_tarball_loads(server_factory, tmp_path):
     major, minor, patch = crate_version()
     assert mod["ver"] == major * 10000 + minor * 100 + patch, mod
     assert c.execute_command("RL.TOKENBUCKET", "rl:dist", 2, 1, 1000) == [1, 2, 1, 0, 1000]
-    print(f"{name}.tar.gz: packaged module loaded by {srv_name(c)}; needs glibc {need}")
+    # ... by a server of that architecture ("os:Linux <release> aarch64")
+    assert c.info("server")["os"].split()[-1] == dist_arch(), c.info("server")["os"]
+    print(f"{name}.tar.gz: packaged module loaded by {srv_name(c)} on {dist_arch()}; needs glibc {need}")
     c.close()
 
 

