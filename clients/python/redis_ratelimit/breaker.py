@@ -132,7 +132,9 @@ class Breaker:
             with self._lock:
                 self.state = OPEN
                 self._open_until = now + self.open_s
-                if self.metrics:
+                if self.metrics and probe:
+                    # a late failure of a call sent before the trip reopens a
+                    # half-open breaker too, but it is no probe's result
                     self.metrics.probes_failed += 1
             return
         self._consecutive += 1
