@@ -16,7 +16,7 @@ import valkey_drivers as vd
 from rltesting.proc import wait_until
 from rltesting.replication import start_replica
 from test_sentinel import settled
-from valkey_drivers import v
+from valkey_drivers import module_again, v
 
 from redis_ratelimit import AsyncRateLimit, Breaker, Panic, RateLimit, Strict, token_bucket
 
@@ -46,12 +46,7 @@ async def stopped_run(kind, server, victims=None, key=KEY, cluster=False):
     finally:
         for s in victims:
             s.proc.send_signal(signal.SIGCONT)
-    for _ in range(3000):
-        if (await v(lim.limit(key))).source == "module":
-            break
-        await asyncio.sleep(0.01)
-    else:
-        raise AssertionError("the module never decided again")
+    await module_again(lim, key)
     await closer()
     stopped_run.took = [round(t * 1000, 1) for t in took]    # for the failure message
     return max(took) * 1000, ds, m
@@ -86,12 +81,7 @@ def test_killed_then_restarted(server, kind):
         assert {d.source for d in ds} == {"panic"}, ds
         assert rl.metrics()["trips"] == 1
         server.start()
-        for _ in range(3000):
-            if (await v(lim.limit(KEY))).source == "module":
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the module never decided again")
+        await module_again(lim, KEY)
         await closer()
     asyncio.run(main())
 
@@ -215,12 +205,7 @@ def test_server_errors_are_classified_by_their_code(server, kind):
         finally:
             admin.script_kill()
             busy.join(10)
-        for _ in range(3000):
-            if (await v(lim.limit(KEY))).source == "module":
-                break
-            await asyncio.sleep(0.01)
-        else:
-            raise AssertionError("the module never decided again")
+        await module_again(lim, KEY)
         await closer()
     asyncio.run(main())
 

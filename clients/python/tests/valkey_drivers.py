@@ -133,3 +133,13 @@ async def first_from_module(kind, port, timeout_ms, policy, key, cluster=False, 
             pass
         await closer()
     raise AssertionError("no decision from the module within the timeout in 100 tries")
+
+
+async def module_again(lim, key):
+    """Poll until the module decides for key again (after a stop, a kill or
+    a busy script): up to 3,000 decisions, 10 ms apart."""
+    for _ in range(3000):
+        if (await v(lim.limit(key))).source == "module":
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the module never decided again")
