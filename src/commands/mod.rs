@@ -27,10 +27,12 @@ mod multi;
 mod reply;
 mod single;
 mod state;
+mod throttle;
 
 pub use multi::{multi, multi_keys};
 pub use single::{slidingcounter, slidinglog, tokenbucket};
 pub use state::state;
+pub use throttle::throttle;
 
 use std::ffi::CStr;
 

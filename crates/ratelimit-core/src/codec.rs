@@ -4,7 +4,7 @@
 //! ```text
 //! byte 0      kind: 1 token bucket state, 2 sliding log state,
 //!             3 sliding counter state, 4 sliding log grant (a delta),
-//!             5 sliding log refund (a delta)
+//!             5 sliding log refund (a delta), 7 CL.THROTTLE's GCRA state
 //! bytes 1..9  absolute expiry, Unix ms, little endian; 0 = no expiry
 //!             (AOF rewrite: Redis appends its own PEXPIREAT)
 //! bytes 9..   the body: the type's own versioned encoding (the same bytes
@@ -19,13 +19,14 @@
 //! numbers under kind 5, applied with `slidinglog::refund`. (A refund that
 //! leaves a limiter fresh deletes the key and replicates `DEL`.)
 
-use crate::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError, Reader, MAX_ARG};
+use crate::{gcra, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError, Reader, MAX_ARG};
 
 pub const KIND_TOKENBUCKET: u8 = 1;
 pub const KIND_SLIDINGLOG: u8 = 2;
 pub const KIND_SLIDINGCOUNTER: u8 = 3;
 pub const KIND_LOG_GRANT: u8 = 4;
 pub const KIND_LOG_REFUND: u8 = 5;
+pub const KIND_GCRA: u8 = 7;
 
 pub const HEADER_LEN: usize = 9;
 const GRANT_VERSION: u8 = 1;
@@ -40,6 +41,8 @@ pub enum Effect {
     LogGrant(LogGrant),
     /// A refund made on a sliding log (the same three numbers).
     LogRefund(LogGrant),
+    /// CL.THROTTLE's state (it replaces a redis-cell string too).
+    Gcra(gcra::State),
 }
 
 /// A grant made on a sliding log: what the replica applies.
@@ -55,6 +58,7 @@ const _: () = assert!(
     HEADER_LEN + tb::State::ENCODED_LEN <= 64
         && HEADER_LEN + sc::State::ENCODED_LEN <= 64
         && HEADER_LEN + GRANT_BODY_LEN <= 64
+        && HEADER_LEN + gcra::State::ENCODED_LEN <= 64
 );
 
 /// A small payload built on the stack (hot path: no heap allocation).
@@ -90,6 +94,10 @@ pub fn tokenbucket(state: &tb::State, abs_expire_ms: u64) -> Small {
 
 pub fn slidingcounter(state: &sc::State, abs_expire_ms: u64) -> Small {
     Small::new(KIND_SLIDINGCOUNTER, abs_expire_ms, &state.encode())
+}
+
+pub fn gcra(state: &gcra::State, abs_expire_ms: u64) -> Small {
+    Small::new(KIND_GCRA, abs_expire_ms, &state.encode())
 }
 
 pub fn log_grant(g: &LogGrant, abs_expire_ms: u64) -> Small {
@@ -144,6 +152,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Effect, u64), DecodeError> {
         KIND_TOKENBUCKET => Effect::TokenBucket(tb::State::decode(body)?),
         KIND_SLIDINGLOG => Effect::SlidingLog(sl::State::decode(body)?),
         KIND_SLIDINGCOUNTER => Effect::SlidingCounter(sc::State::decode(body)?),
+        KIND_GCRA => Effect::Gcra(gcra::State::decode(body)?),
         KIND_LOG_GRANT | KIND_LOG_REFUND => {
             let mut b = Reader::new(body);
             if b.u8()? != GRANT_VERSION {
@@ -187,6 +196,8 @@ mod tests {
         assert!(decode(log_grant(&bad, 0).as_bytes()).is_err());
         assert!(decode(&[9, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
         assert_eq!(decode(&[1, 0]), Err(DecodeError::Truncated));
+        let g = gcra::State { tat_ns: 1_796_212_800_123_456_789 };
+        assert_eq!(decode(gcra(&g, 42).as_bytes()), Ok((Effect::Gcra(g), 42)));
     }
 
     proptest! {

@@ -23,6 +23,7 @@
 
 pub mod args;
 pub mod codec;
+pub mod gcra;
 pub mod multi;
 #[cfg(any(test, feature = "reference"))]
 pub mod reference;

@@ -21,6 +21,7 @@
 //! (`fuzz/` enables it). Models may panic on inputs outside the documented
 //! ranges (that is a failed test), never overflow inside them.
 
+pub mod gcra;
 pub mod multi;
 pub mod slidingcounter;
 pub mod slidinglog;
