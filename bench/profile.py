@@ -209,9 +209,11 @@ class Conn:
         for i in range(0, len(reqs), PIPELINE):
             chunk = reqs[i:i + PIPELINE]
             self.s.sendall(b"".join(chunk))
-            for _ in chunk:
+            for req in chunk:
                 r = self.reply()
-                if not isinstance(r, list) or r[0] != 1:
+                # CL.THROTTLE's first field is `limited`: 0 when granted.
+                granted = 0 if b"\r\nCL.THROTTLE\r\n" in req[:32] else 1
+                if not isinstance(r, list) or r[0] != granted:
                     sys.exit("profile: a request was not granted: %r" % (r,))
 
 
@@ -348,7 +350,7 @@ def main():
             results = profile_server(binary, floor, a, sdir)
             if a.cell:
                 cdir = tempfile.mkdtemp(prefix="cell-", dir=tmp)
-                results.update(profile_server(binary, floor, a, cdir, cell=a.cell))
+                results.update(profile_server(binary, floor, a, cdir, cell=os.path.abspath(a.cell)))
             runs.append({"name": name or version, "version": version, "malloc": malloc, "results": results})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -76,7 +76,46 @@ pub fn emission_ns(count: i64, period: i64) -> i64 {
     if count == 0 || ns == 0 {
         return 0;
     }
-    (ns as f64 / count as f64) as i64
+    (to_f64(ns) / count as f64) as i64
+}
+
+// The request path's arithmetic is i128 (no overflow anywhere), but i128
+// division and conversion to f64 are library calls of ~50-100 instructions
+// each, i64's one instruction: where the value fits in i64 (every value
+// of a call in range: durations of at most 2^63 ns) the i64 form is used.
+// Both give the same result: truncation toward zero, and the f64 nearest
+// to the exact integer.
+
+/// `x / d`, truncated toward zero (`d` > 0).
+#[inline]
+fn div(x: i128, d: i64) -> i128 {
+    match i64::try_from(x) {
+        Ok(v) => i128::from(v / d),
+        Err(_) => div_wide(x, d),
+    }
+}
+
+/// The f64 nearest to `x`.
+#[inline]
+fn to_f64(x: i128) -> f64 {
+    match i64::try_from(x) {
+        Ok(v) => v as f64,
+        Err(_) => to_f64_wide(x),
+    }
+}
+
+// Out of line: otherwise the compiler sees that both arms compute the same
+// value and keeps only the library call.
+#[cold]
+#[inline(never)]
+fn div_wide(x: i128, d: i64) -> i128 {
+    x / i128::from(d)
+}
+
+#[cold]
+#[inline(never)]
+fn to_f64_wide(x: i128) -> f64 {
+    x as f64
 }
 
 impl Params {
@@ -139,9 +178,9 @@ pub fn step(cur: Option<State>, p: &Params, now_ns: u64) -> Result<Outcome, OutO
     };
     let t = i128::from(p.emission_ns);
     let next = tau - ttl;
-    let remaining = if next > -t { ((next / 1000) as f64 / (t / 1000) as f64) as i64 } else { 0 };
+    let remaining = if next > -t { (to_f64(div(next, 1000)) / to_f64(div(t, 1000))) as i64 } else { 0 };
     // ttl ≥ 0 whenever a state is written (new_tat ≥ now).
-    let ttl_ms = u64::try_from(ttl / 1_000_000).unwrap_or(0);
+    let ttl_ms = u64::try_from(div(ttl, 1_000_000)).unwrap_or(0);
     Ok(Outcome { limited, limit: p.limit, remaining, retry_after_ns: retry, reset_after_ns: ttl, write, ttl_ms })
 }
 
@@ -149,9 +188,27 @@ pub fn step(cur: Option<State>, p: &Params, now_ns: u64) -> Result<Outcome, OutO
 /// (whole seconds plus the signed sub-second ns over 10⁹) truncated to
 /// `i64`, plus 1 when the sub-second part holds a whole positive millisecond.
 pub fn cell_seconds(ns: i128) -> i64 {
-    let secs = ns / NS_PER_S;
-    let sub = ns % NS_PER_S;
-    let f = secs as f64 + sub as f64 / 1e9;
+    match i64::try_from(ns) {
+        Ok(v) => {
+            let (secs, sub) = (v / 1_000_000_000, v % 1_000_000_000);
+            let s = (secs as f64 + sub as f64 / 1e9) as i64;
+            if sub >= 1_000_000 {
+                s.saturating_add(1)
+            } else {
+                s
+            }
+        }
+        Err(_) => cell_seconds_wide(ns),
+    }
+}
+
+/// [`cell_seconds`] of a duration past `i64` ns (a hand-written TAT).
+#[cold]
+#[inline(never)]
+fn cell_seconds_wide(ns: i128) -> i64 {
+    let secs = div(ns, 1_000_000_000);
+    let sub = ns - secs * NS_PER_S; // |sub| < 10⁹, the sign of ns
+    let f = to_f64(secs) + to_f64(sub) / 1e9;
     let mut s = f as i64;
     if sub / 1_000_000 > 0 {
         s = s.saturating_add(1);
@@ -220,7 +277,26 @@ impl State {
 /// A numeric argument as redis-cell reads it: UTF-8, then Rust's
 /// `str::parse::<i64>` (an optional sign, ASCII digits, nothing else).
 pub fn parse_i64(b: &[u8]) -> Option<i64> {
-    std::str::from_utf8(b).ok()?.parse().ok()
+    // What `str::parse::<i64>` accepts, byte by byte (its UTF-8 check
+    // cannot fail where every byte must be an ASCII digit or sign).
+    let (neg, digits) = match b.split_first() {
+        Some((b'-', rest)) => (true, rest),
+        Some((b'+', rest)) => (false, rest),
+        _ => (false, b),
+    };
+    if digits.is_empty() {
+        return None;
+    }
+    let mut v: i64 = 0;
+    for &c in digits {
+        let d = i64::from(c.wrapping_sub(b'0'));
+        if d > 9 {
+            return None;
+        }
+        v = v.checked_mul(10)?;
+        v = if neg { v.checked_sub(d)? } else { v.checked_add(d)? };
+    }
+    Some(v)
 }
 
 #[cfg(test)]

@@ -59,6 +59,11 @@ fn seconds_round_like_redis_cell() {
     // f64 rounds s + 0.999999999 up to s + 1 once s is large: then + 1 again.
     let big = 9_000_000_000 * NS_PER_S + 999_999_999;
     assert_eq!(cell_seconds(big), 9_000_000_002);
+    // Past i64 ns (the out-of-line path), and at its edges.
+    let past = i128::from(u64::MAX) + 999_999;
+    assert_eq!(cell_seconds(past), (past / NS_PER_S) as i64 + (if past % NS_PER_S >= 1_000_000 { 1 } else { 0 }));
+    assert_eq!(cell_seconds(i128::from(i64::MAX)), cell_seconds_wide(i128::from(i64::MAX)));
+    assert_eq!(cell_seconds(i128::from(i64::MIN)), cell_seconds_wide(i128::from(i64::MIN)));
 }
 
 #[test]
@@ -93,6 +98,32 @@ fn cell_strings_parse_like_rust_u64() {
     for bad in [&b""[..], b"+", b"-1", b" 1", b"1 ", b"18446744073709551616", b"1e3", b"++1"] {
         assert_eq!(parse_cell_string(bad), None, "{bad:?}");
     }
+}
+
+proptest! {
+    /// The i64 path of the seconds rounding answers what the i128 one does.
+    #[test]
+    fn seconds_paths_agree(ns in any::<i64>()) {
+        prop_assert_eq!(cell_seconds(i128::from(ns)), cell_seconds_wide(i128::from(ns)));
+    }
+
+    /// The byte parser accepts exactly what Rust's `str::parse::<i64>`
+    /// (redis-cell's) accepts, with the same value.
+    #[test]
+    fn integers_parse_like_rust(s in "[-+]?[0-9]{0,20}|[ -~]{0,6}", n in any::<i64>()) {
+        prop_assert_eq!(parse_i64(s.as_bytes()), s.parse::<i64>().ok());
+        let t = n.to_string();
+        prop_assert_eq!(parse_i64(t.as_bytes()), Some(n));
+    }
+}
+
+#[test]
+fn integer_edges() {
+    for s in ["", "+", "-", "-0", "+0", "007", "9223372036854775807", "9223372036854775808", "-9223372036854775808",
+              "-9223372036854775809", " 1", "1 ", "1.0", "٣"] {
+        assert_eq!(parse_i64(s.as_bytes()), s.parse::<i64>().ok(), "{s:?}");
+    }
+    assert_eq!(parse_i64(b"\xff1"), None);
 }
 
 #[test]
