@@ -156,8 +156,8 @@ bench: build venv $(VENV)/.clients-py client-lua  ## benchmarks: BENCHMARKS.md, 
 # and dumped after each window, the median of 3 windows, counted in
 # processInputBuffer (the request) and call() (the command). Every server
 # build; one: make profile SERVER=valkey9.1 (or a path). Writes docs/PROFILE.md.
-profile: build venv  ## instructions per request under callgrind: docs/PROFILE.md (SERVER=...)
-	$(PY) bench/profile.py $(if $(SERVER),--server $(SERVER))
+profile: build venv redis-cell  ## instructions per request under callgrind: docs/PROFILE.md (SERVER=...)
+	$(PY) bench/profile.py $(if $(SERVER),--server $(SERVER)) --cell $(CELL_DIR)/target/release/libredis_cell.so
 
 # The benchmark and profile scripts once with tiny counts: prove they work
 # (no timing).

@@ -344,3 +344,34 @@ def test_replica_digest(servers, clock, kind):
             replica.close()
     finally:
         os.unlink(other.path)
+
+
+def test_the_native_state_persists_and_moves(server_factory):
+    """rl-gcrate through AOF rewrite and replay, RDB reload, DUMP/RESTORE and
+    COPY keeps every key's value and expiry; MEMORY USAGE counts it as the
+    other compact states (16 bytes behind the value pointer)."""
+    s = server_factory(args=["--loadmodule", proc.MODULE, "CL.THROTTLE", "--appendonly", "yes"], module=False)
+    r = s.client()
+    for i in range(50):
+        r.execute_command("CL.THROTTLE", f"g:{i}", 20, 1, 60, 1 + i % 5)
+    r.set("g:cell", "1000000000000000000")  # a redis-cell string stays one until granted
+    r.execute_command("RL.TOKENBUCKET", "tb", 10, 1, 1000)
+
+    def snapshot():
+        return r.execute_command("DEBUG", "DIGEST"), {k: r.pexpiretime(k) for k in r.keys("g:*")}
+
+    before = snapshot()
+    assert r.type("g:0") == b"rl-gcrate"
+    r.bgrewriteaof()
+    wait_until(lambda: r.info("persistence")["aof_rewrite_in_progress"] == 0, what="AOF rewrite")
+    r.execute_command("DEBUG", "LOADAOF")
+    assert snapshot() == before
+    r.execute_command("DEBUG", "RELOAD")
+    assert snapshot() == before
+    r.restore("g:restored", r.pexpiretime("g:1"), r.dump("g:1"), absttl=True)
+    r.copy("g:1", "g:copied")
+    v = r.execute_command("DEBUG", "DIGEST-VALUE", "g:1")
+    assert r.execute_command("DEBUG", "DIGEST-VALUE", "g:restored", "g:copied") == v * 2
+    assert r.memory_usage("g:1") == r.memory_usage("tb")
+    with pytest.raises(redis.ResponseError, match="invalid RL.STATE payload"):
+        r.execute_command("RL.STATE", "g:bad", b"\x07" + b"\x00" * 8 + b"\x02" + b"\x00" * 8)
