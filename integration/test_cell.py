@@ -375,3 +375,33 @@ def test_the_native_state_persists_and_moves(server_factory):
     assert r.memory_usage("g:1") == r.memory_usage("tb")
     with pytest.raises(redis.ResponseError, match="invalid RL.STATE payload"):
         r.execute_command("RL.STATE", "g:bad", b"\x07" + b"\x00" * 8 + b"\x02" + b"\x00" * 8)
+
+
+def test_command_docs_and_acl(server_factory):
+    """Registered with the argument: COMMAND DOCS describe it, its key is
+    argument 1, and where the server has module ACL categories it is in
+    @ratelimit (a user with +@ratelimit calls it, and is refused RL.STATE)."""
+    r = server_factory(args=["--loadmodule", proc.MODULE, "CL.THROTTLE"], module=False).client()
+    def raw(*args):  # redis-py would parse any COMMAND subcommand's reply as COMMAND's
+        conn = r.connection_pool.get_connection("COMMAND")
+        try:
+            conn.send_command(*args)
+            return conn.read_response()
+        finally:
+            r.connection_pool.release(conn)
+
+    docs = raw("COMMAND", "DOCS", "CL.THROTTLE")
+    assert docs[0].upper() == b"CL.THROTTLE", docs
+    doc = dict(zip(docs[1][::2], docs[1][1::2]))
+    assert b"redis-cell" in doc[b"summary"] and doc[b"module"] == b"ratelimit", doc
+    assert raw("COMMAND", "GETKEYS", "CL.THROTTLE", "k", 1, 1, 1) == [b"k"]
+    if b"ratelimit" not in r.acl_cat():
+        print("SKIPPED the ACL half: the server has no module ACL categories")
+        return
+    assert b"cl.throttle" in r.acl_cat("ratelimit")
+    r.acl_setuser("app", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@ratelimit"])
+    app = redis.Redis(host="127.0.0.1", port=r.connection_pool.connection_kwargs["port"], username="app",
+                      password="pw")
+    assert app.execute_command("CL.THROTTLE", "k", 1, 1, 1)[0] == 0
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        app.execute_command("RL.STATE", "k", b"\x07")
