@@ -395,7 +395,7 @@ def profile_server(binary, floor, a, tmp, cell=None):
             cases = cell_cases()
             run_cases(conn, server.pid, out, cases, sha, a, results, dumps)
             for c in cases[2:]:
-                if c not in ALL_CASES:
+                if c[0] not in [label for label, _, _ in ALL_CASES]:
                     ALL_CASES.append(c)
             return results
         # The module replicates effects until its first check finds no
@@ -533,6 +533,10 @@ def write(path, report):
     w("|---|" + "---:|---:|" * len(runs))
     labels = [label for label, _, _ in ALL_CASES]
     floors = {label: fl for label, fl, _ in ALL_CASES}
+    # redis-cell's rows (also when the report is rewritten from the JSON).
+    for label in sorted({x for r in runs for x in r["results"] if x.startswith(CELL_LABEL)} - set(labels)):
+        labels.append(label)
+        floors[label] = label.replace(CELL_LABEL, "FLOOR.WRITE")
     for label in labels:
         cells = []
         for r in runs:

@@ -101,6 +101,23 @@ fn cell_strings_parse_like_rust_u64() {
 }
 
 proptest! {
+    /// The i64 path of a step answers what the i128 one does, wherever it
+    /// answers (TATs and instants near and past i64's end included).
+    #[test]
+    fn step_paths_agree(
+        (b, c, p) in params(),
+        q in 0i64..40,
+        now in prop_oneof![Just(NOW), any::<u64>(), (i64::MAX as u64 - 1_000_000_000)..=(i64::MAX as u64 + 1_000_000_000)],
+        tat in proptest::option::of(prop_oneof![any::<u64>(), NOW - 5 * S..NOW + 400_000 * S]),
+    ) {
+        if let Ok(pp) = Params::new(b, c, p, q) {
+            let cur = tat.map(|tat_ns| State { tat_ns });
+            if let Some(fast) = step_i64(cur, &pp, now) {
+                prop_assert_eq!(Ok(fast), step_wide(cur, &pp, now));
+            }
+        }
+    }
+
     /// The i64 path of the seconds rounding answers what the i128 one does.
     #[test]
     fn seconds_paths_agree(ns in any::<i64>()) {
