@@ -366,12 +366,17 @@ def main():
 CELL_LABEL = "redis-cell's CL.THROTTLE"
 
 
+CELL_SERVER = " (redis-cell's server)"
+
+
 def cell_cases():
-    """redis-cell's own command, with each set's numbers, and its floors."""
-    return [c for c in CASES if c[0] in ("FLOOR.WRITE", "FLOOR.WRITE, 100/h")] + [
-        (CELL_LABEL, "FLOOR.WRITE", throttle("rc:", (BIG,))),
-        (CELL_LABEL + ", 100/h", "FLOOR.WRITE, 100/h", throttle("trc:", ("100",))),
-    ]
+    """redis-cell's own command, with each set's numbers, and the floors
+    measured again on its server (labelled apart: the first server's stay)."""
+    fw, ft = "FLOOR.WRITE" + CELL_SERVER, "FLOOR.WRITE, 100/h" + CELL_SERVER
+    return [(fw, None, single("FLOOR.WRITE", "cfw:", (BIG, "1", HOUR))),
+            (ft, None, single("FLOOR.WRITE", "tcfw:", TYPICAL)),
+            (CELL_LABEL, fw, throttle("rc:", (BIG,))),
+            (CELL_LABEL + ", 100/h", ft, throttle("trc:", ("100",)))]
 
 
 def profile_server(binary, floor, a, tmp, cell=None):
@@ -394,7 +399,7 @@ def profile_server(binary, floor, a, tmp, cell=None):
         if cell:
             cases = cell_cases()
             run_cases(conn, server.pid, out, cases, sha, a, results, dumps)
-            for c in cases[2:]:
+            for c in cases:
                 if c[0] not in [label for label, _, _ in ALL_CASES]:
                     ALL_CASES.append(c)
             return results
@@ -534,9 +539,12 @@ def write(path, report):
     labels = [label for label, _, _ in ALL_CASES]
     floors = {label: fl for label, fl, _ in ALL_CASES}
     # redis-cell's rows (also when the report is rewritten from the JSON).
+    for label in sorted({x for r in runs for x in r["results"] if CELL_SERVER in x} - set(labels)):
+        labels.append(label)
+        floors[label] = None
     for label in sorted({x for r in runs for x in r["results"] if x.startswith(CELL_LABEL)} - set(labels)):
         labels.append(label)
-        floors[label] = label.replace(CELL_LABEL, "FLOOR.WRITE")
+        floors[label] = label.replace(CELL_LABEL, "FLOOR.WRITE") + CELL_SERVER
     for label in labels:
         cells = []
         for r in runs:
