@@ -91,6 +91,19 @@ def multi(cmd, n, prefix, nums):
     return lambda k: [cmd, str(n), *[p + k for p in keys], *(["TOKENBUCKET", *nums] * n)]
 
 
+# CL.THROTTLE's numbers for each set: max_burst count period (seconds),
+# one unit an hour as the token buckets refill, so that a key's TTL (the
+# TAT ahead of now) is an hour or more from its first grant: the typical
+# set 100 at once (99 1 3600, RL.TOKENBUCKET's 100 1 3600000); the floor's
+# set the largest burst whose tolerance fits 2^63 ns at that rate, 10^6.
+THROTTLE_NUMS = {BIG: ("1000000", "1", "3600"), "100": ("99", "1", "3600")}
+
+
+def throttle(prefix, nums):
+    burst, count, period = THROTTLE_NUMS[nums[0]]
+    return lambda k: ["CL.THROTTLE", prefix + k, burst, count, period]
+
+
 def case_set(suffix, pfx, nums):
     s, fw, fm = suffix, "FLOOR.WRITE" + suffix, "FLOOR.MULTI %d" + suffix
     return [
@@ -103,6 +116,7 @@ def case_set(suffix, pfx, nums):
         ("RL.SLIDINGLOG" + s, fw, single("RL.SLIDINGLOG", pfx + "sl:", nums)),
         ("RL.MULTI, 1 limit" + s, fm % 1, multi("RL.MULTI", 1, pfx + "m1", nums)),
         ("RL.MULTI, 2 limits" + s, fm % 2, multi("RL.MULTI", 2, pfx + "m2", nums)),
+        ("CL.THROTTLE" + s, fw, throttle(pfx + "cl:", nums)),
     ]
 
 
@@ -204,9 +218,11 @@ class Conn:
         for i in range(0, len(reqs), PIPELINE):
             chunk = reqs[i:i + PIPELINE]
             self.s.sendall(b"".join(chunk))
-            for _ in chunk:
+            for req in chunk:
                 r = self.reply()
-                if not isinstance(r, list) or r[0] != 1:
+                # CL.THROTTLE's first field is `limited`: 0 when granted.
+                granted = 0 if b"\r\nCL.THROTTLE\r\n" in req[:32] else 1
+                if not isinstance(r, list) or r[0] != granted:
                     sys.exit("profile: a request was not granted: %r" % (r,))
 
 
@@ -314,6 +330,9 @@ def main():
     ap.add_argument("--out", default=os.path.join(ROOT, "docs", "PROFILE.md"))
     ap.add_argument("--json", default=os.path.join(ROOT, "bench", "profile.json"), help="where the raw counts go")
     ap.add_argument("--from-json", help="rewrite the report from a saved bench/profile.json")
+    ap.add_argument("--cell", default=os.environ.get("RL_CELL_SO"),
+                    help="redis-cell's module (make redis-cell builds it): its own CL.THROTTLE is "
+                         "counted too, on a server of its own, against the same floor")
     a = ap.parse_args()
     if a.from_json:
         with open(a.from_json) as fh:
@@ -337,8 +356,11 @@ def main():
             version, malloc = server_version(binary)
             print("== %s (%s, malloc=%s)" % (name or binary, version, malloc), flush=True)
             sdir = tempfile.mkdtemp(prefix="srv-", dir=tmp)
-            runs.append({"name": name or version, "version": version, "malloc": malloc,
-                         "results": profile_server(binary, floor, a, sdir)})
+            results = profile_server(binary, floor, a, sdir)
+            if a.cell:
+                cdir = tempfile.mkdtemp(prefix="cell-", dir=tmp)
+                results.update(profile_server(binary, floor, a, cdir, cell=os.path.abspath(a.cell)))
+            runs.append({"name": name or version, "version": version, "malloc": malloc, "results": results})
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     report = {"requests": a.requests, "keys": a.keys, "windows": a.windows, "pipeline": PIPELINE,
@@ -350,11 +372,29 @@ def main():
     write(a.out, report)
 
 
-def profile_server(binary, floor, a, tmp):
-    """Every case on one server build: {label: {request, call, windows, api}}."""
+CELL_LABEL = "redis-cell's CL.THROTTLE"
+
+
+CELL_SERVER = " (redis-cell's server)"
+
+
+def cell_cases():
+    """redis-cell's own command, with each set's numbers, and the floors
+    measured again on its server (labelled apart: the first server's stay)."""
+    fw, ft = "FLOOR.WRITE" + CELL_SERVER, "FLOOR.WRITE, 100/h" + CELL_SERVER
+    return [(fw, None, single("FLOOR.WRITE", "cfw:", (BIG, "1", HOUR))),
+            (ft, None, single("FLOOR.WRITE", "tcfw:", TYPICAL)),
+            (CELL_LABEL, fw, throttle("rc:", (BIG,))),
+            (CELL_LABEL + ", 100/h", ft, throttle("trc:", ("100",)))]
+
+
+def profile_server(binary, floor, a, tmp, cell=None):
+    """Every case on one server build: {label: {request, call, windows, api}}.
+    With `cell`: redis-cell's module instead of this one, its CL.THROTTLE
+    and the floors only."""
     port = free_port()
     out = os.path.join(tmp, "cg.out")
-    modules = ["--loadmodule", MODULE, "--loadmodule", floor]
+    modules = ["--loadmodule", cell or MODULE, *([] if cell else ["CL.THROTTLE"]), "--loadmodule", floor]
     server, conn = start_server(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1",
          "--dir", tmp, *modules],
@@ -365,6 +405,13 @@ def profile_server(binary, floor, a, tmp):
     try:
         with open(os.path.join(ROOT, "lua", "tokenbucket.lua")) as f:
             sha = conn.call("SCRIPT", "LOAD", f.read())
+        if cell:
+            cases = cell_cases()
+            run_cases(conn, server.pid, out, cases, sha, a, results, dumps)
+            for c in cases:
+                if c[0] not in [label for label, _, _ in ALL_CASES]:
+                    ALL_CASES.append(c)
+            return results
         # The module replicates effects until its first check finds no
         # replica, no backlog and no AOF (src/listeners.rs): wait for it.
         wait_effects(conn, 0, "a standalone server")
@@ -502,6 +549,13 @@ def write(path, report):
     w("|---|" + "---:|---:|" * len(runs))
     labels = [label for label, _, _ in ALL_CASES]
     floors = {label: fl for label, fl, _ in ALL_CASES}
+    # redis-cell's rows (also when the report is rewritten from the JSON).
+    for label in sorted({x for r in runs for x in r["results"] if CELL_SERVER in x} - set(labels)):
+        labels.append(label)
+        floors[label] = None
+    for label in sorted({x for r in runs for x in r["results"] if x.startswith(CELL_LABEL)} - set(labels)):
+        labels.append(label)
+        floors[label] = label.replace(CELL_LABEL, "FLOOR.WRITE") + CELL_SERVER
     for label in labels:
         cells = []
         for r in runs:
@@ -518,8 +572,24 @@ def write(path, report):
         name = label if floors[label] else "floor: " + label
         w("| %s | %s |" % (name, " | ".join(cells)))
     w("")
-    w("RL.TOKENBUCKET, RL.SLIDINGCOUNTER, RL.FIXEDWINDOW, RL.SLIDINGLOG and the Lua twin are compared with `FLOOR.WRITE`; "
-      "RL.MULTI with n limits with `FLOOR.MULTI` with n keys; with a replica, the single commands with "
+    cell = [(label, r["version"], r["results"][label]["request"], r["results"][label]["call"],
+             r["results"].get(label.replace(CELL_LABEL, "CL.THROTTLE")))
+            for r in runs for label in labels if label.startswith(CELL_LABEL) and label in r["results"]]
+    if cell:
+        w("CL.THROTTLE (this module's, loaded with the argument `CL.THROTTLE`, given max_burst count period "
+          "as 1000000 1 3600 and 99 1 3600) against redis-cell 0.5's own (built by `make redis-cell`, loaded "
+          "alone with the floor on a server of its own, the same numbers), per request / inside call():")
+        w("")
+        w("| server, case | redis-cell | this module | redis-cell / this module |")
+        w("|---|---:|---:|---:|")
+        for label, ver, req, call, ours in cell:
+            if ours:
+                w("| %s, %s | {:,.0f} / {:,.0f} | {:,.0f} / {:,.0f} | {:.2f}× / {:.2f}× |".format(
+                    req, call, ours["request"], ours["call"], req / ours["request"], call / ours["call"])
+                  % (ver, label.replace(CELL_LABEL, "CL.THROTTLE") or "CL.THROTTLE"))
+        w("")
+    w("RL.TOKENBUCKET, RL.SLIDINGCOUNTER, RL.FIXEDWINDOW, RL.SLIDINGLOG, CL.THROTTLE and the Lua twin are "
+      "compared with `FLOOR.WRITE`; RL.MULTI with n limits with `FLOOR.MULTI` with n keys; with a replica, the single commands with "
       "`FLOOR.EFFECT`, all with the same numbers.")
     w("")
     w("## Module API calls inside call()")

@@ -63,6 +63,7 @@ pub static REQUIRED: &ApiTable = table![
     RedisModule_OpenKey,
     RedisModule_CloseKey,
     RedisModule_KeyType,
+    RedisModule_StringDMA,
     RedisModule_ModuleTypeGetType,
     RedisModule_ModuleTypeGetValue,
     RedisModule_ModuleTypeSetValue,

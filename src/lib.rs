@@ -25,9 +25,9 @@ use std::ffi::c_int;
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
 use crate::api::Ctx;
-use crate::types::{FIXEDWINDOW_TYPE, SLIDINGCOUNTER_TYPE, SLIDINGLOG_TYPE, TOKENBUCKET_TYPE};
+use crate::types::{FIXEDWINDOW_TYPE, GCRA_TYPE, SLIDINGCOUNTER_TYPE, SLIDINGLOG_TYPE, TOKENBUCKET_TYPE};
 
-fn init(ctx: &Context, _args: &[RedisString]) -> Status {
+fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // Refuse to load, naming it, if the server lacks an API function the
     // module calls without a fallback.
     if let Some(name) = ffi::first_missing(ffi::REQUIRED) {
@@ -42,7 +42,21 @@ fn init(ctx: &Context, _args: &[RedisString]) -> Status {
     if !types::publish_type_pointers() {
         return Status::Err;
     }
+    // Load arguments: `CL.THROTTLE` (any case) registers redis-cell's
+    // command too; anything else refuses the load, naming it.
+    for a in args {
+        if a.as_slice().eq_ignore_ascii_case(b"CL.THROTTLE") {
+            cmdinfo::enable_throttle();
+        } else {
+            ctx.log(c"warning", c"ratelimit: not loading: unknown module argument (the only one is CL.THROTTLE)");
+            return Status::Err;
+        }
+    }
     if !cmdinfo::create(ctx) {
+        if cmdinfo::throttle_enabled() {
+            // The one name another module registers: redis-cell's.
+            ctx.log(c"warning", c"ratelimit: not loading: a command could not be created; CL.THROTTLE exists already if redis-cell is loaded (unload it first)");
+        }
         return Status::Err;
     }
     // COMMAND DOCS, key specs, ACL categories (each where the server has it).
@@ -90,6 +104,6 @@ redis_module! {
     name: "ratelimit",
     version: cmdinfo::MODULE_VERSION,
     allocator: (crate::alloc::ModuleAlloc, crate::alloc::ModuleAlloc),
-    data_types: [TOKENBUCKET_TYPE, SLIDINGLOG_TYPE, SLIDINGCOUNTER_TYPE, FIXEDWINDOW_TYPE],
+    data_types: [TOKENBUCKET_TYPE, SLIDINGLOG_TYPE, SLIDINGCOUNTER_TYPE, FIXEDWINDOW_TYPE, GCRA_TYPE],
     init: init,
 }

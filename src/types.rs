@@ -9,12 +9,14 @@ use std::ptr;
 use std::sync::atomic::Ordering;
 
 use ratelimit_core::codec;
-use ratelimit_core::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError};
+use ratelimit_core::{fixedwindow as fw, gcra, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError};
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString};
 
 use crate::api::{Digest, Io, Str};
-use crate::value::{Packable, Value, ValueRef, FIXEDWINDOW_PTR, SLIDINGCOUNTER_PTR, SLIDINGLOG_PTR, TOKENBUCKET_PTR};
+use crate::value::{
+    Packable, Value, ValueRef, FIXEDWINDOW_PTR, GCRA_PTR, SLIDINGCOUNTER_PTR, SLIDINGLOG_PTR, TOKENBUCKET_PTR,
+};
 
 /// RDB encoding version of every type (the body carries its own version
 /// byte too, so a future change can be read side by side with this one).
@@ -67,6 +69,16 @@ impl Stored for sl::State {
     }
     fn decode_body(bytes: &[u8]) -> Result<Self, DecodeError> {
         sl::State::decode(bytes)
+    }
+}
+
+impl Stored for gcra::State {
+    const KIND: u8 = codec::KIND_GCRA;
+    fn encode_body(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.encode());
+    }
+    fn decode_body(bytes: &[u8]) -> Result<Self, DecodeError> {
+        gcra::State::decode(bytes)
     }
 }
 
@@ -225,6 +237,9 @@ pub static TOKENBUCKET_TYPE: RedisType = RedisType::new("rl-tokbkt", ENCVER, met
 pub static SLIDINGLOG_TYPE: RedisType = RedisType::new("rl-slilog", ENCVER, methods::<sl::State>());
 pub static SLIDINGCOUNTER_TYPE: RedisType = RedisType::new("rl-slicnt", ENCVER, methods::<sc::State>());
 pub static FIXEDWINDOW_TYPE: RedisType = RedisType::new("rl-fixwin", ENCVER, methods::<fw::State>());
+/// CL.THROTTLE's GCRA state (registered whether or not the command is
+/// enabled, so that an RDB holding one always loads).
+pub static GCRA_TYPE: RedisType = RedisType::new("rl-gcrate", ENCVER, methods::<gcra::State>());
 
 /// After registration: keep the raw type pointers where the request path
 /// reads them with one load.
@@ -237,5 +252,7 @@ pub fn publish_type_pointers() -> bool {
     SLIDINGLOG_PTR.store(slp, Ordering::Relaxed);
     SLIDINGCOUNTER_PTR.store(scp, Ordering::Relaxed);
     FIXEDWINDOW_PTR.store(fwp, Ordering::Relaxed);
-    !tbp.is_null() && !slp.is_null() && !scp.is_null() && !fwp.is_null()
+    let gcp = *GCRA_TYPE.raw_type.borrow();
+    GCRA_PTR.store(gcp, Ordering::Relaxed);
+    !tbp.is_null() && !slp.is_null() && !scp.is_null() && !fwp.is_null() && !gcp.is_null()
 }

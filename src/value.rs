@@ -25,7 +25,7 @@ use std::marker::PhantomData;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
-use ratelimit_core::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
+use ratelimit_core::{fixedwindow as fw, gcra, slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
 use redis_module::raw::RedisModuleType;
 
 use crate::alloc::usable;
@@ -37,6 +37,7 @@ pub static TOKENBUCKET_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::nul
 pub static SLIDINGLOG_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 pub static SLIDINGCOUNTER_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 pub static FIXEDWINDOW_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+pub static GCRA_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 
 /// Bytes of a module key the server does not count in `MEMORY USAGE`,
 /// added to every value's size: measured at load (`memusage.rs`); 0 where
@@ -135,6 +136,21 @@ impl Packable for sl::State {
     }
     fn heap_block(&self) -> Option<*const u8> {
         sl::State::heap_block(self)
+    }
+}
+
+impl Packable for gcra::State {
+    #[inline]
+    fn redis_type() -> *mut RedisModuleType {
+        GCRA_PTR.load(Relaxed)
+    }
+    #[inline]
+    fn pack(&self) -> Option<[u64; 2]> {
+        gcra::State::pack(self)
+    }
+    #[inline]
+    fn unpack(w: [u64; 2]) -> Option<Self> {
+        Some(gcra::State::unpack(w))
     }
 }
 

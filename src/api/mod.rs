@@ -396,6 +396,29 @@ impl Key<'_> {
         Contents::Module(self.ty, self.val)
     }
 
+    /// The bytes of the string the key holds, if it holds a string (read in
+    /// place; the borrow ends before the key is written or closed).
+    #[inline]
+    pub fn string_bytes(&self) -> Option<&[u8]> {
+        if self.key.is_null() {
+            return None;
+        }
+        // SAFETY: an open key of a live call; StringDMA in read mode on a
+        // string key returns its buffer and length, valid until the key is
+        // changed or closed, which the borrow of `self` prevents.
+        unsafe {
+            if api!(RedisModule_KeyType)(self.key) as isize != raw::REDISMODULE_KEYTYPE_STRING {
+                return None;
+            }
+            let mut len: usize = 0;
+            let p = api!(RedisModule_StringDMA)(self.key, &mut len, raw::REDISMODULE_READ as c_int);
+            if p.is_null() {
+                return Some(&[]);
+            }
+            Some(std::slice::from_raw_parts(p.cast::<u8>(), len))
+        }
+    }
+
     /// The module type and value pointer the key holds, as last seen by
     /// [`Key::contents`] or set by [`Key::set_module_value`]; NULL pointers
     /// when it holds none, or is deleted.

@@ -33,7 +33,7 @@ mod info;
 mod version;
 
 use std::ffi::{c_int, CStr};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use redis_module::raw;
 
@@ -127,6 +127,15 @@ static MULTI_ARGS: [Arg; 4] = [
 
 static STATE_ARGS: [Arg; 2] =
     [key(c"key"), Arg { summary: Some(c"a versioned state payload with its absolute expiry"), ..arg(c"payload", Ty::Str) }];
+
+// CL.THROTTLE key max_burst count_per_period period [quantity] (redis-cell's)
+static THROTTLE_ARGS: [Arg; 5] = [
+    key(c"key"),
+    int(c"max_burst", c"units allowed at once beyond the steady rate (the limit is max_burst + 1)"),
+    int(c"count_per_period", c"units regained every period"),
+    int(c"period", c"the period in seconds"),
+    Arg { optional: true, ..int(c"quantity", c"units this call asks for (default 1; 0 only reports)") },
+];
 
 /// How a command's keys are found.
 #[derive(Clone, Copy)]
@@ -285,12 +294,48 @@ pub static COMMANDS: [Doc; 6] = [
     },
 ];
 
+/// CL.THROTTLE, redis-cell's command: registered only when the module is
+/// loaded with the argument `CL.THROTTLE` ([`enable_throttle`]), since
+/// redis-cell registers the same name.
+pub static CL_THROTTLE: Doc = Doc {
+    name: c"CL.THROTTLE",
+    handler: crate::api::entry!(crate::commands::throttle),
+    flags: RL_FLAGS,
+    summary: c"redis-cell 0.5's GCRA limiter, answered the same way: takes quantity units (default 1); replies limited (0/1), limit (max_burst + 1), remaining, retry_after and reset_after in seconds (retry_after -1 when allowed).",
+    complexity: c"O(1)",
+    since: c"0.3.0",
+    args: &THROTTLE_ARGS,
+    keys: Keys::First,
+    key_flags: LIMITER_KEY,
+    acl: LIMITER_ACL,
+    user_facing: true,
+    history: &[],
+};
+
+static THROTTLE_ENABLED: AtomicBool = AtomicBool::new(false);
+
+/// Register CL.THROTTLE too (the load argument asked for it).
+pub fn enable_throttle() {
+    THROTTLE_ENABLED.store(true, Relaxed);
+}
+
+/// Whether CL.THROTTLE is registered.
+pub fn throttle_enabled() -> bool {
+    THROTTLE_ENABLED.load(Relaxed)
+}
+
+/// Every command this load registers: the table, and CL.THROTTLE when
+/// enabled.
+fn registered() -> impl Iterator<Item = &'static Doc> {
+    COMMANDS.iter().chain(throttle_enabled().then_some(&CL_THROTTLE))
+}
+
 /// Create every command of the table (OnLoad). True when the server
 /// accepted them all.
 pub fn create(ctx: Ctx) -> bool {
     // SAFETY: every handler of the table is an `api::entry!` command
     // function, sound for any call of its command.
-    COMMANDS.iter().all(|d| unsafe { ctx.create_command(d.name, d.handler, d.flags, d.first_key()) })
+    registered().all(|d| unsafe { ctx.create_command(d.name, d.handler, d.flags, d.first_key()) })
 }
 
 /// The ACL category of the user-facing commands.
@@ -310,7 +355,7 @@ pub fn register(ctx: Ctx) -> bool {
     let mut docs_ok = true;
     let mut acl_ok = true;
     let mut category_ok = category;
-    for d in &COMMANDS {
+    for d in registered() {
         let Some(cmd) = ctx.get_command(d.name) else {
             ctx.log(c"warning", c"ratelimit: a command to describe is not registered");
             return false;

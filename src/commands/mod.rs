@@ -28,10 +28,12 @@ mod multi;
 mod reply;
 mod single;
 mod state;
+mod throttle;
 
 pub use multi::{multi, multi_keys};
 pub use single::{fixedwindow, slidingcounter, slidinglog, tokenbucket};
 pub use state::state;
+pub use throttle::throttle;
 
 use std::ffi::CStr;
 

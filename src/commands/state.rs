@@ -3,7 +3,7 @@
 //! instead of re-running the decision on their own clock.
 
 use ratelimit_core::codec::{self, Effect};
-use ratelimit_core::slidinglog as sl;
+use ratelimit_core::{gcra, slidinglog as sl};
 
 use std::ffi::CStr;
 
@@ -33,6 +33,12 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
         Effect::SlidingCounter(s) => put(&mut key, s),
         Effect::FixedWindow(s) => put(&mut key, s),
         Effect::SlidingLog(s) => put(&mut key, s),
+        // CL.THROTTLE's state replaces redis-cell's string form, as on the
+        // master that converted it.
+        Effect::Gcra(s) => match key.holds(gcra::State::redis_type()) {
+            Holds::WrongType if key.string_bytes().and_then(gcra::parse_cell_string).is_none() => Err(()),
+            _ => Ok(key.store(s)),
+        },
         Effect::LogGrant(g) => match key.holds(sl::State::redis_type()) {
             Holds::WrongType => Err(()),
             Holds::Ours => match key.wide_mut::<sl::State>() {
@@ -95,6 +101,7 @@ fn effect_event(effect: &Effect) -> &'static CStr {
         Effect::FixedWindow(_) => event(Cmd::FixedWindow, false),
         Effect::SlidingLog(_) | Effect::LogGrant(_) => event(Cmd::SlidingLog, false),
         Effect::LogRefund(_) => REFUND_EVENT,
+        Effect::Gcra(_) => c"cl.throttle",
     }
 }
 

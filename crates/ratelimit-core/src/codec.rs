@@ -4,7 +4,8 @@
 //! ```text
 //! byte 0      kind: 1 token bucket state, 2 sliding log state,
 //!             3 sliding counter state, 4 sliding log grant (a delta),
-//!             5 sliding log refund (a delta), 6 fixed window state
+//!             5 sliding log refund (a delta), 6 fixed window state,
+//!             7 CL.THROTTLE's GCRA state
 //! bytes 1..9  absolute expiry, Unix ms, little endian; 0 = no expiry
 //!             (AOF rewrite: Redis appends its own PEXPIREAT)
 //! bytes 9..   the body: the type's own versioned encoding (the same bytes
@@ -19,7 +20,9 @@
 //! numbers under kind 5, applied with `slidinglog::refund`. (A refund that
 //! leaves a limiter fresh deletes the key and replicates `DEL`.)
 
-use crate::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError, Reader, MAX_ARG};
+use crate::{
+    fixedwindow as fw, gcra, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError, Reader, MAX_ARG,
+};
 
 pub const KIND_TOKENBUCKET: u8 = 1;
 pub const KIND_SLIDINGLOG: u8 = 2;
@@ -27,6 +30,7 @@ pub const KIND_SLIDINGCOUNTER: u8 = 3;
 pub const KIND_LOG_GRANT: u8 = 4;
 pub const KIND_LOG_REFUND: u8 = 5;
 pub const KIND_FIXEDWINDOW: u8 = 6;
+pub const KIND_GCRA: u8 = 7;
 
 pub const HEADER_LEN: usize = 9;
 const GRANT_VERSION: u8 = 1;
@@ -42,6 +46,8 @@ pub enum Effect {
     /// A refund made on a sliding log (the same three numbers).
     LogRefund(LogGrant),
     FixedWindow(fw::State),
+    /// CL.THROTTLE's state (it replaces a redis-cell string too).
+    Gcra(gcra::State),
 }
 
 /// A grant made on a sliding log: what the replica applies.
@@ -58,6 +64,7 @@ const _: () = assert!(
         && HEADER_LEN + sc::State::ENCODED_LEN <= 64
         && HEADER_LEN + GRANT_BODY_LEN <= 64
         && HEADER_LEN + fw::State::ENCODED_LEN <= 64
+        && HEADER_LEN + gcra::State::ENCODED_LEN <= 64
 );
 
 /// A small payload built on the stack (hot path: no heap allocation).
@@ -97,6 +104,10 @@ pub fn slidingcounter(state: &sc::State, abs_expire_ms: u64) -> Small {
 
 pub fn fixedwindow(state: &fw::State, abs_expire_ms: u64) -> Small {
     Small::new(KIND_FIXEDWINDOW, abs_expire_ms, &state.encode())
+}
+
+pub fn gcra(state: &gcra::State, abs_expire_ms: u64) -> Small {
+    Small::new(KIND_GCRA, abs_expire_ms, &state.encode())
 }
 
 pub fn log_grant(g: &LogGrant, abs_expire_ms: u64) -> Small {
@@ -152,6 +163,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Effect, u64), DecodeError> {
         KIND_SLIDINGLOG => Effect::SlidingLog(sl::State::decode(body)?),
         KIND_SLIDINGCOUNTER => Effect::SlidingCounter(sc::State::decode(body)?),
         KIND_FIXEDWINDOW => Effect::FixedWindow(fw::State::decode(body)?),
+        KIND_GCRA => Effect::Gcra(gcra::State::decode(body)?),
         KIND_LOG_GRANT | KIND_LOG_REFUND => {
             let mut b = Reader::new(body);
             if b.u8()? != GRANT_VERSION {
@@ -202,6 +214,8 @@ mod tests {
         assert_eq!(decode(b.as_bytes()), Ok((Effect::FixedWindow(f), 1_700_000_001_123)));
         assert!(decode(&b.as_bytes()[..b.as_bytes().len() - 1]).is_err());
         assert!(decode(fixedwindow(&fw::State { count: 0, ..f }, 0).as_bytes()).is_err());
+        let g = gcra::State { tat_ns: 1_796_212_800_123_456_789 };
+        assert_eq!(decode(gcra(&g, 42).as_bytes()), Ok((Effect::Gcra(g), 42)));
     }
 
     proptest! {

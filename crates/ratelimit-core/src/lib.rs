@@ -24,6 +24,7 @@
 pub mod args;
 pub mod codec;
 pub mod fixedwindow;
+pub mod gcra;
 pub mod multi;
 #[cfg(any(test, feature = "reference"))]
 pub mod reference;

@@ -25,6 +25,7 @@
 //! ranges (that is a failed test), never overflow inside them.
 
 pub mod fixedwindow;
+pub mod gcra;
 pub mod multi;
 pub mod slidingcounter;
 pub mod slidinglog;
