@@ -166,6 +166,22 @@ def test_from_first_window_starts_at_the_first_grant(tw):
     assert rep == [1, 3, 2, 0, 300] and st[0] >= start + 300 and t0 <= st[0] <= t1
 
 
+def test_from_first_window_ends_at_start_plus_window(tw):
+    """A FROMFIRST window covers [start, start + window_ms): at
+    start + window_ms (or later) the count is 0 and a grant starts a new
+    window there. The state is written one window before the clock read
+    that precedes the call, so the call sees it ended, exactly or later."""
+    c = tw.c
+    for later in (0, 1, 7):
+        s, us = c.time()
+        t = s * 1000 + us // 1000
+        c.hset("e", mapping={"start": t - 1000 - later, "count": 3})
+        c.pexpire("e", 60_000)
+        t0, rep, t1, st, exp = call_read(tw, "e", 5, 1000, "FROMFIRST", "COST", 2)
+        assert rep == [1, 5, 3, 0, 1000], (later, rep)
+        assert t0 <= st[0] <= t1 and st[1] == 2 and exp == st[0] + 1000
+
+
 def test_lowered_limit_and_changed_window(tw):
     """count above a lowered limit: remaining 0, denied until the window
     ends; another window_ms (epoch-aligned) is another window: counts 0."""
