@@ -427,7 +427,9 @@ def fw_candidates(states, limit, w, ff, opts, t0, t1, rep, exp):
     for s in states:
         for ms in range(t0, t1 + 1):
             want, written, new = single(m, s, ms * 1000, cost, partial, dryrun, refund)
-            if want != rep or (written and new is not None and exp != new[0] + w):
+            # (-2: the key's window ended before PEXPIRETIME read it)
+            if want != rep or (written and new is not None and exp != new[0] + w
+                               and not (exp == -2 and new[0] + w <= t1)):
                 continue
             out.add(new if written else s)
     return out

@@ -25,18 +25,24 @@ def twm(plain, request):
     return Twins(plain, request.param)
 
 
+def ms_of(t):
+    return t[0] * 1000 + t[1] // 1000
+
+
 def call_read(tw, key, *args):
-    """(T0 ms, reply or error, T1 ms, state, PEXPIRETIME): the call between
-    two server clock reads, its key read back in the same pipeline."""
+    """(T0 ms, reply or error, T1 ms, state, PEXPIRETIME, T2 ms): the call
+    between two server clock reads, its key read back in the same pipeline
+    before a third (a key read back as gone may have expired by T2)."""
     p = tw.c.pipeline(transaction=False)
     p.time()
     tw.send(p, CMD, key, *args)
     p.time()
     p.hgetall(key)
     p.pexpiretime(key)
-    t0, rep, t1, h, exp = p.execute(raise_on_error=False)
+    p.time()
+    t0, rep, t1, h, exp, t2 = p.execute(raise_on_error=False)
     state = tuple(int(h[k]) for k in (b"start", b"count")) if h else None
-    return (t0[0] * 1000 + t0[1] // 1000, rep, t1[0] * 1000 + t1[1] // 1000, state, exp)
+    return ms_of(t0), rep, ms_of(t1), state, exp, ms_of(t2)
 
 
 def model_at(state, limit, window_ms, ff, cost, partial, dryrun, refund, t0, t1):
@@ -82,9 +88,16 @@ def test_random_sequences_match_the_model(twm, seed):
         args = [limit, window_ms, *words] + (["fromfirst" if rng.random() < 0.5 else "FROMFIRST"] if ff else [])
         if ff and rng.random() < 0.5:
             args = [limit, window_ms, args[-1], *words]  # FROMFIRST before the others
-        t0, rep, t1, got, exp = call_read(twm, key, *args)
+        t0, rep, t1, got, exp, t2 = call_read(twm, key, *args)
         cands = model_at(state, limit, window_ms, ff, cost, partial, dryrun, refund, t0, t1)
-        ok = [c for c in cands if c[1] == rep and (c[3] if c[2] else state) == got]
+
+        def fits(c):
+            # the state the call leaves, and when its key expires; read back
+            # as gone when that window ended before the read (by T2)
+            want, until = (c[3], None if c[3] is None else c[3][0] + window_ms) if c[2] else (state, expiry)
+            return c[1] == rep and (want == got or (got is None and until is not None and until <= t2))
+
+        ok = [c for c in cands if fits(c)]
         assert ok, (i, args, state, rep, got, cands)
         if ok[0][2] and got is not None:
             expiry = got[0] + window_ms  # written: PEXPIREAT the window's end
@@ -149,20 +162,20 @@ def test_from_first_window_starts_at_the_first_grant(tw):
     start + window_ms), later grants in it keep its start; the window runs
     out and the next grant starts a new one (INCR + PEXPIRE NX)."""
     c = tw.c
-    t0, rep, t1, st, exp = call_read(tw, "f", 3, 300, "FROMFIRST")
+    t0, rep, t1, st, exp, t2 = call_read(tw, "f", 3, 300, "FROMFIRST")
     assert rep == [1, 3, 2, 0, 300] and t0 <= st[0] <= t1 and st[1] == 1 and exp == st[0] + 300
     start = st[0]
-    t0b, rep, t1b, st, exp = call_read(tw, "f", 3, 300, "COST", 2, "FROMFIRST")
+    t0b, rep, t1b, st, exp, t2 = call_read(tw, "f", 3, 300, "COST", 2, "FROMFIRST")
     assert rep[:4] == [1, 3, 0, 0] and start + 300 - t1b <= rep[4] <= start + 300 - t0b
     assert st == (start, 3) and exp == start + 300
-    _, rep, _, _, _ = call_read(tw, "f", 3, 300, "FROMFIRST")
+    _, rep, _, _, _, t2 = call_read(tw, "f", 3, 300, "FROMFIRST")
     assert rep[:3] == [0, 3, 0] and 0 < rep[3] <= 300 and rep[3] == rep[4]
     # the same key read epoch-aligned: its start is not a window of 300 ms
     # (unless by chance), so it counts 0 there
     if start % 300:
         assert tw(CMD, "f", 3, 300, "DRYRUN")[:3] == [1, 3, 2]
     wait_until(lambda: not c.exists("f"), timeout=5, what="the window to end")
-    t0, rep, t1, st, exp = call_read(tw, "f", 3, 300, "fromfirst")
+    t0, rep, t1, st, exp, t2 = call_read(tw, "f", 3, 300, "fromfirst")
     assert rep == [1, 3, 2, 0, 300] and st[0] >= start + 300 and t0 <= st[0] <= t1
 
 
@@ -177,7 +190,7 @@ def test_from_first_window_ends_at_start_plus_window(tw):
         t = s * 1000 + us // 1000
         c.hset("e", mapping={"start": t - 1000 - later, "count": 3})
         c.pexpire("e", 60_000)
-        t0, rep, t1, st, exp = call_read(tw, "e", 5, 1000, "FROMFIRST", "COST", 2)
+        t0, rep, t1, st, exp, t2 = call_read(tw, "e", 5, 1000, "FROMFIRST", "COST", 2)
         assert rep == [1, 5, 3, 0, 1000], (later, rep)
         assert t0 <= st[0] <= t1 and st[1] == 2 and exp == st[0] + 1000
 
@@ -196,7 +209,7 @@ def test_lowered_limit_and_changed_window(tw):
     # the hour began within these 7 s and is a multiple of 7 s)
     tw(CMD, "w", 10, W, "COST", 4)
     state = fw_state(c, "w")
-    t0, rep, t1, got, _ = call_read(tw, "w", 10, 7_000, "DRYRUN")
+    t0, rep, t1, got, _, t2 = call_read(tw, "w", 10, 7_000, "DRYRUN")
     assert rep in [m[1] for m in model_at(state, 10, 7_000, False, 1, False, True, None, t0, t1)]
     if state[0] != t1 - t1 % 7_000:
         assert rep[:3] == [1, 10, 9]
@@ -215,7 +228,7 @@ def test_full_range_and_exact_expiry(tw):
     assert rep[:3] == [0, MAX, 1] and rep[3] == rep[4] > 0
     e = err_of(tw, CMD, "y", 1, 9007199254741, "FROMFIRST")
     assert e.startswith("window_ms is beyond the exact range of the Lua script with FROMFIRST")
-    t0, rep, t1, st, exp = call_read(tw, "y", 1, 9007199254740, "FROMFIRST")
+    t0, rep, t1, st, exp, t2 = call_read(tw, "y", 1, 9007199254740, "FROMFIRST")
     assert rep == [1, 1, 0, 0, 9007199254740] and exp == st[0] + 9007199254740
     assert not c.exists("z") and tw(CMD, "z", 1, MAX, "COST", 1)[0] == 1
 
@@ -273,18 +286,22 @@ def test_multi_with_fixed_windows_matches_the_model(twm):
             for k in keys:
                 p.hgetall(k)
                 p.pexpiretime(k)
+            p.time()
             out = p.execute(raise_on_error=False)
-            t0 = out[0][0] * 1000 + out[0][1] // 1000
-            t1 = out[2][0] * 1000 + out[2][1] // 1000
+            t0, t1, t2 = ms_of(out[0]), ms_of(out[2]), ms_of(out[-1])
             rep = out[1]
-            got = [tuple(int(h[f]) for f in (b"start", b"count")) if h else None for h in out[3::2]]
-            for g, exp, (_, w, _, _) in zip(got, out[4::2], lims):
+            got = [tuple(int(h[f]) for f in (b"start", b"count")) if h else None for h in out[3:-1:2]]
+            for g, exp, (_, w, _, _) in zip(got, out[4:-1:2], lims):
                 assert g is None or exp == g[0] + w, (rnd, i, g, exp)
             models = [(FixedWindow(lim, w, ff), s, wt) for (lim, w, ff, wt), s in zip(lims, states)]
             ok = []
             for ms in range(t0, t1 + 1):
                 want, written, new = multi(models, ms * 1000, cost, partial, dryrun, refund)
-                if want == rep and new == got:
+                # a key read back as gone: its window ended before the read
+                # (when written, at new start + w; else it was already gone
+                # or ended: the model's state is then no longer counted)
+                if want == rep and all(n == g or (g is None and n is not None and n[0] + lw[1] <= t2)
+                                       for n, g, lw in zip(new, got, lims)):
                     ok.append(ms)
             assert ok, (rnd, i, args, states, rep, got)
             states = got
