@@ -446,9 +446,12 @@ def test_fallback_when_redis_is_slow(env, lang):
 
 @pytest.mark.slow
 def test_demo_runs_and_draws_the_chart(tmp_path):
-    """make demo end to end (19 s of real time): it starts its own server,
-    prints the summary for the three algorithms and writes a well-formed SVG
-    with one panel (bars and a state line) per algorithm."""
+    """make demo end to end (19 s of real time, then the boundary burst):
+    it starts its own server, prints the summary for the four algorithms,
+    the boundary burst (the fixed window grants 2 x its limit across one
+    boundary, the sliding log its limit) and writes a well-formed SVG with
+    one panel (bars and a state line) per algorithm."""
+    import re
     import xml.etree.ElementTree as ET
 
     out = tmp_path / "demo.svg"
@@ -456,11 +459,13 @@ def test_demo_runs_and_draws_the_chart(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = {line.split("  ")[0]: line for line in p.stdout.splitlines()}
-    for label in ("Token bucket", "Sliding log", "Sliding counter"):
+    for label in ("Token bucket", "Sliding log", "Sliding counter", "Fixed window"):
         assert label in rows and " of 40" in rows[label], p.stdout
+    burst = dict(re.findall(r"^  (\w[\w ]+?) +(\d+) granted \(", p.stdout, re.M))
+    assert burst.get("Fixed window") == "40" and burst.get("Sliding log") == "20", p.stdout
     svg = ET.parse(out).getroot()
     ns = "{http://www.w3.org/2000/svg}"
-    assert len(svg.findall(f"{ns}polyline")) == 3
+    assert len(svg.findall(f"{ns}polyline")) == 4
     assert len(svg.findall(f"{ns}rect")) > 100   # bars of granted / denied requests
     if shutil.which("rsvg-convert"):
         png = out.with_suffix(".png").read_bytes()
