@@ -119,7 +119,9 @@ impl View {
         let now_ms = now_us / 1000;
         let now_eff = now_ms.max(state.start_ms);
         let (window_start, count) = if p.from_first {
-            if state.count > 0 && now_eff < state.start_ms.saturating_add(w) {
+            // now_eff ≥ start_ms: the difference cannot underflow, and
+            // unlike `start_ms + w` it cannot saturate at the end of time.
+            if state.count > 0 && now_eff - state.start_ms < w {
                 (state.start_ms, state.count)
             } else {
                 (now_eff, 0)

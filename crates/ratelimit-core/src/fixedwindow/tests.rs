@@ -270,6 +270,12 @@ fn extreme_arguments_give_exact_answers() {
     assert_eq!(call(&s, &pp, 1, false, now).0.retry_after_ms, to_i64(MAX_ARG - T0));
     let (d, _) = call(&State::default(), &pf(MAX_ARG, MAX_ARG), 1, false, now);
     assert_eq!(d.reset_after_ms, MAX_ARG);
+    // A FROMFIRST window at the last millisecond of u64 time still counts
+    // (its end saturates; the comparison does not).
+    let last = State { start_ms: u64::MAX, count: 3 };
+    let (d, s) = step(&last, &pf(10, 1000), 2, false, now);
+    assert_eq!((d.granted, d.remaining, s.count), (2, 5, 5));
+    assert_eq!(d.reset_after_ms, u64::MAX - now / 1000);
 }
 
 // ------------------------------------------------------------------

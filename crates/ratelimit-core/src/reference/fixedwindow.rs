@@ -125,7 +125,8 @@ fn answer(after: &State, p: &Params, t: u128, taken: u128, want: u128, mode: Sea
         -1
     } else {
         let at = smallest(t, horizon, mode, |at| counted(after, p, at) + want <= limit);
-        i64::try_from(at - t).unwrap()
+        // The reply's signed wait saturates (a window ~2^63 ms ahead).
+        super::wait_i64(u64::try_from(at - t).unwrap())
     };
     let fresh = smallest(t, horizon, mode, |at| counted(after, p, at) == 0);
     Decision {
