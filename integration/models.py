@@ -260,16 +260,19 @@ class FixedWindow:
 class _WindowView:
     def __init__(self, m, state, now):
         ms, w = now // 1000, m.window_ms
-        count, start = 0, ms
+        # evaluated at max(now, stored start): a clock behind the stored
+        # window counts no time (the durations include the gap)
+        at = ms if state is None else max(ms, state[0])
+        count, start = 0, at
         if m.from_first:
-            if state is not None and ms < state[0] + w:
+            if state is not None and state[1] > 0 and at < state[0] + w:
                 start, count = state
         else:
-            start = ms - ms % w
+            start = at - at % w
             if state is not None and state[0] == start:
                 count = state[1]
         self.m, self.count, self.start, self.taken = m, count, start, 0
-        self.left = start + w - ms  # ms to the window's end
+        self.left = start + w - ms  # ms to the window's end, from the real clock
 
     def avail(self):
         return max(0, self.m.limit - self.count)

@@ -195,6 +195,28 @@ def test_from_first_window_ends_at_start_plus_window(tw):
         assert t0 <= st[0] <= t1 and st[1] == 2 and exp == st[0] + 1000
 
 
+def test_clock_stepping_back_counts_as_zero(tw):
+    """A stored window that starts after the server's clock (the clock
+    stepped back): the call is evaluated at that start, so the window
+    goes on (not a fresh one), and reset/retry run from the real clock to
+    its end (the gap included), epoch-aligned or FROMFIRST."""
+    c = tw.c
+    for ff, lead in ((False, 5_000), (True, 5_321)):
+        s, us = c.time()
+        t = s * 1000 + us // 1000
+        start = (t // 1000 + 5) * 1000 if not ff else t + lead
+        c.hset("b", mapping={"start": start, "count": 3})
+        c.pexpire("b", 60_000)
+        opts = ["FROMFIRST"] * ff
+        t0, rep, t1, st, exp, _ = call_read(tw, "b", 5, 1000, "COST", 1, *opts)
+        assert rep[:4] == [1, 5, 1, 0] and start + 1000 - t1 <= rep[4] <= start + 1000 - t0, (ff, rep)
+        assert rep in [m[1] for m in model_at((start, 3), 5, 1000, ff, 1, False, False, None, t0, t1)]
+        assert st == (start, 4) and exp == start + 1000
+        rep = tw(CMD, "b", 5, 1000, "COST", 2, *opts)
+        assert rep[:3] == [0, 5, 1] and rep[3] == rep[4] > 4_000, (ff, rep)
+        c.delete("b")
+
+
 def test_lowered_limit_and_changed_window(tw):
     """count above a lowered limit: remaining 0, denied until the window
     ends; another window_ms (epoch-aligned) is another window: counts 0."""

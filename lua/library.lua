@@ -739,8 +739,10 @@ end
 --   count   units granted in that window
 -- It expires exactly when its window ends (PEXPIREAT start + window_ms); a
 -- refund that leaves it at 0 deletes it. An epoch-aligned call whose window
--- is not the stored one (an old window, another window_ms, the clock
--- stepped back) counts 0.
+-- is not the stored one (an old window, another window_ms) counts 0. A
+-- call is evaluated at max(now, stored start): if the clock stepped back
+-- behind the stored window, elapsed time counts as zero (its window goes
+-- on) and the reply's durations include the gap, as in the module.
 --
 -- Exact arithmetic: every value is an integer below 2^53 (window ends
 -- included: start + window_ms <= max(window_ms, 2 * now)), so limit, COST
@@ -778,23 +780,29 @@ function FW.load(key, p, now)
     return nil, redis.error_reply('ERR window_ms is beyond the exact range of the Lua script with FROMFIRST (at most 9007199254740)')
   end
   local ms = divmod(now, 1000)
-  local count, start, left = 0, ms, w
+  -- the instant the call is evaluated at: if the clock stepped back behind
+  -- the stored window's start, nothing elapsed (the durations in the
+  -- reply are measured from the real clock, so they include the gap)
+  local at = ms
   local sstart, scount = nil, nil
   if st[1] then
     sstart, scount = tonumber(st[1]), tonumber(st[2])
     if not (sstart and scount) or sstart < 0 or scount < 0 then
       return nil, redis.error_reply('ERR the fixed window state at this key is corrupt')
     end
+    if sstart > at then at = sstart end
   end
+  local count, start, left = 0, at, w + (at - ms)
   if p.fromfirst then
-    -- the stored window goes on until now >= start + window_ms (compared
-    -- as now - start, which stays exact)
-    if sstart and ms - sstart < w then
-      count, start, left = scount, sstart, w - (ms - sstart)
+    -- the stored window goes on until at >= start + window_ms (compared
+    -- as at - start, which stays exact)
+    if sstart and scount > 0 and at - sstart < w then
+      count, start = scount, sstart
+      if sstart <= ms then left = w - (ms - sstart) else left = w + (sstart - ms) end
     end
   else
-    local _, into = divmod(ms, w)
-    start, left = ms - into, w - into
+    local _, into = divmod(at, w)
+    start, left = at - into, (w - into) + (at - ms)
     if sstart == start then count = scount end
   end
   local avail = 0
@@ -1914,23 +1922,29 @@ do
     return redis.error_reply('ERR window_ms is beyond the exact range of the Lua script with FROMFIRST (at most 9007199254740)')
   end
   local ms = divmod(now, 1000)
-  local count, start, left = 0, ms, w
+  -- the instant the call is evaluated at: if the clock stepped back behind
+  -- the stored window's start, nothing elapsed (the durations in the
+  -- reply are measured from the real clock, so they include the gap)
+  local at = ms
   local sstart, scount = nil, nil
   if st[1] then
     sstart, scount = tonumber(st[1]), tonumber(st[2])
     if not (sstart and scount) or sstart < 0 or scount < 0 then
       return redis.error_reply('ERR the fixed window state at this key is corrupt')
     end
+    if sstart > at then at = sstart end
   end
+  local count, start, left = 0, at, w + (at - ms)
   if p_fromfirst then
-    -- the stored window goes on until now >= start + window_ms (compared
-    -- as now - start, which stays exact)
-    if sstart and ms - sstart < w then
-      count, start, left = scount, sstart, w - (ms - sstart)
+    -- the stored window goes on until at >= start + window_ms (compared
+    -- as at - start, which stays exact)
+    if sstart and scount > 0 and at - sstart < w then
+      count, start = scount, sstart
+      if sstart <= ms then left = w - (ms - sstart) else left = w + (sstart - ms) end
     end
   else
-    local _, into = divmod(ms, w)
-    start, left = ms - into, w - into
+    local _, into = divmod(at, w)
+    start, left = at - into, (w - into) + (at - ms)
     if sstart == start then count = scount end
   end
   local avail = 0
