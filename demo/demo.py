@@ -14,7 +14,7 @@ Policy: "10 requests per second, with room for a burst of 20".
 
 Profile (19 s): browsing at 4 req/s for 4 s, a 2 s burst at 40 req/s,
 8 s of sustained traffic at 14 req/s, then browsing at 4 req/s for 5 s.
-Every request is sent to all three limiters at the same moment (one
+Every request is sent to all four limiters at the same moment (one
 pipeline), and every 50 ms a COST 0 call (which changes nothing) reads each
 limiter's state: the bucket's tokens, the window's count.
 
@@ -93,7 +93,8 @@ def start_server():
 
 def aligned_start(r):
     """A monotonic start time at which the server's Unix clock is on a
-    multiple of WINDOW_MS, so the sliding counter's fixed windows line up
+    multiple of WINDOW_MS, so the sliding counter's and the fixed window's
+    windows line up
     with the profile (the burst starts on a window boundary) and the run is
     reproducible."""
     sec, usec = r.time()

@@ -535,3 +535,16 @@ def test_fixed_window_fromfirst_is_its_own_option(r):
     with pytest.raises(redis.ResponseError, match="window_ms must be an integer between 1 and 9007199254740991"):
         r.execute_command("RL.FIXEDWINDOW", k, 5, 0, "FROMFIRST")
     assert r.exists(k) == 0
+
+
+def test_fixed_window_memory_is_one_compact_block(r):
+    """A fixed window is always the 16-byte compact form: MEMORY USAGE equals
+    a compact token bucket's (same name length, both with a TTL), also at
+    the extremes of its range and after DEBUG RELOAD."""
+    r.execute_command("RL.TOKENBUCKET", "mem:tb", 100, 1, 3_600_000)
+    r.execute_command("RL.FIXEDWINDOW", "mem:fw", 100, 3_600_000)
+    r.execute_command("RL.FIXEDWINDOW", "mem:fx", MAX, MAX, "COST", MAX, "FROMFIRST")
+    base = mem(r, "mem:tb")
+    assert mem(r, "mem:fw") == base and mem(r, "mem:fx") == base, (mem(r, "mem:fw"), mem(r, "mem:fx"), base)
+    r.execute_command("DEBUG", "RELOAD")
+    assert mem(r, "mem:fw") == mem(r, "mem:tb") == mem(r, "mem:fx")
