@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Benchmarks: the three RL commands against INCR and against their Lua twins.
+"""Benchmarks: the three RL commands against INCR and against their Lua twins;
+RL.MULTI's composition; RL.FIXEDWINDOW against envoyproxy/ratelimit's
+INCRBY + EXPIRE pipeline (server time per decision).
 
     bench/bench.py [--server S]        full run (~7-10 min) on one server build:
                                        writes bench/results-TAG.json, the full
@@ -52,6 +54,8 @@ def main():
     ap.add_argument("--no-replica", action="store_true", help="skip the replica half of every block")
     ap.add_argument("--only-multi", action="store_true",
                     help="only the RL.MULTI cells (prints their table; writes no report)")
+    ap.add_argument("--only-envoy", action="store_true",
+                    help="only the RL.FIXEDWINDOW vs INCRBY + EXPIRE cells (prints their table; writes no report)")
     ap.add_argument("--algs", default="tb,sc,sl",
                     help="development only: a subset of tb,sc,sl (the report then has gaps and fails)")
     a = ap.parse_args()
@@ -70,9 +74,12 @@ def main():
     def log(msg):
         print("[%6.1f s] %s" % (time.monotonic() - t0, msg), flush=True)
 
-    data = measure.run(a.quick, a.server, a.no_replica, a.algs, a.only_multi, log)
+    data = measure.run(a.quick, a.server, a.no_replica, a.algs, a.only_multi, log, only_envoy=a.only_envoy)
     if a.only_multi:
         print("\n".join(report.Report(data).composition()))
+        return 0
+    if a.only_envoy:
+        print("\n".join(report.Report(data).envoy()))
         return 0
     measure.save(data, out)
     report.write_outputs(data, out)

@@ -455,39 +455,87 @@ class Bench:
         self.standalone()
         for rnd in range(rounds):
             for label, stat, argv, P, calls_per_req in cells:
-                est = self.est.get(("MC", label), 30000)
-                n = self.cfg["nmin"][1] * 2 if self.quick else max(20000, int(est * self.cfg["seconds"] * 2))
-                n = int(math.ceil(n / 1000.0) * 1000)
-                cmd = [REDIS_BENCHMARK, "-h", "127.0.0.1", "-p", str(self.master.port), "-c", str(CLIENTS),
-                       "-n", str(n), "-P", str(P), "-r", str(K), "--csv"] + [str(x) for x in argv]
-                self.c.config_resetstat()
-                p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-                rows = [ln for ln in p.stdout.splitlines() if ln.startswith('"') and not ln.startswith('"test"')]
-                if p.returncode != 0 or len(rows) != 1 or "Error" in p.stderr or "Error" in p.stdout:
-                    raise BenchError("redis-benchmark failed (%d): %s\n%s\n%s"
-                                     % (p.returncode, " ".join(cmd), p.stdout[-1500:], p.stderr[-1500:]))
-                f = next(iter(__import__("csv").reader([rows[0]])))
-                rps = float(f[1])
-                cs = cmdstat(self.c.info("commandstats"), stat)
-                errs = self.c.info("errorstats")
-                if errs or cs is None or cs["failed_calls"] or cs["rejected_calls"] or cs["calls"] < n:
-                    raise BenchError("server errors during %s: %r %r" % (" ".join(cmd), errs, cs))
+                rec = self.cell(label, stat, argv, P, calls_per_req, K, rnd)
                 info = self.c.info("ratelimit")
-                self.est[("MC", label)] = rps / calls_per_req
-                shown = ["redis-benchmark"] + cmd[1:]
-                shown[shown.index("-p") + 1] = "<port>"
-                rec = dict(round=rnd, cell=label, P=P, n=n, rps=rps, requests_per_s=rps / calls_per_req,
-                           usec_per_call=cs["usec_per_call"], usec_per_request=cs["usec_per_call"] * calls_per_req,
-                           calls=cs["calls"], cmdline=" ".join(shown),
-                           multi_granted=int(info.get("ratelimit_multi_granted", 0)))
+                rec["multi_granted"] = int(info.get("ratelimit_multi_granted", 0))
                 out.append(rec)
                 self.log("    MULTI %-13s P%d n=%-7d %10.0f req/s  %6.2f us/request" % (
-                    label, P, n, rec["requests_per_s"], rec["usec_per_request"]))
+                    label, P, rec["n"], rec["requests_per_s"], rec["usec_per_request"]))
             self.c.flushall()
         # Every RL.MULTI call was granted (the limits are far away).
         granted = [r for r in out if r["cell"].startswith("multi") and r["multi_granted"] < r["calls"]]
         if granted:
             raise BenchError("RL.MULTI calls were not all granted: %r" % granted[:2])
+        return out
+
+    def cell(self, label, stat, argv, P, calls_per_req, K, rnd):
+        """One redis-benchmark run of `argv` over K random keys, from zeroed
+        commandstats: requests/s and the server's µs per call of `stat`
+        (an error, a failed call or a short count raises)."""
+        est = self.est.get(("MC", label), 30000)
+        n = self.cfg["nmin"][1] * 2 if self.quick else max(20000, int(est * self.cfg["seconds"] * 2))
+        n = int(math.ceil(n / 1000.0) * 1000)
+        cmd = [REDIS_BENCHMARK, "-h", "127.0.0.1", "-p", str(self.master.port), "-c", str(CLIENTS),
+               "-n", str(n), "-P", str(P), "-r", str(K), "--csv"] + [str(x) for x in argv]
+        self.c.config_resetstat()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        rows = [ln for ln in p.stdout.splitlines() if ln.startswith('"') and not ln.startswith('"test"')]
+        if p.returncode != 0 or len(rows) != 1 or "Error" in p.stderr or "Error" in p.stdout:
+            raise BenchError("redis-benchmark failed (%d): %s\n%s\n%s"
+                             % (p.returncode, " ".join(cmd), p.stdout[-1500:], p.stderr[-1500:]))
+        f = next(iter(__import__("csv").reader([rows[0]])))
+        rps = float(f[1])
+        cs = cmdstat(self.c.info("commandstats"), stat)
+        errs = self.c.info("errorstats")
+        if errs or cs is None or cs["failed_calls"] or cs["rejected_calls"] or cs["calls"] < n:
+            raise BenchError("server errors during %s: %r %r" % (" ".join(cmd), errs, cs))
+        self.est[("MC", label)] = rps / calls_per_req
+        shown = ["redis-benchmark"] + cmd[1:]
+        shown[shown.index("-p") + 1] = "<port>"
+        return dict(round=rnd, cell=label, P=P, n=n, rps=rps, requests_per_s=rps / calls_per_req,
+                    usec_per_call=cs["usec_per_call"], usec_per_request=cs["usec_per_call"] * calls_per_req,
+                    calls=cs["calls"], cmdline=" ".join(shown))
+
+    # -- RL.FIXEDWINDOW against envoyproxy/ratelimit's pipeline ---------------
+    def envoy(self, rounds):
+        """Server time per decision of RL.FIXEDWINDOW against the pipeline
+        envoyproxy/ratelimit sends to Redis for one descriptor, INCRBY key 1
+        then EXPIRE key 60 (a limit per minute), on a standalone master,
+        10,000 random keys, pipeline 16: the three cells run back to back,
+        `rounds` times; the pipeline's time per decision is INCRBY's µs per
+        call plus EXPIRE's (each measured alone over the same keys, all of
+        which exist first). Every RL.FIXEDWINDOW call is granted. (A run
+        that crosses a minute boundary sees both sides' keys expire and be
+        created again, alike.)"""
+        K, P = 10000, 16
+        cells = [
+            ("fixedwindow", "RL.FIXEDWINDOW", ["RL.FIXEDWINDOW", "ev:f:__rand_int__", 1000000000, 60000]),
+            ("incrby", "INCRBY", ["INCRBY", "ev:e:__rand_int__", 1]),
+            ("expire", "EXPIRE", ["EXPIRE", "ev:e:__rand_int__", 60]),
+        ]
+        out = []
+        self.standalone()
+        for rnd in range(rounds):
+            # Every key exists first (a window a minute long, already
+            # counting), so EXPIRE never meets a missing key and neither
+            # side pays for creating keys.
+            chunks = keyed_commands(["RL.FIXEDWINDOW"], "ev:f:", range(K), [1000000000, 60000])
+            chunks += keyed_commands(["INCRBY"], "ev:e:", range(K), [1])
+            chunks += keyed_commands(["EXPIRE"], "ev:e:", range(K), [60])
+            pipe(self.master.port, chunks, len(chunks))
+            for label, stat, argv in cells:
+                before = int(self.c.info("ratelimit").get("ratelimit_fixedwindow_granted", 0))
+                rec = self.cell("ev-" + label, stat, argv, P, 1, K, rnd)
+                rec["cell"] = label
+                if label == "fixedwindow":
+                    after = int(self.c.info("ratelimit").get("ratelimit_fixedwindow_granted", 0))
+                    rec["granted"] = after - before
+                    if rec["granted"] < rec["calls"]:
+                        raise BenchError("RL.FIXEDWINDOW calls were not all granted: %r" % rec)
+                out.append(rec)
+                self.log("    ENVOY %-12s P%d n=%-7d %10.0f req/s  %6.2f us/call" % (
+                    label, P, rec["n"], rec["requests_per_s"], rec["usec_per_call"]))
+            self.c.flushall()
         return out
 
     # -- memory --------------------------------------------------------------
@@ -679,7 +727,7 @@ def server_tag(version_line):
     return product.lower() + ".".join(ver.split(".")[:2])
 
 
-def run(quick, server=None, no_replica=False, algs="tb,sc,sl", only_multi=False, log=print):
+def run(quick, server=None, no_replica=False, algs="tb,sc,sl", only_multi=False, log=print, only_envoy=False):
     """One benchmark run on one server build: the results dict (what
     bench/results-TAG.json holds), or with `only_multi` the RL.MULTI cells
     only. Raises BenchError when anything it relies on fails."""
@@ -702,9 +750,11 @@ def run(quick, server=None, no_replica=False, algs="tb,sc,sl", only_multi=False,
     shutil.copy2(proc.MODULE, copy)
     proc.MODULE = copy
     b.algs = [ALG_BY_TAG[t] for t in algs.split(",")]
-    if only_multi:
+    if only_multi or only_envoy:
         try:
             b.start()
+            if only_envoy:
+                return dict(envoy=b.envoy(1 if quick else 3))
             return dict(composition=b.composition(1 if quick else 3))
         finally:
             b.stop()
@@ -718,6 +768,8 @@ def run(quick, server=None, no_replica=False, algs="tb,sc,sl", only_multi=False,
         lmem = b.log_memory()
         log("RL.MULTI")
         comp = b.composition(1 if quick else 3)
+        log("RL.FIXEDWINDOW vs INCRBY + EXPIRE")
+        env = b.envoy(1 if quick else 3)
     finally:
         b.stop()
         shutil.rmtree(tmpd, ignore_errors=True)
@@ -727,7 +779,7 @@ def run(quick, server=None, no_replica=False, algs="tb,sc,sl", only_multi=False,
                             nmax=cfg["nmax"], mem_keys=cfg["mem_keys"], log_grants=cfg["log_grants"],
                             clients=CLIENTS),
                 server_cmdline=server_cmdline, results=b.results, memory=mem, log_memory=lmem, problems=b.problems,
-                lua_sha=b.sha, server_tag=tag, composition=comp)
+                lua_sha=b.sha, server_tag=tag, composition=comp, envoy=env)
 
 
 def save(data, out):

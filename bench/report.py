@@ -246,7 +246,7 @@ class Report:
             pipelines=" and ".join(str(p) for p in cfg["pipelines"]), mem_keys="{:,}".format(cfg["mem_keys"]),
             ratio_tables=self.ratio_tables(), usec_table=self.usec_table(),
             memory_table=self.memory_table(), log_memory_table=self.log_memory_table(),
-            composition=self.composition(),
+            composition=self.composition(), envoy=self.envoy(),
             server_cmdline=d.get("server_cmdline", "?"), seconds="%.1f" % cfg["seconds"], nmin=cfg["nmin"],
             nmax="{:,}".format(cfg["nmax"]), regimes_rows=self.regimes_rows(),
             all_runs=self.all_runs(), n_runs=len(self.res), command_lines=[r.get("cmdline", "?") for r in self.res])
@@ -321,6 +321,32 @@ class Report:
             q["round"], q["usec_multi2_vs_single"], q["usec_multi2_vs_multi1"], q["usec_mixed_vs_single"],
             q["usec_multi2_vs_two_calls"], q["rps_multi2_vs_pair"]) for q in self.composition_ratios()]
         return fill("composition.md", cell_rows=cells, ratio_rows=ratios)
+
+    def envoy_ratios(self):
+        """Per round: RL.FIXEDWINDOW's server µs per decision, the INCRBY +
+        EXPIRE pipeline's (the sum of the two commands'), and their ratio."""
+        rows = self.d.get("envoy") or []
+        out = []
+        for rnd in sorted({r["round"] for r in rows}):
+            c = {r["cell"]: r for r in rows if r["round"] == rnd}
+            if not all(k in c for k in ("fixedwindow", "incrby", "expire")):
+                continue
+            pipeline = c["incrby"]["usec_per_call"] + c["expire"]["usec_per_call"]
+            out.append(dict(round=rnd, module=c["fixedwindow"]["usec_per_call"], pipeline=pipeline,
+                            ratio=c["fixedwindow"]["usec_per_call"] / pipeline))
+        return out
+
+    def envoy(self):
+        """The RL.FIXEDWINDOW vs INCRBY + EXPIRE section (no lines when the
+        run has no such cells)."""
+        rows = self.d.get("envoy")
+        if not rows:
+            return []
+        cells = ["| %d | %s | %s | %.2f |" % (r["round"], r["cell"], "{:,.0f}".format(r["requests_per_s"]),
+                                              r["usec_per_call"]) for r in rows]
+        ratios = ["| %d | %.2f | %.2f | %.2f |" % (q["round"], q["module"], q["pipeline"], q["ratio"])
+                  for q in self.envoy_ratios()]
+        return fill("envoy.md", cell_rows=cells, ratio_rows=ratios)
 
     def usec_table(self):
         out = []

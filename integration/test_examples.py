@@ -458,10 +458,11 @@ def test_demo_runs_and_draws_the_chart(tmp_path):
     p = subprocess.run([sys.executable, os.path.join(ROOT, "demo", "demo.py"), "--out", str(out)],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
-    rows = {line.split("  ")[0]: line for line in p.stdout.splitlines()}
+    summary, _, edge = p.stdout.partition("boundary burst:")
+    rows = {line.split("  ")[0]: line for line in summary.splitlines()}
     for label in ("Token bucket", "Sliding log", "Sliding counter", "Fixed window"):
         assert label in rows and " of 40" in rows[label], p.stdout
-    burst = dict(re.findall(r"^  (\w[\w ]+?) +(\d+) granted \(", p.stdout, re.M))
+    burst = dict(re.findall(r"^  (\w[\w ]+?) +(\d+) granted \(", edge, re.M))
     assert burst.get("Fixed window") == "40" and burst.get("Sliding log") == "20", p.stdout
     svg = ET.parse(out).getroot()
     ns = "{http://www.w3.org/2000/svg}"
