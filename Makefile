@@ -295,7 +295,8 @@ clients/node/node_modules/.installed: clients/node/package-lock.json
 # without a client (unit, types) run once. NODE_VALKEY_DRIVERS, Valkey's own
 # clients (iovalkey and GLIDE), runs on the servers of NODE_VALKEY_SERVERS
 # (Redis 7.0, Valkey 8.1 and 9.1) with the suites of NODE_VALKEY_TESTS (the
-# bound, the breaker, both backends and cluster routing, GLIDE's own), and
+# bound, the breaker, both backends and cluster routing, GLIDE's own, fixed
+# windows), and
 # on the last of them NODE_VALKEY_ONCE too (leases across processes, strict
 # mode and Sentinel: 50 s of the 90 s a server took). One junit file per
 # test file, then the matrix (rltesting.matrix).
@@ -303,7 +304,7 @@ NODE_DRIVERS ?= ioredis6,node-redis6 ioredis5,node-redis5 node-redis4
 NODE_NO_CLIENT := unit.test.js types.test.js
 NODE_VALKEY_DRIVERS ?= iovalkey,glide2
 NODE_VALKEY_SERVERS ?= redis7.0 valkey8.1 valkey9.1
-NODE_VALKEY_TESTS := bound.test.js breaker.test.js backends.test.js glide.test.js
+NODE_VALKEY_TESTS := bound.test.js breaker.test.js backends.test.js glide.test.js fixedwindow.test.js
 NODE_VALKEY_ONCE := leased.test.js sentinel.test.js
 test-clients-node: build venv clients/node/node_modules/.installed client-lua  ## the Node client library: every driver line x server
 	@rm -rf $(CLIENTS_MATRIX)/node && mkdir -p $(CLIENTS_MATRIX)/node

@@ -3,14 +3,12 @@
 
 Starts redis-server with the module (or uses --redis), replays one traffic
 profile in real time against RL.TOKENBUCKET, RL.SLIDINGLOG,
-RL.SLIDINGCOUNTER and RL.FIXEDWINDOW (one key each, the same policy),
-prints a summary and draws docs/demo.svg. Then the boundary burst: 20
-requests in the last 100 ms of a window and 20 in the first 100 ms of the
-next, to each limiter on a fresh key: the fixed window grants all 40.
+RL.SLIDINGCOUNTER and RL.FIXEDWINDOW (one key each, the same policy), then
+a burst across a window boundary, prints a summary and draws docs/demo.svg.
 
 Policy: "10 requests per second, with room for a burst of 20".
   token bucket     capacity 20, 10 tokens per 1000 ms
-  sliding windows  20 per 2000 ms: a window that lets a burst of 20 through
+  windows          20 per 2000 ms: a window that lets a burst of 20 through
                    must have limit 20, and 20 per 2 s is 10 per second on
                    average, so this is the nearest window equivalent.
 
@@ -19,6 +17,12 @@ Profile (19 s): browsing at 4 req/s for 4 s, a 2 s burst at 40 req/s,
 Every request is sent to all four limiters at the same moment (one
 pipeline), and every 50 ms a COST 0 call (which changes nothing) reads each
 limiter's state: the bucket's tokens, the window's count.
+
+Then the boundary burst (fixed windows' known weakness): fresh keys, 40
+requests at 40 req/s, the first 20 in the last half second of a fixed
+window and the next 20 in the first half second of the next one. A fixed
+window grants all 40 in one second (2 x its limit across the boundary);
+the sliding log grants 20, as in any 2 s.
 
 Usage: demo/demo.py [--out docs/demo.svg] [--redis redis://host:port]
 """
@@ -100,6 +104,41 @@ def aligned_start(r):
     if wait_ms < 300:
         wait_ms += WINDOW_MS
     return (mono_ms + wait_ms) / 1000
+
+
+# The boundary burst: BOUNDARY_N requests at BOUNDARY_RATE per second,
+# centred on a window boundary (half before it, half after).
+BOUNDARY_RATE = 40
+BOUNDARY_N = 2 * WINDOW_LIMIT
+
+
+def run_boundary(r, tag):
+    """Per algorithm, per request (in order): granted or not. The first
+    BOUNDARY_N / 2 requests come before the window boundary."""
+    keys = [f"demo:{tag}:b:{cmd.split('.')[1].lower()}" for _, cmd, _, _ in ALGOS]
+    r.delete(*keys)
+    # the boundary: the next multiple of WINDOW_MS at least 1 s away
+    t_b = aligned_start(r) + WINDOW_MS / 1000
+    half = BOUNDARY_N / 2 / BOUNDARY_RATE
+    times = [-half + (k + 0.5) / BOUNDARY_RATE for k in range(BOUNDARY_N)]
+    out = [[] for _ in ALGOS]
+    pipe = r.pipeline(transaction=False)
+    for t in times:
+        delay = t_b + t - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        for key, (_, cmd, args, _) in zip(keys, ALGOS):
+            pipe.execute_command(cmd, key, *args)
+        for i, reply in enumerate(pipe.execute()):
+            out[i].append(reply[0] == 1)
+    r.delete(*keys)
+    return out
+
+
+def halves(grants):
+    """(granted before the boundary, granted after it)."""
+    h = BOUNDARY_N // 2
+    return sum(grants[:h]), sum(grants[h:])
 
 
 def run(r, tag):
@@ -201,36 +240,14 @@ def print_summary(summary, late):
               "the numbers use scheduled times.")
 
 
-def boundary_burst(r, tag, n=CAPACITY):
-    """`n` requests 50 ms before a window boundary and `n` 50 ms after it,
-    to each limiter on a fresh key: [(label, granted before, granted after)]."""
-    keys = [f"demo:{tag}:edge:{cmd.split('.')[1].lower()}" for _, cmd, _, _ in ALGOS]
-    r.delete(*keys)
-    edge = aligned_start(r)  # a window boundary, on the monotonic clock
-    out = []
-    counts = []
-    for at in (edge - 0.05, edge + 0.05):
-        delay = at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        pipe = r.pipeline(transaction=False)
-        for key, (_, cmd, args, _) in zip(keys, ALGOS):
-            for _ in range(n):
-                pipe.execute_command(cmd, key, *args)
-        replies = pipe.execute()
-        counts.append([sum(rep[0] for rep in replies[i * n:(i + 1) * n]) for i in range(len(ALGOS))])
-    r.delete(*keys)
-    for i, (label, _, _, _) in enumerate(ALGOS):
-        out.append((label, counts[0][i], counts[1][i]))
-    return out
-
-
-def print_boundary(rows):
+def print_boundary(boundary):
+    half = BOUNDARY_N // 2
     print()
-    print(f"boundary burst: {CAPACITY} requests 50 ms before a {WINDOW_MS} ms window boundary, "
-          f"{CAPACITY} 50 ms after it (fresh keys)")
-    for label, before, after in rows:
-        print(f"{label:<17}{before} + {after} = {before + after} granted within 100 ms")
+    print(f"boundary burst: {BOUNDARY_N} requests at {BOUNDARY_RATE}/s on fresh keys, {half} in the "
+          f"last {half / BOUNDARY_RATE:g} s of a {WINDOW_MS} ms window, {half} in the first of the next")
+    for (label, _, _, _), grants in zip(ALGOS, boundary):
+        before, after = halves(grants)
+        print(f"  {label:<17}{before + after:>3} granted ({before} before the boundary, {after} after)")
 
 
 # ---------------------------------------------------------------- chart (SVG)
@@ -239,7 +256,7 @@ def esc(s):
     return str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def svg_chart(results, probes, summary):
+def svg_chart(results, probes, summary, boundary):
     W = 1000
     left, right = 60, 60
     plot_w = W - left - right
@@ -249,7 +266,9 @@ def svg_chart(results, probes, summary):
     bars_max = 4          # requests per 100 ms at 40 req/s
     state_max = CAPACITY
     n_bins = round(DURATION / BIN)
-    H = top + len(ALGOS) * (panel_h + gap) + 30
+    bnd_top = top + len(ALGOS) * (panel_h + gap) + 40
+    bnd_row = 26
+    H = bnd_top + 50 + len(ALGOS) * bnd_row + 20
     x = lambda t: left + t / DURATION * plot_w  # noqa: E731
     bw = plot_w / n_bins
 
@@ -340,8 +359,35 @@ def svg_chart(results, probes, summary):
             pts.append(f"{x(t):.1f},{y_s(max(0, min(state_max, v))):.1f}")
         o.append(f'<polyline points="{" ".join(pts)}" fill="none" stroke="#2563eb" '
                  f'stroke-width="1.8" stroke-linejoin="round"/>')
-    o.append(f'<text x="{left + plot_w / 2}" y="{H - 8}" text-anchor="middle" fill="#555">'
+    o.append(f'<text x="{left + plot_w / 2}" y="{bnd_top - 22}" text-anchor="middle" fill="#555">'
              'time (s)</text>')
+    # The boundary burst: one row per limiter, a square per request (time
+    # runs left to right, the window boundary in the middle).
+    half = BOUNDARY_N // 2
+    o.append(f'<text x="{left}" y="{bnd_top}" font-size="14" font-weight="bold">'
+             f'The boundary burst: {BOUNDARY_N} requests at {BOUNDARY_RATE}/s on fresh keys, '
+             f'{half} just before a window boundary, {half} just after</text>')
+    o.append(f'<text x="{left}" y="{bnd_top + 18}" fill="#444">A fixed window grants all of them '
+             'in one second: its limit at the end of one window and again at the start of the next '
+             '(up to 2 × limit across one boundary).</text>')
+    label_w = 130
+    sq = (plot_w - label_w - 250) / BOUNDARY_N
+    bx0 = left + label_w
+    mid = bx0 + half * sq
+    y0 = bnd_top + 34
+    o.append(f'<line x1="{mid:.1f}" y1="{y0 - 4}" x2="{mid:.1f}" y2="{y0 + len(ALGOS) * bnd_row}" '
+             'stroke="#333" stroke-dasharray="4 3"/>')
+    o.append(f'<text x="{mid:.1f}" y="{y0 + len(ALGOS) * bnd_row + 14}" text-anchor="middle" '
+             'fill="#555" font-size="11">window boundary</text>')
+    for i, ((label, _, _, _), grants) in enumerate(zip(ALGOS, boundary)):
+        yy = y0 + i * bnd_row
+        before, after = halves(grants)
+        o.append(f'<text x="{left}" y="{yy + 14}">{esc(label)}</text>')
+        for k, granted in enumerate(grants):
+            o.append(f'<rect x="{bx0 + k * sq + 0.5:.1f}" y="{yy + 2}" width="{sq - 1:.1f}" '
+                     f'height="{bnd_row - 8}" fill="{"#2e9d4f" if granted else "#d8433a"}"/>')
+        o.append(f'<text x="{bx0 + BOUNDARY_N * sq + 12:.1f}" y="{yy + 14}" fill="#333">'
+                 f'{before + after} granted ({before} before, {after} after)</text>')
     o.append("</svg>")
     return "\n".join(o) + "\n"
 
@@ -363,17 +409,18 @@ def main():
         print(f"replaying the profile for {DURATION:g} s against the four commands ...",
               flush=True)
         results, probes, late = run(r, os.getpid())
-        edge = boundary_burst(r, os.getpid())
+        print("then a burst across a window boundary ...", flush=True)
+        boundary = run_boundary(r, os.getpid())
     finally:
         r.close()
         if server:
             server.close()
     summary = summarize(results, probes)
     print_summary(summary, late)
-    print_boundary(edge)
+    print_boundary(boundary)
     os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
     with open(opts.out, "w") as f:
-        f.write(svg_chart(results, probes, summary))
+        f.write(svg_chart(results, probes, summary, boundary))
     print(f"\nchart: {os.path.relpath(opts.out)}")
     # The same chart as PNG (for viewers without SVG), rendered by librsvg's
     # rsvg-convert, which `make deps` installs.

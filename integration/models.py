@@ -16,7 +16,9 @@ can read back from the twins' keys):
   tokens at time ts (us), scale = period_ms * 1000 -- or None (full);
 * sliding log: [(t_us, units), ...] ascending, one entry per grant time;
 * sliding counter: (win, cur, prev) -- cur units in the window starting at
-  win (us), prev in the one before -- or None.
+  win (us), prev in the one before -- or None;
+* fixed window: (start, count) -- count units in the window starting at
+  start (ms) -- or None. Its clock is the ms (now // 1000), as the module's.
 
 Durations are measured from the instant a limiter is evaluated at: the
 clock reading, or later when the clock stepped back behind the state (the
@@ -242,7 +244,69 @@ class _CounterView:
         return (self.start, self.cur, self.prev)
 
 
-MODELS = {"TOKENBUCKET": TokenBucket, "SLIDINGLOG": SlidingLog, "SLIDINGCOUNTER": SlidingCounter}
+class FixedWindow:
+    """count + COST <= limit per window of window_ms (ms on the clock): epoch
+    aligned, or (from_first) starting at the first grant on a fresh key."""
+
+    def __init__(self, limit, window_ms, from_first=False):
+        self.limit = limit
+        self.window_ms = window_ms
+        self.from_first = from_first
+
+    def at(self, state, now):
+        return _WindowView(self, state, now)
+
+
+class _WindowView:
+    def __init__(self, m, state, now):
+        ms, w = now // 1000, m.window_ms
+        # evaluated at max(now, stored start): a clock behind the stored
+        # window counts no time (the durations include the gap)
+        at = ms if state is None else max(ms, state[0])
+        count, start = 0, at
+        if m.from_first:
+            if state is not None and state[1] > 0 and at < state[0] + w:
+                start, count = state
+        else:
+            start = at - at % w
+            if state is not None and state[0] == start:
+                count = state[1]
+        self.m, self.count, self.start, self.taken = m, count, start, 0
+        self.left = start + w - ms  # ms to the window's end, from the real clock
+
+    def avail(self):
+        return max(0, self.m.limit - self.count)
+
+    def take(self, g):
+        self.count += g
+        self.taken += g
+
+    def give(self, k):
+        given = min(k, self.count)
+        self.count -= given
+        return given
+
+    def answer(self, want):
+        if self.taken == want:
+            retry = 0
+        elif want > self.m.limit:
+            retry = -1
+        elif want <= self.avail():
+            retry = 0
+        else:
+            retry = self.left
+        return self.avail(), retry, self.left if self.count else 0
+
+    def state(self):
+        return (self.start, self.count) if self.count else None
+
+    def expires_at(self):
+        """The key's absolute expiry (ms): the window's end."""
+        return self.start + self.m.window_ms
+
+
+MODELS = {"TOKENBUCKET": TokenBucket, "SLIDINGLOG": SlidingLog, "SLIDINGCOUNTER": SlidingCounter,
+          "FIXEDWINDOW": FixedWindow}
 
 
 def single(model, state, now, cost=1, partial=False, dryrun=False, refund=None):
@@ -328,3 +392,8 @@ def log_model(entries, limit, window_ms, cost, partial, now):
 def sc_model(state, limit, window_ms, cost, partial, now):
     """Sliding counter at `now`; state = (win, cur, prev) or None."""
     return single(SlidingCounter(limit, window_ms), state, now, cost, partial)[0]
+
+
+def fw_model(state, limit, window_ms, cost, partial, now, from_first=False):
+    """Fixed window at `now` (us); state = (start_ms, count) or None."""
+    return single(FixedWindow(limit, window_ms, from_first), state, now, cost, partial)[0]

@@ -470,7 +470,7 @@ def test_errors(tw, cmd):
     assert "exactly 1 key" in err_of(c.evalsha, tw.sha[cmd], 2, "a", "b", *lim)
     # another type, including another twin's key
     other = {"RL.TOKENBUCKET": "RL.SLIDINGCOUNTER", "RL.SLIDINGCOUNTER": "RL.TOKENBUCKET",
-             "RL.SLIDINGLOG": "RL.TOKENBUCKET"}[cmd]
+             "RL.SLIDINGLOG": "RL.TOKENBUCKET", "RL.FIXEDWINDOW": "RL.SLIDINGCOUNTER"}[cmd]
     tw(other, "o", *([5, 1, 1000] if other == "RL.TOKENBUCKET" else [5, 1000]))
     before = dirty(c)
     for key in ("str", "o"):

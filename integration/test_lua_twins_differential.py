@@ -22,7 +22,7 @@ import pytest
 import redis
 
 from rltesting.proc import wait_until
-from models import ceil_div, sc_model
+from models import FixedWindow, ceil_div, sc_model, single
 from twins import (
     ARG_ERRORS, CMDS, MULTI_ERRORS, Twins, agree_multi, limit_args, now_us, random_limits,
     random_multi_opts, raw_reply, tb_state, timed,
@@ -120,7 +120,11 @@ SEQ_PARAMS = {
     if lim <= 100 else [lim, 1, 60_000],
     "RL.SLIDINGLOG": lambda rng, lim: [lim, rng.choice([3_600_000, 86_400_000])],
     "RL.SLIDINGCOUNTER": lambda rng, lim: [lim, rng.choice([3_600_000, 86_400_000])],
+    "RL.FIXEDWINDOW": lambda rng, lim: [lim, rng.choice([3_600_000, 86_400_000])],
 }
+# The windowed commands whose windows are aligned on the clock: a sequence
+# that crossed a boundary is run again with new keys.
+ALIGNED = ("RL.SLIDINGCOUNTER", "RL.FIXEDWINDOW")
 
 
 @pytest.mark.parametrize("cmd", CMDS)
@@ -144,7 +148,7 @@ def test_differential_random_sequences(both_modes, cmd, seed):
                 params[-1] = new
                 windows.add(params[-1])
             pair.check(*params, *random_opts(rng, params[0]))
-        if cmd != "RL.SLIDINGCOUNTER":
+        if cmd not in ALIGNED:
             break
         t_first, t_last = pair.log[0][3], pair.log[-1][4]
         if all(t_first // (w * 1000) == t_last // (w * 1000) for w in windows):
@@ -324,7 +328,7 @@ def test_differential_refund_sequences(both_modes, cmd, seed):
             else:
                 opts = random_opts(rng, params[0])
             pair.check(*params, *opts)
-        if cmd != "RL.SLIDINGCOUNTER":
+        if cmd not in ALIGNED:
             break
         w = params[-1] * 1000
         if pair.log[0][3] // w == pair.log[-1][4] // w:
@@ -407,3 +411,72 @@ def test_differential_multi_and_refund_errors(both_modes):
             with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
                 call([f"{prefix}:x", f"{prefix}:tb"], *args)
         assert not c.exists(f"{prefix}:x")
+
+
+# --------------------------------------------------------------------------
+# Differential: RL.FIXEDWINDOW and its twin across window boundaries
+# --------------------------------------------------------------------------
+
+def fw_candidates(states, limit, w, ff, opts, t0, t1, rep, exp):
+    """The states the model can be in after a call between t0 and t1 (ms)
+    from any of `states` that answers `rep` and, when it writes, sets the
+    key's expiry `exp` to the window's end."""
+    cost, partial, dryrun, refund = opts
+    out = set()
+    m = FixedWindow(limit, w, ff)
+    for s in states:
+        for ms in range(t0, t1 + 1):
+            want, written, new = single(m, s, ms * 1000, cost, partial, dryrun, refund)
+            # (-2: the key's window ended before PEXPIRETIME read it)
+            if want != rep or (written and new is not None and exp != new[0] + w
+                               and not (exp == -2 and new[0] + w <= t1)):
+                continue
+            out.add(new if written else s)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_differential_fixed_window_across_boundaries(both_modes, seed):
+    """Short windows (boundaries crossed every few calls), epoch-aligned and
+    FROMFIRST, random options and REFUND: the module's and the twin's
+    replies are each the model's at an instant between the clock reads
+    around the pair, from the state that instant's history leaves, with the
+    key expiring at the window's end (PEXPIRETIME); and where both calls
+    fell in the same window from the same state, they are equal."""
+    c, tw = both_modes
+    rng = random.Random(700 + seed)
+    limit, w, ff = rng.choice([1, 3, 10]), rng.choice([25, 60, 150]), seed % 2 == 1
+    sm, st = {None}, {None}
+    same = 0
+    for i in range(120):
+        if rng.random() < 0.04:
+            limit = rng.choice([1, 2, 5, 10])
+        if rng.random() < 0.04:
+            ff = not ff
+        if rng.random() < 0.15:
+            n = rng.choice([1, 2, limit + 1])
+            words, opts = ["REFUND", n], (1, False, False, n)
+        else:
+            cost = rng.choice([0, 1, 1, 2, limit, limit + 1])
+            partial, dryrun = rng.random() < 0.3, rng.random() < 0.15
+            words = ["COST", cost] + ["PARTIAL"] * partial + ["DRYRUN"] * dryrun
+            opts = (cost, partial, dryrun, None)
+        args = [limit, w, *words] + ["FROMFIRST"] * ff
+
+        def fn(p):
+            p.execute_command("RL.FIXEDWINDOW", f"m:fw{seed}", *args)
+            tw.send(p, "RL.FIXEDWINDOW", f"t:fw{seed}", *args)
+            p.pexpiretime(f"m:fw{seed}")
+            p.pexpiretime(f"t:fw{seed}")
+
+        t0, (rm, rt, em, et), t1 = timed(c, fn)
+        t0, t1 = t0 // 1000, t1 // 1000
+        ctx = (i, args, sorted(sm, key=str), sorted(st, key=str), rm, rt, t0, t1)
+        nm = fw_candidates(sm, limit, w, ff, opts, t0, t1, rm, em)
+        nt = fw_candidates(st, limit, w, ff, opts, t0, t1, rt, et)
+        assert nm and nt, ctx
+        if t0 // w == t1 // w and sm == st and len(sm) == 1 and not ff:
+            assert rm[:3] == rt[:3], ctx
+            same += 1
+        sm, st = nm, nt
+    assert same > 0

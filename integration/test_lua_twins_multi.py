@@ -13,7 +13,7 @@ import pytest
 from rltesting.proc import wait_until
 from models import MODELS, SlidingLog, ceil_div, multi, single
 from twins import (
-    ALGS, CMDS, MAX, MULTI_ERRORS, Twins, agree_multi, assert_between, dirty, err_of,
+    ALGS, CMDS, MAX, MULTI_ERRORS, Twins, agree_multi, assert_between, dirty, err_of, fw_state,
     limit_args, now_us, random_limits, random_multi_opts, raw_reply, source, tb_state, timed,
 )
 
@@ -26,6 +26,8 @@ def twin_state(c, alg, key):
         entries = sorted((int(sc), int(m.split(b":")[1])) for m, sc in c.zrange(key, 0, -1, withscores=True)
                          if m != b"#")
         return entries or None
+    if alg == "FIXEDWINDOW":
+        return fw_state(c, key)
     h = c.hgetall(key)
     return tuple(int(h[k]) for k in (b"win", b"cur", b"prev")) if h else None
 

@@ -17,6 +17,7 @@ FILES = {
     "RL.TOKENBUCKET": "tokenbucket.lua",
     "RL.SLIDINGLOG": "slidinglog.lua",
     "RL.SLIDINGCOUNTER": "slidingcounter.lua",
+    "RL.FIXEDWINDOW": "fixedwindow.lua",
 }
 CMDS = list(FILES)
 SCRIPTS = {**FILES, "RL.MULTI": "multi.lua"}
@@ -32,7 +33,8 @@ def source(cmd):
 
 
 FUNCTIONS = {"RL.TOKENBUCKET": "rl_tokenbucket", "RL.SLIDINGLOG": "rl_slidinglog",
-             "RL.SLIDINGCOUNTER": "rl_slidingcounter", "RL.MULTI": "rl_multi"}
+             "RL.SLIDINGCOUNTER": "rl_slidingcounter", "RL.FIXEDWINDOW": "rl_fixedwindow",
+             "RL.MULTI": "rl_multi"}
 
 
 class Twins:
@@ -127,6 +129,13 @@ def tb_state(c, key):
     return tuple(int(h[k]) for k in (b"tokens", b"frac", b"ts", b"scale"))
 
 
+def fw_state(c, key):
+    h = c.hgetall(key)
+    if not h:
+        return None
+    return tuple(int(h[k]) for k in (b"start", b"count"))
+
+
 def assert_between(reply, lo, hi):
     """Each field of `reply` lies between the models at T0 and T1."""
     for i, (v, a, b) in enumerate(zip(reply, lo, hi)):
@@ -147,6 +156,10 @@ ARG_ERRORS = {
     ],
     "RL.SLIDINGCOUNTER": [
         ([0, 1000], "limit"), (["ten", 1000], "limit"), ([1, 0], "window_ms"), ([1, 2**53], "window_ms"),
+    ],
+    "RL.FIXEDWINDOW": [
+        ([0, 1000], "limit"), ([2**53, 1000], "limit"), (["1e3", 1000], "limit"), ([1, 0], "window_ms"),
+        ([1, 2**53], "window_ms"), ([1, "-5"], "window_ms"),
     ],
 }
 
@@ -223,7 +236,7 @@ MULTI_ERRORS = [  # (ARGV, KEYS, the error), in the module's wording
     (["SLIDINGLOG", 5, 1000] * 2, ["a"], "the number of limits must equal numkeys"),
     (["COST", 1, "X"], ["a"], "the number of limits must equal numkeys"),
     (["SLIDINGLOG", 5, 1000] * 2, ["a", "a"], "every key must be distinct"),
-    (["FIXEDWINDOW", 5, 1000], ["a"], "syntax error"),
+    (["FIXEDWINDOWS", 5, 1000], ["a"], "syntax error"),
     (["SLIDINGLOG", 5], ["a", "b"], "syntax error"),
     (["SLIDINGLOG", 0], ["a", "b"], f"limit must be an integer between 1 and {MAX}"),
     (["SLIDINGLOG", 0, 1000], ["a"], f"limit must be an integer between 1 and {MAX}"),

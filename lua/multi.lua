@@ -7,6 +7,7 @@
 --   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
 --          | SLIDINGLOG limit window_ms [WEIGHT w]
 --          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
+--          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
 --
 --   KEYS     one key per limit, 1 to 16, distinct (numkeys = EVALSHA's)
 --   ARGV     the limits, in the order of their keys, then the options: the
@@ -14,7 +15,8 @@
 --
 -- The i-th limit applies to KEYS[i] and takes COST * WEIGHT of its units.
 -- Each key holds the same state as the single-limit script of its algorithm
--- (tokenbucket.lua, slidinglog.lua, slidingcounter.lua), so a key can be used
+-- (tokenbucket.lua, slidinglog.lua, slidingcounter.lua,
+-- fixedwindow.lua), so a key can be used
 -- by both.
 --
 -- Reply (seven elements, as RL.MULTI; docs/contract.md, "RL.MULTI"):
@@ -153,17 +155,18 @@ end
 
 -- The options every command takes after its parameters, from argv[i] on:
 --   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+-- and, when ff == 1 (RL.FIXEDWINDOW), [FROMFIRST] with either,
 -- in any order and case, each at most once; REFUND and the others exclude
 -- each other (the second one named is a syntax error, as in the module).
--- Returns cost, partial, dryrun, refund (nil unless REFUND), or nil and an
--- error reply; a word in `other` (RL.MULTI: an algorithm's name, one limit
--- too many) answers `other_err` instead of a syntax error.
-local function parse_options(argv, i, other, other_err)
+-- Returns cost, partial, dryrun, refund (nil unless REFUND), fromfirst, or
+-- nil and an error reply; a word in `other` (RL.MULTI: an algorithm's name,
+-- one limit too many) answers `other_err` instead of a syntax error.
+local function parse_options(argv, i, other, other_err, ff)
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
+  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -185,13 +188,16 @@ local function parse_options(argv, i, other, other_err)
         return nil, redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
+      fromfirst = true
+      i = i + 1
     elseif other and other[opt] then
       return nil, redis.error_reply(other_err)
     else
       return nil, redis.error_reply('ERR syntax error')
     end
   end
-  return cost, partial, dryrun, refund
+  return cost, partial, dryrun, refund, fromfirst
 end
 
 local MAX_PERIOD_MS = 9007199254740 -- period_ms * 1000 < 2^53
@@ -217,7 +223,7 @@ local function wait_us(d, f, P, rate)
   return q
 end
 
-local TB = {command = 'RL.TOKENBUCKET', script = 'rl.tokenbucket', nparams = 3}
+local TB = {command = 'RL.TOKENBUCKET', script = 'rl.tokenbucket', nparams = 3, fromfirst = 0}
 
 -- capacity rate period_ms, from argv[i] on: a parameter table, or nil and
 -- an error.
@@ -249,10 +255,11 @@ end
 -- The bucket at `now`: {n = whole tokens, f = fraction in 1/P, t = time,
 -- avail = whole tokens that can be taken}.
 function TB.load(key, p, now)
-  -- 'win' belongs to the sliding counter: a hash holding it is not ours.
-  local st = redis.pcall('HMGET', key, 'tokens', 'frac', 'ts', 'scale', 'win')
+  -- 'win' belongs to the sliding counter, 'count' to the fixed window: a
+  -- hash holding either is not ours.
+  local st = redis.pcall('HMGET', key, 'tokens', 'frac', 'ts', 'scale', 'win', 'count')
   if st.err then return nil, st end
-  if st[5] then return nil, redis.error_reply(WRONGTYPE) end
+  if st[5] or st[6] then return nil, redis.error_reply(WRONGTYPE) end
   local capacity, rate, P = p.capacity, p.rate, p.P
   local n, f, t = capacity, 0, now -- a fresh bucket is full
   if st[1] then
@@ -395,7 +402,7 @@ local function log_units(member)
 end
 
 local SL = {command = 'RL.SLIDINGLOG', script = 'rl.slidinglog', nparams = 2,
-  params = limit_window_params}
+  params = limit_window_params, fromfirst = 0}
 
 -- The log at `now`: the units in the window (used; avail = what can be
 -- taken) and what a write needs.
@@ -591,14 +598,15 @@ end
 -- 1..2^53-1).
 
 local SC = {command = 'RL.SLIDINGCOUNTER', script = 'rl.slidingcounter', nparams = 2,
-  params = limit_window_params}
+  params = limit_window_params, fromfirst = 0}
 
 -- The counter at `now`: {cur, prev, e, start, lag, avail}.
 function SC.load(key, p, now)
-  -- 'tokens' belongs to the token bucket: a hash holding it is not ours.
-  local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens')
+  -- 'tokens' belongs to the token bucket, 'count' to the fixed window: a
+  -- hash holding either is not ours.
+  local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens', 'count')
   if st.err then return nil, st end
-  if st[4] then return nil, redis.error_reply(WRONGTYPE) end
+  if st[4] or st[5] then return nil, redis.error_reply(WRONGTYPE) end
   local W = p.W
   local at = now -- the instant the call is evaluated at
   local k, e = divmod(now, W) -- its window index, us since that window began
@@ -727,18 +735,147 @@ function SC.write(key, p, s, reset)
     redis.call('PEXPIRE', key, fmt(reset))
   end
 end
+-- Fixed window ---------------------------------------------------------------
+--
+-- At most `limit` units per window of window_ms, counted in ms on the
+-- server's clock (TIME, rounded down to the ms, as the module reads its
+-- clock). By default a window is aligned on the epoch:
+-- [now - now % window_ms, that + window_ms). With FROMFIRST a window starts
+-- at the first grant on a fresh key (no state, or now >= start + window_ms:
+-- INCR + PEXPIRE NX). A call is granted when count + COST <= limit
+-- (PARTIAL: min(COST, limit - count) units). The reply's durations run to
+-- the window's end; an empty window (nothing counted) answers
+-- remaining = limit and reset_after_ms = 0. Up to 2 * limit units can be
+-- granted across one boundary: fixed windows' known weakness.
+--
+-- State: one hash at the key, written only when its count changes:
+--   start   start (ms) of the window `count` counts
+--   count   units granted in that window
+-- It expires exactly when its window ends (PEXPIREAT start + window_ms); a
+-- refund that leaves it at 0 deletes it. An epoch-aligned call whose window
+-- is not the stored one (an old window, another window_ms) counts 0. A
+-- call is evaluated at max(now, stored start): if the clock stepped back
+-- behind the stored window, elapsed time counts as zero (its window goes
+-- on) and the reply's durations include the gap, as in the module.
+--
+-- Exact arithmetic: every value is an integer below 2^53 (window ends
+-- included: start + window_ms <= max(window_ms, 2 * now)), so limit, COST
+-- and window_ms have the module's full range, except that FROMFIRST, whose
+-- window ends at a stored start + window_ms, needs window_ms up to
+-- 9007199254740 (about 285 years; window.lua) and refuses more with an
+-- error.
+
+-- limit window_ms, from argv[i] on: a parameter table, or nil and an error.
+-- (FROMFIRST, an option, is set by the caller: p.fromfirst.)
+local function fw_params(argv, i)
+  local limit = parse_int(argv[i], 1, MAX)
+  if not limit then
+    return nil, redis.error_reply('ERR limit must be an integer between 1 and 9007199254740991')
+  end
+  local window_ms = parse_int(argv[i + 1], 1, MAX)
+  if not window_ms then
+    return nil, redis.error_reply('ERR window_ms must be an integer between 1 and 9007199254740991')
+  end
+  return {limit = limit, window_ms = window_ms, fromfirst = false}
+end
+
+local FW = {command = 'RL.FIXEDWINDOW', script = 'rl.fixedwindow', nparams = 2,
+  params = fw_params, fromfirst = 1}
+
+-- The window at `now` (us): {count, start (ms), left = ms to its end,
+-- avail = units that can be taken}.
+function FW.load(key, p, now)
+  -- 'tokens' (token bucket) and 'win' (sliding counter): not ours.
+  local st = redis.pcall('HMGET', key, 'start', 'count', 'tokens', 'win')
+  if st.err then return nil, st end
+  if st[3] or st[4] then return nil, redis.error_reply(WRONGTYPE) end
+  local w = p.window_ms
+  if p.fromfirst and w > MAX_WINDOW_MS then
+    return nil, redis.error_reply('ERR window_ms is beyond the exact range of the Lua script with FROMFIRST (at most 9007199254740)')
+  end
+  local ms = divmod(now, 1000)
+  -- the instant the call is evaluated at: if the clock stepped back behind
+  -- the stored window's start, nothing elapsed (the durations in the
+  -- reply are measured from the real clock, so they include the gap)
+  local at = ms
+  local sstart, scount = nil, nil
+  if st[1] then
+    sstart, scount = tonumber(st[1]), tonumber(st[2])
+    if not (sstart and scount) or sstart < 0 or scount < 0 then
+      return nil, redis.error_reply('ERR the fixed window state at this key is corrupt')
+    end
+    if sstart > at then at = sstart end
+  end
+  local count, start, left = 0, at, w + (at - ms)
+  if p.fromfirst then
+    -- the stored window goes on until at >= start + window_ms (compared
+    -- as at - start, which stays exact)
+    if sstart and scount > 0 and at - sstart < w then
+      count, start = scount, sstart
+      if sstart <= ms then left = w - (ms - sstart) else left = w + (sstart - ms) end
+    end
+  else
+    local _, into = divmod(at, w)
+    start, left = at - into, (w - into) + (at - ms)
+    if sstart == start then count = scount end
+  end
+  local avail = 0
+  if count < p.limit then avail = p.limit - count end
+  return {count = count, start = start, left = left, avail = avail}
+end
+
+-- A refund of m units off the window's count (nothing in an old window).
+function FW.give(p, s, m)
+  local given = math.min(m, s.count)
+  s.count = s.count - given
+  local avail = 0
+  if s.count < p.limit then avail = p.limit - s.count end
+  s.avail = avail
+  return given
+end
+
+-- Take `taken` units (at most s.avail); then remaining, retry_after_ms
+-- for `cost` units, reset_after_ms.
+function FW.report(p, s, cost, taken)
+  local count2 = s.count + taken
+  s.count = count2
+  local remaining = s.avail - taken
+  local retry = 0
+  if taken < cost then
+    if cost > p.limit then
+      retry = -1
+    elseif cost > remaining then
+      retry = s.left
+    end
+  end
+  local reset = 0
+  if count2 > 0 then reset = s.left end
+  return remaining, retry, reset
+end
+
+-- Store the window, expiring when it ends (a window that counts nothing is
+-- not stored).
+function FW.write(key, p, s, reset)
+  if reset == 0 then
+    redis.call('DEL', key)
+  else
+    redis.call('HSET', key, 'start', fmt(s.start), 'count', fmt(s.count))
+    redis.call('PEXPIREAT', key, fmt(s.start + p.window_ms))
+  end
+end
 
 -- Several limits in one atomic call (RL.MULTI): keys = one key per limit,
 -- argv = the limits, then the options:
 --   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
 --          | SLIDINGLOG limit window_ms [WEIGHT w]
 --          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
+--          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
 --   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
 -- The i-th limit applies to keys[i] and takes COST * WEIGHT of its units.
 -- One clock read; every key is read and every limit decided before anything
 -- is written; all or nothing.
 
-local MULTI_ALGS = {TOKENBUCKET = TB, SLIDINGLOG = SL, SLIDINGCOUNTER = SC}
+local MULTI_ALGS = {TOKENBUCKET = TB, SLIDINGLOG = SL, SLIDINGCOUNTER = SC, FIXEDWINDOW = FW}
 local MAX_LIMITS = 16
 
 local OPTION_WORDS = {COST = true, PARTIAL = true, DRYRUN = true, REFUND = true}
@@ -757,7 +894,8 @@ local function rl_multi(keys, argv)
   if nkeys < 1 or nkeys > MAX_LIMITS then
     return redis.error_reply('ERR numkeys must be an integer between 1 and 16')
   end
-  -- numkeys limits: an algorithm's name, its parameters, an optional WEIGHT.
+  -- numkeys limits: an algorithm's name, its parameters, an optional WEIGHT
+  -- (and for FIXEDWINDOW an optional FROMFIRST, after WEIGHT).
   local lims, i = {}, 1
   for j = 1, nkeys do
     local word = argv[i]
@@ -785,6 +923,10 @@ local function rl_multi(keys, argv)
         return redis.error_reply('ERR WEIGHT must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    end
+    if A.fromfirst == 1 and argv[i] and string.upper(argv[i]) == 'FROMFIRST' then
+      p.fromfirst = true
+      i = i + 1
     end
     lims[j] = {A = A, p = p, w = w}
   end

@@ -151,7 +151,7 @@ end
 local MAX_WINDOW_MS = 9007199254740 -- window_ms * 1000 < 2^53
 
 local keys, argv = KEYS, ARGV
-local p_W, p_limit, p_range_err, p_window_ms, s_avail, s_cur, s_e, s_lag, s_prev, s_start
+local p_W, p_fromfirst, p_limit, p_range_err, p_window_ms, s_avail, s_cur, s_e, s_lag, s_prev, s_start
 if #keys ~= 1 then
   return redis.error_reply('ERR the ' .. 'rl.slidingcounter' .. ' script takes exactly 1 key')
 end
@@ -175,14 +175,14 @@ do
     p_range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
   end
 end
-local r_cost, r_partial, r_dryrun, r_refund
+local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst
 do
-  local argv, i, other, other_err = argv, 2 + 1, nil, nil
+  local argv, i, other, other_err, ff = argv, 2 + 1, nil, nil, 0
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
+  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -204,24 +204,29 @@ do
         return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
+      fromfirst = true
+      i = i + 1
     elseif other and other[opt] then
       return redis.error_reply(other_err)
     else
       return redis.error_reply('ERR syntax error')
     end
   end
-  r_cost, r_partial, r_dryrun, r_refund = cost, partial, dryrun, refund
+  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = cost, partial, dryrun, refund, fromfirst
 end
+p_fromfirst = r_fromfirst
 if p_range_err then return p_range_err end
 
 local key = keys[1]
 local clock = redis.call('TIME')
 do
   local key, now = key, tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  -- 'tokens' belongs to the token bucket: a hash holding it is not ours.
-  local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens')
+  -- 'tokens' belongs to the token bucket, 'count' to the fixed window: a
+  -- hash holding either is not ours.
+  local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens', 'count')
   if st.err then return st end
-  if st[4] then return redis.error_reply(WRONGTYPE) end
+  if st[4] or st[5] then return redis.error_reply(WRONGTYPE) end
   local W = p_W
   local at = now -- the instant the call is evaluated at
   local k, e = divmod(now, W) -- its window index, us since that window began

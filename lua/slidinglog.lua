@@ -102,7 +102,7 @@ local function log_units(member)
 end
 
 local keys, argv = KEYS, ARGV
-local p_W, p_limit, p_range_err, p_window_ms, s_avail, s_cutoff_arg, s_given, s_granted, s_keep, s_keep_units, s_key, s_lowest, s_n_expired, s_newest, s_newest_member, s_now, s_used
+local p_W, p_fromfirst, p_limit, p_range_err, p_window_ms, s_avail, s_cutoff_arg, s_given, s_granted, s_keep, s_keep_units, s_key, s_lowest, s_n_expired, s_newest, s_newest_member, s_now, s_used
 if #keys ~= 1 then
   return redis.error_reply('ERR the ' .. 'rl.slidinglog' .. ' script takes exactly 1 key')
 end
@@ -126,14 +126,14 @@ do
     p_range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
   end
 end
-local r_cost, r_partial, r_dryrun, r_refund
+local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst
 do
-  local argv, i, other, other_err = argv, 2 + 1, nil, nil
+  local argv, i, other, other_err, ff = argv, 2 + 1, nil, nil, 0
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
+  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -155,14 +155,18 @@ do
         return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
+      fromfirst = true
+      i = i + 1
     elseif other and other[opt] then
       return redis.error_reply(other_err)
     else
       return redis.error_reply('ERR syntax error')
     end
   end
-  r_cost, r_partial, r_dryrun, r_refund = cost, partial, dryrun, refund
+  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = cost, partial, dryrun, refund, fromfirst
 end
+p_fromfirst = r_fromfirst
 if p_range_err then return p_range_err end
 
 local key = keys[1]

@@ -161,7 +161,7 @@ local function wait_us(d, f, P, rate)
 end
 
 local keys, argv = KEYS, ARGV
-local p_P, p_capacity, p_limit, p_period_ms, p_range_err, p_rate, s_avail, s_f, s_n, s_t
+local p_P, p_capacity, p_fromfirst, p_limit, p_period_ms, p_range_err, p_rate, s_avail, s_f, s_n, s_t
 if #keys ~= 1 then
   return redis.error_reply('ERR the ' .. 'rl.tokenbucket' .. ' script takes exactly 1 key')
 end
@@ -191,14 +191,14 @@ do
     p_range_err = redis.error_reply('ERR capacity*period_ms*1000/rate is beyond the exact range of the Lua script (a full refill must take less than 2^53 us)')
   end
 end
-local r_cost, r_partial, r_dryrun, r_refund
+local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst
 do
-  local argv, i, other, other_err = argv, 3 + 1, nil, nil
+  local argv, i, other, other_err, ff = argv, 3 + 1, nil, nil, 0
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
+  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -220,24 +220,29 @@ do
         return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
+      fromfirst = true
+      i = i + 1
     elseif other and other[opt] then
       return redis.error_reply(other_err)
     else
       return redis.error_reply('ERR syntax error')
     end
   end
-  r_cost, r_partial, r_dryrun, r_refund = cost, partial, dryrun, refund
+  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = cost, partial, dryrun, refund, fromfirst
 end
+p_fromfirst = r_fromfirst
 if p_range_err then return p_range_err end
 
 local key = keys[1]
 local clock = redis.call('TIME')
 do
   local key, now = key, tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  -- 'win' belongs to the sliding counter: a hash holding it is not ours.
-  local st = redis.pcall('HMGET', key, 'tokens', 'frac', 'ts', 'scale', 'win')
+  -- 'win' belongs to the sliding counter, 'count' to the fixed window: a
+  -- hash holding either is not ours.
+  local st = redis.pcall('HMGET', key, 'tokens', 'frac', 'ts', 'scale', 'win', 'count')
   if st.err then return st end
-  if st[5] then return redis.error_reply(WRONGTYPE) end
+  if st[5] or st[6] then return redis.error_reply(WRONGTYPE) end
   local capacity, rate, P = p_capacity, p_rate, p_P
   local n, f, t = capacity, 0, now -- a fresh bucket is full
   if st[1] then

@@ -24,7 +24,7 @@ export class GlideReplyError extends Error {}
 export type Source = 'module' | 'lua' | 'local' | 'panic';
 
 export interface Policy {
-  readonly kind: 'tokenBucket' | 'slidingLog' | 'slidingCounter';
+  readonly kind: 'tokenBucket' | 'slidingLog' | 'slidingCounter' | 'fixedWindow';
   readonly name: string;
   /** capacity or limit */
   readonly limit: number;
@@ -32,6 +32,8 @@ export interface Policy {
   readonly windowMs: number;
   /** RL.MULTI WEIGHT inside allOf (default 1) */
   readonly weight: number;
+  /** fixedWindow only: each window starts at its first grant (FROMFIRST); false for the others */
+  readonly fromFirst: boolean;
   /** the same policy with RL.MULTI's WEIGHT w */
   weighted(w: number): Policy;
 }
@@ -45,6 +47,8 @@ export interface AllOf {
 export function tokenBucket(name: string, capacity: number, rate: number, periodMs: number): Policy;
 export function slidingLog(name: string, limit: number, windowMs: number): Policy;
 export function slidingCounter(name: string, limit: number, windowMs: number): Policy;
+/** At most `limit` units per fixed window of `windowMs`, aligned on the epoch or (fromFirst) from the first grant; up to 2 x limit across one boundary. */
+export function fixedWindow(name: string, limit: number, windowMs: number, opts?: { fromFirst?: boolean }): Policy;
 /** 1-16 distinct-named policies, all or nothing (RL.MULTI). Default name: the part names joined by '.' (RangeError when that is over 64 characters: give a name). */
 export function allOf(parts: Policy[], opts?: { name?: string }): AllOf;
 

@@ -6,10 +6,11 @@
 --   FCALL rl_tokenbucket 1 <key> <capacity> <rate> <period_ms> [options]
 --   FCALL rl_slidinglog 1 <key> <limit> <window_ms> [options]
 --   FCALL rl_slidingcounter 1 <key> <limit> <window_ms> [options]
+--   FCALL rl_fixedwindow 1 <key> <limit> <window_ms> [options] [FROMFIRST]
 --   FCALL rl_multi <numkeys> <key> [<key> ...] <limit> [<limit> ...] [options]
 --
 -- Keys and arguments exactly as for the scripts tokenbucket.lua,
--- slidinglog.lua, slidingcounter.lua and multi.lua, with the same replies.
+-- slidinglog.lua, slidingcounter.lua, fixedwindow.lua and multi.lua, with the same replies.
 -- Unlike the script cache, a library is kept in RDB and AOF and replicated.
 
 --@include compose.lua
@@ -22,5 +23,8 @@ redis.register_function('rl_slidinglog', function(keys, argv)
 end)
 redis.register_function('rl_slidingcounter', function(keys, argv)
 --@expand single.lua SC
+end)
+redis.register_function('rl_fixedwindow', function(keys, argv)
+--@expand single.lua FW
 end)
 redis.register_function('rl_multi', rl_multi)

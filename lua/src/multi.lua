@@ -6,6 +6,7 @@
 --   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
 --          | SLIDINGLOG limit window_ms [WEIGHT w]
 --          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
+--          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
 --
 --   KEYS     one key per limit, 1 to 16, distinct (numkeys = EVALSHA's)
 --   ARGV     the limits, in the order of their keys, then the options: the
@@ -13,7 +14,8 @@
 --
 -- The i-th limit applies to KEYS[i] and takes COST * WEIGHT of its units.
 -- Each key holds the same state as the single-limit script of its algorithm
--- (tokenbucket.lua, slidinglog.lua, slidingcounter.lua), so a key can be used
+-- (tokenbucket.lua, slidinglog.lua, slidingcounter.lua,
+-- fixedwindow.lua), so a key can be used
 -- by both.
 --
 -- Reply (seven elements, as RL.MULTI; docs/contract.md, "RL.MULTI"):

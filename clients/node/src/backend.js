@@ -11,10 +11,11 @@ import { keySlot } from './keys.js';
 import { glideAdapter, glideKind } from './glide.js';
 
 const LUA_DIR = new URL('../lua/', import.meta.url);
-const SCRIPT_NAMES = ['tokenbucket', 'slidinglog', 'slidingcounter', 'multi'];
+const SCRIPT_NAMES = ['tokenbucket', 'slidinglog', 'slidingcounter', 'fixedwindow', 'multi'];
 
 /** The Lua twins shipped in this package: {name: {text, sha}} (multi when present). */
 export const SCRIPTS = {};
+const NO_FIXED_WINDOW = 'this server\'s redis-ratelimit module has no RL.FIXEDWINDOW (fixedWindow needs it: upgrade the module, or backend: \'lua\')';
 for (const name of SCRIPT_NAMES) {
   let text;
   try {
@@ -158,6 +159,7 @@ export class Backend {
     this.wanted = backend;
     this.source = backend === 'auto' ? null : backend; // 'module' | 'lua' once known
     this.hasModuleMulti = null;
+    this.hasModuleFixedWindow = null;
     this.detecting = null;
   }
 
@@ -165,10 +167,11 @@ export class Backend {
   detect() {
     if (this.source !== null && (this.source === 'lua' || this.hasModuleMulti !== null)) return Promise.resolve(this.source);
     if (!this.detecting) {
-      this.detecting = this.io.send(undefined, ['COMMAND', 'INFO', 'RL.TOKENBUCKET', 'RL.MULTI']).then((reply) => {
-        const has = Array.isArray(reply) && reply.length === 2;
+      this.detecting = this.io.send(undefined, ['COMMAND', 'INFO', 'RL.TOKENBUCKET', 'RL.MULTI', 'RL.FIXEDWINDOW']).then((reply) => {
+        const has = Array.isArray(reply) && reply.length === 3;
         const single = has && reply[0] != null;
         this.hasModuleMulti = has && reply[1] != null;
+        this.hasModuleFixedWindow = has && reply[2] != null;
         if (this.wanted === 'module' && !single) {
           throw new BackendError('the redis-ratelimit module is not loaded on this server (RL.TOKENBUCKET unknown)');
         }
@@ -183,12 +186,16 @@ export class Backend {
   reset() {
     if (this.wanted === 'auto') this.source = null;
     this.hasModuleMulti = null;
+    this.hasModuleFixedWindow = null;
   }
 
   async single(policy, key, opt) {
     if (this.source === null || (this.source === 'module' && this.hasModuleMulti === null)) await this.detect();
     const tail = optionArgs(opt);
     if (this.source === 'module') {
+      // (a module older than RL.FIXEDWINDOW: refused before any call, not an
+      // unknown command taken for a lost backend)
+      if (policy.fixed && !this.hasModuleFixedWindow) throw new BackendError(NO_FIXED_WINDOW);
       return this.run(key, [policy.command, key, ...policy.args, ...tail], grants(opt));
     }
     return this.script(policy.script, [key], [...policy.args, ...tail], grants(opt));
@@ -198,12 +205,14 @@ export class Backend {
     if (this.source === null || (this.source === 'module' && this.hasModuleMulti === null)) await this.detect();
     const limits = [];
     for (let i = 0; i < policies.length; i++) {
-      limits.push(policies[i].multiName, ...policies[i].args);
+      limits.push(policies[i].multiName, ...policies[i].multiArgs);
       if (weights[i] !== 1) limits.push('WEIGHT', String(weights[i]));
+      limits.push(...policies[i].flags);
     }
     const tail = optionArgs(opt);
     if (this.source === 'module') {
       if (!this.hasModuleMulti) throw new BackendError('this server\'s redis-ratelimit module has no RL.MULTI (allOf needs it)');
+      if (!this.hasModuleFixedWindow && policies.some((p) => p.fixed)) throw new BackendError(NO_FIXED_WINDOW);
       return this.run(keys[0], ['RL.MULTI', String(keys.length), ...keys, ...limits, ...tail], grants(opt));
     }
     if (!SCRIPTS.multi) throw new BackendError('this package ships no multi.lua: allOf needs the module');

@@ -1,4 +1,4 @@
-export { tokenBucket, slidingLog, slidingCounter, allOf } from './policy.js';
+export { tokenBucket, slidingLog, slidingCounter, fixedWindow, allOf } from './policy.js';
 export { makeKey, keySlot, assertSameSlot, CrossSlotError } from './keys.js';
 export { RateLimit, Limiter } from './ratelimit.js';
 export { UnavailableError, UnsupportedError } from './decision.js';

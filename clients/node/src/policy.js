@@ -24,17 +24,21 @@ function ceilMulDiv(a, b, c) {
 }
 
 class Policy {
-  constructor(kind, name, limit, windowMs, args, weight = 1) {
-    this.kind = kind; // 'tokenBucket' | 'slidingLog' | 'slidingCounter'
+  constructor(kind, name, limit, windowMs, args, weight = 1, fromFirst = false) {
+    this.kind = kind; // 'tokenBucket' | 'slidingLog' | 'slidingCounter' | 'fixedWindow'
     this.name = name;
     this.limit = limit;
     this.windowMs = windowMs;
     this.weight = weight;
+    this.fromFirst = fromFirst; // fixed windows: each starts at its first grant (FROMFIRST)
     this.params = args; // numbers, as given
-    this.args = args.map(String); // as sent
+    this.flags = fromFirst ? ['FROMFIRST'] : []; // after WEIGHT in RL.MULTI
+    this.multiArgs = args.map(String); // as sent in RL.MULTI, before WEIGHT
+    this.args = [...this.multiArgs, ...this.flags]; // as sent after the key
     this.command = COMMAND[kind];
     this.multiName = MULTI_NAME[kind];
     this.script = SCRIPT[kind];
+    this.fixed = kind === 'fixedWindow'; // the module must have RL.FIXEDWINDOW
     this.parts = null;
     Object.freeze(this);
   }
@@ -42,13 +46,15 @@ class Policy {
   /** The same policy with RL.MULTI's WEIGHT w (only matters inside allOf). */
   weighted(w) {
     checkInt('weight', w);
-    return new Policy(this.kind, this.name, this.limit, this.windowMs, this.params, w);
+    return new Policy(this.kind, this.name, this.limit, this.windowMs, this.params, w, this.fromFirst);
   }
 }
 
-const COMMAND = { tokenBucket: 'RL.TOKENBUCKET', slidingLog: 'RL.SLIDINGLOG', slidingCounter: 'RL.SLIDINGCOUNTER' };
-const MULTI_NAME = { tokenBucket: 'TOKENBUCKET', slidingLog: 'SLIDINGLOG', slidingCounter: 'SLIDINGCOUNTER' };
-const SCRIPT = { tokenBucket: 'tokenbucket', slidingLog: 'slidinglog', slidingCounter: 'slidingcounter' };
+const COMMAND = {
+  tokenBucket: 'RL.TOKENBUCKET', slidingLog: 'RL.SLIDINGLOG', slidingCounter: 'RL.SLIDINGCOUNTER', fixedWindow: 'RL.FIXEDWINDOW',
+};
+const MULTI_NAME = { tokenBucket: 'TOKENBUCKET', slidingLog: 'SLIDINGLOG', slidingCounter: 'SLIDINGCOUNTER', fixedWindow: 'FIXEDWINDOW' };
+const SCRIPT = { tokenBucket: 'tokenbucket', slidingLog: 'slidinglog', slidingCounter: 'slidingcounter', fixedWindow: 'fixedwindow' };
 
 /** A token bucket: at most `capacity`, regains `rate` tokens every `periodMs`. */
 export function tokenBucket(name, capacity, rate, periodMs) {
@@ -76,6 +82,20 @@ export function slidingCounter(name, limit, windowMs) {
   return new Policy('slidingCounter', name, limit, windowMs, [limit, windowMs]);
 }
 
+/**
+ * At most `limit` units per fixed window of `windowMs`: windows on the
+ * epoch's multiples of windowMs (envoyproxy/ratelimit's), or with
+ * { fromFirst: true } each starting at its first grant (INCR + PEXPIRE NX).
+ * Up to 2 x limit can pass across one boundary.
+ */
+export function fixedWindow(name, limit, windowMs, { fromFirst = false } = {}) {
+  checkName(name);
+  checkInt('limit', limit);
+  checkInt('windowMs', windowMs);
+  if (typeof fromFirst !== 'boolean') throw new TypeError(`fromFirst must be true or false, not ${fromFirst}`);
+  return new Policy('fixedWindow', name, limit, windowMs, [limit, windowMs], 1, fromFirst);
+}
+
 class AllOf {
   constructor(parts, name) {
     this.kind = 'allOf';
@@ -91,7 +111,7 @@ export function allOf(parts, { name } = {}) {
     throw new RangeError('allOf takes an array of 1 to 16 policies');
   }
   for (const p of parts) {
-    if (!(p instanceof Policy)) throw new TypeError('allOf parts must be tokenBucket / slidingLog / slidingCounter policies');
+    if (!(p instanceof Policy)) throw new TypeError('allOf parts must be tokenBucket / slidingLog / slidingCounter / fixedWindow policies');
   }
   if (new Set(parts.map((p) => p.name)).size !== parts.length) throw new RangeError('allOf parts need distinct names');
   // The default name must be a valid name too (it goes into headers and the

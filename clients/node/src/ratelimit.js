@@ -113,7 +113,7 @@ export class RateLimit {
 /** Decides every call on Redis (one call per decision); panic limits while it is unavailable. */
 export class Limiter {
   constructor(rl, policy, panic, maxKeys) {
-    if (!isPolicy(policy) && !isAllOf(policy)) throw new TypeError('limiter needs a policy (tokenBucket, slidingLog, slidingCounter or allOf)');
+    if (!isPolicy(policy) && !isAllOf(policy)) throw new TypeError('limiter needs a policy (tokenBucket, slidingLog, slidingCounter, fixedWindow or allOf)');
     this.rl = rl;
     this.policy = policy;
     this.multi = isAllOf(policy);

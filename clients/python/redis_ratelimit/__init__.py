@@ -7,14 +7,14 @@ from .breaker import Breaker, BreakerState, Panic
 from .client import LeasedLimiter, Limiter, RateLimit
 from .core import Backend, MetricsSnapshot, RateLimitError, Strict, UnsupportedError
 from .decision import Decision, Part, Source, headers, problem
-from .policies import (AllOf, CrossSlotError, Key, Keys, Kind, Policy, all_of, key_slot, make_key,
-                       sliding_counter, sliding_log, token_bucket)
+from .policies import (AllOf, CrossSlotError, Key, Keys, Kind, Policy, all_of, fixed_window, key_slot,
+                       make_key, sliding_counter, sliding_log, token_bucket)
 
 __version__ = "0.2.0"
 
 __all__ = ["RateLimit", "AsyncRateLimit", "Limiter", "LeasedLimiter", "Breaker", "Panic",
            "Decision", "Part", "headers", "problem", "token_bucket", "sliding_log",
-           "sliding_counter", "all_of", "make_key", "key_slot", "CrossSlotError",
+           "sliding_counter", "fixed_window", "all_of", "make_key", "key_slot", "CrossSlotError",
            "RateLimitError", "UnsupportedError", "Strict", "Policy", "AllOf", "Backend", "Source",
            "Kind", "Key", "Keys", "BreakerState", "MetricsSnapshot"]
 

@@ -18,7 +18,7 @@ from .breaker import NO, PROBE, Breaker, BreakerState, Metrics, Panic, PanicBuck
 from .decision import Decision, Part, Source, _decision
 from .policies import MAX, AllOf, Key, Keys, Policy
 
-SCRIPTS = ("tokenbucket", "slidinglog", "slidingcounter", "multi")
+SCRIPTS = ("tokenbucket", "slidinglog", "slidingcounter", "fixedwindow", "multi")
 
 #: What RateLimit(backend=...) takes: "auto" (the module when the server
 #: has its commands, else the Lua twins) or one forced.
@@ -202,8 +202,9 @@ def call_for(policy: Policy | AllOf, key: Union[Key, Sequence[str]],
     """(module command args, (script, keys, argv)) for one call."""
     if isinstance(policy, Policy):
         one = cast(str, key)        # a single policy's call has one key (str or bytes)
-        return ([policy.command, one, *policy.params, *opts],
-                (policy.script, [one], [*policy.params, *opts]))
+        args = policy.args()
+        return ([policy.command, one, *args, *opts],
+                (policy.script, [one], [*args, *opts]))
     keys = cast(Sequence[str], key)
     specs: List[Union[str, int]] = []
     for p in policy.parts:
@@ -268,14 +269,15 @@ def keys_for(policy: Policy | AllOf, key: Keys) -> List[Any]:
     return [key]
 
 
-def _detect_reply(reply: Any) -> Tuple[bool, bool]:
-    """COMMAND INFO RL.TOKENBUCKET RL.MULTI -> (has module, has RL.MULTI)."""
+def _detect_reply(reply: Any) -> Tuple[bool, bool, bool]:
+    """COMMAND INFO RL.TOKENBUCKET RL.MULTI RL.FIXEDWINDOW -> (has module,
+    has RL.MULTI, has RL.FIXEDWINDOW)."""
     if isinstance(reply, dict):          # redis-py's parse_command
         names = {(k.decode() if isinstance(k, bytes) else k).lower() for k in reply}
-        return "rl.tokenbucket" in names, "rl.multi" in names
-    if not isinstance(reply, (list, tuple)) or len(reply) != 2:
+        return "rl.tokenbucket" in names, "rl.multi" in names, "rl.fixedwindow" in names
+    if not isinstance(reply, (list, tuple)) or len(reply) != 3:
         raise RateLimitError(f"unexpected COMMAND INFO reply: {reply!r}")
-    return reply[0] is not None, reply[1] is not None
+    return reply[0] is not None, reply[1] is not None, reply[2] is not None
 
 
 _L = TypeVar("_L")      # the limiter type a client makes (Limiter, AsyncLimiter)
@@ -304,6 +306,7 @@ class _Base(Generic[_L, _LL]):
         self.forced: Optional[Chosen] = None if backend == "auto" else backend
         self.backend: Optional[Chosen] = None
         self.has_multi = False
+        self.has_fixed_window = False
         self.breaker = breaker or Breaker()
         self._metrics = Metrics()
         self.breaker.metrics = self._metrics
@@ -416,7 +419,7 @@ class _Base(Generic[_L, _LL]):
     # awaits it: detect the backend (the first time), _sending, the send,
     # then _answered with its reply or _failed with its error.
 
-    _DETECT = ("COMMAND INFO", "RL.TOKENBUCKET", "RL.MULTI")
+    _DETECT = ("COMMAND INFO", "RL.TOKENBUCKET", "RL.MULTI", "RL.FIXEDWINDOW")
 
     def _sending(self, policy: Optional[Policy | AllOf]) -> None:
         """The backend is known: the policy must fit it; the call counts."""
@@ -464,17 +467,18 @@ class _Base(Generic[_L, _LL]):
         ResponseError when COMMAND is refused (managed services): then Lua,
         unless backend="module" was asked for."""
         if reply is None:
-            module = multi = False
+            module = multi = fixed = False
         elif isinstance(reply, families.RESPONSE_ERROR):
             if self.forced == MODULE:
                 raise UnsupportedError(f"backend='module' but COMMAND INFO failed: {reply}")
-            module = multi = False
+            module = multi = fixed = False
         else:
-            module, multi = _detect_reply(reply)
+            module, multi, fixed = _detect_reply(reply)
         if self.forced == MODULE and not module:
             raise UnsupportedError("backend='module' but the server has no RL.* commands")
         self.backend = self.forced or (MODULE if module else LUA)
         self.has_multi = multi if self.backend == MODULE else "multi" in self._scripts.sha
+        self.has_fixed_window = fixed if self.backend == MODULE else "fixedwindow" in self._scripts.sha
         return self.backend
 
     def _lua_args(self, lua: LuaCall) -> Tuple[str, str, Sequence[str], Args]:
@@ -509,6 +513,11 @@ class _Base(Generic[_L, _LL]):
         if isinstance(policy, AllOf) and self.backend is not None and not self.has_multi:
             raise UnsupportedError(f"all_of needs RL.MULTI, which this {self.backend} "
                                    "backend does not have")
+        if policy.fixed and self.backend is not None and not self.has_fixed_window:
+            # (a module older than RL.FIXEDWINDOW: refused before any call,
+            # not an unknown command taken for a lost backend)
+            raise UnsupportedError(f"fixed_window needs RL.FIXEDWINDOW, which this {self.backend} "
+                                   "backend does not have (upgrade the module, or backend='lua')")
 
     def limiter(self, policy: Policy | AllOf, panic: Optional[Panic] = None) -> _L:
         """One shared call per decision (or panic limits while Redis is away)."""

@@ -93,15 +93,16 @@ def _key_of(args: Sequence[Any]) -> Any:
 
 
 def _is_detect(args: Sequence[Any]) -> bool:
-    """core's module detection: COMMAND INFO RL.TOKENBUCKET RL.MULTI."""
-    return " ".join(str(a) for a in args).upper() == "COMMAND INFO RL.TOKENBUCKET RL.MULTI"
+    """core's module detection: COMMAND INFO RL.TOKENBUCKET RL.MULTI RL.FIXEDWINDOW."""
+    return " ".join(str(a) for a in args).upper() == "COMMAND INFO RL.TOKENBUCKET RL.MULTI RL.FIXEDWINDOW"
 
 
 def _detected(names: Any) -> List[Optional[bytes]]:
     """COMMAND LIST FILTERBY PATTERN rl.* -> COMMAND INFO's shape for core."""
     have = {(n.decode() if isinstance(n, bytes) else n).lower() for n in names or ()}
     return [b"rl.tokenbucket" if "rl.tokenbucket" in have else None,
-            b"rl.multi" if "rl.multi" in have else None]
+            b"rl.multi" if "rl.multi" in have else None,
+            b"rl.fixedwindow" if "rl.fixedwindow" in have else None]
 
 
 _DETECT = ["COMMAND", "LIST", "FILTERBY", "PATTERN", "rl.*"]

@@ -312,7 +312,7 @@ class _LeasedCore:
         reply = None
         try:
             mod, lua = self._lease_call(key, n)
-            reply = yield CALL, mod, lua, probe
+            reply = yield CALL, mod, lua, probe, self.policy
         finally:
             back = self._landed(key, e, reply, n, now)
         return reply, back
@@ -349,7 +349,7 @@ class _LeasedCore:
         if self.rl.breaker.allow() == NO:
             return False
         mod, lua = call_for(self.policy, key, ["REFUND", n])
-        reply = yield CALL, mod, lua, False, False
+        reply = yield CALL, mod, lua, False, self.policy, False     # (a refund: no WAIT)
         if reply is None:
             return False
         m = self.rl._metrics

@@ -9,11 +9,11 @@ from redis.crc import key_slot as _crc_slot
 MAX = (1 << 53) - 1
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
-__all__ = ["Policy", "AllOf", "Kind", "token_bucket", "sliding_log", "sliding_counter", "all_of",
-           "make_key", "key_slot", "CrossSlotError"]
+__all__ = ["Policy", "AllOf", "Kind", "token_bucket", "sliding_log", "sliding_counter", "fixed_window",
+           "all_of", "make_key", "key_slot", "CrossSlotError"]
 
 #: A single policy's algorithm (its module command is "RL." + kind.upper()).
-Kind = Literal["tokenbucket", "slidinglog", "slidingcounter"]
+Kind = Literal["tokenbucket", "slidinglog", "slidingcounter", "fixedwindow"]
 #: One key (a leased limiter's, a single policy's).
 Key = Union[str, bytes]
 #: What limit() and refund() take: one key, or (all_of) one key per policy
@@ -42,10 +42,12 @@ class Policy:
 
     `command` is the module command, `script` the Lua twin's name, `params`
     the arguments after the key, `limit` the capacity or limit and
-    `window_ms` the window headers report."""
+    `window_ms` the window headers report. `from_first` (fixed windows
+    only): each window starts at its first grant (FROMFIRST), not on the
+    epoch's multiples of window_ms."""
 
     __slots__ = ("kind", "name", "limit", "window_ms", "params", "weight", "command",
-                 "script", "rate", "period_ms", "parts")
+                 "script", "rate", "period_ms", "parts", "from_first", "fixed")
 
     kind: Kind
     name: str
@@ -58,9 +60,11 @@ class Policy:
     rate: int
     period_ms: int
     parts: Tuple[Policy]
+    from_first: bool
+    fixed: bool     # a fixed window (the backend must have RL.FIXEDWINDOW)
 
     def __init__(self, kind: Kind, name: str, limit: int, params: Tuple[int, ...], window_ms: int,
-                 rate: int, period_ms: int, weight: int = 1) -> None:
+                 rate: int, period_ms: int, weight: int = 1, from_first: bool = False) -> None:
         self.kind = kind
         self.name = name
         self.limit = limit
@@ -72,16 +76,24 @@ class Policy:
         self.command = "RL." + kind.upper()
         self.script = kind
         self.parts = (self,)
+        self.from_first = from_first
+        self.fixed = kind == "fixedwindow"
 
     def weighted(self, weight: int) -> Policy:
         """The same policy counting WEIGHT w units per unit of cost in all_of."""
         return Policy(self.kind, self.name, self.limit, self.params, self.window_ms,
-                      self.rate, self.period_ms, weight)
+                      self.rate, self.period_ms, weight, self.from_first)
+
+    def args(self) -> List[Union[str, int]]:
+        """The arguments after the key of its own command (and Lua twin)."""
+        return [*self.params, "FROMFIRST"] if self.from_first else list(self.params)
 
     def multi_spec(self) -> List[Union[str, int]]:
         spec: List[Union[str, int]] = [self.kind.upper(), *self.params]
         if self.weight != 1:
             spec += ["WEIGHT", self.weight]
+        if self.from_first:
+            spec.append("FROMFIRST")
         return spec
 
     def __repr__(self) -> str:
@@ -111,21 +123,36 @@ def sliding_counter(name: str, limit: int, window_ms: int) -> Policy:
     return Policy("slidingcounter", name, limit, (limit, window_ms), window_ms, limit, window_ms)
 
 
+def fixed_window(name: str, limit: int, window_ms: int, *, from_first: bool = False) -> Policy:
+    """At most `limit` units per fixed window of `window_ms`: windows on the
+    epoch's multiples of window_ms (envoyproxy/ratelimit's), or with
+    from_first=True each starting at its first grant (INCR + PEXPIRE NX).
+    Up to 2 x limit can pass across one boundary."""
+    _name(name)
+    _int("limit", limit), _int("window_ms", window_ms)
+    if type(from_first) is not bool:
+        raise ValueError(f"from_first must be True or False, not {from_first!r}")
+    return Policy("fixedwindow", name, limit, (limit, window_ms), window_ms, limit, window_ms,
+                  from_first=from_first)
+
+
 class AllOf:
     """Several policies on several keys, all or nothing (RL.MULTI)."""
 
-    __slots__ = ("name", "parts", "limit", "window_ms")
+    __slots__ = ("name", "parts", "limit", "window_ms", "fixed")
     kind = "multi"
     name: str
     parts: Tuple[Policy, ...]
     limit: int
     window_ms: int
+    fixed: bool     # a part is a fixed window
 
     def __init__(self, parts: Tuple[Policy, ...], name: str) -> None:
         self.parts = parts
         self.name = name
         self.limit = min(p.limit for p in parts)
         self.window_ms = max(p.window_ms for p in parts)
+        self.fixed = any(p.fixed for p in parts)
 
     def keys(self, key: Keys) -> List[str]:
         """The key of each part: `key:name` for a string, else one key per part."""
@@ -158,7 +185,7 @@ def all_of(*policies: Union[Policy, Sequence[Policy]], name: Optional[str] = Non
         raise ValueError("all_of takes 1 to 16 policies")
     if not all(isinstance(p, Policy) for p in given):
         raise ValueError("all_of takes single policies (token_bucket, sliding_log, "
-                         "sliding_counter)")
+                         "sliding_counter, fixed_window)")
     parts = cast(Tuple[Policy, ...], tuple(given))
     names = [p.name for p in parts]
     if len(set(names)) != len(names):

@@ -102,17 +102,18 @@ end
 
 -- The options every command takes after its parameters, from argv[i] on:
 --   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+-- and, when ff == 1 (RL.FIXEDWINDOW), [FROMFIRST] with either,
 -- in any order and case, each at most once; REFUND and the others exclude
 -- each other (the second one named is a syntax error, as in the module).
--- Returns cost, partial, dryrun, refund (nil unless REFUND), or nil and an
--- error reply; a word in `other` (RL.MULTI: an algorithm's name, one limit
--- too many) answers `other_err` instead of a syntax error.
-local function parse_options(argv, i, other, other_err)
+-- Returns cost, partial, dryrun, refund (nil unless REFUND), fromfirst, or
+-- nil and an error reply; a word in `other` (RL.MULTI: an algorithm's name,
+-- one limit too many) answers `other_err` instead of a syntax error.
+local function parse_options(argv, i, other, other_err, ff)
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund = 1, false, false, false, nil
+  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -134,11 +135,14 @@ local function parse_options(argv, i, other, other_err)
         return nil, redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
+      fromfirst = true
+      i = i + 1
     elseif other and other[opt] then
       return nil, redis.error_reply(other_err)
     else
       return nil, redis.error_reply('ERR syntax error')
     end
   end
-  return cost, partial, dryrun, refund
+  return cost, partial, dryrun, refund, fromfirst
 end

@@ -1,18 +1,20 @@
 --@include tokenbucket.lua
 --@include slidinglog.lua
 --@include slidingcounter.lua
+--@include fixedwindow.lua
 
 -- Several limits in one atomic call (RL.MULTI): keys = one key per limit,
 -- argv = the limits, then the options:
 --   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
 --          | SLIDINGLOG limit window_ms [WEIGHT w]
 --          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
+--          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
 --   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
 -- The i-th limit applies to keys[i] and takes COST * WEIGHT of its units.
 -- One clock read; every key is read and every limit decided before anything
 -- is written; all or nothing.
 
-local MULTI_ALGS = {TOKENBUCKET = TB, SLIDINGLOG = SL, SLIDINGCOUNTER = SC}
+local MULTI_ALGS = {TOKENBUCKET = TB, SLIDINGLOG = SL, SLIDINGCOUNTER = SC, FIXEDWINDOW = FW}
 local MAX_LIMITS = 16
 
 local OPTION_WORDS = {COST = true, PARTIAL = true, DRYRUN = true, REFUND = true}
@@ -31,7 +33,8 @@ local function rl_multi(keys, argv)
   if nkeys < 1 or nkeys > MAX_LIMITS then
     return redis.error_reply('ERR numkeys must be an integer between 1 and 16')
   end
-  -- numkeys limits: an algorithm's name, its parameters, an optional WEIGHT.
+  -- numkeys limits: an algorithm's name, its parameters, an optional WEIGHT
+  -- (and for FIXEDWINDOW an optional FROMFIRST, after WEIGHT).
   local lims, i = {}, 1
   for j = 1, nkeys do
     local word = argv[i]
@@ -59,6 +62,10 @@ local function rl_multi(keys, argv)
         return redis.error_reply('ERR WEIGHT must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    end
+    if A.fromfirst == 1 and argv[i] and string.upper(argv[i]) == 'FROMFIRST' then
+      p.fromfirst = true
+      i = i + 1
     end
     lims[j] = {A = A, p = p, w = w}
   end

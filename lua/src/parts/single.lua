@@ -1,5 +1,5 @@
 -- One limiter called like its command, as straight-line code: the template
--- that `--@expand single.lua <ALG>` (ALG = TB, SL or SC) instantiates, with
+-- that `--@expand single.lua <ALG>` (ALG = TB, SL, SC or FW) instantiates, with
 -- `keys` = {key} and `argv` = the command's arguments after the key in scope.
 -- Replies with the five integers {allowed, limit, remaining, retry_after_ms,
 -- reset_after_ms}; after REFUND n, allowed is the number of units given back
@@ -20,7 +20,8 @@ if #argv < A.nparams then
   return redis.error_reply("ERR wrong number of arguments for '" .. A.command .. "' command")
 end
 --@inline p = A.params(argv, 1)
---@inline local r_cost, r_partial, r_dryrun, r_refund = parse_options(argv, A.nparams + 1, nil, nil)
+--@inline local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = parse_options(argv, A.nparams + 1, nil, nil, A.fromfirst)
+p.fromfirst = r_fromfirst
 if p.range_err then return p.range_err end
 
 local key = keys[1]

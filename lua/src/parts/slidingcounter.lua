@@ -29,7 +29,7 @@
 --@include window.lua
 
 local SC = {command = 'RL.SLIDINGCOUNTER', script = 'rl.slidingcounter', nparams = 2,
-  params = limit_window_params}
+  params = limit_window_params, fromfirst = 0}
 
 -- Units that can be taken with cur in the current window and prev in the one
 -- before, e us into the current one: limit - cur - ceil(prev*(W-e)/W), or 0.
@@ -47,10 +47,11 @@ end
 
 -- The counter at `now`: {cur, prev, e, start, lag, avail}.
 function SC.load(key, p, now)
-  -- 'tokens' belongs to the token bucket: a hash holding it is not ours.
-  local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens')
+  -- 'tokens' belongs to the token bucket, 'count' to the fixed window: a
+  -- hash holding either is not ours.
+  local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens', 'count')
   if st.err then return nil, st end
-  if st[4] then return nil, redis.error_reply(WRONGTYPE) end
+  if st[4] or st[5] then return nil, redis.error_reply(WRONGTYPE) end
   local W = p.W
   local at = now -- the instant the call is evaluated at
   local k, e = divmod(now, W) -- its window index, us since that window began

@@ -31,7 +31,7 @@ local function log_units(member)
 end
 
 local SL = {command = 'RL.SLIDINGLOG', script = 'rl.slidinglog', nparams = 2,
-  params = limit_window_params}
+  params = limit_window_params, fromfirst = 0}
 
 -- The log at `now`: the units in the window (used; avail = what can be
 -- taken) and what a write needs.

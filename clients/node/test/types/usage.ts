@@ -1,6 +1,6 @@
 // Compiled by tsc --noEmit in types.test.js: the declarations describe the API as used.
 import {
-  RateLimit, tokenBucket, slidingLog, allOf, Panic, headers, problem, makeKey, keySlot, expressRateLimit,
+  RateLimit, tokenBucket, slidingLog, fixedWindow, allOf, Panic, headers, problem, makeKey, keySlot, expressRateLimit,
   GlideReplyError, type Decision, type Metrics, type GlideLike,
 } from 'redis-ratelimit';
 import { GlideClient, GlideClusterClient } from '@valkey/valkey-glide';
@@ -11,7 +11,10 @@ const rl = new RateLimit(client, { timeoutMs: 5, backend: 'auto', breaker: { fai
 const strict = new RateLimit(client, { timeoutMs: 50, strict: { replicas: 1, timeoutMs: 40 } });
 void strict; void new RateLimit(client, { strict: true });
 const api = tokenBucket('api', 100, 100, 60000);
-const both = allOf([api, slidingLog('day', 10000, 86400000).weighted(2)], { name: 'both' });
+const perMin = fixedWindow('min', 60, 60000, { fromFirst: true });
+const first: boolean = perMin.fromFirst && fixedWindow('sec', 5, 1000).fromFirst;
+void first;
+const both = allOf([api, slidingLog('day', 10000, 86400000).weighted(2), perMin.weighted(3)], { name: 'both' });
 async function f(): Promise<void> {
   const d: Decision = await rl.limiter(both, { panic: new Panic({ instances: 4 }) }).limit(makeKey('t', 'u'), { cost: 2, partial: true });
   const h: Record<string, string> = headers(d);

@@ -12,8 +12,8 @@ import redis
 import redis.asyncio
 
 from redis_ratelimit import (AsyncRateLimit, Backend, Breaker, Decision, LeasedLimiter, Limiter,
-                             MetricsSnapshot, Panic, Part, RateLimit, Source, Strict, all_of,
-                             headers, key_slot, make_key, problem, sliding_counter, sliding_log,
+                             MetricsSnapshot, Panic, Part, Policy, RateLimit, Source, Strict, all_of,
+                             fixed_window, headers, key_slot, make_key, problem, sliding_counter, sliding_log,
                              token_bucket)
 from redis_ratelimit.aio import AsyncLeasedLimiter, AsyncLimiter
 from redis_ratelimit.asgi import RateLimitMiddleware
@@ -27,7 +27,8 @@ def sync_usage(client: redis.Redis) -> int:
     on_sentinel = RateLimit.from_sentinel([("localhost", 26379)], "mymaster", timeout_ms=50,
                                           backend="lua")
     api = token_bucket("api", 100, 100, 60_000)
-    both = all_of(api, sliding_log("day", 10_000, 86_400_000).weighted(2), name="both")
+    per_min: Policy = fixed_window("min", 60, 60_000, from_first=True)
+    both = all_of(api, sliding_log("day", 10_000, 86_400_000).weighted(2), per_min, name="both")
     lim: Limiter = rl.limiter(both, panic=Panic(instances=4))
     d: Decision = lim.limit(make_key("t", "u"), cost=2, partial=True)
     back: Decision = lim.refund(["rl:{t}:api", "rl:{t}:day"], 2)
