@@ -9,6 +9,8 @@
 //!   decision (the library's own timeout, whatever the driver does), the
 //!   module's commands or the Lua twins, a circuit breaker and panic limits.
 //! * [`headers`] of a [`Decision`], identical to the other libraries'.
+//!
+//! See the crate README for a first call, the driver choice and the tests.
 #![warn(missing_docs)]
 
 mod backend;
