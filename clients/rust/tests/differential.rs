@@ -125,8 +125,13 @@ fn ours(d: &Decision) -> Vec<(String, String)> {
     headers(d).into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
 }
 
+/// A part's units: policy, granted, limit, remaining.
+type PartUnits = (String, u64, u64, u64);
+/// A decision's units and names: everything but the times.
+type Units<'a> = (bool, u64, u64, u64, &'a str, &'a str, Source, Vec<PartUnits>);
+
 /// Everything but the times, which moved between the three calls.
-fn units(d: &Decision) -> (bool, u64, u64, u64, &str, &str, Source, Vec<(String, u64, u64, u64)>) {
+fn units(d: &Decision) -> Units<'_> {
     let parts = d.parts.iter().map(|p| (p.policy.clone(), p.granted, p.limit, p.remaining)).collect();
     (d.allowed, d.granted, d.limit, d.remaining, &d.policy, &d.binding, d.source, parts)
 }
