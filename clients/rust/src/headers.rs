@@ -38,6 +38,89 @@ pub fn headers(d: &Decision) -> Vec<(&'static str, String)> {
     h
 }
 
+/// The problem type of a 429 (RFC 9457, IANA's HTTP problem types).
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+/// Its title.
+pub const QUOTA_TITLE: &str = "Request cannot be satisfied as assigned quota has been exceeded";
+
+/// The body of a 429 for a denied decision (serve it as
+/// `application/problem+json`): the same members as the other libraries'
+/// `problem(decision, instance)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// "Rate limit "api" exceeded; retry in 3 s." (or the cost-above-limit text).
+    pub detail: String,
+    /// The single policy's name, or for `all_of` every part that could not
+    /// take its units (part `retry_after_ms != 0`), else the binding one.
+    pub violated_policies: Vec<String>,
+    /// The request's path, when given.
+    pub instance: Option<String>,
+}
+
+/// The 429 body of a decision; `instance`: the request path, if wanted.
+pub fn problem(d: &Decision, instance: Option<&str>) -> Problem {
+    let violated_policies = if d.parts.is_empty() {
+        vec![d.policy.clone()]
+    } else {
+        let v: Vec<String> = d.parts.iter().filter(|p| p.retry_after_ms != 0).map(|p| p.policy.clone()).collect();
+        // no part short of units (an allowed decision, which gets no 429):
+        // the binding one, as Python names it
+        if v.is_empty() {
+            vec![d.binding.clone()]
+        } else {
+            v
+        }
+    };
+    let detail = if d.retry_after_ms < 0 {
+        format!("Request costs more than the \"{}\" limit allows.", d.binding)
+    } else {
+        let s = (d.retry_after_ms as u64).div_ceil(1000).max(1);
+        format!("Rate limit \"{}\" exceeded; retry in {s} s.", d.binding)
+    };
+    Problem { detail, violated_policies, instance: instance.map(str::to_owned) }
+}
+
+fn json_str(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+impl Problem {
+    /// The body as JSON, members in the other libraries' order: `type`,
+    /// `title`, `status`, `detail`, `violated-policies`, `instance` (only
+    /// when given).
+    pub fn to_json(&self) -> String {
+        let mut o = String::from("{\"type\": ");
+        json_str(&mut o, QUOTA_EXCEEDED);
+        o.push_str(", \"title\": ");
+        json_str(&mut o, QUOTA_TITLE);
+        o.push_str(", \"status\": 429, \"detail\": ");
+        json_str(&mut o, &self.detail);
+        o.push_str(", \"violated-policies\": [");
+        for (i, p) in self.violated_policies.iter().enumerate() {
+            if i > 0 {
+                o.push_str(", ");
+            }
+            json_str(&mut o, p);
+        }
+        o.push(']');
+        if let Some(i) = &self.instance {
+            o.push_str(", \"instance\": ");
+            json_str(&mut o, i);
+        }
+        o.push('}');
+        o
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -84,6 +167,23 @@ mod tests {
         assert_eq!(h.last().unwrap(), &("Retry-After", "3".to_string()));
         assert_eq!(headers(&single(false, 0, -1, 0)).len(), 5);
         assert_eq!(headers(&single(false, 0, 0, 0)).last().unwrap().1, "1");
+    }
+
+    #[test]
+    fn problem_bodies() {
+        let p = problem(&single(false, 0, 2001, 0), Some("/a\"b\\c\n"));
+        assert_eq!(p.detail, "Rate limit \"api\" exceeded; retry in 3 s.");
+        assert_eq!(
+            p.to_json(),
+            format!(
+                "{{\"type\": \"{QUOTA_EXCEEDED}\", \"title\": \"{QUOTA_TITLE}\", \"status\": 429, \
+                 \"detail\": \"Rate limit \\\"api\\\" exceeded; retry in 3 s.\", \"violated-policies\": [\"api\"], \
+                 \"instance\": \"/a\\\"b\\\\c\\u000a\"}}"
+            )
+        );
+        let p = problem(&single(false, 0, -1, 0), None);
+        assert_eq!(p.detail, "Request costs more than the \"api\" limit allows.");
+        assert!(!p.to_json().contains("instance"));
     }
 
     #[test]

@@ -27,6 +27,6 @@ pub use breaker::{Breaker, Panic, State};
 pub use client::{Call, Connection, Limiter, Metrics, Options, RateLimit};
 pub use decision::{Decision, Part, Source};
 pub use error::{Error, Result};
-pub use headers::headers;
+pub use headers::{headers, problem, Problem, QUOTA_EXCEEDED, QUOTA_TITLE};
 pub use keys::{assert_same_slot, key_slot, make_key, make_key_with_prefix};
 pub use policy::{all_of, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX};

@@ -1,7 +1,7 @@
 //! The differential test of issue 31: one scripted sequence through the
 //! Rust, Python and Node libraries against one server (each on keys of its
 //! own, the three calls of a step back to back), with equal decisions and
-//! equal header sets. The Python and Node libraries run as subprocesses
+//! equal header sets and 429 bodies. The Python and Node libraries run as subprocesses
 //! (tests/diff/worker.py with the repo's .venv, tests/diff/worker.mjs with
 //! clients/node's node_modules), one JSON line per request.
 mod common;
@@ -18,6 +18,8 @@ use serde_json::{json, Value as J};
 
 const HOUR: u64 = 3_600_000;
 const STEPS: usize = 400;
+/// A problem body's instance, with characters JSON must escape.
+const INSTANCE: &str = "/v1/\"q\"\\\n\u{1}é";
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -204,9 +206,15 @@ async fn rust_python_and_node_agree_on_decisions_and_headers() {
         }
         // ... and their headers of our decision are ours, field by field
         let mine = ours(&d);
+        let body: J = serde_json::from_str(&problem(&d, Some(INSTANCE)).to_json()).unwrap();
         for w in [&mut py, &mut js] {
-            let h = w.ask(&json!({"op": "headers", "rule": name, "decision": to_json(&d)}));
+            let h = w.ask(&json!({"op": "headers", "rule": name, "decision": to_json(&d), "instance": INSTANCE}));
             assert_eq!(header_list(&h["headers"]), mine, "step {step}: {}'s headers of the Rust decision", w.name);
+            // the body of a 429: for denials (Python and Node name no policy
+            // differently for an allowed all_of decision, which gets no body)
+            if !d.allowed {
+                assert_eq!(h["problem"], body, "step {step}: {}'s 429 body of the Rust decision {d:?}", w.name);
+            }
         }
         denied += usize::from(!d.allowed);
         partial += usize::from(call.partial && !refund && d.granted > 0 && d.granted < call.cost);

@@ -3,7 +3,7 @@
 // answer a line on stdout. The rules are the same as the Rust test's.
 import { createRequire } from 'node:module';
 import { createInterface } from 'node:readline';
-import { RateLimit, allOf, headers, slidingCounter, slidingLog, tokenBucket } from '../../../node/src/index.js';
+import { RateLimit, allOf, headers, problem, slidingCounter, slidingLog, tokenBucket } from '../../../node/src/index.js';
 
 const require = createRequire(new URL('../../../node/package.json', import.meta.url));
 const Redis = require('ioredis6');
@@ -40,7 +40,7 @@ for await (const line of createInterface({ input: process.stdin })) {
       parts: x.parts.map(([policy, granted, limit, remaining, retryAfterMs, resetAfterMs]) =>
         ({ policy, granted, limit, remaining, retryAfterMs, resetAfterMs })),
     };
-    process.stdout.write(JSON.stringify({ headers: Object.entries(headers(d)) }) + '\n');
+    process.stdout.write(JSON.stringify({ headers: Object.entries(headers(d)), problem: problem(d, q.instance) }) + '\n');
     continue;
   }
   const lim = lims[q.rule];

@@ -4,7 +4,8 @@ a line on stdout. The rules are the same as the Rust test's."""
 import json
 import sys
 
-from redis_ratelimit import Decision, Part, RateLimit, all_of, headers, sliding_counter, sliding_log, token_bucket
+from redis_ratelimit import (Decision, Part, RateLimit, all_of, headers, problem, sliding_counter, sliding_log,
+                             token_bucket)
 
 HOUR = 3_600_000
 RULES = {
@@ -27,14 +28,15 @@ def main():
     lims = {n: rl.limiter(r) for n, r in RULES.items()}
     for line in sys.stdin:
         q = json.loads(line)
-        if q["op"] == "headers":        # the headers of a decision given field by field
+        if q["op"] == "headers":        # the headers and 429 body of a decision given field by field
             x = q["decision"]
             d = Decision(allowed=x["allowed"], granted=x["granted"], limit=x["limit"],
                          remaining=x["remaining"], retry_after_ms=x["retry_after_ms"],
                          reset_after_ms=x["reset_after_ms"], policy=x["policy"], binding=x["binding"],
                          source=x["source"], parts=tuple(Part(*p) for p in x["parts"]),
                          rule=RULES[q["rule"]])
-            print(json.dumps({"headers": list(headers(d).items())}), flush=True)
+            print(json.dumps({"headers": list(headers(d).items()), "problem": problem(d, q["instance"])}),
+                  flush=True)
             continue
         lim = lims[q["rule"]]
         if q["op"] == "refund":
