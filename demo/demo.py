@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""Live demo: the three rate-limit algorithms under one traffic profile.
+"""Live demo: the four rate-limit algorithms under one traffic profile.
 
 Starts redis-server with the module (or uses --redis), replays one traffic
-profile in real time against RL.TOKENBUCKET, RL.SLIDINGLOG and
-RL.SLIDINGCOUNTER (one key each, the same policy), prints a summary and
-draws docs/demo.svg.
+profile in real time against RL.TOKENBUCKET, RL.SLIDINGLOG,
+RL.SLIDINGCOUNTER and RL.FIXEDWINDOW (one key each, the same policy),
+prints a summary and draws docs/demo.svg. Then the boundary burst: 20
+requests in the last 100 ms of a window and 20 in the first 100 ms of the
+next, to each limiter on a fresh key: the fixed window grants all 40.
 
 Policy: "10 requests per second, with room for a burst of 20".
   token bucket     capacity 20, 10 tokens per 1000 ms
@@ -14,7 +16,7 @@ Policy: "10 requests per second, with room for a burst of 20".
 
 Profile (19 s): browsing at 4 req/s for 4 s, a 2 s burst at 40 req/s,
 8 s of sustained traffic at 14 req/s, then browsing at 4 req/s for 5 s.
-Every request is sent to all three limiters at the same moment (one
+Every request is sent to all four limiters at the same moment (one
 pipeline), and every 50 ms a COST 0 call (which changes nothing) reads each
 limiter's state: the bucket's tokens, the window's count.
 
@@ -43,6 +45,7 @@ ALGOS = [
     ("Token bucket", "RL.TOKENBUCKET", [CAPACITY, RATE, PERIOD_MS], "tokens"),
     ("Sliding log", "RL.SLIDINGLOG", [WINDOW_LIMIT, WINDOW_MS], "count in window"),
     ("Sliding counter", "RL.SLIDINGCOUNTER", [WINDOW_LIMIT, WINDOW_MS], "estimated count"),
+    ("Fixed window", "RL.FIXEDWINDOW", [WINDOW_LIMIT, WINDOW_MS], "count in window"),
 ]
 
 # (name, start s, end s, requests per second)
@@ -86,7 +89,8 @@ def start_server():
 
 def aligned_start(r):
     """A monotonic start time at which the server's Unix clock is on a
-    multiple of WINDOW_MS, so the sliding counter's fixed windows line up
+    multiple of WINDOW_MS, so the sliding counter's and the fixed window's
+    windows line up
     with the profile (the burst starts on a window boundary) and the run is
     reproducible."""
     sec, usec = r.time()
@@ -197,6 +201,38 @@ def print_summary(summary, late):
               "the numbers use scheduled times.")
 
 
+def boundary_burst(r, tag, n=CAPACITY):
+    """`n` requests 50 ms before a window boundary and `n` 50 ms after it,
+    to each limiter on a fresh key: [(label, granted before, granted after)]."""
+    keys = [f"demo:{tag}:edge:{cmd.split('.')[1].lower()}" for _, cmd, _, _ in ALGOS]
+    r.delete(*keys)
+    edge = aligned_start(r)  # a window boundary, on the monotonic clock
+    out = []
+    counts = []
+    for at in (edge - 0.05, edge + 0.05):
+        delay = at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+        pipe = r.pipeline(transaction=False)
+        for key, (_, cmd, args, _) in zip(keys, ALGOS):
+            for _ in range(n):
+                pipe.execute_command(cmd, key, *args)
+        replies = pipe.execute()
+        counts.append([sum(rep[0] for rep in replies[i * n:(i + 1) * n]) for i in range(len(ALGOS))])
+    r.delete(*keys)
+    for i, (label, _, _, _) in enumerate(ALGOS):
+        out.append((label, counts[0][i], counts[1][i]))
+    return out
+
+
+def print_boundary(rows):
+    print()
+    print(f"boundary burst: {CAPACITY} requests 50 ms before a {WINDOW_MS} ms window boundary, "
+          f"{CAPACITY} 50 ms after it (fresh keys)")
+    for label, before, after in rows:
+        print(f"{label:<17}{before} + {after} = {before + after} granted within 100 ms")
+
+
 # ---------------------------------------------------------------- chart (SVG)
 
 def esc(s):
@@ -222,7 +258,7 @@ def svg_chart(results, probes, summary):
              f'viewBox="0 0 {W} {H}" font-family="Helvetica, Arial, sans-serif" font-size="12">')
     o.append(f'<rect width="{W}" height="{H}" fill="#ffffff"/>')
     o.append(f'<text x="{left}" y="24" font-size="17" font-weight="bold">'
-             'One traffic profile, three limiters: 10 req/s with bursts of 20</text>')
+             'One traffic profile, four limiters: 10 req/s with bursts of 20</text>')
     o.append(f'<text x="{left}" y="44" fill="#444">Token bucket: capacity {CAPACITY}, '
              f'{RATE} per {PERIOD_MS} ms. Windows: {WINDOW_LIMIT} per {WINDOW_MS} ms. '
              'Bars: requests per 100 ms (left axis); line: limiter state (right axis).</text>')
@@ -324,15 +360,17 @@ def main():
         server = start_server()
         r = server.client()
     try:
-        print(f"replaying the profile for {DURATION:g} s against the three commands ...",
+        print(f"replaying the profile for {DURATION:g} s against the four commands ...",
               flush=True)
         results, probes, late = run(r, os.getpid())
+        edge = boundary_burst(r, os.getpid())
     finally:
         r.close()
         if server:
             server.close()
     summary = summarize(results, probes)
     print_summary(summary, late)
+    print_boundary(edge)
     os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
     with open(opts.out, "w") as f:
         f.write(svg_chart(results, probes, summary))

@@ -23,7 +23,7 @@ import redis
 
 from rltesting.proc import ROOT, wait_until
 
-LIMITERS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER", "RL.MULTI")
+LIMITERS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER", "RL.FIXEDWINDOW", "RL.MULTI")
 
 # Argument trees as COMMAND DOCS must give them:
 # (name, type, token, flags, children).
@@ -43,6 +43,8 @@ EXPECTED_ARGS = {
                        A("period_ms", "integer"), GRANT_MODE],
     "RL.SLIDINGLOG": [A("key", "key"), A("limit", "integer"), A("window_ms", "integer"), GRANT_MODE],
     "RL.SLIDINGCOUNTER": [A("key", "key"), A("limit", "integer"), A("window_ms", "integer"), GRANT_MODE],
+    "RL.FIXEDWINDOW": [A("key", "key"), A("limit", "integer"), A("window_ms", "integer"), GRANT_MODE,
+                       A("fromfirst", "pure-token", "FROMFIRST", {"optional"})],
     "RL.MULTI": [
         A("numkeys", "integer"),
         A("key", "key", flags={"multiple"}),
@@ -85,6 +87,7 @@ CALLS = {
     "RL.TOKENBUCKET": ["{k}", "10", "1", "1000", "COST", "2", "PARTIAL"],
     "RL.SLIDINGLOG": ["{k}", "10", "1000", "DRYRUN"],
     "RL.SLIDINGCOUNTER": ["{k}", "10", "1000"],
+    "RL.FIXEDWINDOW": ["{k}", "10", "1000", "FROMFIRST"],
     "RL.STATE": ["{k}", "payload"],
 }
 KEY_FLAGS = {
@@ -92,6 +95,7 @@ KEY_FLAGS = {
     "RL.TOKENBUCKET": {"RW", "access", "update"},
     "RL.SLIDINGLOG": {"RW", "access", "update"},
     "RL.SLIDINGCOUNTER": {"RW", "access", "update"},
+    "RL.FIXEDWINDOW": {"RW", "access", "update"},
     "RL.STATE": {"OW", "update"},
 }
 

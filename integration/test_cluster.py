@@ -17,7 +17,8 @@ ROUTES = ("login", "search", "upload")
 
 
 def abbrev(cmd):
-    return {"RL.TOKENBUCKET": "tb", "RL.SLIDINGLOG": "sl", "RL.SLIDINGCOUNTER": "sc"}[cmd]
+    return {"RL.TOKENBUCKET": "tb", "RL.SLIDINGLOG": "sl", "RL.SLIDINGCOUNTER": "sc",
+            "RL.FIXEDWINDOW": "fw"}[cmd]
 
 
 def tenant_keys(tenants, kind):

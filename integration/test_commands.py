@@ -1,4 +1,4 @@
-"""The contract (docs/contract.md) for the three commands, one server at a time:
+"""The contract (docs/contract.md) for the four commands, one server at a time:
 replies, DRYRUN/PARTIAL/COST, errors, WRONGTYPE, rule changes, TTLs, INFO
 counters, memory per state, the compact and wide state forms, and when
 effects may be skipped. (Moved here from the Rust integration tests, so one
@@ -247,7 +247,7 @@ def test_runtime_rule_changes(r):
     assert r.execute_command(*tb, 200, 1, 3_600_000, "COST", 0)[:3] == [1, 200, 90], \
         "raising the capacity keeps the 90 tokens"
     # Windows: the units already granted count under the new limit.
-    for cmd in ("RL.SLIDINGLOG", "RL.SLIDINGCOUNTER"):
+    for cmd in ("RL.SLIDINGLOG", "RL.SLIDINGCOUNTER", "RL.FIXEDWINDOW"):
         k = f"rc:{cmd}"
         call(r, cmd, k, 10, FOREVER_MS, "COST", 6)
         assert call(r, cmd, k, 5, FOREVER_MS, "COST", 0)[:3] == [1, 5, 0], cmd
@@ -263,7 +263,7 @@ def test_info_counts_granted_partial_and_denied(r):
         call(r, cmd, k, 2, FOREVER_MS)  # denied
         call(r, cmd, k, 2, FOREVER_MS, "COST", 0)  # granted
     info = r.info("ratelimit")
-    for name in ("tokenbucket", "slidinglog", "slidingcounter"):
+    for name in ("tokenbucket", "slidinglog", "slidingcounter", "fixedwindow"):
         got = tuple(info.get(f"ratelimit_{name}_{what}") for what in ("granted", "partial", "denied"))
         assert got == (2, 1, 1), (name, info)
 
@@ -378,14 +378,14 @@ def test_effects_are_skipped_only_while_nothing_can_read_them(server_factory):
             k = f"e:{cmd}:{i}"
             call(m, cmd, k, 100, 3_600_000)
             keys.append(k)
-    assert dirty(m) - d0 == 60, "each grant counts toward save points"
+    assert dirty(m) - d0 == 20 * len(COMMANDS), "each grant counts toward save points"
     assert effects_replicated(m) == 0
 
     replica = start_replica(server_factory, master)
     rc = replica.client()
     assert effects_replicated(m) == 1, "the full sync's fork switches effects on"
     for i, k in enumerate(list(keys)):
-        cmd = COMMANDS[i % 3]
+        cmd = COMMANDS[i % len(COMMANDS)]
         call(m, cmd, k, 100, 3_600_000, "COST", 2)
         fresh = f"{k}:after"
         call(m, cmd, fresh, 100, 3_600_000)
@@ -400,13 +400,13 @@ def test_effects_are_skipped_only_while_nothing_can_read_them(server_factory):
     keys = []
     for i in range(30):
         k = f"aof:{i}"
-        call(c, COMMANDS[i % 3], k, 100, 3_600_000)
+        call(c, COMMANDS[i % len(COMMANDS)], k, 100, 3_600_000)
         keys.append(k)
     c.config_set("appendonly", "yes")
     wait_until(lambda: c.info("persistence")["aof_enabled"] == 1, what="AOF on")
     wait_aof_rewrite(c)
     for i, k in enumerate(list(keys)):
-        cmd = COMMANDS[i % 3]
+        cmd = COMMANDS[i % len(COMMANDS)]
         call(c, cmd, k, 100, 3_600_000, "COST", 3)
         fresh = f"{k}:after"
         call(c, cmd, fresh, 100, 3_600_000)
@@ -415,3 +415,136 @@ def test_effects_are_skipped_only_while_nothing_can_read_them(server_factory):
     s.restart(s.extra + ["--appendonly", "yes"])
     c = s.client()
     assert snapshot(c, keys) == before, "AOF enabled after skipped effects"
+
+
+# ---------------------------------------------------------------------------
+# RL.FIXEDWINDOW's own cases: exact replies against the server's clock,
+# the key's expiry at the window's end, FROMFIRST, refunds, the empty window.
+# ---------------------------------------------------------------------------
+
+def server_ms(c):
+    sec, usec = c.time()
+    return sec * 1000 + usec // 1000
+
+
+def timed(c, *args):
+    """(ms before, reply, ms after) by the server's clock: the call decided
+    at a millisecond between the two."""
+    t0 = server_ms(c)
+    rep = c.execute_command(*args)
+    return t0, rep, server_ms(c)
+
+
+def test_fixed_window_replies_to_the_window_end(r):
+    w = 3_600_000  # epoch-aligned hours
+    for _ in range(20):
+        t0, rep, t1 = timed(r, "RL.FIXEDWINDOW", "fw:h", 5, w, "COST", 2)
+        if t0 // w == t1 // w:
+            break
+        r.delete("fw:h")
+    end = (t0 // w + 1) * w
+    assert rep[:4] == [1, 5, 3, 0]
+    assert end - t1 <= rep[4] <= end - t0, (rep, t0, t1)
+    assert pexpiretime(r, "fw:h") == end, "the key expires exactly at the window's end"
+    t0, rep, t1 = timed(r, "RL.FIXEDWINDOW", "fw:h", 5, w, "COST", 4)
+    assert rep[:3] == [0, 5, 3]
+    assert rep[3] == rep[4] and end - t1 <= rep[3] <= end - t0, "a denial waits for the window's end"
+    assert call(r, "RL.FIXEDWINDOW", "fw:h", 5, w, "COST", 3, "PARTIAL")[:3] == [3, 5, 0]
+    assert call(r, "RL.FIXEDWINDOW", "fw:h", 5, w, "COST", 6)[:4] == [0, 5, 0, -1]
+    assert pexpiretime(r, "fw:h") == end
+    # The empty window: COST 0 or DRYRUN COST 0 on a fresh key, a denial of
+    # COST above the limit: everything left, reset 0, nothing written.
+    for opts in (["COST", 0], ["DRYRUN", "COST", 0], ["COST", 6], ["COST", 6, "DRYRUN"]):
+        rep = call(r, "RL.FIXEDWINDOW", "fw:empty", 5, w, *opts)
+        assert rep == [0 if opts[1] == 6 else 1, 5, 5, -1 if opts[1] == 6 else 0, 0], (opts, rep)
+        assert r.exists("fw:empty") == 0
+    assert r.type("fw:h") == b"rl-fixwin"
+
+
+def test_fixed_window_from_first(r):
+    w = 50_000
+    t0, rep, t1 = timed(r, "RL.FIXEDWINDOW", "ff", 3, w, "FROMFIRST")
+    assert rep[:4] == [1, 3, 2, 0] and rep[4] == w, "a window starts at its first grant"
+    start = pexpiretime(r, "ff") - w
+    assert t0 <= start <= t1
+    t0, rep, t1 = timed(r, "RL.FIXEDWINDOW", "ff", 3, w, "fromfirst", "COST", 2)
+    assert rep[:4] == [1, 3, 0, 0]
+    assert start + w - t1 <= rep[4] <= start + w - t0
+    assert pexpiretime(r, "ff") == start + w, "a grant in the window keeps its end"
+    rep = call(r, "RL.FIXEDWINDOW", "ff", 3, w, "FROMFIRST")
+    assert rep[:3] == [0, 3, 0] and 0 < rep[3] == rep[4] <= w
+    # The same key read epoch-aligned: a start that is no multiple of the
+    # window counts nothing (unless it happens to be one).
+    if start % w:
+        assert call(r, "RL.FIXEDWINDOW", "ff", 3, w, "COST", 0) == [1, 3, 3, 0, 0]
+    # A short FROMFIRST window: the next grant after it ends starts anew.
+    t0, rep, _ = timed(r, "RL.FIXEDWINDOW", "ff2", 1, 100, "FROMFIRST")
+    first_end = pexpiretime(r, "ff2")
+    assert rep[:3] == [1, 1, 0]
+    wait_until(lambda: server_ms(r) >= first_end, timeout=5, interval=0.005, what="the window to end")
+    t0, rep, t1 = timed(r, "RL.FIXEDWINDOW", "ff2", 1, 100, "FROMFIRST")
+    assert rep == [1, 1, 0, 0, 100]
+    assert t0 + 100 <= pexpiretime(r, "ff2") <= t1 + 100
+    # COST above the limit is the only denial of a window not started.
+    assert call(r, "RL.FIXEDWINDOW", "ff3", 2, w, "FROMFIRST", "COST", 3) == [0, 2, 2, -1, 0]
+    assert r.exists("ff3") == 0
+
+
+def test_fixed_window_refunds(r):
+    w = 3_600_000
+    call(r, "RL.FIXEDWINDOW", "rf", 5, w, "COST", 4)
+    e = pexpiretime(r, "rf")
+    rep = call(r, "RL.FIXEDWINDOW", "rf", 5, w, "REFUND", 3)
+    assert rep[:4] == [3, 5, 4, 0] and rep[4] > 0
+    assert pexpiretime(r, "rf") == e, "a refund keeps the window's end"
+    rep = call(r, "RL.FIXEDWINDOW", "rf", 5, w, "REFUND", 9)
+    assert rep == [1, 5, 5, 0, 0], "back to an empty window"
+    assert r.exists("rf") == 0, "a refund to an empty window deletes the key"
+    assert call(r, "RL.FIXEDWINDOW", "rf", 5, w, "REFUND", 1) == [0, 5, 5, 0, 0]
+    assert r.exists("rf") == 0, "nothing to give back: nothing created"
+    call(r, "RL.FIXEDWINDOW", "rff", 5, w, "FROMFIRST", "COST", 5)
+    assert call(r, "RL.FIXEDWINDOW", "rff", 5, w, "REFUND", 2, "FROMFIRST")[:3] == [2, 5, 2]
+
+
+def test_fixed_window_boundary_burst(r):
+    """Fixed windows' known weakness: a full limit at the end of one window
+    and another at the start of the next, within a few milliseconds."""
+    w, limit = 1000, 10
+    for _ in range(50):
+        wait_until(lambda: server_ms(r) % w >= w - 150, timeout=3, interval=0.002, what="a window's last 150 ms")
+        t0, first, _ = timed(r, "RL.FIXEDWINDOW", "burst", limit, w, "COST", limit)
+        end = pexpiretime(r, "burst")
+        wait_until(lambda: server_ms(r) >= end, timeout=3, interval=0.002, what="the next window")
+        _, second, t1 = timed(r, "RL.FIXEDWINDOW", "burst", limit, w, "COST", limit)
+        if t1 - t0 < w and first[0] == 1:
+            break
+        r.delete("burst")
+    assert first[:3] == [1, limit, 0] and second[:3] == [1, limit, 0]
+    assert t1 - t0 < w, f"2 x limit granted in {t1 - t0} ms, less than one window"
+
+
+def test_fixed_window_fromfirst_is_its_own_option(r):
+    k = "fwopt"
+    for opts in [["FROMFIRST", "FROMFIRST"], ["FROMFIRST", "REFUND", "1", "COST", "1"],
+                 ["REFUND", "1", "DRYRUN", "FROMFIRST"], ["FROMFIRST", "1"], ["FROM", "FIRST"]]:
+        with pytest.raises(redis.ResponseError, match="syntax error"):
+            r.execute_command("RL.FIXEDWINDOW", k, 5, 1000, *opts)
+    for cmd in ("RL.SLIDINGCOUNTER", "RL.SLIDINGLOG"):
+        with pytest.raises(redis.ResponseError, match="syntax error"):
+            r.execute_command(cmd, k, 5, 1000, "FROMFIRST")
+    with pytest.raises(redis.ResponseError, match="window_ms must be an integer between 1 and 9007199254740991"):
+        r.execute_command("RL.FIXEDWINDOW", k, 5, 0, "FROMFIRST")
+    assert r.exists(k) == 0
+
+
+def test_fixed_window_memory_is_one_compact_block(r):
+    """A fixed window is always the 16-byte compact form: MEMORY USAGE equals
+    a compact token bucket's (same name length, both with a TTL), also at
+    the extremes of its range and after DEBUG RELOAD."""
+    r.execute_command("RL.TOKENBUCKET", "mem:tb", 100, 1, 3_600_000)
+    r.execute_command("RL.FIXEDWINDOW", "mem:fw", 100, 3_600_000)
+    r.execute_command("RL.FIXEDWINDOW", "mem:fx", MAX, MAX, "COST", MAX, "FROMFIRST")
+    base = mem(r, "mem:tb")
+    assert mem(r, "mem:fw") == base and mem(r, "mem:fx") == base, (mem(r, "mem:fw"), mem(r, "mem:fx"), base)
+    r.execute_command("DEBUG", "RELOAD")
+    assert mem(r, "mem:fw") == mem(r, "mem:tb") == mem(r, "mem:fx")

@@ -447,8 +447,10 @@ def test_fallback_when_redis_is_slow(env, lang):
 @pytest.mark.slow
 def test_demo_runs_and_draws_the_chart(tmp_path):
     """make demo end to end (19 s of real time): it starts its own server,
-    prints the summary for the three algorithms and writes a well-formed SVG
-    with one panel (bars and a state line) per algorithm."""
+    prints the summary for the four algorithms and writes a well-formed SVG
+    with one panel (bars and a state line) per algorithm; the boundary
+    burst lets 2 x 20 through the fixed window and 20 through the sliding
+    log."""
     import xml.etree.ElementTree as ET
 
     out = tmp_path / "demo.svg"
@@ -456,11 +458,13 @@ def test_demo_runs_and_draws_the_chart(tmp_path):
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = {line.split("  ")[0]: line for line in p.stdout.splitlines()}
-    for label in ("Token bucket", "Sliding log", "Sliding counter"):
+    for label in ("Token bucket", "Sliding log", "Sliding counter", "Fixed window"):
         assert label in rows and " of 40" in rows[label], p.stdout
+    assert "Fixed window     20 + 20 = 40 granted" in p.stdout, p.stdout
+    assert "Sliding log      20 + 0 = 20 granted" in p.stdout, p.stdout
     svg = ET.parse(out).getroot()
     ns = "{http://www.w3.org/2000/svg}"
-    assert len(svg.findall(f"{ns}polyline")) == 3
+    assert len(svg.findall(f"{ns}polyline")) == 4
     assert len(svg.findall(f"{ns}rect")) > 100   # bars of granted / denied requests
     if shutil.which("rsvg-convert"):
         png = out.with_suffix(".png").read_bytes()

@@ -17,7 +17,8 @@ import pytest
 import redis
 
 from rltesting.payloads import (
-    MAX_ARG, Dump, crc64, grant_body, mutate, payload, random_log, random_payloads, sc_body, sl_body, tb_body, with_trailer,
+    MAX_ARG, Dump, crc64, fw_body, grant_body, mutate, payload, random_log, random_payloads, sc_body, sl_body, tb_body,
+    with_trailer,
 )
 from rltesting.proc import SERVER
 from rltesting.replies import TYPE_NAMES, check_reply
@@ -34,6 +35,7 @@ PARAMS = {
     "RL.TOKENBUCKET": [10, 1, 1000],
     "RL.SLIDINGLOG": [10, 1000],
     "RL.SLIDINGCOUNTER": [10, 1000],
+    "RL.FIXEDWINDOW": [10, 1000],
 }
 
 
@@ -45,7 +47,7 @@ def alive(server, c):
 def check_key_behaves(c, key, ctx):
     """A key that holds one of our types answers its own command sensibly
     (plain, COST 0, DRYRUN, PARTIAL, other parameters) and WRONGTYPE to the
-    other two; DUMP, DIGEST, MEMORY USAGE, COPY work. Returns the type name.
+    others; DUMP, DIGEST, MEMORY USAGE, COPY work. Returns the type name.
 
     A restored or RL.STATE-set key may carry an expiry in the past or the
     next millisecond; it is made persistent first so that it cannot vanish
@@ -110,13 +112,15 @@ def real_dumps(c):
     c.execute_command("RL.TOKENBUCKET", "tb-big", MAX_ARG, 7, MAX_ARG, "COST", MAX_ARG - 5)
     c.execute_command("RL.SLIDINGCOUNTER", "sc", 10, 1000, "COST", 4)
     c.execute_command("RL.SLIDINGCOUNTER", "sc-big", MAX_ARG, MAX_ARG, "COST", MAX_ARG)
+    c.execute_command("RL.FIXEDWINDOW", "fw", 10, 1000, "COST", 4)
+    c.execute_command("RL.FIXEDWINDOW", "fw-big", MAX_ARG, MAX_ARG, "COST", MAX_ARG, "FROMFIRST")
     # Logs in the three entry widths (4, 8 and 16 bytes), set by RL.STATE.
     sl_state(c, "sl1", random_log(rng, t, 12, 50_000_000, 9))
     sl_state(c, "sl2", random_log(rng, t, 12, 1 << 40, 1 << 20))
     sl_state(c, "sl4", [(t - (1 << 40), MAX_ARG - 7), (t, 3)])
     sl_state(c, "sl-many", random_log(rng, t, 3000, 60_000_000, 3))
     out = {}
-    for k in ["tb", "tb-big", "sc", "sc-big", "sl1", "sl2", "sl4", "sl-many"]:
+    for k in ["tb", "tb-big", "sc", "sc-big", "fw", "fw-big", "sl1", "sl2", "sl4", "sl-many"]:
         c.persist(k)
         out[k] = Dump(c.dump(k))
     return out
@@ -227,7 +231,7 @@ def test_restore_crafted_payloads(r, server):
     the length check), non-canonical formats, zero counts, overflowing times
     and sums, every field at its bound."""
     dumps = real_dumps(r)
-    tb, sl, sc = dumps["tb"], dumps["sl1"], dumps["sc"]
+    tb, sl, sc, fw = dumps["tb"], dumps["sl1"], dumps["sc"], dumps["fw"]
     t = now_us(r)
     bad_logs = [
         struct.pack("<BQQBB", 1, 1 << 61, t, 1, 0) + b"\0" * 8,          # n huge, tiny body
@@ -255,7 +259,13 @@ def test_restore_crafted_payloads(r, server):
         sc_body(t - t % 1000, 1, MAX_ARG + 1), sc_body(t - t % 1000 + 1, 1, 0),
         sc_body(0, 1, 0) + b"\0", b"\x01",
     ]
-    for d, bodies in [(sl, bad_logs), (tb, bad_tbs), (sc, bad_scs)]:
+    ms = t // 1000
+    bad_fws = [
+        fw_body(ms, 0), fw_body(ms, MAX_ARG + 1), fw_body(0, (1 << 64) - 1),
+        fw_body(ms, 1) + b"\0", fw_body(ms, 1)[:-1], fw_body(ms, 1)[:9], b"\x01", b"",
+        b"\x02" + fw_body(ms, 1)[1:], b"\x00" + fw_body(ms, 1)[1:],
+    ]
+    for d, bodies in [(sl, bad_logs), (tb, bad_tbs), (sc, bad_scs), (fw, bad_fws)]:
         for body in bodies:
             with pytest.raises(redis.ResponseError):
                 r.restore("bad", 0, d.build(body=body), replace=True)
@@ -270,6 +280,9 @@ def test_restore_crafted_payloads(r, server):
         (sl, sl_body([((1 << 64) - 2, MAX_ARG), ((1 << 64) - 1, 1)])),
         (sl, sl_body([(0, (1 << 64) - 2), (1 << 63, 1)])),
         (sl, sl_body([])),
+        (fw, fw_body((1 << 64) - 1, MAX_ARG)),
+        (fw, fw_body(0, 1)),
+        (fw, fw_body(ms + 123, 7)),
     ]
     for d, body in good:
         r.restore("good", 0, d.build(body=body), replace=True)
@@ -327,7 +340,7 @@ def test_rl_state_on_other_types(r):
     r.execute_command("RL.TOKENBUCKET", "tb", 10, 1, 1000)
     for key in ["str", "tb"]:
         for p in [payload("sc", 0, sc_body(t - t % 1000, 1, 0)), payload("grant", 0, grant_body(t, 1000, 1)),
-                  payload("sl", 0, sl_body([(t, 1)]))]:
+                  payload("sl", 0, sl_body([(t, 1)])), payload("fw", 0, fw_body(t // 1000, 1))]:
             with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
                 r.execute_command("RL.STATE", key, p)
     assert r.get("str") == b"v"
@@ -339,8 +352,9 @@ def test_junk_arguments(server):
     rng = random.Random("junk")
     junk = [b"", b"\x00", b"\xff" * 3, b"-0", b"+5", b" 5", b"5 ", b"1e3", b"0x10", b"\xd9\xa1",
             b"9" * 17, b"0" * 17 + b"1", b"COST", b"cost", b"PARTIAL", b"DRYRUN", b"\r\n",
-            b"18446744073709551616", b"-9223372036854775808", b"nan", b"inf"]
-    for cmd, npos in [("RL.TOKENBUCKET", 3), ("RL.SLIDINGLOG", 2), ("RL.SLIDINGCOUNTER", 2)]:
+            b"18446744073709551616", b"-9223372036854775808", b"nan", b"inf", b"REFUND", b"FROMFIRST",
+            b"fromfirst"]
+    for cmd, npos in [("RL.TOKENBUCKET", 3), ("RL.SLIDINGLOG", 2), ("RL.SLIDINGCOUNTER", 2), ("RL.FIXEDWINDOW", 2)]:
         for i in range(400):
             n = rng.randint(0, npos + 5)
             args = [rng.choice(junk + [str(rng.randint(0, 20)).encode()]) for _ in range(n)]

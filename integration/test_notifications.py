@@ -1,6 +1,6 @@
 """Keyspace notifications: every write emits one event of the module class
 (`d`) per key written, named after the command (`rl.tokenbucket`,
-`rl.slidinglog`, `rl.slidingcounter`, `rl.multi`; `rl.refund` for a REFUND
+`rl.slidinglog`, `rl.slidingcounter`, `rl.fixedwindow`, `rl.multi`; `rl.refund` for a REFUND
 that gives units back); a DRYRUN, a denial, COST 0 and a refund that gives
 nothing back emit none. Replicas emit the event of the limiter's kind for
 each RL.STATE they apply. A real subscriber on its own connection sees the
@@ -166,5 +166,47 @@ def test_notification_replica_emits_the_limiters_kind(server_factory):
             ("sl", "rl.refund"),
         ]
         assert rc.exists("tb", "sl", "sc", "m1", "m2") == 5
+    finally:
+        s.close()
+
+
+def test_notification_fixed_window(server, r, sub):
+    """RL.FIXEDWINDOW emits `rl.fixedwindow` per write (both window modes),
+    `rl.refund` for a refund that gives units back (stored or deleted), and
+    nothing for a denial, COST 0, DRYRUN or a refund of nothing."""
+    r.execute_command("RL.FIXEDWINDOW", "fw", *WIN)
+    r.execute_command("RL.FIXEDWINDOW", "ff", *WIN, "FROMFIRST", "COST", "2")
+    r.execute_command("RL.FIXEDWINDOW", "fw", *WIN, "COST", "9", "PARTIAL")
+    r.execute_command("RL.FIXEDWINDOW", "ff", *WIN, "REFUND", "1", "FROMFIRST")  # stored
+    r.execute_command("RL.FIXEDWINDOW", "ff", *WIN, "REFUND", "5", "FROMFIRST")  # deleted
+    assert r.exists("ff") == 0
+    assert sub.events(r) == [
+        ("fw", "rl.fixedwindow"), ("ff", "rl.fixedwindow"), ("fw", "rl.fixedwindow"),
+        ("ff", "rl.refund"), ("ff", "rl.refund"),
+    ]
+    assert r.execute_command("RL.FIXEDWINDOW", "fw", *WIN)[0] == 0  # denied
+    r.execute_command("RL.FIXEDWINDOW", "fw", *WIN, "COST", "0")
+    r.execute_command("RL.FIXEDWINDOW", "dry", *WIN, "DRYRUN")
+    r.execute_command("RL.FIXEDWINDOW", "none", *WIN, "REFUND", "1")
+    r.execute_command("RL.FIXEDWINDOW", "big", *WIN, "COST", "6")
+    assert sub.events(r) == []
+
+
+def test_notification_replica_fixed_window(server_factory):
+    m = server_factory()
+    mc = m.client()
+    rep = start_replica(server_factory, m)
+    rc = rep.client()
+    s = Subscriber(rep)
+    try:
+        mc.execute_command("RL.FIXEDWINDOW", "fw", *WIN, "COST", "2")
+        mc.execute_command("RL.FIXEDWINDOW", "fw", *WIN, "REFUND", "1")
+        mc.execute_command("RL.FIXEDWINDOW", "fw", *WIN, "DRYRUN")
+        wait_ack(mc)
+        # A refund that stores replicates the state: the kind's event.
+        assert s.events(mc) == [("fw", "rl.fixedwindow"), ("fw", "rl.fixedwindow")]
+        assert rc.type("fw") == b"rl-fixwin"
+        assert rc.execute_command("DEBUG", "DIGEST-VALUE", "fw") == mc.execute_command("DEBUG", "DIGEST-VALUE", "fw")
+        assert rc.execute_command("PEXPIRETIME", "fw") == mc.execute_command("PEXPIRETIME", "fw")
     finally:
         s.close()

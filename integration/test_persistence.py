@@ -24,7 +24,7 @@ def aof_args(preamble):
 
 
 def populate(c):
-    """Keys of all three types in varied states that outlive the test: COST
+    """Keys of all four types in varied states that outlive the test: COST
     n, PARTIAL, runtime parameter changes, extreme arguments. Returns
     {key: (cmd, params, remaining)} for the keys whose COST 0 reply is
     time-independent."""
@@ -50,6 +50,7 @@ def populate(c):
         "RL.TOKENBUCKET": [[10, 1, 600000], [100, 1, 600000], [7, 3, 3600000]],
         "RL.SLIDINGLOG": [[10, 60000], [100, 600000], [7, 3600000]],
         "RL.SLIDINGCOUNTER": [[10, 60000], [100, 600000], [7, 3600000]],
+        "RL.FIXEDWINDOW": [[10, 60000], [100, 600000, "FROMFIRST"], [7, 3600000]],
     }
     for cmd in COMMANDS:
         for i in range(4):

@@ -23,16 +23,19 @@ LONG = {
     "RL.TOKENBUCKET": [[5, 1, 60000], [10, 3, 600000], [50, 7, 3600000], [8, 1, 60000]],
     "RL.SLIDINGLOG": [[5, 60000], [10, 600000], [50, 3600000], [7, 60000]],
     "RL.SLIDINGCOUNTER": [[5, 60000], [10, 600000], [50, 3600000], [7, 120000]],
+    "RL.FIXEDWINDOW": [[5, 60000], [10, 600000, "FROMFIRST"], [50, 3600000], [7, 120000, "FROMFIRST"]],
 }
 SHORT = {
     "RL.TOKENBUCKET": [[4, 1, 40], [6, 2, 100], [3, 3, 150]],
     "RL.SLIDINGLOG": [[4, 40], [6, 100], [3, 150]],
     "RL.SLIDINGCOUNTER": [[4, 40], [6, 100], [3, 150]],
+    "RL.FIXEDWINDOW": [[4, 40], [6, 100, "FROMFIRST"], [3, 150]],
 }
 
 
 def _abbrev(cmd):
-    return {"RL.TOKENBUCKET": "tb", "RL.SLIDINGLOG": "sl", "RL.SLIDINGCOUNTER": "sc"}[cmd]
+    return {"RL.TOKENBUCKET": "tb", "RL.SLIDINGLOG": "sl", "RL.SLIDINGCOUNTER": "sc",
+            "RL.FIXEDWINDOW": "fw"}[cmd]
 
 
 class RandomWorkload:
@@ -395,7 +398,7 @@ def test_failover_continues_limits(server_factory):
     # Drained limiters with real (one hour) periods: their retry/reset must
     # carry over.
     hour = {"RL.TOKENBUCKET": [5, 1, 3600000], "RL.SLIDINGLOG": [5, 3600000],
-            "RL.SLIDINGCOUNTER": [5, 3600000]}
+            "RL.SLIDINGCOUNTER": [5, 3600000], "RL.FIXEDWINDOW": [5, 3600000]}
     last = {}
     for cmd in COMMANDS:
         key = f"rl:fo:hour:{cmd}"

@@ -16,9 +16,10 @@ pub enum Cmd {
     SlidingLog = 1,
     SlidingCounter = 2,
     Multi = 3,
+    FixedWindow = 4,
 }
 
-const NCMD: usize = 4;
+const NCMD: usize = 5;
 
 /// Per command: granted, partial, denied, refunds.
 const NAMES: [[&CStr; 4]; NCMD] = [
@@ -26,6 +27,7 @@ const NAMES: [[&CStr; 4]; NCMD] = [
     [c"slidinglog_granted", c"slidinglog_partial", c"slidinglog_denied", c"slidinglog_refunds"],
     [c"slidingcounter_granted", c"slidingcounter_partial", c"slidingcounter_denied", c"slidingcounter_refunds"],
     [c"multi_granted", c"multi_partial", c"multi_denied", c"multi_refunds"],
+    [c"fixedwindow_granted", c"fixedwindow_partial", c"fixedwindow_denied", c"fixedwindow_refunds"],
 ];
 const REFUNDS: usize = 3;
 

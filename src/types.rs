@@ -1,4 +1,4 @@
-//! The three native data types and their callbacks: RDB load/save, AOF
+//! The four native data types and their callbacks: RDB load/save, AOF
 //! rewrite, MEMORY USAGE, DEBUG DIGEST, COPY and free. Every callback goes
 //! through the state's own versioned encoding (see `ratelimit_core::codec`), so RDB, AOF
 //! rewrite, DUMP/RESTORE and effect replication share one decoder, and that
@@ -9,12 +9,12 @@ use std::ptr;
 use std::sync::atomic::Ordering;
 
 use ratelimit_core::codec;
-use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError};
+use ratelimit_core::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError};
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString};
 
 use crate::api::{Digest, Io, Str};
-use crate::value::{Packable, Value, ValueRef, SLIDINGCOUNTER_PTR, SLIDINGLOG_PTR, TOKENBUCKET_PTR};
+use crate::value::{Packable, Value, ValueRef, FIXEDWINDOW_PTR, SLIDINGCOUNTER_PTR, SLIDINGLOG_PTR, TOKENBUCKET_PTR};
 
 /// RDB encoding version of every type (the body carries its own version
 /// byte too, so a future change can be read side by side with this one).
@@ -47,6 +47,16 @@ impl Stored for sc::State {
     }
     fn decode_body(bytes: &[u8]) -> Result<Self, DecodeError> {
         sc::State::decode(bytes)
+    }
+}
+
+impl Stored for fw::State {
+    const KIND: u8 = codec::KIND_FIXEDWINDOW;
+    fn encode_body(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.encode());
+    }
+    fn decode_body(bytes: &[u8]) -> Result<Self, DecodeError> {
+        fw::State::decode(bytes)
     }
 }
 
@@ -214,6 +224,7 @@ const fn methods<T: Stored>() -> raw::RedisModuleTypeMethods {
 pub static TOKENBUCKET_TYPE: RedisType = RedisType::new("rl-tokbkt", ENCVER, methods::<tb::State>());
 pub static SLIDINGLOG_TYPE: RedisType = RedisType::new("rl-slilog", ENCVER, methods::<sl::State>());
 pub static SLIDINGCOUNTER_TYPE: RedisType = RedisType::new("rl-slicnt", ENCVER, methods::<sc::State>());
+pub static FIXEDWINDOW_TYPE: RedisType = RedisType::new("rl-fixwin", ENCVER, methods::<fw::State>());
 
 /// After registration: keep the raw type pointers where the request path
 /// reads them with one load.
@@ -221,8 +232,10 @@ pub fn publish_type_pointers() -> bool {
     let tbp = *TOKENBUCKET_TYPE.raw_type.borrow();
     let slp = *SLIDINGLOG_TYPE.raw_type.borrow();
     let scp = *SLIDINGCOUNTER_TYPE.raw_type.borrow();
+    let fwp = *FIXEDWINDOW_TYPE.raw_type.borrow();
     TOKENBUCKET_PTR.store(tbp, Ordering::Relaxed);
     SLIDINGLOG_PTR.store(slp, Ordering::Relaxed);
     SLIDINGCOUNTER_PTR.store(scp, Ordering::Relaxed);
-    !tbp.is_null() && !slp.is_null() && !scp.is_null()
+    FIXEDWINDOW_PTR.store(fwp, Ordering::Relaxed);
+    !tbp.is_null() && !slp.is_null() && !scp.is_null() && !fwp.is_null()
 }

@@ -5,8 +5,9 @@
 //! A pointer is either
 //! - **compact**: bit 0 set; it points to two packed `u64` words (16 bytes,
 //!   the smallest allocation class that holds them), the form `pack` /
-//!   `unpack` of the token bucket and sliding counter cores produce. A bucket
-//!   or counter key thus costs 16 bytes of state instead of 24–32;
+//!   `unpack` of the token bucket, sliding counter and fixed window cores
+//!   produce (a fixed window always fits). A bucket or counter key thus
+//!   costs 16 bytes of state instead of 24–32;
 //! - **wide**: bit 0 clear; a `Box<T>` (the sliding log always, and the rare
 //!   bucket or counter state outside the compact ranges).
 //!
@@ -24,7 +25,7 @@ use std::marker::PhantomData;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
-use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
+use ratelimit_core::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
 use redis_module::raw::RedisModuleType;
 
 use crate::alloc::usable;
@@ -35,6 +36,7 @@ use crate::api::{self, Contents};
 pub static TOKENBUCKET_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 pub static SLIDINGLOG_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 pub static SLIDINGCOUNTER_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+pub static FIXEDWINDOW_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 
 /// Bytes of a module key the server does not count in `MEMORY USAGE`,
 /// added to every value's size: measured at load (`memusage.rs`); 0 where
@@ -104,6 +106,22 @@ impl Packable for sc::State {
     #[inline]
     fn unpack(w: [u64; 2]) -> Option<Self> {
         Some(sc::State::unpack(w))
+    }
+}
+
+/// A fixed window is always compact: its two words are the state.
+impl Packable for fw::State {
+    #[inline]
+    fn redis_type() -> *mut RedisModuleType {
+        FIXEDWINDOW_PTR.load(Relaxed)
+    }
+    #[inline]
+    fn pack(&self) -> Option<[u64; 2]> {
+        fw::State::pack(self)
+    }
+    #[inline]
+    fn unpack(w: [u64; 2]) -> Option<Self> {
+        Some(fw::State::unpack(w))
     }
 }
 

@@ -77,6 +77,26 @@ fn main() {
             &args_input(now, now + 1_500_000, 1, &s.encode(), &["10", "1000", "COST", "3"]),
         );
     }
+    let fws = [
+        ("fw-small", fw::State { start_ms: now / 1000 - now / 1000 % 1000, count: 4 }),
+        ("fw-first", fw::State { start_ms: now / 1000 - 17, count: 1 }),
+        ("fw-max", fw::State { start_ms: u64::MAX, count: MAX_ARG }),
+        ("fw-zero", fw::State { start_ms: 0, count: 1 }),
+    ];
+    for (name, s) in &fws {
+        put(dir, "decode_fixedwindow", name, &s.encode());
+        put(dir, "decode_codec", name, codec::fixedwindow(s, now / 1000 + 1000).as_bytes());
+        for (i, a) in [
+            &["10", "1000", "COST", "3"][..],
+            &["10", "1000", "FROMFIRST", "PARTIAL", "COST", "9"],
+            &["5", "1000", "REFUND", "2", "fromfirst"],
+        ]
+        .iter()
+        .enumerate()
+        {
+            put(dir, "args_fixedwindow", &format!("{name}-{i}"), &args_input(now, now + 1_000_000, 1, &s.encode(), a));
+        }
+    }
     for (name, s) in logs() {
         let mut enc = Vec::new();
         s.encode(&mut enc);
@@ -119,7 +139,7 @@ fn main() {
         &["10", "1000", "FOO"],
     ];
     for (i, a) in w_args.iter().enumerate() {
-        for t in ["args_slidinglog", "args_slidingcounter"] {
+        for t in ["args_slidinglog", "args_slidingcounter", "args_fixedwindow"] {
             put(dir, t, &format!("args{i}"), &args_input(now, now + 999_999, 2, &[7; 48], a));
         }
     }
@@ -128,7 +148,7 @@ fn main() {
     let refunds: &[&[&str]] =
         &[&["10", "1000", "REFUND", "3"], &["10", "1000", "refund", "1", "COST", "1"], &["10", "1000", "REFUND", "0"]];
     for (i, a) in refunds.iter().enumerate() {
-        for t in ["args_slidinglog", "args_slidingcounter"] {
+        for t in ["args_slidinglog", "args_slidingcounter", "args_fixedwindow"] {
             put(dir, t, &format!("refund{i}"), &args_input(now, now + 999_999, 2, &[7; 48], a));
         }
         let mut tb: Vec<&str> = vec!["10", "1"];

@@ -5,11 +5,12 @@
 
 use crate::args::Call;
 use crate::core::MAX_ARG;
+use crate::fixedwindow::fw_call;
 use crate::log::{log_entries, sl_encode};
 use crate::slidingcounter::sc_call;
 use crate::slidinglog::sl_call;
 use crate::tokenbucket::tb_call;
-use crate::{codec, sc, sl, tb};
+use crate::{codec, fw, sc, sl, tb};
 
 fn calls(cost_max: u64) -> impl Iterator<Item = Call> {
     [0, 1, cost_max, cost_max + 1].into_iter().flat_map(|cost| {
@@ -51,6 +52,26 @@ pub fn decode_slidingcounter(data: &[u8]) {
     }
 }
 
+pub fn decode_fixedwindow(data: &[u8]) {
+    let Ok(s) = fw::State::decode(data) else { return };
+    assert_eq!(&s.encode()[..], data, "accepted bytes do not re-encode");
+    assert!(!s.is_fresh(), "a fresh state is never stored, so never accepted");
+    assert_eq!(fw::State::unpack(s.pack().expect("always compact")), s);
+    let now0 = s.start_ms.saturating_mul(1000);
+    for p in [
+        fw::Params { limit: s.count.saturating_add(1).min(MAX_ARG), window_ms: 1000, from_first: false },
+        fw::Params { limit: s.count, window_ms: 1000, from_first: true },
+        fw::Params { limit: 1, window_ms: 1, from_first: false },
+        fw::Params { limit: MAX_ARG, window_ms: MAX_ARG, from_first: true },
+    ] {
+        for now in [now0, now0.saturating_add(999_999), now0.saturating_sub(1), 0, u64::MAX] {
+            for call in calls(p.limit) {
+                fw_call(&s, &p, &call, now, now.wrapping_add(999_999));
+            }
+        }
+    }
+}
+
 pub fn decode_slidinglog(data: &[u8]) {
     let Ok(s) = sl::State::decode(data) else { return };
     assert_eq!(sl_encode(&s), data, "accepted bytes do not re-encode");
@@ -79,6 +100,7 @@ pub fn decode_codec(data: &[u8]) {
         codec::Effect::SlidingLog(s) => codec::slidinglog(s, abs),
         codec::Effect::LogGrant(g) => codec::log_grant(g, abs).as_bytes().to_vec(),
         codec::Effect::LogRefund(g) => codec::log_refund(g, abs).as_bytes().to_vec(),
+        codec::Effect::FixedWindow(s) => codec::fixedwindow(s, abs).as_bytes().to_vec(),
     };
     assert_eq!(again, data, "accepted payload does not re-encode");
     // Apply it the way RL.STATE does, then use the key.
@@ -88,6 +110,10 @@ pub fn decode_codec(data: &[u8]) {
             tb_call(&s, &tb::Params { capacity: 5, rate: 1, period_ms: 1000 }, &call, s.last_us, 0)
         }
         codec::Effect::SlidingCounter(s) => sc_call(&s, &sc::Params { limit: 5, window_ms: 1000 }, &call, s.start_us, 0),
+        codec::Effect::FixedWindow(s) => {
+            let p = fw::Params { limit: 5, window_ms: 1000, from_first: abs % 2 == 1 };
+            fw_call(&s, &p, &call, s.start_ms.saturating_mul(1000), 0)
+        }
         codec::Effect::SlidingLog(s) => sl_call(&s, &sl::Params { limit: 5, window_ms: 1000 }, &call, abs, 0),
         codec::Effect::LogGrant(g) => {
             let mut s = sl::State::default();

@@ -1,4 +1,4 @@
-//! The one argument harness of the three single-limit targets: parse the
+//! The one argument harness of the four single-limit targets: parse the
 //! arguments (checked against the oracle), then run the pure core on the
 //! parsed call against an arbitrary stored state, at arbitrary times. What
 //! differs between the algorithms is the `Algorithm` each one implements.
@@ -6,7 +6,7 @@
 use crate::args::{Arg, Call};
 use crate::core::DecodeError;
 use crate::input::Input;
-use crate::oracle::parse_checked;
+use crate::oracle::parse_checked_with;
 
 /// One algorithm as the harness drives it. An impl names its pieces with
 /// `pieces!` and builds its parameters in `params`.
@@ -16,6 +16,8 @@ pub trait Algorithm {
     type Params;
     /// The positional arguments after the key.
     const ARGS: &'static [Arg];
+    /// The command takes FROMFIRST (RL.FIXEDWINDOW).
+    const FROMFIRST: bool = false;
     /// The stored state from its RDB / DUMP bytes.
     fn decode(b: &[u8]) -> Result<Self::State, DecodeError>;
     /// A valid state built from arbitrary bytes.
@@ -65,7 +67,7 @@ fn state_of<A: Algorithm>(inp: &Input) -> A::State {
 /// An `args_*` target: one input, one parsed call, its checks.
 pub fn run_args<A: Algorithm>(data: &[u8]) {
     let inp = Input::parse(data);
-    let Some(call) = parse_checked(&inp.args, A::ARGS) else { return };
+    let Some(call) = parse_checked_with(&inp.args, A::ARGS, A::FROMFIRST) else { return };
     let cur = state_of::<A>(&inp);
     let p = A::params(&call.nums);
     if call.refund > 0 {

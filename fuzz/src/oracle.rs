@@ -28,6 +28,13 @@ fn oracle_num(s: &[u8], min: u64) -> Option<u64> {
 /// `Err(Some(usize::MAX))` syntax. REFUND n (1 or more) excludes COST,
 /// PARTIAL and DRYRUN.
 pub fn oracle_parse(args: &[&[u8]], npos: usize) -> Result<Call, Option<usize>> {
+    oracle_parse_with(args, npos, false)
+}
+
+/// [`oracle_parse`], and with `from_first` the FROMFIRST option of
+/// RL.FIXEDWINDOW: at most once, anywhere after the numbers, with a grant
+/// or a refund; it sets the third number to 1.
+pub fn oracle_parse_with(args: &[&[u8]], npos: usize, from_first: bool) -> Result<Call, Option<usize>> {
     if args.len() < npos {
         return Err(None);
     }
@@ -36,10 +43,16 @@ pub fn oracle_parse(args: &[&[u8]], npos: usize) -> Result<Call, Option<usize>> 
         nums[i] = oracle_num(args[i], 1).ok_or(Some(i))?;
     }
     let (mut cost, mut partial, mut dryrun, mut refund) = (None, false, false, None);
+    let mut first = false;
     let mut i = npos;
     while i < args.len() {
         let up = args[i].to_ascii_uppercase();
         match &up[..] {
+            b"FROMFIRST" if from_first && !first => {
+                first = true;
+                nums[2] = 1;
+                i += 1;
+            }
             b"REFUND" if refund.is_none() && cost.is_none() && !partial && !dryrun => {
                 let v = args.get(i + 1).ok_or(Some(usize::MAX))?;
                 refund = Some(oracle_num(v, 1).ok_or(Some(npos + 1))?);
@@ -68,10 +81,23 @@ pub fn oracle_parse(args: &[&[u8]], npos: usize) -> Result<Call, Option<usize>> 
 /// Runs `args::parse` and checks it against the oracle, the argument an
 /// error names included.
 pub fn parse_checked(args: &[&[u8]], positional: &[Arg]) -> Option<Call> {
-    let got = crate::args::parse(args.iter().copied(), positional);
-    // The module's path for a call of numbers only must answer the same.
-    assert_eq!(crate::args::parse_exact(args, positional), got, "parse_exact, args {args:?}");
-    let want = oracle_parse(args, positional.len());
+    parse_checked_with(args, positional, false)
+}
+
+/// [`parse_checked`] of the parser with FROMFIRST (`args::parse_fixedwindow`)
+/// when `from_first`.
+pub fn parse_checked_with(args: &[&[u8]], positional: &[Arg], from_first: bool) -> Option<Call> {
+    let got = if from_first {
+        crate::args::parse_fixedwindow(args.iter().copied())
+    } else {
+        crate::args::parse(args.iter().copied(), positional)
+    };
+    // The module's path for a call of numbers only must answer the same
+    // (it takes that path only when the count says there are no options).
+    if args.len() == positional.len() || !from_first {
+        assert_eq!(crate::args::parse_exact(args, positional), got, "parse_exact, args {args:?}");
+    }
+    let want = oracle_parse_with(args, positional.len(), from_first);
     match (&got, &want) {
         (Ok(g), Ok(w)) => assert_eq!(g, w, "args {args:?}"),
         (Err(ArgError::Arity), Err(None)) => {}

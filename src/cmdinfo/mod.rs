@@ -77,6 +77,17 @@ static SLIDINGCOUNTER_ARGS: [Arg; 4] = [
     int(c"window_ms", c"the window in milliseconds, aligned on the server's clock"),
     OPTIONS,
 ];
+const FROMFIRST: Arg = Arg {
+    since: Some(c"0.3.0"),
+    ..opt_flag(c"fromfirst", c"FROMFIRST", c"start each window at its first grant, not on a multiple of window_ms")
+};
+static FIXEDWINDOW_ARGS: [Arg; 5] = [
+    key(c"key"),
+    int(c"limit", c"most units granted in a window"),
+    int(c"window_ms", c"the window in milliseconds, aligned on the server's clock (or from the first grant)"),
+    OPTIONS,
+    FROMFIRST,
+];
 
 // RL.MULTI numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL] [DRYRUN] | [REFUND n]
 //   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
@@ -186,7 +197,7 @@ const STATE_KEY: u32 = raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UP
 const LIMITER_ACL: &CStr = c"write fast";
 
 /// The command table: one row per command.
-pub static COMMANDS: [Doc; 5] = [
+pub static COMMANDS: [Doc; 6] = [
     Doc {
         name: c"RL.TOKENBUCKET",
         handler: crate::api::entry!(crate::commands::tokenbucket),
@@ -228,6 +239,20 @@ pub static COMMANDS: [Doc; 5] = [
         acl: LIMITER_ACL,
         user_facing: true,
         history: &REFUND_ADDED,
+    },
+    Doc {
+        name: c"RL.FIXEDWINDOW",
+        handler: crate::api::entry!(crate::commands::fixedwindow),
+        flags: RL_FLAGS,
+        summary: c"Grants COST units when the units granted in the current fixed window (aligned on multiples of window_ms, or from the first grant with FROMFIRST) plus COST stay within limit; replies allowed, limit, remaining, retry_after_ms, reset_after_ms.",
+        complexity: c"O(1)",
+        since: c"0.3.0",
+        args: &FIXEDWINDOW_ARGS,
+        keys: Keys::First,
+        key_flags: LIMITER_KEY,
+        acl: LIMITER_ACL,
+        user_facing: true,
+        history: &[],
     },
     Doc {
         name: c"RL.MULTI",

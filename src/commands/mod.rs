@@ -11,7 +11,8 @@
 //! - this file: the commit step every handler shares ([`write`], and its
 //!   parts [`commit`] and [`delete`], which RL.MULTI calls per key) and the
 //!   keyspace event each write emits;
-//! - [`single`]: RL.TOKENBUCKET, RL.SLIDINGCOUNTER and RL.SLIDINGLOG, with
+//! - [`single`]: RL.TOKENBUCKET, RL.SLIDINGCOUNTER, RL.FIXEDWINDOW and
+//!   RL.SLIDINGLOG, with
 //!   their argument parse;
 //! - [`multi`]: RL.MULTI (several limits at one clock reading, all or
 //!   nothing);
@@ -29,7 +30,7 @@ mod single;
 mod state;
 
 pub use multi::{multi, multi_keys};
-pub use single::{slidingcounter, slidinglog, tokenbucket};
+pub use single::{fixedwindow, slidingcounter, slidinglog, tokenbucket};
 pub use state::state;
 
 use std::ffi::CStr;
@@ -55,6 +56,7 @@ pub(super) fn event(cmd: Cmd, refund: bool) -> &'static CStr {
         Cmd::SlidingLog => c"rl.slidinglog",
         Cmd::SlidingCounter => c"rl.slidingcounter",
         Cmd::Multi => c"rl.multi",
+        Cmd::FixedWindow => c"rl.fixedwindow",
     }
 }
 
@@ -219,6 +221,8 @@ mod tests {
         assert_eq!(event(Cmd::SlidingLog, false), c"rl.slidinglog");
         assert_eq!(event(Cmd::SlidingCounter, false), c"rl.slidingcounter");
         assert_eq!(event(Cmd::Multi, false), c"rl.multi");
+        assert_eq!(event(Cmd::FixedWindow, false), c"rl.fixedwindow");
+        assert_eq!(event(Cmd::FixedWindow, true), c"rl.refund");
         assert_eq!(event(Cmd::Multi, true), c"rl.refund");
         assert_eq!(event(Cmd::TokenBucket, true), c"rl.refund");
     }

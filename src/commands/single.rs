@@ -1,10 +1,11 @@
-//! RL.TOKENBUCKET, RL.SLIDINGCOUNTER and RL.SLIDINGLOG: one key, one
-//! limit. The two word-sized states share one generic handler; the log is
+//! RL.TOKENBUCKET, RL.SLIDINGCOUNTER, RL.FIXEDWINDOW and RL.SLIDINGLOG:
+//! one key, one limit. The three word-sized states share one generic
+//! handler; the log is
 //! read and written in place. Each handler reads as the request runs:
 //! parse, open and read the key, decide, commit (`super::write`), reply.
 
 use ratelimit_core::args::{self, Arg, Call};
-use ratelimit_core::{codec, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
+use ratelimit_core::{codec, fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 
 use super::reply::{reply, reply_arg_error};
 use super::write;
@@ -15,12 +16,14 @@ use crate::stats::Cmd;
 use crate::value::{Holds, Packable, TypedKey};
 
 /// A limiter whose whole state is a few machine words (token bucket,
-/// sliding counter): the pure `step` returns the new state by value, and the
+/// sliding counter, fixed window): the pure `step` returns the new state by value, and the
 /// effect replicated is that state.
 pub(super) trait WordLimiter: Packable + Copy + Default {
     type Params;
     const ARGS: &'static [Arg];
     const CMD: Cmd;
+    /// The command takes the `FROMFIRST` option (`args::parse_fixedwindow`).
+    const FROMFIRST: bool = false;
     fn params(nums: [u64; 3]) -> Self::Params;
     fn step(&self, p: &Self::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self);
     /// `REFUND n`, replying for a following request of `want` units.
@@ -77,7 +80,7 @@ impl WordLimiter for sc::State {
 /// be stored answers an error); reply.
 #[inline]
 fn word_limiter<T: WordLimiter>(ctx: Ctx, argv: &[Str]) -> Replied {
-    let (name, call) = match parse(ctx, argv, T::ARGS) {
+    let (name, call) = match parse(ctx, argv, T::ARGS, T::FROMFIRST) {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -114,6 +117,29 @@ pub(super) fn word_apply<'a, T: WordLimiter>(
     Ok(d)
 }
 
+impl WordLimiter for fw::State {
+    type Params = fw::Params;
+    const ARGS: &'static [Arg] = args::WINDOW_ARGS;
+    const CMD: Cmd = Cmd::FixedWindow;
+    const FROMFIRST: bool = true;
+    #[inline]
+    fn params(nums: [u64; 3]) -> fw::Params {
+        fw::Params::from_nums(nums)
+    }
+    #[inline]
+    fn step(&self, p: &fw::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self) {
+        fw::step(self, p, cost, partial, now_us)
+    }
+    #[inline]
+    fn refund(&self, p: &fw::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self) {
+        fw::refund(self, p, n, want, now_us)
+    }
+    #[inline]
+    fn effect(&self, abs: u64) -> codec::Small {
+        codec::fixedwindow(self, abs)
+    }
+}
+
 pub fn tokenbucket(ctx: Ctx, argv: &[Str]) -> Replied {
     word_limiter::<tb::State>(ctx, argv)
 }
@@ -122,8 +148,12 @@ pub fn slidingcounter(ctx: Ctx, argv: &[Str]) -> Replied {
     word_limiter::<sc::State>(ctx, argv)
 }
 
+pub fn fixedwindow(ctx: Ctx, argv: &[Str]) -> Replied {
+    word_limiter::<fw::State>(ctx, argv)
+}
+
 pub fn slidinglog(ctx: Ctx, argv: &[Str]) -> Replied {
-    let (name, call) = match parse(ctx, argv, args::WINDOW_ARGS) {
+    let (name, call) = match parse(ctx, argv, args::WINDOW_ARGS, false) {
         Ok(v) => v,
         Err(r) => return r,
     };
@@ -184,9 +214,10 @@ pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call, cmd: Cmd) 
 /// Parse `key <positional> [options]`; an error is answered.
 /// A call of the numbers only (the common one: the argument count says so)
 /// reads them straight into the call (`args::parse_exact`, the same
-/// result); any other goes through the full parser.
+/// result); any other goes through the full parser (with `FROMFIRST` for
+/// RL.FIXEDWINDOW, `from_first`).
 #[inline(always)]
-fn parse<'a>(ctx: Ctx<'a>, argv: &[Str<'a>], positional: &[Arg]) -> Result<(Str<'a>, Call), Replied> {
+fn parse<'a>(ctx: Ctx<'a>, argv: &[Str<'a>], positional: &[Arg], from_first: bool) -> Result<(Str<'a>, Call), Replied> {
     let (Some(&key), Some(rest)) = (argv.get(1), argv.get(2..)) else {
         return Err(ctx.wrong_arity());
     };
@@ -197,7 +228,7 @@ fn parse<'a>(ctx: Ctx<'a>, argv: &[Str<'a>], positional: &[Arg]) -> Result<(Str<
         }
         args::parse_exact(&nums[..rest.len()], positional)
     } else {
-        parse_general(rest, positional)
+        parse_general(rest, positional, from_first)
     };
     match parsed {
         Ok(call) => Ok((key, call)),
@@ -207,6 +238,11 @@ fn parse<'a>(ctx: Ctx<'a>, argv: &[Str<'a>], positional: &[Arg]) -> Result<(Str<
 
 /// The full parser, for calls with options (kept out of line).
 #[inline(never)]
-fn parse_general(rest: &[Str], positional: &[Arg]) -> Result<Call, args::ArgError> {
-    args::parse(rest.iter().map(|&s| s.bytes()), positional)
+fn parse_general(rest: &[Str], positional: &[Arg], from_first: bool) -> Result<Call, args::ArgError> {
+    let rest = rest.iter().map(|&s| s.bytes());
+    if from_first {
+        args::parse_fixedwindow(rest)
+    } else {
+        args::parse(rest, positional)
+    }
 }

@@ -31,6 +31,7 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
     let ok = match effect {
         Effect::TokenBucket(s) => put(&mut key, s),
         Effect::SlidingCounter(s) => put(&mut key, s),
+        Effect::FixedWindow(s) => put(&mut key, s),
         Effect::SlidingLog(s) => put(&mut key, s),
         Effect::LogGrant(g) => match key.holds(sl::State::redis_type()) {
             Holds::WrongType => Err(()),
@@ -91,6 +92,7 @@ fn effect_event(effect: &Effect) -> &'static CStr {
     match effect {
         Effect::TokenBucket(_) => event(Cmd::TokenBucket, false),
         Effect::SlidingCounter(_) => event(Cmd::SlidingCounter, false),
+        Effect::FixedWindow(_) => event(Cmd::FixedWindow, false),
         Effect::SlidingLog(_) | Effect::LogGrant(_) => event(Cmd::SlidingLog, false),
         Effect::LogRefund(_) => REFUND_EVENT,
     }

@@ -104,6 +104,10 @@ def sc_body(start_us, cur, prev):
     return struct.pack("<BQQQ", 1, start_us, cur, prev)
 
 
+def fw_body(start_ms, count):
+    return struct.pack("<BQQ", 1, start_ms, count)
+
+
 def sl_body(entries):
     """Canonical sliding-log encoding of [(time_us, count)], times increasing."""
     if not entries:
@@ -123,7 +127,7 @@ def sl_body(entries):
     return out
 
 
-KIND = {"tb": 1, "sl": 2, "sc": 3, "grant": 4}
+KIND = {"tb": 1, "sl": 2, "sc": 3, "grant": 4, "refund": 5, "fw": 6}
 
 
 def payload(kind, abs_ms, body):
@@ -197,3 +201,5 @@ def random_payloads(rng, t):
     yield payload("sl", ms + 60_000, sl_body(random_log(rng, t, rng.randint(0, 40), 30_000_000, 5)))
     yield payload("grant", ms + 1000, grant_body(t, 1000, rng.randint(1, 5)))
     yield payload("tb", 0, tb_body(0, 0, 1000, t))
+    yield payload("fw", ms + 3000, fw_body(ms - ms % 3000, rng.randint(1, 9)))
+    yield payload("fw", 0, fw_body(ms + rng.randint(-5, 5), rng.randint(1, 9)))

@@ -1,13 +1,14 @@
-"""What the tests send and check: the three commands' arguments, the
+"""What the tests send and check: the four commands' arguments, the
 options, reply invariants, INFO fields and keyspace digests."""
 import json
 
 def module_commands():
-    """(command, limit-arguments) for each of the three commands."""
+    """(command, limit-arguments) for each of the four commands."""
     return [
         ("RL.TOKENBUCKET", lambda limit, ms: [limit, limit, ms]),
         ("RL.SLIDINGLOG", lambda limit, ms: [limit, ms]),
         ("RL.SLIDINGCOUNTER", lambda limit, ms: [limit, ms]),
+        ("RL.FIXEDWINDOW", lambda limit, ms: [limit, ms]),
     ]
 
 
@@ -19,12 +20,14 @@ NEVER = {
     "RL.TOKENBUCKET": lambda limit: [limit, 1, HUGE],
     "RL.SLIDINGLOG": lambda limit: [limit, HUGE],
     "RL.SLIDINGCOUNTER": lambda limit: [limit, HUGE],
+    "RL.FIXEDWINDOW": lambda limit: [limit, HUGE],
 }
-COMMANDS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER")
+COMMANDS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER", "RL.FIXEDWINDOW")
 TYPE_NAMES = {
     "RL.TOKENBUCKET": "rl-tokbkt",
     "RL.SLIDINGLOG": "rl-slilog",
     "RL.SLIDINGCOUNTER": "rl-slicnt",
+    "RL.FIXEDWINDOW": "rl-fixwin",
 }
 
 

@@ -6,6 +6,7 @@
 //! RL.TOKENBUCKET    key capacity rate period_ms [COST n] [PARTIAL] [DRYRUN] [REFUND n]
 //! RL.SLIDINGLOG     key limit    window_ms      [COST n] [PARTIAL] [DRYRUN] [REFUND n]
 //! RL.SLIDINGCOUNTER key limit    window_ms      [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+//! RL.FIXEDWINDOW    key limit    window_ms      [COST n] [PARTIAL] [DRYRUN] [REFUND n] [FROMFIRST]
 //! RL.MULTI numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL] [DRYRUN] [REFUND n]
 //!   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
 //!          | SLIDINGLOG limit window_ms [WEIGHT w]
@@ -13,6 +14,8 @@
 //! ```
 //!
 //! `REFUND n` excludes COST, PARTIAL and DRYRUN (a syntax error).
+//! `FROMFIRST` (RL.FIXEDWINDOW only) goes with either; it is carried in
+//! `Call::nums[2]` as [`crate::fixedwindow::FROMFIRST`].
 
 use crate::MAX_ARG;
 
@@ -175,6 +178,24 @@ fn eight_digits(chunk: [u8; 8]) -> Option<u64> {
 /// Parse `args` = every argument after the key. `positional` lists the
 /// numeric arguments the command takes (2 or 3).
 pub fn parse<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>, positional: &[Arg]) -> Result<Call, ArgError> {
+    parse_with(args, positional, false)
+}
+
+/// [`parse`] of RL.FIXEDWINDOW (`limit window_ms` and the options): it also
+/// takes `FROMFIRST`, at most once, anywhere among the options and with a
+/// grant or a refund; then `nums[2]` is [`crate::fixedwindow::FROMFIRST`]
+/// (else 0).
+pub fn parse_fixedwindow<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>) -> Result<Call, ArgError> {
+    parse_with(args, WINDOW_ARGS, true)
+}
+
+/// [`parse`], with the `FROMFIRST` option when `from_first` says so.
+#[inline]
+fn parse_with<'a>(
+    args: impl ExactSizeIterator<Item = &'a [u8]>,
+    positional: &[Arg],
+    from_first: bool,
+) -> Result<Call, ArgError> {
     let mut args = args;
     if args.len() < positional.len() {
         return Err(ArgError::Arity);
@@ -189,6 +210,10 @@ pub fn parse<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>, positional: &[Ar
     }
     let mut seen_cost = false;
     while let Some(opt) = args.next() {
+        if from_first && call.nums[2] == 0 && opt.eq_ignore_ascii_case(b"FROMFIRST") {
+            call.nums[2] = crate::fixedwindow::FROMFIRST;
+            continue;
+        }
         if !option(opt, &mut args, &mut call, &mut seen_cost)? {
             return Err(ArgError::Syntax);
         }

@@ -278,6 +278,53 @@ fn refund_excludes_the_other_options() {
     assert_eq!(p(&["1", "1", "REFUND", "9007199254740992"], WINDOW_ARGS), Err(ArgError::Number(Arg::Refund)));
 }
 
+fn fw(args: &[&str]) -> Result<Call, ArgError> {
+    parse_fixedwindow(args.iter().map(|s| s.as_bytes()))
+}
+
+/// RL.FIXEDWINDOW: the window commands' grammar and errors, plus
+/// FROMFIRST (once, anywhere, any case, with a grant or a refund).
+#[test]
+fn fixedwindow_takes_fromfirst() {
+    use crate::fixedwindow::FROMFIRST;
+    let plain = Call { nums: [10, 1000, 0], cost: 1, partial: false, dryrun: false, refund: 0 };
+    assert_eq!(fw(&["10", "1000"]), Ok(plain));
+    assert_eq!(fw(&["10", "1000", "FROMFIRST"]), Ok(Call { nums: [10, 1000, FROMFIRST], ..plain }));
+    let c = fw(&["10", "1000", "fromFirst", "cost", "3", "DRYRUN", "partial"]).unwrap();
+    assert_eq!(c, Call { nums: [10, 1000, FROMFIRST], cost: 3, partial: true, dryrun: true, refund: 0 });
+    let c = fw(&["10", "1000", "COST", "0", "FROMFIRST"]).unwrap();
+    assert_eq!((c.cost, c.nums[2]), (0, FROMFIRST));
+    assert_eq!(fw(&["10", "1000", "REFUND", "2", "FROMFIRST"]).map(|c| (c.refund, c.nums[2])), Ok((2, FROMFIRST)));
+    assert_eq!(fw(&["10", "1000", "FROMFIRST", "REFUND", "2"]).map(|c| (c.refund, c.nums[2])), Ok((2, FROMFIRST)));
+    for bad in [
+        &["FROMFIRST", "FROMFIRST"][..],
+        &["fromfirst", "FromFirst"],
+        &["FROMFIRST", "REFUND", "1", "COST", "1"],
+        &["REFUND", "1", "FROMFIRST", "DRYRUN"],
+        &["PARTIAL", "FROMFIRST", "REFUND", "1"],
+        &["FROMFIRST", "1"],
+        &["FROM", "FIRST"],
+        &["FROMFIRSTX"],
+        &["COST"],
+    ] {
+        let args: Vec<&str> = ["1", "1"].iter().chain(bad).copied().collect();
+        assert_eq!(fw(&args), Err(ArgError::Syntax), "{bad:?}");
+    }
+    assert_eq!(fw(&["10"]), Err(ArgError::Arity));
+    assert_eq!(fw(&["FROMFIRST", "10"]), Err(ArgError::Number(Arg::Limit)));
+    assert_eq!(fw(&["0", "10"]), Err(ArgError::Number(Arg::Limit)));
+    assert_eq!(fw(&["1", "0", "FROMFIRST"]), Err(ArgError::Number(Arg::WindowMs)));
+    assert_eq!(fw(&["1", "9007199254740992"]), Err(ArgError::Number(Arg::WindowMs)));
+    assert_eq!(fw(&["1", "1", "COST", "9007199254740992"]), Err(ArgError::Number(Arg::Cost)));
+    assert_eq!(fw(&["1", "1", "REFUND", "0"]), Err(ArgError::Number(Arg::Refund)));
+    // The other commands do not take it.
+    assert_eq!(p(&["1", "1", "FROMFIRST"], WINDOW_ARGS), Err(ArgError::Syntax));
+    // Without FROMFIRST the fixed window's parse is the window commands'.
+    for args in [&["5", "7", "COST", "2"][..], &["5", "7", "REFUND", "3"], &["5", "7", "x"], &["5"]] {
+        assert_eq!(fw(args), p(args, WINDOW_ARGS), "{args:?}");
+    }
+}
+
 fn m(args: &str) -> Result<MultiCall, ArgError> {
     let v: Vec<&[u8]> = args.split(' ').filter(|s| !s.is_empty()).map(str::as_bytes).collect();
     parse_multi(v.into_iter())

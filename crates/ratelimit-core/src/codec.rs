@@ -4,28 +4,29 @@
 //! ```text
 //! byte 0      kind: 1 token bucket state, 2 sliding log state,
 //!             3 sliding counter state, 4 sliding log grant (a delta),
-//!             5 sliding log refund (a delta)
+//!             5 sliding log refund (a delta), 6 fixed window state
 //! bytes 1..9  absolute expiry, Unix ms, little endian; 0 = no expiry
 //!             (AOF rewrite: Redis appends its own PEXPIREAT)
 //! bytes 9..   the body: the type's own versioned encoding (the same bytes
 //!             RDB stores), or for kind 4 a grant to apply to the log
 //! ```
 //!
-//! Token buckets and sliding counters replicate their whole state (a few
-//! words). A sliding log replicates the grant it just made — `(now_us,
+//! Token buckets, sliding counters and fixed windows replicate their whole
+//! state (a few words). A sliding log replicates the grant it just made — `(now_us,
 //! window_ms, units)` — which the replica applies with the same pure
 //! function the master used, so a log of a thousand entries does not ship
 //! 8 KB per request. A refund on a sliding log replicates the same three
 //! numbers under kind 5, applied with `slidinglog::refund`. (A refund that
 //! leaves a limiter fresh deletes the key and replicates `DEL`.)
 
-use crate::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError, Reader, MAX_ARG};
+use crate::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError, Reader, MAX_ARG};
 
 pub const KIND_TOKENBUCKET: u8 = 1;
 pub const KIND_SLIDINGLOG: u8 = 2;
 pub const KIND_SLIDINGCOUNTER: u8 = 3;
 pub const KIND_LOG_GRANT: u8 = 4;
 pub const KIND_LOG_REFUND: u8 = 5;
+pub const KIND_FIXEDWINDOW: u8 = 6;
 
 pub const HEADER_LEN: usize = 9;
 const GRANT_VERSION: u8 = 1;
@@ -40,6 +41,7 @@ pub enum Effect {
     LogGrant(LogGrant),
     /// A refund made on a sliding log (the same three numbers).
     LogRefund(LogGrant),
+    FixedWindow(fw::State),
 }
 
 /// A grant made on a sliding log: what the replica applies.
@@ -55,6 +57,7 @@ const _: () = assert!(
     HEADER_LEN + tb::State::ENCODED_LEN <= 64
         && HEADER_LEN + sc::State::ENCODED_LEN <= 64
         && HEADER_LEN + GRANT_BODY_LEN <= 64
+        && HEADER_LEN + fw::State::ENCODED_LEN <= 64
 );
 
 /// A small payload built on the stack (hot path: no heap allocation).
@@ -90,6 +93,10 @@ pub fn tokenbucket(state: &tb::State, abs_expire_ms: u64) -> Small {
 
 pub fn slidingcounter(state: &sc::State, abs_expire_ms: u64) -> Small {
     Small::new(KIND_SLIDINGCOUNTER, abs_expire_ms, &state.encode())
+}
+
+pub fn fixedwindow(state: &fw::State, abs_expire_ms: u64) -> Small {
+    Small::new(KIND_FIXEDWINDOW, abs_expire_ms, &state.encode())
 }
 
 pub fn log_grant(g: &LogGrant, abs_expire_ms: u64) -> Small {
@@ -144,6 +151,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Effect, u64), DecodeError> {
         KIND_TOKENBUCKET => Effect::TokenBucket(tb::State::decode(body)?),
         KIND_SLIDINGLOG => Effect::SlidingLog(sl::State::decode(body)?),
         KIND_SLIDINGCOUNTER => Effect::SlidingCounter(sc::State::decode(body)?),
+        KIND_FIXEDWINDOW => Effect::FixedWindow(fw::State::decode(body)?),
         KIND_LOG_GRANT | KIND_LOG_REFUND => {
             let mut b = Reader::new(body);
             if b.u8()? != GRANT_VERSION {
@@ -187,6 +195,13 @@ mod tests {
         assert!(decode(log_grant(&bad, 0).as_bytes()).is_err());
         assert!(decode(&[9, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
         assert_eq!(decode(&[1, 0]), Err(DecodeError::Truncated));
+        let f = fw::State { start_ms: 1_700_000_000_123, count: 3 };
+        let b = fixedwindow(&f, 1_700_000_001_123);
+        assert_eq!(b.as_bytes().len(), HEADER_LEN + 17);
+        assert_eq!(b.as_bytes()[0], 6);
+        assert_eq!(decode(b.as_bytes()), Ok((Effect::FixedWindow(f), 1_700_000_001_123)));
+        assert!(decode(&b.as_bytes()[..b.as_bytes().len() - 1]).is_err());
+        assert!(decode(fixedwindow(&fw::State { count: 0, ..f }, 0).as_bytes()).is_err());
     }
 
     proptest! {

@@ -23,6 +23,7 @@
 
 pub mod args;
 pub mod codec;
+pub mod fixedwindow;
 pub mod multi;
 #[cfg(any(test, feature = "reference"))]
 pub mod reference;

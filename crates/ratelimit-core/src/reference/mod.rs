@@ -14,6 +14,9 @@
 //!   frees enough units.
 //! - [`slidingcounter`]: the estimate `prev × (W − e) / W + cur` compared as
 //!   an exact rational; every answer found by a linear scan or a bisection.
+//! - [`fixedwindow`]: whether the stored window holds an instant, stated
+//!   directly; grants and `remaining` the largest fit, waits the first
+//!   millisecond that fits, all searched.
 //! - [`multi`]: each limit on its own, then the largest common grant, all
 //!   or nothing, and the whole reply by the words of docs/contract.md.
 //!
@@ -21,6 +24,7 @@
 //! (`fuzz/` enables it). Models may panic on inputs outside the documented
 //! ranges (that is a failed test), never overflow inside them.
 
+pub mod fixedwindow;
 pub mod multi;
 pub mod slidingcounter;
 pub mod slidinglog;
