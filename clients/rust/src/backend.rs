@@ -88,7 +88,8 @@ impl Tail {
 #[derive(Debug, Clone)]
 pub(crate) struct Request {
     pub command: &'static str,
-    pub script: &'static str,
+    /// The Lua twin; `None`: the module only (a fixed window).
+    pub script: Option<&'static str>,
     pub keys: Vec<String>,
     pub args: Vec<String>,
     multi: bool,
@@ -98,13 +99,17 @@ impl Request {
     pub fn single(p: &Policy, key: &str, tail: Tail) -> Request {
         let mut args: Vec<String> = p.params().iter().map(u64::to_string).collect();
         tail.push(&mut args);
+        if p.from_first() {
+            args.push("FROMFIRST".into());
+        }
         Request { command: p.kind().command(), script: p.kind().script(), keys: vec![key.to_owned()], args, multi: false }
     }
 
     pub fn multi(parts: &[Policy], keys: Vec<String>, tail: Tail) -> Request {
         let mut args = Vec::new();
         for p in parts {
-            args.push(p.kind().multi_name().to_owned());
+            // all_of refuses a policy RL.MULTI does not take
+            args.push(p.kind().multi_name().unwrap_or("?").to_owned());
             args.extend(p.params().iter().map(u64::to_string));
             if p.weight() != 1 {
                 args.push("WEIGHT".into());
@@ -112,7 +117,7 @@ impl Request {
             }
         }
         tail.push(&mut args);
-        Request { command: "RL.MULTI", script: "multi", keys, args, multi: true }
+        Request { command: "RL.MULTI", script: Some("multi"), keys, args, multi: true }
     }
 
     pub fn is_multi(&self) -> bool {
@@ -128,8 +133,9 @@ impl Request {
         c
     }
 
+    /// The EVALSHA (or EVAL) of its Lua twin; `script` must be `Some`.
     pub fn lua_cmd(&self, eval: bool) -> Cmd {
-        let s = script(self.script);
+        let s = script(self.script.unwrap_or("multi"));
         let mut c = if eval { redis::cmd("EVAL") } else { redis::cmd("EVALSHA") };
         c.arg(if eval { s.text } else { s.sha.as_str() }).arg(self.keys.len()).arg(&self.keys).arg(&self.args);
         c

@@ -304,6 +304,10 @@ impl<C: Connection> Inner<C> {
                     Err(e) => Err(Fail::Redis(e)),
                 }
             }
+            _ if req.script.is_none() => Err(Fail::Ours(Error::Unsupported(format!(
+                "{} needs the redis-ratelimit module: it has no Lua twin",
+                req.command
+            )))),
             _ => match self.send(&req.lua_cmd(false)).await {
                 Err(e) if is_noscript(&e) => Ok((self.send(&req.lua_cmd(true)).await?, Source::Lua)),
                 r => Ok((r?, Source::Lua)),

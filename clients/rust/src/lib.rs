@@ -2,7 +2,8 @@
 //! (the one the Python and Node libraries follow) for Rust services.
 //!
 //! * Policies ([`token_bucket`], [`sliding_log`], [`sliding_counter`],
-//!   [`all_of`] with weights), refused at construction when out of range.
+//!   [`fixed_window`] (the module only), [`all_of`] with weights), refused
+//!   at construction when out of range.
 //! * Keys ([`make_key`] with the hash tag, [`key_slot`]); the keys of one
 //!   `all_of` call must share a cluster slot, checked before any call.
 //! * [`RateLimit`] over a redis-rs async connection: one bounded call per
@@ -29,4 +30,4 @@ pub use decision::{Decision, Part, Source};
 pub use error::{Error, Result};
 pub use headers::{headers, problem, Problem, QUOTA_EXCEEDED, QUOTA_TITLE};
 pub use keys::{assert_same_slot, key_slot, make_key, make_key_with_prefix};
-pub use policy::{all_of, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX};
+pub use policy::{all_of, fixed_window, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX};

@@ -16,6 +16,9 @@ pub enum Kind {
     SlidingLog,
     /// `RL.SLIDINGCOUNTER`: limit, window_ms (two counters, approximate).
     SlidingCounter,
+    /// `RL.FIXEDWINDOW`: limit, window_ms, `FROMFIRST` or epoch-aligned
+    /// windows. The module only (no Lua twin, not in `RL.MULTI`).
+    FixedWindow,
 }
 
 impl Kind {
@@ -25,24 +28,27 @@ impl Kind {
             Kind::TokenBucket => "RL.TOKENBUCKET",
             Kind::SlidingLog => "RL.SLIDINGLOG",
             Kind::SlidingCounter => "RL.SLIDINGCOUNTER",
+            Kind::FixedWindow => "RL.FIXEDWINDOW",
         }
     }
 
-    /// The limit's name inside `RL.MULTI`.
-    pub fn multi_name(self) -> &'static str {
+    /// The limit's name inside `RL.MULTI` (none for a fixed window).
+    pub fn multi_name(self) -> Option<&'static str> {
         match self {
-            Kind::TokenBucket => "TOKENBUCKET",
-            Kind::SlidingLog => "SLIDINGLOG",
-            Kind::SlidingCounter => "SLIDINGCOUNTER",
+            Kind::TokenBucket => Some("TOKENBUCKET"),
+            Kind::SlidingLog => Some("SLIDINGLOG"),
+            Kind::SlidingCounter => Some("SLIDINGCOUNTER"),
+            Kind::FixedWindow => None,
         }
     }
 
-    /// The name of its Lua twin (`lua/<name>.lua`).
-    pub fn script(self) -> &'static str {
+    /// The name of its Lua twin (`lua/<name>.lua`; none for a fixed window).
+    pub fn script(self) -> Option<&'static str> {
         match self {
-            Kind::TokenBucket => "tokenbucket",
-            Kind::SlidingLog => "slidinglog",
-            Kind::SlidingCounter => "slidingcounter",
+            Kind::TokenBucket => Some("tokenbucket"),
+            Kind::SlidingLog => Some("slidinglog"),
+            Kind::SlidingCounter => Some("slidingcounter"),
+            Kind::FixedWindow => None,
         }
     }
 }
@@ -56,6 +62,7 @@ pub struct Policy {
     window_ms: u64,
     params: Vec<u64>,
     weight: u64,
+    from_first: bool,
 }
 
 impl Policy {
@@ -84,6 +91,11 @@ impl Policy {
     pub fn weight(&self) -> u64 {
         self.weight
     }
+    /// A fixed window started at a key's first grant (`FROMFIRST`), not
+    /// aligned to the epoch.
+    pub fn from_first(&self) -> bool {
+        self.from_first
+    }
     /// The same policy with `RL.MULTI`'s `WEIGHT w`.
     pub fn weighted(&self, w: u64) -> Result<Policy> {
         check_int("weight", w, 1)?;
@@ -109,7 +121,7 @@ pub(crate) fn check_int(what: &str, v: u64, lo: u64) -> Result<u64> {
 }
 
 fn single(kind: Kind, name: &str, limit: u64, window_ms: u64, params: Vec<u64>) -> Policy {
-    Policy { kind, name: name.to_owned(), limit, window_ms, params, weight: 1 }
+    Policy { kind, name: name.to_owned(), limit, window_ms, params, weight: 1, from_first: false }
 }
 
 /// A token bucket: at most `capacity` tokens, regains `rate` tokens every
@@ -141,6 +153,20 @@ pub fn sliding_counter(name: &str, limit: u64, window_ms: u64) -> Result<Policy>
     Ok(single(Kind::SlidingCounter, name, limit, window_ms, vec![limit, window_ms]))
 }
 
+/// A fixed-window counter (`RL.FIXEDWINDOW`): at most `limit` units per
+/// window of `window_ms`, the windows aligned to the epoch, or with
+/// `from_first` starting at a key's first grant (`FROMFIRST`). It needs the
+/// module: there is no Lua twin, and `RL.MULTI` has no fixed window, so
+/// `all_of` refuses it.
+pub fn fixed_window(name: &str, limit: u64, window_ms: u64, from_first: bool) -> Result<Policy> {
+    check_name(name)?;
+    check_int("limit", limit, 1)?;
+    check_int("window_ms", window_ms, 1)?;
+    let mut p = single(Kind::FixedWindow, name, limit, window_ms, vec![limit, window_ms]);
+    p.from_first = from_first;
+    Ok(p)
+}
+
 /// Several policies decided together, all or nothing (`RL.MULTI`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AllOf {
@@ -167,6 +193,9 @@ pub fn all_of(parts: Vec<Policy>, name: Option<&str>) -> Result<AllOf> {
         return Err(Error::Invalid("all_of takes 1 to 16 policies".into()));
     }
     for (i, p) in parts.iter().enumerate() {
+        if p.kind.multi_name().is_none() {
+            return Err(Error::Invalid(format!("all_of: {:?} is a fixed window, which RL.MULTI does not take", p.name)));
+        }
         if parts[..i].iter().any(|q| q.name == p.name) {
             return Err(Error::Invalid(format!("all_of: policy names must be distinct, got {:?} twice", p.name)));
         }
@@ -249,7 +278,11 @@ mod tests {
         let e = all_of(vec![p.clone(), long.clone()], None).unwrap_err();
         assert!(e.to_string().contains("longer than 64"), "{e}");
         assert_eq!(all_of(vec![p.clone(), long], Some("x")).unwrap().name(), "x");
-        assert!(all_of(vec![p], Some("a+b")).is_err());
+        assert!(all_of(vec![p.clone()], Some("a+b")).is_err());
+        let fw = fixed_window("fw", 10, 1000, true).unwrap();
+        assert!(fw.from_first() && fw.window_ms() == 1000);
+        assert!(all_of(vec![p, fw], None).unwrap_err().to_string().contains("fixed window"));
+        assert!(fixed_window("fw", 0, 1000, false).is_err() && fixed_window("fw", 1, MAX + 1, false).is_err());
     }
 
     #[test]

@@ -188,3 +188,50 @@ async fn refused_arguments_are_errors_not_outages() {
     assert_eq!(r.metrics().failures, 0);
     assert!(matches!(lim.limit("k", Call::cost(MAX + 1)).await, Err(Error::Invalid(_))));
 }
+
+#[tokio::test]
+async fn fixed_windows_are_rl_fixedwindow_and_need_the_module() {
+    let s = Server::start(true);
+    let r = rl(s.manager().await, Backend::Auto);
+    let mut raw = s.multiplexed().await;
+    for from_first in [false, true] {
+        let p = fixed_window("fw", 5, 60_000, from_first).unwrap();
+        let lim = r.limiter(p.clone(), Panic::default()).unwrap();
+        let (ka, kb) = (format!("fw:a:{from_first}"), format!("fw:b:{from_first}"));
+        for c in calls(30) {
+            let d = lim.limit(&ka, c).await.unwrap();
+            let mut cmd = redis::cmd("RL.FIXEDWINDOW");
+            cmd.arg(&kb).arg(p.params()).arg(raw_args(c));
+            if from_first {
+                cmd.arg("FROMFIRST");
+            }
+            let e = ints(&cmd.query_async::<Value>(&mut raw).await.unwrap());
+            let granted = if c.partial {
+                e[0] as u64
+            } else if e[0] == 1 {
+                c.cost
+            } else {
+                0
+            };
+            assert_eq!((d.granted, d.limit, d.remaining, d.source), (granted, 5, e[2] as u64, Source::Module), "{c:?}");
+            assert!((d.retry_after_ms - e[3]).abs() <= 50 && (d.reset_after_ms as i64 - e[4]).abs() <= 50, "{d:?} {e:?}");
+        }
+        let d = lim.refund(&ka, 1).await.unwrap();
+        assert!(d.granted <= 1 && d.source == Source::Module);
+        // FROMFIRST keys start their window at the first grant: a key whose
+        // TTL is the full window right after its first grant
+        let mut c = s.sync();
+        let _ = lim.limit("fw:ttl", Call::default()).await.unwrap();
+        let ttl: i64 = redis::cmd("PTTL").arg("fw:ttl").query(&mut c).unwrap();
+        if from_first {
+            assert!(ttl > 59_000, "{ttl}");
+        }
+        let _: () = redis::cmd("DEL").arg("fw:ttl").query(&mut c).unwrap();
+    }
+    let lua_only = Server::start(false);
+    let l = rl(lua_only.manager().await, Backend::Auto);
+    let lim = l.limiter(fixed_window("fw", 5, 1000, false).unwrap(), Panic::default()).unwrap();
+    let e = lim.limit("k", Call::default()).await.unwrap_err();
+    assert!(matches!(e, Error::Unsupported(ref m) if m.contains("RL.FIXEDWINDOW")), "{e}");
+    assert_eq!(l.metrics().failures, 0);
+}
