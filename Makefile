@@ -315,7 +315,7 @@ test-clients-node: build venv clients/node/node_modules/.installed client-lua  #
 # (tests/common: REDIS_SERVER, RL_MODULE), on every server of
 # `python -m rltesting.servers names` (CLIENT_SERVERS=... narrows them):
 # decisions equal to the module's replies, the Lua twins, the SIGSTOP
-# bound, kill and restart, the breaker's counts, and the differential test
+# bound, kill and restart, the breaker's counts, leased limiters, and the differential test
 # against the Python (.venv) and Node (clients/node) libraries. One test at
 # a time: the outage tests measure time.
 .PHONY: test-clients-rust
@@ -325,7 +325,7 @@ test-clients-rust: build venv clients/node/node_modules/.installed client-lua  #
 	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  echo "== Rust client suites on $$s ($$bin)"; \
 	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(CARGO) test --release -q -p redis-ratelimit-client \
-	    --test server --test outage --test differential -- --test-threads=1 --nocapture || rc=1; \
+	    --test server --test outage --test leased --test differential -- --test-threads=1 --nocapture || rc=1; \
 	done; exit $$rc
 
 # The unpinned install test (issue 20): a fresh virtualenv with `pip install

@@ -147,6 +147,16 @@ impl BreakerState {
         }
     }
 
+    /// Would `acquire(now)` refuse? (No state change.)
+    pub fn refuses(&self, now: f64) -> bool {
+        let s = self.lock();
+        match s.state {
+            State::Closed => false,
+            State::HalfOpen => true,
+            State::Open => now - s.opened_at < self.cfg.open_ms,
+        }
+    }
+
     pub fn success(&self, latency_ms: f64, now: f64, probe: bool) {
         let mut s = self.lock();
         if probe {

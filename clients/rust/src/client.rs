@@ -59,6 +59,13 @@ pub struct Metrics {
     pub calls: u64,
     /// Calls that failed or timed out.
     pub failures: u64,
+    /// Lease calls (leased limiters).
+    pub leases: u64,
+    /// Units leased.
+    pub lease_tokens: u64,
+    /// Callers that found their reservoir dry with a lease in flight and
+    /// waited for it.
+    pub lease_waits: u64,
     /// Refund calls.
     pub refunds: u64,
     /// Units given back by refunds.
@@ -80,17 +87,20 @@ pub struct Metrics {
 }
 
 #[derive(Default)]
-struct Counters {
-    module: AtomicU64,
-    lua: AtomicU64,
-    local: AtomicU64,
-    panic: AtomicU64,
-    denied: AtomicU64,
-    calls: AtomicU64,
-    failures: AtomicU64,
-    refunds: AtomicU64,
-    refund_tokens: AtomicU64,
-    redetects: AtomicU64,
+pub(crate) struct Counters {
+    pub(crate) module: AtomicU64,
+    pub(crate) lua: AtomicU64,
+    pub(crate) local: AtomicU64,
+    pub(crate) panic: AtomicU64,
+    pub(crate) denied: AtomicU64,
+    pub(crate) calls: AtomicU64,
+    pub(crate) failures: AtomicU64,
+    pub(crate) refunds: AtomicU64,
+    pub(crate) refund_tokens: AtomicU64,
+    pub(crate) redetects: AtomicU64,
+    pub(crate) leases: AtomicU64,
+    pub(crate) lease_tokens: AtomicU64,
+    pub(crate) lease_waits: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy, Default)]
@@ -99,20 +109,20 @@ struct Chosen {
     has_multi: Option<bool>,
 }
 
-struct Inner<C> {
+pub(crate) struct Inner<C> {
     conn: C,
-    timeout: Duration,
+    pub(crate) timeout: Duration,
     wanted: Backend,
     chosen: Mutex<Chosen>,
-    breaker: BreakerState,
-    m: Counters,
+    pub(crate) breaker: BreakerState,
+    pub(crate) m: Counters,
     epoch: Instant,
 }
 
 /// One Redis connection, one backend and one breaker, shared by the
 /// limiters made from it. Cheap to clone (an `Arc`).
 pub struct RateLimit<C> {
-    inner: Arc<Inner<C>>,
+    pub(crate) inner: Arc<Inner<C>>,
 }
 
 impl<C> Clone for RateLimit<C> {
@@ -122,7 +132,7 @@ impl<C> Clone for RateLimit<C> {
 }
 
 /// What went wrong inside one bounded call.
-enum Fail {
+pub(crate) enum Fail {
     Redis(RedisError),
     Ours(Error),
 }
@@ -140,14 +150,14 @@ fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) || e.code() == Some("NOSCRIPT")
 }
 
-fn int(v: &Value) -> Result<i64> {
+pub(crate) fn int(v: &Value) -> Result<i64> {
     match v {
         Value::Int(i) => Ok(*i),
         other => Err(Error::Protocol(format!("{other:?}"))),
     }
 }
 
-fn uint(v: &Value) -> Result<u64> {
+pub(crate) fn uint(v: &Value) -> Result<u64> {
     u64::try_from(int(v)?).map_err(|_| Error::Protocol(format!("{v:?}")))
 }
 
@@ -216,6 +226,9 @@ impl<C: Connection> RateLimit<C> {
             denied: m.denied.load(Relaxed),
             calls: m.calls.load(Relaxed),
             failures: m.failures.load(Relaxed),
+            leases: m.leases.load(Relaxed),
+            lease_tokens: m.lease_tokens.load(Relaxed),
+            lease_waits: m.lease_waits.load(Relaxed),
             refunds: m.refunds.load(Relaxed),
             refund_tokens: m.refund_tokens.load(Relaxed),
             trips: b.trips,
@@ -230,7 +243,7 @@ impl<C: Connection> RateLimit<C> {
 }
 
 impl<C: Connection> Inner<C> {
-    fn now(&self) -> f64 {
+    pub(crate) fn now(&self) -> f64 {
         self.epoch.elapsed().as_secs_f64() * 1000.0
     }
 
@@ -278,7 +291,7 @@ impl<C: Connection> Inner<C> {
     }
 
     /// One decision's call on the chosen backend (detection first when needed).
-    async fn run(&self, req: &Request) -> std::result::Result<(Value, Source), Fail> {
+    pub(crate) async fn run(&self, req: &Request) -> std::result::Result<(Value, Source), Fail> {
         self.ensure_detected().await?;
         let c = self.chosen();
         match c.source {
@@ -318,7 +331,7 @@ impl<C: Connection> Inner<C> {
     /// One Redis call through the breaker, bounded by the timeout.
     /// `Error::Unavailable` when the breaker refuses, on a timeout or a
     /// failed connection; error replies as `Error::Reply`.
-    async fn bounded<T>(&self, probe: bool, f: impl Future<Output = std::result::Result<T, Fail>>) -> Result<T> {
+    pub(crate) async fn bounded<T>(&self, probe: bool, f: impl Future<Output = std::result::Result<T, Fail>>) -> Result<T> {
         if !probe {
             match self.breaker.acquire(self.now()) {
                 Permit::Yes => {}
@@ -333,7 +346,11 @@ impl<C: Connection> Inner<C> {
         self.bounded_inner(probe, f).await
     }
 
-    async fn bounded_inner<T>(&self, probe: bool, f: impl Future<Output = std::result::Result<T, Fail>>) -> Result<T> {
+    pub(crate) async fn bounded_inner<T>(
+        &self,
+        probe: bool,
+        f: impl Future<Output = std::result::Result<T, Fail>>,
+    ) -> Result<T> {
         let t0 = self.now();
         self.m.calls.fetch_add(1, Relaxed);
         let r = tokio::time::timeout(self.timeout, f).await;
@@ -366,7 +383,7 @@ impl<C: Connection> Inner<C> {
         }
     }
 
-    fn count(&self, d: Decision) -> Decision {
+    pub(crate) fn count(&self, d: Decision) -> Decision {
         let c = match d.source {
             Source::Module => &self.m.module,
             Source::Lua => &self.m.lua,

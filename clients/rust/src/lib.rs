@@ -9,6 +9,8 @@
 //! * [`RateLimit`] over a redis-rs async connection: one bounded call per
 //!   decision (the library's own timeout, whatever the driver does), the
 //!   module's commands or the Lua twins, a circuit breaker and panic limits.
+//! * [`LeasedLimiter`]s ([`RateLimit::leased`]): a local reservoir per key
+//!   filled with `PARTIAL` leases, refunded on idle, eviction and close.
 //! * [`headers`] of a [`Decision`], identical to the other libraries'.
 //!
 //! See the crate README for a first call, the driver choice and the tests.
@@ -21,6 +23,7 @@ mod decision;
 mod error;
 mod headers;
 mod keys;
+mod lease;
 mod policy;
 
 pub use backend::Backend;
@@ -30,4 +33,5 @@ pub use decision::{Decision, Part, Source};
 pub use error::{Error, Result};
 pub use headers::{headers, problem, Problem, QUOTA_EXCEEDED, QUOTA_TITLE};
 pub use keys::{assert_same_slot, key_slot, make_key, make_key_with_prefix};
+pub use lease::{Lease, LeasedLimiter};
 pub use policy::{all_of, fixed_window, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX};
