@@ -328,6 +328,12 @@ test-clients-rust: build venv clients/node/node_modules/.installed client-lua  #
 	    --test server --test outage --test leased --test differential -- --test-threads=1 --nocapture || rc=1; \
 	done; exit $$rc
 
+# The criterion benchmark of one local (leased) decision of the Rust
+# client (clients/rust/benches/local.rs; issue 31's target: at most 200 ns).
+.PHONY: bench-clients-rust
+bench-clients-rust: build  ## the Rust client's local (leased) decision, criterion
+	REDIS_SERVER=$$(command -v redis-server) RL_MODULE=$(MODULE) $(CARGO) bench -p redis-ratelimit-client --bench local
+
 # The unpinned install test (issue 20): a fresh virtualenv with `pip install
 # ./clients/python` and an empty npm project with `npm install ./clients/node
 # ioredis redis`, no pins and no lock file, so whatever the registries serve
