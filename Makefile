@@ -83,7 +83,7 @@ venv: deps $(PY)  ## the test virtualenv .venv (integration/requirements.txt, te
 
 # make test's stages, in the order they run; .ci/run runs them one by one
 # under their names (make test-stages prints them).
-TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-bench-edge test-clients-py test-clients-node test-clients-fresh test-packaging test-arm64 test-container version-check lua-check
+TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-bench-edge test-clients-py test-clients-node test-clients-rust test-clients-fresh test-packaging test-arm64 test-container version-check lua-check
 test: $(TEST_STAGES)  ## every stage of TEST_STAGES, in order (what CI runs)
 
 test-stages:  ## print the stages of make test, in order
@@ -128,6 +128,7 @@ lint: deps venv tools/eslint/node_modules/.installed  ## rustfmt, clippy -D warn
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --strict --cache-dir target/mypy clients/python/redis_ratelimit clients/python/tests/types/usage.py
 	tools/eslint/node_modules/.bin/eslint --config tools/eslint/eslint.config.js --max-warnings 0 .
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --quiet -p redis-ratelimit-client
 
 tools/eslint/node_modules/.installed: tools/eslint/package-lock.json | deps
 	@command -v npm >/dev/null || { echo "lint: node and npm are required"; exit 1; }
@@ -175,9 +176,10 @@ soak: build venv client-lua  ## long soak and connection storm (minutes)
 	cd integration && RL_SOAK=long RL_MODULE=$(MODULE) $(PY) -m pytest -q -p no:cacheprovider test_resources.py
 
 # Unit and property tests (no server: everything that needs one is in the
-# Python suites, integration/).
+# Python suites, integration/). The Rust client's tests start servers:
+# they are test-clients-rust's.
 test-rust: build  ## unit and property tests of the workspace
-	$(CARGO) test --release --workspace
+	$(CARGO) test --release --workspace --exclude redis-ratelimit-client
 
 # The server builds the Python suites run against (testing/rltesting/servers.py):
 #   redis7.0   Debian's redis-server
@@ -333,6 +335,30 @@ test-clients-node: build venv clients/node/node_modules/.installed client-lua  #
 	done
 	@$(PY) -m rltesting.matrix "Node client: driver lines x server" $(CLIENTS_MATRIX)/node
 	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --quick --out /tmp/rl-node-bench-quick.md >/dev/null
+
+# The Rust client library (clients/rust, issue 31): its unit tests, then
+# its suites against real servers started by the tests themselves
+# (tests/common: REDIS_SERVER, RL_MODULE), on every server of
+# `python -m rltesting.servers names` (CLIENT_SERVERS=... narrows them):
+# decisions equal to the module's replies, the Lua twins, the SIGSTOP
+# bound, kill and restart, the breaker's counts, leased limiters, and the differential test
+# against the Python (.venv) and Node (clients/node) libraries. One test at
+# a time: the outage tests measure time.
+.PHONY: test-clients-rust
+test-clients-rust: build venv clients/node/node_modules/.installed client-lua  ## the Rust client library: unit tests, then its suites on every server
+	$(CARGO) test --release -p redis-ratelimit-client --lib
+	@rc=0; for s in $(client_servers); do \
+	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
+	  echo "== Rust client suites on $$s ($$bin)"; \
+	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(CARGO) test --release -q -p redis-ratelimit-client \
+	    --test server --test outage --test leased --test differential -- --test-threads=1 --nocapture || rc=1; \
+	done; exit $$rc
+
+# The criterion benchmark of one local (leased) decision of the Rust
+# client (clients/rust/benches/local.rs; issue 31's target: at most 200 ns).
+.PHONY: bench-clients-rust
+bench-clients-rust: build  ## the Rust client's local (leased) decision, criterion
+	REDIS_SERVER=$$(command -v redis-server) RL_MODULE=$(MODULE) $(CARGO) bench -p redis-ratelimit-client --bench local
 
 # The unpinned install test (issue 20): a fresh virtualenv with `pip install
 # ./clients/python` and an empty npm project with `npm install ./clients/node

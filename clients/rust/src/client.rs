@@ -1,0 +1,662 @@
+//! `RateLimit`: one connection, one backend, one breaker; the limiters made
+//! from it share all three. Every Redis call of a decision is bounded by
+//! the library's own timeout (`tokio::time::timeout` around the driver's
+//! future), whatever the driver does meanwhile (reconnects, retries).
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+
+use crate::backend::{detect_reply, Backend, Request, Tail};
+use crate::breaker::{Breaker, BreakerState, Panic, PanicBuckets, Permit, State};
+use crate::decision::{Decision, Part, Source};
+use crate::error::{Error, Result};
+use crate::keys::assert_same_slot;
+use crate::policy::{check_int, Rule};
+
+/// A connection the library can send through: any async redis-rs
+/// connection (`ConnectionManager`, `MultiplexedConnection`), cloned per call.
+pub trait Connection: ConnectionLike + Clone + Send + Sync + 'static {}
+impl<T: ConnectionLike + Clone + Send + Sync + 'static> Connection for T {}
+
+/// The settings of a [`RateLimit`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// The bound of every call, in ms (default 5). A decision never waits
+    /// longer than this plus scheduling slack.
+    pub timeout_ms: u64,
+    /// Which backend (default: detected).
+    pub backend: Backend,
+    /// The breaker's settings.
+    pub breaker: Breaker,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options { timeout_ms: 5, backend: Backend::Auto, breaker: Breaker::default() }
+    }
+}
+
+/// The counters of a [`RateLimit`] and its breaker's state (the names of
+/// clients/DESIGN.md's metrics table).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metrics {
+    /// Decisions answered by the module.
+    pub decisions_module: u64,
+    /// … by the Lua twins.
+    pub decisions_lua: u64,
+    /// … from a lease reservoir.
+    pub decisions_local: u64,
+    /// … by panic limits.
+    pub decisions_panic: u64,
+    /// Decisions with `allowed` false (any source).
+    pub denied: u64,
+    /// Redis calls made (decisions, probes, refunds, detection).
+    pub calls: u64,
+    /// Calls that failed or timed out.
+    pub failures: u64,
+    /// Lease calls (leased limiters).
+    pub leases: u64,
+    /// Units leased.
+    pub lease_tokens: u64,
+    /// Callers that found their reservoir dry with a lease in flight and
+    /// waited for it.
+    pub lease_waits: u64,
+    /// Refund calls.
+    pub refunds: u64,
+    /// Units given back by refunds.
+    pub refund_tokens: u64,
+    /// closed → open transitions.
+    pub trips: u64,
+    /// … by the consecutive-failures rule.
+    pub trips_failures: u64,
+    /// … by the latency rule.
+    pub trips_latency: u64,
+    /// Half-open probes that succeeded.
+    pub probes_ok: u64,
+    /// Half-open probes that failed.
+    pub probes_failed: u64,
+    /// The module's commands became unknown; the backend is detected again.
+    pub redetects: u64,
+    /// The breaker's state.
+    pub state: State,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub(crate) module: AtomicU64,
+    pub(crate) lua: AtomicU64,
+    pub(crate) local: AtomicU64,
+    pub(crate) panic: AtomicU64,
+    pub(crate) denied: AtomicU64,
+    pub(crate) calls: AtomicU64,
+    pub(crate) failures: AtomicU64,
+    pub(crate) refunds: AtomicU64,
+    pub(crate) refund_tokens: AtomicU64,
+    pub(crate) redetects: AtomicU64,
+    pub(crate) leases: AtomicU64,
+    pub(crate) lease_tokens: AtomicU64,
+    pub(crate) lease_waits: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Chosen {
+    source: Option<Source>, // Module or Lua once known
+    has_multi: Option<bool>,
+}
+
+pub(crate) struct Inner<C> {
+    conn: C,
+    pub(crate) timeout: Duration,
+    wanted: Backend,
+    chosen: Mutex<Chosen>,
+    pub(crate) breaker: BreakerState,
+    pub(crate) m: Counters,
+    epoch: Instant,
+}
+
+/// One Redis connection, one backend and one breaker, shared by the
+/// limiters made from it. Cheap to clone (an `Arc`).
+pub struct RateLimit<C> {
+    pub(crate) inner: Arc<Inner<C>>,
+}
+
+impl<C> Clone for RateLimit<C> {
+    fn clone(&self) -> Self {
+        RateLimit { inner: self.inner.clone() }
+    }
+}
+
+/// What went wrong inside one bounded call.
+pub(crate) enum Fail {
+    Redis(RedisError),
+    Ours(Error),
+}
+
+impl From<RedisError> for Fail {
+    fn from(e: RedisError) -> Fail {
+        Fail::Redis(e)
+    }
+}
+
+/// Error replies that mean the server cannot serve right now: failures.
+const UNAVAILABLE: [&str; 7] = ["BUSY", "LOADING", "MASTERDOWN", "CLUSTERDOWN", "TRYAGAIN", "NOREPLICAS", "READONLY"];
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) || e.code() == Some("NOSCRIPT")
+}
+
+pub(crate) fn int(v: &Value) -> Result<i64> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        other => Err(Error::Protocol(format!("{other:?}"))),
+    }
+}
+
+pub(crate) fn uint(v: &Value) -> Result<u64> {
+    u64::try_from(int(v)?).map_err(|_| Error::Protocol(format!("{v:?}")))
+}
+
+impl<C: Connection> RateLimit<C> {
+    /// A `RateLimit` over a connection (a redis-rs `ConnectionManager` or
+    /// `MultiplexedConnection`). Refuses settings out of range.
+    pub fn new(conn: C, opts: Options) -> Result<RateLimit<C>> {
+        if opts.timeout_ms == 0 {
+            return Err(Error::Invalid("timeout_ms must be >= 1".into()));
+        }
+        opts.breaker.check()?;
+        let source = match opts.backend {
+            Backend::Auto => None,
+            Backend::Module => None, // still asked once, to refuse a server without it
+            Backend::Lua => Some(Source::Lua),
+        };
+        Ok(RateLimit {
+            inner: Arc::new(Inner {
+                conn,
+                timeout: Duration::from_millis(opts.timeout_ms),
+                wanted: opts.backend,
+                chosen: Mutex::new(Chosen { source, has_multi: None }),
+                breaker: BreakerState::new(opts.breaker),
+                m: Counters::default(),
+                epoch: Instant::now(),
+            }),
+        })
+    }
+
+    /// The chosen backend once known (after [`detect`](Self::detect) or a
+    /// first call): `Source::Module` or `Source::Lua`.
+    pub fn backend(&self) -> Option<Source> {
+        self.inner.chosen().source
+    }
+
+    /// Finds out which backend the server offers (one call, bounded by the
+    /// timeout, through the breaker).
+    pub async fn detect(&self) -> Result<Source> {
+        let inner = self.inner.clone();
+        self.inner
+            .bounded(false, async move {
+                inner.ensure_detected().await?;
+                inner.chosen().source.ok_or_else(|| Fail::Ours(Error::Protocol("no backend".into())))
+            })
+            .await
+    }
+
+    /// A limiter deciding every call on Redis (one bounded call per
+    /// decision), with the panic limits `panic` while Redis is unavailable.
+    pub fn limiter(&self, rule: impl Into<Rule>, panic: Panic) -> Result<Limiter<C>> {
+        panic.check()?;
+        let rule = Arc::new(rule.into());
+        let panics = PanicBuckets::new(&panic, rule.parts(), 100_000);
+        Ok(Limiter { rl: self.clone(), rule, panics: Arc::new(panics) })
+    }
+
+    /// The counters and the breaker's state.
+    pub fn metrics(&self) -> Metrics {
+        let m = &self.inner.m;
+        let b = self.inner.breaker.counts();
+        Metrics {
+            decisions_module: m.module.load(Relaxed),
+            decisions_lua: m.lua.load(Relaxed),
+            decisions_local: m.local.load(Relaxed),
+            decisions_panic: m.panic.load(Relaxed),
+            denied: m.denied.load(Relaxed),
+            calls: m.calls.load(Relaxed),
+            failures: m.failures.load(Relaxed),
+            leases: m.leases.load(Relaxed),
+            lease_tokens: m.lease_tokens.load(Relaxed),
+            lease_waits: m.lease_waits.load(Relaxed),
+            refunds: m.refunds.load(Relaxed),
+            refund_tokens: m.refund_tokens.load(Relaxed),
+            trips: b.trips,
+            trips_failures: b.trips_failures,
+            trips_latency: b.trips_latency,
+            probes_ok: b.probes_ok,
+            probes_failed: b.probes_failed,
+            redetects: m.redetects.load(Relaxed),
+            state: self.inner.breaker.state(),
+        }
+    }
+}
+
+impl<C: Connection> Inner<C> {
+    pub(crate) fn now(&self) -> f64 {
+        self.epoch.elapsed().as_secs_f64() * 1000.0
+    }
+
+    fn chosen(&self) -> Chosen {
+        *self.chosen.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_chosen(&self, f: impl FnOnce(&mut Chosen)) {
+        f(&mut self.chosen.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    async fn send(&self, cmd: &Cmd) -> std::result::Result<Value, RedisError> {
+        let mut c = self.conn.clone();
+        match c.req_packed_command(cmd).await? {
+            Value::ServerError(e) => Err(e.into()),
+            v => Ok(v),
+        }
+    }
+
+    /// The backend, asked once (COMMAND INFO) unless it is known.
+    async fn ensure_detected(&self) -> std::result::Result<(), Fail> {
+        let c = self.chosen();
+        if c.source == Some(Source::Lua) || c.has_multi.is_some() {
+            return Ok(());
+        }
+        let reply = self.send(redis::cmd("COMMAND").arg("INFO").arg("RL.TOKENBUCKET").arg("RL.MULTI")).await;
+        let (single, multi) = match reply {
+            Ok(v) => detect_reply(&v).ok_or_else(|| Fail::Ours(Error::Protocol(format!("COMMAND INFO: {v:?}"))))?,
+            // COMMAND refused (renamed, forbidden): no module as far as we can tell
+            Err(e) if e.code().is_some() && !UNAVAILABLE.contains(&e.code().unwrap_or("")) => (false, false),
+            Err(e) => return Err(Fail::Redis(e)),
+        };
+        if self.wanted == Backend::Module && !single {
+            return Err(Fail::Ours(Error::Unsupported(
+                "the redis-ratelimit module is not loaded on this server (RL.TOKENBUCKET unknown)".into(),
+            )));
+        }
+        self.set_chosen(|c| {
+            if c.source.is_none() {
+                c.source = Some(if single { Source::Module } else { Source::Lua });
+            }
+            c.has_multi = Some(multi);
+        });
+        Ok(())
+    }
+
+    /// One decision's call on the chosen backend (detection first when needed).
+    pub(crate) async fn run(&self, req: &Request) -> std::result::Result<(Value, Source), Fail> {
+        self.ensure_detected().await?;
+        let c = self.chosen();
+        match c.source {
+            Some(Source::Module) => {
+                if req.is_multi() && c.has_multi == Some(false) {
+                    return Err(Fail::Ours(Error::Unsupported(
+                        "this server's redis-ratelimit module has no RL.MULTI (all_of needs it)".into(),
+                    )));
+                }
+                match self.send(&req.module_cmd()).await {
+                    Ok(v) => Ok((v, Source::Module)),
+                    Err(e)
+                        if e.to_string().to_ascii_lowercase().contains("unknown command")
+                            && self.wanted == Backend::Auto =>
+                    {
+                        // the module was found and its command is now unknown: the
+                        // server changed (a failover to one without it). A failure;
+                        // the next call detects the backend again.
+                        self.set_chosen(|c| *c = Chosen::default());
+                        self.m.redetects.fetch_add(1, Relaxed);
+                        Err(Fail::Redis(e))
+                    }
+                    Err(e) => Err(Fail::Redis(e)),
+                }
+            }
+            _ if req.script.is_none() => Err(Fail::Ours(Error::Unsupported(format!(
+                "{} needs the redis-ratelimit module: it has no Lua twin",
+                req.command
+            )))),
+            _ => match self.send(&req.lua_cmd(false)).await {
+                Err(e) if is_noscript(&e) => Ok((self.send(&req.lua_cmd(true)).await?, Source::Lua)),
+                r => Ok((r?, Source::Lua)),
+            },
+        }
+    }
+
+    /// One Redis call through the breaker, bounded by the timeout.
+    /// `Error::Unavailable` when the breaker refuses, on a timeout or a
+    /// failed connection; error replies as `Error::Reply`.
+    pub(crate) async fn bounded<T>(&self, probe: bool, f: impl Future<Output = std::result::Result<T, Fail>>) -> Result<T> {
+        if !probe {
+            match self.breaker.acquire(self.now()) {
+                Permit::Yes => {}
+                Permit::No => return Err(Error::Unavailable("circuit breaker open".into())),
+                Permit::Probe => {
+                    // a probe found due here goes on with this call; the
+                    // limiters send theirs in the background instead
+                    return Box::pin(self.bounded_inner(true, f)).await;
+                }
+            }
+        }
+        self.bounded_inner(probe, f).await
+    }
+
+    pub(crate) async fn bounded_inner<T>(
+        &self,
+        probe: bool,
+        f: impl Future<Output = std::result::Result<T, Fail>>,
+    ) -> Result<T> {
+        let t0 = self.now();
+        self.m.calls.fetch_add(1, Relaxed);
+        let r = tokio::time::timeout(self.timeout, f).await;
+        let t1 = self.now();
+        let fail = |msg: String| {
+            self.m.failures.fetch_add(1, Relaxed);
+            self.breaker.failure(t1, probe);
+            Err(Error::Unavailable(msg))
+        };
+        match r {
+            Err(_) => fail(format!("no reply from Redis within {} ms", self.timeout.as_millis())),
+            Ok(Ok(v)) => {
+                self.breaker.success(t1 - t0, t1, probe);
+                Ok(v)
+            }
+            Ok(Err(Fail::Ours(e))) => {
+                self.breaker.success(t1 - t0, t1, probe); // it answered: it is up
+                Err(e)
+            }
+            Ok(Err(Fail::Redis(e))) => {
+                let unknown = e.to_string().to_ascii_lowercase().contains("unknown command");
+                match e.code() {
+                    Some(code) if !(UNAVAILABLE.contains(&code) || unknown && self.wanted == Backend::Auto) => {
+                        self.breaker.success(t1 - t0, t1, probe);
+                        Err(Error::Reply(e.to_string()))
+                    }
+                    _ => fail(format!("Redis call failed: {e}")),
+                }
+            }
+        }
+    }
+
+    pub(crate) fn count(&self, d: Decision) -> Decision {
+        let c = match d.source {
+            Source::Module => &self.m.module,
+            Source::Lua => &self.m.lua,
+            Source::Local => &self.m.local,
+            Source::Panic => &self.m.panic,
+        };
+        c.fetch_add(1, Relaxed);
+        if !d.allowed {
+            self.m.denied.fetch_add(1, Relaxed);
+        }
+        d
+    }
+}
+
+/// The options of one decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    /// Units asked for (default 1; 0 asks without taking).
+    pub cost: u64,
+    /// Take what is available (0…cost) instead of all or nothing.
+    pub partial: bool,
+    /// Decide without taking anything.
+    pub dry_run: bool,
+}
+
+impl Default for Call {
+    fn default() -> Call {
+        Call { cost: 1, partial: false, dry_run: false }
+    }
+}
+
+impl Call {
+    /// A call of `cost` units, all or nothing.
+    pub fn cost(cost: u64) -> Call {
+        Call { cost, ..Call::default() }
+    }
+}
+
+/// Decides every call on Redis (one bounded call per decision); panic
+/// limits while it is unavailable or the breaker is open.
+pub struct Limiter<C> {
+    rl: RateLimit<C>,
+    rule: Arc<Rule>,
+    panics: Arc<PanicBuckets>,
+}
+
+impl<C> Clone for Limiter<C> {
+    fn clone(&self) -> Self {
+        Limiter { rl: self.rl.clone(), rule: self.rule.clone(), panics: self.panics.clone() }
+    }
+}
+
+impl<C: Connection> Limiter<C> {
+    /// The rule it limits.
+    pub fn rule(&self) -> &Rule {
+        &self.rule
+    }
+
+    /// The keys of one call: a single policy's key as given; for `all_of`
+    /// `"{key}:{part name}"` per part. Cross-slot keys are refused here,
+    /// before any call.
+    fn keys_for(&self, key: &str) -> Result<Vec<String>> {
+        match &*self.rule {
+            Rule::Single(_) => Ok(vec![key.to_owned()]),
+            Rule::AllOf(a) => {
+                let keys: Vec<String> = a.parts().iter().map(|p| format!("{key}:{}", p.name())).collect();
+                assert_same_slot(&keys)?;
+                Ok(keys)
+            }
+        }
+    }
+
+    fn keys_each(&self, keys: &[&str]) -> Result<Vec<String>> {
+        let n = self.rule.parts().len();
+        if !matches!(&*self.rule, Rule::AllOf(_)) || keys.len() != n {
+            return Err(Error::Invalid(format!("{:?} needs {n} keys, got {}", self.rule.name(), keys.len())));
+        }
+        for (i, k) in keys.iter().enumerate() {
+            if keys[..i].contains(k) {
+                return Err(Error::Invalid("the keys of an all_of call must be distinct".into()));
+            }
+        }
+        assert_same_slot(keys)?;
+        Ok(keys.iter().map(|k| (*k).to_owned()).collect())
+    }
+
+    /// One decision for `key` (for `all_of`: `key:part` per part).
+    pub async fn limit(&self, key: &str, call: Call) -> Result<Decision> {
+        let keys = self.keys_for(key)?;
+        self.decide(keys, call).await
+    }
+
+    /// One `all_of` decision with one key per part (same slot, distinct).
+    pub async fn limit_keys(&self, keys: &[&str], call: Call) -> Result<Decision> {
+        let keys = self.keys_each(keys)?;
+        self.decide(keys, call).await
+    }
+
+    fn request(&self, keys: Vec<String>, tail: Tail) -> Request {
+        match &*self.rule {
+            Rule::Single(p) => Request::single(p, &keys[0], tail),
+            Rule::AllOf(a) => Request::multi(a.parts(), keys, tail),
+        }
+    }
+
+    async fn decide(&self, keys: Vec<String>, call: Call) -> Result<Decision> {
+        check_int("cost", call.cost, 0)?;
+        let inner = &self.rl.inner;
+        let tail = Tail::Call { cost: call.cost, partial: call.partial, dry_run: call.dry_run };
+        match inner.breaker.acquire(inner.now()) {
+            Permit::Yes => {}
+            Permit::No => return Ok(inner.count(self.panic(&keys, call))),
+            Permit::Probe => {
+                // the probe goes out in the background (the same call as a
+                // DRYRUN: it takes nothing); this caller is answered now
+                let probe_req =
+                    self.request(keys.clone(), Tail::Call { cost: call.cost, partial: call.partial, dry_run: true });
+                let bg = inner.clone();
+                tokio::spawn(async move {
+                    let i2 = bg.clone();
+                    let _ = bg.bounded(true, async move { i2.run(&probe_req).await }).await;
+                });
+                return Ok(inner.count(self.panic(&keys, call)));
+            }
+        }
+        let req = self.request(keys.clone(), tail);
+        let r = inner.bounded_inner(false, inner.run(&req)).await;
+        match r {
+            Ok((v, source)) => Ok(inner.count(self.decode(&v, call.cost, call.partial, source)?)),
+            Err(Error::Unavailable(_)) => Ok(inner.count(self.panic(&keys, call))),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Gives `n` units back to `key` (REFUND); `granted` = units given back.
+    /// `Error::Unavailable` when Redis is (no panic limits for refunds).
+    pub async fn refund(&self, key: &str, n: u64) -> Result<Decision> {
+        check_int("refund", n, 1)?;
+        let keys = self.keys_for(key)?;
+        let inner = &self.rl.inner;
+        let req = self.request(keys, Tail::Refund(n));
+        let (v, source) = inner.bounded(false, inner.run(&req)).await?;
+        let mut d = self.decode(&v, n, true, source)?;
+        d.allowed = true;
+        inner.m.refunds.fetch_add(1, Relaxed);
+        inner.m.refund_tokens.fetch_add(d.granted, Relaxed);
+        Ok(d)
+    }
+
+    fn decode(&self, v: &Value, cost: u64, partial: bool, source: Source) -> Result<Decision> {
+        let bad = || Error::Protocol(format!("{v:?}"));
+        let Value::Array(a) = v else { return Err(bad()) };
+        let granted_of = |x: u64| {
+            if partial {
+                x
+            } else if x == 1 {
+                cost
+            } else {
+                0
+            }
+        };
+        match &*self.rule {
+            Rule::Single(p) => {
+                if a.len() != 5 {
+                    return Err(bad());
+                }
+                let granted = granted_of(uint(&a[0])?);
+                Ok(Decision {
+                    allowed: granted == cost,
+                    granted,
+                    limit: uint(&a[1])?,
+                    remaining: uint(&a[2])?,
+                    retry_after_ms: int(&a[3])?,
+                    reset_after_ms: uint(&a[4])?,
+                    policy: p.name().to_owned(),
+                    binding: p.name().to_owned(),
+                    source,
+                    parts: Vec::new(),
+                    rule: self.rule.clone(),
+                })
+            }
+            Rule::AllOf(all) => {
+                let n = all.parts().len();
+                let (7, Value::Array(ps)) = (a.len(), a.get(6).unwrap_or(&Value::Nil)) else { return Err(bad()) };
+                if ps.len() != n {
+                    return Err(bad());
+                }
+                let mut parts = Vec::with_capacity(n);
+                for (p, pol) in ps.iter().zip(all.parts()) {
+                    let Value::Array(x) = p else { return Err(bad()) };
+                    if x.len() < 5 {
+                        return Err(bad());
+                    }
+                    parts.push(Part {
+                        policy: pol.name().to_owned(),
+                        granted: uint(&x[0])?,
+                        limit: uint(&x[1])?,
+                        remaining: uint(&x[2])?,
+                        retry_after_ms: int(&x[3])?,
+                        reset_after_ms: uint(&x[4])?,
+                    });
+                }
+                let bi = usize::try_from(uint(&a[5])?).ok().filter(|&b| b < n).ok_or_else(bad)?;
+                let granted = granted_of(uint(&a[0])?);
+                Ok(Decision {
+                    allowed: granted == cost,
+                    granted,
+                    limit: uint(&a[1])?,
+                    remaining: uint(&a[2])?,
+                    retry_after_ms: int(&a[3])?,
+                    reset_after_ms: uint(&a[4])?,
+                    policy: all.name().to_owned(),
+                    binding: all.parts()[bi].name().to_owned(),
+                    source,
+                    parts,
+                    rule: self.rule.clone(),
+                })
+            }
+        }
+    }
+
+    /// A decision from the panic limits (all parts, all or nothing).
+    fn panic(&self, keys: &[String], call: Call) -> Decision {
+        let pp = self.rule.parts();
+        let weights: Vec<u64> = match &*self.rule {
+            Rule::Single(_) => vec![1],
+            Rule::AllOf(_) => pp.iter().map(|p| p.weight()).collect(),
+        };
+        let now = self.rl.inner.now();
+        let res = self.panics.decide(keys, call.cost, &weights, call.partial, call.dry_run, now);
+        let g = res[0].took / weights[0].max(1);
+        let allowed = g == call.cost;
+        let b = if let Rule::Single(_) = &*self.rule {
+            0
+        } else if allowed {
+            (0..res.len()).min_by_key(|&i| (res[i].remaining / weights[i].max(1), i)).unwrap_or(0)
+        } else {
+            (0..res.len()).max_by_key(|&i| (res[i].retry_ms < 0, res[i].retry_ms, std::cmp::Reverse(i))).unwrap_or(0)
+        };
+        let retry = if allowed {
+            0
+        } else if res.iter().any(|r| r.retry_ms < 0) {
+            -1
+        } else {
+            res.iter().map(|r| r.retry_ms).max().unwrap_or(1).max(1)
+        };
+        let parts = match &*self.rule {
+            Rule::Single(_) => Vec::new(),
+            Rule::AllOf(_) => res
+                .iter()
+                .zip(pp)
+                .map(|(r, p)| Part {
+                    policy: p.name().to_owned(),
+                    granted: r.took,
+                    limit: r.cap,
+                    remaining: r.remaining,
+                    retry_after_ms: r.retry_ms,
+                    reset_after_ms: r.reset_ms,
+                })
+                .collect(),
+        };
+        Decision {
+            allowed,
+            granted: g,
+            limit: res[b].cap,
+            remaining: res[b].remaining,
+            retry_after_ms: retry,
+            reset_after_ms: res[b].reset_ms,
+            policy: self.rule.name().to_owned(),
+            binding: pp[b].name().to_owned(),
+            source: Source::Panic,
+            parts,
+            rule: self.rule.clone(),
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! Client library for redis-ratelimit: the contract of `clients/DESIGN.md`
+//! (the one the Python and Node libraries follow) for Rust services.
+//!
+//! * Policies ([`token_bucket`], [`sliding_log`], [`sliding_counter`],
+//!   [`fixed_window`] (the module only), [`all_of`] with weights), refused
+//!   at construction when out of range.
+//! * Keys ([`make_key`] with the hash tag, [`key_slot`]); the keys of one
+//!   `all_of` call must share a cluster slot, checked before any call.
+//! * [`RateLimit`] over a redis-rs async connection: one bounded call per
+//!   decision (the library's own timeout, whatever the driver does), the
+//!   module's commands or the Lua twins, a circuit breaker and panic limits.
+//! * [`LeasedLimiter`]s ([`RateLimit::leased`]): a local reservoir per key
+//!   filled with `PARTIAL` leases, refunded on idle, eviction and close.
+//! * [`headers`] of a [`Decision`], identical to the other libraries'.
+//!
+//! See the crate README for a first call, the driver choice and the tests.
+#![warn(missing_docs)]
+
+mod backend;
+mod breaker;
+mod client;
+mod decision;
+mod error;
+mod headers;
+mod keys;
+mod lease;
+mod policy;
+
+pub use backend::Backend;
+pub use breaker::{Breaker, Panic, State};
+pub use client::{Call, Connection, Limiter, Metrics, Options, RateLimit};
+pub use decision::{Decision, Part, Source};
+pub use error::{Error, Result};
+pub use headers::{headers, problem, Problem, QUOTA_EXCEEDED, QUOTA_TITLE};
+pub use keys::{assert_same_slot, key_slot, make_key, make_key_with_prefix};
+pub use lease::{Lease, LeasedLimiter};
+pub use policy::{all_of, fixed_window, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX};

@@ -1,0 +1,297 @@
+//! Policies: what a limit is (algorithm, numbers, name). Immutable; each
+//! holds the arguments it sends, prepared once.
+
+use crate::error::{Error, Result};
+
+/// The largest number a policy takes: 2^53 − 1, as in the other libraries
+/// (a JavaScript safe integer, a Lua double's exact range).
+pub const MAX: u64 = (1 << 53) - 1;
+
+/// The algorithm of a single policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// `RL.TOKENBUCKET`: capacity, rate, period_ms.
+    TokenBucket,
+    /// `RL.SLIDINGLOG`: limit, window_ms (exact).
+    SlidingLog,
+    /// `RL.SLIDINGCOUNTER`: limit, window_ms (two counters, approximate).
+    SlidingCounter,
+    /// `RL.FIXEDWINDOW`: limit, window_ms, `FROMFIRST` or epoch-aligned
+    /// windows. The module only (no Lua twin, not in `RL.MULTI`).
+    FixedWindow,
+}
+
+impl Kind {
+    /// The module's command.
+    pub fn command(self) -> &'static str {
+        match self {
+            Kind::TokenBucket => "RL.TOKENBUCKET",
+            Kind::SlidingLog => "RL.SLIDINGLOG",
+            Kind::SlidingCounter => "RL.SLIDINGCOUNTER",
+            Kind::FixedWindow => "RL.FIXEDWINDOW",
+        }
+    }
+
+    /// The limit's name inside `RL.MULTI` (none for a fixed window).
+    pub fn multi_name(self) -> Option<&'static str> {
+        match self {
+            Kind::TokenBucket => Some("TOKENBUCKET"),
+            Kind::SlidingLog => Some("SLIDINGLOG"),
+            Kind::SlidingCounter => Some("SLIDINGCOUNTER"),
+            Kind::FixedWindow => None,
+        }
+    }
+
+    /// The name of its Lua twin (`lua/<name>.lua`; none for a fixed window).
+    pub fn script(self) -> Option<&'static str> {
+        match self {
+            Kind::TokenBucket => Some("tokenbucket"),
+            Kind::SlidingLog => Some("slidinglog"),
+            Kind::SlidingCounter => Some("slidingcounter"),
+            Kind::FixedWindow => None,
+        }
+    }
+}
+
+/// One limit: an algorithm with its numbers and a name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Policy {
+    kind: Kind,
+    name: String,
+    limit: u64,
+    window_ms: u64,
+    params: Vec<u64>,
+    weight: u64,
+    from_first: bool,
+}
+
+impl Policy {
+    /// The algorithm.
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+    /// The name (1–64 of `A-Z a-z 0-9 . _ -`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// Capacity (token bucket) or limit.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    /// The window for headers: for a token bucket the time an empty bucket
+    /// takes to fill, `ceil(capacity × period_ms / rate)`; else `window_ms`.
+    pub fn window_ms(&self) -> u64 {
+        self.window_ms
+    }
+    /// The numbers sent after the key, as given.
+    pub fn params(&self) -> &[u64] {
+        &self.params
+    }
+    /// `RL.MULTI`'s `WEIGHT` (default 1; only matters inside `all_of`).
+    pub fn weight(&self) -> u64 {
+        self.weight
+    }
+    /// A fixed window started at a key's first grant (`FROMFIRST`), not
+    /// aligned to the epoch.
+    pub fn from_first(&self) -> bool {
+        self.from_first
+    }
+    /// The same policy with `RL.MULTI`'s `WEIGHT w`.
+    pub fn weighted(&self, w: u64) -> Result<Policy> {
+        check_int("weight", w, 1)?;
+        Ok(Policy { weight: w, ..self.clone() })
+    }
+}
+
+pub(crate) fn check_name(name: &str) -> Result<()> {
+    let ok = (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!("policy name {name:?}: 1-64 of A-Z a-z 0-9 . _ -")))
+    }
+}
+
+pub(crate) fn check_int(what: &str, v: u64, lo: u64) -> Result<u64> {
+    if v < lo || v > MAX {
+        return Err(Error::Invalid(format!("{what} must be an integer from {lo} to 2^53-1, not {v}")));
+    }
+    Ok(v)
+}
+
+fn single(kind: Kind, name: &str, limit: u64, window_ms: u64, params: Vec<u64>) -> Policy {
+    Policy { kind, name: name.to_owned(), limit, window_ms, params, weight: 1, from_first: false }
+}
+
+/// A token bucket: at most `capacity` tokens, regains `rate` tokens every
+/// `period_ms`.
+pub fn token_bucket(name: &str, capacity: u64, rate: u64, period_ms: u64) -> Result<Policy> {
+    check_name(name)?;
+    check_int("capacity", capacity, 1)?;
+    check_int("rate", rate, 1)?;
+    check_int("period_ms", period_ms, 1)?;
+    // ⌈capacity·period/rate⌉ exactly (u128: no overflow)
+    let w = (capacity as u128 * period_ms as u128).div_ceil(rate as u128);
+    let w = u64::try_from(w).unwrap_or(u64::MAX);
+    Ok(single(Kind::TokenBucket, name, capacity, w, vec![capacity, rate, period_ms]))
+}
+
+/// Exact: at most `limit` units in any `window_ms`.
+pub fn sliding_log(name: &str, limit: u64, window_ms: u64) -> Result<Policy> {
+    check_name(name)?;
+    check_int("limit", limit, 1)?;
+    check_int("window_ms", window_ms, 1)?;
+    Ok(single(Kind::SlidingLog, name, limit, window_ms, vec![limit, window_ms]))
+}
+
+/// Cloudflare's approximation of a sliding window: two counters.
+pub fn sliding_counter(name: &str, limit: u64, window_ms: u64) -> Result<Policy> {
+    check_name(name)?;
+    check_int("limit", limit, 1)?;
+    check_int("window_ms", window_ms, 1)?;
+    Ok(single(Kind::SlidingCounter, name, limit, window_ms, vec![limit, window_ms]))
+}
+
+/// A fixed-window counter (`RL.FIXEDWINDOW`): at most `limit` units per
+/// window of `window_ms`, the windows aligned to the epoch, or with
+/// `from_first` starting at a key's first grant (`FROMFIRST`). It needs the
+/// module: there is no Lua twin, and `RL.MULTI` has no fixed window, so
+/// `all_of` refuses it.
+pub fn fixed_window(name: &str, limit: u64, window_ms: u64, from_first: bool) -> Result<Policy> {
+    check_name(name)?;
+    check_int("limit", limit, 1)?;
+    check_int("window_ms", window_ms, 1)?;
+    let mut p = single(Kind::FixedWindow, name, limit, window_ms, vec![limit, window_ms]);
+    p.from_first = from_first;
+    Ok(p)
+}
+
+/// Several policies decided together, all or nothing (`RL.MULTI`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct AllOf {
+    name: String,
+    parts: Vec<Policy>,
+}
+
+impl AllOf {
+    /// Its name (default: the part names joined by `.`).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+    /// The parts, in order.
+    pub fn parts(&self) -> &[Policy] {
+        &self.parts
+    }
+}
+
+/// `all_of(parts, name)`: 1–16 distinct-named policies, all or nothing.
+/// Without a name, the part names joined by `.`, which must then be at most
+/// 64 characters.
+pub fn all_of(parts: Vec<Policy>, name: Option<&str>) -> Result<AllOf> {
+    if parts.is_empty() || parts.len() > 16 {
+        return Err(Error::Invalid("all_of takes 1 to 16 policies".into()));
+    }
+    for (i, p) in parts.iter().enumerate() {
+        if p.kind.multi_name().is_none() {
+            return Err(Error::Invalid(format!("all_of: {:?} is a fixed window, which RL.MULTI does not take", p.name)));
+        }
+        if parts[..i].iter().any(|q| q.name == p.name) {
+            return Err(Error::Invalid(format!("all_of: policy names must be distinct, got {:?} twice", p.name)));
+        }
+    }
+    let name = match name {
+        Some(n) => n.to_owned(),
+        None => {
+            let n = parts.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(".");
+            if n.len() > 64 {
+                return Err(Error::Invalid(format!(
+                    "all_of: the default name {n:?} is longer than 64 characters; give all_of a name"
+                )));
+            }
+            n
+        }
+    };
+    check_name(&name)?;
+    Ok(AllOf { name, parts })
+}
+
+/// What a limiter limits: one policy or an `all_of`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Rule {
+    /// A single policy.
+    Single(Policy),
+    /// Several, all or nothing.
+    AllOf(AllOf),
+}
+
+impl Rule {
+    /// The rule's name.
+    pub fn name(&self) -> &str {
+        match self {
+            Rule::Single(p) => p.name(),
+            Rule::AllOf(a) => a.name(),
+        }
+    }
+    /// Its policies (one for a single policy).
+    pub fn parts(&self) -> &[Policy] {
+        match self {
+            Rule::Single(p) => std::slice::from_ref(p),
+            Rule::AllOf(a) => a.parts(),
+        }
+    }
+}
+
+impl From<Policy> for Rule {
+    fn from(p: Policy) -> Rule {
+        Rule::Single(p)
+    }
+}
+
+impl From<AllOf> for Rule {
+    fn from(a: AllOf) -> Rule {
+        Rule::AllOf(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_what_the_other_libraries_refuse() {
+        assert!(token_bucket("", 1, 1, 1).is_err());
+        assert!(token_bucket(&"a".repeat(65), 1, 1, 1).is_err());
+        assert!(token_bucket(&"a".repeat(64), 1, 1, 1).is_ok());
+        assert!(token_bucket("a+b", 1, 1, 1).is_err());
+        assert!(token_bucket("a", 0, 1, 1).is_err());
+        assert!(token_bucket("a", MAX + 1, 1, 1).is_err());
+        assert!(token_bucket("a", MAX, MAX, MAX).is_ok());
+        assert!(sliding_log("a", 1, 0).is_err());
+        assert!(sliding_counter("a", 0, 1).is_err());
+        let p = token_bucket("a", 1, 1, 1).unwrap();
+        assert!(p.weighted(0).is_err());
+        assert!(all_of(vec![], None).is_err());
+        assert!(all_of(vec![p.clone(); 17], Some("x")).is_err());
+        assert!(all_of(vec![p.clone(), p.clone()], None).is_err());
+        let long = token_bucket(&"b".repeat(63), 1, 1, 1).unwrap();
+        let e = all_of(vec![p.clone(), long.clone()], None).unwrap_err();
+        assert!(e.to_string().contains("longer than 64"), "{e}");
+        assert_eq!(all_of(vec![p.clone(), long], Some("x")).unwrap().name(), "x");
+        assert!(all_of(vec![p.clone()], Some("a+b")).is_err());
+        let fw = fixed_window("fw", 10, 1000, true).unwrap();
+        assert!(fw.from_first() && fw.window_ms() == 1000);
+        assert!(all_of(vec![p, fw], None).unwrap_err().to_string().contains("fixed window"));
+        assert!(fixed_window("fw", 0, 1000, false).is_err() && fixed_window("fw", 1, MAX + 1, false).is_err());
+    }
+
+    #[test]
+    fn windows_and_default_names() {
+        let api = token_bucket("api", 100, 10, 6000).unwrap();
+        assert_eq!(api.window_ms(), 60000);
+        assert_eq!(token_bucket("t", 10, 3, 1000).unwrap().window_ms(), 3334);
+        assert_eq!(token_bucket("t", MAX, 1, MAX).unwrap().window_ms(), u64::MAX);
+        let day = sliding_log("day", 1000, 86_400_000).unwrap();
+        assert_eq!(all_of(vec![api, day], None).unwrap().name(), "api.day");
+    }
+}
