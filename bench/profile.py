@@ -331,7 +331,7 @@ def main():
     ap.add_argument("--json", default=os.path.join(ROOT, "bench", "profile.json"), help="where the raw counts go")
     ap.add_argument("--from-json", help="rewrite the report from a saved bench/profile.json")
     ap.add_argument("--cell", default=os.environ.get("RL_CELL_SO"),
-                    help="redis-cell's module (make redis-cell builds it): its own CL.THROTTLE is "
+                    help="redis-cell's module (libredis_cell.so, built outside this repository): its own CL.THROTTLE is "
                          "counted too, on a server of its own, against the same floor")
     a = ap.parse_args()
     if a.from_json:
@@ -357,7 +357,9 @@ def main():
             print("== %s (%s, malloc=%s)" % (name or binary, version, malloc), flush=True)
             sdir = tempfile.mkdtemp(prefix="srv-", dir=tmp)
             results = profile_server(binary, floor, a, sdir)
-            if a.cell:
+            if a.cell and not os.path.exists(a.cell):
+                print("NOTE: no redis-cell at %s: its rows are left out" % a.cell, flush=True)
+            elif a.cell:
                 cdir = tempfile.mkdtemp(prefix="cell-", dir=tmp)
                 results.update(profile_server(binary, floor, a, cdir, cell=os.path.abspath(a.cell)))
             runs.append({"name": name or version, "version": version, "malloc": malloc, "results": results})
@@ -577,8 +579,8 @@ def write(path, report):
             for r in runs for label in labels if label.startswith(CELL_LABEL) and label in r["results"]]
     if cell:
         w("CL.THROTTLE (this module's, loaded with the argument `CL.THROTTLE`, given max_burst count period "
-          "as 1000000 1 3600 and 99 1 3600) against redis-cell 0.5's own (built by `make redis-cell`, loaded "
-          "alone with the floor on a server of its own, the same numbers), per request / inside call():")
+          "as 1000000 1 3600 and 99 1 3600) against redis-cell 0.5's own (built outside this repository at "
+          "commit 4d42338, loaded alone with the floor on a server of its own, the same numbers), per request / inside call():")
         w("")
         w("| server, case | redis-cell | this module | redis-cell / this module |")
         w("|---|---:|---:|---:|")
@@ -589,8 +591,8 @@ def write(path, report):
                   % (ver, label.replace(CELL_LABEL, "CL.THROTTLE") or "CL.THROTTLE"))
         w("")
     w("RL.TOKENBUCKET, RL.SLIDINGCOUNTER, RL.FIXEDWINDOW, RL.SLIDINGLOG, CL.THROTTLE and the Lua twin are "
-      "compared with `FLOOR.WRITE`; RL.MULTI with n limits with `FLOOR.MULTI` with n keys; with a replica, the single commands with "
-      "`FLOOR.EFFECT`, all with the same numbers.")
+      "compared with `FLOOR.WRITE`; RL.MULTI with n limits with `FLOOR.MULTI` with n keys; with a replica, "
+      "the single commands with `FLOOR.EFFECT`, all with the same numbers.")
     w("")
     w("## Module API calls inside call()")
     w("")
