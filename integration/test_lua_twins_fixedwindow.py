@@ -45,10 +45,17 @@ def call_read(tw, key, *args):
     return ms_of(t0), rep, ms_of(t1), state, exp, ms_of(t2)
 
 
-def model_at(state, limit, window_ms, ff, cost, partial, dryrun, refund, t0, t1):
-    """The model's (reply, written, new state) at each ms of [t0, t1]."""
+def model_at(state, expiry, limit, window_ms, ff, cost, partial, dryrun, refund, t0, t1):
+    """The model's (reply, written, new state) at each ms of [t0, t1]. The
+    key stored `state` until `expiry` (its PEXPIREAT, set by the window it
+    was written with): from that ms on, the call may find it gone (a window
+    shortened and then lengthened again must not revive it)."""
     m = FixedWindow(limit, window_ms, ff)
-    return [(ms, *single(m, state, ms * 1000, cost, partial, dryrun, refund)) for ms in range(t0, t1 + 1)]
+    out = []
+    for ms in range(t0, t1 + 1):
+        seen = [state] if expiry is None or ms < expiry else [None] if ms > expiry else [state, None]
+        out += [(ms, *single(m, s, ms * 1000, cost, partial, dryrun, refund)) for s in seen]
+    return out
 
 
 def opts_of(rng, limit):
@@ -89,7 +96,7 @@ def test_random_sequences_match_the_model(twm, seed):
         if ff and rng.random() < 0.5:
             args = [limit, window_ms, args[-1], *words]  # FROMFIRST before the others
         t0, rep, t1, got, exp, t2 = call_read(twm, key, *args)
-        cands = model_at(state, limit, window_ms, ff, cost, partial, dryrun, refund, t0, t1)
+        cands = model_at(state, expiry, limit, window_ms, ff, cost, partial, dryrun, refund, t0, t1)
 
         def fits(c):
             # the state the call leaves, and when its key expires; read back
@@ -210,7 +217,7 @@ def test_clock_stepping_back_counts_as_zero(tw):
         opts = ["FROMFIRST"] * ff
         t0, rep, t1, st, exp, _ = call_read(tw, "b", 5, 1000, "COST", 1, *opts)
         assert rep[:4] == [1, 5, 1, 0] and start + 1000 - t1 <= rep[4] <= start + 1000 - t0, (ff, rep)
-        assert rep in [m[1] for m in model_at((start, 3), 5, 1000, ff, 1, False, False, None, t0, t1)]
+        assert rep in [m[1] for m in model_at((start, 3), None, 5, 1000, ff, 1, False, False, None, t0, t1)]
         assert st == (start, 4) and exp == start + 1000
         rep = tw(CMD, "b", 5, 1000, "COST", 2, *opts)
         assert rep[:3] == [0, 5, 1] and rep[3] == rep[4] > 4_000, (ff, rep)
@@ -232,7 +239,7 @@ def test_lowered_limit_and_changed_window(tw):
     tw(CMD, "w", 10, W, "COST", 4)
     state = fw_state(c, "w")
     t0, rep, t1, got, _, t2 = call_read(tw, "w", 10, 7_000, "DRYRUN")
-    assert rep in [m[1] for m in model_at(state, 10, 7_000, False, 1, False, True, None, t0, t1)]
+    assert rep in [m[1] for m in model_at(state, None, 10, 7_000, False, 1, False, True, None, t0, t1)]
     if state[0] != t1 - t1 % 7_000:
         assert rep[:3] == [1, 10, 9]
     assert got == state
