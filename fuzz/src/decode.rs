@@ -101,6 +101,7 @@ pub fn decode_codec(data: &[u8]) {
         codec::Effect::LogGrant(g) => codec::log_grant(g, abs).as_bytes().to_vec(),
         codec::Effect::LogRefund(g) => codec::log_refund(g, abs).as_bytes().to_vec(),
         codec::Effect::FixedWindow(s) => codec::fixedwindow(s, abs).as_bytes().to_vec(),
+        codec::Effect::Gcra(s) => codec::gcra(s, abs).as_bytes().to_vec(),
     };
     assert_eq!(again, data, "accepted payload does not re-encode");
     // Apply it the way RL.STATE does, then use the key.
@@ -115,6 +116,20 @@ pub fn decode_codec(data: &[u8]) {
             fw_call(&s, &p, &call, s.start_ms.saturating_mul(1000), 0)
         }
         codec::Effect::SlidingLog(s) => sl_call(&s, &sl::Params { limit: 5, window_ms: 1000 }, &call, abs, 0),
+        codec::Effect::Gcra(s) => {
+            // CL.THROTTLE on the replicated TAT, at its instant and at the
+            // ends of time: an answer or OutOfRange, never a panic; a
+            // state it writes round-trips.
+            use crate::core::gcra;
+            let p = gcra::Params::new(5, 1, 1, 1).expect("valid CL.THROTTLE parameters");
+            for now in [s.tat_ns, 0, u64::MAX] {
+                if let Ok(o) = gcra::step(Some(s), &p, now) {
+                    if let Some(w) = o.write {
+                        assert_eq!(gcra::State::decode(&w.encode()), Ok(w));
+                    }
+                }
+            }
+        }
         codec::Effect::LogGrant(g) => {
             let mut s = sl::State::default();
             sl::grant(&mut s, g.window_ms, g.units, g.now_us);
