@@ -9,10 +9,11 @@ from models import combine
 
 SEED = int(os.environ.get("RL_SEED", "0")) or random.randrange(1, 2**31)
 
-ALGOS = ("TOKENBUCKET", "SLIDINGLOG", "SLIDINGCOUNTER")
+ALGOS = ("TOKENBUCKET", "SLIDINGLOG", "SLIDINGCOUNTER", "FIXEDWINDOW")
 SINGLE = {"TOKENBUCKET": "RL.TOKENBUCKET", "SLIDINGLOG": "RL.SLIDINGLOG",
-          "SLIDINGCOUNTER": "RL.SLIDINGCOUNTER"}
-TYPE_OF = {"TOKENBUCKET": "rl-tokbkt", "SLIDINGLOG": "rl-slilog", "SLIDINGCOUNTER": "rl-slicnt"}
+          "SLIDINGCOUNTER": "RL.SLIDINGCOUNTER", "FIXEDWINDOW": "RL.FIXEDWINDOW"}
+TYPE_OF = {"TOKENBUCKET": "rl-tokbkt", "SLIDINGLOG": "rl-slilog", "SLIDINGCOUNTER": "rl-slicnt",
+           "FIXEDWINDOW": "rl-fixwin"}
 NEVER_ALGO = {a: NEVER[SINGLE[a]] for a in ALGOS}
 
 

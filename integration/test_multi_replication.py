@@ -20,9 +20,9 @@ from multicalls import ALGOS, SEED, SINGLE, TYPE_OF, _s, check_multi, dump_all, 
 # ---------------------------------------------------------------------------
 
 LONGP = {"TOKENBUCKET": [[6, 1, 60000], [10, 3, 600000]], "SLIDINGLOG": [[6, 60000], [10, 600000]],
-         "SLIDINGCOUNTER": [[6, 60000], [10, 600000]]}
+         "SLIDINGCOUNTER": [[6, 60000], [10, 600000]], "FIXEDWINDOW": [[6, 60000], [10, 600000]]}
 SHORTP = {"TOKENBUCKET": [[4, 1, 40], [6, 2, 100]], "SLIDINGLOG": [[4, 40], [6, 100]],
-          "SLIDINGCOUNTER": [[4, 40], [6, 100]]}
+          "SLIDINGCOUNTER": [[4, 40], [6, 100]], "FIXEDWINDOW": [[4, 40], [6, 100]]}
 
 
 class MultiWorkload:

@@ -164,7 +164,10 @@ ARG_ERRORS = {
 }
 
 
-ALGS = ["TOKENBUCKET", "SLIDINGLOG", "SLIDINGCOUNTER"]
+ALGS = ["TOKENBUCKET", "SLIDINGLOG", "SLIDINGCOUNTER", "FIXEDWINDOW"]
+# A fixed window of 2^40 ms (about 34.8 years) on the epoch: the current
+# one began in 2004 and ends in 2039, so it never rolls over in a test.
+FW_WINDOW_MS = 2**40
 
 
 def random_limits(rng, n, big=False):
@@ -176,12 +179,13 @@ def random_limits(rng, n, big=False):
         alg = rng.choice(ALGS)
         if big:
             lim = rng.choice([10**8, 10**12, 2**40 + 1, 10**15])
-            params = [min(lim, 10**8), 1, 60_000] if alg == "TOKENBUCKET" else [lim, 86_400_000]
+            params = [min(lim, 10**8), 1, 60_000] if alg == "TOKENBUCKET" \
+                else [lim, FW_WINDOW_MS] if alg == "FIXEDWINDOW" else [lim, 86_400_000]
             w = rng.choice([1, 7, 10**3, 10**6])
         else:
             lim = rng.choice([1, 3, 10, 50, 1000])
             params = [lim, rng.choice([1, 2]), rng.choice([3_600_000, 86_400_000])] if alg == "TOKENBUCKET" \
-                else [lim, rng.choice([3_600_000, 86_400_000])]
+                else [lim, FW_WINDOW_MS] if alg == "FIXEDWINDOW" else [lim, rng.choice([3_600_000, 86_400_000])]
             w = rng.choice([1, 1, 2, 3])
         out.append((alg, params, w))
     return out

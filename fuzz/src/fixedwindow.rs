@@ -31,7 +31,7 @@ pub fn synth_fw(b: &[u8]) -> fw::State {
 /// The reference model's answer, when its unsaturated times agree with the
 /// implementation's (`u64` ms: only a window ending past `u64::MAX` ms
 /// saturates).
-fn in_range(s: &fw::State, p: &fw::Params, now: u64) -> bool {
+pub fn in_range(s: &fw::State, p: &fw::Params, now: u64) -> bool {
     let w = p.window_ms.clamp(1, MAX_ARG);
     s.start_ms.max(now / 1000).checked_add(w.saturating_mul(2)).is_some()
         && p.limit <= MAX_ARG

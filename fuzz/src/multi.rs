@@ -7,18 +7,20 @@ use crate::core::reference::multi::{self as multi_model, Limit};
 use crate::core::reference::slidinglog::Log;
 use crate::core::reference::tokenbucket::Bucket;
 use crate::core::Decision;
+use crate::fixedwindow::synth_fw;
 use crate::input::Input;
 use crate::log::{log_entries, sl_encode};
 use crate::oracle::oracle_multi;
 use crate::slidingcounter::synth_sc;
 use crate::slidinglog::synth_sl;
 use crate::tokenbucket::synth_tb;
-use crate::{sc, sl, tb};
+use crate::{fw, sc, sl, tb};
 
 enum Owned {
     Tb(tb::State),
     Log(sl::State),
     Sc(sc::State),
+    Fw(fw::State),
 }
 
 impl Owned {
@@ -26,6 +28,7 @@ impl Owned {
         match self {
             Owned::Tb(s) => s.encode().to_vec(),
             Owned::Sc(s) => s.encode().to_vec(),
+            Owned::Fw(s) => s.encode().to_vec(),
             Owned::Log(s) => sl_encode(s),
         }
     }
@@ -35,6 +38,7 @@ impl Owned {
         match self {
             Owned::Tb(s) => assert_eq!(tb::State::decode(&s.encode()), Ok(*s)),
             Owned::Sc(s) => assert_eq!(sc::State::decode(&s.encode()), Ok(*s)),
+            Owned::Fw(s) => assert_eq!(fw::State::decode(&s.encode()), Ok(*s)),
             Owned::Log(s) => {
                 let enc = sl_encode(s);
                 assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc));
@@ -91,6 +95,7 @@ pub fn args_multi(data: &[u8]) {
                 Kind::TokenBucket => Owned::Tb(if fresh { tb::State::default() } else { synth_tb(b) }),
                 Kind::SlidingLog => Owned::Log(if fresh { sl::State::default() } else { synth_sl(b) }),
                 Kind::SlidingCounter => Owned::Sc(if fresh { sc::State::default() } else { synth_sc(b) }),
+                Kind::FixedWindow => Owned::Fw(if fresh { fw::State::default() } else { synth_fw(b) }),
             }
         })
         .collect();
@@ -107,6 +112,7 @@ pub fn args_multi(data: &[u8]) {
                 Limit::SlidingLog(*p, Log::from_entries(&log_entries(&sl_encode(s))))
             }
             (Owned::Sc(s), multi::Params::SlidingCounter(p)) => Limit::SlidingCounter(*p, *s),
+            (Owned::Fw(s), multi::Params::FixedWindow(p)) => Limit::FixedWindow(*p, *s),
             _ => unreachable!("a limit's state has its algorithm"),
         })
         .collect();
@@ -125,14 +131,21 @@ pub fn args_multi(data: &[u8]) {
                     Owned::Tb(s) => multi::StateMut::TokenBucket(s),
                     Owned::Log(s) => multi::StateMut::SlidingLog(s),
                     Owned::Sc(s) => multi::StateMut::SlidingCounter(s),
+                    Owned::Fw(s) => multi::StateMut::FixedWindow(s),
                 })
             })
             .collect();
         multi::run(&mut refs, &params, &weights, op, inp.now, &mut per)
     };
     let per = &per[..n];
-    // The model counts the common grant down from COST: only small COSTs.
-    if call.refund > 0 || call.cost <= 4096 {
+    // The model counts the common grant down from COST: only small COSTs;
+    // and its fixed windows run unsaturated: only those whose times the
+    // implementation holds in u64 ms (as args_fixedwindow).
+    let fw_exact = states.iter().zip(&params).all(|(s, p)| match (s, p) {
+        (Owned::Fw(s), multi::Params::FixedWindow(p)) => crate::fixedwindow::in_range(s, p, inp.now),
+        _ => true,
+    });
+    if fw_exact && (call.refund > 0 || call.cost <= 4096) {
         let (mwhole, mper) = multi_model::call(&mut models, &weights, op, inp.now);
         assert_eq!(per, &mper[..], "per-limit replies differ from the model");
         assert_eq!(whole, mwhole, "whole reply differs from the model");
@@ -150,6 +163,7 @@ pub fn args_multi(data: &[u8]) {
                     assert_eq!(log_entries(&sl_encode(s)), m.entries(), "log differs from the model")
                 }
                 (Owned::Sc(s), Limit::SlidingCounter(_, m)) => assert_eq!(s, m, "counter differs from the model"),
+                (Owned::Fw(s), Limit::FixedWindow(_, m)) => assert_eq!(s, m, "fixed window differs from the model"),
                 _ => unreachable!(),
             }
         }

@@ -138,6 +138,7 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
             b"TOKENBUCKET" => (Kind::TokenBucket, &[Arg::Capacity, Arg::Rate, Arg::PeriodMs]),
             b"SLIDINGLOG" => (Kind::SlidingLog, &[Arg::Limit, Arg::WindowMs]),
             b"SLIDINGCOUNTER" => (Kind::SlidingCounter, &[Arg::Limit, Arg::WindowMs]),
+            b"FIXEDWINDOW" => (Kind::FixedWindow, &[Arg::Limit, Arg::WindowMs]),
             w if is_opt(w) => return Err(LimitCount),
             _ => return Err(Syntax),
         };
@@ -151,6 +152,11 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
             let v = a.get(i + 1).ok_or(Syntax)?;
             call.limits[j].weight = oracle_num(v, 1).ok_or(Number(Arg::Weight))?;
             i += 2;
+        }
+        // A fixed window's FROMFIRST: after its WEIGHT, once.
+        if kind == Kind::FixedWindow && up(i).as_deref() == Some(b"FROMFIRST") {
+            call.limits[j].nums[2] = crate::core::fixedwindow::FROMFIRST;
+            i += 1;
         }
     }
     let (mut cost, mut refund) = (None, None);
@@ -173,7 +179,7 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
                 refund = Some(oracle_num(a.get(i + 1).ok_or(Syntax)?, 1).ok_or(Number(Arg::Refund))?);
                 i += 2;
             }
-            b"TOKENBUCKET" | b"SLIDINGLOG" | b"SLIDINGCOUNTER" => return Err(LimitCount),
+            b"TOKENBUCKET" | b"SLIDINGLOG" | b"SLIDINGCOUNTER" | b"FIXEDWINDOW" => return Err(LimitCount),
             _ => return Err(Syntax),
         }
     }

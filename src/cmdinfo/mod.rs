@@ -93,6 +93,7 @@ static FIXEDWINDOW_ARGS: [Arg; 5] = [
 //   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
 //          | SLIDINGLOG limit window_ms [WEIGHT w]
 //          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
+//          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
 const WEIGHT: Arg = opt_int(c"weight", c"WEIGHT", c"w", c"units one request takes from this limit (default 1)");
 static MULTI_TOKENBUCKET: [Arg; 4] = [
     int(c"capacity", c"most tokens the bucket holds"),
@@ -104,10 +105,17 @@ static MULTI_SLIDINGLOG: [Arg; 3] =
     [int(c"limit", c"most units granted in any window"), int(c"window_ms", c"the window in milliseconds"), WEIGHT];
 static MULTI_SLIDINGCOUNTER: [Arg; 3] =
     [int(c"limit", c"most units granted in a window (estimated)"), int(c"window_ms", c"the window in milliseconds"), WEIGHT];
-static MULTI_LIMIT: [Arg; 3] = [
+static MULTI_FIXEDWINDOW: [Arg; 4] = [
+    int(c"limit", c"most units granted in a window"),
+    int(c"window_ms", c"the window in milliseconds, aligned on the server's clock (or from the first grant)"),
+    WEIGHT,
+    FROMFIRST,
+];
+static MULTI_LIMIT: [Arg; 4] = [
     Arg { token: Some(c"TOKENBUCKET"), sub: &MULTI_TOKENBUCKET, ..arg(c"tokenbucket", Ty::Block) },
     Arg { token: Some(c"SLIDINGLOG"), sub: &MULTI_SLIDINGLOG, ..arg(c"slidinglog", Ty::Block) },
     Arg { token: Some(c"SLIDINGCOUNTER"), sub: &MULTI_SLIDINGCOUNTER, ..arg(c"slidingcounter", Ty::Block) },
+    Arg { token: Some(c"FIXEDWINDOW"), since: Some(c"0.3.0"), sub: &MULTI_FIXEDWINDOW, ..arg(c"fixedwindow", Ty::Block) },
 ];
 static MULTI_GRANT: [Arg; 3] =
     [opt_int(c"cost", c"COST", c"n", c"requests this call asks for; each limit takes COST x WEIGHT units"), PARTIAL, DRYRUN];
@@ -267,7 +275,7 @@ pub static COMMANDS: [Doc; 6] = [
         name: c"RL.MULTI",
         handler: crate::api::entry!(crate::commands::multi, keys = crate::commands::multi_keys),
         flags: MULTI_FLAGS,
-        summary: c"Decides several limits (TOKENBUCKET capacity rate period_ms | SLIDINGLOG limit window_ms | SLIDINGCOUNTER limit window_ms, each [WEIGHT w], one per key) in one atomic step: all or nothing; replies the five fields of the binding limit, its index, and each limit's reply.",
+        summary: c"Decides several limits (TOKENBUCKET capacity rate period_ms | SLIDINGLOG limit window_ms | SLIDINGCOUNTER limit window_ms | FIXEDWINDOW limit window_ms [FROMFIRST], each [WEIGHT w], one per key) in one atomic step: all or nothing; replies the five fields of the binding limit, its index, and each limit's reply.",
         complexity: c"O(N) where N is the number of limits (each as its single command)",
         since: c"0.2.0",
         args: &MULTI_ARGS,

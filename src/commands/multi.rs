@@ -3,7 +3,7 @@
 use ratelimit_core::args::{self, Arg, ArgError, Call, Kind, LimitSpec, WordLimit, MAX_LIMITS};
 use ratelimit_core::codec;
 use ratelimit_core::multi::{self, Op, StateMut};
-use ratelimit_core::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
+use ratelimit_core::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 
 use super::reply::{reply_arg_error, reply_multi, STORE_FAILED};
 use super::single::{log_apply, word_apply, WordLimiter};
@@ -21,6 +21,7 @@ fn kind_type(kind: Kind) -> *mut redis_module::raw::RedisModuleType {
         Kind::TokenBucket => tb::State::redis_type(),
         Kind::SlidingLog => sl::State::redis_type(),
         Kind::SlidingCounter => sc::State::redis_type(),
+        Kind::FixedWindow => fw::State::redis_type(),
     }
 }
 
@@ -82,6 +83,7 @@ fn multi_one<'a>(
     let d = match spec.kind {
         Kind::TokenBucket => word_apply::<tb::State>(ctx, name, &single, Cmd::Multi),
         Kind::SlidingCounter => word_apply::<sc::State>(ctx, name, &single, Cmd::Multi),
+        Kind::FixedWindow => word_apply::<fw::State>(ctx, name, &single, Cmd::Multi),
         Kind::SlidingLog => log_apply(ctx, name, &single, Cmd::Multi),
     };
     let d = match d {
@@ -173,19 +175,21 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
         // missing log is a fresh local one, stored only if written).
         let mut tbs = [tb::State::default(); N];
         let mut scs = [sc::State::default(); N];
+        let mut fws = [fw::State::default(); N];
         let mut fresh_logs: [sl::State; N] = std::array::from_fn(|_| sl::State::default());
         let mut params = [multi::Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }); N];
         let mut weights = [1u64; N];
         let mut per = [NO_DECISION; N];
         let whole = {
             let mut states: [Option<StateMut>; N] = std::array::from_fn(|_| None);
-            for (i, ((((((st, key), slot), spec), t), c), l)) in states
+            for (i, (((((((st, key), slot), spec), t), c), f), l)) in states
                 .iter_mut()
                 .zip(keys.iter_mut())
                 .zip(&slots)
                 .zip(specs)
                 .zip(tbs.iter_mut())
                 .zip(scs.iter_mut())
+                .zip(fws.iter_mut())
                 .zip(fresh_logs.iter_mut())
                 .enumerate()
             {
@@ -204,6 +208,11 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
                         StateMut::SlidingCounter(c)
                     }
                     (Kind::SlidingCounter, _, _) => StateMut::SlidingCounter(c),
+                    (Kind::FixedWindow, Holds::Ours, Some(key)) => {
+                        *f = key.read::<fw::State>().unwrap_or_default();
+                        StateMut::FixedWindow(f)
+                    }
+                    (Kind::FixedWindow, _, _) => StateMut::FixedWindow(f),
                     (Kind::SlidingLog, Holds::Ours, Some(key)) => match key.wide_mut::<sl::State>() {
                         Some(s) => StateMut::SlidingLog(s),
                         None => StateMut::SlidingLog(l),
@@ -240,6 +249,7 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
             let stored = match spec.kind {
                 Kind::TokenBucket => tbs.get(i).is_some_and(|&s| key.store(s)),
                 Kind::SlidingCounter => scs.get(i).is_some_and(|&s| key.store(s)),
+                Kind::FixedWindow => fws.get(i).is_some_and(|&s| key.store(s)),
                 Kind::SlidingLog => match slot {
                     Holds::Ours => true,
                     _ => fresh_logs.get_mut(i).is_some_and(|l| key.set_new(std::mem::take(l))),
@@ -256,6 +266,9 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
                 }
                 Kind::SlidingCounter => {
                     commit(ctx, key, name, now, reset, e, |abs| scs.get(i).copied().unwrap_or_default().effect(abs));
+                }
+                Kind::FixedWindow => {
+                    commit(ctx, key, name, now, reset, e, |abs| fws.get(i).copied().unwrap_or_default().effect(abs));
                 }
                 Kind::SlidingLog => {
                     let g = || codec::LogGrant { now_us: now, window_ms: spec.nums[1], units: d.granted };

@@ -9,11 +9,8 @@ import { RateLimit, fixedWindow, tokenBucket, slidingLog, allOf, headers } from 
 
 const HOUR = 3600000;
 const BACKENDS = ['module', 'lua'];
-// RL.MULTI's FIXEDWINDOW kind is not in this module yet (issue 30, branch
-// s11-multi): allOf with fixed windows runs on the Lua twins only, and the
-// test "the module's RL.MULTI lacks FIXEDWINDOW yet" pins what the module
-// answers, so the day the kind lands it fails and this list gets 'module'.
-const MULTI_BACKENDS = ['lua'];
+// RL.MULTI's FIXEDWINDOW kind: in the module and in the Lua twin.
+const MULTI_BACKENDS = ['module', 'lua'];
 let server;
 before(async () => { server = await startServer(); });
 after(async () => { await server.close(); });
@@ -182,13 +179,3 @@ for (const backend of BACKENDS) {
     } finally { await close(); }
   });
 }
-
-test('the module\'s RL.MULTI lacks FIXEDWINDOW yet: allOf with a fixed window is refused', async () => {
-  const { client, close } = await connect(KINDS[0], server.port);
-  try {
-    const rl = new RateLimit(client, { timeoutMs: 2000, backend: 'module' });
-    await assert.rejects(rl.limiter(allOf([fixedWindow('x', 1, HOUR), slidingLog('y', 5, HOUR)])).limit('rl:{nk}:m'),
-      (e) => /syntax error/.test(e.message));
-    assert.equal(server.cli('KEYS', 'rl:{nk}*').trim(), '');
-  } finally { await close(); }
-});

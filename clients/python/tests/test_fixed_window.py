@@ -8,7 +8,7 @@ import redis.asyncio
 from rltesting.proc import wait_until
 from support import client
 
-from redis_ratelimit import (AsyncRateLimit, RateLimit, RateLimitError, UnsupportedError, all_of,
+from redis_ratelimit import (AsyncRateLimit, RateLimit, UnsupportedError, all_of,
                              fixed_window, headers, sliding_log, token_bucket)
 
 HOUR = 3_600_000
@@ -23,11 +23,8 @@ def backends(server):
     return out
 
 
-# RL.MULTI's FIXEDWINDOW kind is not in this module yet (issue 30, branch
-# s11-multi): all_of with fixed windows runs on the Lua twins only, and
-# test_module_multi_lacks_the_kind_yet pins what the module answers, so
-# the day the kind lands it fails and this list gets "module".
-MULTI_BACKENDS = ("lua",)
+# RL.MULTI's FIXEDWINDOW kind: in the module and in the Lua twin.
+MULTI_BACKENDS = ("module", "lua")
 
 
 def server_ms(c):
@@ -200,13 +197,3 @@ def test_a_module_without_fixed_window_refuses_before_any_call(server):
     lua = RateLimit(client(server.port), backend="lua")
     lua.detect()
     assert lua.has_fixed_window
-
-
-def test_module_multi_lacks_the_kind_yet(server):
-    """Not silent: on this module an all_of with a fixed window is refused
-    by RL.MULTI (syntax error, raised as RateLimitError; nothing written).
-    When the kind lands this fails: add "module" to MULTI_BACKENDS."""
-    rl = RateLimit(client(server.port), backend="module")
-    with pytest.raises(RateLimitError, match="syntax error"):
-        rl.limiter(all_of(fixed_window("x", 1, HOUR), sliding_log("y", 5, HOUR))).limit("rl:{nk}:m")
-    assert server.client().keys("rl:{nk}*") == []

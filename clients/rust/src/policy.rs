@@ -156,8 +156,8 @@ pub fn sliding_counter(name: &str, limit: u64, window_ms: u64) -> Result<Policy>
 /// A fixed-window counter (`RL.FIXEDWINDOW`): at most `limit` units per
 /// window of `window_ms`, the windows aligned to the epoch, or with
 /// `from_first` starting at a key's first grant (`FROMFIRST`). It needs the
-/// module: there is no Lua twin, and `RL.MULTI` has no fixed window, so
-/// `all_of` refuses it.
+/// module: this client loads no Lua twin for it, and its `all_of` does
+/// not take one yet (`RL.MULTI`'s `FIXEDWINDOW` limit is not wired here).
 pub fn fixed_window(name: &str, limit: u64, window_ms: u64, from_first: bool) -> Result<Policy> {
     check_name(name)?;
     check_int("limit", limit, 1)?;
@@ -194,7 +194,10 @@ pub fn all_of(parts: Vec<Policy>, name: Option<&str>) -> Result<AllOf> {
     }
     for (i, p) in parts.iter().enumerate() {
         if p.kind.multi_name().is_none() {
-            return Err(Error::Invalid(format!("all_of: {:?} is a fixed window, which RL.MULTI does not take", p.name)));
+            return Err(Error::Invalid(format!(
+                "all_of: {:?} is a fixed window, which this client's all_of does not take yet",
+                p.name
+            )));
         }
         if parts[..i].iter().any(|q| q.name == p.name) {
             return Err(Error::Invalid(format!("all_of: policy names must be distinct, got {:?} twice", p.name)));

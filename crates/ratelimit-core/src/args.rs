@@ -11,11 +11,13 @@
 //!   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
 //!          | SLIDINGLOG limit window_ms [WEIGHT w]
 //!          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
+//!          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
 //! ```
 //!
 //! `REFUND n` excludes COST, PARTIAL and DRYRUN (a syntax error).
 //! `FROMFIRST` (RL.FIXEDWINDOW only) goes with either; it is carried in
-//! `Call::nums[2]` as [`crate::fixedwindow::FROMFIRST`].
+//! `Call::nums[2]` as [`crate::fixedwindow::FROMFIRST`]. In RL.MULTI it
+//! belongs to a FIXEDWINDOW limit, after its WEIGHT (`LimitSpec::nums[2]`).
 
 use crate::MAX_ARG;
 
@@ -271,17 +273,20 @@ pub enum Kind {
     TokenBucket,
     SlidingLog,
     SlidingCounter,
+    FixedWindow,
 }
 
 impl Kind {
     /// The algorithm `w` names, case-insensitively: one comparison, picked
-    /// by the length (the three names differ in length).
+    /// by the length (the names of 10 and 14 letters are one each; the two
+    /// of 11 letters differ in their first).
     #[inline]
     pub fn from_word(w: &[u8]) -> Option<Kind> {
-        let (name, kind): (&[u8], Kind) = match w.len() {
-            11 => (b"TOKENBUCKET", Kind::TokenBucket),
-            10 => (b"SLIDINGLOG", Kind::SlidingLog),
-            14 => (b"SLIDINGCOUNTER", Kind::SlidingCounter),
+        let (name, kind): (&[u8], Kind) = match (w.len(), w.first().map(|b| b & 0xDF)) {
+            (11, Some(b'T')) => (b"TOKENBUCKET", Kind::TokenBucket),
+            (11, _) => (b"FIXEDWINDOW", Kind::FixedWindow),
+            (10, _) => (b"SLIDINGLOG", Kind::SlidingLog),
+            (14, _) => (b"SLIDINGCOUNTER", Kind::SlidingCounter),
             _ => return None,
         };
         eq_upper_letters(w, name).then_some(kind)
@@ -290,7 +295,7 @@ impl Kind {
     pub const fn args(self) -> &'static [Arg] {
         match self {
             Kind::TokenBucket => TOKENBUCKET_ARGS,
-            Kind::SlidingLog | Kind::SlidingCounter => WINDOW_ARGS,
+            Kind::SlidingLog | Kind::SlidingCounter | Kind::FixedWindow => WINDOW_ARGS,
         }
     }
 }
@@ -299,7 +304,8 @@ impl Kind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LimitSpec {
     pub kind: Kind,
-    /// As in [`Call::nums`].
+    /// As in [`Call::nums`] (for a FIXEDWINDOW limit, `nums[2]` is
+    /// [`crate::fixedwindow::FROMFIRST`] when the limit says FROMFIRST).
     pub nums: [u64; 3],
     pub weight: u64,
 }
@@ -309,11 +315,12 @@ impl LimitSpec {
     #[inline]
     pub const fn params(&self) -> crate::multi::Params {
         use crate::multi::Params;
-        use crate::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
+        use crate::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
         match self.kind {
             Kind::TokenBucket => Params::TokenBucket(tb::Params::from_nums(self.nums)),
             Kind::SlidingLog => Params::SlidingLog(sl::Params::from_nums(self.nums)),
             Kind::SlidingCounter => Params::SlidingCounter(sc::Params::from_nums(self.nums)),
+            Kind::FixedWindow => Params::FixedWindow(fw::Params::from_nums(self.nums)),
         }
     }
 }
@@ -383,6 +390,7 @@ fn is_option(w: &[u8]) -> bool {
 ///   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
 ///          | SLIDINGLOG limit window_ms [WEIGHT w]
 ///          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
+///          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
 /// ```
 ///
 /// Errors, first found from the left: fewer than 5 arguments → `Arity`; a
@@ -553,6 +561,10 @@ pub fn parse_multi_n<'a, const N: usize>(args: impl ExactSizeIterator<Item = &'a
             args.next();
             let a = args.next().ok_or(ArgError::Syntax)?;
             limit.weight = parse_num(a, Arg::Weight.min()).ok_or(ArgError::Number(Arg::Weight))?;
+        }
+        if kind == Kind::FixedWindow && args.peek().is_some_and(|w| eq_upper_letters(w, b"FROMFIRST")) {
+            args.next();
+            limit.nums[2] = crate::fixedwindow::FROMFIRST;
         }
     }
     let mut opts = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };

@@ -196,14 +196,16 @@ fn parse_multi_words_agrees_with_parse_multi() {
                     let want = match l.kind {
                         Kind::TokenBucket => WordLimit::TokenBucket(tb::Params::from_nums(l.nums)),
                         Kind::SlidingCounter => WordLimit::SlidingCounter(sc::Params::from_nums(l.nums)),
-                        Kind::SlidingLog => panic!("a sliding log on the word path {args:?}"),
+                        Kind::SlidingLog | Kind::FixedWindow => panic!("not a word limit on the word path {args:?}"),
                     };
                     assert_eq!((l.weight, *w), (1, want), "{args:?}");
                 }
             }
             None => {
                 let common = full.is_ok_and(|c| {
-                    c.limits[..c.n].iter().all(|l| l.weight == 1 && l.kind != Kind::SlidingLog)
+                    c.limits[..c.n]
+                        .iter()
+                        .all(|l| l.weight == 1 && matches!(l.kind, Kind::TokenBucket | Kind::SlidingCounter))
                         && !args.iter().any(|w| w.eq_ignore_ascii_case(b"WEIGHT") || is_option(w))
                 });
                 assert!(!common, "declined a common call {args:?}");

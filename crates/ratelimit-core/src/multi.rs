@@ -1,7 +1,7 @@
 //! RL.MULTI: several limits decided in one step, all or nothing. Pure.
 //!
-//! Each limit is read once ([`Limit`]: a token bucket, sliding log or
-//! sliding counter view at the call's one clock reading) and answers two
+//! Each limit is read once ([`Limit`]: a token bucket, sliding log,
+//! sliding counter or fixed window view at the call's one clock reading) and answers two
 //! questions through the same functions the single commands use: how many
 //! units it could take now ([`Limit::available`]) and what it replies after
 //! taking some for a call that asked for more ([`Limit::answer`]). A limit
@@ -17,7 +17,7 @@
 //! single command's reply. [`combine`] folds the per-limit replies into the
 //! whole reply (docs/contract.md, "RL.MULTI").
 
-use crate::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision, MAX_ARG};
+use crate::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision, MAX_ARG};
 
 /// Most limits one call may name.
 pub const MAX_LIMITS: usize = 16;
@@ -28,6 +28,7 @@ pub enum Limit<'a> {
     TokenBucket(tb::View),
     SlidingLog(sl::View<'a>),
     SlidingCounter(sc::View),
+    FixedWindow(fw::View),
 }
 
 impl Limit<'_> {
@@ -38,6 +39,7 @@ impl Limit<'_> {
             Limit::TokenBucket(v) => v.available(),
             Limit::SlidingLog(v) => v.available(),
             Limit::SlidingCounter(v) => v.available(),
+            Limit::FixedWindow(v) => v.available(),
         }
     }
 
@@ -48,6 +50,7 @@ impl Limit<'_> {
             Limit::TokenBucket(v) => v.answer(taken, want),
             Limit::SlidingLog(v) => v.answer(taken, want),
             Limit::SlidingCounter(v) => v.answer(taken, want),
+            Limit::FixedWindow(v) => v.answer(taken, want),
         }
     }
 }
@@ -218,6 +221,7 @@ pub enum StateMut<'a> {
     TokenBucket(&'a mut tb::State),
     SlidingLog(&'a mut sl::State),
     SlidingCounter(&'a mut sc::State),
+    FixedWindow(&'a mut fw::State),
 }
 
 /// The parameters of one limit.
@@ -226,6 +230,7 @@ pub enum Params {
     TokenBucket(tb::Params),
     SlidingLog(sl::Params),
     SlidingCounter(sc::Params),
+    FixedWindow(fw::Params),
 }
 
 /// A state read under its limit's parameters (None when the two are not of
@@ -236,6 +241,7 @@ fn view<'a>(s: &'a Option<StateMut>, p: &Params, now_us: u64) -> Option<Limit<'a
         (StateMut::TokenBucket(s), Params::TokenBucket(p)) => Limit::TokenBucket(tb::View::at(s, p, now_us)),
         (StateMut::SlidingLog(s), Params::SlidingLog(p)) => Limit::SlidingLog(sl::View::at(s, p, now_us)),
         (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => Limit::SlidingCounter(sc::View::at(s, p, now_us)),
+        (StateMut::FixedWindow(s), Params::FixedWindow(p)) => Limit::FixedWindow(fw::View::at(s, p, now_us)),
         _ => return None,
     })
 }
@@ -248,6 +254,7 @@ fn take(s: &mut Option<StateMut>, p: &Params, units: u64, now_us: u64) {
         (StateMut::TokenBucket(s), Params::TokenBucket(p)) => **s = tb::View::at(s, p, now_us).state_after(units),
         (StateMut::SlidingLog(s), Params::SlidingLog(p)) => sl::grant(s, p.window_ms, units, now_us),
         (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => **s = sc::View::at(s, p, now_us).state_after(units),
+        (StateMut::FixedWindow(s), Params::FixedWindow(p)) => **s = fw::View::at(s, p, now_us).state_after(units),
         _ => {}
     }
 }
@@ -273,6 +280,13 @@ fn give_back(s: &mut Option<StateMut>, p: &Params, units: u64, want: u64, now_us
         }
         (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => {
             let (d, new) = sc::refund(s, p, units, want, now_us);
+            if d.granted > 0 {
+                **s = new;
+            }
+            d
+        }
+        (StateMut::FixedWindow(s), Params::FixedWindow(p)) => {
+            let (d, new) = fw::refund(s, p, units, want, now_us);
             if d.granted > 0 {
                 **s = new;
             }
@@ -317,13 +331,15 @@ pub fn run(
     }
 }
 
-/// A token bucket's or sliding counter's state after a take, computed
-/// while deciding; `Same` for a sliding log (granted in place afterwards).
+/// A word state's (token bucket, sliding counter, fixed window) after a
+/// take, computed while deciding; `Same` for a sliding log (granted in
+/// place afterwards).
 #[derive(Clone, Copy)]
 enum After {
     Same,
     TokenBucket(tb::State),
     SlidingCounter(sc::State),
+    FixedWindow(fw::State),
 }
 
 /// [`run`] over `n ≤ N` limits (the slices have the same length).
@@ -354,6 +370,7 @@ fn run_n<const N: usize>(
                         *a = match l {
                             Some(Limit::TokenBucket(v)) => After::TokenBucket(v.state_after(d.granted)),
                             Some(Limit::SlidingCounter(v)) => After::SlidingCounter(v.state_after(d.granted)),
+                            Some(Limit::FixedWindow(v)) => After::FixedWindow(v.state_after(d.granted)),
                             _ => After::Same,
                         };
                     }
@@ -365,6 +382,7 @@ fn run_n<const N: usize>(
                     match (s, a) {
                         (Some(StateMut::TokenBucket(s)), After::TokenBucket(new)) => **s = *new,
                         (Some(StateMut::SlidingCounter(s)), After::SlidingCounter(new)) => **s = *new,
+                        (Some(StateMut::FixedWindow(s)), After::FixedWindow(new)) => **s = *new,
                         (s, _) => take(s, p, d.granted, now_us),
                     }
                 }

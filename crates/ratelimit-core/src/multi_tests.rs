@@ -1,5 +1,5 @@
 //! Model tests for RL.MULTI: random sequences of multi-limit calls (2–4
-//! limits, mixed algorithms, WEIGHT, PARTIAL, DRYRUN, COST 0, REFUND, clock
+//! limits, mixed algorithms (fixed windows epoch-aligned and FROMFIRST), WEIGHT, PARTIAL, DRYRUN, COST 0, REFUND, clock
 //! steps back, steps onto the instant a grant leaves a window) against the
 //! reference (`reference::multi`), which evaluates each limit on its own
 //! model, by brute force over exact integers and rationals, and commits all
@@ -7,7 +7,7 @@
 
 use super::*;
 use crate::reference::multi::{self as model, Limit};
-use crate::{slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
+use crate::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 use proptest::prelude::*;
 
 // ---- The implementation under test, driven like the handler drives it. ----
@@ -17,6 +17,7 @@ enum Real {
     Tb(tb::State),
     Log(sl::State),
     Counter(sc::State),
+    Fw(fw::State),
 }
 
 fn run_real(states: &mut [Real], params: &[Params], weights: &[u64], op: Op, now: u64) -> (Whole, Vec<Decision>) {
@@ -28,6 +29,7 @@ fn run_real(states: &mut [Real], params: &[Params], weights: &[u64], op: Op, now
                 Real::Tb(s) => Some(StateMut::TokenBucket(s)),
                 Real::Log(s) => Some(StateMut::SlidingLog(s)),
                 Real::Counter(s) => Some(StateMut::SlidingCounter(s)),
+                Real::Fw(s) => Some(StateMut::FixedWindow(s)),
             })
             .collect();
         run(&mut refs, params, weights, op, now, &mut per)
@@ -41,6 +43,7 @@ fn run_real(states: &mut [Real], params: &[Params], weights: &[u64], op: Op, now
                     Real::Tb(_) => Real::Tb(tb::State::default()),
                     Real::Log(_) => Real::Log(sl::State::default()),
                     Real::Counter(_) => Real::Counter(sc::State::default()),
+                    Real::Fw(_) => Real::Fw(fw::State::default()),
                 };
             }
         }
@@ -110,12 +113,14 @@ fn span_us(p: &Params) -> u64 {
         Params::TokenBucket(p) => p.period_ms * 1000,
         Params::SlidingLog(p) => p.window_ms * 1000,
         Params::SlidingCounter(p) => p.window_ms * 1000,
+        Params::FixedWindow(p) => p.window_ms * 1000,
     }
 }
 
 fn limit_strategy() -> impl Strategy<Value = (u8, u64, u64, u64, u64)> {
-    // (algorithm, limit/capacity, rate, period/window ms, weight)
-    (0u8..3, 1u64..20, 1u64..8, prop_oneof![1u64..50, 50u64..3000], prop_oneof![3 => Just(1u64), 1 => 1u64..4])
+    // (algorithm, limit/capacity, rate, period/window ms, weight); the
+    // fixed window's `rate` odd: FROMFIRST
+    (0u8..4, 1u64..20, 1u64..8, prop_oneof![1u64..50, 50u64..3000], prop_oneof![3 => Just(1u64), 1 => 1u64..4])
 }
 
 proptest! {
@@ -141,9 +146,13 @@ proptest! {
                     params.push(Params::SlidingLog(sl::Params { limit, window_ms: ms }));
                     states.push(Real::Log(sl::State::default()));
                 }
-                _ => {
+                2 => {
                     params.push(Params::SlidingCounter(sc::Params { limit, window_ms: ms }));
                     states.push(Real::Counter(sc::State::default()));
+                }
+                _ => {
+                    params.push(Params::FixedWindow(fw::Params { limit, window_ms: ms, from_first: rate % 2 == 1 }));
+                    states.push(Real::Fw(fw::State::default()));
                 }
             }
         }
@@ -175,7 +184,8 @@ proptest! {
         let (params, mut multi_state, mut single_state) = match algo {
             0 => (Params::TokenBucket(tb::Params { capacity: lim, rate, period_ms: ms }), Real::Tb(Default::default()), Real::Tb(Default::default())),
             1 => (Params::SlidingLog(sl::Params { limit: lim, window_ms: ms }), Real::Log(Default::default()), Real::Log(Default::default())),
-            _ => (Params::SlidingCounter(sc::Params { limit: lim, window_ms: ms }), Real::Counter(Default::default()), Real::Counter(Default::default())),
+            2 => (Params::SlidingCounter(sc::Params { limit: lim, window_ms: ms }), Real::Counter(Default::default()), Real::Counter(Default::default())),
+            _ => (Params::FixedWindow(fw::Params { limit: lim, window_ms: ms, from_first: rate % 2 == 1 }), Real::Fw(Default::default()), Real::Fw(Default::default())),
         };
         let spans = [span_us(&params)];
         let mut calls = Vec::new();
@@ -201,6 +211,7 @@ proptest! {
                 (Real::Tb(a), Real::Tb(b)) => a == b,
                 (Real::Log(a), Real::Log(b)) => a == b,
                 (Real::Counter(a), Real::Counter(b)) => a == b,
+                (Real::Fw(a), Real::Fw(b)) => a == b,
                 _ => false,
             };
             prop_assert!(same);
@@ -230,6 +241,20 @@ fn single_call(s: &mut Real, p: &Params, op: Op, now: u64) -> Decision {
             let (d, n) = sc::step(s, p, cost, partial, now);
             if d.granted > 0 && !dryrun {
                 *s = n;
+            }
+            d
+        }
+        (Real::Fw(s), Params::FixedWindow(p), Op::Take { cost, partial, dryrun }) => {
+            let (d, n) = fw::step(s, p, cost, partial, now);
+            if d.granted > 0 && !dryrun {
+                *s = n;
+            }
+            d
+        }
+        (Real::Fw(s), Params::FixedWindow(p), Op::Refund(n)) => {
+            let (d, new) = fw::refund(s, p, n, 1, now);
+            if d.granted > 0 {
+                *s = if d.reset_after_ms == 0 { fw::State::default() } else { new };
             }
             d
         }

@@ -110,6 +110,21 @@ pub fn decide(s: &State, p: &Params, cost: u64, partial: bool, now_us: u64, mode
     (answer(&after, p, t, granted, cost_, mode), after)
 }
 
+/// A take of exactly `taken` units (what RL.MULTI's limits do: the call's
+/// common grant, which may be less than this window could give) for a call
+/// of `want`, at `now_us`: the reply and the state after it.
+pub fn take(s: &State, p: &Params, taken: u64, want: u64, now_us: u64, mode: Search) -> (Decision, State) {
+    let t = u128::from(now_us / 1000);
+    let c = counted(s, p, t);
+    let taken_ = u128::from(taken);
+    let after = if taken > 0 {
+        State { start_ms: u64::try_from(grant_window(s, p, t)).unwrap(), count: u64::try_from(c + taken_).unwrap() }
+    } else {
+        *s
+    };
+    (answer(&after, p, t, taken_, u128::from(want), mode), after)
+}
+
 /// The reply at `t` (ms) for the state `after` a call took `taken` of
 /// `want` units.
 fn answer(after: &State, p: &Params, t: u128, taken: u128, want: u128, mode: Search) -> Decision {

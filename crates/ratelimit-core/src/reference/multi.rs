@@ -2,11 +2,12 @@
 //! model), the largest common grant found by counting down, all or nothing,
 //! and the whole reply picked from the per-limit ones.
 
+use super::fixedwindow as fwm;
 use super::slidingcounter::{self as scm, Search};
 use super::slidinglog::Log;
 use super::tokenbucket::Bucket;
 use crate::multi::{Op, Params, Whole};
-use crate::{slidingcounter as sc, Decision};
+use crate::{fixedwindow as fw, slidingcounter as sc, Decision};
 
 /// One limit of a call: its parameters and its model state.
 #[derive(Clone, Debug)]
@@ -14,6 +15,7 @@ pub enum Limit {
     TokenBucket(crate::tokenbucket::Params, Bucket),
     SlidingLog(crate::slidinglog::Params, Log),
     SlidingCounter(sc::Params, sc::State),
+    FixedWindow(fw::Params, fw::State),
 }
 
 impl Limit {
@@ -23,6 +25,7 @@ impl Limit {
             Params::TokenBucket(p) => Limit::TokenBucket(p, Bucket::default()),
             Params::SlidingLog(p) => Limit::SlidingLog(p, Log::default()),
             Params::SlidingCounter(p) => Limit::SlidingCounter(p, sc::State::default()),
+            Params::FixedWindow(p) => Limit::FixedWindow(p, fw::State::default()),
         }
     }
 
@@ -32,6 +35,8 @@ impl Limit {
             Limit::TokenBucket(p, m) => m.avail(p, now),
             Limit::SlidingLog(p, m) => m.avail(p, now),
             Limit::SlidingCounter(p, s) => scm::avail(s, p, now, Search::Bisect),
+            // As much as a PARTIAL call of `limit` units is granted.
+            Limit::FixedWindow(p, s) => fwm::decide(s, p, p.limit, true, now, Search::Bisect).0.granted,
         }
     }
 
@@ -41,6 +46,7 @@ impl Limit {
             Limit::TokenBucket(p, m) => m.reply(p, now, taken, want),
             Limit::SlidingLog(p, m) => m.reply(p, now, taken, want),
             Limit::SlidingCounter(p, s) => scm::reply(s, p, now, taken, want, Search::Bisect).0,
+            Limit::FixedWindow(p, s) => fwm::take(s, p, taken, want, now, Search::Bisect).0,
         }
     }
 
@@ -50,6 +56,7 @@ impl Limit {
             Limit::TokenBucket(p, m) => m.commit(p, now, taken),
             Limit::SlidingLog(p, m) => m.grant(p.window_ms, taken, now),
             Limit::SlidingCounter(p, s) => *s = scm::reply(s, p, now, taken, taken, Search::Bisect).1,
+            Limit::FixedWindow(p, s) => *s = fwm::take(s, p, taken, taken, now, Search::Bisect).1,
         }
     }
 
@@ -64,12 +71,18 @@ impl Limit {
                 *s = after;
                 d
             }
+            Limit::FixedWindow(p, s) => {
+                let (d, after) = fwm::refund(s, p, n, want, now, Search::Bisect);
+                *s = after;
+                d
+            }
         };
         if d.granted > 0 && d.reset_after_ms == 0 {
             *self = match self {
                 Limit::TokenBucket(p, _) => Limit::TokenBucket(*p, Bucket::default()),
                 Limit::SlidingLog(p, _) => Limit::SlidingLog(*p, Log::default()),
                 Limit::SlidingCounter(p, _) => Limit::SlidingCounter(*p, sc::State::default()),
+                Limit::FixedWindow(p, _) => Limit::FixedWindow(*p, fw::State::default()),
             };
         }
         d
