@@ -54,6 +54,9 @@ EXPECTED_ARGS = {
             A("slidinglog", "block", "SLIDINGLOG", children=[A("limit", "integer"), A("window_ms", "integer"), WEIGHT]),
             A("slidingcounter", "block", "SLIDINGCOUNTER", children=[
                 A("limit", "integer"), A("window_ms", "integer"), WEIGHT]),
+            A("fixedwindow", "block", "FIXEDWINDOW", children=[
+                A("limit", "integer"), A("window_ms", "integer"), WEIGHT,
+                A("fromfirst", "pure-token", "FROMFIRST", {"optional"})]),
         ]),
         A("mode", "oneof", flags={"optional"}, children=[
             A("grant", "block", children=[A("cost", "integer", "COST", {"optional"}),
@@ -627,7 +630,8 @@ def test_cli_shows_argument_hints(server):
         hint = screen_after("\x15RL.MULTI ")
         w = r"\[WEIGHT (w|weight)\]"
         assert re.search(rf"RL\.MULTI numkeys key \[key \.\.\.\] TOKENBUCKET capacity rate period_ms {w}"
-                         rf"\|SLIDINGLOG limit window_ms {w}\|SLIDINGCOUNTER limit window_ms {w}", hint), hint
+                         rf"\|SLIDINGLOG limit window_ms {w}\|SLIDINGCOUNTER limit window_ms {w}"
+                         rf"\|FIXEDWINDOW limit window_ms {w} \[FROMFIRST\]", hint), hint
         os.write(fd, b"\x15quit\r")
     finally:
         try:
