@@ -364,6 +364,20 @@ def test_replica_digest(servers, clock, kind):
         os.unlink(other.path)
 
 
+def least_usage(r, key):
+    """MEMORY USAGE of `key`, the smallest over fresh copies of it (names of
+    the same length): a libc-malloc server (the Valkey wheels) counts each
+    allocation's malloc_usable_size, which glibc rounds up by 16 bytes or so
+    when it reuses a slightly larger free chunk (as test_commands.mem)."""
+    copies = ["~%0*d" % (len(key) - 1, i) for i in range(16)]
+    best = r.memory_usage(key, samples=0)
+    for name in copies:
+        r.copy(key, name, replace=True)
+        best = min(best, r.memory_usage(name, samples=0))
+    r.delete(*copies)
+    return best
+
+
 def test_the_native_state_persists_and_moves(server_factory):
     """rl-gcrate through AOF rewrite and replay, RDB reload, DUMP/RESTORE and
     COPY keeps every key's value and expiry; MEMORY USAGE counts it as the
@@ -390,7 +404,7 @@ def test_the_native_state_persists_and_moves(server_factory):
     r.copy("g:1", "g:copied")
     v = r.execute_command("DEBUG", "DIGEST-VALUE", "g:1")
     assert r.execute_command("DEBUG", "DIGEST-VALUE", "g:restored", "g:copied") == v * 2
-    assert r.memory_usage("g:1") == r.memory_usage("tb")
+    assert least_usage(r, "g:1") == least_usage(r, "tb")
     with pytest.raises(redis.ResponseError, match="invalid RL.STATE payload"):
         r.execute_command("RL.STATE", "g:bad", b"\x07" + b"\x00" * 8 + b"\x02" + b"\x00" * 8)
 
