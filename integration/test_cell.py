@@ -37,6 +37,7 @@ import redis
 
 from rltesting import proc
 from rltesting.proc import Server, wait_until
+from rltesting.replies import least_memory_usage
 
 CELL_PLAIN = os.environ.get("RL_CELL_MODULE", "")
 FAKETIME_LIB = os.environ.get("RL_FAKETIME_LIB", "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
@@ -364,20 +365,6 @@ def test_replica_digest(servers, clock, kind):
         os.unlink(other.path)
 
 
-def least_usage(r, key):
-    """MEMORY USAGE of `key`, the smallest over fresh copies of it (names of
-    the same length): a libc-malloc server (the Valkey wheels) counts each
-    allocation's malloc_usable_size, which glibc rounds up by 16 bytes or so
-    when it reuses a slightly larger free chunk (as test_commands.mem)."""
-    copies = ["~%0*d" % (len(key) - 1, i) for i in range(16)]
-    best = r.memory_usage(key, samples=0)
-    for name in copies:
-        r.copy(key, name, replace=True)
-        best = min(best, r.memory_usage(name, samples=0))
-    r.delete(*copies)
-    return best
-
-
 def test_the_native_state_persists_and_moves(server_factory):
     """rl-gcrate through AOF rewrite and replay, RDB reload, DUMP/RESTORE and
     COPY keeps every key's value and expiry; MEMORY USAGE counts it as the
@@ -404,7 +391,7 @@ def test_the_native_state_persists_and_moves(server_factory):
     r.copy("g:1", "g:copied")
     v = r.execute_command("DEBUG", "DIGEST-VALUE", "g:1")
     assert r.execute_command("DEBUG", "DIGEST-VALUE", "g:restored", "g:copied") == v * 2
-    assert least_usage(r, "g:1") == least_usage(r, "tb")
+    assert least_memory_usage(r, "g:1", proc.SERVER.malloc) == least_memory_usage(r, "tb", proc.SERVER.malloc)
     with pytest.raises(redis.ResponseError, match="invalid RL.STATE payload"):
         r.execute_command("RL.STATE", "g:bad", b"\x07" + b"\x00" * 8 + b"\x02" + b"\x00" * 8)
 

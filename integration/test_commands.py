@@ -12,7 +12,7 @@ import redis
 
 from rltesting.proc import SERVER, wait_until
 from rltesting.replication import start_replica, wait_ack, wait_aof_rewrite
-from rltesting.replies import COMMANDS
+from rltesting.replies import COMMANDS, least_memory_usage
 
 MAX = (1 << 53) - 1
 # A window so long that no refill or window boundary happens during a test
@@ -46,21 +46,8 @@ def dirty(c):
 
 
 def mem(c, key):
-    """MEMORY USAGE of `key`. A libc-malloc build (the Valkey wheels) counts
-    each allocation's malloc_usable_size, which glibc rounds up by up to 24
-    bytes when it reuses a slightly larger free chunk, so the same value can
-    read 16 bytes more after a DEBUG RELOAD than before. There the smallest
-    reading over fresh copies (same name length, same TTL) is the size
-    without that slack; jemalloc's size classes need no such care."""
-    if not SERVER.malloc.startswith("libc"):
-        return c.memory_usage(key, samples=0)
-    copies = ["~%0*d" % (len(key) - 1, i) for i in range(16)]
-    best = c.memory_usage(key, samples=0)
-    for name in copies:
-        c.copy(key, name, replace=True)
-        best = min(best, c.memory_usage(name, samples=0))
-    c.delete(*copies)
-    return best
+    """MEMORY USAGE of `key` without glibc's reuse slack (replies.least_memory_usage)."""
+    return least_memory_usage(c, key, SERVER.malloc)
 
 
 def block_size(c, n):

@@ -108,3 +108,22 @@ def db_digest(client):
 def load_json(path):
     with open(path) as f:
         return json.load(f)
+
+
+def least_memory_usage(c, key, malloc):
+    """MEMORY USAGE of `key`. A libc-malloc build (`malloc`, as
+    proc.SERVER.malloc says: the Valkey wheels) counts each allocation's
+    malloc_usable_size, which glibc rounds up by up to 24 bytes when it
+    reuses a slightly larger free chunk, so the same value can read 16 bytes
+    more after a DEBUG RELOAD than before. There the smallest reading over
+    fresh copies (same name length, same TTL) is the size without that
+    slack; jemalloc's size classes need no such care."""
+    best = c.memory_usage(key, samples=0)
+    if not malloc.startswith("libc"):
+        return best
+    copies = ["~%0*d" % (len(key) - 1, i) for i in range(16)]
+    for name in copies:
+        c.copy(key, name, replace=True)
+        best = min(best, c.memory_usage(name, samples=0))
+    c.delete(*copies)
+    return best

@@ -102,12 +102,7 @@ pub fn decide(s: &State, p: &Params, cost: u64, partial: bool, now_us: u64, mode
     } else {
         0
     };
-    let after = if granted > 0 {
-        State { start_ms: u64::try_from(grant_window(s, p, t)).unwrap(), count: u64::try_from(c + granted).unwrap() }
-    } else {
-        *s
-    };
-    (answer(&after, p, t, granted, cost_, mode), after)
+    take(s, p, u64::try_from(granted).unwrap(), cost, now_us, mode)
 }
 
 /// A take of exactly `taken` units (what RL.MULTI's limits do: the call's
