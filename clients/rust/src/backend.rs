@@ -6,7 +6,7 @@ use std::sync::OnceLock;
 
 use redis::{Cmd, Value};
 
-use crate::policy::Policy;
+use crate::policy::{Kind, Policy};
 
 /// Which backend a `RateLimit` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -34,15 +34,17 @@ fn script_text(name: &str) -> &'static str {
         "tokenbucket" => include_str!("../../../lua/tokenbucket.lua"),
         "slidinglog" => include_str!("../../../lua/slidinglog.lua"),
         "slidingcounter" => include_str!("../../../lua/slidingcounter.lua"),
+        "fixedwindow" => include_str!("../../../lua/fixedwindow.lua"),
         _ => include_str!("../../../lua/multi.lua"),
     }
 }
 
-/// The script for a name (`tokenbucket`, `slidinglog`, `slidingcounter`, `multi`).
+/// The script for a name (`tokenbucket`, `slidinglog`, `slidingcounter`,
+/// `fixedwindow`, `multi`; any other name is `multi`).
 pub(crate) fn script(name: &'static str) -> &'static Script {
     static S: OnceLock<Vec<(&'static str, Script)>> = OnceLock::new();
     let all = S.get_or_init(|| {
-        ["tokenbucket", "slidinglog", "slidingcounter", "multi"]
+        ["tokenbucket", "slidinglog", "slidingcounter", "fixedwindow", "multi"]
             .into_iter()
             .map(|n| {
                 let text = script_text(n);
@@ -50,7 +52,7 @@ pub(crate) fn script(name: &'static str) -> &'static Script {
             })
             .collect()
     });
-    &all.iter().find(|(n, _)| *n == name).unwrap_or(&all[3]).1
+    &all.iter().find(|(n, _)| *n == name).unwrap_or(&all[4]).1
 }
 
 /// The options after the limits.
@@ -88,11 +90,13 @@ impl Tail {
 #[derive(Debug, Clone)]
 pub(crate) struct Request {
     pub command: &'static str,
-    /// The Lua twin; `None`: the module only (a fixed window).
-    pub script: Option<&'static str>,
+    /// The Lua twin's name (`lua/<script>.lua`).
+    pub script: &'static str,
     pub keys: Vec<String>,
     pub args: Vec<String>,
     multi: bool,
+    /// A fixed window in it: the module must have `RL.FIXEDWINDOW`.
+    pub fixed: bool,
 }
 
 impl Request {
@@ -102,22 +106,27 @@ impl Request {
         if p.from_first() {
             args.push("FROMFIRST".into());
         }
-        Request { command: p.kind().command(), script: p.kind().script(), keys: vec![key.to_owned()], args, multi: false }
+        let (command, script, fixed) = (p.kind().command(), p.kind().script(), p.kind() == Kind::FixedWindow);
+        Request { command, script, keys: vec![key.to_owned()], args, multi: false, fixed }
     }
 
     pub fn multi(parts: &[Policy], keys: Vec<String>, tail: Tail) -> Request {
         let mut args = Vec::new();
         for p in parts {
-            // all_of refuses a policy RL.MULTI does not take
-            args.push(p.kind().multi_name().unwrap_or("?").to_owned());
+            args.push(p.kind().multi_name().to_owned());
             args.extend(p.params().iter().map(u64::to_string));
             if p.weight() != 1 {
                 args.push("WEIGHT".into());
                 args.push(p.weight().to_string());
             }
+            // after the limit's WEIGHT, as RL.MULTI and multi.lua take it
+            if p.from_first() {
+                args.push("FROMFIRST".into());
+            }
         }
         tail.push(&mut args);
-        Request { command: "RL.MULTI", script: Some("multi"), keys, args, multi: true }
+        let fixed = parts.iter().any(|p| p.kind() == Kind::FixedWindow);
+        Request { command: "RL.MULTI", script: "multi", keys, args, multi: true, fixed }
     }
 
     pub fn is_multi(&self) -> bool {
@@ -133,21 +142,67 @@ impl Request {
         c
     }
 
-    /// The EVALSHA (or EVAL) of its Lua twin; `script` must be `Some`.
+    /// The EVALSHA (or EVAL) of its Lua twin.
     pub fn lua_cmd(&self, eval: bool) -> Cmd {
-        let s = script(self.script.unwrap_or("multi"));
+        let s = script(self.script);
         let mut c = if eval { redis::cmd("EVAL") } else { redis::cmd("EVALSHA") };
         c.arg(if eval { s.text } else { s.sha.as_str() }).arg(self.keys.len()).arg(&self.keys).arg(&self.args);
         c
     }
 }
 
-/// `COMMAND INFO RL.TOKENBUCKET RL.MULTI` → (has the module, has RL.MULTI).
-pub(crate) fn detect_reply(v: &Value) -> Option<(bool, bool)> {
+/// What the detection asks: `COMMAND INFO` of these, in this order.
+pub(crate) const DETECT: [&str; 3] = ["RL.TOKENBUCKET", "RL.MULTI", "RL.FIXEDWINDOW"];
+
+/// The module's commands a server has, from its `COMMAND INFO` of [`DETECT`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Found {
+    pub module: bool,
+    pub multi: bool,
+    pub fixed: bool,
+}
+
+/// `COMMAND INFO RL.TOKENBUCKET RL.MULTI RL.FIXEDWINDOW` → what it has
+/// (a nil entry: that command is unknown).
+pub(crate) fn detect_reply(v: &Value) -> Option<Found> {
     let Value::Array(a) = v else { return None };
-    if a.len() != 2 {
+    if a.len() != DETECT.len() {
         return None;
     }
     let has = |x: &Value| !matches!(x, Value::Nil);
-    Some((has(&a[0]), has(&a[1])))
+    Some(Found { module: has(&a[0]), multi: has(&a[1]), fixed: has(&a[2]) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{fixed_window, token_bucket};
+
+    #[test]
+    fn a_fixed_window_limit_takes_fromfirst_after_its_weight() {
+        let fw = fixed_window("f", 5, 1000, true).unwrap().weighted(2).unwrap();
+        let tb = token_bucket("t", 3, 1, 10).unwrap();
+        let r = Request::multi(&[tb.clone(), fw.clone()], vec!["a".into(), "b".into()], Tail::Refund(1));
+        assert_eq!(
+            r.args,
+            ["TOKENBUCKET", "3", "1", "10", "FIXEDWINDOW", "5", "1000", "WEIGHT", "2", "FROMFIRST", "REFUND", "1"]
+        );
+        assert!(r.fixed && r.is_multi() && r.script == "multi");
+        assert!(!Request::multi(std::slice::from_ref(&tb), vec!["a".into()], Tail::Refund(1)).fixed);
+        let one = Request::single(&fw, "k", Tail::Call { cost: 2, partial: true, dry_run: false });
+        assert_eq!((one.command, one.script, one.fixed), ("RL.FIXEDWINDOW", "fixedwindow", true));
+        assert_eq!(one.args, ["5", "1000", "COST", "2", "PARTIAL", "FROMFIRST"]);
+        assert!(script("fixedwindow").text.contains("RL.FIXEDWINDOW as a Lua script"));
+        assert!(!Request::single(&tb, "k", Tail::Refund(1)).fixed);
+    }
+
+    #[test]
+    fn detection_reads_each_command() {
+        let info = Value::Array(vec![Value::Int(1)]);
+        let v = Value::Array(vec![info.clone(), info.clone(), Value::Nil]);
+        assert_eq!(detect_reply(&v), Some(Found { module: true, multi: true, fixed: false }));
+        let v = Value::Array(vec![Value::Nil, Value::Nil, Value::Nil]);
+        assert_eq!(detect_reply(&v), Some(Found::default()));
+        assert_eq!(detect_reply(&Value::Array(vec![info.clone(), info])), None);
+    }
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionLike;
 use redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
-use crate::backend::{detect_reply, Backend, Request, Tail};
+use crate::backend::{detect_reply, Backend, Found, Request, Tail, DETECT};
 use crate::breaker::{Breaker, BreakerState, Panic, PanicBuckets, Permit, State};
 use crate::decision::{Decision, Part, Source};
 use crate::error::{Error, Result};
@@ -106,7 +106,8 @@ pub(crate) struct Counters {
 #[derive(Debug, Clone, Copy, Default)]
 struct Chosen {
     source: Option<Source>, // Module or Lua once known
-    has_multi: Option<bool>,
+    /// The module's commands, once asked (`None`: not asked yet).
+    found: Option<Found>,
 }
 
 pub(crate) struct Inner<C> {
@@ -179,7 +180,7 @@ impl<C: Connection> RateLimit<C> {
                 conn,
                 timeout: Duration::from_millis(opts.timeout_ms),
                 wanted: opts.backend,
-                chosen: Mutex::new(Chosen { source, has_multi: None }),
+                chosen: Mutex::new(Chosen { source, found: None }),
                 breaker: BreakerState::new(opts.breaker),
                 m: Counters::default(),
                 epoch: Instant::now(),
@@ -242,6 +243,23 @@ impl<C: Connection> RateLimit<C> {
     }
 }
 
+/// Why a module that lacks what `req` needs refuses it before any call
+/// (a module older than `RL.MULTI` or `RL.FIXEDWINDOW`): an unknown
+/// command would otherwise look like a failover to a server without it.
+fn lacks(found: Option<Found>, req: &Request) -> Option<&'static str> {
+    let f = found?;
+    if req.is_multi() && !f.multi {
+        Some("this server's redis-ratelimit module has no RL.MULTI (all_of needs it)")
+    } else if req.fixed && !f.fixed {
+        Some(
+            "this server's redis-ratelimit module has no RL.FIXEDWINDOW (fixed_window needs it: \
+             upgrade the module, or use Backend::Lua)",
+        )
+    } else {
+        None
+    }
+}
+
 impl<C: Connection> Inner<C> {
     pub(crate) fn now(&self) -> f64 {
         self.epoch.elapsed().as_secs_f64() * 1000.0
@@ -266,26 +284,26 @@ impl<C: Connection> Inner<C> {
     /// The backend, asked once (COMMAND INFO) unless it is known.
     async fn ensure_detected(&self) -> std::result::Result<(), Fail> {
         let c = self.chosen();
-        if c.source == Some(Source::Lua) || c.has_multi.is_some() {
+        if c.source == Some(Source::Lua) || c.found.is_some() {
             return Ok(());
         }
-        let reply = self.send(redis::cmd("COMMAND").arg("INFO").arg("RL.TOKENBUCKET").arg("RL.MULTI")).await;
-        let (single, multi) = match reply {
+        let reply = self.send(redis::cmd("COMMAND").arg("INFO").arg(&DETECT[..])).await;
+        let found = match reply {
             Ok(v) => detect_reply(&v).ok_or_else(|| Fail::Ours(Error::Protocol(format!("COMMAND INFO: {v:?}"))))?,
             // COMMAND refused (renamed, forbidden): no module as far as we can tell
-            Err(e) if e.code().is_some() && !UNAVAILABLE.contains(&e.code().unwrap_or("")) => (false, false),
+            Err(e) if e.code().is_some() && !UNAVAILABLE.contains(&e.code().unwrap_or("")) => Found::default(),
             Err(e) => return Err(Fail::Redis(e)),
         };
-        if self.wanted == Backend::Module && !single {
+        if self.wanted == Backend::Module && !found.module {
             return Err(Fail::Ours(Error::Unsupported(
                 "the redis-ratelimit module is not loaded on this server (RL.TOKENBUCKET unknown)".into(),
             )));
         }
         self.set_chosen(|c| {
             if c.source.is_none() {
-                c.source = Some(if single { Source::Module } else { Source::Lua });
+                c.source = Some(if found.module { Source::Module } else { Source::Lua });
             }
-            c.has_multi = Some(multi);
+            c.found = Some(found);
         });
         Ok(())
     }
@@ -296,10 +314,8 @@ impl<C: Connection> Inner<C> {
         let c = self.chosen();
         match c.source {
             Some(Source::Module) => {
-                if req.is_multi() && c.has_multi == Some(false) {
-                    return Err(Fail::Ours(Error::Unsupported(
-                        "this server's redis-ratelimit module has no RL.MULTI (all_of needs it)".into(),
-                    )));
+                if let Some(why) = lacks(c.found, req) {
+                    return Err(Fail::Ours(Error::Unsupported(why.into())));
                 }
                 match self.send(&req.module_cmd()).await {
                     Ok(v) => Ok((v, Source::Module)),
@@ -317,10 +333,6 @@ impl<C: Connection> Inner<C> {
                     Err(e) => Err(Fail::Redis(e)),
                 }
             }
-            _ if req.script.is_none() => Err(Fail::Ours(Error::Unsupported(format!(
-                "{} needs the redis-ratelimit module: it has no Lua twin",
-                req.command
-            )))),
             _ => match self.send(&req.lua_cmd(false)).await {
                 Err(e) if is_noscript(&e) => Ok((self.send(&req.lua_cmd(true)).await?, Source::Lua)),
                 r => Ok((r?, Source::Lua)),
@@ -658,5 +670,33 @@ impl<C: Connection> Limiter<C> {
             parts,
             rule: self.rule.clone(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{fixed_window, sliding_log};
+
+    #[test]
+    fn an_older_module_refuses_what_it_lacks_before_any_call() {
+        let fw = fixed_window("f", 5, 1000, false).unwrap();
+        let sl = sliding_log("s", 5, 1000).unwrap();
+        let single_fw = Request::single(&fw, "k", Tail::Refund(1));
+        let multi_fw = Request::multi(&[sl.clone(), fw], vec!["a".into(), "b".into()], Tail::Refund(1));
+        let multi_sl = Request::multi(std::slice::from_ref(&sl), vec!["a".into()], Tail::Refund(1));
+        let single_sl = Request::single(&sl, "k", Tail::Refund(1));
+        let all = Some(Found { module: true, multi: true, fixed: true });
+        let no_fixed = Some(Found { module: true, multi: true, fixed: false });
+        let no_multi = Some(Found { module: true, multi: false, fixed: false });
+        for r in [&single_fw, &multi_fw, &multi_sl, &single_sl] {
+            assert_eq!(lacks(all, r), None);
+            assert_eq!(lacks(None, r), None);
+        }
+        assert!(lacks(no_fixed, &single_fw).unwrap().contains("RL.FIXEDWINDOW"));
+        assert!(lacks(no_fixed, &multi_fw).unwrap().contains("RL.FIXEDWINDOW"));
+        assert_eq!(lacks(no_fixed, &multi_sl), None);
+        assert!(lacks(no_multi, &multi_sl).unwrap().contains("RL.MULTI"));
+        assert_eq!(lacks(no_multi, &single_sl), None);
     }
 }

@@ -17,7 +17,7 @@ pub enum Kind {
     /// `RL.SLIDINGCOUNTER`: limit, window_ms (two counters, approximate).
     SlidingCounter,
     /// `RL.FIXEDWINDOW`: limit, window_ms, `FROMFIRST` or epoch-aligned
-    /// windows. The module only (no Lua twin, not in `RL.MULTI`).
+    /// windows.
     FixedWindow,
 }
 
@@ -32,23 +32,23 @@ impl Kind {
         }
     }
 
-    /// The limit's name inside `RL.MULTI` (none for a fixed window).
-    pub fn multi_name(self) -> Option<&'static str> {
+    /// The limit's name inside `RL.MULTI`.
+    pub fn multi_name(self) -> &'static str {
         match self {
-            Kind::TokenBucket => Some("TOKENBUCKET"),
-            Kind::SlidingLog => Some("SLIDINGLOG"),
-            Kind::SlidingCounter => Some("SLIDINGCOUNTER"),
-            Kind::FixedWindow => None,
+            Kind::TokenBucket => "TOKENBUCKET",
+            Kind::SlidingLog => "SLIDINGLOG",
+            Kind::SlidingCounter => "SLIDINGCOUNTER",
+            Kind::FixedWindow => "FIXEDWINDOW",
         }
     }
 
-    /// The name of its Lua twin (`lua/<name>.lua`; none for a fixed window).
-    pub fn script(self) -> Option<&'static str> {
+    /// The name of its Lua twin (`lua/<name>.lua`).
+    pub fn script(self) -> &'static str {
         match self {
-            Kind::TokenBucket => Some("tokenbucket"),
-            Kind::SlidingLog => Some("slidinglog"),
-            Kind::SlidingCounter => Some("slidingcounter"),
-            Kind::FixedWindow => None,
+            Kind::TokenBucket => "tokenbucket",
+            Kind::SlidingLog => "slidinglog",
+            Kind::SlidingCounter => "slidingcounter",
+            Kind::FixedWindow => "fixedwindow",
         }
     }
 }
@@ -155,9 +155,11 @@ pub fn sliding_counter(name: &str, limit: u64, window_ms: u64) -> Result<Policy>
 
 /// A fixed-window counter (`RL.FIXEDWINDOW`): at most `limit` units per
 /// window of `window_ms`, the windows aligned to the epoch, or with
-/// `from_first` starting at a key's first grant (`FROMFIRST`). It needs the
-/// module: this client loads no Lua twin for it, and its `all_of` does
-/// not take one yet (`RL.MULTI`'s `FIXEDWINDOW` limit is not wired here).
+/// `from_first` starting at a key's first grant (`FROMFIRST`, as INCR +
+/// `PEXPIRE … NX` does). Up to 2 × `limit` can pass across one boundary.
+/// On the module it needs `RL.FIXEDWINDOW` (0.3.0 or later); its Lua twin
+/// is `lua/fixedwindow.lua`. Inside `all_of` it is `RL.MULTI`'s
+/// `FIXEDWINDOW` limit.
 pub fn fixed_window(name: &str, limit: u64, window_ms: u64, from_first: bool) -> Result<Policy> {
     check_name(name)?;
     check_int("limit", limit, 1)?;
@@ -193,12 +195,6 @@ pub fn all_of(parts: Vec<Policy>, name: Option<&str>) -> Result<AllOf> {
         return Err(Error::Invalid("all_of takes 1 to 16 policies".into()));
     }
     for (i, p) in parts.iter().enumerate() {
-        if p.kind.multi_name().is_none() {
-            return Err(Error::Invalid(format!(
-                "all_of: {:?} is a fixed window, which this client's all_of does not take yet",
-                p.name
-            )));
-        }
         if parts[..i].iter().any(|q| q.name == p.name) {
             return Err(Error::Invalid(format!("all_of: policy names must be distinct, got {:?} twice", p.name)));
         }
@@ -284,7 +280,7 @@ mod tests {
         assert!(all_of(vec![p.clone()], Some("a+b")).is_err());
         let fw = fixed_window("fw", 10, 1000, true).unwrap();
         assert!(fw.from_first() && fw.window_ms() == 1000);
-        assert!(all_of(vec![p, fw], None).unwrap_err().to_string().contains("fixed window"));
+        assert_eq!(all_of(vec![p, fw], None).unwrap().name(), "a.fw");
         assert!(fixed_window("fw", 0, 1000, false).is_err() && fixed_window("fw", 1, MAX + 1, false).is_err());
     }
 

@@ -64,11 +64,16 @@ impl Drop for Worker {
 fn rules() -> Vec<(&'static str, Rule)> {
     let a = token_bucket("a", 3, 1, HOUR).unwrap();
     let b = sliding_log("b", 10, HOUR).unwrap().weighted(2).unwrap();
+    let (f, t) = (fixed_window("f", 6, 1 << 40, false).unwrap(), token_bucket("t", 4, 1, HOUR).unwrap());
     vec![
         ("tb", token_bucket("tb", 5, 1, HOUR).unwrap().into()),
         ("log", sliding_log("log", 4, HOUR).unwrap().into()),
         ("ctr", sliding_counter("ctr", 6, HOUR).unwrap().into()),
         ("all", all_of(vec![a, b], Some("all")).unwrap().into()),
+        // FROMFIRST, and aligned to the epoch on windows of 2^40 ms (no
+        // boundary between the three libraries' calls of a step)
+        ("fw", fixed_window("fw", 4, HOUR, true).unwrap().into()),
+        ("allfw", all_of(vec![f, t], Some("allfw")).unwrap().into()),
     ]
 }
 
@@ -158,12 +163,12 @@ async fn rust_python_and_node_agree_on_decisions_and_headers() {
     let (mut denied, mut partial, mut retries, mut refunds) = (0, 0, 0, 0);
     let mut worst = 0i64;
     for step in 0..STEPS {
-        let r = next(4) as usize;
+        let r = next(rules.len() as u64) as usize;
         let (name, rule) = (&rules[r].0, &arcs[r]);
         let tag = next(3);
         let key = |lib: &str| {
             let base = format!("rl:{{{lib}{tag}}}");
-            if *name == "all" {
+            if name.starts_with("all") {
                 base
             } else {
                 format!("{base}:{name}")

@@ -25,6 +25,15 @@ fn policies() -> Vec<Policy> {
     ]
 }
 
+/// `policies()` and two fixed windows: aligned to the epoch on windows of
+/// 2^40 ms (no boundary falls between a test's calls), and `FROMFIRST`.
+fn with_fixed_windows() -> Vec<Policy> {
+    let mut v = policies();
+    v.push(fixed_window("fw", 5, 1 << 40, false).unwrap());
+    v.push(fixed_window("ff", 4, 60_000, true).unwrap().weighted(2).unwrap());
+    v
+}
+
 /// A small deterministic sequence of (cost, partial, dry_run).
 fn calls(n: usize) -> Vec<Call> {
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
@@ -151,8 +160,9 @@ async fn module_and_lua_give_the_same_decisions() {
     let s = Server::start(true);
     let m = rl(s.manager().await, Backend::Module);
     let l = rl(s.manager().await, Backend::Lua);
-    let mut rules: Vec<Rule> = policies().into_iter().map(Rule::from).collect();
+    let mut rules: Vec<Rule> = with_fixed_windows().into_iter().map(Rule::from).collect();
     rules.push(all_of(policies(), Some("all")).unwrap().into());
+    rules.push(all_of(with_fixed_windows(), Some("allfw")).unwrap().into());
     for rule in rules {
         let lm = m.limiter(rule.clone(), Panic::default()).unwrap();
         let ll = l.limiter(rule.clone(), Panic::default()).unwrap();
@@ -190,7 +200,7 @@ async fn refused_arguments_are_errors_not_outages() {
 }
 
 #[tokio::test]
-async fn fixed_windows_are_rl_fixedwindow_and_need_the_module() {
+async fn fixed_windows_are_rl_fixedwindow_and_run_on_the_lua_twin() {
     let s = Server::start(true);
     let r = rl(s.manager().await, Backend::Auto);
     let mut raw = s.multiplexed().await;
@@ -228,10 +238,25 @@ async fn fixed_windows_are_rl_fixedwindow_and_need_the_module() {
         }
         let _: () = redis::cmd("DEL").arg("fw:ttl").query(&mut c).unwrap();
     }
+    // without the module: lua/fixedwindow.lua, alone and in all_of (multi.lua)
     let lua_only = Server::start(false);
     let l = rl(lua_only.manager().await, Backend::Auto);
-    let lim = l.limiter(fixed_window("fw", 5, 1000, false).unwrap(), Panic::default()).unwrap();
-    let e = lim.limit("k", Call::default()).await.unwrap_err();
-    assert!(matches!(e, Error::Unsupported(ref m) if m.contains("RL.FIXEDWINDOW")), "{e}");
+    let lim = l.limiter(fixed_window("fw", 3, 60_000, true).unwrap(), Panic::default()).unwrap();
+    let mut got = vec![];
+    for _ in 0..4 {
+        let d = lim.limit("k", Call::default()).await.unwrap();
+        assert_eq!(d.source, Source::Lua);
+        got.push((d.allowed, d.remaining));
+    }
+    assert_eq!(got, [(true, 2), (true, 1), (true, 0), (false, 0)]);
+    let mut c = lua_only.sync();
+    let ttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
+    assert!(ttl > 59_000 && ttl <= 60_000, "{ttl}");
+    let both = all_of(vec![fixed_window("f", 1, 60_000, false).unwrap(), sliding_log("s", 5, 60_000).unwrap()], None);
+    let lim = l.limiter(both.unwrap(), Panic::default()).unwrap();
+    let (a, b) = (lim.limit("rl:{u}", Call::default()).await.unwrap(), lim.limit("rl:{u}", Call::default()).await.unwrap());
+    assert!(a.allowed && !b.allowed && b.binding == "f" && b.source == Source::Lua, "{b:?}");
+    // the denial took nothing from the sliding log
+    assert_eq!(b.parts[1].remaining, 4);
     assert_eq!(l.metrics().failures, 0);
 }

@@ -3,7 +3,7 @@
 // answer a line on stdout. The rules are the same as the Rust test's.
 import { createRequire } from 'node:module';
 import { createInterface } from 'node:readline';
-import { RateLimit, allOf, headers, problem, slidingCounter, slidingLog, tokenBucket } from '../../../node/src/index.js';
+import { RateLimit, allOf, fixedWindow, headers, problem, slidingCounter, slidingLog, tokenBucket } from '../../../node/src/index.js';
 
 const require = createRequire(new URL('../../../node/package.json', import.meta.url));
 const Redis = require('ioredis6');
@@ -14,6 +14,8 @@ const RULES = {
   log: slidingLog('log', 4, HOUR),
   ctr: slidingCounter('ctr', 6, HOUR),
   all: allOf([tokenBucket('a', 3, 1, HOUR), slidingLog('b', 10, HOUR).weighted(2)], { name: 'all' }),
+  fw: fixedWindow('fw', 4, HOUR, { fromFirst: true }),
+  allfw: allOf([fixedWindow('f', 6, 2 ** 40), tokenBucket('t', 4, 1, HOUR)], { name: 'allfw' }),
 };
 
 function out(d) {

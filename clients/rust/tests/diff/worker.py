@@ -4,8 +4,8 @@ a line on stdout. The rules are the same as the Rust test's."""
 import json
 import sys
 
-from redis_ratelimit import (Decision, Part, RateLimit, all_of, headers, problem, sliding_counter, sliding_log,
-                             token_bucket)
+from redis_ratelimit import (Decision, Part, RateLimit, all_of, fixed_window, headers, problem, sliding_counter,
+                             sliding_log, token_bucket)
 
 HOUR = 3_600_000
 RULES = {
@@ -13,6 +13,8 @@ RULES = {
     "log": sliding_log("log", 4, HOUR),
     "ctr": sliding_counter("ctr", 6, HOUR),
     "all": all_of(token_bucket("a", 3, 1, HOUR), sliding_log("b", 10, HOUR).weighted(2), name="all"),
+    "fw": fixed_window("fw", 4, HOUR, from_first=True),
+    "allfw": all_of(fixed_window("f", 6, 2**40), token_bucket("t", 4, 1, HOUR), name="allfw"),
 }
 
 
