@@ -473,6 +473,11 @@ impl<C: Connection> LeasedLimiter<C> {
         }
     }
 
+    /// The policy it limits.
+    pub fn policy(&self) -> &Policy {
+        &self.sh.policy
+    }
+
     /// Units held in this limiter's reservoirs (all keys).
     pub fn stranded(&self) -> u64 {
         self.sh.lock().map.values().map(|e| e.tokens).sum()

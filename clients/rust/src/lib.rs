@@ -2,7 +2,7 @@
 //! (the one the Python and Node libraries follow) for Rust services.
 //!
 //! * Policies ([`token_bucket`], [`sliding_log`], [`sliding_counter`],
-//!   [`fixed_window`] (the module only), [`all_of`] with weights), refused
+//!   [`fixed_window`], [`all_of`] with weights), refused
 //!   at construction when out of range.
 //! * Keys ([`make_key`] with the hash tag, [`key_slot`]); the keys of one
 //!   `all_of` call must share a cluster slot, checked before any call.
@@ -12,6 +12,9 @@
 //! * [`LeasedLimiter`]s ([`RateLimit::leased`]): a local reservoir per key
 //!   filled with `PARTIAL` leases, refunded on idle, eviction and close.
 //! * [`headers`] of a [`Decision`], identical to the other libraries'.
+//! * [`RateLimitLayer`] (feature `tower`, on by default): a `tower::Layer`
+//!   for axum, hyper and tonic services, per request or leased; 429 (or
+//!   gRPC `RESOURCE_EXHAUSTED`) with the headers.
 //!
 //! See the crate README for a first call, the driver choice and the tests.
 #![warn(missing_docs)]
@@ -25,6 +28,8 @@ mod headers;
 mod keys;
 mod lease;
 mod policy;
+#[cfg(feature = "tower")]
+mod tower;
 
 pub use backend::Backend;
 pub use breaker::{Breaker, Panic, State};
@@ -35,3 +40,5 @@ pub use headers::{headers, problem, Problem, QUOTA_EXCEEDED, QUOTA_TITLE};
 pub use keys::{assert_same_slot, key_slot, make_key, make_key_with_prefix};
 pub use lease::{Lease, LeasedLimiter};
 pub use policy::{all_of, fixed_window, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX};
+#[cfg(feature = "tower")]
+pub use tower::{LimitedBody, RateLimitLayer, RateLimitService};
