@@ -10,7 +10,7 @@ VENV := $(CURDIR)/.venv
 PY := $(VENV)/bin/python
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all help deps build run lint check test test-stages test-rust test-py test-clients-py venv bench profile fuzz demo soak clean dist deps-aarch64 build-aarch64 arm64-server test-arm64
+.PHONY: all help deps build peers run lint check test test-stages test-rust test-py test-clients-py venv bench profile fuzz demo soak clean dist deps-aarch64 build-aarch64 arm64-server test-arm64
 
 all: build  ## the module (same as build)
 
@@ -39,17 +39,31 @@ deps:  ## install missing system packages (Debian/Ubuntu)
 	fi
 	@command -v $(CARGO) >/dev/null || { echo "cargo (Rust toolchain) is required"; exit 1; }
 
-# redis-cell, the oracle of CL.THROTTLE (integration/test_cell.py), is
-# not built here: this repository carries neither its code nor a recipe
-# for it. RL_CELL_MODULE names a redis-cell 0.5 module built elsewhere
-# (libredis_cell.so); without it the differential, swap and rollback tests
-# skip, naming why (RL_CELL_REQUIRED=1 fails them instead). libfaketime
-# is the fake clock those tests run both servers under.
+# redis-cell, the oracle of CL.THROTTLE (integration/test_cell.py), in two
+# releases. 0.2.2, the newest on crates.io, is built here by cargo as a
+# dependency of integration/peers (`make peers`: CELL022, a dylib whose
+# RUNPATH names the toolchain's libstd); every test-py and check run
+# compares with it. 0.5, which the contract follows, is published only as
+# source on its repository: this one carries neither its code nor a recipe
+# for it, and RL_CELL_MODULE names a redis-cell 0.5 module built elsewhere
+# (libredis_cell.so). Without it the 0.5 tests skip, naming why
+# (RL_CELL_REQUIRED=1 fails them instead). libfaketime is the fake clock
+# those tests run both servers under.
 FAKETIME_LIB ?= /usr/lib/$(shell gcc -dumpmachine 2>/dev/null || echo x86_64-linux-gnu)/faketime/libfaketime.so.1
 RL_CELL_MODULE ?=
+CELL022 := $(CURDIR)/target/peers/libredis_cell-0.2.2.so
+CELL_ENV = RL_CELL_MODULE=$(RL_CELL_MODULE) RL_CELL022_MODULE=$(CELL022) RL_FAKETIME_LIB=$(FAKETIME_LIB)
 
 build: deps  ## cargo build --release: target/release/libredis_ratelimit.so
 	$(CARGO) build --release
+
+peers: $(CELL022)  ## the peers the suites compare with, from crates.io (redis-cell 0.2.2)
+$(CELL022): integration/peers/Cargo.toml integration/peers/Cargo.lock | deps
+	RUSTFLAGS="-C link-arg=-Wl,-rpath,$$(rustc --print target-libdir)" \
+	  $(CARGO) build --release --locked --manifest-path integration/peers/Cargo.toml --target-dir target/peers
+	@# its SONAME is the hashed file name: keep that beside the stable one
+	so=$$(ls -t target/peers/release/deps/libredis_cell-*.so | head -1) && \
+	  cp "$$so" target/peers/ && ln -sf "$$(basename "$$so")" $@
 
 run: build  ## redis-server on 127.0.0.1:PORT (default 6379) with the module loaded
 	redis-server --port $(PORT) --bind 127.0.0.1 --loadmodule $(MODULE) --enable-debug-command local
@@ -88,7 +102,7 @@ check:  ## fmt, clippy, ruff, core tests, one server's suites without slow ones 
 	exit $$rc
 
 .PHONY: check-steps
-check-steps: build venv dist client-lua
+check-steps: build venv dist client-lua peers
 	$(CARGO) fmt --all --check
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
@@ -96,7 +110,7 @@ check-steps: build venv dist client-lua
 	$(CARGO) test --release -p ratelimit-core
 	@bin=$$($(PY) -m rltesting.servers path $(CHECK_SERVER)) || exit 1; \
 	echo "== integration suites on $(CHECK_SERVER) ($$bin), not slow"; \
-	cd integration && REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_CELL_MODULE=$(RL_CELL_MODULE) RL_FAKETIME_LIB=$(FAKETIME_LIB) $(PY) -m pytest -q -rfEs -m "not slow" $(PYTEST_ARGS) .
+	cd integration && REDIS_SERVER=$$bin RL_MODULE=$(MODULE) $(CELL_ENV) $(PY) -m pytest -q -rfEs -m "not slow" $(PYTEST_ARGS) .
 
 # Lint, first in make test: rustfmt (rustfmt.toml) over the module, the core
 # and the fuzz crates; clippy with warnings as errors over every target of
@@ -181,13 +195,13 @@ server_bin = $(shell $(PY) -m rltesting.servers path $(1))
 
 # Every Python suite (all of integration/) once per server, then the
 # server x suite matrix; fails if any test failed on any server.
-test-py: build venv dist client-lua  ## integration suites on every server of SERVERS (PYTEST_ARGS=...)
+test-py: build venv dist client-lua peers  ## integration suites on every server of SERVERS (PYTEST_ARGS=...)
 	@rm -rf $(MATRIX_DIR) && mkdir -p $(MATRIX_DIR)
 	@for s in $(SERVERS); do \
 	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  echo "== integration suites on $$s ($$bin)"; \
 	  t0=$$(date +%s); \
-	  ( cd integration && REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_CELL_MODULE=$(RL_CELL_MODULE) RL_FAKETIME_LIB=$(FAKETIME_LIB) $(PY) -m pytest -q -rfEs \
+	  ( cd integration && REDIS_SERVER=$$bin RL_MODULE=$(MODULE) $(CELL_ENV) $(PY) -m pytest -q -rfEs \
 	      --junitxml=$(MATRIX_DIR)/$$s.xml $(PYTEST_ARGS) . ); rc=$$?; \
 	  echo "$$s $$(( $$(date +%s) - t0 )) $$rc" >> $(MATRIX_DIR)/times; \
 	done
