@@ -493,8 +493,15 @@ class Report:
                          % (g, marg["marg_um"], marg["marg_mu"], lua["marg_um"], lua["marg_mu"]))
         note = (" (**libc malloc**: this wheel's server is built without jemalloc, so allocation sizes and "
                 "`used_memory` differ from a jemalloc build)" if "libc" in malloc else " (jemalloc)")
+        rounds = self.envoy_ratios()
+        envoy = (["", "RL.FIXEDWINDOW against envoyproxy/ratelimit's `INCRBY` + `EXPIRE` pipeline for one descriptor, "
+                  "server µs per decision, each round's three cells back to back: "
+                  + "; ".join("%.2f vs %.2f (%.2f×)" % (q["module"], q["pipeline"], q["ratio"]) for q in rounds)
+                  + " ([the method](docs/bench/%s.md#rlfixedwindow-against-envoyproxyratelimits-pipeline-no-replica))."
+                  % d["server_tag"]] if rounds else [])
         return fill("BENCHMARKS-server.md", name=name, malloc=malloc, quick_banner=QUICK_BANNER if d.get("quick") else [],
-                    date=mc["date"], command_rows=rows, malloc_note=note, memory_rows=mrows, tag=d["server_tag"])
+                    date=mc["date"], command_rows=rows, malloc_note=note, memory_rows=mrows, tag=d["server_tag"],
+                    envoy=envoy)
 
 
 def write_outputs(data, out):
