@@ -30,15 +30,28 @@ pub struct Server {
     pub port: u16,
     pub dir: PathBuf,
     module: bool,
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
 impl Server {
     pub fn start(module: bool) -> Server {
-        let port = free_port();
+        Server::start_with(module, &[])
+    }
+
+    /// A server with more arguments (e.g. `--cluster-enabled yes`).
+    pub fn start_with(module: bool, extra: &[&str]) -> Server {
+        // cluster bus ports are port + 10000: keep the port at most 55535
+        let port = loop {
+            let p = free_port();
+            if p <= 55_535 {
+                break p;
+            }
+        };
         let dir = std::env::temp_dir().join(format!("rl-rust-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let mut s = Server { port, dir, module, child: None };
+        let extra = extra.iter().map(|a| (*a).to_owned()).collect();
+        let mut s = Server { port, dir, module, extra, child: None };
         s.spawn();
         s
     }
@@ -55,6 +68,7 @@ impl Server {
         if self.module {
             cmd.args(["--loadmodule", &module_path()]);
         }
+        cmd.args(&self.extra);
         self.child = Some(cmd.spawn().expect("start redis-server (REDIS_SERVER)"));
         let t0 = Instant::now();
         loop {

@@ -1,0 +1,143 @@
+//! The client on a Redis Cluster (redis-rs `cluster-async`): three
+//! module-loaded primaries made by `redis-cli --cluster create`; decisions
+//! for tenants on every node are exact, `all_of` keys that share a hash
+//! tag go to their slot's node, and after `redis-cli --cluster reshard`
+//! moves live tenants' slots (their keys by MIGRATE) the client follows
+//! MOVED and every limit goes on exactly.
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{wait_until, Server};
+use redis::cluster::ClusterClient;
+use redis::cluster_async::ClusterConnection;
+use redis_ratelimit_client::*;
+
+const HOUR: u64 = 3_600_000;
+const CLUSTER: [&str; 6] =
+    ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"];
+
+fn cli(args: &[String]) -> String {
+    let bin = std::env::var("REDIS_CLI").unwrap_or_else(|_| "redis-cli".into());
+    let out = Command::new(&bin).args(args).output().unwrap_or_else(|e| panic!("run {bin}: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "redis-cli {args:?} failed: {text}");
+    text
+}
+
+fn node_id(s: &Server) -> String {
+    redis::cmd("CLUSTER").arg("MYID").query(&mut s.sync()).unwrap()
+}
+
+/// Every node says cluster_state:ok and they agree on the slot map.
+async fn wait_ok(nodes: &[Server]) {
+    wait_until(60, "cluster state ok and consistent", || async {
+        let mut maps = vec![];
+        for s in nodes {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut s.sync()).unwrap();
+            if !info.contains("cluster_state:ok") {
+                return false;
+            }
+            let slots: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut s.sync()).unwrap();
+            maps.push(format!("{slots:?}"));
+        }
+        maps.windows(2).all(|w| w[0] == w[1])
+    })
+    .await;
+}
+
+fn slot_owner(nodes: &[Server], slot: u16) -> usize {
+    let v: Vec<(u16, u16, (String, u16))> = {
+        let raw: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut nodes[0].sync()).unwrap();
+        raw.iter()
+            .map(|r| {
+                let redis::Value::Array(a) = r else { panic!("{r:?}") };
+                let n = |x: &redis::Value| if let redis::Value::Int(i) = x { *i as u16 } else { panic!("{x:?}") };
+                let redis::Value::Array(m) = &a[2] else { panic!("{a:?}") };
+                (n(&a[0]), n(&a[1]), (String::new(), n(&m[1])))
+            })
+            .collect()
+    };
+    let port = v.iter().find(|(lo, hi, _)| (*lo..=*hi).contains(&slot)).expect("slot assigned").2 .1;
+    nodes.iter().position(|s| s.port == port).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn decisions_stay_exact_across_a_reshard() {
+    let nodes: Vec<Server> = (0..3).map(|_| Server::start_with(true, &CLUSTER)).collect();
+    let mut create = vec!["--cluster".to_owned(), "create".to_owned()];
+    create.extend(nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)));
+    create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(str::to_owned));
+    cli(&create);
+    wait_ok(&nodes).await;
+
+    let client = ClusterClient::builder(nodes.iter().map(|s| s.url()).collect::<Vec<_>>())
+        .connection_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let conn: ClusterConnection = client.get_async_connection().await.unwrap();
+    let rl = RateLimit::new(conn, Options { timeout_ms: 2000, ..Options::default() }).unwrap();
+    assert_eq!(rl.detect().await.unwrap(), Source::Module);
+    let api = rl.limiter(token_bucket("api", 5, 1, HOUR).unwrap(), Panic::default()).unwrap();
+    let both = all_of(vec![token_bucket("user", 4, 1, HOUR).unwrap(), sliding_log("tenant", 100, HOUR).unwrap()], None);
+    let both = rl.limiter(both.unwrap(), Panic::default()).unwrap();
+
+    // 24 tenants: the first node's (its slots are the ones resharded) and
+    // the others'
+    let tenants: Vec<String> = (0..24).map(|i| format!("t{i}")).collect();
+    let on_first: Vec<&String> = tenants.iter().filter(|t| slot_owner(&nodes, key_slot(t.as_str())) == 0).collect();
+    assert!(on_first.len() >= 3 && on_first.len() < tenants.len(), "{on_first:?}");
+    let mut granted = vec![0u64; tenants.len()];
+    let mut both_granted = vec![0u64; tenants.len()];
+    let round = |n: usize| {
+        let (api, both, tenants) = (&api, &both, &tenants);
+        async move {
+            let mut g = vec![0u64; tenants.len()];
+            let mut b = vec![0u64; tenants.len()];
+            for _ in 0..n {
+                for (i, t) in tenants.iter().enumerate() {
+                    let d = api.limit(&make_key(t, &["api"]).unwrap(), Call::default()).await.unwrap();
+                    assert_ne!(d.source, Source::Panic, "{t}: {d:?}");
+                    g[i] += d.granted;
+                    let d = both.limit(&make_key(t, &["u7"]).unwrap(), Call::default()).await.unwrap();
+                    b[i] += d.granted;
+                }
+            }
+            (g, b)
+        }
+    };
+    let (g, b) = round(3).await;
+    granted.iter_mut().zip(g).for_each(|(a, x)| *a += x);
+    both_granted.iter_mut().zip(b).for_each(|(a, x)| *a += x);
+
+    // move every slot of the first node to the second, keys and all
+    let moved = 16384 / 3;
+    cli(&[
+        "--cluster".into(),
+        "reshard".into(),
+        format!("127.0.0.1:{}", nodes[0].port),
+        "--cluster-from".into(),
+        node_id(&nodes[0]),
+        "--cluster-to".into(),
+        node_id(&nodes[1]),
+        "--cluster-slots".into(),
+        moved.to_string(),
+        "--cluster-yes".into(),
+    ]);
+    wait_ok(&nodes).await;
+    for t in &on_first {
+        assert_eq!(slot_owner(&nodes, key_slot(t.as_str())), 1, "{t} not moved");
+    }
+
+    let (g, b) = round(4).await;
+    granted.iter_mut().zip(g).for_each(|(a, x)| *a += x);
+    both_granted.iter_mut().zip(b).for_each(|(a, x)| *a += x);
+    // 7 calls per tenant: the bucket of 5 granted 5, the all_of's user
+    // bucket of 4 granted 4, resharded or not
+    assert_eq!(granted, vec![5; tenants.len()], "api");
+    assert_eq!(both_granted, vec![4; tenants.len()], "all_of");
+    let m = rl.metrics();
+    assert_eq!((m.failures, m.decisions_panic), (0, 0), "{m:?}");
+    println!("{} tenants ({} resharded with their keys): every limit exact", tenants.len(), on_first.len());
+}
