@@ -121,6 +121,107 @@ async fn exact_conservation_across_three_instances() {
     assert_eq!(shared_left(&s, "shared", CAP), CAP - total, "the server's bucket = capacity − granted");
 }
 
+/// One of the processes of `exact_conservation_across_three_processes`: a
+/// no-op unless `RL_CONSERVE_URL` is set (the parent runs this test binary
+/// again with it). Leases from the shared bucket until `RL_CONSERVE_UNTIL`
+/// (UNIX ms), closes, and prints what it granted, leased and gave back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conservation_worker() {
+    let Ok(url) = std::env::var("RL_CONSERVE_URL") else { return };
+    let env = |k: &str| std::env::var(k).unwrap().parse::<u64>().unwrap();
+    let (batch, until, cap) = (env("RL_CONSERVE_BATCH"), env("RL_CONSERVE_UNTIL"), env("RL_CONSERVE_CAP"));
+    let conn = redis::aio::ConnectionManager::new(redis::Client::open(url).unwrap()).await.unwrap();
+    let r = rl(conn, 1000);
+    let lim = r.leased(token_bucket("api", cap, 1, HOUR).unwrap(), Lease { batch, ..Lease::default() }).unwrap();
+    let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+    let mut granted = 0;
+    while now_ms() < until {
+        let d = lim.limit("shared", 1 + (granted % 3)).await.unwrap();
+        granted += d.granted;
+        if granted % 5 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(granted, lim.granted());
+    let left = lim.stranded();
+    assert_eq!(lim.close().await.unwrap(), left);
+    let m = r.metrics();
+    println!("RL_CONSERVE granted={granted} leased={} refunded={} leases={}", m.lease_tokens, m.refund_tokens, m.leases);
+}
+
+/// Three processes (this test binary again, `conservation_worker`), each
+/// with its own connection and batch, share one bucket for 1.5 s: each
+/// leased exactly what it granted plus what it gave back, and the server's
+/// bucket ends at capacity − what the three granted.
+#[test]
+fn exact_conservation_across_three_processes() {
+    const CAP: u64 = 600;
+    let s = Server::start(true);
+    let exe = std::env::current_exe().unwrap();
+    let until = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64 + 1500;
+    let children: Vec<_> = [7u64, 13, 19]
+        .iter()
+        .map(|batch| {
+            std::process::Command::new(&exe)
+                .args(["--exact", "conservation_worker", "--nocapture", "--test-threads=1"])
+                .env("RL_CONSERVE_URL", s.url())
+                .env("RL_CONSERVE_BATCH", batch.to_string())
+                .env("RL_CONSERVE_UNTIL", until.to_string())
+                .env("RL_CONSERVE_CAP", CAP.to_string())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let mut total = 0;
+    let mut pids = std::collections::BTreeSet::new();
+    for c in children {
+        pids.insert(c.id());
+        let out = c.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "worker failed: {text}");
+        let at = text.find("RL_CONSERVE ").unwrap_or_else(|| panic!("no figures: {text}"));
+        let line = text[at..].lines().next().unwrap();
+        let field = |k: &str| -> u64 {
+            line.split_whitespace().find_map(|w| w.strip_prefix(&format!("{k}="))).unwrap().parse().unwrap()
+        };
+        let (granted, leased, refunded) = (field("granted"), field("leased"), field("refunded"));
+        assert_eq!(leased, granted + refunded, "{line}");
+        assert!(field("leases") > 0, "every process leased: {line}");
+        println!("{line}");
+        total += granted;
+    }
+    assert_eq!(pids.len(), 3);
+    println!("3 processes granted {total} of {CAP}");
+    assert!(total > CAP / 2, "the processes ran: {total}");
+    assert_eq!(shared_left(&s, "shared", CAP), CAP - total, "the server's bucket = capacity − granted");
+}
+
+/// Redis calls per decision of a leased limiter at batch 10, 50 and 200:
+/// one lease per batch of units (2,000 decisions of 1 on one key).
+#[tokio::test]
+async fn calls_per_decision_by_batch() {
+    let s = Server::start(true);
+    for batch in [10u64, 50, 200] {
+        let r = rl(s.manager().await, 1000);
+        let lim = r.leased(token_bucket("api", 1_000_000, 1, HOUR).unwrap(), Lease { batch, ..Lease::default() }).unwrap();
+        let key = format!("b{batch}");
+        lim.limit(&key, 1).await.unwrap(); // the first lease
+        let before = r.metrics().calls;
+        const N: u64 = 2000;
+        for _ in 0..N {
+            assert!(lim.limit(&key, 1).await.unwrap().allowed);
+            tokio::task::yield_now().await;
+        }
+        // (a background refill may still be in flight: counted, within the bound)
+        let calls = r.metrics().calls - before;
+        println!("batch {batch}: {calls} calls for {N} decisions (1/{:.0})", N as f64 / calls as f64);
+        // each lease brings at most `batch` units, and no more leases than needed
+        assert!(calls >= N / batch - 1 && calls <= N / batch + 1, "batch {batch}: {calls} calls");
+        lim.close().await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn an_outage_spends_the_reservoir_then_the_panic_limits() {
     let s = Server::start(true);
