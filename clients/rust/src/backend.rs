@@ -63,6 +63,10 @@ pub(crate) enum Tail {
 }
 
 impl Tail {
+    fn grants(self) -> bool {
+        matches!(self, Tail::Call { dry_run: false, .. })
+    }
+
     fn push(self, v: &mut Vec<String>) {
         match self {
             Tail::Refund(n) => {
@@ -97,6 +101,8 @@ pub(crate) struct Request {
     multi: bool,
     /// A fixed window in it: the module must have `RL.FIXEDWINDOW`.
     pub fixed: bool,
+    /// It can grant (not a refund, not a dry run): strict mode waits for it.
+    pub grants: bool,
 }
 
 impl Request {
@@ -107,7 +113,8 @@ impl Request {
             args.push("FROMFIRST".into());
         }
         let (command, script, fixed) = (p.kind().command(), p.kind().script(), p.kind() == Kind::FixedWindow);
-        Request { command, script, keys: vec![key.to_owned()], args, multi: false, fixed }
+        let grants = tail.grants();
+        Request { command, script, keys: vec![key.to_owned()], args, multi: false, fixed, grants }
     }
 
     pub fn multi(parts: &[Policy], keys: Vec<String>, tail: Tail) -> Request {
@@ -126,7 +133,7 @@ impl Request {
         }
         tail.push(&mut args);
         let fixed = parts.iter().any(|p| p.kind() == Kind::FixedWindow);
-        Request { command: "RL.MULTI", script: "multi", keys, args, multi: true, fixed }
+        Request { command: "RL.MULTI", script: "multi", keys, args, multi: true, fixed, grants: tail.grants() }
     }
 
     pub fn is_multi(&self) -> bool {

@@ -33,11 +33,36 @@ pub struct Options {
     pub backend: Backend,
     /// The breaker's settings.
     pub breaker: Breaker,
+    /// Strict mode: `WAIT` after each call that can grant (default off).
+    pub strict: Option<Strict>,
 }
 
 impl Default for Options {
     fn default() -> Options {
-        Options { timeout_ms: 5, backend: Backend::Auto, breaker: Breaker::default() }
+        Options { timeout_ms: 5, backend: Backend::Auto, breaker: Breaker::default(), strict: None }
+    }
+}
+
+/// Strict mode (clients/DESIGN.md, "Strict mode"): each call that can
+/// grant (not a refund, not a dry run) goes in one pipeline with
+/// `WAIT replicas ms`, and units it granted count only when at least
+/// `replicas` replicas acknowledged them; otherwise the call is a failure
+/// (`unreplicated`): the breaker counts it and the panic limits decide. A
+/// denial needs no acknowledgement. Not on a cluster (refused before the
+/// first call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Strict {
+    /// Replicas that must acknowledge a grant (at least 1; set it to every
+    /// replica Sentinel may promote).
+    pub replicas: u64,
+    /// WAIT's timeout in ms (default ⌊0.8 × `timeout_ms`⌋): at least 1 and
+    /// below `timeout_ms`.
+    pub wait_ms: Option<u64>,
+}
+
+impl Default for Strict {
+    fn default() -> Strict {
+        Strict { replicas: 1, wait_ms: None }
     }
 }
 
@@ -82,6 +107,9 @@ pub struct Metrics {
     pub probes_failed: u64,
     /// The module's commands became unknown; the backend is detected again.
     pub redetects: u64,
+    /// Strict mode: grants that WAIT did not see copied to enough replicas
+    /// (failures, never grants).
+    pub unreplicated: u64,
     /// The breaker's state.
     pub state: State,
 }
@@ -98,6 +126,7 @@ pub(crate) struct Counters {
     pub(crate) refunds: AtomicU64,
     pub(crate) refund_tokens: AtomicU64,
     pub(crate) redetects: AtomicU64,
+    pub(crate) unreplicated: AtomicU64,
     pub(crate) leases: AtomicU64,
     pub(crate) lease_tokens: AtomicU64,
     pub(crate) lease_waits: AtomicU64,
@@ -108,11 +137,15 @@ struct Chosen {
     source: Option<Source>, // Module or Lua once known
     /// The module's commands, once asked (`None`: not asked yet).
     found: Option<Found>,
+    /// Strict mode: whether the server is a cluster node, once asked.
+    cluster: Option<bool>,
 }
 
 pub(crate) struct Inner<C> {
     conn: C,
     pub(crate) timeout: Duration,
+    /// Strict mode: (replicas, WAIT's ms).
+    strict: Option<(u64, u64)>,
     wanted: Backend,
     chosen: Mutex<Chosen>,
     pub(crate) breaker: BreakerState,
@@ -136,6 +169,8 @@ impl<C> Clone for RateLimit<C> {
 pub(crate) enum Fail {
     Redis(RedisError),
     Ours(Error),
+    /// Strict mode: a grant fewer replicas acknowledged than asked.
+    Unreplicated(String),
 }
 
 impl From<RedisError> for Fail {
@@ -170,6 +205,22 @@ impl<C: Connection> RateLimit<C> {
             return Err(Error::Invalid("timeout_ms must be >= 1".into()));
         }
         opts.breaker.check()?;
+        let strict = match opts.strict {
+            None => None,
+            Some(st) => {
+                if st.replicas == 0 {
+                    return Err(Error::Invalid("strict: replicas must be >= 1".into()));
+                }
+                let wait = st.wait_ms.unwrap_or(opts.timeout_ms * 4 / 5);
+                if wait == 0 || wait >= opts.timeout_ms {
+                    return Err(Error::Invalid(format!(
+                        "strict: WAIT's timeout ({wait} ms) must be >= 1 and below timeout_ms ({})",
+                        opts.timeout_ms
+                    )));
+                }
+                Some((st.replicas, wait))
+            }
+        };
         let source = match opts.backend {
             Backend::Auto => None,
             Backend::Module => None, // still asked once, to refuse a server without it
@@ -180,7 +231,8 @@ impl<C: Connection> RateLimit<C> {
                 conn,
                 timeout: Duration::from_millis(opts.timeout_ms),
                 wanted: opts.backend,
-                chosen: Mutex::new(Chosen { source, found: None }),
+                chosen: Mutex::new(Chosen { source, found: None, cluster: None }),
+                strict,
                 breaker: BreakerState::new(opts.breaker),
                 m: Counters::default(),
                 epoch: Instant::now(),
@@ -238,6 +290,7 @@ impl<C: Connection> RateLimit<C> {
             probes_ok: b.probes_ok,
             probes_failed: b.probes_failed,
             redetects: m.redetects.load(Relaxed),
+            unreplicated: m.unreplicated.load(Relaxed),
             state: self.inner.breaker.state(),
         }
     }
@@ -311,15 +364,16 @@ impl<C: Connection> Inner<C> {
     /// One decision's call on the chosen backend (detection first when needed).
     pub(crate) async fn run(&self, req: &Request) -> std::result::Result<(Value, Source), Fail> {
         self.ensure_detected().await?;
+        self.ensure_not_cluster().await?;
         let c = self.chosen();
         match c.source {
             Some(Source::Module) => {
                 if let Some(why) = lacks(c.found, req) {
                     return Err(Fail::Ours(Error::Unsupported(why.into())));
                 }
-                match self.send(&req.module_cmd()).await {
+                match self.call(req, &req.module_cmd()).await {
                     Ok(v) => Ok((v, Source::Module)),
-                    Err(e)
+                    Err(Fail::Redis(e))
                         if e.to_string().to_ascii_lowercase().contains("unknown command")
                             && self.wanted == Backend::Auto =>
                     {
@@ -330,14 +384,75 @@ impl<C: Connection> Inner<C> {
                         self.m.redetects.fetch_add(1, Relaxed);
                         Err(Fail::Redis(e))
                     }
-                    Err(e) => Err(Fail::Redis(e)),
+                    Err(e) => Err(e),
                 }
             }
-            _ => match self.send(&req.lua_cmd(false)).await {
-                Err(e) if is_noscript(&e) => Ok((self.send(&req.lua_cmd(true)).await?, Source::Lua)),
+            _ => match self.call(req, &req.lua_cmd(false)).await {
+                Err(Fail::Redis(e)) if is_noscript(&e) => Ok((self.call(req, &req.lua_cmd(true)).await?, Source::Lua)),
                 r => Ok((r?, Source::Lua)),
             },
         }
+    }
+
+    /// Strict mode refuses a cluster (asked once: `INFO cluster`).
+    async fn ensure_not_cluster(&self) -> std::result::Result<(), Fail> {
+        if self.strict.is_none() || self.chosen().cluster.is_some() {
+            return Ok(());
+        }
+        let v = self.send(redis::cmd("INFO").arg("cluster")).await?;
+        // a cluster connection asks every node: a map of node → text
+        fn enabled(v: &Value) -> Option<bool> {
+            let text = match v {
+                Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+                Value::VerbatimString { text, .. } => text.clone(),
+                Value::SimpleString(t) => t.clone(),
+                Value::Map(m) => return m.iter().map(|(_, v)| enabled(v)).try_fold(false, |a, x| Some(a || x?)),
+                _ => return None,
+            };
+            Some(text.lines().any(|l| l.trim() == "cluster_enabled:1"))
+        }
+        let Some(cluster) = enabled(&v) else {
+            return Err(Fail::Ours(Error::Protocol(format!("INFO cluster: {v:?}"))));
+        };
+        self.set_chosen(|c| c.cluster = Some(cluster));
+        if cluster {
+            return Err(Fail::Ours(Error::Unsupported(
+                "strict mode is not supported on a Redis Cluster (WAIT has no key to route by)".into(),
+            )));
+        }
+        Ok(())
+    }
+
+    /// `cmd`; in strict mode, when it can grant, in one pipeline with
+    /// `WAIT replicas ms`: units it granted that fewer replicas
+    /// acknowledged make the call a failure.
+    async fn call(&self, req: &Request, cmd: &Cmd) -> std::result::Result<Value, Fail> {
+        let Some((replicas, ms)) = self.strict.filter(|_| req.grants) else {
+            return Ok(self.send(cmd).await?);
+        };
+        let mut p = redis::pipe();
+        p.add_command(cmd.clone()).cmd("WAIT").arg(replicas).arg(ms);
+        let mut c = self.conn.clone();
+        let mut vals = c.req_packed_commands(&p, 0, 2).await?.into_iter();
+        let (Some(v), Some(ack), None) = (vals.next(), vals.next(), vals.next()) else {
+            return Err(Fail::Ours(Error::Protocol("a strict pipeline without two replies".into())));
+        };
+        let v = match v {
+            Value::ServerError(e) => return Err(Fail::Redis(e.into())),
+            v => v,
+        };
+        let ack = match ack {
+            Value::Int(n) => n,
+            Value::ServerError(e) => return Err(Fail::Redis(e.into())),
+            other => return Err(Fail::Ours(Error::Protocol(format!("WAIT: {other:?}")))),
+        };
+        let granted = matches!(&v, Value::Array(a) if matches!(a.first(), Some(Value::Int(n)) if *n > 0));
+        if granted && ack < replicas as i64 {
+            return Err(Fail::Unreplicated(format!(
+                "strict: WAIT {replicas} {ms} saw {ack} replica(s) acknowledge the grant: not granted"
+            )));
+        }
+        Ok(v)
     }
 
     /// One Redis call through the breaker, bounded by the timeout.
@@ -381,6 +496,10 @@ impl<C: Connection> Inner<C> {
             Ok(Err(Fail::Ours(e))) => {
                 self.breaker.success(t1 - t0, t1, probe); // it answered: it is up
                 Err(e)
+            }
+            Ok(Err(Fail::Unreplicated(msg))) => {
+                self.m.unreplicated.fetch_add(1, Relaxed);
+                fail(msg)
             }
             Ok(Err(Fail::Redis(e))) => {
                 let unknown = e.to_string().to_ascii_lowercase().contains("unknown command");

@@ -33,7 +33,7 @@ mod tower;
 
 pub use backend::Backend;
 pub use breaker::{Breaker, Panic, State};
-pub use client::{Call, Connection, Limiter, Metrics, Options, RateLimit};
+pub use client::{Call, Connection, Limiter, Metrics, Options, RateLimit, Strict};
 pub use decision::{Decision, Part, Source};
 pub use error::{Error, Result};
 pub use headers::{headers, problem, Problem, QUOTA_EXCEEDED, QUOTA_TITLE};

@@ -3,7 +3,7 @@
 //! for tenants on every node are exact, `all_of` keys that share a hash
 //! tag go to their slot's node, and after `redis-cli --cluster reshard`
 //! moves live tenants' slots (their keys by MIGRATE) the client follows
-//! MOVED and every limit goes on exactly.
+//! MOVED and every limit goes on exactly. Strict mode is refused there.
 mod common;
 
 use std::process::Command;
@@ -140,4 +140,15 @@ async fn decisions_stay_exact_across_a_reshard() {
     let m = rl.metrics();
     assert_eq!((m.failures, m.decisions_panic), (0, 0), "{m:?}");
     println!("{} tenants ({} resharded with their keys): every limit exact", tenants.len(), on_first.len());
+
+    // strict mode is refused on a cluster (WAIT has no key), before any decision
+    let conn: ClusterConnection = client.get_async_connection().await.unwrap();
+    let strict = Some(Strict::default());
+    let srl = RateLimit::new(conn, Options { timeout_ms: 2000, strict, ..Options::default() }).unwrap();
+    let lim = srl.limiter(token_bucket("api", 5, 1, HOUR).unwrap(), Panic::default()).unwrap();
+    let e = lim.limit(&make_key("t0", &["strict"]).unwrap(), Call::default()).await.unwrap_err();
+    assert!(matches!(e, Error::Unsupported(ref m) if m.contains("Cluster")), "{e}");
+    let mut c = nodes[slot_owner(&nodes, key_slot("t0"))].sync();
+    let n: i64 = redis::cmd("EXISTS").arg("rl:{t0}:strict").query(&mut c).unwrap();
+    assert_eq!(n, 0);
 }
