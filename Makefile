@@ -350,7 +350,7 @@ test-clients-rust: build venv clients/node/node_modules/.installed client-lua  #
 	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  echo "== Rust client suites on $$s ($$bin)"; \
 	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(CARGO) test --release -q -p redis-ratelimit-client \
-	    --test server --test outage --test leased --test differential --test tower --test readme --test cluster --test strict -- --test-threads=1 --nocapture || rc=1; \
+	    --test server --test outage --test leased --test differential --test tower --test readme --test cluster --test strict --test sentinel -- --test-threads=1 --nocapture || rc=1; \
 	done; exit $$rc
 
 # The criterion benchmark of one local (leased) decision of the Rust

@@ -12,6 +12,8 @@
 //! * [`LeasedLimiter`]s ([`RateLimit::leased`]): a local reservoir per key
 //!   filled with `PARTIAL` leases, refunded on idle, eviction and close.
 //! * [`headers`] of a [`Decision`], identical to the other libraries'.
+//! * [`SentinelConnection`] (feature `sentinel`, on by default): a
+//!   connection that follows a Sentinel service's primary across failovers.
 //! * [`RateLimitLayer`] (feature `tower`, on by default): a `tower::Layer`
 //!   for axum, hyper and tonic services, per request or leased; 429 (or
 //!   gRPC `RESOURCE_EXHAUSTED`) with the headers.
@@ -28,6 +30,8 @@ mod headers;
 mod keys;
 mod lease;
 mod policy;
+#[cfg(feature = "sentinel")]
+mod sentinel;
 #[cfg(feature = "tower")]
 mod tower;
 
@@ -40,5 +44,7 @@ pub use headers::{headers, problem, Problem, QUOTA_EXCEEDED, QUOTA_TITLE};
 pub use keys::{assert_same_slot, key_slot, make_key, make_key_with_prefix};
 pub use lease::{Lease, LeasedLimiter};
 pub use policy::{all_of, fixed_window, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX};
+#[cfg(feature = "sentinel")]
+pub use sentinel::SentinelConnection;
 #[cfg(feature = "tower")]
 pub use tower::{LimitedBody, RateLimitLayer, RateLimitService};

@@ -133,7 +133,9 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
-        self.sigcont();
+        if self.child.is_some() {
+            self.sigcont();
+        }
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
