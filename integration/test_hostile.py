@@ -112,7 +112,11 @@ def real_dumps(c):
     c.execute_command("RL.TOKENBUCKET", "tb-big", MAX_ARG, 7, MAX_ARG, "COST", MAX_ARG - 5)
     c.execute_command("RL.SLIDINGCOUNTER", "sc", 10, 1000, "COST", 4)
     c.execute_command("RL.SLIDINGCOUNTER", "sc-big", MAX_ARG, MAX_ARG, "COST", MAX_ARG)
-    c.execute_command("RL.FIXEDWINDOW", "fw", 10, 1000, "COST", 4)
+    # An epoch-aligned window expires its key when it ends: an hour's, made
+    # persistent at once (a 1 s window ended before the DUMP below in a CI
+    # run on Redis 7.0, and DUMP answered nil).
+    c.execute_command("RL.FIXEDWINDOW", "fw", 10, 3_600_000, "COST", 4)
+    c.persist("fw")
     c.execute_command("RL.FIXEDWINDOW", "fw-big", MAX_ARG, MAX_ARG, "COST", MAX_ARG, "FROMFIRST")
     # Logs in the three entry widths (4, 8 and 16 bytes), set by RL.STATE.
     sl_state(c, "sl1", random_log(rng, t, 12, 50_000_000, 9))
@@ -122,7 +126,9 @@ def real_dumps(c):
     out = {}
     for k in ["tb", "tb-big", "sc", "sc-big", "fw", "fw-big", "sl1", "sl2", "sl4", "sl-many"]:
         c.persist(k)
-        out[k] = Dump(c.dump(k))
+        d = c.dump(k)
+        assert d is not None, f"{k} expired before its DUMP"
+        out[k] = Dump(d)
     return out
 
 
