@@ -279,6 +279,9 @@ def run_sequence(rng, clock, a, b, calls, keys, peer="0.5"):
     return denied, ups
 
 
+# 10,000 calls: about 20 s a release on one server. make check keeps the
+# live swap, which runs 1,500 calls of the same sequences.
+@pytest.mark.slow
 def test_differential_against_redis_cell(servers, clock, peer):
     a, b = servers(peer), servers("ours")
     rng = random.Random(30)
