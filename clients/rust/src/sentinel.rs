@@ -80,6 +80,9 @@ impl Drop for Pending<'_> {
     }
 }
 
+/// Error replies of a server that is no longer (or not yet) the primary.
+const NOT_PRIMARY: [&str; 3] = ["READONLY", "MASTERDOWN", "LOADING"];
+
 /// Whether the connection should be dropped after this outcome: a failed
 /// connection, or a server that is no longer the primary.
 fn stale(e: &RedisError) -> bool {
@@ -87,14 +90,11 @@ fn stale(e: &RedisError) -> bool {
         || e.is_connection_dropped()
         || e.is_connection_refusal()
         || e.is_timeout()
-        || matches!(e.code(), Some("READONLY") | Some("MASTERDOWN") | Some("LOADING"))
+        || e.code().is_some_and(|c| NOT_PRIMARY.contains(&c))
 }
 
 fn stale_value(v: &Value) -> bool {
-    match v {
-        Value::ServerError(e) => matches!(e.code(), "READONLY" | "MASTERDOWN" | "LOADING"),
-        _ => false,
-    }
+    matches!(v, Value::ServerError(e) if NOT_PRIMARY.contains(&e.code()))
 }
 
 impl ConnectionLike for SentinelConnection {

@@ -47,20 +47,37 @@ async fn wait_ok(nodes: &[Server]) {
     .await;
 }
 
+/// The index in `nodes` of the primary serving `slot` (per the first node).
 fn slot_owner(nodes: &[Server], slot: u16) -> usize {
-    let v: Vec<(u16, u16, (String, u16))> = {
-        let raw: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut nodes[0].sync()).unwrap();
-        raw.iter()
-            .map(|r| {
-                let redis::Value::Array(a) = r else { panic!("{r:?}") };
-                let n = |x: &redis::Value| if let redis::Value::Int(i) = x { *i as u16 } else { panic!("{x:?}") };
-                let redis::Value::Array(m) = &a[2] else { panic!("{a:?}") };
-                (n(&a[0]), n(&a[1]), (String::new(), n(&m[1])))
-            })
-            .collect()
-    };
-    let port = v.iter().find(|(lo, hi, _)| (*lo..=*hi).contains(&slot)).expect("slot assigned").2 .1;
+    let n = |x: &redis::Value| if let redis::Value::Int(i) = x { *i as u16 } else { panic!("{x:?}") };
+    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut nodes[0].sync()).unwrap();
+    let port = ranges
+        .iter()
+        .find_map(|r| {
+            let redis::Value::Array(a) = r else { panic!("{r:?}") };
+            let redis::Value::Array(primary) = &a[2] else { panic!("{a:?}") };
+            (n(&a[0])..=n(&a[1])).contains(&slot).then(|| n(&primary[1]))
+        })
+        .expect("slot assigned");
     nodes.iter().position(|s| s.port == port).unwrap()
+}
+
+/// `n` calls per tenant on each limiter, adding up (bucket, all_of) grants.
+async fn round(
+    api: &Limiter<ClusterConnection>,
+    both: &Limiter<ClusterConnection>,
+    tenants: &[String],
+    n: usize,
+    granted: &mut [(u64, u64)],
+) {
+    for _ in 0..n {
+        for (t, g) in tenants.iter().zip(granted.iter_mut()) {
+            let d = api.limit(&make_key(t, &["api"]).unwrap(), Call::default()).await.unwrap();
+            assert_ne!(d.source, Source::Panic, "{t}: {d:?}");
+            g.0 += d.granted;
+            g.1 += both.limit(&make_key(t, &["u7"]).unwrap(), Call::default()).await.unwrap().granted;
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,28 +105,9 @@ async fn decisions_stay_exact_across_a_reshard() {
     let tenants: Vec<String> = (0..24).map(|i| format!("t{i}")).collect();
     let on_first: Vec<&String> = tenants.iter().filter(|t| slot_owner(&nodes, key_slot(t.as_str())) == 0).collect();
     assert!(on_first.len() >= 3 && on_first.len() < tenants.len(), "{on_first:?}");
-    let mut granted = vec![0u64; tenants.len()];
-    let mut both_granted = vec![0u64; tenants.len()];
-    let round = |n: usize| {
-        let (api, both, tenants) = (&api, &both, &tenants);
-        async move {
-            let mut g = vec![0u64; tenants.len()];
-            let mut b = vec![0u64; tenants.len()];
-            for _ in 0..n {
-                for (i, t) in tenants.iter().enumerate() {
-                    let d = api.limit(&make_key(t, &["api"]).unwrap(), Call::default()).await.unwrap();
-                    assert_ne!(d.source, Source::Panic, "{t}: {d:?}");
-                    g[i] += d.granted;
-                    let d = both.limit(&make_key(t, &["u7"]).unwrap(), Call::default()).await.unwrap();
-                    b[i] += d.granted;
-                }
-            }
-            (g, b)
-        }
-    };
-    let (g, b) = round(3).await;
-    granted.iter_mut().zip(g).for_each(|(a, x)| *a += x);
-    both_granted.iter_mut().zip(b).for_each(|(a, x)| *a += x);
+    // per tenant: units granted by the bucket, and by the all_of
+    let mut granted = vec![(0u64, 0u64); tenants.len()];
+    round(&api, &both, &tenants, 3, &mut granted).await;
 
     // move every slot of the first node to the second, keys and all
     let moved = 16384 / 3;
@@ -130,13 +128,10 @@ async fn decisions_stay_exact_across_a_reshard() {
         assert_eq!(slot_owner(&nodes, key_slot(t.as_str())), 1, "{t} not moved");
     }
 
-    let (g, b) = round(4).await;
-    granted.iter_mut().zip(g).for_each(|(a, x)| *a += x);
-    both_granted.iter_mut().zip(b).for_each(|(a, x)| *a += x);
+    round(&api, &both, &tenants, 4, &mut granted).await;
     // 7 calls per tenant: the bucket of 5 granted 5, the all_of's user
     // bucket of 4 granted 4, resharded or not
-    assert_eq!(granted, vec![5; tenants.len()], "api");
-    assert_eq!(both_granted, vec![4; tenants.len()], "all_of");
+    assert_eq!(granted, vec![(5, 4); tenants.len()], "(bucket, all_of) per tenant");
     let m = rl.metrics();
     assert_eq!((m.failures, m.decisions_panic), (0, 0), "{m:?}");
     println!("{} tenants ({} resharded with their keys): every limit exact", tenants.len(), on_first.len());

@@ -83,6 +83,28 @@ async fn idle_and_evicted_keys_give_their_units_back() {
     assert_eq!(r.metrics().refund_tokens, 27);
 }
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// Decisions of 1-3 units on the shared key until `done`, then `close()`:
+/// the units granted (checked against the limiter's own count, and every
+/// unit held given back).
+async fn lease_until<C: Connection>(lim: &LeasedLimiter<C>, done: impl Fn() -> bool) -> u64 {
+    let mut granted = 0;
+    while !done() {
+        let d = lim.limit("shared", 1 + (granted % 3)).await.unwrap();
+        granted += d.granted;
+        if granted % 5 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(granted, lim.granted());
+    let left = lim.stranded();
+    assert_eq!(lim.close().await.unwrap(), left);
+    granted
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn exact_conservation_across_three_instances() {
     let s = Server::start(true);
@@ -93,19 +115,8 @@ async fn exact_conservation_across_three_instances() {
         let lim =
             r.leased(token_bucket("api", CAP, 1, HOUR).unwrap(), Lease { batch: 7 + i * 6, ..Lease::default() }).unwrap();
         tasks.push(tokio::spawn(async move {
-            let mut granted = 0;
             let t0 = Instant::now();
-            while t0.elapsed() < Duration::from_millis(600) {
-                let d = lim.limit("shared", 1 + (granted % 3)).await.unwrap();
-                granted += d.granted;
-                if granted % 5 == 0 {
-                    tokio::task::yield_now().await;
-                }
-            }
-            assert_eq!(granted, lim.granted());
-            let left = lim.stranded();
-            let back = lim.close().await.unwrap();
-            assert_eq!(back, left);
+            let granted = lease_until(&lim, || t0.elapsed() >= Duration::from_millis(600)).await;
             let m = r.metrics();
             // what this instance leased = what it granted + what it gave back
             assert_eq!(m.lease_tokens, granted + m.refund_tokens, "{m:?}");
@@ -133,18 +144,7 @@ async fn conservation_worker() {
     let conn = redis::aio::ConnectionManager::new(redis::Client::open(url).unwrap()).await.unwrap();
     let r = rl(conn, 1000);
     let lim = r.leased(token_bucket("api", cap, 1, HOUR).unwrap(), Lease { batch, ..Lease::default() }).unwrap();
-    let now_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
-    let mut granted = 0;
-    while now_ms() < until {
-        let d = lim.limit("shared", 1 + (granted % 3)).await.unwrap();
-        granted += d.granted;
-        if granted % 5 == 0 {
-            tokio::task::yield_now().await;
-        }
-    }
-    assert_eq!(granted, lim.granted());
-    let left = lim.stranded();
-    assert_eq!(lim.close().await.unwrap(), left);
+    let granted = lease_until(&lim, || unix_ms() >= until).await;
     let m = r.metrics();
     println!("RL_CONSERVE granted={granted} leased={} refunded={} leases={}", m.lease_tokens, m.refund_tokens, m.leases);
 }
@@ -158,7 +158,7 @@ fn exact_conservation_across_three_processes() {
     const CAP: u64 = 600;
     let s = Server::start(true);
     let exe = std::env::current_exe().unwrap();
-    let until = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64 + 1500;
+    let until = unix_ms() + 1500;
     let children: Vec<_> = [7u64, 13, 19]
         .iter()
         .map(|batch| {

@@ -9,7 +9,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{server_bin, wait_until, Server};
+use common::{free_port, server_bin, wait_until, Server};
 use redis_ratelimit_client::*;
 
 const HOUR: u64 = 3_600_000;
@@ -23,7 +23,7 @@ struct Sentinel {
 
 impl Sentinel {
     fn start(primary_port: u16) -> Sentinel {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = free_port();
         let dir = std::env::temp_dir().join(format!("rl-rust-sentinel-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let conf = dir.join("sentinel.conf");
