@@ -345,11 +345,11 @@ test-clients-node: build venv clients/node/node_modules/.installed client-lua  #
 # a time: the outage tests measure time.
 .PHONY: test-clients-rust
 test-clients-rust: build venv clients/node/node_modules/.installed client-lua  ## the Rust client library: unit tests, then its suites on every server
-	$(CARGO) test --release -p redis-ratelimit-client --lib
+	$(CARGO) test --profile tests -p redis-ratelimit-client --lib
 	@rc=0; for s in $(client_servers); do \
 	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  echo "== Rust client suites on $$s ($$bin)"; \
-	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(CARGO) test --release -q -p redis-ratelimit-client \
+	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(CARGO) test --profile tests -q -p redis-ratelimit-client \
 	    --test server --test outage --test leased --test differential --test tower --test readme --test cluster --test strict --test sentinel -- --test-threads=1 --nocapture || rc=1; \
 	done; exit $$rc
 
