@@ -198,8 +198,9 @@ server_bin = $(shell $(PY) -m rltesting.servers path $(1))
 # server x suite matrix; fails if any test failed on any server. The servers
 # run TEST_PY_JOBS at a time (tools/lanes.sh; default 2, each server's
 # output printed whole when it ends): a suite run waits on its servers far
-# more than it computes, and two lanes take test-py from ~1150 s to ~650 s
-# on the 2-core CI machine. TEST_PY_JOBS=1 runs them one after another.
+# more than it computes (5 min of CPU in 14 min), so two lanes nearly halve
+# test-py on the 2-core machine (docs/testing.md has the stage times).
+# TEST_PY_JOBS=1 runs them one after another.
 test-py: build venv dist client-lua peers clients/node/node_modules/.installed examples/node/node_modules/.installed  ## integration suites on every server of SERVERS (PYTEST_ARGS=..., TEST_PY_JOBS=...)
 	@rm -rf $(MATRIX_DIR) && mkdir -p $(MATRIX_DIR)
 	@for s in $(SERVERS); do $(PY) -m rltesting.servers path $$s >/dev/null || exit 1; done
