@@ -178,7 +178,16 @@ soak: build venv client-lua  ## long soak and connection storm (minutes)
 # Python suites, integration/). The Rust client's tests start servers:
 # they are test-clients-rust's.
 test-rust: build  ## unit and property tests of the workspace
-	$(CARGO) test --release --workspace --exclude redis-ratelimit-client
+	$(CARGO) test --release --workspace --exclude redis-ratelimit-client --exclude redis-ratelimit-gateway
+
+# The Rust example gateway (examples/rust: axum on the Rust client), built
+# once with the gateway profile (release optimizations without the module's
+# fat LTO: Cargo.toml says why): target/gateway/rl-gateway. test-py's
+# test_examples.py and bench-edge run it.
+.PHONY: gateway-rust
+GATEWAY_RUST := $(CURDIR)/target/gateway/rl-gateway
+gateway-rust: deps  ## the Rust example gateway: target/gateway/rl-gateway
+	$(CARGO) build --profile gateway -p redis-ratelimit-gateway
 
 # The server builds the Python suites run against (testing/rltesting/servers.py):
 #   redis7.0   Debian's redis-server
