@@ -102,7 +102,7 @@ check:  ## fmt, clippy, ruff, core tests, one server's suites without slow ones 
 	exit $$rc
 
 .PHONY: check-steps
-check-steps: build venv dist client-lua peers
+check-steps: build venv dist client-lua peers gateway-rust
 	$(CARGO) fmt --all --check
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
@@ -204,7 +204,7 @@ server_bin = $(shell $(PY) -m rltesting.servers path $(1))
 
 # Every Python suite (all of integration/) once per server, then the
 # server x suite matrix; fails if any test failed on any server.
-test-py: build venv dist client-lua peers  ## integration suites on every server of SERVERS (PYTEST_ARGS=...)
+test-py: build venv dist client-lua peers gateway-rust  ## integration suites on every server of SERVERS (PYTEST_ARGS=...)
 	@rm -rf $(MATRIX_DIR) && mkdir -p $(MATRIX_DIR)
 	@for s in $(SERVERS); do \
 	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
