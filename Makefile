@@ -507,7 +507,7 @@ examples/node/node_modules/.installed: examples/node/package-lock.json | deps
 	cd examples/node && npm ci --no-audit --no-fund
 	touch $@
 
-bench-edge: build venv $(VENV)/.clients-py examples/node/node_modules/.installed client-lua  ## HTTP load on the example gateways under Redis faults (QUICK=1, SERVER=...)
+bench-edge: build venv $(VENV)/.clients-py examples/node/node_modules/.installed client-lua gateway-rust  ## HTTP load on the example gateways under Redis faults (QUICK=1, SERVER=...)
 	$(PY) bench/edge/edge.py $(if $(SERVER),--server $(SERVER)) \
 	  $(if $(QUICK),--quick --out /tmp/rl-edge-quick)
 
