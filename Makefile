@@ -102,7 +102,7 @@ check:  ## fmt, clippy, ruff, core tests, one server's suites without slow ones 
 	exit $$rc
 
 .PHONY: check-steps
-check-steps: build venv dist client-lua peers
+check-steps: build venv dist client-lua peers gateway-rust
 	$(CARGO) fmt --all --check
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
@@ -178,7 +178,16 @@ soak: build venv client-lua  ## long soak and connection storm (minutes)
 # Python suites, integration/). The Rust client's tests start servers:
 # they are test-clients-rust's.
 test-rust: build  ## unit and property tests of the workspace
-	$(CARGO) test --release --workspace --exclude redis-ratelimit-client
+	$(CARGO) test --release --workspace --exclude redis-ratelimit-client --exclude redis-ratelimit-gateway
+
+# The Rust example gateway (examples/rust: axum on the Rust client), built
+# once with the quick profile (release optimizations without the module's
+# fat LTO: Cargo.toml says why): target/quick/rl-gateway. test-py's
+# test_examples.py and bench-edge run it.
+.PHONY: gateway-rust
+GATEWAY_RUST := $(CURDIR)/target/quick/rl-gateway
+gateway-rust: deps  ## the Rust example gateway: target/quick/rl-gateway
+	$(CARGO) build --profile quick -p redis-ratelimit-gateway
 
 # The server builds the Python suites run against (testing/rltesting/servers.py):
 #   redis7.0   Debian's redis-server
@@ -201,7 +210,7 @@ server_bin = $(shell $(PY) -m rltesting.servers path $(1))
 # more than it computes (5 min of CPU in 14 min), so two lanes nearly halve
 # test-py on the 2-core machine (docs/testing.md has the stage times).
 # TEST_PY_JOBS=1 runs them one after another.
-test-py: build venv dist client-lua peers clients/node/node_modules/.installed examples/node/node_modules/.installed  ## integration suites on every server of SERVERS (PYTEST_ARGS=..., TEST_PY_JOBS=...)
+test-py: build venv dist client-lua peers clients/node/node_modules/.installed examples/node/node_modules/.installed gateway-rust  ## integration suites on every server of SERVERS (PYTEST_ARGS=..., TEST_PY_JOBS=...)
 	@rm -rf $(MATRIX_DIR) && mkdir -p $(MATRIX_DIR)
 	@for s in $(SERVERS); do $(PY) -m rltesting.servers path $$s >/dev/null || exit 1; done
 	@tools/lanes.sh $(TEST_PY_JOBS) $(MATRIX_DIR) \
@@ -349,11 +358,11 @@ test-clients-node: build venv clients/node/node_modules/.installed client-lua  #
 # a time: the outage tests measure time.
 .PHONY: test-clients-rust
 test-clients-rust: build venv clients/node/node_modules/.installed client-lua  ## the Rust client library: unit tests, then its suites on every server
-	$(CARGO) test --profile tests -p redis-ratelimit-client --lib
+	$(CARGO) test --profile quick -p redis-ratelimit-client --lib
 	@rc=0; for s in $(client_servers); do \
 	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  echo "== Rust client suites on $$s ($$bin)"; \
-	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(CARGO) test --profile tests -q -p redis-ratelimit-client \
+	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(CARGO) test --profile quick -q -p redis-ratelimit-client \
 	    --test server --test outage --test leased --test differential --test tower --test readme --test cluster --test strict --test sentinel -- --test-threads=1 --nocapture || rc=1; \
 	done; exit $$rc
 
@@ -502,7 +511,7 @@ examples/node/node_modules/.installed: examples/node/package-lock.json | deps
 	cd examples/node && npm ci --no-audit --no-fund
 	touch $@
 
-bench-edge: build venv $(VENV)/.clients-py examples/node/node_modules/.installed client-lua  ## HTTP load on the example gateways under Redis faults (QUICK=1, SERVER=...)
+bench-edge: build venv $(VENV)/.clients-py examples/node/node_modules/.installed client-lua gateway-rust  ## HTTP load on the example gateways under Redis faults (QUICK=1, SERVER=...)
 	$(PY) bench/edge/edge.py $(if $(SERVER),--server $(SERVER)) \
 	  $(if $(QUICK),--quick --out /tmp/rl-edge-quick)
 

@@ -1,4 +1,5 @@
-"""The two example gateways (examples/python, examples/node), over real HTTP.
+"""The three example gateways (examples/python, examples/node, examples/rust),
+over real HTTP.
 
 Every test starts a real redis-server with the module, the example's own
 trivial upstream, and one or more gateway processes on free ports, then
@@ -9,16 +10,20 @@ talks to them with plain HTTP requests:
   caller gets (the API key hashed, else the address), per-route and
   per-method policies, unlimited paths;
 * rules re-read when the file changes, a broken file ignored;
-* exact cut-off at the limit across two gateway instances sharing one Redis
-  (each language, and one Python + one Node instance together), for each of
-  the three algorithms;
+* exact cut-off at the limit across gateway instances sharing one Redis
+  (two of each language, and one Python + one Node + one Rust instance
+  together), for each of the three algorithms;
 * fail-open to the local limiter (limit / instances) when redis-server is
   stopped or stalls (DEBUG SLEEP), counted in /_gateway/stats, and back to
   the shared limit when it answers again.
 
 The Node tests need node and npm; they install examples/node's locked
 dependencies with `npm ci` when node_modules is missing, and are skipped (with
-the reason) only where node or npm is not installed.
+the reason) only where node or npm is not installed. The Rust tests run
+target/quick/rl-gateway (RL_GATEWAY_RUST: another binary), built once per
+session with `cargo build --profile quick` (a no-op after `make
+gateway-rust`), and skipped only where cargo is not installed. The Rust
+gateway sits in front of the Python upstream.
 """
 import hashlib
 import http.client
@@ -37,6 +42,10 @@ from rltesting.proc import free_port, ROOT, wait_until
 
 EXAMPLES = os.path.join(ROOT, "examples")
 NODE_DIR = os.path.join(EXAMPLES, "node")
+RUST_GATEWAY = os.environ.get("RL_GATEWAY_RUST") or os.path.join(ROOT, "target", "quick",
+                                                                   "rl-gateway")
+# whose upstream each gateway is put in front of (its X-Upstream header)
+UPSTREAM = {"python": "python", "node": "node", "rust": "python"}
 HOUR = 3600000
 DAY = 24 * HOUR
 
@@ -65,11 +74,40 @@ def node_available():
     return ok, reason
 
 
+_rust_state = {}
+
+
+def rust_available():
+    """(ok, reason). Builds the Rust example once (cargo: a no-op when it is
+    up to date), unless RL_GATEWAY_RUST names a binary."""
+    if "ok" in _rust_state:
+        return _rust_state["ok"], _rust_state["reason"]
+    if os.environ.get("RL_GATEWAY_RUST"):
+        ok, reason = os.access(RUST_GATEWAY, os.X_OK), f"RL_GATEWAY_RUST={RUST_GATEWAY}"
+        if not ok:
+            pytest.fail(f"{reason} is not an executable")
+    elif not shutil.which("cargo"):
+        ok, reason = False, "cargo is needed to build examples/rust"
+    else:
+        p = subprocess.run(["cargo", "build", "--profile", "quick", "-q",
+                            "-p", "redis-ratelimit-gateway"],
+                           cwd=ROOT, capture_output=True, text=True, timeout=1800)
+        if p.returncode != 0:
+            pytest.fail(f"cargo build of examples/rust failed:\n{p.stdout}\n{p.stderr}")
+        ok, reason = True, ""
+    _rust_state.update(ok=ok, reason=reason)
+    return ok, reason
+
+
 def need(lang):
     if lang == "node":
         ok, reason = node_available()
         if not ok:
             pytest.skip(f"Node example not tested: {reason}")
+    elif lang == "rust":
+        ok, reason = rust_available()
+        if not ok:
+            pytest.skip(f"Rust example not tested: {reason}")
 
 
 def http_request(port, path, method="GET", headers=None, body=None):
@@ -180,13 +218,15 @@ class Env:
             write_rules(self.rules_path, rules)
         port = free_port()
         args = ["--port", str(port),
-                "--upstream", f"http://127.0.0.1:{self.upstream(lang)}",
+                "--upstream", f"http://127.0.0.1:{self.upstream(UPSTREAM[lang])}",
                 "--redis", f"redis://127.0.0.1:{self.server.port}/0",
                 "--rules", self.rules_path,
                 "--redis-timeout-ms", str(timeout_ms),
                 "--redis-retry-ms", str(retry_ms)]
         if lang == "python":
             argv = [sys.executable, os.path.join(EXAMPLES, "python", "gateway.py")] + args
+        elif lang == "rust":
+            argv = [RUST_GATEWAY] + args
         else:
             argv = ["node", os.path.join(NODE_DIR, "gateway.js")] + args
         p = Proc(argv, str(self.tmp / f"gateway-{lang}-{port}.log"))
@@ -240,7 +280,7 @@ def sf_params(value):
     return first[1:-1], {k: int(v) for k, v in (p.split("=") for p in params)}
 
 
-LANGS = ["python", "node"]
+LANGS = ["python", "node", "rust"]
 
 
 # ------------------------------------------------------------------- tests
@@ -258,7 +298,7 @@ def test_headers_statuses_and_keys(env, lang):
     for i in range(3):
         status, h, body = gw.get("/api/items?page=1", key="alice")
         assert status == 200, body
-        assert h["x-upstream"] == lang
+        assert h["x-upstream"] == UPSTREAM[lang]
         echo = json.loads(body)
         assert echo["path"] == "/api/items?page=1" and echo["x_forwarded_for"] == "127.0.0.1"
         assert h["x-ratelimit-limit"] == "3"
@@ -368,14 +408,16 @@ ALGO_ROUTES = [
 ]
 
 
-@pytest.mark.parametrize("langs", [["python", "python"], ["node", "node"], ["python", "node"]],
-                         ids=["python-x2", "node-x2", "python+node"])
-def test_exact_cutoff_across_two_gateways(env, langs):
+@pytest.mark.parametrize("langs", [["python", "python"], ["node", "node"], ["rust", "rust"],
+                                   ["python", "node", "rust"]],
+                         ids=["python-x2", "node-x2", "rust-x2", "python+node+rust"])
+def test_exact_cutoff_across_gateways(env, langs):
     rules = {"instances": 2, "routes": ALGO_ROUTES}
     # A generous Redis timeout: this test is about the cutoff, and on a busy
     # machine a call can take longer than the default 50 ms, which would
     # switch a gateway to its local fallback (tested below on its own).
-    gws = [env.gateway(langs[0], rules, timeout_ms=2000), env.gateway(langs[1], timeout_ms=2000)]
+    gws = [env.gateway(lang, rules if i == 0 else None, timeout_ms=2000)
+           for i, lang in enumerate(langs)]
     for route in ALGO_ROUTES:
         granted, denied = cutoff(gws, route["match"], 30, key="shared-client")
         # exactly the limit, each remaining value once: the grants were serialized
@@ -420,7 +462,7 @@ def test_fallback_when_redis_is_slow(env, lang):
     assert gw.get("/api/x", key="k")[1]["x-ratelimit-limit"] == "10"
 
     sleeper = threading.Thread(
-        target=lambda: env.server.client().execute_command("DEBUG", "SLEEP", "3"))
+        target=lambda: env.server.client().execute_command("DEBUG", "SLEEP", "2"))
     sleeper.start()
     try:
         probe = redis.Redis(host="127.0.0.1", port=env.server.port, socket_timeout=0.2)

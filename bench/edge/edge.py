@@ -12,8 +12,10 @@ injected mid-run, latency and errors as a gateway's users see them.
                                        decisions, nothing crashed), not speed
     bench/edge/edge.py --render-only bench/edge/results-TAG.json
 
-For each gateway (examples/node, examples/python), in front of its own
-trivial upstream, one Redis server with the module (--server, default
+For each gateway (examples/node, examples/python, examples/rust; the Rust
+one is target/quick/rl-gateway of `make gateway-rust`, or RL_GATEWAY_RUST),
+in front of its own trivial upstream (the Rust one in front of Node's), one
+Redis server with the module (--server, default
 redis7.0 of rltesting.servers (testing/)) and three runs with the same load and
 the same fault schedule:
 
@@ -68,6 +70,8 @@ from report import (  # noqa: E402  (bench/edge/report.py: analysis and reports)
 
 MODULE = os.environ.get("RL_MODULE", os.path.join(ROOT, "target", "release",
                                                   "libredis_ratelimit.so"))
+RUST_GATEWAY = os.environ.get("RL_GATEWAY_RUST") or os.path.join(ROOT, "target", "quick",
+                                                                   "rl-gateway")
 CONTROL_EVERY = 4       # every 4th request of the mix goes to an unlimited path
 TIMEOUT_MS = 5          # the gateways' Redis timeout: the incident's budget
 RETRY_MS = 500          # breaker open time before one probe
@@ -181,6 +185,8 @@ def gateway_cmd(gw, port, up_port, redis_port, rules, mode):
     if gw == "node":   # EDGE_NODE_OPTIONS: e.g. --cpu-prof, to profile a gateway
         head = ["node", *os.environ.get("EDGE_NODE_OPTIONS", "").split(),
                 os.path.join(ROOT, "examples", "node", "gateway.js")]
+    elif gw == "rust":
+        head = [RUST_GATEWAY]
     else:
         head = [sys.executable, os.path.join(ROOT, "examples", "python", "gateway.py")]
     cmd = head + ["--port", str(port), "--upstream", f"http://127.0.0.1:{up_port}",
@@ -196,7 +202,7 @@ def gateway_cmd(gw, port, up_port, redis_port, rules, mode):
 
 
 def upstream_cmd(gw, port):
-    if gw == "node":
+    if gw in ("node", "rust"):   # the Rust gateway: in front of the faster of the two
         return ["node", os.path.join(ROOT, "examples", "node", "upstream.js"), "--port", str(port)]
     return [sys.executable, os.path.join(ROOT, "examples", "python", "upstream.py"),
             "--port", str(port)]

@@ -14,7 +14,7 @@ import subprocess
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 MODES = ("lua", "module", "leased")
-GATEWAYS = ("node", "python")
+GATEWAYS = ("node", "python", "rust")
 INSTANCES = 2   # the rules' "instances": each gateway's panic limit is half the limit
 
 
