@@ -6,7 +6,15 @@
 //!
 //! * [`config`] — the YAML files, their load errors and descriptor matching.
 //! * [`settings`] — the environment variables.
+//! * [`runtime`] — the configuration directory and its hot reload.
+//! * [`service`] — `ShouldRateLimit`.
+//! * [`json`] — proto3 JSON for `POST /json`.
+//! * [`server`] — the gRPC and HTTP listeners.
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod json;
+pub mod runtime;
+pub mod server;
+pub mod service;
 pub mod settings;
