@@ -358,16 +358,17 @@ test-clients-rust: build venv clients/node/node_modules/.installed client-lua  #
 # settings, proto3 JSON), then its suite on every server of
 # `python -m rltesting.servers names` (CLIENT_SERVERS=... narrows them): the
 # service binary on a real server with the module, through a gRPC client of
-# Envoy's protos and POST /json (service/tests/service.rs). The unit tests
-# run with the first server's; the test binaries are built once (in
-# parallel), and each server's run takes 2-3 s.
+# Envoy's protos and POST /json (service/tests/service.rs; the service runs
+# in-process). The library's unit tests are in the same binary
+# (service/tests/units), and --no-default-features leaves the binary out:
+# one fat-LTO link for the stage. Each server's run takes 2-3 s.
 .PHONY: test-service
-test-service: build venv  ## the Envoy rate-limit service: unit tests, then its suite on every server
-	@rc=0; lib=--lib; for s in $(client_servers); do \
+test-service: build venv  ## the Envoy rate-limit service: its unit tests and suite on every server
+	@rc=0; for s in $(client_servers); do \
 	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  echo "== service suite on $$s ($$bin)"; \
-	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) $(CARGO) test --release -q -p redis-ratelimit-service $$lib --test service || rc=1; \
-	  lib=; \
+	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) $(CARGO) test --release -q -p redis-ratelimit-service \
+	    --no-default-features --test service || rc=1; \
 	done; exit $$rc
 
 # The criterion benchmark of one local (leased) decision of the Rust

@@ -71,6 +71,7 @@ pub fn spawn_reloader<C: Connection>(svc: Arc<Service<C>>, mut last: Files) -> t
                 Err(e) => {
                     // a swap in progress, or the directory gone: keep what is live
                     eprintln!("config refused: {e}");
+                    svc.refuse_config(e);
                     continue;
                 }
             };
@@ -86,6 +87,7 @@ pub fn spawn_reloader<C: Connection>(svc: Arc<Service<C>>, mut last: Files) -> t
                 }
                 Err(e) => {
                     eprintln!("config refused: {e}; the last good configuration stays live");
+                    svc.refuse_config(e);
                     refused = Some(files);
                 }
             }

@@ -58,16 +58,30 @@ pub fn http_router<C: Connection>(svc: Arc<Service<C>>) -> axum::Router {
     axum::Router::new().route("/json", post(json_handler::<C>)).route("/healthcheck", get(|| async { "OK" })).with_state(svc)
 }
 
-/// Connects to Redis, loads the configuration, and serves until the
-/// process ends. Errors: the settings' Redis cannot be reached, the first
-/// configuration does not load, a port cannot be bound.
-pub async fn run(settings: Settings) -> Result<(), String> {
+/// A started service: its state, the bound addresses, and the task serving both listeners.
+pub struct Running {
+    /// The service (its live configuration, its last refusal).
+    pub service: Arc<Service<redis::aio::ConnectionManager>>,
+    /// The gRPC listener's address.
+    pub grpc_addr: std::net::SocketAddr,
+    /// The HTTP listener's address.
+    pub http_addr: std::net::SocketAddr,
+    /// Serves until aborted or a listener fails.
+    pub task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+/// Connects to Redis, loads the configuration, binds both listeners and
+/// starts serving (and reloading) in the background. Errors: Redis cannot
+/// be reached, the first configuration does not load, a port cannot be bound.
+pub async fn start(settings: Settings) -> Result<Running, String> {
     let client = redis::Client::open(settings.redis_info()).map_err(|e| format!("REDIS_URL: {e}"))?;
     let mgr_cfg = redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(settings.redis_timeout))
         .set_response_timeout(Some(settings.redis_timeout));
-    let conn = redis::aio::ConnectionManager::new_with_config(client, mgr_cfg)
+    // the first connection is bounded too: no Redis within REDIS_TIMEOUT, no start
+    let conn = tokio::time::timeout(settings.redis_timeout, redis::aio::ConnectionManager::new_with_config(client, mgr_cfg))
         .await
+        .map_err(|_| format!("connecting to Redis: no connection within REDIS_TIMEOUT ({:?})", settings.redis_timeout))?
         .map_err(|e| format!("connecting to Redis: {e}"))?;
     let timeout_ms = u64::try_from(settings.redis_timeout.as_millis()).unwrap_or(u64::MAX).max(1);
     let rl = RateLimit::new(conn, Options { timeout_ms, backend: Backend::Auto, ..Options::default() })
@@ -75,26 +89,34 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     let (cfg, files) = load_dir(&settings).map_err(|e| format!("config refused: {e}"))?;
     let grpc_addr = format!("{}:{}", settings.grpc_host, settings.grpc_port);
     let http_addr = format!("{}:{}", settings.host, settings.port);
-    let svc = Arc::new(Service::new(rl, cfg, settings));
-    spawn_reloader(svc.clone(), files);
-
     let grpc_listener =
         tokio::net::TcpListener::bind(&grpc_addr).await.map_err(|e| format!("GRPC_PORT {grpc_addr}: {e}"))?;
     let http_listener = tokio::net::TcpListener::bind(&http_addr).await.map_err(|e| format!("PORT {http_addr}: {e}"))?;
+    let grpc_addr = grpc_listener.local_addr().map_err(|e| e.to_string())?;
+    let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
+    let svc = Arc::new(Service::new(rl, cfg, settings));
+    let reloader = spawn_reloader(svc.clone(), files);
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<RateLimitServiceServer<Grpc<redis::aio::ConnectionManager>>>().await;
-    eprintln!(
-        "listening: grpc {} http {}",
-        grpc_listener.local_addr().map_err(|e| e.to_string())?,
-        http_listener.local_addr().map_err(|e| e.to_string())?
-    );
     let grpc = tonic::transport::Server::builder()
         .add_service(health_svc)
         .add_service(RateLimitServiceServer::new(Grpc(svc.clone())))
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc_listener));
-    let http = axum::serve(http_listener, http_router(svc));
-    tokio::select! {
-        r = grpc => r.map_err(|e| format!("gRPC server: {e}")),
-        r = http => r.map_err(|e| format!("HTTP server: {e}")),
-    }
+    let http = axum::serve(http_listener, http_router(svc.clone()));
+    let task = tokio::spawn(async move {
+        let r = tokio::select! {
+            r = grpc => r.map_err(|e| format!("gRPC server: {e}")),
+            r = http => r.map_err(|e| format!("HTTP server: {e}")),
+        };
+        reloader.abort();
+        r
+    });
+    Ok(Running { service: svc, grpc_addr, http_addr, task })
+}
+
+/// [`start`], then serves until the process ends.
+pub async fn run(settings: Settings) -> Result<(), String> {
+    let r = start(settings).await?;
+    eprintln!("listening: grpc {} http {}", r.grpc_addr, r.http_addr);
+    r.task.await.map_err(|e| e.to_string())?
 }

@@ -54,6 +54,8 @@ pub struct Service<C> {
     settings: Settings,
     /// One limiter per shape of request: (requests_per_unit, window_ms, weight) per part.
     limiters: Mutex<HashMap<Shape, Limiter<C>>>,
+    /// The error of the last configuration refused since the last one loaded.
+    refused: Mutex<Option<String>>,
 }
 
 /// The key of a limit's counter: envoyproxy/ratelimit's
@@ -124,7 +126,13 @@ fn status(code: Code, limit: &Limit, unit: Unit, remaining: u64) -> DescriptorSt
 impl<C: Connection> Service<C> {
     /// A service over a client and a first configuration.
     pub fn new(rl: RateLimit<C>, config: Config, settings: Settings) -> Service<C> {
-        Service { rl, config: RwLock::new(Arc::new(config)), settings, limiters: Mutex::new(HashMap::new()) }
+        Service {
+            rl,
+            config: RwLock::new(Arc::new(config)),
+            settings,
+            limiters: Mutex::new(HashMap::new()),
+            refused: Mutex::new(None),
+        }
     }
 
     /// The live configuration.
@@ -135,6 +143,17 @@ impl<C: Connection> Service<C> {
     /// Makes `config` the live configuration (requests already running keep theirs).
     pub fn set_config(&self, config: Config) {
         *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Records why a configuration was refused (the live one stays).
+    pub fn refuse_config(&self, error: String) {
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+    }
+
+    /// The error of the last configuration refused since one last loaded, if any.
+    pub fn last_refusal(&self) -> Option<String> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The settings.

@@ -1,8 +1,13 @@
-//! The service binary against a real Redis or Valkey with the module
+//! The service against a real Redis or Valkey with the module
 //! (REDIS_SERVER, RL_MODULE), through a gRPC client generated from Envoy's
 //! protos and through `POST /json`. Every test starts its own server and
-//! service on free ports, in a temp dir, and stops them.
+//! service (in-process: `server::start` with the settings of a map of
+//! environment variables, as the binary's `main` does) on free ports, in a
+//! temp dir, and stops them. The library's unit tests are in `units/`.
 
+mod units;
+
+use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -14,6 +19,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Descrip
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
+use redis_ratelimit_service::server;
+use redis_ratelimit_service::settings::Settings;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -52,8 +59,15 @@ struct Env {
     dir: PathBuf,
     grpc: u16,
     http: u16,
+    svc: server::Running,
+    redis_port: u16,
     _redis: Proc,
-    _svc: Proc,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.svc.task.abort();
+    }
 }
 
 fn write(path: &Path, text: &str) {
@@ -65,7 +79,7 @@ fn write(path: &Path, text: &str) {
 }
 
 impl Env {
-    fn start(name: &str, config: &str, extra_env: &[(&str, &str)]) -> Env {
+    async fn start(name: &str, config: &str, extra_env: &[(&str, &str)]) -> Env {
         let dir = std::env::temp_dir().join(format!("rl-svc-{}-{name}-{}", std::process::id(), port()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -85,34 +99,32 @@ impl Env {
         // RUNTIME_ROOT is a symlink to a versioned directory, as deployments swap it
         write(&dir.join("v1/ratelimit/config/config.yaml"), config);
         std::os::unix::fs::symlink(dir.join("v1"), dir.join("current")).unwrap();
-        let (grpc, http) = (port(), port());
-        let log = std::fs::File::create(dir.join("service.log")).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_redis-ratelimit-service"));
-        cmd.env_clear()
-            .env("REDIS_SOCKET_TYPE", "tcp")
-            .env("REDIS_URL", format!("127.0.0.1:{rport}"))
-            .env("REDIS_TIMEOUT", "2s")
-            .env("GRPC_HOST", "127.0.0.1")
-            .env("GRPC_PORT", grpc.to_string())
-            .env("HOST", "127.0.0.1")
-            .env("PORT", http.to_string())
-            .env("RUNTIME_ROOT", dir.join("current"))
-            .env("RUNTIME_SUBDIRECTORY", "ratelimit")
-            .env("RUNTIME_APPDIRECTORY", "config")
-            .env("RUNTIME_POLL_INTERVAL", "20ms")
-            .stdout(Stdio::null())
-            .stderr(log);
+        let mut vars: HashMap<String, String> = [
+            ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+            ("REDIS_URL", format!("127.0.0.1:{rport}")),
+            ("REDIS_TIMEOUT", "2s".to_owned()),
+            ("GRPC_HOST", "127.0.0.1".to_owned()),
+            ("GRPC_PORT", "0".to_owned()),
+            ("HOST", "127.0.0.1".to_owned()),
+            ("PORT", "0".to_owned()),
+            ("RUNTIME_ROOT", dir.join("current").to_string_lossy().into_owned()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+            ("RUNTIME_APPDIRECTORY", "config".to_owned()),
+            ("RUNTIME_POLL_INTERVAL", "20ms".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
         for (k, v) in extra_env {
-            cmd.env(k, v);
+            vars.insert((*k).to_owned(), (*v).to_owned());
         }
-        let svc = Proc(cmd.spawn().unwrap());
-        let env = Env { dir, grpc, http, _redis: redis, _svc: svc };
-        wait_for("the service to listen", Duration::from_secs(20), || env.log().contains("listening"));
-        env
+        let svc = server::start(Settings::from_map(&vars).unwrap()).await.unwrap();
+        let (grpc, http) = (svc.grpc_addr.port(), svc.http_addr.port());
+        Env { dir, grpc, http, svc, redis_port: rport, _redis: redis }
     }
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("service.log")).unwrap_or_default()
+    fn refusal(&self) -> Option<String> {
+        self.svc.service.last_refusal()
     }
 
     async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
@@ -197,7 +209,7 @@ descriptors:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_match_per_second_per_minute_and_json() {
-    let e = Env::start("basic", CONFIG, &[]);
+    let e = Env::start("basic", CONFIG, &[]).await;
     // a domain with no configuration, and a descriptor with no limit: OK, nothing else
     for r in [req("nope", vec![desc(&[("per_second", "")])]), req("basic", vec![desc(&[("unknown", "x")])])] {
         let a = e.ask(r).await;
@@ -276,7 +288,7 @@ async fn no_match_per_second_per_minute_and_json() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_descriptors_are_atomic() {
-    let e = Env::start("atomic", CONFIG, &[]);
+    let e = Env::start("atomic", CONFIG, &[]).await;
     fresh_window(3_600_000, 10_000);
     let both = || req("basic", vec![desc(&[("site", "")]), desc(&[("user", "bob")])]);
     let a = e.ask(both()).await;
@@ -298,7 +310,7 @@ async fn two_descriptors_are_atomic() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn share_threshold_replaces_shadow_unlimited() {
-    let e = Env::start("features", CONFIG, &[]);
+    let e = Env::start("features", CONFIG, &[]).await;
     fresh_window(3_600_000, 10_000);
     // share_threshold: /api/a and /api/b share one counter of 2
     let p = |v: &str| req("basic", vec![desc(&[("path", v)])]);
@@ -333,7 +345,7 @@ async fn share_threshold_replaces_shadow_unlimited() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hits_addend_and_the_limit_override() {
-    let e = Env::start("hits", CONFIG, &[]);
+    let e = Env::start("hits", CONFIG, &[]).await;
     fresh_window(3_600_000, 10_000);
     let user = |hits: Option<u64>| {
         let mut d = desc(&[("user", "h")]);
@@ -389,7 +401,8 @@ async fn headers_and_global_shadow_mode() {
         "headers",
         CONFIG,
         &[("LIMIT_RESPONSE_HEADERS_ENABLED", "true"), ("LIMIT_REMAINING_HEADER", "X-Left"), ("SHADOW_MODE", "true")],
-    );
+    )
+    .await;
     fresh_window(3_600_000, 10_000);
     let both = || req("basic", vec![desc(&[("site", "")]), desc(&[("user", "hd")])]);
     let hdrs = |a: &RateLimitResponse| {
@@ -412,7 +425,7 @@ async fn headers_and_global_shadow_mode() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_on_change_and_symlink_swap_refusing_bad_files() {
     let one = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
-    let e = Env::start("reload", one, &[]);
+    let e = Env::start("reload", one, &[]).await;
     fresh_window(3_600_000, 20_000);
     let ask = || e.ask(req("r", vec![desc(&[("k", "v")])]));
     let limit_now = |a: RateLimitResponse| a.statuses[0].current_limit.clone().map(|l| l.requests_per_unit);
@@ -430,8 +443,14 @@ async fn reload_on_change_and_symlink_swap_refusing_bad_files() {
         &e.dir.join("v1/ratelimit/config/bad.yaml"),
         "domain: r2\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",
     );
-    wait_for("the refusal", Duration::from_secs(10), || e.log().contains("invalid rate limit unit 'fortnight'"));
-    assert!(e.log().contains("config refused"), "{}", e.log());
+    let t0 = Instant::now();
+    while e.refusal().is_none() {
+        assert!(t0.elapsed() < Duration::from_secs(10), "the bad file was not refused");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let why = e.refusal().unwrap();
+    assert!(why.contains("ratelimit/config/bad.yaml") || why.contains("bad.yaml"), "{why}");
+    assert!(why.contains("invalid rate limit unit 'fortnight'"), "{why}");
     assert_eq!(limit_now(ask().await), Some(5));
     // a symlink swap to another version of the directory
     write(&e.dir.join("v2/ratelimit/config/config.yaml"), &one.replace("requests_per_unit: 1", "requests_per_unit: 7"));
@@ -444,12 +463,25 @@ async fn reload_on_change_and_symlink_swap_refusing_bad_files() {
     }
 }
 
-#[test]
-fn refuses_unsupported_settings_and_a_bad_first_config() {
-    let bin = env!("CARGO_BIN_EXE_redis-ratelimit-service");
-    let out = Command::new(bin).env_clear().env("REDIS_TYPE", "cluster").output().unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("REDIS_TYPE"), "{out:?}");
-    let out = Command::new(bin).env_clear().env("REDIS_TIMEOUT", "10").output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stderr).contains("REDIS_TIMEOUT"), "{out:?}");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_first_config_or_no_redis_is_refused() {
+    let e = Env::start("first", CONFIG, &[]).await;
+    write(&e.dir.join("v1/ratelimit/config/config.yaml"), "domain: x\nbogus: 1\n");
+    let mut vars: HashMap<String, String> = HashMap::new();
+    for (k, v) in [
+        ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+        ("REDIS_URL", format!("127.0.0.1:{}", e.redis_port)),
+        ("GRPC_PORT", "0".to_owned()),
+        ("PORT", "0".to_owned()),
+        ("RUNTIME_ROOT", e.dir.join("current").to_string_lossy().into_owned()),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+    ] {
+        vars.insert(k.to_owned(), v);
+    }
+    let err = server::start(Settings::from_map(&vars).unwrap()).await.err().unwrap();
+    assert!(err.contains("config refused") && err.contains("unknown key 'bogus'"), "{err}");
+    vars.insert("REDIS_URL".into(), format!("127.0.0.1:{}", port()));
+    vars.insert("REDIS_TIMEOUT".into(), "200ms".into());
+    let err = server::start(Settings::from_map(&vars).unwrap()).await.err().unwrap();
+    assert!(err.contains("connecting to Redis"), "{err}");
 }
