@@ -67,6 +67,8 @@ struct Env {
 impl Drop for Env {
     fn drop(&mut self) {
         self.svc.task.abort();
+        // the server is killed right after (its field); it keeps no files
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
