@@ -3,4 +3,5 @@
 
 mod config;
 mod json;
+mod keys;
 mod settings;
