@@ -82,7 +82,7 @@ venv: deps $(PY)  ## the test virtualenv .venv (integration/requirements.txt, te
 
 # make test's stages, in the order they run; .ci/run runs them one by one
 # under their names (make test-stages prints them).
-TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-bench-edge test-clients-py test-clients-node test-clients-rust test-clients-fresh test-packaging test-arm64 test-container version-check lua-check
+TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-bench-edge test-clients-py test-clients-node test-clients-rust test-service test-clients-fresh test-packaging test-arm64 test-container version-check lua-check
 test: $(TEST_STAGES)  ## every stage of TEST_STAGES, in order (what CI runs)
 
 test-stages:  ## print the stages of make test, in order
@@ -128,6 +128,7 @@ lint: deps venv tools/eslint/node_modules/.installed  ## rustfmt, clippy -D warn
 	$(VENV)/bin/mypy --strict --cache-dir target/mypy clients/python/redis_ratelimit clients/python/tests/types/usage.py
 	tools/eslint/node_modules/.bin/eslint --config tools/eslint/eslint.config.js --max-warnings 0 .
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --quiet -p redis-ratelimit-client
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --quiet -p redis-ratelimit-service
 
 tools/eslint/node_modules/.installed: tools/eslint/package-lock.json | deps
 	@command -v npm >/dev/null || { echo "lint: node and npm are required"; exit 1; }
@@ -178,7 +179,7 @@ soak: build venv client-lua  ## long soak and connection storm (minutes)
 # Python suites, integration/). The Rust client's tests start servers:
 # they are test-clients-rust's.
 test-rust: build  ## unit and property tests of the workspace
-	$(CARGO) test --release --workspace --exclude redis-ratelimit-client --exclude redis-ratelimit-gateway
+	$(CARGO) test --release --workspace --exclude redis-ratelimit-client --exclude redis-ratelimit-gateway --exclude redis-ratelimit-service
 
 # The Rust example gateway (examples/rust: axum on the Rust client), built
 # once with the quick profile (release optimizations without the module's
@@ -364,6 +365,25 @@ test-clients-rust: build venv clients/node/node_modules/.installed client-lua  #
 	  echo "== Rust client suites on $$s ($$bin)"; \
 	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(CARGO) test --profile quick -q -p redis-ratelimit-client \
 	    --test server --test outage --test leased --test differential --test tower --test readme --test cluster --test strict --test sentinel -- --test-threads=1 --nocapture || rc=1; \
+	done; exit $$rc
+
+# The Envoy rate-limit service (service/, issue 32): its unit tests (config,
+# settings, proto3 JSON), then its suite on every server of
+# `python -m rltesting.servers names` (CLIENT_SERVERS=... narrows them): the
+# service binary on a real server with the module, through a gRPC client of
+# Envoy's protos and POST /json (service/tests/service.rs; the service runs
+# in-process). The library's unit tests are in the same binary
+# (service/tests/units), and --no-default-features leaves the binary out:
+# one link for the stage, with the quick profile (Cargo.toml), whose
+# dependencies the gateway and the client's tests share. Each server's run
+# takes 2-3 s.
+.PHONY: test-service
+test-service: build venv  ## the Envoy rate-limit service: its unit tests and suite on every server
+	@rc=0; for s in $(client_servers); do \
+	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
+	  echo "== service suite on $$s ($$bin)"; \
+	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) $(CARGO) test --profile quick -q -p redis-ratelimit-service \
+	    --no-default-features --test service || rc=1; \
 	done; exit $$rc
 
 # The criterion benchmark of one local (leased) decision of the Rust

@@ -1,0 +1,459 @@
+//! envoyproxy/ratelimit's configuration, read unchanged: the YAML files
+//! (`domain`, nested `descriptors` with `key`, `value` and wildcard values,
+//! `rate_limit` with `unit`, `requests_per_unit`, `unlimited`, `name`,
+//! `replaces`; `shadow_mode`, `detailed_metric`, `share_threshold`), the
+//! same load errors, and the same descriptor matching.
+//!
+//! The behaviour follows envoyproxy/ratelimit's `src/config/config_impl.go`
+//! (read for behaviour; this is an independent implementation).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use serde_yaml::Value;
+
+/// A rate-limit unit: the length of envoyproxy/ratelimit's fixed windows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// 1 s.
+    Second,
+    /// 60 s.
+    Minute,
+    /// 3,600 s.
+    Hour,
+    /// 86,400 s.
+    Day,
+    /// 7 days.
+    Week,
+    /// 30 days (as envoyproxy/ratelimit counts a month).
+    Month,
+    /// 365 days (as envoyproxy/ratelimit counts a year).
+    Year,
+}
+
+impl Unit {
+    /// The unit of its (case-insensitive) name; `None` for anything else,
+    /// `UNKNOWN` included.
+    pub fn parse(s: &str) -> Option<Unit> {
+        Some(match s.to_ascii_uppercase().as_str() {
+            "SECOND" => Unit::Second,
+            "MINUTE" => Unit::Minute,
+            "HOUR" => Unit::Hour,
+            "DAY" => Unit::Day,
+            "WEEK" => Unit::Week,
+            "MONTH" => Unit::Month,
+            "YEAR" => Unit::Year,
+            _ => return None,
+        })
+    }
+
+    /// The window in seconds (envoyproxy/ratelimit's `UnitToDivider`).
+    pub fn seconds(self) -> u64 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 60,
+            Unit::Hour => 3600,
+            Unit::Day => 86_400,
+            Unit::Week => 7 * 86_400,
+            Unit::Month => 30 * 86_400,
+            Unit::Year => 365 * 86_400,
+        }
+    }
+
+    /// The value of `envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit`
+    /// (and of `envoy.type.v3.RateLimitUnit`).
+    pub fn proto(self) -> i32 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 2,
+            Unit::Hour => 3,
+            Unit::Day => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Week => 7,
+        }
+    }
+
+    /// The unit of a proto enum value; `None` for `UNKNOWN` and unknown values.
+    pub fn from_proto(v: i32) -> Option<Unit> {
+        Some(match v {
+            1 => Unit::Second,
+            2 => Unit::Minute,
+            3 => Unit::Hour,
+            4 => Unit::Day,
+            5 => Unit::Month,
+            6 => Unit::Year,
+            7 => Unit::Week,
+            _ => return None,
+        })
+    }
+
+    /// The proto enum's name (`SECOND` …), as proto3 JSON writes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "SECOND",
+            Unit::Minute => "MINUTE",
+            Unit::Hour => "HOUR",
+            Unit::Day => "DAY",
+            Unit::Week => "WEEK",
+            Unit::Month => "MONTH",
+            Unit::Year => "YEAR",
+        }
+    }
+}
+
+/// One configured limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimit {
+    /// `requests_per_unit` (0: every counted request is over the limit).
+    pub requests_per_unit: u32,
+    /// `unit`; `None` only with `unlimited`.
+    pub unit: Option<Unit>,
+    /// `unlimited: true`: never limited, nothing counted.
+    pub unlimited: bool,
+    /// `name` (`""` when not given).
+    pub name: String,
+    /// The names of the limits this one replaces.
+    pub replaces: Vec<String>,
+    /// `shadow_mode` of its descriptor.
+    pub shadow_mode: bool,
+    /// `detailed_metric` of its descriptor (metrics only; kept for them).
+    pub detailed_metric: bool,
+    /// The descriptor path, `domain.key_value.key…` (the stats key).
+    pub full_key: String,
+}
+
+/// What a request descriptor matched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Matched {
+    /// The limit.
+    pub limit: Arc<RateLimit>,
+    /// Per entry, the wildcard pattern that replaces the entry's value in
+    /// the counter's key (`share_threshold`), or `None`.
+    pub share: Vec<Option<String>>,
+}
+
+/// A load error: the file's name and what is wrong, as
+/// envoyproxy/ratelimit words it (`<file>: <error>`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+fn err(file: &str, msg: impl fmt::Display) -> ConfigError {
+    ConfigError(format!("{file}: {msg}"))
+}
+
+const VALID_KEYS: [&str; 16] = [
+    "domain",
+    "key",
+    "value",
+    "descriptors",
+    "rate_limit",
+    "unit",
+    "requests_per_unit",
+    "unlimited",
+    "shadow_mode",
+    "quota_mode",
+    "name",
+    "replaces",
+    "detailed_metric",
+    "value_to_metric",
+    "share_threshold",
+    "metadata",
+];
+
+#[derive(Debug, Default)]
+struct Node {
+    children: HashMap<String, Node>,
+    /// Wildcard children of this node, in load order: (key_value pattern, parts split at `*`).
+    wildcards: Vec<(String, Vec<String>)>,
+    limit: Option<Arc<RateLimit>>,
+    /// `share_threshold`: the wildcard pattern (`key_value*`).
+    share_pattern: Option<String>,
+}
+
+/// A loaded configuration: every domain's descriptor tree.
+#[derive(Debug, Default)]
+pub struct Config {
+    domains: HashMap<String, Node>,
+}
+
+/// Whether `value` matches a wildcard pattern split at its `*`s: the
+/// first part a prefix, the last a suffix, the middle ones in order.
+fn wildcard_match(parts: &[String], value: &str) -> bool {
+    if parts.len() == 1 {
+        return parts[0] == value;
+    }
+    let first = &parts[0];
+    let last = &parts[parts.len() - 1];
+    let fixed: usize = parts.iter().map(|p| p.len()).sum();
+    if !value.starts_with(first.as_str()) || !value.ends_with(last.as_str()) || value.len() < fixed {
+        return false;
+    }
+    let mut rest = &value[first.len()..value.len() - last.len()];
+    for p in &parts[1..parts.len() - 1] {
+        match rest.find(p.as_str()) {
+            Some(i) => rest = &rest[i + p.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
+/// A scalar as text (yaml.v2 reads numbers and booleans into string fields).
+fn text(file: &str, v: &Value, what: &str) -> Result<String, ConfigError> {
+    match v {
+        Value::Null => Ok(String::new()),
+        Value::String(s) => Ok(s.clone()),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(b.to_string()),
+        _ => Err(err(file, format!("error loading config file: {what} must be a string"))),
+    }
+}
+
+fn boolean(file: &str, v: Option<&Value>, what: &str) -> Result<bool, ConfigError> {
+    match v {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(err(file, format!("error loading config file: {what} must be true or false"))),
+    }
+}
+
+fn list<'a>(file: &str, v: Option<&'a Value>, what: &str) -> Result<&'a [Value], ConfigError> {
+    match v {
+        None | Some(Value::Null) => Ok(&[]),
+        Some(Value::Sequence(s)) => Ok(s),
+        Some(_) => Err(err(file, format!("error loading config file: {what} must be a list"))),
+    }
+}
+
+/// envoyproxy/ratelimit's key check: every mapping key a known one, lists
+/// only of maps, scalars strings, integers, booleans or null (`metadata` free-form).
+fn validate_keys(file: &str, m: &serde_yaml::Mapping) -> Result<(), ConfigError> {
+    for (k, v) in m {
+        let Value::String(k) = k else {
+            return Err(err(file, format!("config error, key is not of type string: {k:?}")));
+        };
+        if !VALID_KEYS.contains(&k.as_str()) {
+            return Err(err(file, format!("config error, unknown key '{k}'")));
+        }
+        if k == "metadata" {
+            continue;
+        }
+        match v {
+            Value::Sequence(s) => {
+                for e in s {
+                    let Value::Mapping(e) = e else {
+                        return Err(err(
+                            file,
+                            format!("config error, yaml file contains list of type other than map: {e:?}"),
+                        ));
+                    };
+                    validate_keys(file, e)?;
+                }
+            }
+            Value::Mapping(m) => validate_keys(file, m)?,
+            Value::String(_) | Value::Bool(_) | Value::Null => {}
+            Value::Number(n) if n.is_i64() || n.is_u64() => {}
+            _ => return Err(err(file, "error checking config")),
+        }
+    }
+    Ok(())
+}
+
+impl Config {
+    /// Loads files given as (name, YAML text), in order, into one
+    /// configuration. A domain in two files is an error unless `merge`
+    /// (`MERGE_DOMAIN_CONFIG`), which adds the second file's descriptors.
+    pub fn load<'a>(files: impl IntoIterator<Item = (&'a str, &'a str)>, merge: bool) -> Result<Config, ConfigError> {
+        let mut cfg = Config::default();
+        for (name, yaml) in files {
+            cfg.load_file(name, yaml, merge)?;
+        }
+        Ok(cfg)
+    }
+
+    fn load_file(&mut self, file: &str, yaml: &str, merge: bool) -> Result<(), ConfigError> {
+        let root: Value = serde_yaml::from_str(yaml).map_err(|e| err(file, format!("error loading config file: {e}")))?;
+        let root = match root {
+            Value::Mapping(m) => m,
+            Value::Null => serde_yaml::Mapping::new(),
+            _ => return Err(err(file, "error loading config file: the file must be a map")),
+        };
+        validate_keys(file, &root)?;
+        let domain = text(file, root.get("domain").unwrap_or(&Value::Null), "domain")?;
+        if domain.is_empty() {
+            return Err(err(file, "config file cannot have empty domain"));
+        }
+        let descriptors = list(file, root.get("descriptors"), "descriptors")?;
+        if self.domains.contains_key(&domain) && !merge {
+            return Err(err(file, format!("duplicate domain '{domain}' in config file")));
+        }
+        let node = self.domains.entry(domain.clone()).or_default();
+        load_descriptors(file, node, &format!("{domain}."), descriptors)
+    }
+
+    /// Whether no domain is loaded.
+    pub fn is_empty(&self) -> bool {
+        self.domains.is_empty()
+    }
+
+    /// Whether `domain` is configured.
+    pub fn has_domain(&self, domain: &str) -> bool {
+        self.domains.contains_key(domain)
+    }
+
+    /// The limit a request descriptor (its entries as (key, value)) matches
+    /// in `domain`, as envoyproxy/ratelimit's `GetLimit` finds it (without
+    /// the per-request `limit` override, which the caller applies): at each
+    /// level `key_value` exactly, else the first wildcard pattern that
+    /// matches `key_value`, else `key` alone; the limit counts only when it
+    /// is on the node of the last entry.
+    pub fn get_limit(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Matched> {
+        let mut node = self.domains.get(domain)?;
+        let mut found = None;
+        let mut share: Vec<Option<String>> = Vec::new();
+        for (i, (k, v)) in entries.iter().enumerate() {
+            let kv = format!("{k}_{v}");
+            let mut next = node.children.get(&kv);
+            let mut by_wildcard = None;
+            if next.is_none() {
+                for (pattern, parts) in &node.wildcards {
+                    if wildcard_match(parts, &kv) {
+                        next = node.children.get(pattern);
+                        by_wildcard = Some(pattern);
+                        break;
+                    }
+                }
+            }
+            if next.is_none() {
+                next = node.children.get(*k);
+            }
+            let Some(n) = next else { break };
+            if let (Some(_), Some(pattern)) = (by_wildcard, &n.share_pattern) {
+                if share.len() < entries.len() {
+                    share.resize(entries.len(), None);
+                }
+                let value = pattern.strip_prefix(&format!("{k}_")).unwrap_or(pattern);
+                share[i] = Some(value.to_owned());
+            }
+            if let Some(l) = &n.limit {
+                if i == entries.len() - 1 {
+                    found = Some(l.clone());
+                }
+            }
+            if n.children.is_empty() {
+                break;
+            }
+            node = n;
+        }
+        found.map(|limit| Matched { limit, share })
+    }
+}
+
+fn load_descriptors(file: &str, node: &mut Node, parent: &str, descriptors: &[Value]) -> Result<(), ConfigError> {
+    for d in descriptors {
+        let Value::Mapping(d) = d else {
+            return Err(err(file, "error loading config file: a descriptor must be a map"));
+        };
+        let key = text(file, d.get("key").unwrap_or(&Value::Null), "key")?;
+        if key.is_empty() {
+            return Err(err(file, "descriptor has empty key"));
+        }
+        let value = text(file, d.get("value").unwrap_or(&Value::Null), "value")?;
+        let final_key = if value.is_empty() { key.clone() } else { format!("{key}_{value}") };
+        let path = format!("{parent}{final_key}");
+        if node.children.contains_key(&final_key) {
+            return Err(err(file, format!("duplicate descriptor composite key '{path}'")));
+        }
+        if boolean(file, d.get("quota_mode"), "quota_mode")? {
+            return Err(err(file, format!("quota_mode is not supported by this service ('{path}')")));
+        }
+        let shadow_mode = boolean(file, d.get("shadow_mode"), "shadow_mode")?;
+        let detailed_metric = boolean(file, d.get("detailed_metric"), "detailed_metric")?;
+        boolean(file, d.get("value_to_metric"), "value_to_metric")?;
+        let share_threshold = boolean(file, d.get("share_threshold"), "share_threshold")?;
+        let limit = match d.get("rate_limit") {
+            None | Some(Value::Null) => None,
+            Some(Value::Mapping(r)) => Some(Arc::new(rate_limit(file, r, &path, shadow_mode, detailed_metric)?)),
+            Some(_) => return Err(err(file, "error loading config file: rate_limit must be a map")),
+        };
+        if share_threshold && !final_key.contains('*') {
+            return Err(err(
+                file,
+                format!(
+                    "share_threshold can only be used with wildcard values (containing '*'), but found key '{final_key}'"
+                ),
+            ));
+        }
+        if final_key.contains('*') {
+            let parts = final_key.split('*').map(str::to_owned).collect();
+            node.wildcards.push((final_key.clone(), parts));
+        }
+        let mut child = Node { limit, share_pattern: share_threshold.then(|| final_key.clone()), ..Node::default() };
+        load_descriptors(file, &mut child, &format!("{path}."), list(file, d.get("descriptors"), "descriptors")?)?;
+        node.children.insert(final_key, child);
+    }
+    Ok(())
+}
+
+fn rate_limit(
+    file: &str,
+    r: &serde_yaml::Mapping,
+    path: &str,
+    shadow_mode: bool,
+    detailed_metric: bool,
+) -> Result<RateLimit, ConfigError> {
+    let unlimited = boolean(file, r.get("unlimited"), "unlimited")?;
+    let unit_text = text(file, r.get("unit").unwrap_or(&Value::Null), "unit")?;
+    let unit = Unit::parse(&unit_text);
+    if unlimited {
+        if unit.is_some() {
+            return Err(err(file, "should not specify rate limit unit when unlimited"));
+        }
+    } else if unit.is_none() {
+        return Err(err(file, format!("invalid rate limit unit '{unit_text}'")));
+    }
+    let requests_per_unit = match r.get("requests_per_unit") {
+        None | Some(Value::Null) => 0,
+        Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
+            err(file, format!("error loading config file: requests_per_unit {n} is not a 32-bit unsigned integer"))
+        })?,
+        Some(v) => {
+            return Err(err(file, format!("error loading config file: requests_per_unit must be an integer, not {v:?}")))
+        }
+    };
+    let name = text(file, r.get("name").unwrap_or(&Value::Null), "name")?;
+    let mut replaces = Vec::new();
+    for e in list(file, r.get("replaces"), "replaces")? {
+        let n = match e {
+            Value::Mapping(m) => text(file, m.get("name").unwrap_or(&Value::Null), "replaces name")?,
+            _ => return Err(err(file, "error loading config file: a replaces entry must be a map")),
+        };
+        if n.is_empty() {
+            return Err(err(file, "should not have an empty replaces entry"));
+        }
+        if n == name {
+            return Err(err(file, "replaces should not contain name of same descriptor"));
+        }
+        replaces.push(n);
+    }
+    Ok(RateLimit {
+        requests_per_unit,
+        unit,
+        unlimited,
+        name,
+        replaces,
+        shadow_mode,
+        detailed_metric,
+        full_key: path.to_owned(),
+    })
+}

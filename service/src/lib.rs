@@ -1,0 +1,20 @@
+//! redis-ratelimit-service: a drop-in for envoyproxy/ratelimit, Envoy's
+//! global rate-limit service, on redis-ratelimit. The same gRPC API
+//! (`envoy.service.ratelimit.v3.RateLimitService`), the same YAML
+//! configuration and environment variables; each request's descriptors
+//! decided in one atomic `RL.MULTI` through the Rust client.
+//!
+//! * [`config`] — the YAML files, their load errors and descriptor matching.
+//! * [`settings`] — the environment variables.
+//! * [`runtime`] — the configuration directory and its hot reload.
+//! * [`service`] — `ShouldRateLimit`.
+//! * [`json`] — proto3 JSON for `POST /json`.
+//! * [`server`] — the gRPC and HTTP listeners.
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod json;
+pub mod runtime;
+pub mod server;
+pub mod service;
+pub mod settings;

@@ -1,0 +1,122 @@
+//! The listeners: gRPC (`RateLimitService/ShouldRateLimit` and the gRPC
+//! health service) on `GRPC_HOST:GRPC_PORT`, HTTP (`POST /json`,
+//! `GET /healthcheck`) on `HOST:PORT`.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use redis_ratelimit_client::{Backend, Connection, Options, RateLimit};
+
+use crate::json::{parse_request, render_response};
+use crate::runtime::{load_dir, spawn_reloader};
+use crate::service::{Service, ServiceError};
+use crate::settings::Settings;
+
+/// The gRPC face of a [`Service`].
+pub struct Grpc<C>(pub Arc<Service<C>>);
+
+#[tonic::async_trait]
+impl<C: Connection> RateLimitService for Grpc<C> {
+    async fn should_rate_limit(
+        &self,
+        request: tonic::Request<RateLimitRequest>,
+    ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+        match self.0.should_rate_limit(request.get_ref()).await {
+            Ok(r) => Ok(tonic::Response::new(r)),
+            Err(ServiceError::Invalid(m)) => Err(tonic::Status::invalid_argument(m)),
+            Err(ServiceError::Unavailable(m)) => Err(tonic::Status::unavailable(m)),
+            Err(ServiceError::Internal(m)) => Err(tonic::Status::internal(m)),
+        }
+    }
+}
+
+async fn json_handler<C: Connection>(State(svc): State<Arc<Service<C>>>, body: Bytes) -> Response {
+    let req = match parse_request(&body) {
+        Ok(r) => r,
+        Err(e) => return (StatusCode::BAD_REQUEST, e).into_response(),
+    };
+    match svc.should_rate_limit(&req).await {
+        // any error is a 400, as envoyproxy/ratelimit answers
+        Err(e) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+        Ok(r) => {
+            let status =
+                if r.overall_code == Code::OverLimit as i32 { StatusCode::TOO_MANY_REQUESTS } else { StatusCode::OK };
+            (status, [(header::CONTENT_TYPE, "application/json")], render_response(&r).to_string()).into_response()
+        }
+    }
+}
+
+/// The HTTP router: `POST /json`, `GET /healthcheck`.
+pub fn http_router<C: Connection>(svc: Arc<Service<C>>) -> axum::Router {
+    axum::Router::new().route("/json", post(json_handler::<C>)).route("/healthcheck", get(|| async { "OK" })).with_state(svc)
+}
+
+/// A started service: its state, the bound addresses, and the task serving both listeners.
+pub struct Running {
+    /// The service (its live configuration, its last refusal).
+    pub service: Arc<Service<redis::aio::ConnectionManager>>,
+    /// The gRPC listener's address.
+    pub grpc_addr: std::net::SocketAddr,
+    /// The HTTP listener's address.
+    pub http_addr: std::net::SocketAddr,
+    /// Serves until aborted or a listener fails.
+    pub task: tokio::task::JoinHandle<Result<(), String>>,
+}
+
+/// Connects to Redis, loads the configuration, binds both listeners and
+/// starts serving (and reloading) in the background. Errors: Redis cannot
+/// be reached, the first configuration does not load, a port cannot be bound.
+pub async fn start(settings: Settings) -> Result<Running, String> {
+    let client = redis::Client::open(settings.redis_info()).map_err(|e| format!("REDIS_URL: {e}"))?;
+    let mgr_cfg = redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(settings.redis_timeout))
+        .set_response_timeout(Some(settings.redis_timeout));
+    // the first connection is bounded too: no Redis within REDIS_TIMEOUT, no start
+    let conn = tokio::time::timeout(settings.redis_timeout, redis::aio::ConnectionManager::new_with_config(client, mgr_cfg))
+        .await
+        .map_err(|_| format!("connecting to Redis: no connection within REDIS_TIMEOUT ({:?})", settings.redis_timeout))?
+        .map_err(|e| format!("connecting to Redis: {e}"))?;
+    let timeout_ms = u64::try_from(settings.redis_timeout.as_millis()).unwrap_or(u64::MAX).max(1);
+    let rl = RateLimit::new(conn, Options { timeout_ms, backend: Backend::Auto, ..Options::default() })
+        .map_err(|e| e.to_string())?;
+    let (cfg, files) = load_dir(&settings).map_err(|e| format!("config refused: {e}"))?;
+    let grpc_addr = format!("{}:{}", settings.grpc_host, settings.grpc_port);
+    let http_addr = format!("{}:{}", settings.host, settings.port);
+    let grpc_listener =
+        tokio::net::TcpListener::bind(&grpc_addr).await.map_err(|e| format!("GRPC_PORT {grpc_addr}: {e}"))?;
+    let http_listener = tokio::net::TcpListener::bind(&http_addr).await.map_err(|e| format!("PORT {http_addr}: {e}"))?;
+    let grpc_addr = grpc_listener.local_addr().map_err(|e| e.to_string())?;
+    let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
+    let svc = Arc::new(Service::new(rl, cfg, settings));
+    let reloader = spawn_reloader(svc.clone(), files);
+    let (health, health_svc) = tonic_health::server::health_reporter();
+    health.set_serving::<RateLimitServiceServer<Grpc<redis::aio::ConnectionManager>>>().await;
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_svc)
+        .add_service(RateLimitServiceServer::new(Grpc(svc.clone())))
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc_listener));
+    let http = axum::serve(http_listener, http_router(svc.clone()));
+    let task = tokio::spawn(async move {
+        let r = tokio::select! {
+            r = grpc => r.map_err(|e| format!("gRPC server: {e}")),
+            r = http => r.map_err(|e| format!("HTTP server: {e}")),
+        };
+        reloader.abort();
+        r
+    });
+    Ok(Running { service: svc, grpc_addr, http_addr, task })
+}
+
+/// [`start`], then serves until the process ends.
+pub async fn run(settings: Settings) -> Result<(), String> {
+    let r = start(settings).await?;
+    eprintln!("listening: grpc {} http {}", r.grpc_addr, r.http_addr);
+    r.task.await.map_err(|e| e.to_string())?
+}

@@ -1,0 +1,431 @@
+//! `ShouldRateLimit`: a request's descriptors matched against the
+//! configuration and decided together in one atomic `RL.MULTI` (the Rust
+//! client's `all_of`), answered as envoyproxy/ratelimit answers
+//! (`src/service/ratelimit.go`, `src/limiter/base_limiter.go`,
+//! `src/redis/fixed_cache_impl.go` read for behaviour).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit as PbLimit};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use redis_ratelimit_client::{all_of, fixed_window, Call, Connection, Decision, Limiter, Panic, RateLimit, Source, MAX};
+
+use crate::config::{Config, Matched, RateLimit as Limit, Unit};
+use crate::settings::Settings;
+
+/// Why a request gets no decision (a gRPC error; `/json` answers 400, as
+/// envoyproxy/ratelimit's does for any error).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServiceError {
+    /// The request is malformed or asks for what is not supported.
+    Invalid(String),
+    /// Redis could not decide within the bound (timeout, connection, breaker open).
+    Unavailable(String),
+    /// Anything else (a Redis error reply).
+    Internal(String),
+}
+
+impl std::fmt::Display for ServiceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServiceError::Invalid(m) | ServiceError::Unavailable(m) | ServiceError::Internal(m) => f.write_str(m),
+        }
+    }
+}
+
+/// The most descriptors with a counted limit one request may have: the
+/// parts of one `RL.MULTI`.
+pub const MAX_LIMITED_DESCRIPTORS: usize = 16;
+
+/// The numbers of the parts of one `RL.MULTI`: (requests_per_unit, window_ms, weight) per part.
+type Shape = Vec<(u64, u64, u64)>;
+
+/// One part of an `RL.MULTI`: (key, requests_per_unit, window_ms, weight).
+type PartSpec = (String, u64, u64, u64);
+
+/// The rate-limit service: the live configuration, the client, the settings.
+pub struct Service<C> {
+    rl: RateLimit<C>,
+    config: RwLock<Arc<Config>>,
+    settings: Settings,
+    /// One limiter per shape of request: (requests_per_unit, window_ms, weight) per part.
+    limiters: Mutex<HashMap<Shape, Limiter<C>>>,
+    /// The error of the last configuration refused since the last one loaded.
+    refused: Mutex<Option<String>>,
+}
+
+/// The key of a limit's counter: envoyproxy/ratelimit's
+/// `prefix + domain + "_" + (key + "_" + value + "_")*`, with the domain as
+/// the hash tag and the window length in seconds in place of the window's
+/// start (`RL.FIXEDWINDOW` keeps the window itself). `{`, `}` and `%` are
+/// %-escaped so that the only hash tag is the domain.
+pub fn cache_key(prefix: &str, domain: &str, entries: &[(&str, &str)], share: &[Option<String>], unit: Unit) -> String {
+    fn esc(out: &mut String, s: &str) {
+        for c in s.chars() {
+            match c {
+                '%' => out.push_str("%25"),
+                '{' => out.push_str("%7B"),
+                '}' => out.push_str("%7D"),
+                c => out.push(c),
+            }
+        }
+    }
+    let mut k = String::with_capacity(prefix.len() + domain.len() + 32);
+    k.push_str(prefix);
+    k.push('{');
+    esc(&mut k, domain);
+    k.push_str("}_");
+    for (i, (key, value)) in entries.iter().enumerate() {
+        esc(&mut k, key);
+        k.push('_');
+        match share.get(i).and_then(|s| s.as_deref()) {
+            Some(pattern) => esc(&mut k, pattern),
+            None => esc(&mut k, value),
+        }
+        k.push('_');
+    }
+    k.push_str(&unit.seconds().to_string());
+    k
+}
+
+/// Seconds until the current window of `unit` ends, as envoyproxy/ratelimit
+/// computes it (`CalculateReset`): `divider − now mod divider`, 1…divider.
+pub fn seconds_until_reset(unit: Unit) -> u64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let d = unit.seconds();
+    d - now % d
+}
+
+/// One descriptor's limit once matched.
+struct Slot {
+    limit: Arc<Limit>,
+    unit: Unit,
+    hits: u64,
+    /// Index into the counted or checked parts.
+    part: usize,
+}
+
+fn status(code: Code, limit: &Limit, unit: Unit, remaining: u64) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(PbLimit {
+            name: limit.name.clone(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: unit.proto(),
+        }),
+        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(PbDuration { seconds: seconds_until_reset(unit) as i64, nanos: 0 }),
+        quota: None,
+    }
+}
+
+impl<C: Connection> Service<C> {
+    /// A service over a client and a first configuration.
+    pub fn new(rl: RateLimit<C>, config: Config, settings: Settings) -> Service<C> {
+        Service {
+            rl,
+            config: RwLock::new(Arc::new(config)),
+            settings,
+            limiters: Mutex::new(HashMap::new()),
+            refused: Mutex::new(None),
+        }
+    }
+
+    /// The live configuration.
+    pub fn config(&self) -> Arc<Config> {
+        self.config.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Makes `config` the live configuration (requests already running keep theirs).
+    pub fn set_config(&self, config: Config) {
+        *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Records why a configuration was refused (the live one stays).
+    pub fn refuse_config(&self, error: String) {
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+    }
+
+    /// The error of the last configuration refused since one last loaded, if any.
+    pub fn last_refusal(&self) -> Option<String> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn limiter(&self, shape: &[(u64, u64, u64)]) -> Result<Limiter<C>, ServiceError> {
+        let mut cache = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(l) = cache.get(shape) {
+            return Ok(l.clone());
+        }
+        let inv = |e: redis_ratelimit_client::Error| ServiceError::Invalid(e.to_string());
+        let mut parts = Vec::with_capacity(shape.len());
+        for (i, &(limit, window_ms, weight)) in shape.iter().enumerate() {
+            parts.push(
+                fixed_window(&format!("d{i}"), limit, window_ms, false).and_then(|p| p.weighted(weight)).map_err(inv)?,
+            );
+        }
+        let l = self.rl.limiter(all_of(parts, Some("envoy")).map_err(inv)?, Panic::default()).map_err(inv)?;
+        if cache.len() >= 10_000 {
+            cache.clear();
+        }
+        cache.insert(shape.to_vec(), l.clone());
+        Ok(l)
+    }
+
+    /// One `RL.MULTI` over `parts` ((key, requests_per_unit, window_ms, weight)), `cost` 1 or 0.
+    async fn multi(&self, parts: &[PartSpec], cost: u64) -> Result<Decision, ServiceError> {
+        let shape: Shape = parts.iter().map(|p| (p.1, p.2, p.3)).collect();
+        let lim = self.limiter(&shape)?;
+        let keys: Vec<&str> = parts.iter().map(|p| p.0.as_str()).collect();
+        let d = lim.limit_keys(&keys, Call::cost(cost)).await.map_err(|e| match e {
+            redis_ratelimit_client::Error::Unavailable(m) => ServiceError::Unavailable(m),
+            redis_ratelimit_client::Error::Invalid(m) | redis_ratelimit_client::Error::CrossSlot(m) => {
+                ServiceError::Invalid(m)
+            }
+            e => ServiceError::Internal(e.to_string()),
+        })?;
+        if d.source == Source::Panic {
+            return Err(ServiceError::Unavailable(
+                "Redis is unavailable (no reply within REDIS_TIMEOUT, or the breaker is open)".into(),
+            ));
+        }
+        Ok(d)
+    }
+
+    /// `ShouldRateLimit`.
+    pub async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
+        if req.domain.is_empty() {
+            return Err(ServiceError::Invalid("rate limit domain must not be empty".into()));
+        }
+        if req.descriptors.is_empty() {
+            return Err(ServiceError::Invalid("rate limit descriptor list must not be empty".into()));
+        }
+        let cfg = self.config();
+        let n = req.descriptors.len();
+        let mut limits: Vec<Option<Matched>> = Vec::with_capacity(n);
+        let mut unlimited = vec![false; n];
+        let has_domain = cfg.has_domain(&req.domain);
+        for d in &req.descriptors {
+            if d.is_negative_hits {
+                return Err(ServiceError::Invalid("is_negative_hits is not supported yet".into()));
+            }
+            let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+            let m = match (&d.limit, has_domain) {
+                (_, false) => None,
+                (Some(o), true) => {
+                    let unit = Unit::from_proto(o.unit)
+                        .ok_or_else(|| ServiceError::Invalid(format!("limit override with an unknown unit {}", o.unit)))?;
+                    let full_key = std::iter::once(req.domain.clone())
+                        .chain(std::iter::once(
+                            entries
+                                .iter()
+                                .map(|(k, v)| if v.is_empty() { (*k).to_owned() } else { format!("{k}_{v}") })
+                                .collect::<Vec<_>>()
+                                .join("."),
+                        ))
+                        .collect::<Vec<_>>()
+                        .join(".");
+                    Some(Matched {
+                        limit: Arc::new(Limit {
+                            requests_per_unit: o.requests_per_unit,
+                            unit: Some(unit),
+                            unlimited: false,
+                            name: String::new(),
+                            replaces: Vec::new(),
+                            shadow_mode: false,
+                            detailed_metric: false,
+                            full_key,
+                        }),
+                        share: Vec::new(),
+                    })
+                }
+                (None, true) => cfg.get_limit(&req.domain, &entries),
+            };
+            limits.push(m);
+        }
+        let mut replacing: Vec<String> = Vec::new();
+        for (i, m) in limits.iter_mut().enumerate() {
+            if let Some(x) = m {
+                replacing.extend(x.limit.replaces.iter().cloned());
+                if x.limit.unlimited {
+                    unlimited[i] = true;
+                    *m = None;
+                }
+            }
+        }
+        for m in limits.iter_mut() {
+            if m.as_ref().is_some_and(|x| !x.limit.name.is_empty() && replacing.contains(&x.limit.name)) {
+                *m = None;
+            }
+        }
+        self.decide(req, limits, unlimited).await
+    }
+
+    async fn decide(
+        &self,
+        req: &RateLimitRequest,
+        limits: Vec<Option<Matched>>,
+        unlimited: Vec<bool>,
+    ) -> Result<RateLimitResponse, ServiceError> {
+        let n = limits.len();
+        // counted parts (hits > 0) and checked parts (hits 0), merged by key
+        let mut counted: Vec<PartSpec> = Vec::new();
+        let mut checked: Vec<PartSpec> = Vec::new();
+        let mut slots: Vec<Option<(Slot, bool)>> = Vec::with_capacity(n);
+        for (i, m) in limits.into_iter().enumerate() {
+            let Some(m) = m else {
+                slots.push(None);
+                continue;
+            };
+            let d = &req.descriptors[i];
+            let hits = match &d.hits_addend {
+                Some(h) => h.value,
+                None => u64::from(req.hits_addend.max(1)),
+            };
+            if hits > MAX {
+                return Err(ServiceError::Invalid(format!("hits_addend {hits} is above 2^53-1")));
+            }
+            let unit = m.limit.unit.unwrap_or(Unit::Second);
+            let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+            let key = cache_key(&self.settings.cache_key_prefix, &req.domain, &entries, &m.share, unit);
+            let rpu = u64::from(m.limit.requests_per_unit);
+            let list = if hits == 0 { &mut checked } else { &mut counted };
+            let part = if rpu == 0 {
+                usize::MAX // decided here: nothing to ask Redis
+            } else if let Some(j) = list.iter().position(|p| p.0 == key) {
+                // the same counter twice in one request: one part, the hits added up
+                list[j].1 = list[j].1.min(rpu);
+                list[j].3 = list[j].3.saturating_add(hits).min(MAX);
+                j
+            } else {
+                // a check-only part (hits 0) is sent with weight 1 and COST 0
+                list.push((key, rpu, unit.seconds() * 1000, hits.max(1)));
+                list.len() - 1
+            };
+            slots.push(Some((Slot { limit: m.limit, unit, hits, part }, hits == 0)));
+        }
+        if counted.len() > MAX_LIMITED_DESCRIPTORS || checked.len() > MAX_LIMITED_DESCRIPTORS {
+            return Err(ServiceError::Invalid(format!(
+                "at most {MAX_LIMITED_DESCRIPTORS} limited descriptors per request (one RL.MULTI)"
+            )));
+        }
+        let global_shadow = self.settings.shadow_mode;
+        let shadow_of =
+            |j: usize| slots.iter().flatten().filter(|(s, chk)| !chk && s.part == j).all(|(s, _)| s.limit.shadow_mode);
+        // the counted parts: one RL.MULTI; the check-only parts (hits 0): one with COST 0, at the same time
+        let (main, check) = tokio::join!(
+            async {
+                if counted.is_empty() {
+                    Ok(None)
+                } else {
+                    self.multi(&counted, 1).await.map(Some)
+                }
+            },
+            async {
+                if checked.is_empty() {
+                    Ok(None)
+                } else {
+                    self.multi(&checked, 0).await.map(Some)
+                }
+            },
+        );
+        let main = main?;
+        let check = check?;
+        // (over, remaining) per counted part
+        let mut counted_state: Vec<(bool, u64)> = Vec::new();
+        if let Some(d) = &main {
+            counted_state = part_states(d);
+            let over_parts: Vec<usize> = (0..counted.len()).filter(|&j| counted_state[j].0).collect();
+            if !d.allowed && !over_parts.is_empty() && over_parts.iter().all(|&j| shadow_of(j)) && !global_shadow {
+                // denied only by shadow-mode limits: the request passes, so the
+                // enforced limits count it (a second RL.MULTI without the shadow ones)
+                let keep: Vec<usize> = (0..counted.len()).filter(|&j| !shadow_of(j)).collect();
+                if !keep.is_empty() {
+                    let parts: Vec<_> = keep.iter().map(|&j| counted[j].clone()).collect();
+                    let d2 = self.multi(&parts, 1).await?;
+                    let st2 = part_states(&d2);
+                    for (x, &j) in keep.iter().enumerate() {
+                        counted_state[j] = st2[x];
+                    }
+                }
+            }
+        }
+        let check_state: Vec<(bool, u64)> = match &check {
+            Some(d) => d.parts.iter().map(|p| (p.remaining == 0, p.remaining)).collect(),
+            None => Vec::new(),
+        };
+        let mut statuses = Vec::with_capacity(n);
+        let mut over_any = false;
+        let mut header_from: Option<(u64, u32, Unit)> = None; // (remaining, limit, unit)
+        let mut min_remaining = u64::from(u32::MAX);
+        for (i, s) in slots.iter().enumerate() {
+            let Some((slot, chk)) = s else {
+                statuses.push(DescriptorStatus {
+                    code: Code::Ok as i32,
+                    limit_remaining: if unlimited[i] { u32::MAX } else { 0 },
+                    ..DescriptorStatus::default()
+                });
+                continue;
+            };
+            let (over, remaining) = if slot.part == usize::MAX {
+                (slot.hits > 0, 0)
+            } else if *chk {
+                check_state[slot.part]
+            } else {
+                counted_state[slot.part]
+            };
+            let mut code = if over { Code::OverLimit } else { Code::Ok };
+            let remaining = if over { 0 } else { remaining };
+            if over && slot.limit.shadow_mode {
+                code = Code::Ok;
+            }
+            let st = status(code, &slot.limit, slot.unit, remaining);
+            // the headers: the descriptor with the fewest left, or the last over the limit
+            if u64::from(st.limit_remaining) < min_remaining {
+                min_remaining = u64::from(st.limit_remaining);
+                header_from = Some((min_remaining, slot.limit.requests_per_unit, slot.unit));
+            }
+            if code == Code::OverLimit {
+                over_any = true;
+                min_remaining = 0;
+                header_from = Some((0, slot.limit.requests_per_unit, slot.unit));
+            }
+            statuses.push(st);
+        }
+        let overall = if over_any && !global_shadow { Code::OverLimit } else { Code::Ok };
+        let response_headers_to_add = match header_from {
+            Some((rem, lim, unit)) if self.settings.headers_enabled => vec![
+                header(&self.settings.header_limit, lim.to_string()),
+                header(&self.settings.header_remaining, rem.to_string()),
+                header(&self.settings.header_reset, seconds_until_reset(unit).to_string()),
+            ],
+            _ => Vec::new(),
+        };
+        Ok(RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            response_headers_to_add,
+            ..RateLimitResponse::default()
+        })
+    }
+}
+
+fn header(k: &str, v: String) -> HeaderValue {
+    HeaderValue { key: k.to_owned(), value: v, raw_value: Vec::new() }
+}
+
+/// (over the limit, units left) per part of an `RL.MULTI` decision. A part
+/// that could take its units in a call denied by another took nothing, and
+/// its reply's remaining is what it has now.
+fn part_states(d: &Decision) -> Vec<(bool, u64)> {
+    d.parts.iter().map(|p| (p.retry_after_ms != 0, p.remaining)).collect()
+}

@@ -1,0 +1,262 @@
+//! The environment variables of envoyproxy/ratelimit (its
+//! `src/settings/settings.go`), read with the same names and defaults where
+//! this service supports them. A variable this service does not support is
+//! refused at startup when it asks for something other than the default,
+//! never silently ignored (the README lists them).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How to reach Redis.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisAddr {
+    /// `REDIS_SOCKET_TYPE=tcp`: `host:port`.
+    Tcp(String),
+    /// `REDIS_SOCKET_TYPE=unix`: a socket path.
+    Unix(String),
+}
+
+/// The settings of one service process.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// `HOST` (HTTP: `/json`, `/healthcheck`), default `0.0.0.0`.
+    pub host: String,
+    /// `PORT`, default 8080.
+    pub port: u16,
+    /// `GRPC_HOST`, default `0.0.0.0`.
+    pub grpc_host: String,
+    /// `GRPC_PORT`, default 8081.
+    pub grpc_port: u16,
+    /// `REDIS_SOCKET_TYPE` + `REDIS_URL` (default unix, `/var/run/nutcracker/ratelimit.sock`).
+    pub redis: RedisAddr,
+    /// `REDIS_AUTH`: `password` or `user:password`.
+    pub redis_auth: Option<(Option<String>, String)>,
+    /// `REDIS_TIMEOUT` (Go duration), default 10s: the bound of every Redis call.
+    pub redis_timeout: Duration,
+    /// `CACHE_KEY_PREFIX`, default empty.
+    pub cache_key_prefix: String,
+    /// `LIMIT_RESPONSE_HEADERS_ENABLED`.
+    pub headers_enabled: bool,
+    /// `LIMIT_LIMIT_HEADER`, default `RateLimit-Limit`.
+    pub header_limit: String,
+    /// `LIMIT_REMAINING_HEADER`, default `RateLimit-Remaining`.
+    pub header_remaining: String,
+    /// `LIMIT_RESET_HEADER`, default `RateLimit-Reset`.
+    pub header_reset: String,
+    /// `SHADOW_MODE`: every over-limit answer becomes OK overall.
+    pub shadow_mode: bool,
+    /// `NEAR_LIMIT_RATIO`, default 0.8 (metrics only; validated, kept for them).
+    pub near_limit_ratio: f32,
+    /// `RUNTIME_ROOT`/`RUNTIME_SUBDIRECTORY`/`RUNTIME_APPDIRECTORY`: the directory of the YAML files.
+    pub config_dir: PathBuf,
+    /// `RUNTIME_IGNOREDOTFILES`: skip files whose name starts with `.`.
+    pub ignore_dot_files: bool,
+    /// `MERGE_DOMAIN_CONFIG`: a domain in several files is merged.
+    pub merge_domains: bool,
+    /// How often the configuration directory is checked for changes
+    /// (`RUNTIME_POLL_INTERVAL`, this service's own; default 1s).
+    pub poll_interval: Duration,
+}
+
+/// Parses a Go `time.ParseDuration` string: a sequence of decimal numbers
+/// with units `ns`, `us` (`µs`), `ms`, `s`, `m`, `h`, e.g. `50ms`, `1m30s`,
+/// `1.5s`; `0` alone. Negative durations are refused.
+pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
+    let bad = || format!("invalid duration {s:?} (Go syntax, e.g. 50ms, 1.5s, 1m30s)");
+    let t = s.strip_prefix('+').unwrap_or(s);
+    if t == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if t.is_empty() || t.starts_with('-') {
+        return Err(bad());
+    }
+    let mut nanos: u128 = 0;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let n_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+        let (num, tail) = rest.split_at(n_end);
+        if num.is_empty() || num == "." {
+            return Err(bad());
+        }
+        let u_end = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(u_end);
+        let scale: u128 = match unit {
+            "ns" => 1,
+            "us" | "µs" | "μs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60_000_000_000,
+            "h" => 3_600_000_000_000,
+            _ => return Err(bad()),
+        };
+        let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+        if frac.contains('.') {
+            return Err(bad());
+        }
+        let int: u128 = if int.is_empty() { 0 } else { int.parse().map_err(|_| bad())? };
+        let mut v = int.checked_mul(scale).ok_or_else(bad)?;
+        let mut div = 1u128;
+        for c in frac.chars().take(18) {
+            div *= 10;
+            v = v.checked_add(u128::from(c.to_digit(10).ok_or_else(bad)?) * scale / div).ok_or_else(bad)?;
+        }
+        nanos = nanos.checked_add(v).ok_or_else(bad)?;
+        rest = tail;
+    }
+    let secs = u64::try_from(nanos / 1_000_000_000).map_err(|_| bad())?;
+    Ok(Duration::new(secs, (nanos % 1_000_000_000) as u32))
+}
+
+fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
+    // Go's strconv.ParseBool
+    match v {
+        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
+        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
+        _ => Err(format!("{name}={v:?}: not a boolean")),
+    }
+}
+
+/// Variables this service refuses when set to anything but these values
+/// (what they ask for is not built). `(name, accepted values)`.
+const REFUSED: &[(&str, &[&str])] = &[
+    ("REDIS_TLS", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("REDIS_PERSECOND", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("REDIS_SENTINEL_AUTH", &[""]),
+    ("QUOTA_MODE", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("RESPONSE_DYNAMIC_METADATA", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("USE_PROMETHEUS", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("USE_STATSD", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("USE_DOG_STATSD", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("GRPC_SERVER_USE_TLS", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("TRACING_ENABLED", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("GRPC_UDS", &[""]),
+    ("BACKEND_TYPE", &["", "redis"]),
+    ("CONFIG_TYPE", &["", "FILE", "file"]),
+    ("MEMCACHE_HOST_PORT", &[""]),
+    ("MEMCACHE_SRV", &[""]),
+];
+
+impl Settings {
+    /// The settings of the process environment.
+    pub fn from_env() -> Result<Settings, String> {
+        Settings::from_map(&std::env::vars().collect())
+    }
+
+    /// The settings of a map of variables (the environment, or a test's).
+    pub fn from_map(env: &HashMap<String, String>) -> Result<Settings, String> {
+        let get = |k: &str| env.get(k).map(String::as_str);
+        let get_or = |k: &str, d: &'static str| get(k).filter(|v| !v.is_empty()).unwrap_or(d).to_owned();
+        let boolean = |k: &str| match get(k).filter(|v| !v.is_empty()) {
+            None => Ok(false),
+            Some(v) => parse_bool(k, v),
+        };
+        let port = |k: &str, d: u16| -> Result<u16, String> {
+            match get(k).filter(|v| !v.is_empty()) {
+                None => Ok(d),
+                Some(v) => v.parse().map_err(|_| format!("{k}={v:?}: not a port")),
+            }
+        };
+        for (name, ok) in REFUSED {
+            if let Some(v) = get(name) {
+                if !ok.contains(&v) {
+                    return Err(format!("{name}={v:?} is not supported by this service (see service/README.md)"));
+                }
+            }
+        }
+        match get("REDIS_TYPE").unwrap_or("").to_ascii_lowercase().as_str() {
+            "" | "single" => {}
+            other => {
+                return Err(format!(
+                    "REDIS_TYPE={other:?} is not supported yet: only single (sentinel and cluster come later)"
+                ))
+            }
+        }
+        let url = get_or("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
+        if url.contains(',') {
+            return Err(format!("REDIS_URL={url:?}: one address for REDIS_TYPE=single"));
+        }
+        let redis = match get_or("REDIS_SOCKET_TYPE", "unix").as_str() {
+            "unix" => RedisAddr::Unix(url),
+            "tcp" => RedisAddr::Tcp(url),
+            other => return Err(format!("REDIS_SOCKET_TYPE={other:?}: tcp or unix")),
+        };
+        let redis_auth = match get("REDIS_AUTH").filter(|v| !v.is_empty()) {
+            None => None,
+            Some(a) => match a.split_once(':') {
+                Some((u, p)) => Some((Some(u.to_owned()), p.to_owned())),
+                None => Some((None, a.to_owned())),
+            },
+        };
+        let redis_timeout = parse_go_duration(&get_or("REDIS_TIMEOUT", "10s")).map_err(|e| format!("REDIS_TIMEOUT: {e}"))?;
+        if redis_timeout.is_zero() || redis_timeout.as_millis() == 0 {
+            return Err("REDIS_TIMEOUT must be at least 1ms".into());
+        }
+        let near_limit_ratio: f32 = match get("NEAR_LIMIT_RATIO").filter(|v| !v.is_empty()) {
+            None => 0.8,
+            Some(v) => v.parse().map_err(|_| format!("NEAR_LIMIT_RATIO={v:?}: not a number"))?,
+        };
+        if !(0.0..=1.0).contains(&near_limit_ratio) {
+            return Err(format!("NEAR_LIMIT_RATIO={near_limit_ratio}: between 0 and 1"));
+        }
+        let cache_key_prefix = get_or("CACHE_KEY_PREFIX", "");
+        if cache_key_prefix.contains(['{', '}']) {
+            return Err(format!(
+                "CACHE_KEY_PREFIX={cache_key_prefix:?} must not contain {{ or }} (the keys' hash tag is the domain)"
+            ));
+        }
+        let mut config_dir = PathBuf::from(get_or("RUNTIME_ROOT", "/srv/runtime_data/current"));
+        if let Some(s) = get("RUNTIME_SUBDIRECTORY").filter(|v| !v.is_empty()) {
+            config_dir.push(s);
+        }
+        config_dir.push(get_or("RUNTIME_APPDIRECTORY", "config"));
+        boolean("RUNTIME_WATCH_ROOT")?; // watched either way: the directory is polled
+        let poll_interval =
+            parse_go_duration(&get_or("RUNTIME_POLL_INTERVAL", "1s")).map_err(|e| format!("RUNTIME_POLL_INTERVAL: {e}"))?;
+        if poll_interval.as_millis() < 10 {
+            return Err("RUNTIME_POLL_INTERVAL must be at least 10ms".into());
+        }
+        Ok(Settings {
+            host: get_or("HOST", "0.0.0.0"),
+            port: port("PORT", 8080)?,
+            grpc_host: get_or("GRPC_HOST", "0.0.0.0"),
+            grpc_port: port("GRPC_PORT", 8081)?,
+            redis,
+            redis_auth,
+            redis_timeout,
+            cache_key_prefix,
+            headers_enabled: boolean("LIMIT_RESPONSE_HEADERS_ENABLED")?,
+            header_limit: get_or("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
+            header_remaining: get_or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
+            header_reset: get_or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
+            shadow_mode: boolean("SHADOW_MODE")?,
+            near_limit_ratio,
+            config_dir,
+            ignore_dot_files: boolean("RUNTIME_IGNOREDOTFILES")?,
+            merge_domains: boolean("MERGE_DOMAIN_CONFIG")?,
+            poll_interval,
+        })
+    }
+
+    /// The redis-rs connection info of `REDIS_*`.
+    pub fn redis_info(&self) -> redis::ConnectionInfo {
+        use redis::IntoConnectionInfo;
+        let url = match &self.redis {
+            RedisAddr::Tcp(a) => format!("redis://{a}/"),
+            RedisAddr::Unix(p) => format!("unix://{p}"),
+        };
+        // the address was checked to be one address; a malformed one fails at connect time
+        let mut info = url
+            .as_str()
+            .into_connection_info()
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379/".into_connection_info().expect("a constant URL"));
+        if let Some((user, pass)) = &self.redis_auth {
+            let mut r = info.redis_settings().clone().set_password(pass.clone());
+            if let Some(u) = user {
+                r = r.set_username(u.clone());
+            }
+            info = info.set_redis_settings(r);
+        }
+        info
+    }
+}

@@ -1,0 +1,7 @@
+//! The unit tests of the library, in the suite's binary (one test binary to
+//! build and link for make test-service).
+
+mod config;
+mod json;
+mod keys;
+mod settings;

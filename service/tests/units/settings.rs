@@ -1,0 +1,80 @@
+//! The environment variables (service/src/settings.rs).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use redis_ratelimit_service::settings::*;
+fn env(kv: &[(&str, &str)]) -> HashMap<String, String> {
+    kv.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+#[test]
+fn go_durations() {
+    let ms = |s: &str| parse_go_duration(s).map(|d| d.as_nanos());
+    assert_eq!(ms("50ms"), Ok(50_000_000));
+    assert_eq!(ms("10s"), Ok(10_000_000_000));
+    assert_eq!(ms("1m30s"), Ok(90_000_000_000));
+    assert_eq!(ms("1.5s"), Ok(1_500_000_000));
+    assert_eq!(ms(".5ms"), Ok(500_000));
+    assert_eq!(ms("2h"), Ok(7_200_000_000_000));
+    assert_eq!(ms("300us"), Ok(300_000));
+    assert_eq!(ms("300µs"), Ok(300_000));
+    assert_eq!(ms("7ns"), Ok(7));
+    assert_eq!(ms("0"), Ok(0));
+    for bad in ["", "50", "5x", "-1s", "ms", "1..5s", "1.5.s", "s5"] {
+        assert!(parse_go_duration(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn defaults_and_values() {
+    let s = Settings::from_map(&env(&[])).unwrap();
+    assert_eq!((s.port, s.grpc_port), (8080, 8081));
+    assert_eq!(s.redis, RedisAddr::Unix("/var/run/nutcracker/ratelimit.sock".into()));
+    assert_eq!(s.redis_timeout, Duration::from_secs(10));
+    assert_eq!(s.config_dir, PathBuf::from("/srv/runtime_data/current/config"));
+    assert_eq!(s.header_limit, "RateLimit-Limit");
+    let s = Settings::from_map(&env(&[
+        ("REDIS_SOCKET_TYPE", "tcp"),
+        ("REDIS_URL", "127.0.0.1:7000"),
+        ("REDIS_TYPE", "SINGLE"),
+        ("REDIS_AUTH", "user:secret"),
+        ("REDIS_TIMEOUT", "50ms"),
+        ("RUNTIME_ROOT", "/r"),
+        ("RUNTIME_SUBDIRECTORY", "ratelimit"),
+        ("LIMIT_RESPONSE_HEADERS_ENABLED", "true"),
+        ("LIMIT_RESET_HEADER", "X-Reset"),
+        ("SHADOW_MODE", "1"),
+        ("REDIS_TLS", "false"),
+    ]))
+    .unwrap();
+    assert_eq!(s.redis, RedisAddr::Tcp("127.0.0.1:7000".into()));
+    assert_eq!(s.redis_auth, Some((Some("user".into()), "secret".into())));
+    assert_eq!(s.redis_timeout, Duration::from_millis(50));
+    assert_eq!(s.config_dir, PathBuf::from("/r/ratelimit/config"));
+    assert!(s.headers_enabled && s.shadow_mode && s.header_reset == "X-Reset");
+    let info = s.redis_info();
+    assert_eq!(info.redis_settings().password(), Some("secret"));
+}
+
+#[test]
+fn refuses_what_it_does_not_support() {
+    for (k, v, want) in [
+        ("REDIS_TYPE", "cluster", "REDIS_TYPE"),
+        ("REDIS_TYPE", "sentinel", "REDIS_TYPE"),
+        ("REDIS_TLS", "true", "REDIS_TLS"),
+        ("USE_PROMETHEUS", "true", "USE_PROMETHEUS"),
+        ("BACKEND_TYPE", "memcache", "BACKEND_TYPE"),
+        ("QUOTA_MODE", "true", "QUOTA_MODE"),
+        ("REDIS_TIMEOUT", "10", "REDIS_TIMEOUT"),
+        ("REDIS_SOCKET_TYPE", "udp", "REDIS_SOCKET_TYPE"),
+        ("SHADOW_MODE", "yes", "SHADOW_MODE"),
+        ("NEAR_LIMIT_RATIO", "1.5", "NEAR_LIMIT_RATIO"),
+        ("CACHE_KEY_PREFIX", "a{b", "CACHE_KEY_PREFIX"),
+        ("PORT", "http", "PORT"),
+    ] {
+        let e = Settings::from_map(&env(&[(k, v)])).unwrap_err();
+        assert!(e.contains(want), "{k}={v}: {e}");
+    }
+}
