@@ -222,8 +222,8 @@ def test_one_limit_multi_answers_like_the_single_command(r):
 
 
 def test_fast_path_answers_like_the_generic_path(r):
-    """RL.MULTI of token buckets and sliding counters without WEIGHT or
-    options (the module's fast path, parsed once) answers, writes and
+    """RL.MULTI of token buckets, sliding counters and fixed windows without
+    WEIGHT or options (the module's fast path, parsed once) answers, writes and
     expires exactly what the same call with `COST 1` (the same meaning,
     through the generic path) does: a random sequence of one to six limits,
     small limits (denials), parameter changes, a key of another type, a
@@ -240,7 +240,7 @@ def test_fast_path_answers_like_the_generic_path(r):
             keys[-1] = keys[0]
         limits = []
         for _ in range(n):
-            algo = rnd.choice(["TOKENBUCKET", "SLIDINGCOUNTER"] * 8 + ["SLIDINGLOG"])
+            algo = rnd.choice(["TOKENBUCKET", "SLIDINGCOUNTER", "FIXEDWINDOW"] * 6 + ["SLIDINGLOG"])
             weight = 2 if rnd.random() < 0.04 else None
             limits.append((algo, NEVER_ALGO[algo](rnd.choice([1, 3, 5, 40])), weight))
         wrong = rnd.random() < 0.03 or i % 40 in (1, 2)

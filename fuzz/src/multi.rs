@@ -51,34 +51,31 @@ impl Owned {
 /// seed each limit's state (fresh when mode 0).
 pub fn args_multi(data: &[u8]) {
     let inp = Input::parse(data);
-    let got = crate::args::parse_multi(inp.args.iter().copied());
-    // The module's path for calls without WEIGHT or options: declines, or
-    // answers the same.
-    if let Some(c) = crate::args::parse_multi_exact::<{ crate::args::MAX_LIMITS }>(&inp.args) {
-        assert_eq!(Ok(c), got, "parse_multi_exact, args {:?}", inp.args);
+    let got = crate::args::parse_multi(&inp.args);
+    // The module's parse, in the room its argument count gives (a call of
+    // n limits has at least 1 + 4n arguments), checked as it checks it:
+    // the same call; `plain` (its fast path) exactly for word-state limits
+    // without WEIGHT or option.
+    let room = inp.args.len().saturating_sub(1) / 4;
+    if room <= 2 {
+        let two = crate::args::parse_multi_n::<&[u8], 2>(&inp.args, |a| a)
+            .and_then(|c| c.check(&inp.args[1..=c.n], |a| a).map(|()| c));
+        assert_eq!(
+            two.map(|c| (c.n, c.limits[..c.n].to_vec(), c.cost, c.partial, c.dryrun, c.refund, c.plain)),
+            got.as_ref()
+                .map(|c| (c.n, c.limits[..c.n].to_vec(), c.cost, c.partial, c.dryrun, c.refund, c.plain))
+                .map_err(|e| *e),
+            "parse_multi_n::<2>, args {:?}",
+            inp.args
+        );
     }
-    // The module's fast path (token buckets and sliding counters, no
-    // WEIGHT, no options): declines, or answers the same limits; without
-    // its key check, the same unless a key repeats.
-    let words = crate::args::parse_multi_words::<&[u8], { crate::args::MAX_LIMITS }>(&inp.args, |a| a);
-    let unchecked = crate::args::parse_multi_words_unchecked::<&[u8], { crate::args::MAX_LIMITS }>(&inp.args, |a| a);
-    assert_eq!(
-        words,
-        unchecked.filter(|&(n, _)| crate::args::distinct_keys(&inp.args[1..=n], |a| a)),
-        "parse_multi_words, args {:?}",
-        inp.args
-    );
-    if let Some((n, limits)) = words {
-        let c = got.as_ref().unwrap_or_else(|e| panic!("parse_multi_words took {:?}: {e:?}", inp.args));
-        assert_eq!((c.n, c.cost, c.partial, c.dryrun, c.refund), (n, 1, false, false, 0), "args {:?}", inp.args);
-        for (l, w) in c.limits[..n].iter().zip(&limits[..n]) {
-            let same = match (l.kind, w) {
-                (Kind::TokenBucket, crate::args::WordLimit::TokenBucket(p)) => *p == tb::Params::from_nums(l.nums),
-                (Kind::SlidingCounter, crate::args::WordLimit::SlidingCounter(p)) => *p == sc::Params::from_nums(l.nums),
-                _ => false,
-            };
-            assert!(same && l.weight == 1, "parse_multi_words, args {:?}", inp.args);
-        }
+    if let Ok(c) = &got {
+        let words = c.limits[..c.n].iter().all(|l| l.kind() != Kind::SlidingLog);
+        let opts = !inp
+            .args
+            .iter()
+            .any(|w| [&b"WEIGHT"[..], b"COST", b"PARTIAL", b"DRYRUN", b"REFUND"].iter().any(|o| w.eq_ignore_ascii_case(o)));
+        assert_eq!(c.plain, words && opts, "plain, args {:?}", inp.args);
     }
     let want = oracle_multi(&inp.args);
     assert_eq!(got, want, "args {:?}", inp.args);
@@ -91,7 +88,7 @@ pub fn args_multi(data: &[u8]) {
         .map(|(i, l)| {
             let b = inp.state.get(i * piece..(i + 1) * piece).unwrap_or(&[]);
             let fresh = inp.mode == 0 || b.is_empty();
-            match l.kind {
+            match l.kind() {
                 Kind::TokenBucket => Owned::Tb(if fresh { tb::State::default() } else { synth_tb(b) }),
                 Kind::SlidingLog => Owned::Log(if fresh { sl::State::default() } else { synth_sl(b) }),
                 Kind::SlidingCounter => Owned::Sc(if fresh { sc::State::default() } else { synth_sc(b) }),
@@ -99,7 +96,7 @@ pub fn args_multi(data: &[u8]) {
             }
         })
         .collect();
-    let params: Vec<multi::Params> = call.limits[..n].iter().map(|l| l.params()).collect();
+    let params: Vec<multi::Params> = call.limits[..n].iter().map(|l| l.params).collect();
     let weights: Vec<u64> = call.limits[..n].iter().map(|l| l.weight).collect();
     let before: Vec<Vec<u8>> = states.iter().map(Owned::digest).collect();
     // The reference: each limit on its own model, then all or nothing.
@@ -124,18 +121,22 @@ pub fn args_multi(data: &[u8]) {
     let zero = Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 };
     let mut per = [zero; MAX_LIMITS];
     let whole = {
-        let mut refs: Vec<Option<multi::StateMut>> = states
+        let mut refs: Vec<Option<multi::Entry>> = states
             .iter_mut()
-            .map(|s| {
-                Some(match s {
-                    Owned::Tb(s) => multi::StateMut::TokenBucket(s),
-                    Owned::Log(s) => multi::StateMut::SlidingLog(s),
-                    Owned::Sc(s) => multi::StateMut::SlidingCounter(s),
-                    Owned::Fw(s) => multi::StateMut::FixedWindow(s),
-                })
+            .zip(&params)
+            .zip(&weights)
+            .map(|((s, p), &weight)| {
+                let limit = match (s, *p) {
+                    (Owned::Tb(s), multi::Params::TokenBucket(p)) => multi::LimitMut::TokenBucket(s, p),
+                    (Owned::Log(s), multi::Params::SlidingLog(p)) => multi::LimitMut::SlidingLog(s, p),
+                    (Owned::Sc(s), multi::Params::SlidingCounter(p)) => multi::LimitMut::SlidingCounter(s, p),
+                    (Owned::Fw(s), multi::Params::FixedWindow(p)) => multi::LimitMut::FixedWindow(s, p),
+                    _ => unreachable!("a limit's state has its algorithm"),
+                };
+                Some(multi::Entry { limit, weight })
             })
             .collect();
-        multi::run(&mut refs, &params, &weights, op, inp.now, &mut per)
+        multi::run(&mut refs, op, inp.now, &mut per)
     };
     let per = &per[..n];
     // The model counts the common grant down from COST: only small COSTs;
@@ -173,7 +174,13 @@ pub fn args_multi(data: &[u8]) {
     let b = per[whole.binding];
     assert_eq!((whole.limit, whole.remaining, whole.reset_after_ms), (b.limit, b.remaining, b.reset_after_ms));
     for ((d, l), &w) in per.iter().zip(&call.limits[..n]).zip(&weights) {
-        assert_eq!(d.limit, l.nums[0]);
+        let limit = match l.params {
+            multi::Params::TokenBucket(p) => p.capacity,
+            multi::Params::SlidingLog(p) => p.limit,
+            multi::Params::SlidingCounter(p) => p.limit,
+            multi::Params::FixedWindow(p) => p.limit,
+        };
+        assert_eq!(d.limit, limit);
         assert!(d.remaining <= d.limit && d.retry_after_ms >= -1, "{d:?}");
         if call.refund > 0 {
             assert!(d.granted <= call.refund * w, "{d:?}");

@@ -128,11 +128,13 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
         return Err(LimitCount);
     }
     let keys = &a[1..1 + n];
-    let blank = LimitSpec { kind: Kind::TokenBucket, nums: [0; 3], weight: 1 };
-    let mut call = MultiCall { n, limits: [blank; MAX_LIMITS], cost: 1, partial: false, dryrun: false, refund: 0 };
+    // Each limit as (kind, numbers, weight), typed at the end.
+    let mut limits = [(Kind::TokenBucket, [0u64; 3], 1u64); MAX_LIMITS];
+    let mut call = MultiCall::<MAX_LIMITS>::new();
+    call.n = n;
     let is_opt = |w: &[u8]| matches!(w, b"COST" | b"PARTIAL" | b"DRYRUN" | b"REFUND");
     let mut i = 1 + n;
-    for j in 0..n {
+    for limit in limits.iter_mut().take(n) {
         let Some(w) = up(i) else { return Err(LimitCount) };
         let (kind, args): (Kind, &[Arg]) = match &w[..] {
             b"TOKENBUCKET" => (Kind::TokenBucket, &[Arg::Capacity, Arg::Rate, Arg::PeriodMs]),
@@ -142,20 +144,20 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
             w if is_opt(w) => return Err(LimitCount),
             _ => return Err(Syntax),
         };
-        call.limits[j].kind = kind;
+        limit.0 = kind;
         for (k, &arg) in args.iter().enumerate() {
             let v = a.get(i + 1 + k).ok_or(Syntax)?;
-            call.limits[j].nums[k] = oracle_num(v, 1).ok_or(Number(arg))?;
+            limit.1[k] = oracle_num(v, 1).ok_or(Number(arg))?;
         }
         i += 1 + args.len();
         if up(i).as_deref() == Some(b"WEIGHT") {
             let v = a.get(i + 1).ok_or(Syntax)?;
-            call.limits[j].weight = oracle_num(v, 1).ok_or(Number(Arg::Weight))?;
+            limit.2 = oracle_num(v, 1).ok_or(Number(Arg::Weight))?;
             i += 2;
         }
         // A fixed window's FROMFIRST: after its WEIGHT, once.
         if kind == Kind::FixedWindow && up(i).as_deref() == Some(b"FROMFIRST") {
-            call.limits[j].nums[2] = crate::core::fixedwindow::FROMFIRST;
+            limit.1[2] = 1;
             i += 1;
         }
     }
@@ -193,8 +195,25 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
         }
     }
     let (units, which) = if call.refund > 0 { (call.refund, Arg::Refund) } else { (call.cost, Arg::Cost) };
-    if call.limits[..n].iter().any(|l| u128::from(units) * u128::from(l.weight) > u128::from(MAX_ARG)) {
+    if limits[..n].iter().any(|l| u128::from(units) * u128::from(l.2) > u128::from(MAX_ARG)) {
         return Err(Product(which));
     }
+    {
+        use crate::core::multi::Params;
+        use crate::core::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
+        for (spec, &(kind, [x, y, z], weight)) in call.limits.iter_mut().zip(&limits[..n]) {
+            let params = match kind {
+                Kind::TokenBucket => Params::TokenBucket(tb::Params { capacity: x, rate: y, period_ms: z }),
+                Kind::SlidingLog => Params::SlidingLog(sl::Params { limit: x, window_ms: y }),
+                Kind::SlidingCounter => Params::SlidingCounter(sc::Params { limit: x, window_ms: y }),
+                Kind::FixedWindow => Params::FixedWindow(fw::Params { limit: x, window_ms: y, from_first: z == 1 }),
+            };
+            *spec = LimitSpec { params, weight };
+        }
+    }
+    call.plain = limits[..n].iter().all(|l| l.0 != Kind::SlidingLog)
+        && !a
+            .iter()
+            .any(|w| matches!(&w.to_ascii_uppercase()[..], b"WEIGHT" | b"COST" | b"PARTIAL" | b"DRYRUN" | b"REFUND"));
     Ok(call)
 }

@@ -1,12 +1,12 @@
 //! RL.MULTI: several limits decided at one clock reading, all or nothing.
 
-use ratelimit_core::args::{self, Arg, ArgError, Call, Kind, LimitSpec, WordLimit, MAX_LIMITS};
+use ratelimit_core::args::{self, ArgError, LimitSpec, MultiCall, MAX_LIMITS};
 use ratelimit_core::codec;
-use ratelimit_core::multi::{self, Op, StateMut};
+use ratelimit_core::multi::{self, LimitMut, Op, Params, Slot};
 use ratelimit_core::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 
 use super::reply::{reply_arg_error, reply_multi, STORE_FAILED};
-use super::single::{log_apply, word_apply, WordLimiter};
+use super::single::WordLimiter;
 use super::{commit, delete, Effects};
 use crate::api::{Ctx, Key, Replied, Str};
 use crate::clock;
@@ -14,39 +14,26 @@ use crate::ffi;
 use crate::stats::Cmd;
 use crate::value::{Holds, Packable, TypedKey};
 
-/// The registered type of a limit's algorithm.
-#[inline]
-fn kind_type(kind: Kind) -> *mut redis_module::raw::RedisModuleType {
-    match kind {
-        Kind::TokenBucket => tb::State::redis_type(),
-        Kind::SlidingLog => sl::State::redis_type(),
-        Kind::SlidingCounter => sc::State::redis_type(),
-        Kind::FixedWindow => fw::State::redis_type(),
-    }
-}
-
 const NO_DECISION: Decision = Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 };
 
 /// `RL.MULTI numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL]
 /// [DRYRUN] [REFUND n]`: every limit decided at one clock reading, all or
-/// nothing. Every key is opened and type-checked before anything is
-/// decided (an error changes nothing); each is read once; when the call
-/// writes, each written key gets its TTL and its own effect (Redis wraps
-/// the command's effects in MULTI/EXEC). Fixed-size arrays on the stack:
-/// no allocation per call.
+/// nothing. Parsed once ([`args::parse_multi_n`]); every key is opened and
+/// type-checked before anything is decided (an error changes nothing); each
+/// is read once; when the call writes, each written key gets its TTL and
+/// its own effect (Redis wraps the command's effects in MULTI/EXEC).
+/// Fixed-size arrays on the stack: no allocation per call.
 /// (The server's key-position requests are answered by [`multi_keys`],
 /// before this runs: `api::entry!`.)
 pub fn multi(ctx: Ctx, argv: &[Str]) -> Replied {
-    {
-        // Size the per-limit stack arrays for the call: a limit takes at
-        // least four arguments (key, algorithm, two numbers), so argc bounds
-        // numkeys; one or two limits (the common calls) build no sixteen.
-        match argv.len().saturating_sub(2) / 4 {
-            0 | 1 => multi_n::<1>(ctx, argv),
-            2 => multi_n::<2>(ctx, argv),
-            3 | 4 => multi_n::<4>(ctx, argv),
-            _ => multi_n::<MAX_LIMITS>(ctx, argv),
-        }
+    // Size the per-limit stack arrays for the call: a limit takes at least
+    // four arguments (key, algorithm, two numbers), so argc bounds numkeys;
+    // one or two limits (the common calls) build no sixteen.
+    match argv.len().saturating_sub(2) / 4 {
+        0 | 1 => multi_n::<1>(ctx, argv),
+        2 => multi_n::<2>(ctx, argv),
+        3 | 4 => multi_n::<4>(ctx, argv),
+        _ => multi_n::<MAX_LIMITS>(ctx, argv),
     }
 }
 
@@ -67,227 +54,193 @@ pub fn multi_keys(ctx: Ctx, argv: &[Str]) -> Replied {
     ctx.reply_keys_at(2..2 + n)
 }
 
-/// RL.MULTI of one limit of weight 1: the single command's decision and
-/// write, the reply in RL.MULTI's shape.
-#[inline(always)]
-fn multi_one<'a>(
-    ctx: Ctx<'a>,
-    name: Str<'a>,
-    spec: &LimitSpec,
-    cost: u64,
-    partial: bool,
-    dryrun: bool,
-    refund: u64,
-) -> Replied {
-    let single = Call { nums: spec.nums, cost, partial, dryrun, refund };
-    let d = match spec.kind {
-        Kind::TokenBucket => word_apply::<tb::State>(ctx, name, &single, Cmd::Multi),
-        Kind::SlidingCounter => word_apply::<sc::State>(ctx, name, &single, Cmd::Multi),
-        Kind::FixedWindow => word_apply::<fw::State>(ctx, name, &single, Cmd::Multi),
-        Kind::SlidingLog => log_apply(ctx, name, &single, Cmd::Multi),
-    };
-    let d = match d {
-        Ok(d) => d,
-        Err(rc) => return rc,
-    };
-    let whole = if refund > 0 {
-        multi::combine_refund(&[d], &[1], refund)
-    } else {
-        multi::combine_unweighted(&[d], d.granted, cost, partial)
-    };
-    reply_multi(ctx, refund, partial, cost, &whole, &[d], 1)
-}
-
-/// Most arguments (after `RL.MULTI`) of a call the exact parser reads:
-/// numkeys, two keys and two token buckets.
-const EXACT_ARGS: usize = 11;
-
-/// RL.MULTI with room for `N` limits.
+/// RL.MULTI with room for `N` limits: one parse, then the fast path for
+/// the commonest call ([`multi_words`]) or the general one.
 #[inline(never)]
 fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
-    {
-        let Some(rest) = argv.get(1..) else {
-            return ctx.wrong_arity();
-        };
-        // The commonest call (token buckets and sliding counters, no
-        // WEIGHT, no options) takes the fast path, parsed once.
-        // (A repeated key takes the generic path, which answers the error.)
-        if let Some((n, limits)) = args::parse_multi_words_unchecked::<Str, N>(rest, Str::bytes) {
-            if let (Some(names), Some(limits)) = (argv.get(2..2 + n), limits.get(..n)) {
-                if let Some(rc) = multi_words::<N>(ctx, names, limits) {
-                    return rc;
+    let Some(rest) = argv.get(1..) else {
+        return ctx.wrong_arity();
+    };
+    let mut call = MultiCall::<N>::new();
+    if let Err(e) = call.parse(rest, Str::bytes) {
+        return reply_arg_error(ctx, e);
+    }
+    // A numkeys above N cannot parse without error: N is sized by argc.
+    let (Some(names), Some(limits)) = (argv.get(2..2 + call.n), call.limits.get(..call.n)) else {
+        return ctx.wrong_arity();
+    };
+    if call.plain {
+        if let Some(r) = multi_words::<N>(ctx, names, limits) {
+            return r;
+        }
+    }
+    multi_general::<N>(ctx, &call, names, limits)
+}
+
+/// The general path: any limits, weights and options.
+#[inline(never)]
+fn multi_general<'a, const N: usize>(ctx: Ctx<'a>, call: &MultiCall<N>, names: &[Str<'a>], limits: &[LimitSpec]) -> Replied {
+    if let Err(e) = call.check(names, Str::bytes) {
+        return reply_arg_error(ctx, e);
+    }
+    let now = clock::now_us();
+
+    // Open every key and check its type before deciding anything; read
+    // each once: word states by value, logs in place (a missing log is a
+    // fresh local one, stored only if written).
+    let mut open: [Option<Opened>; N] = std::array::from_fn(|_| None);
+    for ((o, &name), spec) in open.iter_mut().zip(names).zip(limits) {
+        match Opened::open(ctx, name, spec, call.dryrun) {
+            Some(opened) => *o = Some(opened),
+            None => return ctx.reply_error(ffi::WRONGTYPE),
+        }
+    }
+    let op = if call.refund > 0 {
+        Op::Refund(call.refund)
+    } else {
+        Op::Take { cost: call.cost, partial: call.partial, dryrun: call.dryrun }
+    };
+    let mut per = [NO_DECISION; N];
+    let n = names.len().min(N);
+    let Some(slots) = open.get_mut(..n) else {
+        return ctx.wrong_arity();
+    };
+    let whole = multi::run(slots, op, now, &mut per[..n]);
+
+    // Write what changed: every limit when a grant was made, each limit
+    // that gave units back on a refund.
+    let mut failed = false;
+    let mut effects = Effects::new(Cmd::Multi, call.refund > 0);
+    if !call.dryrun {
+        for (o, d) in open.iter_mut().zip(&per) {
+            if let Some(o) = o {
+                if d.granted > 0 && !o.write(ctx, d, now, call.refund > 0, &mut effects) {
+                    failed = true;
                 }
             }
         }
-        // The common call (no WEIGHT, no options) is parsed from its byte
-        // slices read once; anything else, errors included, by the full
-        // parser.
-        let mut words: [&[u8]; EXACT_ARGS] = [&[]; EXACT_ARGS];
-        let exact = if rest.len() <= EXACT_ARGS {
-            for (w, &s) in words.iter_mut().zip(rest) {
-                *w = s.bytes();
-            }
-            args::parse_multi_exact::<N>(&words[..rest.len()])
-        } else {
-            None
+    }
+    drop(open);
+    if failed {
+        // The server refused a value (it cannot, for an open key of ours):
+        // never a silent "granted".
+        return ctx.reply_error(STORE_FAILED);
+    }
+    reply_multi(ctx, call.refund, call.partial, call.cost, &whole, &per, n)
+}
+
+/// One limit's state as read, paired with its parameters: a word state by
+/// value, a sliding log fresh here unless its key holds one (then it is
+/// read and changed in place).
+enum Held {
+    TokenBucket(tb::State, tb::Params),
+    SlidingCounter(sc::State, sc::Params),
+    FixedWindow(fw::State, fw::Params),
+    SlidingLog(sl::State, sl::Params),
+}
+
+/// One limit of the general path: its open key and its held state.
+struct Opened<'a> {
+    key: Key<'a>,
+    name: Str<'a>,
+    holds: Holds,
+    weight: u64,
+    held: Held,
+}
+
+impl<'a> Opened<'a> {
+    /// Open `name` for `spec` and read it: None when it holds another type.
+    #[inline]
+    fn open(ctx: Ctx<'a>, name: Str<'a>, spec: &LimitSpec, read_only: bool) -> Option<Opened<'a>> {
+        let mut key = ctx.open_key(name, read_only);
+        let ty = match spec.params {
+            Params::TokenBucket(_) => tb::State::redis_type(),
+            Params::SlidingCounter(_) => sc::State::redis_type(),
+            Params::FixedWindow(_) => fw::State::redis_type(),
+            Params::SlidingLog(_) => sl::State::redis_type(),
         };
-        let parsed = match exact {
-            Some(c) => Ok(c),
-            None => args::parse_multi_n::<N>(rest.iter().map(|&s| s.bytes())),
-        };
-        let call = match parsed {
-            Ok(c) => c,
-            // A numkeys above N is an error the full parser names exactly.
-            Err(ArgError::Number(Arg::NumKeys)) if N < MAX_LIMITS => {
-                let e = args::parse_multi(rest.iter().map(|&s| s.bytes())).err().unwrap_or(ArgError::Arity);
-                return reply_arg_error(ctx, e);
-            }
-            Err(e) => return reply_arg_error(ctx, e),
-        };
-        let n = call.n.min(N);
-        let (Some(names), Some(specs)) = (argv.get(2..2 + n), call.limits.get(..n)) else {
-            return ctx.wrong_arity();
-        };
-        // One limit of weight 1 answers exactly what its single command
-        // does (the core's property test `one_limit_is_the_single_command`):
-        // decide and write it as that command does, reply in RL.MULTI's shape.
-        if let ([name], [spec]) = (names, specs) {
-            if spec.weight == 1 {
-                return multi_one(ctx, *name, spec, call.cost, call.partial, call.dryrun, call.refund);
+        let holds = key.holds(ty);
+        fn read<T: Packable + Copy + Default>(key: &Key, holds: Holds) -> T {
+            match holds {
+                Holds::Ours => key.read::<T>().unwrap_or_default(),
+                _ => T::default(),
             }
         }
-        let read_only = call.dryrun;
-        let now = clock::now_us();
-
-        // Open every key and check its type before deciding anything.
-        let mut keys: [Option<Key>; N] = std::array::from_fn(|_| None);
-        let mut slots = [Holds::Empty; N];
-        for (((k, slot), &name), spec) in keys.iter_mut().zip(slots.iter_mut()).zip(names).zip(specs) {
-            let mut key = ctx.open_key(name, read_only);
-            *slot = key.holds(kind_type(spec.kind));
-            *k = Some(key);
-            if let Holds::WrongType = slot {
-                return ctx.reply_error(ffi::WRONGTYPE);
-            }
-        }
-
-        // Read each key once: word states by value, logs in place (a
-        // missing log is a fresh local one, stored only if written).
-        let mut tbs = [tb::State::default(); N];
-        let mut scs = [sc::State::default(); N];
-        let mut fws = [fw::State::default(); N];
-        let mut fresh_logs: [sl::State; N] = std::array::from_fn(|_| sl::State::default());
-        let mut params = [multi::Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }); N];
-        let mut weights = [1u64; N];
-        let mut per = [NO_DECISION; N];
-        let whole = {
-            let mut states: [Option<StateMut>; N] = std::array::from_fn(|_| None);
-            for (i, (((((((st, key), slot), spec), t), c), f), l)) in states
-                .iter_mut()
-                .zip(keys.iter_mut())
-                .zip(&slots)
-                .zip(specs)
-                .zip(tbs.iter_mut())
-                .zip(scs.iter_mut())
-                .zip(fws.iter_mut())
-                .zip(fresh_logs.iter_mut())
-                .enumerate()
-            {
-                if let (Some(p), Some(w)) = (params.get_mut(i), weights.get_mut(i)) {
-                    *p = spec.params();
-                    *w = spec.weight;
-                }
-                *st = Some(match (spec.kind, *slot, key) {
-                    (Kind::TokenBucket, Holds::Ours, Some(key)) => {
-                        *t = key.read::<tb::State>().unwrap_or_default();
-                        StateMut::TokenBucket(t)
-                    }
-                    (Kind::TokenBucket, _, _) => StateMut::TokenBucket(t),
-                    (Kind::SlidingCounter, Holds::Ours, Some(key)) => {
-                        *c = key.read::<sc::State>().unwrap_or_default();
-                        StateMut::SlidingCounter(c)
-                    }
-                    (Kind::SlidingCounter, _, _) => StateMut::SlidingCounter(c),
-                    (Kind::FixedWindow, Holds::Ours, Some(key)) => {
-                        *f = key.read::<fw::State>().unwrap_or_default();
-                        StateMut::FixedWindow(f)
-                    }
-                    (Kind::FixedWindow, _, _) => StateMut::FixedWindow(f),
-                    (Kind::SlidingLog, Holds::Ours, Some(key)) => match key.wide_mut::<sl::State>() {
-                        Some(s) => StateMut::SlidingLog(s),
-                        None => StateMut::SlidingLog(l),
-                    },
-                    (Kind::SlidingLog, _, _) => StateMut::SlidingLog(l),
-                });
-            }
-            let op = if call.refund > 0 {
-                Op::Refund(call.refund)
-            } else {
-                Op::Take { cost: call.cost, partial: call.partial, dryrun: call.dryrun }
-            };
-            multi::run(&mut states[..n], &params[..n], &weights[..n], op, now, &mut per[..n])
+        let held = match spec.params {
+            _ if holds == Holds::WrongType => return None,
+            Params::TokenBucket(p) => Held::TokenBucket(read(&key, holds), p),
+            Params::SlidingCounter(p) => Held::SlidingCounter(read(&key, holds), p),
+            Params::FixedWindow(p) => Held::FixedWindow(read(&key, holds), p),
+            Params::SlidingLog(p) => Held::SlidingLog(sl::State::default(), p),
         };
+        Some(Opened { key, name, holds, weight: spec.weight, held })
+    }
 
-        // Write what changed: every limit when a grant was made, each limit
-        // that gave units back on a refund.
-        let writes = !call.dryrun;
-        let mut failed = false;
-        let mut effects = Effects::new(Cmd::Multi, call.refund > 0);
-        for i in 0..n {
-            let (Some(Some(key)), Some(&slot), Some(d), Some(&name), Some(spec)) =
-                (keys.get_mut(i), slots.get(i), per.get(i), names.get(i), specs.get(i))
-            else {
-                continue;
-            };
-            if d.granted == 0 || !writes {
-                continue;
-            }
-            if d.reset_after_ms == 0 {
-                delete(ctx, key, name);
-                continue;
-            }
-            let stored = match spec.kind {
-                Kind::TokenBucket => tbs.get(i).is_some_and(|&s| key.store(s)),
-                Kind::SlidingCounter => scs.get(i).is_some_and(|&s| key.store(s)),
-                Kind::FixedWindow => fws.get(i).is_some_and(|&s| key.store(s)),
-                Kind::SlidingLog => match slot {
-                    Holds::Ours => true,
-                    _ => fresh_logs.get_mut(i).is_some_and(|l| key.set_new(std::mem::take(l))),
-                },
-            };
-            if !stored {
-                failed = true;
-                continue;
-            }
-            let (reset, e) = (d.reset_after_ms, &mut effects);
-            match spec.kind {
-                Kind::TokenBucket => {
-                    commit(ctx, key, name, now, reset, e, |abs| tbs.get(i).copied().unwrap_or_default().effect(abs));
+    /// Store what the call changed (`d.granted > 0`): the new state, its
+    /// expiry, signal, event and effect; a refund that left it fresh
+    /// deletes the key. False when the server refused the value.
+    #[inline]
+    fn write(&mut self, ctx: Ctx<'a>, d: &Decision, now: u64, refund: bool, e: &mut Effects) -> bool {
+        let (key, name, reset) = (&mut self.key, self.name, d.reset_after_ms);
+        if reset == 0 {
+            delete(ctx, key, name);
+            return true;
+        }
+        match &mut self.held {
+            Held::TokenBucket(s, _) => {
+                let s = *s;
+                key.store(s) && {
+                    commit(ctx, key, name, now, reset, e, |abs| s.effect(abs));
+                    true
                 }
-                Kind::SlidingCounter => {
-                    commit(ctx, key, name, now, reset, e, |abs| scs.get(i).copied().unwrap_or_default().effect(abs));
+            }
+            Held::SlidingCounter(s, _) => {
+                let s = *s;
+                key.store(s) && {
+                    commit(ctx, key, name, now, reset, e, |abs| s.effect(abs));
+                    true
                 }
-                Kind::FixedWindow => {
-                    commit(ctx, key, name, now, reset, e, |abs| fws.get(i).copied().unwrap_or_default().effect(abs));
+            }
+            Held::FixedWindow(s, _) => {
+                let s = *s;
+                key.store(s) && {
+                    commit(ctx, key, name, now, reset, e, |abs| s.effect(abs));
+                    true
                 }
-                Kind::SlidingLog => {
-                    let g = || codec::LogGrant { now_us: now, window_ms: spec.nums[1], units: d.granted };
-                    if call.refund > 0 {
-                        commit(ctx, key, name, now, reset, e, |abs| codec::log_refund(&g(), abs));
+            }
+            Held::SlidingLog(fresh, p) => {
+                let stored = self.holds == Holds::Ours || key.set_new(std::mem::take(fresh));
+                let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
+                stored && {
+                    if refund {
+                        commit(ctx, key, name, now, reset, e, |abs| codec::log_refund(&g, abs));
                     } else {
-                        commit(ctx, key, name, now, reset, e, |abs| codec::log_grant(&g(), abs));
+                        commit(ctx, key, name, now, reset, e, |abs| codec::log_grant(&g, abs));
                     }
+                    true
                 }
             }
         }
-        drop(keys);
-        if failed {
-            // The server refused a value (it cannot, for an open key of ours):
-            // never a silent "granted".
-            return ctx.reply_error(STORE_FAILED);
-        }
+    }
+}
 
-        reply_multi(ctx, call.refund, call.partial, call.cost, &whole, &per, n)
+impl Slot for Opened<'_> {
+    #[inline]
+    fn limit(&mut self) -> LimitMut<'_> {
+        let Opened { key, holds, held, .. } = self;
+        match held {
+            Held::TokenBucket(s, p) => LimitMut::TokenBucket(s, *p),
+            Held::SlidingCounter(s, p) => LimitMut::SlidingCounter(s, *p),
+            Held::FixedWindow(s, p) => LimitMut::FixedWindow(s, *p),
+            Held::SlidingLog(fresh, p) => match (*holds, key.wide_mut::<sl::State>()) {
+                (Holds::Ours, Some(s)) => LimitMut::SlidingLog(s, *p),
+                _ => LimitMut::SlidingLog(fresh, *p),
+            },
+        }
+    }
+    #[inline]
+    fn weight(&self) -> u64 {
+        self.weight
     }
 }
 
@@ -296,6 +249,7 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
 enum Word {
     TokenBucket(tb::State),
     SlidingCounter(sc::State),
+    FixedWindow(fw::State),
 }
 
 /// A word-state limit read at the call's instant.
@@ -306,20 +260,22 @@ enum WordView {
     Unread,
     TokenBucket(tb::View),
     SlidingCounter(sc::View),
+    FixedWindow(fw::View),
 }
 
-/// RL.MULTI of word-state limits only (token buckets and sliding
-/// counters), weight 1, COST 1, no options: the common call. What the
-/// generic path (`multi::run`) does for it, in one pass per limit without
-/// its per-limit state arrays: open the key and check its type (every key
-/// before anything is written: an error changes nothing), read the state by
-/// value and view it at the call's instant; then every limit answers for
-/// the call's grant (all or nothing), and on a grant each state is stored
-/// once, expired, signalled and replicated (the command once for the call
-/// when nothing listens for effects). The same replies and states as the
-/// generic path (the integration suite's differential tests compare both).
-#[inline(always)]
-fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[WordLimit]) -> Option<Replied> {
+/// RL.MULTI's fast path: word-state limits only (token buckets, sliding
+/// counters, fixed windows), no WEIGHT, no option (the parser's `plain`).
+/// What the general path (`multi::run`) does for it, in one pass per limit:
+/// open the key and check its type (every key before anything is written:
+/// an error changes nothing), read the state by value and view it at the
+/// call's instant; then every limit answers for the call's grant (all or
+/// nothing), and on a grant each state is stored once, expired, signalled
+/// and replicated (the command once for the call when nothing listens for
+/// effects). The same replies and states as the general path (the
+/// integration suite's differential test compares both). None (nothing
+/// written) for a limit it does not take, which `plain` rules out.
+#[inline(never)]
+fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[LimitSpec]) -> Option<Replied> {
     let n = names.len().min(limits.len()).min(N);
     let now = clock::now_us();
     // Each limit's open key and its view, side by side.
@@ -330,8 +286,8 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
         // Into its slot at once, the view written in place (closed on
         // every return from here on).
         let (key, view) = o.insert((ctx.open_key(name, false), WordView::Unread));
-        match *p {
-            WordLimit::TokenBucket(p) => {
+        match p.params {
+            Params::TokenBucket(p) => {
                 let s = match key.holds(tb::State::redis_type()) {
                     Holds::WrongType => return wrong_type(ctx, names),
                     Holds::Ours => key.read::<tb::State>().unwrap_or_default(),
@@ -339,7 +295,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
                 };
                 *view = WordView::TokenBucket(tb::View::at(&s, &p, now));
             }
-            WordLimit::SlidingCounter(p) => {
+            Params::SlidingCounter(p) => {
                 let s = match key.holds(sc::State::redis_type()) {
                     Holds::WrongType => return wrong_type(ctx, names),
                     Holds::Ours => key.read::<sc::State>().unwrap_or_default(),
@@ -347,19 +303,30 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
                 };
                 *view = WordView::SlidingCounter(sc::View::at(&s, &p, now));
             }
+            Params::FixedWindow(p) => {
+                let s = match key.holds(fw::State::redis_type()) {
+                    Holds::WrongType => return wrong_type(ctx, names),
+                    Holds::Ours => key.read::<fw::State>().unwrap_or_default(),
+                    Holds::Empty => fw::State::default(),
+                };
+                *view = WordView::FixedWindow(fw::View::at(&s, &p, now));
+            }
+            // Not a word state: the general path (nothing written yet).
+            Params::SlidingLog(_) => return None,
         }
         let avail = match view {
             WordView::TokenBucket(v) => v.available(),
             WordView::SlidingCounter(v) => v.available(),
+            WordView::FixedWindow(v) => v.available(),
             WordView::Unread => 0,
         };
         g = g.min(avail);
     }
     // Distinct keys: told by their values' addresses when every key holds
-    // one of ours (the common call), else by their names. A repeated key
-    // takes the generic path (nothing was written; the keys close here).
+    // one of ours (the common call), else by their names (nothing was
+    // written; the keys close on return).
     if n > 1 && !open.get(..n).is_some_and(distinct_values) && !args::distinct_keys(names, Str::bytes) {
-        return None;
+        return Some(reply_arg_error(ctx, ArgError::DuplicateKey));
     }
 
     let mut per = [NO_DECISION; N];
@@ -377,6 +344,10 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
                 *d = v.answer(g, 1);
                 Word::SlidingCounter(v.state_after(g))
             }
+            WordView::FixedWindow(v) => {
+                *d = v.answer(g, 1);
+                Word::FixedWindow(v.state_after(g))
+            }
             WordView::Unread => continue,
         };
         if g == 0 {
@@ -389,6 +360,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
         let stored = match new {
             Word::TokenBucket(s) => key.store(s),
             Word::SlidingCounter(s) => key.store(s),
+            Word::FixedWindow(s) => key.store(s),
         };
         if !stored {
             failed = true;
@@ -398,6 +370,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
         match new {
             Word::TokenBucket(s) => commit(ctx, key, name, now, reset, e, |abs| s.effect(abs)),
             Word::SlidingCounter(s) => commit(ctx, key, name, now, reset, e, |abs| s.effect(abs)),
+            Word::FixedWindow(s) => commit(ctx, key, name, now, reset, e, |abs| s.effect(abs)),
         }
     }
     drop(open);
@@ -409,13 +382,13 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Wo
 }
 
 /// A key of the fast path holds another type: WRONGTYPE, unless a key is
-/// repeated (then the generic path answers that error, as it comes first).
+/// repeated (that error comes first, as a parse error).
 #[inline(never)]
 fn wrong_type(ctx: Ctx, names: &[Str]) -> Option<Replied> {
     if args::distinct_keys(names, Str::bytes) {
         Some(ctx.reply_error(ffi::WRONGTYPE))
     } else {
-        None
+        Some(reply_arg_error(ctx, ArgError::DuplicateKey))
     }
 }
 

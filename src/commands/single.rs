@@ -95,12 +95,7 @@ fn word_limiter<T: WordLimiter>(ctx: Ctx, argv: &[Str]) -> Replied {
 /// which answers what the single command does, as `cmd`). The decision to
 /// reply with, or the error reply sent.
 #[inline(always)]
-pub(super) fn word_apply<'a, T: WordLimiter>(
-    ctx: Ctx<'a>,
-    name: Str<'a>,
-    call: &Call,
-    cmd: Cmd,
-) -> Result<Decision, Replied> {
+fn word_apply<'a, T: WordLimiter>(ctx: Ctx<'a>, name: Str<'a>, call: &Call, cmd: Cmd) -> Result<Decision, Replied> {
     let p = T::params(call.nums);
     let now = clock::now_us();
     let mut key = ctx.open_key(name, call.dryrun);
@@ -165,7 +160,7 @@ pub fn slidinglog(ctx: Ctx, argv: &[Str]) -> Replied {
 
 /// [`word_apply`] for the sliding log, read and written in place.
 #[inline(always)]
-pub(super) fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call, cmd: Cmd) -> Result<Decision, Replied> {
+fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call, cmd: Cmd) -> Result<Decision, Replied> {
     let p = sl::Params::from_nums(call.nums);
     let now = clock::now_us();
     let mut key = ctx.open_key(name, call.dryrun);

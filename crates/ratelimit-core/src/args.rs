@@ -17,7 +17,7 @@
 //! `REFUND n` excludes COST, PARTIAL and DRYRUN (a syntax error).
 //! `FROMFIRST` (RL.FIXEDWINDOW only) goes with either; it is carried in
 //! `Call::nums[2]` as [`crate::fixedwindow::FROMFIRST`]. In RL.MULTI it
-//! belongs to a FIXEDWINDOW limit, after its WEIGHT (`LimitSpec::nums[2]`).
+//! belongs to a FIXEDWINDOW limit, after its WEIGHT (`fixedwindow::Params::from_first`).
 
 use crate::MAX_ARG;
 
@@ -300,27 +300,25 @@ impl Kind {
     }
 }
 
-/// One limit of RL.MULTI.
+/// One limit of RL.MULTI: its algorithm's parameters (the kind is the
+/// variant: a FIXEDWINDOW limit's FROMFIRST is `fw::Params::from_first`)
+/// and its WEIGHT.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LimitSpec {
-    pub kind: Kind,
-    /// As in [`Call::nums`] (for a FIXEDWINDOW limit, `nums[2]` is
-    /// [`crate::fixedwindow::FROMFIRST`] when the limit says FROMFIRST).
-    pub nums: [u64; 3],
+    pub params: crate::multi::Params,
     pub weight: u64,
 }
 
 impl LimitSpec {
-    /// The limit's algorithm parameters (from its kind and numbers).
+    /// The algorithm it names.
     #[inline]
-    pub const fn params(&self) -> crate::multi::Params {
+    pub const fn kind(&self) -> Kind {
         use crate::multi::Params;
-        use crate::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
-        match self.kind {
-            Kind::TokenBucket => Params::TokenBucket(tb::Params::from_nums(self.nums)),
-            Kind::SlidingLog => Params::SlidingLog(sl::Params::from_nums(self.nums)),
-            Kind::SlidingCounter => Params::SlidingCounter(sc::Params::from_nums(self.nums)),
-            Kind::FixedWindow => Params::FixedWindow(fw::Params::from_nums(self.nums)),
+        match self.params {
+            Params::TokenBucket(_) => Kind::TokenBucket,
+            Params::SlidingLog(_) => Kind::SlidingLog,
+            Params::SlidingCounter(_) => Kind::SlidingCounter,
+            Params::FixedWindow(_) => Kind::FixedWindow,
         }
     }
 }
@@ -341,6 +339,36 @@ pub struct MultiCall<const N: usize = MAX_LIMITS> {
     pub dryrun: bool,
     /// `REFUND n` (then COST, PARTIAL and DRYRUN are absent), 0 when none.
     pub refund: u64,
+    /// The commonest call, the module's fast path: word-state limits only
+    /// (token buckets, sliding counters, fixed windows), no WEIGHT and no
+    /// option (so COST 1). A call that spells out `WEIGHT 1` or `COST 1`,
+    /// the same meaning, is not plain: it takes the general path, which
+    /// the tests compare the fast path with.
+    pub plain: bool,
+}
+
+impl<const N: usize> MultiCall<N> {
+    /// The call's limits.
+    #[inline]
+    pub fn limits(&self) -> &[LimitSpec] {
+        self.limits.get(..self.n).unwrap_or(&self.limits)
+    }
+
+    /// The checks that read the keys, last of the parse (a call that fails
+    /// them failed nothing else): a repeated key → `DuplicateKey`, then
+    /// COST × WEIGHT (or REFUND × WEIGHT) above 2^53 − 1 → `Product`.
+    /// `keys` are arguments `1..=n` after the command name.
+    #[inline]
+    pub fn check<'a, A: Copy>(&self, keys: &[A], bytes: impl Fn(A) -> &'a [u8] + Copy) -> Result<(), ArgError> {
+        if !distinct_keys(keys, bytes) {
+            return Err(ArgError::DuplicateKey);
+        }
+        let (units, which) = if self.refund > 0 { (self.refund, Arg::Refund) } else { (self.cost, Arg::Cost) };
+        if self.limits().iter().any(|l| units.checked_mul(l.weight).is_none_or(|u| u > MAX_ARG)) {
+            return Err(ArgError::Product(which));
+        }
+        Ok(())
+    }
 }
 
 /// `w` equals `upper` (ASCII capital letters only) ignoring case: a byte
@@ -383,6 +411,19 @@ fn is_option(w: &[u8]) -> bool {
     [&b"COST"[..], b"PARTIAL", b"DRYRUN", b"REFUND"].iter().any(|o| w.eq_ignore_ascii_case(o))
 }
 
+/// No key is named twice in `keys` (each read through `bytes`).
+#[inline]
+pub fn distinct_keys<'a, A: Copy>(keys: &[A], bytes: impl Fn(A) -> &'a [u8]) -> bool {
+    match *keys {
+        [] | [_] => true,
+        [a, b] => bytes(a) != bytes(b),
+        _ => keys.iter().enumerate().all(|(i, &k)| {
+            let kb = bytes(k);
+            keys.iter().take(i).all(|&prev| bytes(prev) != kb)
+        }),
+    }
+}
+
 /// Parse `args` = every argument after `RL.MULTI`:
 ///
 /// ```text
@@ -401,190 +442,160 @@ fn is_option(w: &[u8]) -> bool {
 /// after the options, REFUND with COST, PARTIAL or DRYRUN) → `Syntax`; then
 /// a repeated key → `DuplicateKey`, and COST × WEIGHT (or REFUND × WEIGHT)
 /// above 2^53 − 1 → `Product`.
-pub fn parse_multi<'a>(args: impl ExactSizeIterator<Item = &'a [u8]>) -> Result<MultiCall, ArgError> {
-    parse_multi_n::<MAX_LIMITS>(args)
+pub fn parse_multi(args: &[&[u8]]) -> Result<MultiCall, ArgError> {
+    let call = parse_multi_n::<&[u8], MAX_LIMITS>(args, |a| a)?;
+    call.check(args.get(1..=call.n).unwrap_or_default(), |a| a)?;
+    Ok(call)
 }
 
-/// [`parse_multi_n`] of the common call: valid limits without WEIGHT, no
-/// options, distinct keys (`args` is every argument after `RL.MULTI`).
-/// Then it returns what `parse_multi_n` does; for any other input (an
-/// error, a WEIGHT, an option) it returns None and the caller runs
-/// `parse_multi_n`, so errors keep their one definition there.
+/// The one parser of RL.MULTI ([`parse_multi`], whose errors it answers
+/// in the same order), with room for `N` limits and every argument after
+/// `RL.MULTI` read once through `bytes`, but for the keys: the checks that
+/// read them are [`MultiCall::check`], the caller's last step (the module
+/// can tell distinct keys from their opened values). A numkeys above `N`
+/// is parsed through, its limits past `N` not kept, and answers the same
+/// error (a call of more than `N` limits must have more arguments).
+/// The argument at `i`, read through `bytes`.
 #[inline(always)]
-pub fn parse_multi_exact<const N: usize>(args: &[&[u8]]) -> Option<MultiCall<N>> {
-    let (&first, rest) = args.split_first()?;
-    let n = usize::try_from(parse_num(first, Arg::NumKeys.min())?).ok()?;
-    if n > N || n > MAX_LIMITS {
-        return None;
-    }
-    let (keys, mut rest) = (rest.get(..n)?, rest.get(n..)?);
-    let spec = LimitSpec { kind: Kind::TokenBucket, nums: [0; 3], weight: 1 };
-    let mut call = MultiCall { n, limits: [spec; N], cost: 1, partial: false, dryrun: false, refund: 0 };
-    for limit in call.limits.iter_mut().take(n) {
-        let (&word, r) = rest.split_first()?;
-        limit.kind = Kind::from_word(word)?;
-        let want = limit.kind.args();
-        let (nums, r) = (r.get(..want.len())?, r.get(want.len()..)?);
-        for ((&a, &arg), slot) in nums.iter().zip(want).zip(limit.nums.iter_mut()) {
-            *slot = parse_num(a, arg.min())?;
-        }
-        rest = r;
-    }
-    if !rest.is_empty() {
-        return None;
-    }
-    for (i, k) in keys.iter().enumerate() {
-        if keys.iter().take(i).any(|prev| prev == k) {
-            return None;
-        }
-    }
-    Some(call)
+fn word_at<'a, A: Copy>(args: &[A], bytes: impl Fn(A) -> &'a [u8], i: usize) -> Option<&'a [u8]> {
+    args.get(i).map(|&a| bytes(a))
 }
 
-/// A limit of the commonest RL.MULTI call: a word-state algorithm (token
-/// bucket or sliding counter) of weight 1.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum WordLimit {
-    TokenBucket(crate::tokenbucket::Params),
-    SlidingCounter(crate::slidingcounter::Params),
-}
-
-/// [`parse_multi_n`] of the commonest call: token buckets and sliding
-/// counters only, no WEIGHT, no options, distinct keys; `args` is every
-/// argument after `RL.MULTI`, each read once through `bytes` (the keys only
-/// to compare them, when there are two or more). Returns numkeys and the
-/// limits, the same as `parse_multi_n` (weights 1, COST 1, no options); for
-/// any other input (an error, a sliding log, a WEIGHT, an option) None, and
-/// the caller parses it in full, so errors keep their one definition there.
+/// The value of `a`, a numeric argument `arg`: its absence is a syntax
+/// error.
 #[inline(always)]
-pub fn parse_multi_words<'a, A: Copy, const N: usize>(
+fn number(a: Option<&[u8]>, arg: Arg) -> Result<u64, ArgError> {
+    parse_num(a.ok_or(ArgError::Syntax)?, arg.min()).ok_or(ArgError::Number(arg))
+}
+
+#[inline(always)]
+pub fn parse_multi_n<'a, A: Copy, const N: usize>(
     args: &[A],
     bytes: impl Fn(A) -> &'a [u8] + Copy,
-) -> Option<(usize, [WordLimit; N])> {
-    let (n, limits) = parse_multi_words_unchecked::<A, N>(args, bytes)?;
-    distinct_keys(args.get(1..=n)?, bytes).then_some((n, limits))
-}
-
-/// [`parse_multi_words`] without the check that the keys are distinct
-/// (the keys are not read): the module checks that itself, where the
-/// opened keys can tell it without reading their names
-/// ([`distinct_keys`] otherwise, before anything is decided).
-#[inline(always)]
-pub fn parse_multi_words_unchecked<'a, A: Copy, const N: usize>(
-    args: &[A],
-    bytes: impl Fn(A) -> &'a [u8],
-) -> Option<(usize, [WordLimit; N])> {
-    use crate::{slidingcounter as sc, tokenbucket as tb};
-    let (&first, rest) = args.split_first()?;
-    let n = usize::try_from(parse_num(bytes(first), Arg::NumKeys.min())?).ok()?;
-    if n > N || n > MAX_LIMITS {
-        return None;
-    }
-    let mut rest = rest.get(n..)?;
-    let mut limits = [WordLimit::SlidingCounter(sc::Params { limit: 1, window_ms: 1 }); N];
-    for limit in limits.iter_mut().take(n) {
-        let (&word, r) = rest.split_first()?;
-        let w = bytes(word);
-        (*limit, rest) = if w.len() == 11 && eq_upper_letters(w, b"TOKENBUCKET") {
-            let [capacity, rate, period_ms, ref r @ ..] = *r else { return None };
-            let p = tb::Params {
-                capacity: parse_num(bytes(capacity), Arg::Capacity.min())?,
-                rate: parse_num(bytes(rate), Arg::Rate.min())?,
-                period_ms: parse_num(bytes(period_ms), Arg::PeriodMs.min())?,
-            };
-            (WordLimit::TokenBucket(p), r)
-        } else if w.len() == 14 && eq_upper_letters(w, b"SLIDINGCOUNTER") {
-            let [limit, window_ms, ref r @ ..] = *r else { return None };
-            let p = sc::Params {
-                limit: parse_num(bytes(limit), Arg::Limit.min())?,
-                window_ms: parse_num(bytes(window_ms), Arg::WindowMs.min())?,
-            };
-            (WordLimit::SlidingCounter(p), r)
-        } else {
-            return None;
-        };
-    }
-    if !rest.is_empty() {
-        return None;
-    }
-    Some((n, limits))
-}
-
-/// No key is named twice in `keys` (each read through `bytes`).
-#[inline]
-pub fn distinct_keys<'a, A: Copy>(keys: &[A], bytes: impl Fn(A) -> &'a [u8]) -> bool {
-    match *keys {
-        [] | [_] => true,
-        [a, b] => bytes(a) != bytes(b),
-        _ => keys.iter().enumerate().all(|(i, &k)| {
-            let kb = bytes(k);
-            keys.iter().take(i).all(|&prev| bytes(prev) != kb)
-        }),
-    }
-}
-
-/// [`parse_multi`] with room for `N` limits: the same result for every
-/// input whose numkeys is at most `N`; a larger numkeys (which the caller
-/// rules out by reading it first) is `Number(NumKeys)`.
-#[inline]
-pub fn parse_multi_n<'a, const N: usize>(args: impl ExactSizeIterator<Item = &'a [u8]>) -> Result<MultiCall<N>, ArgError> {
-    if args.len() < 5 {
-        return Err(ArgError::Arity);
-    }
-    let mut args = args.peekable();
-    let n = args
-        .next()
-        .and_then(|a| parse_num(a, Arg::NumKeys.min()))
-        .filter(|&n| n <= MAX_LIMITS as u64)
-        .and_then(|n| usize::try_from(n).ok())
-        .filter(|&n| n <= N)
-        .ok_or(ArgError::Number(Arg::NumKeys))?;
-    let mut keys: [&[u8]; N] = [&[]; N];
-    for k in keys.iter_mut().take(n) {
-        *k = args.next().ok_or(ArgError::LimitCount)?;
-    }
-    let spec = LimitSpec { kind: Kind::TokenBucket, nums: [0; 3], weight: 1 };
-    let mut call = MultiCall { n, limits: [spec; N], cost: 1, partial: false, dryrun: false, refund: 0 };
-    for limit in call.limits.iter_mut().take(n) {
-        let word = args.next().ok_or(ArgError::LimitCount)?;
-        let kind = match Kind::from_word(word) {
-            Some(k) => k,
-            None if is_option(word) => return Err(ArgError::LimitCount),
-            None => return Err(ArgError::Syntax),
-        };
-        limit.kind = kind;
-        for (&arg, slot) in kind.args().iter().zip(limit.nums.iter_mut()) {
-            let a = args.next().ok_or(ArgError::Syntax)?;
-            *slot = parse_num(a, arg.min()).ok_or(ArgError::Number(arg))?;
-        }
-        if args.peek().is_some_and(|w| eq_upper_letters(w, b"WEIGHT")) {
-            args.next();
-            let a = args.next().ok_or(ArgError::Syntax)?;
-            limit.weight = parse_num(a, Arg::Weight.min()).ok_or(ArgError::Number(Arg::Weight))?;
-        }
-        if kind == Kind::FixedWindow && args.peek().is_some_and(|w| eq_upper_letters(w, b"FROMFIRST")) {
-            args.next();
-            limit.nums[2] = crate::fixedwindow::FROMFIRST;
-        }
-    }
-    let mut opts = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
-    let mut seen_cost = false;
-    while let Some(opt) = args.next() {
-        if !option(opt, &mut args, &mut opts, &mut seen_cost)? {
-            return Err(if Kind::from_word(opt).is_some() { ArgError::LimitCount } else { ArgError::Syntax });
-        }
-    }
-    (call.cost, call.partial, call.dryrun, call.refund) = (opts.cost, opts.partial, opts.dryrun, opts.refund);
-    for (i, k) in keys.iter().enumerate().take(n) {
-        if keys.iter().take(i).any(|prev| prev == k) {
-            return Err(ArgError::DuplicateKey);
-        }
-    }
-    let (units, which) = if call.refund > 0 { (call.refund, Arg::Refund) } else { (call.cost, Arg::Cost) };
-    if call.limits.iter().take(n).any(|l| units.checked_mul(l.weight).is_none_or(|u| u > MAX_ARG)) {
-        return Err(ArgError::Product(which));
-    }
+) -> Result<MultiCall<N>, ArgError> {
+    let mut call = MultiCall::new();
+    call.parse(args, bytes)?;
     Ok(call)
+}
+
+impl<const N: usize> Default for MultiCall<N> {
+    #[inline(always)]
+    fn default() -> MultiCall<N> {
+        MultiCall::new()
+    }
+}
+
+impl<const N: usize> MultiCall<N> {
+    /// A call of no limits yet, to [`parse`](Self::parse) into.
+    #[inline(always)]
+    pub fn new() -> MultiCall<N> {
+        use crate::{multi::Params, tokenbucket as tb};
+        let blank = LimitSpec { params: Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }), weight: 1 };
+        MultiCall { n: 0, limits: [blank; N], cost: 1, partial: false, dryrun: false, refund: 0, plain: true }
+    }
+
+    /// [`parse_multi_n`] into this fresh call ([`MultiCall::new`]), in place:
+    /// the one parser of RL.MULTI.
+    #[inline(always)]
+    pub fn parse<'a, A: Copy>(&mut self, args: &[A], bytes: impl Fn(A) -> &'a [u8] + Copy) -> Result<(), ArgError> {
+        use crate::multi::Params;
+        use crate::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
+        let first = match *args {
+            [first, _, _, _, _, ..] => first,
+            _ => return Err(ArgError::Arity),
+        };
+        let n = parse_num(bytes(first), Arg::NumKeys.min())
+            .filter(|&n| n <= MAX_LIMITS as u64)
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or(ArgError::Number(Arg::NumKeys))?;
+        let call = self;
+        call.n = n;
+        let mut past_n =
+            LimitSpec { params: Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }), weight: 1 };
+        // `at` indexes `args`; `next` is the word there, read ahead once.
+        let mut at = 1 + n;
+        let mut next = word_at(args, bytes, at);
+        for i in 0..n {
+            let limit = match call.limits.get_mut(i) {
+                Some(l) => l,
+                None => &mut past_n,
+            };
+            let w = next.ok_or(ArgError::LimitCount)?;
+            // A token bucket (the commonest limit) told at once.
+            let kind = if w.len() == 11 && eq_upper_letters(w, b"TOKENBUCKET") {
+                Some(Kind::TokenBucket)
+            } else {
+                Kind::from_word(w)
+            };
+            (limit.params, at) = match kind {
+                Some(Kind::TokenBucket) => (
+                    Params::TokenBucket(tb::Params {
+                        capacity: number(word_at(args, bytes, at + 1), Arg::Capacity)?,
+                        rate: number(word_at(args, bytes, at + 2), Arg::Rate)?,
+                        period_ms: number(word_at(args, bytes, at + 3), Arg::PeriodMs)?,
+                    }),
+                    at + 4,
+                ),
+                Some(Kind::SlidingCounter) => (
+                    Params::SlidingCounter(sc::Params {
+                        limit: number(word_at(args, bytes, at + 1), Arg::Limit)?,
+                        window_ms: number(word_at(args, bytes, at + 2), Arg::WindowMs)?,
+                    }),
+                    at + 3,
+                ),
+                Some(Kind::SlidingLog) => {
+                    // Not a word state: not the plain call.
+                    call.plain = false;
+                    let limit = number(word_at(args, bytes, at + 1), Arg::Limit)?;
+                    (
+                        Params::SlidingLog(sl::Params {
+                            limit,
+                            window_ms: number(word_at(args, bytes, at + 2), Arg::WindowMs)?,
+                        }),
+                        at + 3,
+                    )
+                }
+                Some(Kind::FixedWindow) => (
+                    Params::FixedWindow(fw::Params {
+                        limit: number(word_at(args, bytes, at + 1), Arg::Limit)?,
+                        window_ms: number(word_at(args, bytes, at + 2), Arg::WindowMs)?,
+                        from_first: false,
+                    }),
+                    at + 3,
+                ),
+                None if is_option(w) => return Err(ArgError::LimitCount),
+                None => return Err(ArgError::Syntax),
+            };
+            next = word_at(args, bytes, at);
+            let Some(w) = next else { continue };
+            if eq_upper_letters(w, b"WEIGHT") {
+                limit.weight = number(word_at(args, bytes, at + 1), Arg::Weight)?;
+                call.plain = false;
+                at += 2;
+                next = word_at(args, bytes, at);
+            }
+            if let Params::FixedWindow(p) = &mut limit.params {
+                if next.is_some_and(|w| eq_upper_letters(w, b"FROMFIRST")) {
+                    p.from_first = true;
+                    at += 1;
+                    next = word_at(args, bytes, at);
+                }
+            }
+        }
+        if next.is_some() {
+            let mut opts = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
+            let mut seen_cost = false;
+            let mut rest = args.get(at..).unwrap_or_default().iter().map(|&a| bytes(a));
+            while let Some(opt) = rest.next() {
+                if !option(opt, &mut rest, &mut opts, &mut seen_cost)? {
+                    return Err(if Kind::from_word(opt).is_some() { ArgError::LimitCount } else { ArgError::Syntax });
+                }
+            }
+            (call.cost, call.partial, call.dryrun, call.refund) = (opts.cost, opts.partial, opts.dryrun, opts.refund);
+            call.plain = false;
+        }
+        Ok(())
+    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! commands' calls and RL.MULTI's (the generic parser and the fast path's).
 
 use super::*;
+use crate::multi::Params;
 
 fn p(args: &[&str], pos: &[Arg]) -> Result<Call, ArgError> {
     parse(args.iter().map(|s| s.as_bytes()), pos)
@@ -138,81 +139,45 @@ impl RandomCalls {
     }
 }
 
-/// `parse_multi_exact` (the module's path for RL.MULTI calls without
-/// WEIGHT or options) either declines or answers what `parse_multi_n`
-/// does, and it declines no call of that common shape.
+/// The one parser sized for the module's common calls (`N` = 2, 4) and
+/// checked as the module checks it answers what `parse_multi` does, and
+/// `plain` (the module's fast path) marks exactly the calls of word-state
+/// limits without WEIGHT or option.
 #[test]
-fn parse_multi_exact_agrees_with_parse_multi() {
-    // Calls of the common shape, perturbed: a wrong word or number, a
-    // WEIGHT or an option, a duplicate key, a missing or extra word.
-    let mut calls = RandomCalls::new(0x2545_F491_4F6C_DD1D, [b"TOKENBUCKET", b"slidinglog", b"SlidingCounter", b"x"]);
-    let mut taken = 0;
-    for _ in 0..200_000 {
-        // Up to two limits, a key repeated one time in eight, any kind.
-        let args = calls.next_call(2, 8, 3);
-        let full = parse_multi_n::<2>(args.iter().copied());
-        match parse_multi_exact::<2>(&args) {
-            Some(c) => {
-                taken += 1;
-                assert_eq!(Ok(c), full, "{args:?}");
-            }
-            None => {
-                let common = full.is_ok_and(|c| {
-                    c.limits[..c.n].iter().all(|l| l.weight == 1)
-                        && !args.iter().any(|w| w.eq_ignore_ascii_case(b"WEIGHT") || is_option(w))
-                });
-                assert!(!common, "declined a common call {args:?}");
-            }
-        }
-    }
-    assert!(taken > 20_000, "only {taken} calls took the exact path");
-    let call: [&[u8]; 6] = [b"1", b"k", b"TOKENBUCKET", b"10", b"1", b"1000"];
-    assert_eq!(parse_multi_exact::<1>(&call).map(|c| c.limits[0].nums), Some([10, 1, 1000]));
-}
-
-/// `parse_multi_words` (the module's fast path for RL.MULTI calls of
-/// token buckets and sliding counters without WEIGHT or options) either
-/// declines or answers what `parse_multi_n` does, and it declines no
-/// call of that shape.
-#[test]
-fn parse_multi_words_agrees_with_parse_multi() {
-    use crate::{slidingcounter as sc, tokenbucket as tb};
+fn sized_parse_agrees_with_parse_multi() {
     let mut calls = RandomCalls::new(0x9E37_79B9_7F4A_7C15, [b"TOKENBUCKET", b"slidingcounter", b"SlidingLog", b"x"]);
-    let mut taken = 0;
-    for _ in 0..300_000 {
-        // Up to four limits, a key repeated one time in six, mostly the
-        // word kinds (the first two).
-        let args = calls.next_call(4, 6, 2);
-        let full = parse_multi_n::<4>(args.iter().copied());
-        let unchecked = parse_multi_words_unchecked::<&[u8], 4>(&args, |a| a);
-        let checked = parse_multi_words::<&[u8], 4>(&args, |a| a);
-        assert_eq!(checked, unchecked.filter(|&(n, _)| distinct_keys(&args[1..=n], |a| a)), "{args:?}");
-        match checked {
-            Some((n, limits)) => {
-                taken += 1;
-                let c = full.unwrap_or_else(|e| panic!("{args:?}: {e:?}"));
-                assert_eq!((c.n, c.cost, c.partial, c.dryrun, c.refund), (n, 1, false, false, 0), "{args:?}");
-                for (l, w) in c.limits[..n].iter().zip(&limits[..n]) {
-                    let want = match l.kind {
-                        Kind::TokenBucket => WordLimit::TokenBucket(tb::Params::from_nums(l.nums)),
-                        Kind::SlidingCounter => WordLimit::SlidingCounter(sc::Params::from_nums(l.nums)),
-                        Kind::SlidingLog | Kind::FixedWindow => panic!("not a word limit on the word path {args:?}"),
-                    };
-                    assert_eq!((l.weight, *w), (1, want), "{args:?}");
-                }
-            }
-            None => {
-                let common = full.is_ok_and(|c| {
-                    c.limits[..c.n]
-                        .iter()
-                        .all(|l| l.weight == 1 && matches!(l.kind, Kind::TokenBucket | Kind::SlidingCounter))
-                        && !args.iter().any(|w| w.eq_ignore_ascii_case(b"WEIGHT") || is_option(w))
-                });
-                assert!(!common, "declined a common call {args:?}");
-            }
+    let mut plain = 0;
+    for i in 0..300_000 {
+        // Up to two or four limits, a key repeated one time in six or
+        // eight, mostly the word kinds (the first two).
+        let args = if i % 2 == 0 { calls.next_call(4, 6, 2) } else { calls.next_call(2, 8, 3) };
+        let full = parse_multi(&args);
+        let sized = |r: Result<MultiCall<4>, ArgError>| {
+            r.and_then(|c| c.check(&args[1..=c.n], |a| a).map(|()| c))
+                .map(|c| (c.n, c.limits[..c.n].to_vec(), c.cost, c.partial, c.dryrun, c.refund, c.plain))
+        };
+        let want = full.as_ref().map(|c| (c.n, c.limits[..c.n].to_vec(), c.cost, c.partial, c.dryrun, c.refund, c.plain));
+        // The module's room for the call's argument count (commands/multi.rs):
+        // a call of n limits has at least 1 + 4n arguments.
+        let room = args.len().saturating_sub(1) / 4;
+        if room <= 4 {
+            let got = sized(parse_multi_n::<&[u8], 4>(&args, |a| a));
+            assert_eq!(got, want.clone().map_err(|e| *e), "{args:?}");
+        }
+        if room <= 2 {
+            let two = parse_multi_n::<&[u8], 2>(&args, |a| a)
+                .and_then(|c| c.check(&args[1..=c.n], |a| a).map(|()| c))
+                .map(|c| (c.n, c.limits[..c.n].to_vec(), c.cost, c.partial, c.dryrun, c.refund, c.plain));
+            assert_eq!(two, want.clone().map_err(|e| *e), "{args:?}");
+        }
+        if let Ok(c) = full {
+            let words = c.limits[..c.n].iter().all(|l| l.kind() != Kind::SlidingLog);
+            let opts = !args.iter().any(|w| w.eq_ignore_ascii_case(b"WEIGHT") || is_option(w));
+            assert_eq!(c.plain, words && opts, "{args:?}");
+            plain += usize::from(c.plain);
         }
     }
-    assert!(taken > 20_000, "only {taken} calls took the word path");
+    assert!(plain > 20_000, "only {plain} plain calls");
 }
 
 /// `parse_exact` (the module's path for a call of numbers only) answers
@@ -329,17 +294,22 @@ fn fixedwindow_takes_fromfirst() {
 
 fn m(args: &str) -> Result<MultiCall, ArgError> {
     let v: Vec<&[u8]> = args.split(' ').filter(|s| !s.is_empty()).map(str::as_bytes).collect();
-    parse_multi(v.into_iter())
+    parse_multi(&v)
 }
 
 #[test]
 fn multi_parses_limits_and_options() {
     let c = m("2 a b TOKENBUCKET 10 1 1000 slidinglog 5 60000 weight 3 cost 2 PARTIAL").unwrap();
     assert_eq!((c.n, c.cost, c.partial, c.dryrun, c.refund), (2, 2, true, false, 0));
-    assert_eq!(c.limits[0], LimitSpec { kind: Kind::TokenBucket, nums: [10, 1, 1000], weight: 1 });
-    assert_eq!(c.limits[1], LimitSpec { kind: Kind::SlidingLog, nums: [5, 60000, 0], weight: 3 });
+    let tb = Params::TokenBucket(crate::tokenbucket::Params { capacity: 10, rate: 1, period_ms: 1000 });
+    assert_eq!(c.limits[0], LimitSpec { params: tb, weight: 1 });
+    let log = Params::SlidingLog(crate::slidinglog::Params { limit: 5, window_ms: 60000 });
+    assert_eq!(c.limits[1], LimitSpec { params: log, weight: 3 });
     let c = m("1 k SLIDINGCOUNTER 5 1000 REFUND 4").unwrap();
-    assert_eq!((c.n, c.refund, c.limits[0].kind), (1, 4, Kind::SlidingCounter));
+    assert_eq!((c.n, c.refund, c.limits[0].kind()), (1, 4, Kind::SlidingCounter));
+    let c = m("1 k fixedwindow 5 1000 WEIGHT 2 FROMFIRST").unwrap();
+    let fw = Params::FixedWindow(crate::fixedwindow::Params { limit: 5, window_ms: 1000, from_first: true });
+    assert_eq!((c.limits[0], c.plain), (LimitSpec { params: fw, weight: 2 }, false));
     // A key may be named like a keyword: keys are positional.
     assert_eq!(m("1 TOKENBUCKET TOKENBUCKET 1 1 1").map(|c| c.n), Ok(1));
     let sixteen: String = (0..16).map(|i| format!("k{i} ")).collect::<String>() + &"SLIDINGLOG 1 1 ".repeat(16);
@@ -368,17 +338,22 @@ fn fast_word_compare_and_sized_parse_agree_with_the_plain_ones() {
         "2 a b SLIDINGLOG 1 1 SLIDINGLOG 1 0",
     ] {
         let v: Vec<&[u8]> = args.split(' ').map(str::as_bytes).collect();
-        let full = parse_multi(v.iter().copied());
-        let two = parse_multi_n::<2>(v.iter().copied());
+        let full = parse_multi(&v);
+        let two = parse_multi_n::<&[u8], 2>(&v, |a| a).and_then(|c| c.check(&v[1..=c.n], |a| a).map(|()| c));
         assert_eq!(
             full.map(|c| (c.n, c.limits[..c.n].to_vec(), c.cost, c.partial, c.dryrun, c.refund)),
             two.map(|c| (c.n, c.limits[..c.n].to_vec(), c.cost, c.partial, c.dryrun, c.refund)),
             "{args}"
         );
     }
+    // A numkeys above the room is parsed through: a call of more limits
+    // than the room has more arguments, and answers the same error.
+    for args in ["3 a b c SLIDINGLOG 1 1 SLIDINGLOG 1 1", "3 a b c SLIDINGLOG 1 1 SLIDINGLOG 1 1 SLIDINGLOG 1"] {
+        let v: Vec<&[u8]> = args.split(' ').map(str::as_bytes).collect();
+        assert_eq!(parse_multi_n::<&[u8], 2>(&v, |a| a).map(|c| c.n), parse_multi(&v).map(|c| c.n), "{args}");
+    }
     let v: Vec<&[u8]> = "3 a b c SLIDINGLOG 1 1 SLIDINGLOG 1 1 SLIDINGLOG 1 1".split(' ').map(str::as_bytes).collect();
-    assert_eq!(parse_multi_n::<2>(v.iter().copied()).map(|c| c.n), Err(ArgError::Number(Arg::NumKeys)));
-    assert_eq!(parse_multi(v.iter().copied()).map(|c| c.n), Ok(3));
+    assert_eq!(parse_multi(&v).map(|c| c.n), Ok(3));
 }
 
 #[test]

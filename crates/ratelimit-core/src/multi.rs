@@ -161,7 +161,7 @@ pub fn combine(per: &[Decision], weights: &[u64], g: u64, cost: u64, partial: bo
 /// [`combine`] of a call whose every limit has WEIGHT 1 (RL.MULTI's fast
 /// path): the same whole reply, the fewest whole requests left being the
 /// fewest remaining units.
-#[inline]
+#[inline(always)]
 pub fn combine_unweighted(per: &[Decision], g: u64, cost: u64, partial: bool) -> Whole {
     let allowed = if partial { g } else { u64::from(g == cost) };
     if g == cost {
@@ -216,12 +216,43 @@ pub enum Op {
 }
 
 /// One limit's stored state, to read and (when the call writes) update in
-/// place. A missing key is a fresh (`Default`) state.
-pub enum StateMut<'a> {
-    TokenBucket(&'a mut tb::State),
-    SlidingLog(&'a mut sl::State),
-    SlidingCounter(&'a mut sc::State),
-    FixedWindow(&'a mut fw::State),
+/// place, paired with its parameters (a state cannot be read under another
+/// algorithm's). A missing key is a fresh (`Default`) state.
+pub enum LimitMut<'a> {
+    TokenBucket(&'a mut tb::State, tb::Params),
+    SlidingLog(&'a mut sl::State, sl::Params),
+    SlidingCounter(&'a mut sc::State, sc::Params),
+    FixedWindow(&'a mut fw::State, fw::Params),
+}
+
+/// One limit of a call as the caller holds it: its state paired with its
+/// parameters, and its WEIGHT. [`run`] reads each twice: to decide, then
+/// to write.
+pub trait Slot {
+    fn limit(&mut self) -> LimitMut<'_>;
+    fn weight(&self) -> u64;
+}
+
+/// A [`Slot`] of states held elsewhere.
+pub struct Entry<'a> {
+    pub limit: LimitMut<'a>,
+    pub weight: u64,
+}
+
+impl Slot for Entry<'_> {
+    #[inline]
+    fn limit(&mut self) -> LimitMut<'_> {
+        match &mut self.limit {
+            LimitMut::TokenBucket(s, p) => LimitMut::TokenBucket(s, *p),
+            LimitMut::SlidingLog(s, p) => LimitMut::SlidingLog(s, *p),
+            LimitMut::SlidingCounter(s, p) => LimitMut::SlidingCounter(s, *p),
+            LimitMut::FixedWindow(s, p) => LimitMut::FixedWindow(s, *p),
+        }
+    }
+    #[inline]
+    fn weight(&self) -> u64 {
+        self.weight
+    }
 }
 
 /// The parameters of one limit.
@@ -233,77 +264,58 @@ pub enum Params {
     FixedWindow(fw::Params),
 }
 
-/// A state read under its limit's parameters (None when the two are not of
-/// the same algorithm, which the caller rules out).
-#[inline]
-fn view<'a>(s: &'a Option<StateMut>, p: &Params, now_us: u64) -> Option<Limit<'a>> {
-    Some(match (s.as_ref()?, p) {
-        (StateMut::TokenBucket(s), Params::TokenBucket(p)) => Limit::TokenBucket(tb::View::at(s, p, now_us)),
-        (StateMut::SlidingLog(s), Params::SlidingLog(p)) => Limit::SlidingLog(sl::View::at(s, p, now_us)),
-        (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => Limit::SlidingCounter(sc::View::at(s, p, now_us)),
-        (StateMut::FixedWindow(s), Params::FixedWindow(p)) => Limit::FixedWindow(fw::View::at(s, p, now_us)),
-        _ => return None,
-    })
-}
+impl<'a> LimitMut<'a> {
+    /// The state read at `now_us`.
+    #[inline]
+    fn view(self, now_us: u64) -> Limit<'a> {
+        match self {
+            LimitMut::TokenBucket(s, p) => Limit::TokenBucket(tb::View::at(s, &p, now_us)),
+            LimitMut::SlidingLog(s, p) => Limit::SlidingLog(sl::View::at(s, &p, now_us)),
+            LimitMut::SlidingCounter(s, p) => Limit::SlidingCounter(sc::View::at(s, &p, now_us)),
+            LimitMut::FixedWindow(s, p) => Limit::FixedWindow(fw::View::at(s, &p, now_us)),
+        }
+    }
 
-/// Record a take of `units` (> 0) decided at `now_us`.
-#[inline]
-fn take(s: &mut Option<StateMut>, p: &Params, units: u64, now_us: u64) {
-    let Some(s) = s else { return };
-    match (s, p) {
-        (StateMut::TokenBucket(s), Params::TokenBucket(p)) => **s = tb::View::at(s, p, now_us).state_after(units),
-        (StateMut::SlidingLog(s), Params::SlidingLog(p)) => sl::grant(s, p.window_ms, units, now_us),
-        (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => **s = sc::View::at(s, p, now_us).state_after(units),
-        (StateMut::FixedWindow(s), Params::FixedWindow(p)) => **s = fw::View::at(s, p, now_us).state_after(units),
-        _ => {}
+    /// Give `units` back; the reply (element 1: the units given back) for a
+    /// following request of `want` units. Changes the state only when units
+    /// were given back.
+    fn give_back(self, units: u64, want: u64, now_us: u64) -> Decision {
+        match self {
+            LimitMut::TokenBucket(s, p) => {
+                let (d, new) = tb::refund(s, &p, units, want, now_us);
+                if d.granted > 0 {
+                    *s = new;
+                }
+                d
+            }
+            LimitMut::SlidingLog(s, p) => {
+                let given = sl::refund(s, p.window_ms, units, now_us);
+                let mut d = sl::View::at(s, &p, now_us).answer(0, want);
+                d.granted = given;
+                d
+            }
+            LimitMut::SlidingCounter(s, p) => {
+                let (d, new) = sc::refund(s, &p, units, want, now_us);
+                if d.granted > 0 {
+                    *s = new;
+                }
+                d
+            }
+            LimitMut::FixedWindow(s, p) => {
+                let (d, new) = fw::refund(s, &p, units, want, now_us);
+                if d.granted > 0 {
+                    *s = new;
+                }
+                d
+            }
+        }
     }
 }
 
-/// Give `units` back to one limit; its reply (element 1: the units given
-/// back) for a following request of `want` units. Changes the state only
-/// when units were given back.
-fn give_back(s: &mut Option<StateMut>, p: &Params, units: u64, want: u64, now_us: u64) -> Decision {
-    let Some(s) = s else { return NONE };
-    match (s, p) {
-        (StateMut::TokenBucket(s), Params::TokenBucket(p)) => {
-            let (d, new) = tb::refund(s, p, units, want, now_us);
-            if d.granted > 0 {
-                **s = new;
-            }
-            d
-        }
-        (StateMut::SlidingLog(s), Params::SlidingLog(p)) => {
-            let given = sl::refund(s, p.window_ms, units, now_us);
-            let mut d = sl::View::at(s, p, now_us).answer(0, want);
-            d.granted = given;
-            d
-        }
-        (StateMut::SlidingCounter(s), Params::SlidingCounter(p)) => {
-            let (d, new) = sc::refund(s, p, units, want, now_us);
-            if d.granted > 0 {
-                **s = new;
-            }
-            d
-        }
-        (StateMut::FixedWindow(s), Params::FixedWindow(p)) => {
-            let (d, new) = fw::refund(s, p, units, want, now_us);
-            if d.granted > 0 {
-                **s = new;
-            }
-            d
-        }
-        _ => NONE,
-    }
-}
-
-/// The reply slot of a limit that is not there (never for `i < n`).
-const NONE: Decision = Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 };
-
-/// Run a call over `states` (one per limit, all `Some`, with `params` and
-/// `weights` in the same order; each state of its limit's algorithm, as the
-/// caller checked) at `now_us`: decide, and when the call writes, update
-/// every state in place. Fills `per` with the per-limit replies and returns
-/// the whole reply.
+/// Run a call over `limits` (every one `Some`: a `None` is no limit, left
+/// out) at `now_us`: decide, and when the call writes,
+/// update every state in place. Fills `per` (one reply per limit, in the
+/// same order) and returns the whole reply.
 ///
 /// Which states changed: with `Op::Take` (not DRYRUN) all of them when the
 /// call took any units (`per[i].granted` is not 0), else none; with
@@ -311,87 +323,56 @@ const NONE: Decision = Decision { granted: 0, limit: 0, remaining: 0, retry_afte
 /// whose `reset_after_ms` is 0 is fresh again (a refund gave everything
 /// back): the caller deletes its key. A state that did not change is left
 /// untouched, bit for bit.
-pub fn run(
-    states: &mut [Option<StateMut>],
-    params: &[Params],
-    weights: &[u64],
-    op: Op,
-    now_us: u64,
-    per: &mut [Decision],
-) -> Whole {
-    let n = states.len().min(params.len()).min(weights.len()).min(per.len()).min(MAX_LIMITS);
-    let (states, params, weights, per) = (&mut states[..n], &params[..n], &weights[..n], &mut per[..n]);
+pub fn run(limits: &mut [Option<impl Slot>], op: Op, now_us: u64, per: &mut [Decision]) -> Whole {
+    let n = limits.len().min(per.len()).min(MAX_LIMITS);
+    let (limits, per) = (&mut limits[..n], &mut per[..n]);
     // The views live in a stack array sized for the call: one or two
     // limits (the common calls) do not build sixteen.
     match n {
-        0 | 1 => run_n::<1>(states, params, weights, op, now_us, per),
-        2 => run_n::<2>(states, params, weights, op, now_us, per),
-        3 | 4 => run_n::<4>(states, params, weights, op, now_us, per),
-        _ => run_n::<MAX_LIMITS>(states, params, weights, op, now_us, per),
+        0 | 1 => run_n::<1>(limits, op, now_us, per),
+        2 => run_n::<2>(limits, op, now_us, per),
+        3 | 4 => run_n::<4>(limits, op, now_us, per),
+        _ => run_n::<MAX_LIMITS>(limits, op, now_us, per),
     }
-}
-
-/// A word state's (token bucket, sliding counter, fixed window) after a
-/// take, computed while deciding; `Same` for a sliding log (granted in
-/// place afterwards).
-#[derive(Clone, Copy)]
-enum After {
-    Same,
-    TokenBucket(tb::State),
-    SlidingCounter(sc::State),
-    FixedWindow(fw::State),
 }
 
 /// [`run`] over `n ≤ N` limits (the slices have the same length).
 #[inline(always)]
-fn run_n<const N: usize>(
-    states: &mut [Option<StateMut>],
-    params: &[Params],
-    weights: &[u64],
-    op: Op,
-    now_us: u64,
-    per: &mut [Decision],
-) -> Whole {
-    let n = states.len().min(N);
+fn run_n<const N: usize>(limits: &mut [Option<impl Slot>], op: Op, now_us: u64, per: &mut [Decision]) -> Whole {
+    let mut weights = [1u64; N];
+    for (w, e) in weights.iter_mut().zip(limits.iter().flatten()) {
+        *w = e.weight();
+    }
+    let weights = &weights[..limits.len().min(N)];
     match op {
         Op::Take { cost, partial, dryrun } => {
-            let (g, after) = {
-                let mut limits: [Option<Limit>; N] = [None; N];
-                for ((slot, s), p) in limits.iter_mut().zip(states.iter()).zip(params) {
-                    *slot = view(s, p, now_us);
+            let g = {
+                let mut views: [Option<Limit>; N] = [None; N];
+                for (v, e) in views.iter_mut().zip(limits.iter_mut()) {
+                    *v = e.as_mut().map(|e| e.limit().view(now_us));
                 }
-                let g = decide(&limits[..n], weights, cost, partial, per);
-                // A word state's new value comes from the view the decision
-                // used (the state, parameters and instant are the same, so
-                // reading it again would compute the same view).
-                let mut after = [After::Same; N];
-                if g > 0 && !dryrun {
-                    for ((a, l), d) in after.iter_mut().zip(&limits[..n]).zip(per.iter()) {
-                        *a = match l {
-                            Some(Limit::TokenBucket(v)) => After::TokenBucket(v.state_after(d.granted)),
-                            Some(Limit::SlidingCounter(v)) => After::SlidingCounter(v.state_after(d.granted)),
-                            Some(Limit::FixedWindow(v)) => After::FixedWindow(v.state_after(d.granted)),
-                            _ => After::Same,
-                        };
-                    }
-                }
-                (g, after)
+                decide(&views[..weights.len()], weights, cost, partial, per)
             };
             if g > 0 && !dryrun {
-                for (((s, p), d), a) in states.iter_mut().zip(params).zip(per.iter()).zip(&after) {
-                    match (s, a) {
-                        (Some(StateMut::TokenBucket(s)), After::TokenBucket(new)) => **s = *new,
-                        (Some(StateMut::SlidingCounter(s)), After::SlidingCounter(new)) => **s = *new,
-                        (Some(StateMut::FixedWindow(s)), After::FixedWindow(new)) => **s = *new,
-                        (s, _) => take(s, p, d.granted, now_us),
+                // Each state after its take, from the view the decision used
+                // (the state, parameters and instant are the same).
+                for (e, d) in limits.iter_mut().zip(per.iter()) {
+                    let (Some(e), units) = (e, d.granted) else { continue };
+                    match e.limit() {
+                        LimitMut::TokenBucket(s, p) => *s = tb::View::at(s, &p, now_us).state_after(units),
+                        LimitMut::SlidingLog(s, p) => sl::grant(s, p.window_ms, units, now_us),
+                        LimitMut::SlidingCounter(s, p) => *s = sc::View::at(s, &p, now_us).state_after(units),
+                        LimitMut::FixedWindow(s, p) => *s = fw::View::at(s, &p, now_us).state_after(units),
                     }
                 }
             }
             combine(per, weights, g, cost, partial)
         }
         Op::Refund(units) => {
-            for (((s, p), &w), d) in states.iter_mut().zip(params).zip(weights).zip(per.iter_mut()) {
-                *d = give_back(s, p, units.saturating_mul(w), w, now_us);
+            for (e, d) in limits.iter_mut().zip(per.iter_mut()) {
+                let Some(e) = e else { continue };
+                let w = e.weight();
+                *d = e.limit().give_back(units.saturating_mul(w), w, now_us);
             }
             combine_refund(per, weights, units)
         }

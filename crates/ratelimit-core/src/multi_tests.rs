@@ -23,16 +23,22 @@ enum Real {
 fn run_real(states: &mut [Real], params: &[Params], weights: &[u64], op: Op, now: u64) -> (Whole, Vec<Decision>) {
     let mut per = [Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 }; MAX_LIMITS];
     let whole = {
-        let mut refs: Vec<Option<StateMut>> = states
+        let mut refs: Vec<Option<Entry>> = states
             .iter_mut()
-            .map(|s| match s {
-                Real::Tb(s) => Some(StateMut::TokenBucket(s)),
-                Real::Log(s) => Some(StateMut::SlidingLog(s)),
-                Real::Counter(s) => Some(StateMut::SlidingCounter(s)),
-                Real::Fw(s) => Some(StateMut::FixedWindow(s)),
+            .zip(params)
+            .zip(weights)
+            .map(|((s, p), &weight)| {
+                let limit = match (s, *p) {
+                    (Real::Tb(s), Params::TokenBucket(p)) => LimitMut::TokenBucket(s, p),
+                    (Real::Log(s), Params::SlidingLog(p)) => LimitMut::SlidingLog(s, p),
+                    (Real::Counter(s), Params::SlidingCounter(p)) => LimitMut::SlidingCounter(s, p),
+                    (Real::Fw(s), Params::FixedWindow(p)) => LimitMut::FixedWindow(s, p),
+                    _ => panic!("a state under another algorithm's parameters"),
+                };
+                Some(Entry { limit, weight })
             })
             .collect();
-        run(&mut refs, params, weights, op, now, &mut per)
+        run(&mut refs, op, now, &mut per)
     };
     let per = per[..states.len()].to_vec();
     // The handler deletes a key that a refund made fresh.
@@ -294,16 +300,21 @@ fn partial_with_weight_grants_what_every_limit_can_take() {
     let (_, mut a) = tb::step(&tb::State::default(), &pa, 3, false, now);
     let mut b = sl::State::default();
     sl::grant(&mut b, pb.window_ms, 10, now);
-    let params = [Params::TokenBucket(pa), Params::SlidingLog(pb)];
     let mut per = [Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 }; 2];
-    let mut states = [Some(StateMut::TokenBucket(&mut a)), Some(StateMut::SlidingLog(&mut b))];
-    let whole = run(&mut states, &params, &[1, 2], Op::Take { cost: 8, partial: true, dryrun: false }, now + 1, &mut per);
+    let mut states = [
+        Some(Entry { limit: LimitMut::TokenBucket(&mut a, pa), weight: 1 }),
+        Some(Entry { limit: LimitMut::SlidingLog(&mut b, pb), weight: 2 }),
+    ];
+    let whole = run(&mut states, Op::Take { cost: 8, partial: true, dryrun: false }, now + 1, &mut per);
     assert_eq!(whole.allowed, 5);
     assert_eq!((per[0].granted, per[0].remaining, per[1].granted, per[1].remaining), (5, 2, 10, 0));
     // Without PARTIAL nothing moves.
     let before = (a, b.clone());
-    let mut states = [Some(StateMut::TokenBucket(&mut a)), Some(StateMut::SlidingLog(&mut b))];
-    let whole = run(&mut states, &params, &[1, 2], Op::Take { cost: 1, partial: false, dryrun: false }, now + 2, &mut per);
+    let mut states = [
+        Some(Entry { limit: LimitMut::TokenBucket(&mut a, pa), weight: 1 }),
+        Some(Entry { limit: LimitMut::SlidingLog(&mut b, pb), weight: 2 }),
+    ];
+    let whole = run(&mut states, Op::Take { cost: 1, partial: false, dryrun: false }, now + 2, &mut per);
     assert_eq!(whole.allowed, 0);
     assert_eq!(whole.binding, 1);
     assert_eq!((a, b), before);

@@ -102,7 +102,7 @@ pub struct Params {
 }
 
 impl Params {
-    /// From a parsed call's numbers (`args::Call::nums`, `LimitSpec::nums`):
+    /// From a parsed call's numbers (`args::Call::nums`):
     /// `limit window_ms` (the third is 0). Every caller builds the
     /// parameters here.
     #[inline]

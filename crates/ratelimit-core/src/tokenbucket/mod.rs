@@ -51,7 +51,7 @@ pub struct Params {
 }
 
 impl Params {
-    /// From a parsed call's numbers (`args::Call::nums`, `LimitSpec::nums`):
+    /// From a parsed call's numbers (`args::Call::nums`):
     /// `capacity rate period_ms`. Every caller (the module, RL.MULTI, the
     /// fuzzer) builds the parameters here.
     #[inline]
