@@ -22,6 +22,7 @@ import time
 import pytest
 
 from fwmodels import UNITS, Envoy, FixedWindow, IncrPexpireNx
+from rltesting.replies import cached_time
 
 
 def ms(t):
@@ -250,12 +251,6 @@ def test_from_first_matches_incr_pexpire_nx(r, seed):
         compared += 1
         time.sleep(rng.choice([0, 0.002, 0.01, 0.03]))
     assert compared > 50 and windows >= 3, (compared, windows, restarts)
-
-
-def cached_time(r):
-    info = r.info("server")
-    major, minor = (int(x) for x in info["redis_version"].split(".")[:2])
-    return "valkey_version" in info or (major, minor) >= (7, 2)
 
 
 def test_from_first_expires_as_incr_pexpire_nx_in_one_transaction(r):

@@ -10,15 +10,11 @@ even one microsecond after the first would find a refill. (The keys expire
 2 ms later: expiries are read inside the same transaction or script.)"""
 import pytest
 
+from rltesting.replies import cached_time
+
 C = 10**12  # capacity; refills C per second = 10^6 per microsecond
 X = 10**9  # cost of each call: what 1 ms of refill brings back
 BUCKET = [C, C, 1000]
-
-
-def cached_time(r):
-    info = r.info("server")
-    major, minor = (int(x) for x in info["redis_version"].split(".")[:2])
-    return "valkey_version" in info or (major, minor) >= (7, 2)
 
 
 @pytest.fixture

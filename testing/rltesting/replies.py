@@ -1,6 +1,9 @@
 """What the tests send and check: the four commands' arguments, the
 options, reply invariants, INFO fields and keyspace digests."""
 import json
+import math
+import time
+
 
 def module_commands():
     """(command, limit-arguments) for each of the four commands."""
@@ -127,3 +130,41 @@ def least_memory_usage(c, key, malloc):
         best = min(best, c.memory_usage(name, samples=0))
     c.delete(*copies)
     return best
+
+
+def cached_time(r):
+    """Whether the module reads the command's cached time (Redis 7.2+ and
+    Valkey: every call of one MULTI sees the same instant), or its own clock
+    per call (Redis 7.0)."""
+    info = r.info("server")
+    major, minor = (int(x) for x in info["redis_version"].split(".")[:2])
+    return "valkey_version" in info or (major, minor) >= (7, 2)
+
+
+class ClockSlack:
+    """How far apart two calls made back to back in one transaction may
+    answer a field that counts down with time (a wait, a reset, an expiry).
+
+    Where every call of a MULTI sees the same instant (cached_time) the
+    only difference is the rounding: 1 ms. Where the module reads its own
+    clock per call (Redis 7.0), the two calls are as far apart as the
+    server took between them, and a stored instant (the oldest entry, the
+    last update) as far apart as in the transaction that wrote it: each at
+    most that transaction's round trip, as the client measured it. So the
+    slack is 1 ms plus twice the longest round trip so far. Run the
+    transactions through execute() so it sees them."""
+
+    def __init__(self, r):
+        self.cached = cached_time(r)
+        self.longest_ms = 0
+
+    def execute(self, pipe, **kw):
+        t0 = time.perf_counter()
+        out = pipe.execute(**kw)
+        self.longest_ms = max(self.longest_ms, math.ceil((time.perf_counter() - t0) * 1000))
+        return out
+
+    def close(self, u, v):
+        """u and v are equal, or both positive and within the slack."""
+        slack = 1 if self.cached else 1 + 2 * self.longest_ms
+        return u == v or (u > 0 and v > 0 and abs(u - v) <= slack)
