@@ -186,28 +186,25 @@ impl<'a> Opened<'a> {
             delete(ctx, key, name);
             return true;
         }
+        /// A word state: stored in place, then its expiry, event and effect.
+        #[inline(always)]
+        fn store_word<'a, T: WordLimiter + Packable + Copy>(
+            ctx: Ctx<'a>,
+            key: &mut Key<'a>,
+            name: Str<'a>,
+            (now, reset): (u64, u64),
+            e: &mut Effects,
+            s: T,
+        ) -> bool {
+            key.store(s) && {
+                commit(ctx, key, name, now, reset, e, |abs| s.effect(abs));
+                true
+            }
+        }
         match &mut self.held {
-            Held::TokenBucket(s, _) => {
-                let s = *s;
-                key.store(s) && {
-                    commit(ctx, key, name, now, reset, e, |abs| s.effect(abs));
-                    true
-                }
-            }
-            Held::SlidingCounter(s, _) => {
-                let s = *s;
-                key.store(s) && {
-                    commit(ctx, key, name, now, reset, e, |abs| s.effect(abs));
-                    true
-                }
-            }
-            Held::FixedWindow(s, _) => {
-                let s = *s;
-                key.store(s) && {
-                    commit(ctx, key, name, now, reset, e, |abs| s.effect(abs));
-                    true
-                }
-            }
+            Held::TokenBucket(s, _) => store_word(ctx, key, name, (now, reset), e, *s),
+            Held::SlidingCounter(s, _) => store_word(ctx, key, name, (now, reset), e, *s),
+            Held::FixedWindow(s, _) => store_word(ctx, key, name, (now, reset), e, *s),
             Held::SlidingLog(fresh, p) => {
                 let stored = self.holds == Holds::Ours || key.set_new(std::mem::take(fresh));
                 let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
