@@ -536,33 +536,21 @@ impl<const N: usize> MultiCall<N> {
                     }),
                     at + 4,
                 ),
-                Some(Kind::SlidingCounter) => (
-                    Params::SlidingCounter(sc::Params {
-                        limit: number(word_at(args, bytes, at + 1), Arg::Limit)?,
-                        window_ms: number(word_at(args, bytes, at + 2), Arg::WindowMs)?,
-                    }),
-                    at + 3,
-                ),
-                Some(Kind::SlidingLog) => {
-                    // Not a word state: not the plain call.
-                    call.plain = false;
+                Some(kind) => {
+                    // limit window_ms, for the three other kinds
                     let limit = number(word_at(args, bytes, at + 1), Arg::Limit)?;
-                    (
-                        Params::SlidingLog(sl::Params {
-                            limit,
-                            window_ms: number(word_at(args, bytes, at + 2), Arg::WindowMs)?,
-                        }),
-                        at + 3,
-                    )
+                    let window_ms = number(word_at(args, bytes, at + 2), Arg::WindowMs)?;
+                    let params = match kind {
+                        Kind::SlidingLog => {
+                            // Not a word state: not the plain call.
+                            call.plain = false;
+                            Params::SlidingLog(sl::Params { limit, window_ms })
+                        }
+                        Kind::FixedWindow => Params::FixedWindow(fw::Params { limit, window_ms, from_first: false }),
+                        _ => Params::SlidingCounter(sc::Params { limit, window_ms }),
+                    };
+                    (params, at + 3)
                 }
-                Some(Kind::FixedWindow) => (
-                    Params::FixedWindow(fw::Params {
-                        limit: number(word_at(args, bytes, at + 1), Arg::Limit)?,
-                        window_ms: number(word_at(args, bytes, at + 2), Arg::WindowMs)?,
-                        from_first: false,
-                    }),
-                    at + 3,
-                ),
                 None if is_option(w) => return Err(ArgError::LimitCount),
                 None => return Err(ArgError::Syntax),
             };
