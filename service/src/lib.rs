@@ -10,10 +10,12 @@
 //! * [`service`] — `ShouldRateLimit`.
 //! * [`json`] — proto3 JSON for `POST /json`.
 //! * [`server`] — the gRPC and HTTP listeners.
+//! * [`metrics`] — the statistics, Prometheus `/metrics`.
 #![warn(missing_docs)]
 
 pub mod config;
 pub mod json;
+pub mod metrics;
 pub mod runtime;
 pub mod server;
 pub mod service;

@@ -58,6 +58,18 @@ pub fn http_router<C: Connection>(svc: Arc<Service<C>>) -> axum::Router {
     axum::Router::new().route("/json", post(json_handler::<C>)).route("/healthcheck", get(|| async { "OK" })).with_state(svc)
 }
 
+/// The Prometheus router: the statistics in the text exposition format on `path`.
+pub fn metrics_router<C: Connection>(svc: Arc<Service<C>>, path: &str) -> axum::Router {
+    axum::Router::new()
+        .route(
+            path,
+            get(|State(svc): State<Arc<Service<C>>>| async move {
+                ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], svc.render_metrics())
+            }),
+        )
+        .with_state(svc)
+}
+
 /// A started service: its state, the bound addresses, and the task serving both listeners.
 pub struct Running {
     /// The service (its live configuration, its last refusal).
@@ -66,6 +78,8 @@ pub struct Running {
     pub grpc_addr: std::net::SocketAddr,
     /// The HTTP listener's address.
     pub http_addr: std::net::SocketAddr,
+    /// The Prometheus listener's address (`USE_PROMETHEUS=true`).
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Serves until aborted or a listener fails.
     pub task: tokio::task::JoinHandle<Result<(), String>>,
 }
@@ -94,8 +108,20 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let http_listener = tokio::net::TcpListener::bind(&http_addr).await.map_err(|e| format!("PORT {http_addr}: {e}"))?;
     let grpc_addr = grpc_listener.local_addr().map_err(|e| e.to_string())?;
     let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
+    let metrics_listener = match &settings.prometheus {
+        None => None,
+        Some((addr, _)) => {
+            Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("PROMETHEUS_ADDR {addr}: {e}"))?)
+        }
+    };
+    let metrics_addr = match &metrics_listener {
+        Some(l) => Some(l.local_addr().map_err(|e| e.to_string())?),
+        None => None,
+    };
+    let metrics_path = settings.prometheus.as_ref().map(|p| p.1.clone()).unwrap_or_default();
     let svc = Arc::new(Service::new(rl, cfg, settings));
     let reloader = spawn_reloader(svc.clone(), files);
+    let svc_m = svc.clone();
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<RateLimitServiceServer<Grpc<redis::aio::ConnectionManager>>>().await;
     let grpc = tonic::transport::Server::builder()
@@ -103,20 +129,30 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
         .add_service(RateLimitServiceServer::new(Grpc(svc.clone())))
         .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc_listener));
     let http = axum::serve(http_listener, http_router(svc.clone()));
+    let metrics = async move {
+        match metrics_listener {
+            Some(l) => axum::serve(l, metrics_router(svc_m, &metrics_path)).await,
+            None => std::future::pending().await,
+        }
+    };
     let task = tokio::spawn(async move {
         let r = tokio::select! {
             r = grpc => r.map_err(|e| format!("gRPC server: {e}")),
             r = http => r.map_err(|e| format!("HTTP server: {e}")),
+            r = metrics => r.map_err(|e| format!("Prometheus server: {e}")),
         };
         reloader.abort();
         r
     });
-    Ok(Running { service: svc, grpc_addr, http_addr, task })
+    Ok(Running { service: svc, grpc_addr, http_addr, metrics_addr, task })
 }
 
 /// [`start`], then serves until the process ends.
 pub async fn run(settings: Settings) -> Result<(), String> {
     let r = start(settings).await?;
-    eprintln!("listening: grpc {} http {}", r.grpc_addr, r.http_addr);
+    match r.metrics_addr {
+        Some(m) => eprintln!("listening: grpc {} http {} prometheus {m}", r.grpc_addr, r.http_addr),
+        None => eprintln!("listening: grpc {} http {}", r.grpc_addr, r.http_addr),
+    }
     r.task.await.map_err(|e| e.to_string())?
 }

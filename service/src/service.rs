@@ -5,6 +5,7 @@
 //! `src/redis/fixed_cache_impl.go` read for behaviour).
 
 use std::collections::HashMap;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -15,6 +16,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use redis_ratelimit_client::{all_of, fixed_window, Call, Connection, Decision, Limiter, Panic, RateLimit, Source, MAX};
 
 use crate::config::{Config, Matched, RateLimit as Limit, Unit};
+use crate::metrics::{near_hits, Metrics};
 use crate::settings::Settings;
 
 /// Why a request gets no decision (a gRPC error; `/json` answers 400, as
@@ -56,6 +58,8 @@ pub struct Service<C> {
     limiters: Mutex<HashMap<Shape, Limiter<C>>>,
     /// The error of the last configuration refused since the last one loaded.
     refused: Mutex<Option<String>>,
+    /// The statistics (`/metrics`).
+    metrics: Metrics,
 }
 
 /// The key of a limit's counter: envoyproxy/ratelimit's
@@ -107,6 +111,9 @@ struct Slot {
     hits: u64,
     /// Index into the counted or checked parts.
     part: usize,
+    /// The stats key of a `detailed_metric` limit (`domain.key_value…` of
+    /// the request's values), else `None` (the limit's own `full_key`).
+    detailed_key: Option<String>,
 }
 
 fn status(code: Code, limit: &Limit, unit: Unit, remaining: u64) -> DescriptorStatus {
@@ -132,7 +139,28 @@ impl<C: Connection> Service<C> {
             settings,
             limiters: Mutex::new(HashMap::new()),
             refused: Mutex::new(None),
+            metrics: Metrics::new(),
         }
+    }
+
+    /// The statistics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The Prometheus text of the statistics and of the client's counters.
+    pub fn render_metrics(&self) -> String {
+        let m = self.rl.metrics();
+        self.metrics.render(&[
+            ("redis_ratelimit_client_redis_calls", "Redis calls made by the client.", m.calls),
+            ("redis_ratelimit_client_redis_failures", "Redis calls that failed or timed out (REDIS_TIMEOUT).", m.failures),
+            ("redis_ratelimit_client_breaker_trips", "Times the client's circuit breaker opened.", m.trips),
+            (
+                "redis_ratelimit_client_decisions_unavailable",
+                "Decisions Redis did not give (timeout, failure, breaker open).",
+                m.decisions_panic,
+            ),
+        ])
     }
 
     /// The live configuration.
@@ -144,11 +172,13 @@ impl<C: Connection> Service<C> {
     pub fn set_config(&self, config: Config) {
         *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
         *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.metrics.config_load_success.fetch_add(1, Relaxed);
     }
 
     /// Records why a configuration was refused (the live one stays).
     pub fn refuse_config(&self, error: String) {
         *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = Some(error);
+        self.metrics.config_load_error.fetch_add(1, Relaxed);
     }
 
     /// The error of the last configuration refused since one last loaded, if any.
@@ -201,8 +231,24 @@ impl<C: Connection> Service<C> {
         Ok(d)
     }
 
-    /// `ShouldRateLimit`.
+    /// `ShouldRateLimit`, timed and counted in the statistics.
     pub async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
+        let t0 = std::time::Instant::now();
+        let r = self.should_rate_limit_uncounted(req).await;
+        self.metrics.observe(t0.elapsed());
+        match &r {
+            Ok(_) => {}
+            Err(ServiceError::Unavailable(_) | ServiceError::Internal(_)) => {
+                self.metrics.redis_error.fetch_add(1, Relaxed);
+            }
+            Err(ServiceError::Invalid(_)) => {
+                self.metrics.service_error.fetch_add(1, Relaxed);
+            }
+        }
+        r
+    }
+
+    async fn should_rate_limit_uncounted(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
         if req.domain.is_empty() {
             return Err(ServiceError::Invalid("rate limit domain must not be empty".into()));
         }
@@ -311,7 +357,19 @@ impl<C: Connection> Service<C> {
                 list.push((key, rpu, unit.seconds() * 1000, hits.max(1)));
                 list.len() - 1
             };
-            slots.push(Some((Slot { limit: m.limit, unit, hits, part }, hits == 0)));
+            let detailed_key = m.limit.detailed_metric.then(|| {
+                // envoyproxy/ratelimit's detailed key: domain, then key_value per
+                // entry (the wildcard pattern for a share_threshold entry)
+                let mut k = req.domain.clone();
+                for (j, (key, value)) in entries.iter().enumerate() {
+                    k.push('.');
+                    k.push_str(key);
+                    k.push('_');
+                    k.push_str(m.share.get(j).and_then(|s| s.as_deref()).unwrap_or(value));
+                }
+                k
+            });
+            slots.push(Some((Slot { limit: m.limit, unit, hits, part, detailed_key }, hits == 0)));
         }
         if counted.len() > MAX_LIMITED_DESCRIPTORS || checked.len() > MAX_LIMITED_DESCRIPTORS {
             return Err(ServiceError::Invalid(format!(
@@ -342,8 +400,11 @@ impl<C: Connection> Service<C> {
         let check = check?;
         // (over, remaining) per counted part
         let mut counted_state: Vec<(bool, u64)> = Vec::new();
+        // per counted part: whether its units were taken (its remaining is after them)
+        let mut counted_taken: Vec<bool> = Vec::new();
         if let Some(d) = &main {
             counted_state = part_states(d);
+            counted_taken = vec![d.allowed; counted.len()];
             let over_parts: Vec<usize> = (0..counted.len()).filter(|&j| counted_state[j].0).collect();
             if !d.allowed && !over_parts.is_empty() && over_parts.iter().all(|&j| shadow_of(j)) && !global_shadow {
                 // denied only by shadow-mode limits: the request passes, so the
@@ -355,6 +416,7 @@ impl<C: Connection> Service<C> {
                     let st2 = part_states(&d2);
                     for (x, &j) in keep.iter().enumerate() {
                         counted_state[j] = st2[x];
+                        counted_taken[j] = d2.allowed;
                     }
                 }
             }
@@ -383,6 +445,28 @@ impl<C: Connection> Service<C> {
             } else {
                 counted_state[slot.part]
             };
+            // the statistics, as envoyproxy/ratelimit counts them (docs/envoy.md)
+            let stats_key = slot.detailed_key.as_deref().unwrap_or(slot.limit.full_key.as_str());
+            self.metrics.with_key(stats_key, |k| {
+                k.total_hits.fetch_add(slot.hits, Relaxed);
+                if over {
+                    // a denied request takes nothing: all its hits are over
+                    k.over_limit.fetch_add(slot.hits, Relaxed);
+                    if slot.limit.shadow_mode {
+                        k.shadow_mode.fetch_add(slot.hits, Relaxed);
+                    }
+                } else {
+                    k.within_limit.fetch_add(slot.hits, Relaxed);
+                    if slot.part != usize::MAX && !*chk {
+                        let limit = u64::from(slot.limit.requests_per_unit);
+                        let count = limit.saturating_sub(remaining);
+                        // a part of a request denied by another took nothing: count + hits is where it would be
+                        let after = if counted_taken[slot.part] { count } else { count.saturating_add(slot.hits) };
+                        let near = near_hits(limit, self.settings.near_limit_ratio, after, slot.hits);
+                        k.near_limit.fetch_add(near, Relaxed);
+                    }
+                }
+            });
             let mut code = if over { Code::OverLimit } else { Code::Ok };
             let remaining = if over { 0 } else { remaining };
             if over && slot.limit.shadow_mode {
@@ -402,6 +486,9 @@ impl<C: Connection> Service<C> {
             statuses.push(st);
         }
         let overall = if over_any && !global_shadow { Code::OverLimit } else { Code::Ok };
+        if over_any && global_shadow {
+            self.metrics.global_shadow_mode.fetch_add(1, Relaxed);
+        }
         let response_headers_to_add = match header_from {
             Some((rem, lim, unit)) if self.settings.headers_enabled => vec![
                 header(&self.settings.header_limit, lim.to_string()),

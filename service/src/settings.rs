@@ -57,6 +57,10 @@ pub struct Settings {
     /// How often the configuration directory is checked for changes
     /// (`RUNTIME_POLL_INTERVAL`, this service's own; default 1s).
     pub poll_interval: Duration,
+    /// `USE_PROMETHEUS=true`: the address (`PROMETHEUS_ADDR`, default
+    /// `:9090`, Go's `host:port` with an empty host for every address) and
+    /// the path (`PROMETHEUS_PATH`, default `/metrics`) of the metrics listener.
+    pub prometheus: Option<(String, String)>,
 }
 
 /// Parses a Go `time.ParseDuration` string: a sequence of decimal numbers
@@ -125,7 +129,8 @@ const REFUSED: &[(&str, &[&str])] = &[
     ("REDIS_SENTINEL_AUTH", &[""]),
     ("QUOTA_MODE", &["", "false", "0", "f", "F", "FALSE", "False"]),
     ("RESPONSE_DYNAMIC_METADATA", &["", "false", "0", "f", "F", "FALSE", "False"]),
-    ("USE_PROMETHEUS", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("PROMETHEUS_MAPPER_YAML", &[""]),
+    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", &["", "false", "0", "f", "F", "FALSE", "False"]),
     ("USE_STATSD", &["", "false", "0", "f", "F", "FALSE", "False"]),
     ("USE_DOG_STATSD", &["", "false", "0", "f", "F", "FALSE", "False"]),
     ("GRPC_SERVER_USE_TLS", &["", "false", "0", "f", "F", "FALSE", "False"]),
@@ -216,6 +221,17 @@ impl Settings {
         if poll_interval.as_millis() < 10 {
             return Err("RUNTIME_POLL_INTERVAL must be at least 10ms".into());
         }
+        let prometheus = if boolean("USE_PROMETHEUS")? {
+            let addr = get_or("PROMETHEUS_ADDR", ":9090");
+            let addr = if addr.starts_with(':') { format!("0.0.0.0{addr}") } else { addr };
+            let path = get_or("PROMETHEUS_PATH", "/metrics");
+            if !path.starts_with('/') {
+                return Err(format!("PROMETHEUS_PATH={path:?}: a path starting with /"));
+            }
+            Some((addr, path))
+        } else {
+            None
+        };
         Ok(Settings {
             host: get_or("HOST", "0.0.0.0"),
             port: port("PORT", 8080)?,
@@ -235,6 +251,7 @@ impl Settings {
             ignore_dot_files: boolean("RUNTIME_IGNOREDOTFILES")?,
             merge_domains: boolean("MERGE_DOMAIN_CONFIG")?,
             poll_interval,
+            prometheus,
         })
     }
 

@@ -64,7 +64,8 @@ fn refuses_what_it_does_not_support() {
         ("REDIS_TYPE", "cluster", "REDIS_TYPE"),
         ("REDIS_TYPE", "sentinel", "REDIS_TYPE"),
         ("REDIS_TLS", "true", "REDIS_TLS"),
-        ("USE_PROMETHEUS", "true", "USE_PROMETHEUS"),
+        ("PROMETHEUS_MAPPER_YAML", "/m.yaml", "PROMETHEUS_MAPPER_YAML"),
+        ("USE_PROMETHEUS", "yes", "USE_PROMETHEUS"),
         ("BACKEND_TYPE", "memcache", "BACKEND_TYPE"),
         ("QUOTA_MODE", "true", "QUOTA_MODE"),
         ("REDIS_TIMEOUT", "10", "REDIS_TIMEOUT"),
@@ -77,4 +78,17 @@ fn refuses_what_it_does_not_support() {
         let e = Settings::from_map(&env(&[(k, v)])).unwrap_err();
         assert!(e.contains(want), "{k}={v}: {e}");
     }
+}
+
+#[test]
+fn prometheus_settings() {
+    assert_eq!(Settings::from_map(&env(&[])).unwrap().prometheus, None);
+    let p = |vars: &[(&str, &str)]| Settings::from_map(&env(vars)).map(|s| s.prometheus);
+    // envoyproxy/ratelimit's defaults; Go's ":port" listens on every address
+    assert_eq!(p(&[("USE_PROMETHEUS", "true")]), Ok(Some(("0.0.0.0:9090".into(), "/metrics".into()))));
+    assert_eq!(
+        p(&[("USE_PROMETHEUS", "1"), ("PROMETHEUS_ADDR", "127.0.0.1:9102"), ("PROMETHEUS_PATH", "/m")]),
+        Ok(Some(("127.0.0.1:9102".into(), "/m".into())))
+    );
+    assert!(p(&[("USE_PROMETHEUS", "true"), ("PROMETHEUS_PATH", "m")]).unwrap_err().contains("PROMETHEUS_PATH"));
 }
