@@ -567,11 +567,14 @@ clean:  ## remove target/ and .venv
 # with docker if its daemon answers, else podman (CONTAINERS_CONF=
 # container/containers.conf). Official bases where they can be pulled,
 # else local Debian ones, made once and cached in the engine's store.
+# redis-ratelimit-service:<version>: the Envoy rate-limit service (service/,
+# docs/envoy.md), its binary built here with the quick profile and copied
+# onto the Redis image's Debian 12 base (container/service.Containerfile).
 # ARCH=aarch64: the arm64 images (-redis-arm64; -valkey-arm64 only from an
-# official base) from the aarch64 tarball, under qemu-user; make
+# official base; no service image) from the aarch64 tarball, under qemu-user; make
 # test-image-arm64 builds them and checks the redis one answers.
 .PHONY: image test-image-arm64
-image: dist venv  ## the module's server images redis-ratelimit:<version>-redis and -valkey (ARCH=aarch64: arm64)
+image: dist venv  ## server images redis-ratelimit:<version>-redis, -valkey, and redis-ratelimit-service:<version> (ARCH=aarch64: arm64)
 	RL_IMAGE_ARCH=$(dist_arch) container/image.sh
 
 test-image-arm64:  ## make image ARCH=aarch64, then the arm64 redis image answers under emulation
@@ -581,7 +584,8 @@ test-image-arm64:  ## make image ARCH=aarch64, then the arm64 redis image answer
 # The container suites (container/run-tests.sh): the testcontainers
 # recipes of docs/containers.md as printed, the client libraries' gateway
 # calls, persistence on a volume and MODULE LIST, in containers of both
-# images; with podman, through
+# images; the service image answering ShouldRateLimit over gRPC (grpcio),
+# /json and /metrics next to the Redis image; with podman, through
 # a podman system service socket the script starts and stops. Extra pytest
 # arguments: make test-container CONTAINER_PYTEST_ARGS='-x -k restart'.
 CONTAINER_PYTEST_ARGS ?=

@@ -3,6 +3,8 @@
 #
 #   redis-ratelimit:<version>-redis    the module in a Redis server image
 #   redis-ratelimit:<version>-valkey   the module in a Valkey server image
+#   redis-ratelimit-service:<version>  the Envoy rate-limit service (service/),
+#                                      on the Redis image's Debian 12 base
 #
 # Both are built by the Dockerfile at the top of the repository from the
 # `make dist` tarball; only the base image (SERVER_IMAGE) differs. Where the
@@ -104,3 +106,20 @@ for server in $servers; do
   $engine build -q "${platform[@]}" --build-arg SERVER_IMAGE="${!base_var}" --build-arg DIST="$dist" -t "$tag" . >/dev/null
   echo "$tag  ($engine, FROM ${!base_var})"
 done
+
+# The Envoy rate-limit service (service/): redis-ratelimit-service:<version>,
+# the binary cargo builds here with the quick profile (release without fat
+# LTO: the dependencies make test-service already compiled), copied onto
+# the Redis image's Debian 12 base (container/service.Containerfile;
+# RL_SERVICE_BASE=... picks another glibc >= 2.34 base). Built for the
+# host's architecture only.
+if [ -z "$suffix" ]; then
+  cargo build -q --profile quick -p redis-ratelimit-service
+  ctx=$work/service
+  rm -rf "$ctx" && mkdir -p "$ctx"
+  cp target/quick/redis-ratelimit-service "$ctx/"
+  svc_base=${RL_SERVICE_BASE:-$base_redis}
+  $engine build -q -f container/service.Containerfile --build-arg BASE="$svc_base" \
+    -t "redis-ratelimit-service:$version" "$ctx" >/dev/null
+  echo "redis-ratelimit-service:$version  ($engine, FROM $svc_base)"
+fi
