@@ -116,9 +116,13 @@ def service():
     for p in (conf, f"{conf}/config", f"{conf}/config/config.yaml"):
         os.chmod(p, 0o755)  # the service runs as nobody
     t0 = time.monotonic()
+    # each container object is stopped (removed) even when its start fails:
+    # testcontainers creates the container before starting it
     redis_c = (DockerContainer(TAGS["redis"]).with_exposed_ports(6379, 8080, 8081, 9090)
-               .waiting_for(LogMessageWaitStrategy("Ready to accept connections")).start())
+               .waiting_for(LogMessageWaitStrategy("Ready to accept connections")))
+    svc = None
     try:
+        redis_c.start()
         svc = (DockerContainer(SERVICE_TAG, network_mode=f"container:{redis_c.get_wrapped_container().id}")
                .with_command("/bin/ratelimit")
                .with_env("REDIS_SOCKET_TYPE", "tcp").with_env("REDIS_URL", "127.0.0.1:6379")
@@ -127,15 +131,15 @@ def service():
                .with_env("RUNTIME_ROOT", "/data").with_env("RUNTIME_SUBDIRECTORY", "ratelimit")
                .with_env("RUNTIME_WATCH_ROOT", "false")
                .with_volume_mapping(conf, "/data/ratelimit", "ro")
-               .waiting_for(LogMessageWaitStrategy("listening:")).start())
-        try:
-            host = redis_c.get_container_host_ip()
-            addrs = {p: f"{host}:{redis_c.get_exposed_port(p)}" for p in (8080, 8081, 9090)}
-            print(f"containers started in {time.monotonic() - t0:.1f} s")
-            yield addrs
-        finally:
-            svc.stop()
+               .waiting_for(LogMessageWaitStrategy("listening:")))
+        svc.start()
+        host = redis_c.get_container_host_ip()
+        addrs = {p: f"{host}:{redis_c.get_exposed_port(p)}" for p in (8080, 8081, 9090)}
+        print(f"containers started in {time.monotonic() - t0:.1f} s")
+        yield addrs
     finally:
+        if svc is not None:
+            svc.stop()  # first: it uses the Redis container's network namespace
         redis_c.stop()
         for p in ("config/config.yaml", "config", ""):
             path = os.path.join(conf, p)
