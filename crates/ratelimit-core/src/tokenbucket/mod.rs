@@ -363,7 +363,7 @@ impl View {
 /// `(state, params, cost, now) -> (decision, new state)`. Pure. The new state
 /// is what the key must hold if the call is written (granted > 0, not
 /// DRYRUN); it is never fresh then.
-#[inline]
+#[inline(always)]
 pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
     let v = View::at(state, p, now_us);
     let granted = crate::grant_size(v.available(), cost, partial);
