@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use redis_ratelimit_client::{all_of, fixed_window, Call, Connection, Decision, Limiter, Panic, RateLimit, Source, MAX};
 
-use crate::config::{Config, Matched, RateLimit as Limit, Unit};
+use crate::config::{Algorithm, Config, Matched, RateLimit as Limit, Unit};
 use crate::settings::Settings;
 
 /// Why a request gets no decision (a gRPC error; `/json` answers 400, as
@@ -244,6 +244,10 @@ impl<C: Connection> Service<C> {
                             shadow_mode: false,
                             detailed_metric: false,
                             full_key,
+                            // an override has a unit and a number: envoyproxy/ratelimit's fixed window
+                            algorithm: Algorithm::FixedWindow,
+                            window_ms: None,
+                            burst: None,
                         }),
                         share: Vec::new(),
                     })
