@@ -2,7 +2,7 @@
 
 use redis_ratelimit_client::key_slot;
 use redis_ratelimit_service::config::Unit;
-use redis_ratelimit_service::service::{cache_key, seconds_until_reset};
+use redis_ratelimit_service::service::{cache_key, ms_until_window_end, seconds_until_reset};
 
 #[test]
 fn keys_have_the_domain_as_their_only_hash_tag() {
@@ -27,6 +27,11 @@ fn the_reset_is_within_the_unit() {
     for u in [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day, Unit::Week, Unit::Month, Unit::Year] {
         let r = seconds_until_reset(u);
         assert!((1..=u.seconds()).contains(&r), "{u:?}: {r}");
+    }
+    // a window in ms (window_ms): its end within the window
+    for w in [1, 400, 1500, 86_400_000, (1 << 53) - 1] {
+        let r = ms_until_window_end(w);
+        assert!((1..=w).contains(&r), "{w}: {r}");
     }
 }
 
