@@ -228,7 +228,10 @@ test-py: build venv dist client-lua peers clients/node/node_modules/.installed e
 # line runs the whole client suite on the first server of
 # `python -m rltesting.servers names`; the newest line also on every other server.
 # Then the matrix (rltesting.matrix); fails if any test failed anywhere.
-# CLIENT_SERVERS=... narrows the servers (default: every name).
+# CLIENT_SERVERS=... narrows the servers (default: every name). The runs go
+# CLIENTS_JOBS at a time (tools/lanes.sh, as test-py's servers; each run
+# has its own servers on free ports), the longest first; CLIENTS_JOBS=1
+# runs them one after another.
 $(VENV)/.clients-py: clients/python/requirements.txt $(PY)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r clients/python/requirements.txt
 	touch $@
@@ -237,6 +240,7 @@ DRIVERS_DIR := $(CURDIR)/target/drivers
 CLIENTS_MATRIX := $(CURDIR)/target/clients-matrix
 PY_DRIVERS := $(basename $(notdir $(wildcard clients/python/drivers/redis-py*.txt)))
 CLIENT_SERVERS ?=
+CLIENTS_JOBS ?= 2
 client_servers = $(or $(CLIENT_SERVERS),$$($(PY) -m rltesting.servers names))
 
 $(DRIVERS_DIR)/%/.installed: clients/python/drivers/%.txt | $(PY)
@@ -262,30 +266,36 @@ drivers-py: $(PY_DRIVERS:%=$(DRIVERS_DIR)/%/.installed) \
 
 test-clients-py: build venv $(VENV)/.clients-py drivers-py client-lua  ## the Python client library: every redis-py and Valkey client line x server
 	@rm -rf $(CLIENTS_MATRIX)/py && mkdir -p $(CLIENTS_MATRIX)/py
-	@newest=$$(printf '%s\n' $(PY_DRIVERS) | sort -V | tail -1); first=""; \
+	@for s in $(client_servers); do $(PY) -m rltesting.servers path $$s >/dev/null || exit 1; done
+	@newest=$$(printf '%s\n' $(PY_DRIVERS) | sort -V | tail -1); first=""; runs=""; \
 	for s in $(client_servers); do [ -n "$$first" ] || first=$$s; \
-	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
-	  for d in $$(printf '%s\n' $(PY_DRIVERS) | sort -V); do \
-	    [ $$s = $$first ] || [ $$d = $$newest ] || continue; \
-	    echo "== Python client suites: $$d on $$s"; t0=$$(date +%s); \
-	    ( cd clients/python && PYTHONPATH=$(DRIVERS_DIR)/$$d REDIS_SERVER=$$bin RL_MODULE=$(MODULE) \
-	        $(PY) -m pytest -q -p no:cacheprovider --junitxml=$(CLIENTS_MATRIX)/py/$$d@$$s.xml \
-	        --ignore-glob='tests/test_valkey_*' tests ); rc=$$?; \
-	    echo "$$d@$$s $$(( $$(date +%s) - t0 )) $$rc" >> $(CLIENTS_MATRIX)/py/times; \
+	  for d in $$(printf '%s\n' $(PY_DRIVERS) | sort -V -r); do \
+	    [ $$s = $$first ] || [ $$d = $$newest ] || continue; runs="$$runs $$d@$$s"; \
 	  done; \
 	done; \
-	for s in $(valkey_servers); do \
-	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
-	  for dk in $(VALKEY_DRIVERS); do d=$${dk%%=*}; \
-	    echo "== Python client suites: $$d ($${dk#*=}) on $$s"; t0=$$(date +%s); \
-	    ( cd clients/python && PYTHONPATH=$(DRIVERS_DIR)/$$d RL_VALKEY_KINDS=$${dk#*=} \
-	        REDIS_SERVER=$$bin RL_MODULE=$(MODULE) $(PY) -m pytest -q -p no:cacheprovider \
-	        --junitxml=$(CLIENTS_MATRIX)/py/$$d@$$s.xml tests/test_valkey_*.py ); rc=$$?; \
-	    echo "$$d@$$s $$(( $$(date +%s) - t0 )) $$rc" >> $(CLIENTS_MATRIX)/py/times; \
-	  done; \
-	done
+	for s in $(valkey_servers); do for dk in $(VALKEY_DRIVERS); do runs="$$runs $${dk%%=*}@$$s"; done; done; \
+	tools/lanes.sh $(CLIENTS_JOBS) $(CLIENTS_MATRIX)/py \
+	  '$(MAKE) -s --no-print-directory clients-py-run RUN={}' $$runs || true
 	@$(PY) -m rltesting.matrix "Python client: redis-py and Valkey client lines x server" $(CLIENTS_MATRIX)/py
 	RL_MODULE=$(MODULE) $(PY) clients/python/bench.py --quick --out /tmp/rl-clients-py-bench.md
+
+# One run of test-clients-py (RUN=driver@server): a redis-py line runs the
+# client suites but the Valkey ones; a Valkey client line (VALKEY_DRIVERS)
+# runs tests/test_valkey_*.py for its client kinds. Its junit file is
+# $(CLIENTS_MATRIX)/py/RUN.xml.
+.PHONY: clients-py-run
+clients-py-run:
+	@d=$${RUN%@*}; s=$${RUN#*@}; bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; kinds=""; \
+	for dk in $(VALKEY_DRIVERS); do [ "$${dk%%=*}" != "$$d" ] || kinds=$${dk#*=}; done; \
+	echo "Python client suites: $$d$${kinds:+ ($$kinds)} on $$s ($$bin)"; \
+	cd clients/python && if [ -n "$$kinds" ]; then \
+	  PYTHONPATH=$(DRIVERS_DIR)/$$d RL_VALKEY_KINDS=$$kinds REDIS_SERVER=$$bin RL_MODULE=$(MODULE) \
+	    $(PY) -m pytest -q -p no:cacheprovider --junitxml=$(CLIENTS_MATRIX)/py/$(RUN).xml tests/test_valkey_*.py; \
+	else \
+	  PYTHONPATH=$(DRIVERS_DIR)/$$d REDIS_SERVER=$$bin RL_MODULE=$(MODULE) \
+	    $(PY) -m pytest -q -p no:cacheprovider --junitxml=$(CLIENTS_MATRIX)/py/$(RUN).xml \
+	    --ignore-glob='tests/test_valkey_*' tests; \
+	fi
 
 # The client packages as a user gets them: a fresh clone of this repository
 # (its committed HEAD), pip install ./clients/python, npm pack and npm install
@@ -311,9 +321,9 @@ clients/node/node_modules/.installed: clients/node/package-lock.json
 # clients (iovalkey and GLIDE), runs on the servers of NODE_VALKEY_SERVERS
 # (Redis 7.0, Valkey 8.1 and 9.1) with the suites of NODE_VALKEY_TESTS (the
 # bound, the breaker, both backends and cluster routing, GLIDE's own, fixed
-# windows), and
-# on the last of them NODE_VALKEY_ONCE too (leases across processes, strict
-# mode and Sentinel: 50 s of the 90 s a server took). One junit file per
+# windows), and on the last of them NODE_VALKEY_ONCE too (leases across
+# processes, strict mode and Sentinel: 50 s of the 90 s a server took).
+# The runs go CLIENTS_JOBS at a time (tools/lanes.sh). One junit file per
 # test file, then the matrix (rltesting.matrix).
 NODE_DRIVERS ?= ioredis6,node-redis6 ioredis5,node-redis5 node-redis4
 NODE_NO_CLIENT := unit.test.js types.test.js
@@ -323,31 +333,39 @@ NODE_VALKEY_TESTS := bound.test.js breaker.test.js backends.test.js glide.test.j
 NODE_VALKEY_ONCE := leased.test.js sentinel.test.js
 test-clients-node: build venv clients/node/node_modules/.installed client-lua  ## the Node client library: every driver line x server
 	@rm -rf $(CLIENTS_MATRIX)/node && mkdir -p $(CLIENTS_MATRIX)/node
-	@run() { d=$$1; s=$$2; bin=$$3; shift 3; \
-	  name=$$(echo $$d | tr , +)@$$s; out=$(CLIENTS_MATRIX)/node/$$name; mkdir -p $$out; \
-	  echo "== Node client suites: $$d on $$s"; t0=$$(date +%s); rc=0; \
-	  for f in "$$@"; do \
-	    ( cd clients/node && RL_NODE_DRIVERS=$$d REDIS_SERVER=$$bin RL_MODULE=$(MODULE) node --test --test-concurrency=1 \
-	        --test-reporter=junit --test-reporter-destination=$$out/$$f.xml \
-	        --test-reporter=dot --test-reporter-destination=stdout test/$$f ) || rc=1; \
-	  done; \
-	  echo "$$name $$(( $$(date +%s) - t0 )) $$rc" >> $(CLIENTS_MATRIX)/node/times; }; \
-	first=""; newest=$(firstword $(NODE_DRIVERS)); \
+	@for s in $(client_servers); do $(PY) -m rltesting.servers path $$s >/dev/null || exit 1; done
+	@first=""; runs=""; newest=$(firstword $(NODE_DRIVERS)); \
 	for s in $(client_servers); do [ -n "$$first" ] || first=$$s; \
-	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  for d in $(NODE_DRIVERS); do \
-	    [ $$s = $$first ] || [ $$d = $$newest ] || continue; \
-	    files=""; for f in clients/node/test/*.test.js; do f=$$(basename $$f); \
-	      case " $(NODE_NO_CLIENT) " in *" $$f "*) [ $$s = $$first ] && [ $$d = $$newest ] || continue;; esac; \
-	      files="$$files $$f"; \
-	    done; \
-	    run $$d $$s $$bin $$files; \
+	    [ $$s = $$first ] || [ $$d = $$newest ] || continue; runs="$$runs $$(echo $$d | tr , +)@$$s"; \
 	  done; \
 	  case " $(NODE_VALKEY_SERVERS) " in *" $$s "*) [ -z "$(NODE_VALKEY_DRIVERS)" ] || \
-	    run $(NODE_VALKEY_DRIVERS) $$s $$bin $(NODE_VALKEY_TESTS) $$([ $$s = $(lastword $(NODE_VALKEY_SERVERS)) ] && echo $(NODE_VALKEY_ONCE));; esac; \
-	done
+	    runs="$$runs $$(echo $(NODE_VALKEY_DRIVERS) | tr , +)@$$s";; esac; \
+	done; \
+	tools/lanes.sh $(CLIENTS_JOBS) $(CLIENTS_MATRIX)/node \
+	  "$(MAKE) -s --no-print-directory clients-node-run RUN={} NODE_FIRST=$$first" $$runs || true
 	@$(PY) -m rltesting.matrix "Node client: driver lines x server" $(CLIENTS_MATRIX)/node
 	cd clients/node && RL_MODULE=$(MODULE) node bench/bench.js --quick --out /tmp/rl-node-bench-quick.md >/dev/null
+
+# One run of test-clients-node (RUN=driver+driver@server, NODE_FIRST=the
+# first server): its test files one at a time, one junit file each in
+# $(CLIENTS_MATRIX)/node/RUN/.
+.PHONY: clients-node-run
+clients-node-run:
+	@d=$$(echo $${RUN%@*} | tr + ,); s=$${RUN#*@}; bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
+	out=$(CLIENTS_MATRIX)/node/$(RUN); mkdir -p $$out; files=""; \
+	if [ "$$d" = "$(NODE_VALKEY_DRIVERS)" ]; then \
+	  files="$(NODE_VALKEY_TESTS) $$([ $$s = $(lastword $(NODE_VALKEY_SERVERS)) ] && echo $(NODE_VALKEY_ONCE))"; \
+	else for f in clients/node/test/*.test.js; do f=$$(basename $$f); \
+	  case " $(NODE_NO_CLIENT) " in *" $$f "*) [ $$s = "$(NODE_FIRST)" ] && [ $$d = $(firstword $(NODE_DRIVERS)) ] || continue;; esac; \
+	  files="$$files $$f"; done; \
+	fi; \
+	echo "Node client suites: $$d on $$s ($$bin):$$files"; rc=0; \
+	for f in $$files; do \
+	  ( cd clients/node && RL_NODE_DRIVERS=$$d REDIS_SERVER=$$bin RL_MODULE=$(MODULE) node --test --test-concurrency=1 \
+	      --test-reporter=junit --test-reporter-destination=$$out/$$f.xml \
+	      --test-reporter=dot --test-reporter-destination=stdout test/$$f ) || rc=1; \
+	done; exit $$rc
 
 # The Rust client library (clients/rust, issue 31): its unit tests, then
 # its suites against real servers started by the tests themselves
@@ -355,17 +373,24 @@ test-clients-node: build venv clients/node/node_modules/.installed client-lua  #
 # `python -m rltesting.servers names` (CLIENT_SERVERS=... narrows them):
 # decisions equal to the module's replies, the Lua twins, the SIGSTOP
 # bound, kill and restart, the breaker's counts, leased limiters, and the differential test
-# against the Python (.venv) and Node (clients/node) libraries. One test at
-# a time: the outage tests measure time.
+# against the Python (.venv) and Node (clients/node) libraries. The test
+# binaries are built once (RUST_CLIENT_TESTS), then run per server, the
+# servers CLIENTS_JOBS at a time (tools/lanes.sh); within a server one test
+# at a time, as the outage tests bound a decision's time.
 .PHONY: test-clients-rust
+RUST_CLIENT_TESTS := server outage leased differential tower readme cluster strict sentinel
 test-clients-rust: build venv clients/node/node_modules/.installed client-lua  ## the Rust client library: unit tests, then its suites on every server
 	$(CARGO) test --profile quick -p redis-ratelimit-client --lib
-	@rc=0; for s in $(client_servers); do \
-	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
-	  echo "== Rust client suites on $$s ($$bin)"; \
-	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(CARGO) test --profile quick -q -p redis-ratelimit-client \
-	    --test server --test outage --test leased --test differential --test tower --test readme --test cluster --test strict --test sentinel -- --test-threads=1 --nocapture || rc=1; \
-	done; exit $$rc
+	@rm -rf $(CLIENTS_MATRIX)/rust && mkdir -p $(CLIENTS_MATRIX)/rust
+	@for s in $(client_servers); do $(PY) -m rltesting.servers path $$s >/dev/null || exit 1; done
+	@$(CARGO) test --profile quick -q -p redis-ratelimit-client --no-run --message-format=json $(RUST_CLIENT_TESTS:%=--test %) \
+	  | $(PY) -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable")]' \
+	  > $(CLIENTS_MATRIX)/rust/bins && test -s $(CLIENTS_MATRIX)/rust/bins
+	@tools/lanes.sh $(CLIENTS_JOBS) $(CLIENTS_MATRIX)/rust \
+	  'bin=$$($(PY) -m rltesting.servers path {}); echo "Rust client suites on {} ($$bin)"; rc=0; \
+	   for t in $$(cat $(CLIENTS_MATRIX)/rust/bins); do echo "-- $$(basename $$t)"; \
+	     (cd clients/rust && REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $$t --test-threads=1 --nocapture -q) || rc=1; \
+	   done; exit $$rc' $(client_servers)
 
 # The Envoy rate-limit service (service/, issue 32): its unit tests (config,
 # settings, proto3 JSON), then its suite on every server of

@@ -240,7 +240,7 @@ impl<'a, T: Packable> ValueMut<'a, T> {
 
     /// Replace the state in place, or hand `v` back when the pointer's form
     /// cannot hold it (the caller then sets a new value).
-    #[inline]
+    #[inline(always)]
     pub fn overwrite(self, v: T) -> Result<(), T> {
         // SAFETY: a tagged live pointer from `create` is, untagged, a boxed
         // `[u64; 2]`; an untagged one a boxed, initialised T (the old state
@@ -393,7 +393,7 @@ impl TypedKey for api::Key<'_> {
         unsafe { ValueMut::<T>::from_raw(ours::<T>(self)) }?.wide()
     }
 
-    #[inline]
+    #[inline(always)]
     fn store<T: Packable>(&mut self, new: T) -> bool {
         // SAFETY: as in `wide_mut`.
         let new = match unsafe { ValueMut::<T>::from_raw(ours::<T>(self)) } {

@@ -2,7 +2,9 @@
 //! (`domain`, nested `descriptors` with `key`, `value` and wildcard values,
 //! `rate_limit` with `unit`, `requests_per_unit`, `unlimited`, `name`,
 //! `replaces`; `shadow_mode`, `detailed_metric`, `share_threshold`), the
-//! same load errors, and the same descriptor matching.
+//! same load errors, and the same descriptor matching. Three extension keys
+//! of `rate_limit` (`algorithm`, `burst`, `window_ms`) are this service's
+//! own; a file without them is read exactly as envoyproxy/ratelimit reads it.
 //!
 //! The behaviour follows envoyproxy/ratelimit's `src/config/config_impl.go`
 //! (read for behaviour; this is an independent implementation).
@@ -103,12 +105,66 @@ impl Unit {
     }
 }
 
+/// The largest window (`window_ms`) and `burst` the module takes: 2^53 − 1.
+pub const MAX_NUMBER: u64 = (1 << 53) - 1;
+
+/// `algorithm` (an extension key of `rate_limit`): how a limit decides.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Algorithm {
+    /// envoyproxy/ratelimit's fixed window, aligned to the epoch (`RL.FIXEDWINDOW`); the default.
+    #[default]
+    FixedWindow,
+    /// A token bucket (`RL.TOKENBUCKET`): `burst` tokens (default
+    /// `requests_per_unit`), `requests_per_unit` regained per window, continuously.
+    TokenBucket,
+    /// An exact sliding window (`RL.SLIDINGLOG`).
+    SlidingLog,
+    /// The two-counter approximation of a sliding window (`RL.SLIDINGCOUNTER`).
+    SlidingCounter,
+}
+
+impl Algorithm {
+    /// The algorithm of its (case-insensitive) name; `None` for anything else.
+    pub fn parse(s: &str) -> Option<Algorithm> {
+        Some(match s.to_ascii_lowercase().as_str() {
+            "fixed_window" => Algorithm::FixedWindow,
+            "token_bucket" => Algorithm::TokenBucket,
+            "sliding_log" => Algorithm::SlidingLog,
+            "sliding_counter" => Algorithm::SlidingCounter,
+            _ => return None,
+        })
+    }
+
+    /// Its name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::SlidingLog => "sliding_log",
+            Algorithm::SlidingCounter => "sliding_counter",
+        }
+    }
+
+    /// What its keys end with after the window: nothing for the fixed
+    /// window (envoyproxy/ratelimit's layout), else `_tb`, `_sl`, `_sc`, so
+    /// that no two algorithms ever share a key (the module answers
+    /// `WRONGTYPE` for a key of another algorithm's type).
+    pub fn key_tag(self) -> &'static str {
+        match self {
+            Algorithm::FixedWindow => "",
+            Algorithm::TokenBucket => "_tb",
+            Algorithm::SlidingLog => "_sl",
+            Algorithm::SlidingCounter => "_sc",
+        }
+    }
+}
+
 /// One configured limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimit {
     /// `requests_per_unit` (0: every counted request is over the limit).
     pub requests_per_unit: u32,
-    /// `unit`; `None` only with `unlimited`.
+    /// `unit`; `None` only with `unlimited` or `window_ms`.
     pub unit: Option<Unit>,
     /// `unlimited: true`: never limited, nothing counted.
     pub unlimited: bool,
@@ -122,6 +178,46 @@ pub struct RateLimit {
     pub detailed_metric: bool,
     /// The descriptor path, `domain.key_value.key…` (the stats key).
     pub full_key: String,
+    /// `algorithm` (extension; default the fixed window).
+    pub algorithm: Algorithm,
+    /// `window_ms` (extension): the window in ms, given instead of `unit`.
+    pub window_ms: Option<u64>,
+    /// `burst` (extension, token bucket only): the bucket's capacity;
+    /// `None`: `requests_per_unit`.
+    pub burst: Option<u64>,
+}
+
+impl RateLimit {
+    /// The window in ms: `window_ms`, else the unit's length (`None` only with `unlimited`).
+    pub fn window(&self) -> Option<u64> {
+        self.window_ms.or(self.unit.map(|u| u.seconds() * 1000))
+    }
+
+    /// The unit answered in `current_limit`: `unit`; for `window_ms`, the
+    /// unit of exactly that length, else `None` (the proto's `UNKNOWN`: no
+    /// unit describes the window, and Envoy then leaves the limit's `w=` out
+    /// of its `X-RateLimit-Limit` header rather than state a wrong window).
+    pub fn reported_unit(&self) -> Option<Unit> {
+        match (self.unit, self.window_ms) {
+            (Some(u), _) => Some(u),
+            (None, Some(ms)) => [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day, Unit::Week, Unit::Month, Unit::Year]
+                .into_iter()
+                .find(|u| u.seconds() * 1000 == ms),
+            (None, None) => None,
+        }
+    }
+
+    /// The end of the limit's counter key: the window (the unit's length in
+    /// seconds, as `…_60`, or `<ms>ms` for `window_ms`, as `…_1500ms`), then
+    /// the algorithm's tag ([`Algorithm::key_tag`]). A change of algorithm
+    /// or window never reads another one's state.
+    pub fn key_suffix(&self) -> String {
+        let window = match (self.window_ms, self.unit) {
+            (Some(ms), _) => format!("{ms}ms"),
+            (None, u) => u.unwrap_or(Unit::Second).seconds().to_string(),
+        };
+        format!("{window}{}", self.algorithm.key_tag())
+    }
 }
 
 /// What a request descriptor matched.
@@ -151,7 +247,7 @@ fn err(file: &str, msg: impl fmt::Display) -> ConfigError {
     ConfigError(format!("{file}: {msg}"))
 }
 
-const VALID_KEYS: [&str; 16] = [
+const VALID_KEYS: [&str; 19] = [
     "domain",
     "key",
     "value",
@@ -168,7 +264,14 @@ const VALID_KEYS: [&str; 16] = [
     "value_to_metric",
     "share_threshold",
     "metadata",
+    // this service's extension keys, valid only in a rate_limit
+    "algorithm",
+    "burst",
+    "window_ms",
 ];
+
+/// The extension keys: refused anywhere but directly in a `rate_limit`.
+const EXTENSION_KEYS: [&str; 3] = ["algorithm", "burst", "window_ms"];
 
 #[derive(Debug, Default)]
 struct Node {
@@ -237,13 +340,17 @@ fn list<'a>(file: &str, v: Option<&'a Value>, what: &str) -> Result<&'a [Value],
 
 /// envoyproxy/ratelimit's key check: every mapping key a known one, lists
 /// only of maps, scalars strings, integers, booleans or null (`metadata` free-form).
-fn validate_keys(file: &str, m: &serde_yaml::Mapping) -> Result<(), ConfigError> {
+/// The extension keys only directly in a `rate_limit` (`in_rate_limit`).
+fn validate_keys(file: &str, m: &serde_yaml::Mapping, in_rate_limit: bool) -> Result<(), ConfigError> {
     for (k, v) in m {
         let Value::String(k) = k else {
             return Err(err(file, format!("config error, key is not of type string: {k:?}")));
         };
         if !VALID_KEYS.contains(&k.as_str()) {
             return Err(err(file, format!("config error, unknown key '{k}'")));
+        }
+        if !in_rate_limit && EXTENSION_KEYS.contains(&k.as_str()) {
+            return Err(err(file, format!("config error, key '{k}' is only valid in a rate_limit")));
         }
         if k == "metadata" {
             continue;
@@ -257,10 +364,10 @@ fn validate_keys(file: &str, m: &serde_yaml::Mapping) -> Result<(), ConfigError>
                             format!("config error, yaml file contains list of type other than map: {e:?}"),
                         ));
                     };
-                    validate_keys(file, e)?;
+                    validate_keys(file, e, false)?;
                 }
             }
-            Value::Mapping(m) => validate_keys(file, m)?,
+            Value::Mapping(m) => validate_keys(file, m, k == "rate_limit")?,
             Value::String(_) | Value::Bool(_) | Value::Null => {}
             Value::Number(n) if n.is_i64() || n.is_u64() => {}
             _ => return Err(err(file, "error checking config")),
@@ -288,7 +395,7 @@ impl Config {
             Value::Null => serde_yaml::Mapping::new(),
             _ => return Err(err(file, "error loading config file: the file must be a map")),
         };
-        validate_keys(file, &root)?;
+        validate_keys(file, &root, false)?;
         let domain = text(file, root.get("domain").unwrap_or(&Value::Null), "domain")?;
         if domain.is_empty() {
             return Err(err(file, "config file cannot have empty domain"));
@@ -415,12 +522,37 @@ fn rate_limit(
     let unlimited = boolean(file, r.get("unlimited"), "unlimited")?;
     let unit_text = text(file, r.get("unit").unwrap_or(&Value::Null), "unit")?;
     let unit = Unit::parse(&unit_text);
+    // the extension keys (this service's own; see the README)
+    let window_ms = extension_number(file, r.get("window_ms"), "window_ms")?;
+    let burst = extension_number(file, r.get("burst"), "burst")?;
+    let algorithm = match r.get("algorithm") {
+        None => Algorithm::FixedWindow,
+        Some(v) => {
+            let a = text(file, v, "algorithm")?;
+            Algorithm::parse(&a).ok_or_else(|| err(file, format!("invalid rate limit algorithm '{a}'")))?
+        }
+    };
     if unlimited {
         if unit.is_some() {
             return Err(err(file, "should not specify rate limit unit when unlimited"));
         }
+        for k in ["algorithm", "burst", "window_ms"] {
+            if r.contains_key(k) {
+                return Err(err(file, format!("should not specify rate limit {k} when unlimited")));
+            }
+        }
+    } else if window_ms.is_some() {
+        if r.contains_key("unit") {
+            return Err(err(file, "should not specify both rate limit unit and window_ms"));
+        }
     } else if unit.is_none() {
         return Err(err(file, format!("invalid rate limit unit '{unit_text}'")));
+    }
+    if burst.is_some() && algorithm != Algorithm::TokenBucket {
+        return Err(err(
+            file,
+            format!("rate limit burst only applies to algorithm token_bucket, not '{}'", algorithm.name()),
+        ));
     }
     let requests_per_unit = match r.get("requests_per_unit") {
         None | Some(Value::Null) => 0,
@@ -431,6 +563,9 @@ fn rate_limit(
             return Err(err(file, format!("error loading config file: requests_per_unit must be an integer, not {v:?}")))
         }
     };
+    if burst.is_some() && requests_per_unit == 0 {
+        return Err(err(file, "rate limit burst needs requests_per_unit above 0 (0 refuses every request)"));
+    }
     let name = text(file, r.get("name").unwrap_or(&Value::Null), "name")?;
     let mut replaces = Vec::new();
     for e in list(file, r.get("replaces"), "replaces")? {
@@ -455,5 +590,27 @@ fn rate_limit(
         shadow_mode,
         detailed_metric,
         full_key: path.to_owned(),
+        algorithm,
+        window_ms,
+        burst,
     })
+}
+
+/// An extension key's number (`window_ms`, `burst`): absent, or an integer
+/// from 1 to 2^53 − 1 (the module's range).
+fn extension_number(file: &str, v: Option<&Value>, what: &str) -> Result<Option<u64>, ConfigError> {
+    let Some(v) = v else { return Ok(None) };
+    match v {
+        Value::Number(n) if n.as_u64().is_some_and(|n| (1..=MAX_NUMBER).contains(&n)) => Ok(n.as_u64()),
+        _ => {
+            let shown = match v {
+                Value::Number(n) => n.to_string(),
+                Value::String(s) => s.clone(),
+                Value::Bool(b) => b.to_string(),
+                Value::Null => String::new(),
+                _ => format!("{v:?}"),
+            };
+            Err(err(file, format!("invalid rate limit {what} '{shown}': an integer from 1 to {MAX_NUMBER}")))
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! `ShouldRateLimit`: a request's descriptors matched against the
 //! configuration and decided together in one atomic `RL.MULTI` (the Rust
-//! client's `all_of`), answered as envoyproxy/ratelimit answers
+//! client's `all_of`; each limit with its algorithm, the fixed window by
+//! default), answered as envoyproxy/ratelimit answers
 //! (`src/service/ratelimit.go`, `src/limiter/base_limiter.go`,
 //! `src/redis/fixed_cache_impl.go` read for behaviour).
 
@@ -13,9 +14,12 @@ use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit as PbLimit};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use redis_ratelimit_client::{all_of, fixed_window, Call, Connection, Decision, Limiter, Panic, RateLimit, Source, MAX};
+use redis_ratelimit_client::{
+    all_of, fixed_window, sliding_counter, sliding_log, token_bucket, Call, Connection, Decision, Limiter, Panic, RateLimit,
+    Source, MAX,
+};
 
-use crate::config::{Config, Matched, RateLimit as Limit, Unit};
+use crate::config::{Algorithm, Config, Matched, RateLimit as Limit, Unit};
 use crate::metrics::{near_hits, Metrics};
 use crate::settings::Settings;
 
@@ -43,18 +47,26 @@ impl std::fmt::Display for ServiceError {
 /// parts of one `RL.MULTI`.
 pub const MAX_LIMITED_DESCRIPTORS: usize = 16;
 
-/// The numbers of the parts of one `RL.MULTI`: (requests_per_unit, window_ms, weight) per part.
-type Shape = Vec<(u64, u64, u64)>;
+/// The numbers of one part of an `RL.MULTI`: (algorithm, requests_per_unit,
+/// window_ms, burst (the token bucket's capacity), weight).
+type PartShape = (Algorithm, u64, u64, u64, u64);
 
-/// One part of an `RL.MULTI`: (key, requests_per_unit, window_ms, weight).
-type PartSpec = (String, u64, u64, u64);
+/// The numbers of the parts of one `RL.MULTI`.
+type Shape = Vec<PartShape>;
+
+/// One part of an `RL.MULTI`: its key and its numbers.
+#[derive(Debug, Clone)]
+struct PartSpec {
+    key: String,
+    shape: PartShape,
+}
 
 /// The rate-limit service: the live configuration, the client, the settings.
 pub struct Service<C> {
     rl: RateLimit<C>,
     config: RwLock<Arc<Config>>,
     settings: Settings,
-    /// One limiter per shape of request: (requests_per_unit, window_ms, weight) per part.
+    /// One limiter per shape of request (the numbers of each part).
     limiters: Mutex<HashMap<Shape, Limiter<C>>>,
     /// The error of the last configuration refused since the last one loaded.
     refused: Mutex<Option<String>>,
@@ -68,6 +80,19 @@ pub struct Service<C> {
 /// start (`RL.FIXEDWINDOW` keeps the window itself). `{`, `}` and `%` are
 /// %-escaped so that the only hash tag is the domain.
 pub fn cache_key(prefix: &str, domain: &str, entries: &[(&str, &str)], share: &[Option<String>], unit: Unit) -> String {
+    cache_key_with(prefix, domain, entries, share, &unit.seconds().to_string())
+}
+
+/// [`cache_key`] with the end given: a limit's [`Limit::key_suffix`] (the
+/// window, then the algorithm's tag), so that no two algorithms or windows
+/// share a key.
+pub fn cache_key_with(
+    prefix: &str,
+    domain: &str,
+    entries: &[(&str, &str)],
+    share: &[Option<String>],
+    suffix: &str,
+) -> String {
     fn esc(out: &mut String, s: &str) {
         for c in s.chars() {
             match c {
@@ -92,7 +117,7 @@ pub fn cache_key(prefix: &str, domain: &str, entries: &[(&str, &str)], share: &[
         }
         k.push('_');
     }
-    k.push_str(&unit.seconds().to_string());
+    k.push_str(suffix);
     k
 }
 
@@ -104,10 +129,20 @@ pub fn seconds_until_reset(unit: Unit) -> u64 {
     d - now % d
 }
 
+/// Milliseconds until the current epoch-aligned window of `window_ms`
+/// ends: `window_ms − now_ms mod window_ms`, 1…window_ms. Rounded up to
+/// seconds it is [`seconds_until_reset`] for a unit's window.
+pub fn ms_until_window_end(window_ms: u64) -> u64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    let w = window_ms.max(1);
+    w - now % w
+}
+
 /// One descriptor's limit once matched.
 struct Slot {
     limit: Arc<Limit>,
-    unit: Unit,
+    /// The window in ms.
+    window_ms: u64,
     hits: u64,
     /// Index into the counted or checked parts.
     part: usize,
@@ -116,16 +151,48 @@ struct Slot {
     detailed_key: Option<String>,
 }
 
-fn status(code: Code, limit: &Limit, unit: Unit, remaining: u64) -> DescriptorStatus {
+/// What one part of a decision says: over the limit, units left, and
+/// (from the module's reply) ms until the part's units fit (−1: never) and
+/// until the state is fresh again.
+#[derive(Debug, Clone, Copy, Default)]
+struct PartState {
+    over: bool,
+    remaining: u64,
+    retry_ms: i64,
+    reset_ms: u64,
+}
+
+/// `duration_until_reset` in seconds, rounded up (Envoy reads the seconds).
+/// The fixed window (and `requests_per_unit: 0`): the window's end, as
+/// envoyproxy/ratelimit answers. Token bucket and sliding windows, from the
+/// module's reply: over the limit, the time until the descriptor's hits fit
+/// again (when a client may retry); else the time until the state is full
+/// again (the whole quota back, what `RateLimit-Reset` means); a check
+/// (`hits_addend` 0) over the limit, and hits above the limit, the latter.
+fn reset_seconds(slot: &Slot, state: Option<&PartState>) -> u64 {
+    let ms = match state {
+        Some(p) if slot.limit.algorithm != Algorithm::FixedWindow => {
+            if p.over && p.retry_ms > 0 {
+                p.retry_ms as u64
+            } else {
+                p.reset_ms
+            }
+        }
+        _ => ms_until_window_end(slot.window_ms),
+    };
+    ms.div_ceil(1000)
+}
+
+fn status(code: Code, limit: &Limit, remaining: u64, reset_s: u64) -> DescriptorStatus {
     DescriptorStatus {
         code: code as i32,
         current_limit: Some(PbLimit {
             name: limit.name.clone(),
             requests_per_unit: limit.requests_per_unit,
-            unit: unit.proto(),
+            unit: limit.reported_unit().map(Unit::proto).unwrap_or(0),
         }),
         limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
-        duration_until_reset: Some(PbDuration { seconds: seconds_until_reset(unit) as i64, nanos: 0 }),
+        duration_until_reset: Some(PbDuration { seconds: i64::try_from(reset_s).unwrap_or(i64::MAX), nanos: 0 }),
         quota: None,
     }
 }
@@ -191,17 +258,22 @@ impl<C: Connection> Service<C> {
         &self.settings
     }
 
-    fn limiter(&self, shape: &[(u64, u64, u64)]) -> Result<Limiter<C>, ServiceError> {
+    fn limiter(&self, shape: &[PartShape]) -> Result<Limiter<C>, ServiceError> {
         let mut cache = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(l) = cache.get(shape) {
             return Ok(l.clone());
         }
         let inv = |e: redis_ratelimit_client::Error| ServiceError::Invalid(e.to_string());
         let mut parts = Vec::with_capacity(shape.len());
-        for (i, &(limit, window_ms, weight)) in shape.iter().enumerate() {
-            parts.push(
-                fixed_window(&format!("d{i}"), limit, window_ms, false).and_then(|p| p.weighted(weight)).map_err(inv)?,
-            );
+        for (i, &(algorithm, limit, window_ms, burst, weight)) in shape.iter().enumerate() {
+            let name = format!("d{i}");
+            let p = match algorithm {
+                Algorithm::FixedWindow => fixed_window(&name, limit, window_ms, false),
+                Algorithm::TokenBucket => token_bucket(&name, burst, limit, window_ms),
+                Algorithm::SlidingLog => sliding_log(&name, limit, window_ms),
+                Algorithm::SlidingCounter => sliding_counter(&name, limit, window_ms),
+            };
+            parts.push(p.and_then(|p| p.weighted(weight)).map_err(inv)?);
         }
         let l = self.rl.limiter(all_of(parts, Some("envoy")).map_err(inv)?, Panic::default()).map_err(inv)?;
         if cache.len() >= 10_000 {
@@ -211,11 +283,11 @@ impl<C: Connection> Service<C> {
         Ok(l)
     }
 
-    /// One `RL.MULTI` over `parts` ((key, requests_per_unit, window_ms, weight)), `cost` 1 or 0.
+    /// One `RL.MULTI` over `parts`, `cost` 1 or 0.
     async fn multi(&self, parts: &[PartSpec], cost: u64) -> Result<Decision, ServiceError> {
-        let shape: Shape = parts.iter().map(|p| (p.1, p.2, p.3)).collect();
+        let shape: Shape = parts.iter().map(|p| p.shape).collect();
         let lim = self.limiter(&shape)?;
-        let keys: Vec<&str> = parts.iter().map(|p| p.0.as_str()).collect();
+        let keys: Vec<&str> = parts.iter().map(|p| p.key.as_str()).collect();
         let d = lim.limit_keys(&keys, Call::cost(cost)).await.map_err(|e| match e {
             redis_ratelimit_client::Error::Unavailable(m) => ServiceError::Unavailable(m),
             redis_ratelimit_client::Error::Invalid(m) | redis_ratelimit_client::Error::CrossSlot(m) => {
@@ -290,6 +362,10 @@ impl<C: Connection> Service<C> {
                             shadow_mode: false,
                             detailed_metric: false,
                             full_key,
+                            // an override has a unit and a number: envoyproxy/ratelimit's fixed window
+                            algorithm: Algorithm::FixedWindow,
+                            window_ms: None,
+                            burst: None,
                         }),
                         share: Vec::new(),
                     })
@@ -340,21 +416,26 @@ impl<C: Connection> Service<C> {
             if hits > MAX {
                 return Err(ServiceError::Invalid(format!("hits_addend {hits} is above 2^53-1")));
             }
-            let unit = m.limit.unit.unwrap_or(Unit::Second);
+            let window_ms = m.limit.window().unwrap_or(1000);
             let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
-            let key = cache_key(&self.settings.cache_key_prefix, &req.domain, &entries, &m.share, unit);
+            let key =
+                cache_key_with(&self.settings.cache_key_prefix, &req.domain, &entries, &m.share, &m.limit.key_suffix());
             let rpu = u64::from(m.limit.requests_per_unit);
+            let burst = m.limit.burst.unwrap_or(rpu);
             let list = if hits == 0 { &mut checked } else { &mut counted };
             let part = if rpu == 0 {
                 usize::MAX // decided here: nothing to ask Redis
-            } else if let Some(j) = list.iter().position(|p| p.0 == key) {
-                // the same counter twice in one request: one part, the hits added up
-                list[j].1 = list[j].1.min(rpu);
-                list[j].3 = list[j].3.saturating_add(hits).min(MAX);
+            } else if let Some(j) = list.iter().position(|p| p.key == key) {
+                // the same counter twice in one request (the key holds the
+                // algorithm and the window): one part, the hits added up
+                let s = &mut list[j].shape;
+                s.1 = s.1.min(rpu);
+                s.3 = s.3.min(burst);
+                s.4 = s.4.saturating_add(hits).min(MAX);
                 j
             } else {
                 // a check-only part (hits 0) is sent with weight 1 and COST 0
-                list.push((key, rpu, unit.seconds() * 1000, hits.max(1)));
+                list.push(PartSpec { key, shape: (m.limit.algorithm, rpu, window_ms, burst, hits.max(1)) });
                 list.len() - 1
             };
             let detailed_key = m.limit.detailed_metric.then(|| {
@@ -369,7 +450,7 @@ impl<C: Connection> Service<C> {
                 }
                 k
             });
-            slots.push(Some((Slot { limit: m.limit, unit, hits, part, detailed_key }, hits == 0)));
+            slots.push(Some((Slot { limit: m.limit, window_ms, hits, part, detailed_key }, hits == 0)));
         }
         if counted.len() > MAX_LIMITED_DESCRIPTORS || checked.len() > MAX_LIMITED_DESCRIPTORS {
             return Err(ServiceError::Invalid(format!(
@@ -398,14 +479,14 @@ impl<C: Connection> Service<C> {
         );
         let main = main?;
         let check = check?;
-        // (over, remaining) per counted part
-        let mut counted_state: Vec<(bool, u64)> = Vec::new();
+        // what each counted part says
+        let mut counted_state: Vec<PartState> = Vec::new();
         // per counted part: whether its units were taken (its remaining is after them)
         let mut counted_taken: Vec<bool> = Vec::new();
         if let Some(d) = &main {
             counted_state = part_states(d);
             counted_taken = vec![d.allowed; counted.len()];
-            let over_parts: Vec<usize> = (0..counted.len()).filter(|&j| counted_state[j].0).collect();
+            let over_parts: Vec<usize> = (0..counted.len()).filter(|&j| counted_state[j].over).collect();
             if !d.allowed && !over_parts.is_empty() && over_parts.iter().all(|&j| shadow_of(j)) && !global_shadow {
                 // denied only by shadow-mode limits: the request passes, so the
                 // enforced limits count it (a second RL.MULTI without the shadow ones)
@@ -421,13 +502,13 @@ impl<C: Connection> Service<C> {
                 }
             }
         }
-        let check_state: Vec<(bool, u64)> = match &check {
-            Some(d) => d.parts.iter().map(|p| (p.remaining == 0, p.remaining)).collect(),
+        let check_state: Vec<PartState> = match &check {
+            Some(d) => part_states(d).into_iter().map(|p| PartState { over: p.remaining == 0, ..p }).collect(),
             None => Vec::new(),
         };
         let mut statuses = Vec::with_capacity(n);
         let mut over_any = false;
-        let mut header_from: Option<(u64, u32, Unit)> = None; // (remaining, limit, unit)
+        let mut header_from: Option<(u64, u32, u64)> = None; // (remaining, limit, reset seconds)
         let mut min_remaining = u64::from(u32::MAX);
         for (i, s) in slots.iter().enumerate() {
             let Some((slot, chk)) = s else {
@@ -438,13 +519,14 @@ impl<C: Connection> Service<C> {
                 });
                 continue;
             };
-            let (over, remaining) = if slot.part == usize::MAX {
-                (slot.hits > 0, 0)
+            let state = if slot.part == usize::MAX {
+                None
             } else if *chk {
-                check_state[slot.part]
+                Some(&check_state[slot.part])
             } else {
-                counted_state[slot.part]
+                Some(&counted_state[slot.part])
             };
+            let (over, remaining) = state.map_or((slot.hits > 0, 0), |p| (p.over, p.remaining));
             // the statistics, as envoyproxy/ratelimit counts them (docs/envoy.md)
             let stats_key = slot.detailed_key.as_deref().unwrap_or(slot.limit.full_key.as_str());
             self.metrics.with_key(stats_key, |k| {
@@ -472,16 +554,17 @@ impl<C: Connection> Service<C> {
             if over && slot.limit.shadow_mode {
                 code = Code::Ok;
             }
-            let st = status(code, &slot.limit, slot.unit, remaining);
+            let reset_s = reset_seconds(slot, state);
+            let st = status(code, &slot.limit, remaining, reset_s);
             // the headers: the descriptor with the fewest left, or the last over the limit
             if u64::from(st.limit_remaining) < min_remaining {
                 min_remaining = u64::from(st.limit_remaining);
-                header_from = Some((min_remaining, slot.limit.requests_per_unit, slot.unit));
+                header_from = Some((min_remaining, slot.limit.requests_per_unit, reset_s));
             }
             if code == Code::OverLimit {
                 over_any = true;
                 min_remaining = 0;
-                header_from = Some((0, slot.limit.requests_per_unit, slot.unit));
+                header_from = Some((0, slot.limit.requests_per_unit, reset_s));
             }
             statuses.push(st);
         }
@@ -490,10 +573,10 @@ impl<C: Connection> Service<C> {
             self.metrics.global_shadow_mode.fetch_add(1, Relaxed);
         }
         let response_headers_to_add = match header_from {
-            Some((rem, lim, unit)) if self.settings.headers_enabled => vec![
+            Some((rem, lim, reset_s)) if self.settings.headers_enabled => vec![
                 header(&self.settings.header_limit, lim.to_string()),
                 header(&self.settings.header_remaining, rem.to_string()),
-                header(&self.settings.header_reset, seconds_until_reset(unit).to_string()),
+                header(&self.settings.header_reset, reset_s.to_string()),
             ],
             _ => Vec::new(),
         };
@@ -510,9 +593,17 @@ fn header(k: &str, v: String) -> HeaderValue {
     HeaderValue { key: k.to_owned(), value: v, raw_value: Vec::new() }
 }
 
-/// (over the limit, units left) per part of an `RL.MULTI` decision. A part
-/// that could take its units in a call denied by another took nothing, and
-/// its reply's remaining is what it has now.
-fn part_states(d: &Decision) -> Vec<(bool, u64)> {
-    d.parts.iter().map(|p| (p.retry_after_ms != 0, p.remaining)).collect()
+/// What each part of an `RL.MULTI` decision says. A part that could take
+/// its units in a call denied by another took nothing, and its reply's
+/// remaining is what it has now.
+fn part_states(d: &Decision) -> Vec<PartState> {
+    d.parts
+        .iter()
+        .map(|p| PartState {
+            over: p.retry_after_ms != 0,
+            remaining: p.remaining,
+            retry_ms: p.retry_after_ms,
+            reset_ms: p.reset_after_ms,
+        })
+        .collect()
 }

@@ -1,12 +1,12 @@
 //! RL.MULTI: several limits decided at one clock reading, all or nothing.
 
-use ratelimit_core::args::{self, ArgError, LimitSpec, MultiCall, MAX_LIMITS};
+use ratelimit_core::args::{self, ArgError, Call, LimitSpec, MultiCall, MAX_LIMITS};
 use ratelimit_core::codec;
 use ratelimit_core::multi::{self, LimitMut, Op, Params, Slot};
 use ratelimit_core::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 
 use super::reply::{reply_arg_error, reply_multi, STORE_FAILED};
-use super::single::WordLimiter;
+use super::single::{word_apply_with, WordLimiter};
 use super::{commit, delete, Effects};
 use crate::api::{Ctx, Key, Replied, Str};
 use crate::clock;
@@ -54,8 +54,9 @@ pub fn multi_keys(ctx: Ctx, argv: &[Str]) -> Replied {
     ctx.reply_keys_at(2..2 + n)
 }
 
-/// RL.MULTI with room for `N` limits: one parse, then the fast path for
-/// the commonest call ([`multi_words`]) or the general one.
+/// RL.MULTI with room for `N` limits: one parse, then a fast path for the
+/// commonest calls (one plain limit: [`multi_one`]; several:
+/// [`multi_words`]) or the general one.
 #[inline(never)]
 fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
     let Some(rest) = argv.get(1..) else {
@@ -70,11 +71,43 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
         return ctx.wrong_arity();
     };
     if call.plain {
+        if let ([name], [limit]) = (names, limits) {
+            if let Some(r) = multi_one(ctx, *name, limit) {
+                return r;
+            }
+        }
         if let Some(r) = multi_words::<N>(ctx, names, limits) {
             return r;
         }
     }
     multi_general::<N>(ctx, &call, names, limits)
+}
+
+/// RL.MULTI of one plain limit of a word state (the parser's `plain`: no
+/// WEIGHT, no option, so COST 1): the single command's work
+/// (`single::word_apply_with`: open, read, decide, store, expire, signal,
+/// the `rl.multi` event, replicate), answered in RL.MULTI's shape. With
+/// one limit of weight 1 the call's grant is that limit's, and the whole
+/// reply is its reply (`multi::combine_unweighted`), as `multi_words`
+/// answers it (the integration suite compares both with the general
+/// path). None for a sliding log, which `plain` rules out.
+#[inline(never)]
+fn multi_one<'a>(ctx: Ctx<'a>, name: Str<'a>, limit: &LimitSpec) -> Option<Replied> {
+    let call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
+    let d = match limit.params {
+        Params::TokenBucket(p) => word_apply_with::<tb::State, true>(ctx, name, &call, Cmd::Multi, p),
+        Params::SlidingCounter(p) => word_apply_with::<sc::State, true>(ctx, name, &call, Cmd::Multi, p),
+        Params::FixedWindow(p) => word_apply_with::<fw::State, true>(ctx, name, &call, Cmd::Multi, p),
+        Params::SlidingLog(_) => return None,
+    };
+    Some(match d {
+        Ok(d) => {
+            let per = [d];
+            let whole = multi::combine_unweighted(&per, d.granted, 1, false);
+            reply_multi(ctx, 0, false, 1, &whole, &per, 1)
+        }
+        Err(r) => r,
+    })
 }
 
 /// The general path: any limits, weights and options.

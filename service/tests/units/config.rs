@@ -178,3 +178,113 @@ fn units_and_their_windows() {
     assert_eq!(Unit::parse("unknown"), None);
     assert_eq!(Unit::from_proto(0), None);
 }
+
+const EXT: &str = r#"
+domain: ext
+descriptors:
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: tb
+    rate_limit: {algorithm: token_bucket, unit: second, requests_per_unit: 10, burst: 50}
+  - key: tb_default
+    rate_limit: {algorithm: Token_Bucket, window_ms: 1500, requests_per_unit: 3}
+  - key: log
+    rate_limit: {algorithm: sliding_log, unit: hour, requests_per_unit: 7}
+  - key: ctr
+    rate_limit: {algorithm: sliding_counter, window_ms: 60000, requests_per_unit: 9}
+  - key: fw_ms
+    rate_limit: {algorithm: fixed_window, window_ms: 9007199254740991, requests_per_unit: 1}
+"#;
+
+#[test]
+fn the_extension_keys_algorithm_burst_and_window_ms() {
+    let c = load(EXT).unwrap();
+    let l = |k: &str| c.get_limit("ext", &[(k, "x")]).unwrap().limit;
+    // without the extension: envoyproxy/ratelimit's fixed window, its unit, its key
+    let p = l("plain");
+    assert_eq!((p.algorithm, p.window_ms, p.burst, p.window()), (Algorithm::FixedWindow, None, None, Some(60_000)));
+    assert_eq!((p.reported_unit(), p.key_suffix().as_str()), (Some(Unit::Minute), "60"));
+    let t = l("tb");
+    assert_eq!(
+        (t.algorithm, t.unit, t.burst, t.window()),
+        (Algorithm::TokenBucket, Some(Unit::Second), Some(50), Some(1000))
+    );
+    assert_eq!(t.key_suffix(), "1_tb");
+    let t = l("tb_default");
+    assert_eq!((t.algorithm, t.unit, t.window_ms, t.burst), (Algorithm::TokenBucket, None, Some(1500), None));
+    // no unit is 1.5 s: current_limit answers UNKNOWN
+    assert_eq!((t.reported_unit(), t.key_suffix().as_str()), (None, "1500ms_tb"));
+    let s = l("log");
+    assert_eq!((s.algorithm, s.key_suffix().as_str()), (Algorithm::SlidingLog, "3600_sl"));
+    let s = l("ctr");
+    // 60000 ms is a minute: current_limit says MINUTE (the key keeps the ms)
+    assert_eq!(
+        (s.algorithm, s.reported_unit(), s.key_suffix().as_str()),
+        (Algorithm::SlidingCounter, Some(Unit::Minute), "60000ms_sc")
+    );
+    let f = l("fw_ms");
+    assert_eq!(
+        (f.algorithm, f.window(), f.key_suffix().as_str()),
+        (Algorithm::FixedWindow, Some(MAX_NUMBER), "9007199254740991ms")
+    );
+}
+
+#[test]
+fn the_extension_keys_errors() {
+    let rl = |body: &str| format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{{body}}}\n");
+    let cases: Vec<(String, &str)> = vec![
+        // misspelled or misplaced: refused by name
+        (rl("unit: second, requests_per_unit: 1, algoritm: token_bucket"), "config error, unknown key 'algoritm'"),
+        (rl("unit: second, requests_per_unit: 1, algorithm: token_bucket, burts: 2"), "config error, unknown key 'burts'"),
+        (rl("window_msec: 100, requests_per_unit: 1"), "config error, unknown key 'window_msec'"),
+        (
+            "domain: d\ndescriptors:\n  - key: a\n    burst: 5\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+                .into(),
+            "config error, key 'burst' is only valid in a rate_limit",
+        ),
+        ("domain: d\nalgorithm: token_bucket\n".into(), "config error, key 'algorithm' is only valid in a rate_limit"),
+        // the algorithm
+        (rl("unit: second, requests_per_unit: 1, algorithm: leaky_bucket"), "invalid rate limit algorithm 'leaky_bucket'"),
+        (rl("unit: second, requests_per_unit: 1, algorithm: ''"), "invalid rate limit algorithm ''"),
+        // window_ms: exactly one of unit and window_ms, 1 to 2^53 - 1
+        (rl("unit: second, window_ms: 1000, requests_per_unit: 1"), "should not specify both rate limit unit and window_ms"),
+        (
+            rl("window_ms: 0, requests_per_unit: 1"),
+            "invalid rate limit window_ms '0': an integer from 1 to 9007199254740991",
+        ),
+        (rl("window_ms: 9007199254740992, requests_per_unit: 1"), "invalid rate limit window_ms '9007199254740992'"),
+        (rl("window_ms: -5, requests_per_unit: 1"), "invalid rate limit window_ms '-5'"),
+        (rl("window_ms: '100', requests_per_unit: 1"), "invalid rate limit window_ms '100'"),
+        (rl("window_ms: 1.5, requests_per_unit: 1"), "error checking config"),
+        (rl("requests_per_unit: 1, algorithm: sliding_log"), "invalid rate limit unit ''"),
+        // burst: a token bucket's, 1 to 2^53 - 1, with requests_per_unit above 0
+        (
+            rl("unit: second, requests_per_unit: 1, burst: 5"),
+            "rate limit burst only applies to algorithm token_bucket, not 'fixed_window'",
+        ),
+        (
+            rl("unit: second, requests_per_unit: 1, burst: 5, algorithm: sliding_log"),
+            "rate limit burst only applies to algorithm token_bucket, not 'sliding_log'",
+        ),
+        (rl("unit: second, requests_per_unit: 1, burst: 5, algorithm: sliding_counter"), "not 'sliding_counter'"),
+        (rl("unit: second, requests_per_unit: 1, burst: 0, algorithm: token_bucket"), "invalid rate limit burst '0'"),
+        (
+            rl("unit: second, requests_per_unit: 1, burst: 9007199254740992, algorithm: token_bucket"),
+            "invalid rate limit burst '9007199254740992'",
+        ),
+        (
+            rl("unit: second, requests_per_unit: 0, burst: 3, algorithm: token_bucket"),
+            "rate limit burst needs requests_per_unit above 0",
+        ),
+        // unlimited takes none of them
+        (rl("unlimited: true, algorithm: token_bucket"), "should not specify rate limit algorithm when unlimited"),
+        (rl("unlimited: true, window_ms: 10"), "should not specify rate limit window_ms when unlimited"),
+        (rl("unlimited: true, burst: 10"), "should not specify rate limit burst when unlimited"),
+    ];
+    for (yaml, want) in &cases {
+        let e = load(yaml).expect_err(yaml);
+        assert!(e.0.starts_with("config.test: ") && e.0.contains(want), "{yaml:?}: got {e}, want {want}");
+    }
+    // rpu 0 stays envoyproxy/ratelimit's "refuse every request", with any algorithm
+    assert!(load(&rl("window_ms: 10, requests_per_unit: 0, algorithm: sliding_log")).is_ok());
+}

@@ -21,6 +21,8 @@ pub const ENCODING_VERSION: u8 = 1;
 /// hour). Anything else stays in the wide form. No division either way.
 const PACK_T_BITS: u32 = 51;
 const PACK_PB_BITS: u32 = 6;
+/// The fixed head: `t` and `pb`.
+const PACK_HEAD_BITS: u32 = PACK_T_BITS + PACK_PB_BITS;
 
 impl State {
     pub const ENCODED_LEN: usize = 1 + 4 * 8;
@@ -38,6 +40,14 @@ impl State {
     /// The state in two words, when it fits the compact form (see
     /// `PACK_T_BITS`); `unpack` gives back exactly this state. `None` for
     /// states outside it, which are then stored in full.
+    ///
+    /// The fields above the 57-bit head (`period`, `frac`, `tokens`) are
+    /// built as one number `y` (`x = head | y << 57`): in 64-bit
+    /// arithmetic with one 128-bit shift when `period` and `frac` take at
+    /// most 64 bits together (every period up to 37 hours), else by
+    /// [`State::pack_wide`]; the same words either way (the property test
+    /// `pack_paths_agree`).
+    #[inline]
     pub fn pack(&self) -> Option<[u64; 2]> {
         let t = self.last_us.checked_sub(PACK_EPOCH_US)?;
         // `den` a nonzero whole number of ms (one division: `period` is 0
@@ -48,28 +58,75 @@ impl State {
             return None;
         }
         let pb = bit_len(period); // 1..=54
-        let tokens_at = PACK_T_BITS + PACK_PB_BITS + pb + bit_len(self.den);
+        let low = pb + bit_len(self.den); // period and frac
+        if low > 64 {
+            return self.pack_wide(t, period, pb);
+        }
+        // `tokens` fits in the bits above `57 + low`.
+        if bit_len(self.tokens) + low > u128::BITS - PACK_HEAD_BITS {
+            return None;
+        }
+        // frac < den < 2^(low − pb): `frac << pb | period` fits in 64 bits;
+        // `tokens << low` in 71 (the check above).
+        let y = u128::from(self.tokens) << low | u128::from(self.frac << pb | period);
+        let head = t | u64::from(pb) << PACK_T_BITS;
+        Some([head | (y as u64) << PACK_HEAD_BITS, (y >> (64 - PACK_HEAD_BITS)) as u64])
+    }
+
+    /// [`State::pack`] of a state whose `period` and `frac` take more than
+    /// 64 bits (periods above 37 hours), in 128-bit arithmetic throughout;
+    /// `t`, `period` and `pb` as `pack` computed them.
+    #[inline(never)]
+    fn pack_wide(&self, t: u64, period: u64, pb: u32) -> Option<[u64; 2]> {
+        let tokens_at = PACK_HEAD_BITS + pb + bit_len(self.den);
         // `tokens` fits in the bits above `tokens_at` (no 128-bit shift).
         if bit_len(self.tokens) + tokens_at > u128::BITS {
             return None;
         }
         let x = u128::from(t)
             | (u128::from(pb) << PACK_T_BITS)
-            | (u128::from(period) << (PACK_T_BITS + PACK_PB_BITS))
-            | (u128::from(self.frac) << (PACK_T_BITS + PACK_PB_BITS + pb))
+            | (u128::from(period) << PACK_HEAD_BITS)
+            | (u128::from(self.frac) << (PACK_HEAD_BITS + pb))
             | u128::from(self.tokens).checked_shl(tokens_at).unwrap_or(0);
         Some(split(x))
     }
 
     /// Inverse of `pack`. Total: any two words give some state (only words
-    /// written by `pack` are ever passed).
+    /// written by `pack` are ever passed). In 64-bit arithmetic and one
+    /// 128-bit shift when `period` and `frac` take at most 64 bits, else
+    /// by [`State::unpack_wide`], which gives the same state for any words
+    /// (the property test `unpack_paths_agree`).
+    #[inline]
     pub fn unpack(w: [u64; 2]) -> State {
+        let [w0, w1] = w;
+        let pb = ((w0 >> PACK_T_BITS) & ((1 << PACK_PB_BITS) - 1)) as u32; // < 64
+                                                                           // y = x >> 57: 71 bits.
+        let y = (u128::from(w1) << 64 | u128::from(w0)) >> PACK_HEAD_BITS;
+        let period = y as u64 & ones(pb);
+        let den = period.saturating_mul(1000);
+        let low = pb + bit_len(den);
+        if low > 64 {
+            return State::unpack_wide(w);
+        }
+        State {
+            // low ≤ 64 < 128: the shift is defined; its low 64 bits.
+            tokens: (y >> low) as u64,
+            // pb < 64
+            frac: (y as u64 >> pb) & ones(bit_len(den)),
+            den,
+            last_us: (w0 & ones(PACK_T_BITS)) + PACK_EPOCH_US,
+        }
+    }
+
+    /// [`State::unpack`] in 128-bit arithmetic throughout (any words).
+    #[inline(never)]
+    pub fn unpack_wide(w: [u64; 2]) -> State {
         let x = u128::from(w[0]) | (u128::from(w[1]) << 64);
         let t = low_bits(x, PACK_T_BITS);
         let pb = low_bits(x >> PACK_T_BITS, PACK_PB_BITS) as u32; // < 64
-        let period = low_bits(x >> (PACK_T_BITS + PACK_PB_BITS), pb);
+        let period = low_bits(x >> PACK_HEAD_BITS, pb);
         let den = period.saturating_mul(1000);
-        let frac_at = PACK_T_BITS + PACK_PB_BITS + pb; // ≤ 120
+        let frac_at = PACK_HEAD_BITS + pb; // ≤ 120
         let tokens_at = frac_at + bit_len(den);
         State {
             tokens: x.checked_shr(tokens_at).map_or(0, |v| low_bits(v, 64)),
@@ -103,8 +160,15 @@ impl State {
 }
 
 /// Number of significant bits of `v` (0 for 0).
+#[inline(always)]
 fn bit_len(v: u64) -> u32 {
     u64::BITS - v.leading_zeros()
+}
+
+/// The low `bits` bits set (all 64 for `bits >= 64`).
+#[inline(always)]
+fn ones(bits: u32) -> u64 {
+    u64::MAX.checked_shr(u64::BITS.saturating_sub(bits)).unwrap_or(0)
 }
 
 #[cfg(test)]
@@ -167,6 +231,45 @@ mod tests {
                 prop_assert!(last_us >= PACK_EPOCH_US);
             }
             let _ = State::unpack(words);
+        }
+
+        /// The 64-bit paths of `pack` and `unpack` write and read the same
+        /// words as the 128-bit ones: `pack_wide` gives the same words for
+        /// every state `pack` packs in 64 bits, and `unpack_wide` the same
+        /// state for any two words.
+        #[test]
+        fn pack_paths_agree(
+            tokens in prop_oneof![any::<u64>(), 0u64..1_000_000, Just(0u64)],
+            frac in any::<u64>(),
+            period in prop_oneof![any::<u64>(), 1u64..200_000_000, Just(1u64)],
+            last_us in prop_oneof![any::<u64>(), PACK_EPOCH_US..PACK_EPOCH_US + (1u64 << 51)],
+        ) {
+            let den = period.saturating_mul(1000);
+            let s = State { tokens, frac: frac % den.max(1), den, last_us };
+            if let Some(w) = s.pack() {
+                let t = last_us - PACK_EPOCH_US;
+                prop_assert_eq!(s.pack_wide(t, period, bit_len(period)), Some(w));
+                prop_assert_eq!(State::unpack_wide(w), s);
+            } else if let (Some(t), true) = (last_us.checked_sub(PACK_EPOCH_US), den % 1000 == 0 && den > 0) {
+                // Declined: the 128-bit path declines it too.
+                if t >> PACK_T_BITS == 0 && s.frac < den {
+                    prop_assert_eq!(s.pack_wide(t, period, bit_len(period)), None);
+                }
+            }
+        }
+
+        #[test]
+        fn unpack_paths_agree(words in any::<[u64; 2]>(), period in prop_oneof![any::<u64>(), 1u64..200_000_000]) {
+            prop_assert_eq!(State::unpack(words), State::unpack_wide(words));
+            // Words whose head holds the length of the period above it
+            // (as `pack` writes them), the rest random.
+            let pb = bit_len(period);
+            let x = u128::from(words[0]) | u128::from(words[1]) << 64;
+            let x = x & !(((1u128 << (PACK_PB_BITS + pb)) - 1) << PACK_T_BITS)
+                | u128::from(pb) << PACK_T_BITS
+                | u128::from(period) << PACK_HEAD_BITS;
+            let [w0, w1] = split(x);
+            prop_assert_eq!(State::unpack([w0, w1]), State::unpack_wide([w0, w1]));
         }
 
         /// The states real buckets reach (per second up to per hour, up to

@@ -363,11 +363,12 @@ impl View {
 /// `(state, params, cost, now) -> (decision, new state)`. Pure. The new state
 /// is what the key must hold if the call is written (granted > 0, not
 /// DRYRUN); it is never fresh then.
-#[inline]
+#[inline(always)]
 pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
     let v = View::at(state, p, now_us);
     let granted = crate::grant_size(v.available(), cost, partial);
-    (v.answer(granted, cost), v.state_after(granted))
+    // One take gives both: the state after it does not depend on `want`.
+    v.take(granted, cost)
 }
 
 /// `REFUND n`: the bucket gets `n` tokens back, up to its capacity.
@@ -379,7 +380,7 @@ pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) ->
 pub fn refund(state: &State, p: &Params, n: u64, want: u64, now_us: u64) -> (Decision, State) {
     let v = View::at(state, p, now_us);
     let after = v.refunded(n);
-    let mut d = after.answer(0, want);
+    let (mut d, s) = after.take(0, want);
     d.granted = after.available().saturating_sub(v.available());
-    (d, after.state_after(0))
+    (d, s)
 }
