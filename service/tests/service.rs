@@ -744,3 +744,37 @@ async fn sentinel_failover_is_followed() {
     // the promoted replica goes on from the replicated count
     assert_eq!(rem(&a.statuses[0]), (OK, 96));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_allow_and_deny() {
+    let mut env = stall_env().to_vec();
+    env.push(("PANIC_MODE", "allow"));
+    let open = Env::start("allow", CONFIG, &env).await;
+    let url = format!("127.0.0.1:{}", open.redis_port);
+    let closed = Env::serve(
+        "deny",
+        &[CONFIG],
+        &[("REDIS_TIMEOUT", "250ms"), ("PANIC_MODE", "deny"), ("REDIS_URL", url.as_str())],
+        open.redis_port,
+        None,
+    )
+    .await;
+    fresh_window(3_600_000, 10_000);
+    let both = || req("basic", vec![desc(&[("site", "")]), desc(&[("user", "a")])]);
+    let a = closed.ask(both()).await;
+    assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])), (OK, (OK, 99), (OK, 1)));
+    sig(open.redis.as_ref().unwrap().0.id(), libc::SIGSTOP);
+    let (mut c_open, mut c_closed) = (open.client().await, closed.client().await);
+    for _ in 0..2 {
+        // fail open: OK, the full limits left; fail closed: every limited descriptor over
+        let (a, took) = timed(&mut c_open, both()).await;
+        within_bound(took, "allow");
+        let a = a.unwrap();
+        assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])), (OK, (OK, 100), (OK, 2)));
+        let (a, took) = timed(&mut c_closed, both()).await;
+        within_bound(took, "deny");
+        let a = a.unwrap();
+        assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])), (OVER, (OVER, 0), (OVER, 0)));
+    }
+    sig(open.redis.as_ref().unwrap().0.id(), libc::SIGCONT);
+}
