@@ -4,6 +4,7 @@
 //! configuration and environment variables; each request's descriptors
 //! decided in one atomic `RL.MULTI` through the Rust client.
 //!
+//! * [`conn`] — the connection of `REDIS_TYPE` (single, sentinel, cluster).
 //! * [`config`] — the YAML files, their load errors and descriptor matching.
 //! * [`settings`] — the environment variables.
 //! * [`runtime`] — the configuration directory and its hot reload.
@@ -14,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod config;
+pub mod conn;
 pub mod json;
 pub mod metrics;
 pub mod runtime;

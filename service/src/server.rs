@@ -14,10 +14,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use redis_ratelimit_client::{Backend, Connection, Options, RateLimit};
 
+use crate::conn::RedisConn;
 use crate::json::{parse_request, render_response};
 use crate::runtime::{load_dir, spawn_reloader};
 use crate::service::{Service, ServiceError};
-use crate::settings::Settings;
+use crate::settings::{RedisType, Settings};
 
 /// The gRPC face of a [`Service`].
 pub struct Grpc<C>(pub Arc<Service<C>>);
@@ -73,7 +74,7 @@ pub fn metrics_router<C: Connection>(svc: Arc<Service<C>>, path: &str) -> axum::
 /// A started service: its state, the bound addresses, and the task serving both listeners.
 pub struct Running {
     /// The service (its live configuration, its last refusal).
-    pub service: Arc<Service<redis::aio::ConnectionManager>>,
+    pub service: Arc<Service<RedisConn>>,
     /// The gRPC listener's address.
     pub grpc_addr: std::net::SocketAddr,
     /// The HTTP listener's address.
@@ -84,19 +85,54 @@ pub struct Running {
     pub task: tokio::task::JoinHandle<Result<(), String>>,
 }
 
+/// The connection of `REDIS_TYPE`, connected (single, cluster) or with
+/// its primary checked (sentinel) within `REDIS_TIMEOUT`.
+async fn connect(settings: &Settings) -> Result<RedisConn, String> {
+    let t = settings.redis_timeout;
+    let late = || format!("connecting to Redis: no connection within REDIS_TIMEOUT ({t:?})");
+    let failed = |e: redis::RedisError| format!("connecting to Redis: {e}");
+    let conn = match &settings.redis_type {
+        RedisType::Single => {
+            let client = redis::Client::open(settings.redis_info()).map_err(|e| format!("REDIS_URL: {e}"))?;
+            let mgr_cfg =
+                redis::aio::ConnectionManagerConfig::new().set_connection_timeout(Some(t)).set_response_timeout(Some(t));
+            let c = tokio::time::timeout(t, redis::aio::ConnectionManager::new_with_config(client, mgr_cfg))
+                .await
+                .map_err(|_| late())?
+                .map_err(failed)?;
+            RedisConn::Single(c)
+        }
+        RedisType::Sentinel { master, .. } => {
+            let node = settings.redis_info().redis_settings().clone();
+            let c =
+                redis_ratelimit_client::SentinelConnection::with_node_settings(&settings.redis_urls(), master, Some(node))
+                    .map_err(|e| format!("REDIS_URL: {e}"))?;
+            RedisConn::Sentinel(c)
+        }
+        RedisType::Cluster { .. } => {
+            let client = redis::cluster::ClusterClient::builder(settings.redis_urls())
+                .connection_timeout(t)
+                .response_timeout(t)
+                .build()
+                .map_err(|e| format!("REDIS_URL: {e}"))?;
+            let c = tokio::time::timeout(t, client.get_async_connection()).await.map_err(|_| late())?.map_err(failed)?;
+            RedisConn::Cluster(c)
+        }
+    };
+    // the first call is bounded too: no Redis within REDIS_TIMEOUT, no start
+    let mut probe = conn.clone();
+    tokio::time::timeout(t, redis::cmd("PING").query_async::<String>(&mut probe))
+        .await
+        .map_err(|_| late())?
+        .map_err(failed)?;
+    Ok(conn)
+}
+
 /// Connects to Redis, loads the configuration, binds both listeners and
 /// starts serving (and reloading) in the background. Errors: Redis cannot
 /// be reached, the first configuration does not load, a port cannot be bound.
 pub async fn start(settings: Settings) -> Result<Running, String> {
-    let client = redis::Client::open(settings.redis_info()).map_err(|e| format!("REDIS_URL: {e}"))?;
-    let mgr_cfg = redis::aio::ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(settings.redis_timeout))
-        .set_response_timeout(Some(settings.redis_timeout));
-    // the first connection is bounded too: no Redis within REDIS_TIMEOUT, no start
-    let conn = tokio::time::timeout(settings.redis_timeout, redis::aio::ConnectionManager::new_with_config(client, mgr_cfg))
-        .await
-        .map_err(|_| format!("connecting to Redis: no connection within REDIS_TIMEOUT ({:?})", settings.redis_timeout))?
-        .map_err(|e| format!("connecting to Redis: {e}"))?;
+    let conn = connect(&settings).await?;
     let timeout_ms = u64::try_from(settings.redis_timeout.as_millis()).unwrap_or(u64::MAX).max(1);
     let rl = RateLimit::new(conn, Options { timeout_ms, backend: Backend::Auto, ..Options::default() })
         .map_err(|e| e.to_string())?;
@@ -123,7 +159,7 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let reloader = spawn_reloader(svc.clone(), files);
     let svc_m = svc.clone();
     let (health, health_svc) = tonic_health::server::health_reporter();
-    health.set_serving::<RateLimitServiceServer<Grpc<redis::aio::ConnectionManager>>>().await;
+    health.set_serving::<RateLimitServiceServer<Grpc<RedisConn>>>().await;
     let grpc = tonic::transport::Server::builder()
         .add_service(health_svc)
         .add_service(RateLimitServiceServer::new(Grpc(svc.clone())))

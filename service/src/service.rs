@@ -21,7 +21,7 @@ use redis_ratelimit_client::{
 
 use crate::config::{Algorithm, Config, Matched, RateLimit as Limit, Unit};
 use crate::metrics::{near_hits, Metrics};
-use crate::settings::Settings;
+use crate::settings::{PanicMode, Settings};
 
 /// Why a request gets no decision (a gRPC error; `/json` answers 400, as
 /// envoyproxy/ratelimit's does for any error).
@@ -275,7 +275,11 @@ impl<C: Connection> Service<C> {
             };
             parts.push(p.and_then(|p| p.weighted(weight)).map_err(inv)?);
         }
-        let l = self.rl.limiter(all_of(parts, Some("envoy")).map_err(inv)?, Panic::default()).map_err(inv)?;
+        let panic = match self.settings.panic_mode {
+            PanicMode::Local(instances) => Panic::Instances(instances),
+            _ => Panic::default(),
+        };
+        let l = self.rl.limiter(all_of(parts, Some("envoy")).map_err(inv)?, panic).map_err(inv)?;
         if cache.len() >= 10_000 {
             cache.clear();
         }
@@ -288,17 +292,39 @@ impl<C: Connection> Service<C> {
         let shape: Shape = parts.iter().map(|p| p.shape).collect();
         let lim = self.limiter(&shape)?;
         let keys: Vec<&str> = parts.iter().map(|p| p.key.as_str()).collect();
-        let d = lim.limit_keys(&keys, Call::cost(cost)).await.map_err(|e| match e {
+        let mut d = lim.limit_keys(&keys, Call::cost(cost)).await.map_err(|e| match e {
             redis_ratelimit_client::Error::Unavailable(m) => ServiceError::Unavailable(m),
-            redis_ratelimit_client::Error::Invalid(m) | redis_ratelimit_client::Error::CrossSlot(m) => {
-                ServiceError::Invalid(m)
+            redis_ratelimit_client::Error::Invalid(m) => ServiceError::Invalid(m),
+            // the keys share the domain's hash tag, so this is a bug here: an
+            // error answer, and nothing was counted anywhere (refused before any call)
+            redis_ratelimit_client::Error::CrossSlot(m) => {
+                ServiceError::Internal(format!("the keys of one request span cluster slots, nothing counted: {m}"))
             }
             e => ServiceError::Internal(e.to_string()),
         })?;
         if d.source == Source::Panic {
-            return Err(ServiceError::Unavailable(
-                "Redis is unavailable (no reply within REDIS_TIMEOUT, or the breaker is open)".into(),
-            ));
+            // Redis did not answer within REDIS_TIMEOUT, or the breaker is open
+            match self.settings.panic_mode {
+                PanicMode::Error => {
+                    return Err(ServiceError::Unavailable(
+                        "Redis is unavailable (no reply within REDIS_TIMEOUT, or the breaker is open)".into(),
+                    ))
+                }
+                // the client's panic limits decided, all parts or none
+                PanicMode::Local(_) => {}
+                PanicMode::Allow => {
+                    d.allowed = true;
+                    for p in &mut d.parts {
+                        (p.retry_after_ms, p.remaining) = (0, p.limit);
+                    }
+                }
+                PanicMode::Deny => {
+                    d.allowed = false;
+                    for p in &mut d.parts {
+                        (p.retry_after_ms, p.remaining) = (1, 0);
+                    }
+                }
+            }
         }
         Ok(d)
     }

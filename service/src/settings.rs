@@ -17,6 +17,40 @@ pub enum RedisAddr {
     Unix(String),
 }
 
+/// `REDIS_TYPE` and the addresses of `REDIS_URL` (envoyproxy/ratelimit's syntax).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RedisType {
+    /// `single`: the one address of [`Settings::redis`].
+    Single,
+    /// `sentinel`: `REDIS_URL=mastername,host:port,host:port…` (the sentinels; TCP).
+    Sentinel {
+        /// The name the sentinels monitor.
+        master: String,
+        /// The sentinels' `host:port`.
+        sentinels: Vec<String>,
+    },
+    /// `cluster`: `REDIS_URL=host:port,host:port…` (seed nodes; TCP).
+    Cluster {
+        /// The seed nodes' `host:port`.
+        nodes: Vec<String>,
+    },
+}
+
+/// What a decision is when Redis is unavailable (no reply within
+/// `REDIS_TIMEOUT`, or the client's breaker open): `PANIC_MODE`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PanicMode {
+    /// `error` (default): gRPC `UNAVAILABLE` (`/json`: 400); Envoy's `failure_mode_deny` decides.
+    Error,
+    /// `local`: the client's panic limits: each descriptor limited in this
+    /// process at its own rate divided by `PANIC_INSTANCES`.
+    Local(u64),
+    /// `allow`: every descriptor `OK` (fail open).
+    Allow,
+    /// `deny`: every limited descriptor `OVER_LIMIT` (fail closed).
+    Deny,
+}
+
 /// The settings of one service process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -30,8 +64,14 @@ pub struct Settings {
     pub grpc_port: u16,
     /// `REDIS_SOCKET_TYPE` + `REDIS_URL` (default unix, `/var/run/nutcracker/ratelimit.sock`).
     pub redis: RedisAddr,
+    /// `REDIS_TYPE`: single, sentinel or cluster (with their addresses).
+    pub redis_type: RedisType,
     /// `REDIS_AUTH`: `password` or `user:password`.
     pub redis_auth: Option<(Option<String>, String)>,
+    /// `REDIS_SENTINEL_AUTH`: the sentinels' `password` or `user:password`.
+    pub redis_sentinel_auth: Option<(Option<String>, String)>,
+    /// `PANIC_MODE` (+ `PANIC_INSTANCES`): the answer while Redis is unavailable.
+    pub panic_mode: PanicMode,
     /// `REDIS_TIMEOUT` (Go duration), default 10s: the bound of every Redis call.
     pub redis_timeout: Duration,
     /// `CACHE_KEY_PREFIX`, default empty.
@@ -126,7 +166,6 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
 const REFUSED: &[(&str, &[&str])] = &[
     ("REDIS_TLS", &["", "false", "0", "f", "F", "FALSE", "False"]),
     ("REDIS_PERSECOND", &["", "false", "0", "f", "F", "FALSE", "False"]),
-    ("REDIS_SENTINEL_AUTH", &[""]),
     ("QUOTA_MODE", &["", "false", "0", "f", "F", "FALSE", "False"]),
     ("RESPONSE_DYNAMIC_METADATA", &["", "false", "0", "f", "F", "FALSE", "False"]),
     ("PROMETHEUS_MAPPER_YAML", &[""]),
@@ -169,29 +208,61 @@ impl Settings {
                 }
             }
         }
-        match get("REDIS_TYPE").unwrap_or("").to_ascii_lowercase().as_str() {
-            "" | "single" => {}
-            other => {
-                return Err(format!(
-                    "REDIS_TYPE={other:?} is not supported yet: only single (sentinel and cluster come later)"
-                ))
-            }
-        }
         let url = get_or("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
-        if url.contains(',') {
-            return Err(format!("REDIS_URL={url:?}: one address for REDIS_TYPE=single"));
-        }
+        let list = |from: usize| -> Result<Vec<String>, String> {
+            let parts: Vec<String> = url.split(',').skip(from).map(|a| a.trim().to_owned()).collect();
+            if parts.is_empty()
+                || parts.iter().any(|a| a.rsplit_once(':').is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()))
+            {
+                return Err(format!("REDIS_URL={url:?}: host:port addresses separated by commas"));
+            }
+            Ok(parts)
+        };
+        let redis_type = match get("REDIS_TYPE").unwrap_or("").to_ascii_lowercase().as_str() {
+            "" | "single" => {
+                if url.contains(',') {
+                    return Err(format!("REDIS_URL={url:?}: one address for REDIS_TYPE=single"));
+                }
+                RedisType::Single
+            }
+            "sentinel" => {
+                let master = url.split(',').next().unwrap_or("").trim().to_owned();
+                if master.is_empty() || !url.contains(',') {
+                    return Err(format!(
+                        "REDIS_URL={url:?}: REDIS_TYPE=sentinel expects <master name>,<sentinel host:port>,..."
+                    ));
+                }
+                RedisType::Sentinel { master, sentinels: list(1)? }
+            }
+            "cluster" => RedisType::Cluster { nodes: list(0)? },
+            other => return Err(format!("REDIS_TYPE={other:?}: single, sentinel or cluster")),
+        };
         let redis = match get_or("REDIS_SOCKET_TYPE", "unix").as_str() {
             "unix" => RedisAddr::Unix(url),
             "tcp" => RedisAddr::Tcp(url),
             other => return Err(format!("REDIS_SOCKET_TYPE={other:?}: tcp or unix")),
         };
-        let redis_auth = match get("REDIS_AUTH").filter(|v| !v.is_empty()) {
+        let auth = |k: &str| match get(k).filter(|v| !v.is_empty()) {
             None => None,
             Some(a) => match a.split_once(':') {
                 Some((u, p)) => Some((Some(u.to_owned()), p.to_owned())),
                 None => Some((None, a.to_owned())),
             },
+        };
+        let redis_auth = auth("REDIS_AUTH");
+        let redis_sentinel_auth = auth("REDIS_SENTINEL_AUTH");
+        let instances: u64 = match get("PANIC_INSTANCES").filter(|v| !v.is_empty()) {
+            None => 1,
+            Some(v) => {
+                v.parse().ok().filter(|&n| n >= 1).ok_or_else(|| format!("PANIC_INSTANCES={v:?}: an integer >= 1"))?
+            }
+        };
+        let panic_mode = match get("PANIC_MODE").unwrap_or("").to_ascii_lowercase().as_str() {
+            "" | "error" => PanicMode::Error,
+            "local" => PanicMode::Local(instances),
+            "allow" => PanicMode::Allow,
+            "deny" => PanicMode::Deny,
+            other => return Err(format!("PANIC_MODE={other:?}: error, local, allow or deny")),
         };
         let redis_timeout = parse_go_duration(&get_or("REDIS_TIMEOUT", "10s")).map_err(|e| format!("REDIS_TIMEOUT: {e}"))?;
         if redis_timeout.is_zero() || redis_timeout.as_millis() == 0 {
@@ -238,7 +309,10 @@ impl Settings {
             grpc_host: get_or("GRPC_HOST", "0.0.0.0"),
             grpc_port: port("GRPC_PORT", 8081)?,
             redis,
+            redis_type,
             redis_auth,
+            redis_sentinel_auth,
+            panic_mode,
             redis_timeout,
             cache_key_prefix,
             headers_enabled: boolean("LIMIT_RESPONSE_HEADERS_ENABLED")?,
@@ -253,6 +327,31 @@ impl Settings {
             poll_interval,
             prometheus,
         })
+    }
+
+    /// The `redis://` URLs of the sentinels (with `REDIS_SENTINEL_AUTH`)
+    /// or of the cluster's seed nodes (with `REDIS_AUTH`); empty for single.
+    pub fn redis_urls(&self) -> Vec<String> {
+        fn enc(s: &str) -> String {
+            let mut o = String::new();
+            for b in s.bytes() {
+                if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                    o.push(b as char);
+                } else {
+                    o.push_str(&format!("%{b:02X}"));
+                }
+            }
+            o
+        }
+        let url = |addr: &String, auth: &Option<(Option<String>, String)>| match auth {
+            None => format!("redis://{addr}/"),
+            Some((u, p)) => format!("redis://{}:{}@{addr}/", enc(u.as_deref().unwrap_or("")), enc(p)),
+        };
+        match &self.redis_type {
+            RedisType::Single => Vec::new(),
+            RedisType::Sentinel { sentinels, .. } => sentinels.iter().map(|a| url(a, &self.redis_sentinel_auth)).collect(),
+            RedisType::Cluster { nodes } => nodes.iter().map(|a| url(a, &self.redis_auth)).collect(),
+        }
     }
 
     /// The redis-rs connection info of `REDIS_*`.

@@ -7,6 +7,10 @@
 
 mod units;
 
+// the Rust client's harness: servers, sentinels, clusters
+#[path = "../../clients/rust/tests/common/mod.rs"]
+mod common;
+
 use std::collections::HashMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -61,7 +65,7 @@ struct Env {
     http: u16,
     svc: server::Running,
     redis_port: u16,
-    _redis: Proc,
+    redis: Option<Proc>,
 }
 
 impl Drop for Env {
@@ -82,24 +86,33 @@ fn write(path: &Path, text: &str) {
 
 impl Env {
     async fn start(name: &str, config: &str, extra_env: &[(&str, &str)]) -> Env {
-        let dir = std::env::temp_dir().join(format!("rl-svc-{}-{name}-{}", std::process::id(), port()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
         let rport = port();
         let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
         let redis = Proc(
             Command::new(bin)
                 .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                 .args(["--loadmodule", &module()])
-                .current_dir(&dir)
+                .current_dir(std::env::temp_dir())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("start REDIS_SERVER"),
         );
         wait_for("redis", Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", rport)).is_ok());
+        Env::serve(name, &[config], extra_env, rport, Some(redis)).await
+    }
+
+    /// The service (one file per configuration) on Redis as `extra_env`
+    /// says (REDIS_URL defaults to 127.0.0.1:`rport`).
+    async fn serve(name: &str, configs: &[&str], extra_env: &[(&str, &str)], rport: u16, redis: Option<Proc>) -> Env {
+        let dir = std::env::temp_dir().join(format!("rl-svc-{}-{name}-{}", std::process::id(), port()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
         // RUNTIME_ROOT is a symlink to a versioned directory, as deployments swap it
-        write(&dir.join("v1/ratelimit/config/config.yaml"), config);
+        for (i, config) in configs.iter().enumerate() {
+            let file = if i == 0 { "config.yaml".to_owned() } else { format!("config{i}.yaml") };
+            write(&dir.join("v1/ratelimit/config").join(file), config);
+        }
         std::os::unix::fs::symlink(dir.join("v1"), dir.join("current")).unwrap();
         let mut vars: HashMap<String, String> = [
             ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
@@ -122,7 +135,7 @@ impl Env {
         }
         let svc = server::start(Settings::from_map(&vars).unwrap()).await.unwrap();
         let (grpc, http) = (svc.grpc_addr.port(), svc.http_addr.port());
-        Env { dir, grpc, http, svc, redis_port: rport, _redis: redis }
+        Env { dir, grpc, http, svc, redis_port: rport, redis }
     }
 
     /// A direct connection to the server (to look at the keys the service wrote).
@@ -628,8 +641,8 @@ async fn prometheus_metrics_count_what_requests_did() {
     assert_eq!((m4["ratelimit_service_config_load_success"], m4["ratelimit_service_config_load_error"]), (2.0, 1.0));
 
     // Redis gone: the request is a Redis error, and the client counts the failed call
-    let _ = e._redis.0.kill();
-    let _ = e._redis.0.wait();
+    let _ = e.redis.as_mut().unwrap().0.kill();
+    let _ = e.redis.as_mut().unwrap().0.wait();
     let err = e.client().await.should_rate_limit(req("m", vec![desc(&[("user", "u3")])])).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable);
     let m5 = scrape(&e, "/stats").await;
@@ -953,4 +966,282 @@ async fn a_window_in_ms_resets() {
         assert!(t0.elapsed() < Duration::from_secs(2), "the 400 ms window did not reset");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+// ---- Redis down, Redis Cluster, Sentinel -------------------------------
+
+/// REDIS_TIMEOUT of the stall tests, and the slack the bound allows on top
+/// of it (the gRPC round trip and scheduling on a loaded 2-core machine):
+/// every answer while Redis is stopped comes within their sum.
+const STALL_TIMEOUT_MS: u64 = 250;
+const SLACK_MS: u64 = 250;
+
+fn stall_env() -> [(&'static str, &'static str); 1] {
+    [("REDIS_TIMEOUT", "250ms")]
+}
+
+fn sig(pid: u32, sig: i32) {
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+/// The sentinel and cluster tests start several servers: `make
+/// test-service` runs them on one server line only (RL_SERVICE_TOPOLOGY=0
+/// on the others); by default they run.
+fn topology() -> bool {
+    let on = std::env::var("RL_SERVICE_TOPOLOGY").map_or(true, |v| v != "0");
+    if !on {
+        println!("skipped: RL_SERVICE_TOPOLOGY=0 (run on another server line)");
+    }
+    on
+}
+
+type Grpc = RateLimitServiceClient<tonic::transport::Channel>;
+
+/// One gRPC call, timed.
+async fn timed(c: &mut Grpc, r: RateLimitRequest) -> (Result<RateLimitResponse, tonic::Status>, Duration) {
+    let t = Instant::now();
+    let a = c.should_rate_limit(r).await.map(|a| a.into_inner());
+    (a, t.elapsed())
+}
+
+fn within_bound(took: Duration, what: &str) {
+    assert!(took <= Duration::from_millis(STALL_TIMEOUT_MS + SLACK_MS), "{what}: answered after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_is_unavailable_within_redis_timeout() {
+    let e = Env::start("stall", CONFIG, &stall_env()).await;
+    fresh_window(3_600_000, 20_000);
+    let mut c = e.client().await;
+    let site = || req("basic", vec![desc(&[("site", "")])]);
+    assert_eq!(rem(&e.ask(site()).await.statuses[0]), (OK, 99));
+    let pid = e.redis.as_ref().unwrap().0.id();
+    sig(pid, libc::SIGSTOP);
+    // the first calls wait REDIS_TIMEOUT, then the breaker opens and the
+    // answer is at once: UNAVAILABLE either way, never later than the bound
+    let mut worst = Duration::ZERO;
+    for i in 0..8 {
+        let (a, took) = timed(&mut c, site()).await;
+        within_bound(took, &format!("call {i}"));
+        worst = worst.max(took);
+        assert_eq!(a.map(|a| a.overall_code).unwrap_err().code(), tonic::Code::Unavailable);
+    }
+    // /json: 400, as envoyproxy/ratelimit answers any error, within the bound too
+    let t = Instant::now();
+    let (st, _) = e.json(json!({"domain": "basic", "descriptors": [{"entries": [{"key": "site"}]}]})).await;
+    within_bound(t.elapsed(), "/json");
+    assert_eq!(st, 400);
+    println!("Redis stopped: slowest answer {} ms (bound {STALL_TIMEOUT_MS} + {SLACK_MS} ms)", worst.as_millis());
+    sig(pid, libc::SIGCONT);
+    // decisions come from Redis again (polled: the breaker probes after 1 s)
+    let t0 = Instant::now();
+    let a = loop {
+        let (a, took) = timed(&mut c, site()).await;
+        within_bound(took, "after SIGCONT");
+        if let Ok(a) = a {
+            break a;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "no decision from Redis 15 s after SIGCONT");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(a.overall_code, OK);
+    // counted in Redis: below the 99 left before (the calls abandoned by the
+    // timeout were sent, and Redis may run them once it resumes)
+    assert!(a.statuses[0].limit_remaining < 99, "{a:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_with_local_panic_limits() {
+    let mut env = stall_env().to_vec();
+    env.push(("PANIC_MODE", "local"));
+    let e = Env::start("panic", CONFIG, &env).await;
+    fresh_window(3_600_000, 30_000);
+    let mut c = e.client().await;
+    // a counter spent in Redis, which the local limits (fresh) would grant
+    let big = |hits: u64| {
+        let mut d = desc(&[("big", "x")]);
+        d.limit = Some(RateLimitOverride { requests_per_unit: 1_000_000, unit: 3 });
+        d.hits_addend = Some(UInt64Value { value: hits });
+        req("basic", vec![d])
+    };
+    assert_eq!(rem(&e.ask(big(1_000_000)).await.statuses[0]), (OK, 0));
+    assert_eq!(e.ask(big(1)).await.overall_code, OVER);
+    let pid = e.redis.as_ref().unwrap().0.id();
+    sig(pid, libc::SIGSTOP);
+    let mut got = Vec::new();
+    // user (2 per hour) limited locally at its own rate: 1, 0 left, then over
+    for _ in 0..3 {
+        let (a, took) = timed(&mut c, req("basic", vec![desc(&[("user", "p")])])).await;
+        within_bound(took, "user");
+        let a = a.unwrap();
+        got.push((a.overall_code, rem(&a.statuses[0])));
+    }
+    assert_eq!(got, vec![(OK, (OK, 1)), (OK, (OK, 0)), (OVER, (OVER, 0))]);
+    // two descriptors: all or nothing locally too (site keeps 98 when user q is over)
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let (a, took) = timed(&mut c, req("basic", vec![desc(&[("site", "")]), desc(&[("user", "q")])])).await;
+        within_bound(took, "site+user");
+        let a = a.unwrap();
+        got.push((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])));
+    }
+    assert_eq!(got, vec![(OK, (OK, 99), (OK, 1)), (OK, (OK, 98), (OK, 0)), (OVER, (OK, 98), (OVER, 0))]);
+    // the spent counter: granted locally
+    let (a, took) = timed(&mut c, big(1)).await;
+    within_bound(took, "big");
+    assert_eq!(a.unwrap().overall_code, OK);
+    sig(pid, libc::SIGCONT);
+    // polled until Redis decides again: it says OVER_LIMIT, the local limits would not
+    let t0 = Instant::now();
+    loop {
+        let (a, took) = timed(&mut c, big(1)).await;
+        within_bound(took, "after SIGCONT");
+        if a.unwrap().overall_code == OVER {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(15), "no decision from Redis 15 s after SIGCONT");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+const DOMAIN_CONFIG: &str = r#"
+domain: DOMAIN
+descriptors:
+  - key: site
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2}
+"#;
+
+/// The atomic scenario of `two_descriptors_are_atomic`, in `domain`.
+async fn atomic_in(e: &Env, domain: &str) {
+    let both = |u: &str| req(domain, vec![desc(&[("site", "")]), desc(&[("user", u)])]);
+    let ask = |r| e.ask(r);
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        let a = ask(both("bob")).await;
+        got.push((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])));
+    }
+    assert_eq!(
+        got,
+        vec![(OK, (OK, 99), (OK, 1)), (OK, (OK, 98), (OK, 0)), (OVER, (OK, 98), (OVER, 0)), (OVER, (OK, 98), (OVER, 0))],
+        "{domain}"
+    );
+    let a = ask(both("amy")).await;
+    assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])), (OK, (OK, 97), (OK, 1)), "{domain}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_requests_are_atomic_and_domains_spread() {
+    if !topology() {
+        return;
+    }
+    let nodes = common::start_cluster(3).await;
+    // a domain on each primary: the hash tag is the domain
+    let mut domains: Vec<Option<String>> = vec![None; 3];
+    for i in 0.. {
+        let d = format!("dom{i}");
+        let owner = common::slot_owner(&nodes, redis_ratelimit_client::key_slot(format!("x{{{d}}}y")));
+        domains[owner].get_or_insert(d);
+        if domains.iter().all(Option::is_some) {
+            break;
+        }
+    }
+    let domains: Vec<String> = domains.into_iter().map(Option::unwrap).collect();
+    let configs: Vec<String> = domains.iter().map(|d| DOMAIN_CONFIG.replace("DOMAIN", d)).collect();
+    let configs: Vec<&str> = configs.iter().map(String::as_str).collect();
+    // two seeds of the three, as REDIS_URL lists them
+    let url = format!("127.0.0.1:{},127.0.0.1:{}", nodes[0].port, nodes[1].port);
+    let vars = [("REDIS_TYPE", "cluster"), ("REDIS_URL", url.as_str()), ("CACHE_KEY_PREFIX", "rl_")];
+    let e = Env::serve("cluster", &configs, &vars, 0, None).await;
+    fresh_window(3_600_000, 10_000);
+    for d in &domains {
+        atomic_in(&e, d).await;
+    }
+    // each node holds the keys of its domain, and only those
+    for (n, d) in nodes.iter().zip(&domains) {
+        let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut n.sync()).unwrap();
+        keys.sort();
+        let want = |u: &str| format!("rl_{{{d}}}_user_{u}_3600");
+        assert_eq!(keys, vec![format!("rl_{{{d}}}_site__3600"), want("amy"), want("bob")], "node {}", n.port);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_failover_is_followed() {
+    if !topology() {
+        return;
+    }
+    let mut primary = common::Server::start(true);
+    let replica = common::Server::start_with(true, &["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+    let sentinels = common::Sentinel::start_three(primary.port).await;
+    let url = std::iter::once("mymaster".to_owned())
+        .chain(sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut vars = stall_env().to_vec();
+    vars.extend([("REDIS_TYPE", "sentinel"), ("REDIS_URL", url.as_str())]);
+    let e = Env::serve("sentinel", &[CONFIG], &vars, 0, None).await;
+    fresh_window(3_600_000, 60_000);
+    let mut c = e.client().await;
+    let site = || req("basic", vec![desc(&[("site", "")])]);
+    for left in [99, 98, 97] {
+        assert_eq!(rem(&e.ask(site()).await.statuses[0]), (OK, left));
+    }
+    // every count on the replica before the kill
+    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut primary.sync()).unwrap();
+    assert_eq!(acked, 1);
+    primary.kill();
+    let t0 = Instant::now();
+    let mut unavailable = 0;
+    let a = loop {
+        let (a, took) = timed(&mut c, site()).await;
+        within_bound(took, "during the failover");
+        match a {
+            Ok(a) => break a,
+            Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
+        }
+        unavailable += 1;
+        assert!(t0.elapsed() < Duration::from_secs(60), "no failover within 60 s");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    println!("failover followed after {:.1} s, {unavailable} UNAVAILABLE answers", t0.elapsed().as_secs_f64());
+    assert!(unavailable > 0, "the kill was seen");
+    assert_eq!(common::role(&replica), "master");
+    // the promoted replica goes on from the replicated count
+    assert_eq!(rem(&a.statuses[0]), (OK, 96));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_stopped_allow_and_deny() {
+    let mut env = stall_env().to_vec();
+    env.push(("PANIC_MODE", "allow"));
+    let open = Env::start("allow", CONFIG, &env).await;
+    let url = format!("127.0.0.1:{}", open.redis_port);
+    let closed = Env::serve(
+        "deny",
+        &[CONFIG],
+        &[("REDIS_TIMEOUT", "250ms"), ("PANIC_MODE", "deny"), ("REDIS_URL", url.as_str())],
+        open.redis_port,
+        None,
+    )
+    .await;
+    fresh_window(3_600_000, 10_000);
+    let both = || req("basic", vec![desc(&[("site", "")]), desc(&[("user", "a")])]);
+    let a = closed.ask(both()).await;
+    assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])), (OK, (OK, 99), (OK, 1)));
+    sig(open.redis.as_ref().unwrap().0.id(), libc::SIGSTOP);
+    let (mut c_open, mut c_closed) = (open.client().await, closed.client().await);
+    for _ in 0..2 {
+        // fail open: OK, the full limits left; fail closed: every limited descriptor over
+        let (a, took) = timed(&mut c_open, both()).await;
+        within_bound(took, "allow");
+        let a = a.unwrap();
+        assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])), (OK, (OK, 100), (OK, 2)));
+        let (a, took) = timed(&mut c_closed, both()).await;
+        within_bound(took, "deny");
+        let a = a.unwrap();
+        assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])), (OVER, (OVER, 0), (OVER, 0)));
+    }
+    sig(open.redis.as_ref().unwrap().0.id(), libc::SIGCONT);
 }

@@ -36,11 +36,23 @@ impl SentinelConnection {
     /// `sentinels`: their URLs (`redis://host:26379`); `service`: the name
     /// they monitor (`mymaster`). Nothing is connected until the first call.
     pub fn new<T: AsRef<str>>(sentinels: &[T], service: &str) -> Result<SentinelConnection> {
+        SentinelConnection::with_node_settings(sentinels, service, None)
+    }
+
+    /// [`new`](Self::new), with the settings of the connections to the
+    /// primary (its username and password, its database): `node`. The
+    /// sentinels' own password goes in their URLs (`redis://:pass@host:port`).
+    pub fn with_node_settings<T: AsRef<str>>(
+        sentinels: &[T],
+        service: &str,
+        node: Option<redis::RedisConnectionInfo>,
+    ) -> Result<SentinelConnection> {
         if sentinels.is_empty() {
             return Err(Error::Invalid("SentinelConnection needs at least one sentinel".into()));
         }
         let urls: Vec<String> = sentinels.iter().map(|s| s.as_ref().to_owned()).collect();
-        let client = SentinelClient::build(urls, service.to_owned(), None, SentinelServerType::Master)
+        let node = node.map(|n| redis::sentinel::SentinelNodeConnectionInfo::default().set_redis_connection_info(n));
+        let client = SentinelClient::build(urls, service.to_owned(), node, SentinelServerType::Master)
             .map_err(|e| Error::Invalid(format!("sentinels: {e}")))?;
         Ok(SentinelConnection {
             sh: Arc::new(Shared { sentinels: tokio::sync::Mutex::new(client), current: Mutex::new(None) }),

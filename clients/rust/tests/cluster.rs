@@ -6,62 +6,14 @@
 //! MOVED and every limit goes on exactly. Strict mode is refused there.
 mod common;
 
-use std::process::Command;
 use std::time::Duration;
 
-use common::{wait_until, Server};
+use common::{cli, node_id, slot_owner, start_cluster, wait_ok, Server};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
 use redis_ratelimit_client::*;
 
 const HOUR: u64 = 3_600_000;
-const CLUSTER: [&str; 6] =
-    ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"];
-
-fn cli(args: &[String]) -> String {
-    let bin = std::env::var("REDIS_CLI").unwrap_or_else(|_| "redis-cli".into());
-    let out = Command::new(&bin).args(args).output().unwrap_or_else(|e| panic!("run {bin}: {e}"));
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "redis-cli {args:?} failed: {text}");
-    text
-}
-
-fn node_id(s: &Server) -> String {
-    redis::cmd("CLUSTER").arg("MYID").query(&mut s.sync()).unwrap()
-}
-
-/// Every node says cluster_state:ok and they agree on the slot map.
-async fn wait_ok(nodes: &[Server]) {
-    wait_until(60, "cluster state ok and consistent", || async {
-        let mut maps = vec![];
-        for s in nodes {
-            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut s.sync()).unwrap();
-            if !info.contains("cluster_state:ok") {
-                return false;
-            }
-            let slots: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut s.sync()).unwrap();
-            maps.push(format!("{slots:?}"));
-        }
-        maps.windows(2).all(|w| w[0] == w[1])
-    })
-    .await;
-}
-
-/// The index in `nodes` of the primary serving `slot` (per the first node).
-fn slot_owner(nodes: &[Server], slot: u16) -> usize {
-    let n = |x: &redis::Value| if let redis::Value::Int(i) = x { *i as u16 } else { panic!("{x:?}") };
-    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut nodes[0].sync()).unwrap();
-    let port = ranges
-        .iter()
-        .find_map(|r| {
-            let redis::Value::Array(a) = r else { panic!("{r:?}") };
-            let redis::Value::Array(primary) = &a[2] else { panic!("{a:?}") };
-            (n(&a[0])..=n(&a[1])).contains(&slot).then(|| n(&primary[1]))
-        })
-        .expect("slot assigned");
-    nodes.iter().position(|s| s.port == port).unwrap()
-}
-
 /// `n` calls per tenant on each limiter, adding up (bucket, all_of) grants.
 async fn round(
     api: &Limiter<ClusterConnection>,
@@ -82,12 +34,7 @@ async fn round(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decisions_stay_exact_across_a_reshard() {
-    let nodes: Vec<Server> = (0..3).map(|_| Server::start_with(true, &CLUSTER)).collect();
-    let mut create = vec!["--cluster".to_owned(), "create".to_owned()];
-    create.extend(nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)));
-    create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(str::to_owned));
-    cli(&create);
-    wait_ok(&nodes).await;
+    let nodes: Vec<Server> = start_cluster(3).await;
 
     let client = ClusterClient::builder(nodes.iter().map(|s| s.url()).collect::<Vec<_>>())
         .connection_timeout(Duration::from_secs(2))

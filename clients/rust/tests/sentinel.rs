@@ -6,76 +6,13 @@
 //! from the promoted replica again, going on from the replicated state.
 mod common;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, server_bin, wait_until, Server};
+use common::{role, Sentinel, Server};
 use redis_ratelimit_client::*;
 
 const HOUR: u64 = 3_600_000;
 const TIMEOUT_MS: u64 = 100;
-
-struct Sentinel {
-    port: u16,
-    dir: std::path::PathBuf,
-    child: Child,
-}
-
-impl Sentinel {
-    fn start(primary_port: u16) -> Sentinel {
-        let port = free_port();
-        let dir = std::env::temp_dir().join(format!("rl-rust-sentinel-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let conf = dir.join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
-                 sentinel monitor mymaster 127.0.0.1 {primary_port} 2\n\
-                 sentinel down-after-milliseconds mymaster 1000\n\
-                 sentinel failover-timeout mymaster 10000\n\
-                 sentinel parallel-syncs mymaster 1\n",
-                dir.display()
-            ),
-        )
-        .unwrap();
-        let child = Command::new(server_bin())
-            .arg(&conf)
-            .arg("--sentinel")
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start a sentinel (REDIS_SERVER --sentinel)");
-        Sentinel { port, dir, child }
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-
-    /// `SENTINEL MASTER mymaster` as field → value (empty until it answers).
-    fn master(&self) -> std::collections::HashMap<String, String> {
-        let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) else {
-            return Default::default();
-        };
-        let v: Vec<String> = redis::cmd("SENTINEL").arg("MASTER").arg("mymaster").query(&mut c).unwrap_or_default();
-        v.chunks(2).filter(|kv| kv.len() == 2).map(|kv| (kv[0].clone(), kv[1].clone())).collect()
-    }
-}
-
-impl Drop for Sentinel {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn role(s: &Server) -> String {
-    let info: String = redis::cmd("INFO").arg("replication").query(&mut s.sync()).unwrap();
-    info.lines().find_map(|l| l.strip_prefix("role:")).unwrap_or("").trim().to_owned()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_limiter_follows_a_failover_from_a_killed_primary() {
@@ -92,15 +29,7 @@ async fn the_limiter_follows_a_failover_from_a_stopped_primary() {
 async fn failover(stop: bool) {
     let mut primary = Server::start(true);
     let replica = Server::start_with(true, &["--replicaof", "127.0.0.1", &primary.port.to_string()]);
-    let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary.port)).collect();
-    wait_until(60, "the sentinels know each other and the replica", || async {
-        sentinels.iter().all(|s| {
-            let m = s.master();
-            m.get("num-other-sentinels").map(String::as_str) == Some("2")
-                && m.get("num-slaves").map(String::as_str) == Some("1")
-        })
-    })
-    .await;
+    let sentinels = Sentinel::start_three(primary.port).await;
 
     let urls: Vec<String> = sentinels.iter().map(Sentinel::url).collect();
     let conn = SentinelConnection::new(&urls, "mymaster").unwrap();

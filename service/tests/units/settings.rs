@@ -61,8 +61,9 @@ fn defaults_and_values() {
 #[test]
 fn refuses_what_it_does_not_support() {
     for (k, v, want) in [
-        ("REDIS_TYPE", "cluster", "REDIS_TYPE"),
-        ("REDIS_TYPE", "sentinel", "REDIS_TYPE"),
+        ("REDIS_TYPE", "replicated", "REDIS_TYPE"),
+        ("PANIC_MODE", "open", "PANIC_MODE"),
+        ("PANIC_INSTANCES", "0", "PANIC_INSTANCES"),
         ("REDIS_TLS", "true", "REDIS_TLS"),
         ("PROMETHEUS_MAPPER_YAML", "/m.yaml", "PROMETHEUS_MAPPER_YAML"),
         ("USE_PROMETHEUS", "yes", "USE_PROMETHEUS"),
@@ -91,4 +92,44 @@ fn prometheus_settings() {
         Ok(Some(("127.0.0.1:9102".into(), "/m".into())))
     );
     assert!(p(&[("USE_PROMETHEUS", "true"), ("PROMETHEUS_PATH", "m")]).unwrap_err().contains("PROMETHEUS_PATH"));
+}
+
+#[test]
+fn sentinel_cluster_and_panic_mode() {
+    // envoyproxy/ratelimit's syntax: sentinel "master,host:port,...", cluster "host:port,..."
+    let s = Settings::from_map(&env(&[
+        ("REDIS_TYPE", "sentinel"),
+        ("REDIS_URL", "mymaster,10.0.0.1:26379,10.0.0.2:26379"),
+        ("REDIS_AUTH", "u:p@ss"),
+        ("REDIS_SENTINEL_AUTH", "s3cret"),
+    ]))
+    .unwrap();
+    assert_eq!(
+        s.redis_type,
+        RedisType::Sentinel { master: "mymaster".into(), sentinels: vec!["10.0.0.1:26379".into(), "10.0.0.2:26379".into()] }
+    );
+    assert_eq!(s.redis_urls(), vec!["redis://:s3cret@10.0.0.1:26379/", "redis://:s3cret@10.0.0.2:26379/"]);
+    // the primary's credentials go to the primary, not the sentinels
+    assert_eq!(s.redis_info().redis_settings().password(), Some("p@ss"));
+    assert_eq!(s.panic_mode, PanicMode::Error);
+    let s = Settings::from_map(&env(&[
+        ("REDIS_TYPE", "Cluster"),
+        ("REDIS_URL", "10.0.0.1:7000, 10.0.0.2:7001"),
+        ("REDIS_AUTH", "u:p@ss"),
+        ("PANIC_MODE", "local"),
+        ("PANIC_INSTANCES", "3"),
+    ]))
+    .unwrap();
+    assert_eq!(s.redis_type, RedisType::Cluster { nodes: vec!["10.0.0.1:7000".into(), "10.0.0.2:7001".into()] });
+    assert_eq!(s.redis_urls(), vec!["redis://u:p%40ss@10.0.0.1:7000/", "redis://u:p%40ss@10.0.0.2:7001/"]);
+    assert_eq!(s.panic_mode, PanicMode::Local(3));
+    for (m, want) in [("allow", PanicMode::Allow), ("DENY", PanicMode::Deny), ("error", PanicMode::Error)] {
+        assert_eq!(Settings::from_map(&env(&[("PANIC_MODE", m)])).unwrap().panic_mode, want);
+    }
+    for (t, url) in
+        [("sentinel", "mymaster"), ("sentinel", ",h:1"), ("sentinel", "m,h"), ("cluster", "h:1,h"), ("cluster", "h:x")]
+    {
+        let e = Settings::from_map(&env(&[("REDIS_TYPE", t), ("REDIS_URL", url)])).unwrap_err();
+        assert!(e.contains("REDIS_URL"), "{t} {url}: {e}");
+    }
 }

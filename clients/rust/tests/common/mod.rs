@@ -1,7 +1,9 @@
 //! Real servers for the tests: a redis-server / valkey-server process of
 //! REDIS_SERVER on a free port, in a temp dir of its own, with the module
 //! of RL_MODULE loaded or not. Started, stopped (SIGSTOP/SIGCONT), killed
-//! and restarted on the same port.
+//! and restarted on the same port. Sentinels (`Sentinel`) and clusters
+//! (`start_cluster`) of them. The service's suite (service/tests) includes
+//! this file too.
 #![allow(dead_code)]
 
 use std::net::TcpListener;
@@ -17,7 +19,10 @@ pub fn server_bin() -> String {
 
 pub fn module_path() -> String {
     std::env::var("RL_MODULE").unwrap_or_else(|_| {
-        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/release/libredis_ratelimit.so");
+        // the workspace's target/, from this crate or another that includes this file
+        let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let so = "target/release/libredis_ratelimit.so";
+        let root = here.ancestors().map(|d| d.join(so)).find(|p| p.exists()).unwrap_or_else(|| here.join("../..").join(so));
         root.to_string_lossy().into_owned()
     })
 }
@@ -148,4 +153,143 @@ pub async fn wait_until<F: FnMut() -> Fut, Fut: std::future::Future<Output = boo
         assert!(t0.elapsed() < Duration::from_secs(secs), "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A sentinel process (REDIS_SERVER --sentinel) monitoring `mymaster` at
+/// a primary on 127.0.0.1, in a temp dir of its own.
+pub struct Sentinel {
+    pub port: u16,
+    dir: std::path::PathBuf,
+    child: Child,
+}
+
+impl Sentinel {
+    pub fn start(primary_port: u16) -> Sentinel {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("rl-rust-sentinel-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let conf = dir.join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+                 sentinel monitor mymaster 127.0.0.1 {primary_port} 2\n\
+                 sentinel down-after-milliseconds mymaster 1000\n\
+                 sentinel failover-timeout mymaster 10000\n\
+                 sentinel parallel-syncs mymaster 1\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new(server_bin())
+            .arg(&conf)
+            .arg("--sentinel")
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a sentinel (REDIS_SERVER --sentinel)");
+        Sentinel { port, dir, child }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Three sentinels on the primary, once they know each other and its one replica.
+    pub async fn start_three(primary_port: u16) -> Vec<Sentinel> {
+        let sentinels: Vec<Sentinel> = (0..3).map(|_| Sentinel::start(primary_port)).collect();
+        wait_until(60, "the sentinels know each other and the replica", || async {
+            sentinels.iter().all(|s| {
+                let m = s.master();
+                m.get("num-other-sentinels").map(String::as_str) == Some("2")
+                    && m.get("num-slaves").map(String::as_str) == Some("1")
+            })
+        })
+        .await;
+        sentinels
+    }
+
+    /// `SENTINEL MASTER mymaster` as field → value (empty until it answers).
+    pub fn master(&self) -> std::collections::HashMap<String, String> {
+        let Ok(mut c) = redis::Client::open(self.url()).and_then(|c| c.get_connection()) else {
+            return Default::default();
+        };
+        let v: Vec<String> = redis::cmd("SENTINEL").arg("MASTER").arg("mymaster").query(&mut c).unwrap_or_default();
+        v.chunks(2).filter(|kv| kv.len() == 2).map(|kv| (kv[0].clone(), kv[1].clone())).collect()
+    }
+}
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `role:` of INFO replication (`master`, `slave`).
+pub fn role(s: &Server) -> String {
+    let info: String = redis::cmd("INFO").arg("replication").query(&mut s.sync()).unwrap();
+    info.lines().find_map(|l| l.strip_prefix("role:")).unwrap_or("").trim().to_owned()
+}
+
+pub const CLUSTER: [&str; 6] =
+    ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"];
+
+/// Runs redis-cli (REDIS_CLI) and returns its output; panics when it fails.
+pub fn cli(args: &[String]) -> String {
+    let bin = std::env::var("REDIS_CLI").unwrap_or_else(|_| "redis-cli".into());
+    let out = Command::new(&bin).args(args).output().unwrap_or_else(|e| panic!("run {bin}: {e}"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "redis-cli {args:?} failed: {text}");
+    text
+}
+
+pub fn node_id(s: &Server) -> String {
+    redis::cmd("CLUSTER").arg("MYID").query(&mut s.sync()).unwrap()
+}
+
+/// Every node says cluster_state:ok and they agree on the slot map.
+pub async fn wait_ok(nodes: &[Server]) {
+    wait_until(60, "cluster state ok and consistent", || async {
+        let mut maps = vec![];
+        for s in nodes {
+            let info: String = redis::cmd("CLUSTER").arg("INFO").query(&mut s.sync()).unwrap();
+            if !info.contains("cluster_state:ok") {
+                return false;
+            }
+            let slots: redis::Value = redis::cmd("CLUSTER").arg("SLOTS").query(&mut s.sync()).unwrap();
+            maps.push(format!("{slots:?}"));
+        }
+        maps.windows(2).all(|w| w[0] == w[1])
+    })
+    .await;
+}
+
+/// The index in `nodes` of the primary serving `slot` (per the first node).
+pub fn slot_owner(nodes: &[Server], slot: u16) -> usize {
+    let n = |x: &redis::Value| if let redis::Value::Int(i) = x { *i as u16 } else { panic!("{x:?}") };
+    let ranges: Vec<redis::Value> = redis::cmd("CLUSTER").arg("SLOTS").query(&mut nodes[0].sync()).unwrap();
+    let port = ranges
+        .iter()
+        .find_map(|r| {
+            let redis::Value::Array(a) = r else { panic!("{r:?}") };
+            let redis::Value::Array(primary) = &a[2] else { panic!("{a:?}") };
+            (n(&a[0])..=n(&a[1])).contains(&slot).then(|| n(&primary[1]))
+        })
+        .expect("slot assigned");
+    nodes.iter().position(|s| s.port == port).unwrap()
+}
+
+/// `n` module-loaded primaries made one cluster by `redis-cli --cluster
+/// create` (no replicas), once every node agrees on the slot map.
+pub async fn start_cluster(n: usize) -> Vec<Server> {
+    let nodes: Vec<Server> = (0..n).map(|_| Server::start_with(true, &CLUSTER)).collect();
+    let mut create = vec!["--cluster".to_owned(), "create".to_owned()];
+    create.extend(nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)));
+    create.extend(["--cluster-replicas", "0", "--cluster-yes"].map(str::to_owned));
+    cli(&create);
+    wait_ok(&nodes).await;
+    nodes
 }
