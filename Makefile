@@ -422,6 +422,25 @@ test-service: build venv  ## the Envoy rate-limit service: its unit tests and su
 bench-clients-rust: build  ## the Rust client's local (leased) decision, criterion
 	REDIS_SERVER=$$(command -v redis-server) RL_MODULE=$(MODULE) $(CARGO) bench -p redis-ratelimit-client --bench local
 
+# The Envoy rate-limit service's bench (service/benches/envoy.rs, issue 32):
+# the release service binary pinned to core 1 (taskset -c 1) and Redis with
+# the module on core 0: its max decisions/s and CPU per decision at 1, 2 and
+# 4 descriptors, p50/p99 at half that load (open loop), Redis server time
+# per decision against envoyproxy/ratelimit's INCRBY + EXPIRE pipeline (and
+# its GET-first mode) replayed from the same requests, and over-admission
+# under concurrency. Prints the table and `uptime`; writes the BENCHMARKS.md
+# section. About 2 minutes after the builds. Not in make test: the release
+# service is a fat-LTO link of minutes. QUICK=1: short cells, no
+# BENCHMARKS.md; SERVER=NAME (rltesting.servers) or a path; ARGS="--help".
+.PHONY: bench-envoy
+bench-envoy: build venv  ## the Envoy service: decisions/s, p99, Redis time vs INCRBY+EXPIRE (QUICK=1, SERVER=, ARGS=)
+	$(CARGO) build --release -p redis-ratelimit-service
+	$(CARGO) build --profile quick -p redis-ratelimit-service --no-default-features --bench envoy
+	@srv=$(if $(SERVER),$$($(PY) -m rltesting.servers path $(SERVER) 2>/dev/null || echo $(SERVER)),$$(command -v redis-server)); \
+	taskset -c 0 $(CARGO) bench -q --profile quick -p redis-ratelimit-service --no-default-features --bench envoy -- \
+	  --server "$$srv" --module $(MODULE) --service $(CURDIR)/target/release/redis-ratelimit-service \
+	  $(if $(QUICK),--quick,--write $(CURDIR)/BENCHMARKS.md) $(ARGS)
+
 # The unpinned install test (issue 20): a fresh virtualenv with `pip install
 # ./clients/python` and an empty npm project with `npm install ./clients/node
 # ioredis redis`, no pins and no lock file, so whatever the registries serve

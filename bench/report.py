@@ -543,13 +543,15 @@ def write_summary(out):
         same_day="All on the same day." if len(days) == 1 else "**Not all on the same day: %s.**" % ", ".join(days),
         nproc=runs[0]["machine"]["nproc"] if runs else "?",
         servers=[line for d in runs for line in Report(d).summary()])
-    # The edge bench's section (bench/edge/edge.py writes it) stays.
+    # The edge bench's section (bench/edge/edge.py writes it) and the Envoy
+    # service's (make bench-envoy) stay.
     path = os.path.join(out, "BENCHMARKS.md")
     if os.path.exists(path):
         with open(path) as f:
             old = f.read()
-        a, b = old.find("<!-- edge-bench:begin -->"), old.find("<!-- edge-bench:end -->")
-        if 0 <= a < b:
-            lines += ["", old[a:b + len("<!-- edge-bench:end -->")]]
+        for name in ("edge-bench", "bench-envoy"):
+            a, b = old.find("<!-- %s:begin -->" % name), old.find("<!-- %s:end -->" % name)
+            if 0 <= a < b:
+                lines += ["", old[a:b + len("<!-- %s:end -->" % name)]]
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")

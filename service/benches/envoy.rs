@@ -1,0 +1,1124 @@
+//! `make bench-envoy`: the Envoy rate-limit service under load, and Redis's
+//! work per decision against envoyproxy/ratelimit's workload (issue 32,
+//! part 6). Written here; envoyproxy/ratelimit's `src/redis/fixed_cache_impl.go`
+//! was read for what it sends to Redis.
+//!
+//! One run, four phases, on one Redis with the module (pinned to core 0 with
+//! `taskset -c 0`) and the release service binary (pinned to core 1):
+//!
+//! 1. **max**: decisions per second of the service, closed loop (`--inflight`
+//!    requests in flight over `--conns` HTTP/2 connections), at 1, 2 and 4
+//!    descriptors per request; and the service's own CPU time per decision
+//!    (`/proc/PID/task/*/schedstat`), so decisions per core-second even when
+//!    the load generator, not the service, is the bottleneck.
+//! 2. **latency**: p50/p99/p99.9 at a fixed offered load of half each max,
+//!    open loop: request i is due at t0 + i/rate, sent by a pacing thread at
+//!    its due time, and its latency is counted from the due time (a late send
+//!    counts against the service: coordinated omission cannot hide latency).
+//! 3. **redis**: Redis server time per decision, the service's `RL.MULTI`
+//!    against envoyproxy/ratelimit's workload replayed here from the same
+//!    requests straight to Redis: per descriptor `INCRBY key hits` + `EXPIRE
+//!    key unit` in one pipeline (keys carry the window start, as there), and
+//!    the `STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT` mode (a `GET` pipeline
+//!    first, then the `INCRBY` + `EXPIRE` pipeline). Each cell sends the same
+//!    number of decisions at the same open-loop rate; measured: the
+//!    redis-server process's CPU time (schedstat, ns: parsing, dispatch,
+//!    replies and syscalls, everything the server does for a decision), its
+//!    `INFO commandstats` usec (time inside the commands only) and
+//!    `total_reads_processed` (reads per decision: batching). Rounds are
+//!    interleaved; the median round is reported.
+//! 4. **over-admission**: many concurrent clients, one user over its limit
+//!    and a site-wide limit in every request: grants per key against each
+//!    limit, and what the site counter took, for the service and both
+//!    replayed models.
+//!
+//! Arguments (`--name value`; `make bench-envoy ARGS="..."`): see `usage()`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::google::protobuf::UInt64Value;
+use tonic::transport::{Channel, Endpoint};
+
+const OK: i32 = 1;
+
+type Client = RateLimitServiceClient<Channel>;
+type Conn = redis::aio::MultiplexedConnection;
+
+fn usage() -> &'static str {
+    "bench-envoy [--quick] [--server PATH] [--module PATH] [--service PATH] [--write BENCHMARKS.md]
+  --max-secs S      each max cell's measured window (default 4; quick 1)
+  --lat-secs S      each latency cell (default 4; quick 1)
+  --conns N         HTTP/2 connections to the service (default 4)
+  --inflight N      requests in flight in the max cells (default 64)
+  --keys N          descriptor values per descriptor key (default 1000)
+  --redis-rate R    offered load of the Redis cells, decisions/s (default: half the
+                    service's max at each descriptor count, as the latency cells)
+  --redis-n N       decisions per Redis cell (default 10000; quick 2000)
+  --rounds N        interleaved rounds of the Redis cells (default 3; quick 1)
+  --pool N          replay connections to Redis, REDIS_POOL_SIZE (default 10)
+  --oa-clients N    concurrent clients of the over-admission phase (default 64)
+  --oa-requests N   requests of the over-admission phase (default 4000)
+  --write PATH      replace the bench-envoy section of PATH (BENCHMARKS.md)
+  --note TEXT       a note for the section (e.g. which profile, its build time)"
+}
+
+#[derive(Clone)]
+struct Args {
+    quick: bool,
+    server: String,
+    module: String,
+    service: String,
+    max_secs: f64,
+    lat_secs: f64,
+    conns: usize,
+    inflight: usize,
+    keys: u64,
+    redis_rate: f64,
+    redis_n: u64,
+    rounds: usize,
+    pool: usize,
+    oa_clients: usize,
+    oa_requests: usize,
+    write: Option<PathBuf>,
+    note: String,
+}
+
+fn parse_args() -> Args {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut kv: HashMap<String, String> = HashMap::new();
+    let mut quick = false;
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--bench" => {} // cargo bench passes it
+            "--quick" => quick = true,
+            "-h" | "--help" => {
+                println!("{}", usage());
+                std::process::exit(0);
+            }
+            s if s.starts_with("--") => {
+                let v = it.next().unwrap_or_else(|| panic!("{s} needs a value\n{}", usage()));
+                kv.insert(s[2..].to_owned(), v);
+            }
+            s => panic!("unknown argument {s}\n{}", usage()),
+        }
+    }
+    let num = |k: &str, d: f64| kv.get(k).map(|v| v.parse::<f64>().unwrap_or_else(|_| panic!("--{k} {v}"))).unwrap_or(d);
+    let q = |normal: f64, short: f64| if quick { short } else { normal };
+    Args {
+        quick,
+        server: kv
+            .get("server")
+            .cloned()
+            .or_else(|| std::env::var("REDIS_SERVER").ok())
+            .unwrap_or_else(|| "redis-server".into()),
+        module: kv
+            .get("module")
+            .cloned()
+            .or_else(|| std::env::var("RL_MODULE").ok())
+            .unwrap_or_else(|| root.join("target/release/libredis_ratelimit.so").to_string_lossy().into_owned()),
+        service: kv
+            .get("service")
+            .cloned()
+            .unwrap_or_else(|| root.join("target/release/redis-ratelimit-service").to_string_lossy().into_owned()),
+        max_secs: num("max-secs", q(4.0, 1.0)),
+        lat_secs: num("lat-secs", q(4.0, 1.0)),
+        conns: num("conns", 4.0) as usize,
+        inflight: num("inflight", 64.0) as usize,
+        keys: num("keys", 1000.0) as u64,
+        redis_rate: num("redis-rate", 0.0),
+        redis_n: num("redis-n", q(10000.0, 2000.0)) as u64,
+        rounds: num("rounds", q(3.0, 1.0)) as usize,
+        pool: num("pool", 10.0) as usize,
+        oa_clients: num("oa-clients", 64.0) as usize,
+        oa_requests: num("oa-requests", q(4000.0, 1000.0)) as usize,
+        write: kv.get("write").map(PathBuf::from),
+        note: kv.get("note").cloned().unwrap_or_default(),
+    }
+}
+
+// -- processes ---------------------------------------------------------------
+
+/// A child process killed when dropped.
+struct Proc(Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.0.id()
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn wait_port(port: u16, what: &str, child: &mut Proc) {
+    let t0 = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if let Ok(Some(st)) = child.0.try_wait() {
+            panic!("{what} exited: {st}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(20), "{what} did not listen on {port}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// CPU time of every thread of `pid`, ns (`/proc/PID/task/*/schedstat`:
+/// time on a CPU, user and system, at scheduler resolution).
+fn cpu_ns(pid: u32) -> u64 {
+    let mut total = 0;
+    if let Ok(rd) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in rd.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                total += s.split_whitespace().next().and_then(|x| x.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+    }
+    total
+}
+
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|s| s.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
+}
+
+fn uptime() -> String {
+    Command::new("uptime").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()).unwrap_or_default()
+}
+
+fn now_s() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+/// 2026-12-03 21:40 UTC, from the epoch (no date crate).
+fn utc(t: u64) -> String {
+    let days = (t / 86400) as i64;
+    let (h, m) = ((t % 86400) / 3600, (t % 3600) / 60);
+    // civil from days (Howard Hinnant's algorithm)
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(mo <= 2);
+    format!("{y}-{mo:02}-{d:02} {h:02}:{m:02} UTC")
+}
+
+// -- the workload --------------------------------------------------------------
+
+/// The value of descriptor `i` of request `j` (one of `keys`), the same for
+/// the service and the replay.
+fn value(j: u64, i: usize, keys: u64) -> u64 {
+    let mut x = j.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ ((i as u64 + 1).wrapping_mul(0xBF58_476D_1CE4_E5B9));
+    x ^= x >> 31;
+    x = x.wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^= x >> 29;
+    x % keys
+}
+
+/// The bench domain: descriptor keys k0..k3, each limited per hour far
+/// above what a run sends (every decision is granted).
+const BENCH_LIMIT: u64 = 4_000_000_000;
+const BENCH_UNIT_S: u64 = 3600;
+/// The over-admission domain: a user limit and a site-wide limit per day.
+const OA_USER_LIMIT: u64 = 100;
+const OA_SITE_LIMIT: u64 = 1000;
+const OA_UNIT_S: u64 = 86400;
+
+/// The two configuration files: the bench domain and the over-admission domain.
+fn config_yaml() -> [(&'static str, String); 2] {
+    let mut s = String::from("domain: bench\ndescriptors:\n");
+    for i in 0..4 {
+        s += &format!("  - key: k{i}\n    rate_limit: {{unit: hour, requests_per_unit: {BENCH_LIMIT}}}\n");
+    }
+    let oa = format!(
+        "domain: oa\ndescriptors:\n  - key: user\n    rate_limit: {{unit: day, requests_per_unit: {OA_USER_LIMIT}}}\n  \
+         - key: site\n    rate_limit: {{unit: day, requests_per_unit: {OA_SITE_LIMIT}}}\n"
+    );
+    [("bench.yaml", s), ("oa.yaml", oa)]
+}
+
+fn bench_request(j: u64, n: usize, keys: u64) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: "bench".into(),
+        descriptors: (0..n)
+            .map(|i| RateLimitDescriptor {
+                entries: vec![Entry { key: format!("k{i}"), value: format!("v{}", value(j, i, keys)) }],
+                ..Default::default()
+            })
+            .collect(),
+        hits_addend: 0,
+    }
+}
+
+/// envoyproxy/ratelimit's key: prefix + domain + "_" + (key + "_" + value + "_")* + window start.
+fn envoy_key(prefix: &str, domain: &str, entries: &[(String, String)], unit_s: u64, now: u64) -> String {
+    let mut k = format!("{prefix}{domain}_");
+    for (key, v) in entries {
+        k += key;
+        k.push('_');
+        k += v;
+        k.push('_');
+    }
+    k += &(now / unit_s * unit_s).to_string();
+    k
+}
+
+fn bench_entries(j: u64, n: usize, keys: u64) -> Vec<(String, String)> {
+    (0..n).map(|i| (format!("k{i}"), format!("v{}", value(j, i, keys)))).collect()
+}
+
+/// One decision of envoyproxy/ratelimit's fixed-window cache on Redis:
+/// `INCRBY` + `EXPIRE` per descriptor in one pipeline; with `get_first`
+/// (`STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT`) a `GET` pipeline first, and
+/// when a key would pass its limit, only the keys that would are
+/// incremented (the others `INCRBY 0`), as its `getHitsAddend` does.
+/// Returns the counts after the increment (its `limitAfterIncrease`).
+async fn envoy_decide(con: &mut Conn, keys: &[String], limits: &[u64], unit_s: u64, get_first: bool) -> Vec<u64> {
+    let n = keys.len();
+    let mut hits = vec![1u64; n];
+    if get_first {
+        let mut p = redis::pipe();
+        for k in keys {
+            p.cmd("GET").arg(k);
+        }
+        let before: Vec<Option<u64>> = p.query_async(con).await.expect("GET pipeline");
+        let over: Vec<bool> = (0..n).map(|i| before[i].unwrap_or(0) + 1 > limits[i]).collect();
+        if over.iter().any(|&o| o) {
+            for i in 0..n {
+                hits[i] = u64::from(over[i]);
+            }
+        }
+    }
+    let mut p = redis::pipe();
+    for (k, h) in keys.iter().zip(&hits) {
+        p.cmd("INCRBY").arg(k).arg(*h);
+        p.cmd("EXPIRE").arg(k).arg(unit_s).ignore();
+    }
+    p.query_async(con).await.expect("INCRBY pipeline")
+}
+
+/// A pool of Redis connections, each used by one request at a time (as
+/// envoyproxy/ratelimit's radix pool of `REDIS_POOL_SIZE`).
+struct Pool {
+    free: tokio::sync::Mutex<Vec<Conn>>,
+    sem: tokio::sync::Semaphore,
+}
+
+impl Pool {
+    async fn new(url: &str, size: usize) -> Arc<Pool> {
+        let client = redis::Client::open(url).unwrap();
+        let mut v = Vec::new();
+        for _ in 0..size {
+            v.push(client.get_multiplexed_async_connection().await.unwrap());
+        }
+        Arc::new(Pool { free: tokio::sync::Mutex::new(v), sem: tokio::sync::Semaphore::new(size) })
+    }
+    async fn get(&self) -> (tokio::sync::SemaphorePermit<'_>, Conn) {
+        let permit = self.sem.acquire().await.unwrap();
+        let c = self.free.lock().await.pop().unwrap();
+        (permit, c)
+    }
+    async fn put(&self, c: Conn) {
+        self.free.lock().await.push(c);
+    }
+}
+
+// -- load ----------------------------------------------------------------------
+
+struct Clients(Vec<Client>);
+impl Clients {
+    fn get(&self, j: u64) -> Client {
+        self.0[(j % self.0.len() as u64) as usize].clone()
+    }
+}
+
+struct MaxCell {
+    n: usize,
+    rate: f64,
+    svc_cpu_ns_per_dec: f64,
+    svc_util: f64,
+    errors: u64,
+}
+
+/// Closed loop: `inflight` tasks each sending one request after the other;
+/// counted over `secs` after a warm-up.
+async fn max_cell(cl: &Arc<Clients>, svc_pid: u32, n: usize, a: &Args) -> MaxCell {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let seq = Arc::new(AtomicU64::new(n as u64 * 10_000_000));
+    let mut tasks = Vec::new();
+    for _ in 0..a.inflight {
+        let (cl, stop, done, errors, seq, keys) =
+            (cl.clone(), stop.clone(), done.clone(), errors.clone(), seq.clone(), a.keys);
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Relaxed) {
+                let j = seq.fetch_add(1, Relaxed);
+                match cl.get(j).should_rate_limit(bench_request(j, n, keys)).await {
+                    Ok(r) if r.get_ref().overall_code == OK => {}
+                    _ => {
+                        errors.fetch_add(1, Relaxed);
+                    }
+                }
+                done.fetch_add(1, Relaxed);
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs_f64(if a.quick { 0.3 } else { 1.0 })).await;
+    let (d0, c0, t0) = (done.load(Relaxed), cpu_ns(svc_pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs_f64(a.max_secs)).await;
+    let (d1, c1, el) = (done.load(Relaxed), cpu_ns(svc_pid), t0.elapsed().as_secs_f64());
+    stop.store(true, Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let dec = (d1 - d0).max(1) as f64;
+    MaxCell {
+        n,
+        rate: dec / el,
+        svc_cpu_ns_per_dec: (c1 - c0) as f64 / dec,
+        svc_util: (c1 - c0) as f64 / 1e9 / el,
+        errors: errors.load(Relaxed),
+    }
+}
+
+/// Open loop at `rate`: request i is due at t0 + i/rate; a pacing thread
+/// starts each at its due time (or at once when late). `f(i, due)` is the
+/// request; it returns the latency from `due` in ns (or u64::MAX on error).
+/// Returns the latencies and the pacer's lateness (ns) per request.
+async fn open_loop<F, Fut>(rate: f64, count: u64, f: F) -> (Vec<u64>, Vec<u64>)
+where
+    F: Fn(u64, Instant) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = u64> + Send + 'static,
+{
+    let lat: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(u64::MAX)).collect());
+    let late: Arc<Vec<AtomicU64>> = Arc::new((0..count).map(|_| AtomicU64::new(0)).collect());
+    let pending = Arc::new(AtomicU64::new(count));
+    let notify = Arc::new(tokio::sync::Notify::new());
+    let handle = tokio::runtime::Handle::current();
+    let f = Arc::new(f);
+    let (lat2, late2, pending2, notify2) = (lat.clone(), late.clone(), pending.clone(), notify.clone());
+    let pacer = std::thread::spawn(move || {
+        let t0 = Instant::now() + Duration::from_millis(5);
+        for i in 0..count {
+            let due = t0 + Duration::from_secs_f64(i as f64 / rate);
+            let now = Instant::now();
+            if due > now {
+                std::thread::sleep(due - now);
+            }
+            late2[i as usize].store(Instant::now().saturating_duration_since(due).as_nanos() as u64, Relaxed);
+            let (f, lat, pending, notify) = (f.clone(), lat2.clone(), pending2.clone(), notify2.clone());
+            handle.spawn(async move {
+                let ns = f(i, due).await;
+                lat[i as usize].store(ns, Relaxed);
+                if pending.fetch_sub(1, Relaxed) == 1 {
+                    notify.notify_one();
+                }
+            });
+        }
+    });
+    while pending.load(Relaxed) > 0 {
+        let _ = tokio::time::timeout(Duration::from_millis(50), notify.notified()).await;
+    }
+    pacer.join().unwrap();
+    let lat = lat.iter().map(|x| x.load(Relaxed)).collect();
+    let late = late.iter().map(|x| x.load(Relaxed)).collect();
+    (lat, late)
+}
+
+fn pct(sorted: &[u64], p: f64) -> u64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[i.clamp(1, sorted.len()) - 1]
+}
+
+struct LatCell {
+    n: usize,
+    rate: f64,
+    achieved: f64,
+    p50: u64,
+    p99: u64,
+    p999: u64,
+    max: u64,
+    late_p99: u64,
+    errors: usize,
+}
+
+async fn lat_cell(cl: &Arc<Clients>, n: usize, rate: f64, a: &Args) -> LatCell {
+    let count = (rate * a.lat_secs).max(100.0) as u64;
+    let keys = a.keys;
+    let base = 20_000_000 * n as u64;
+    let cl2 = cl.clone();
+    let t0 = Instant::now();
+    let (lat, late) = open_loop(rate, count, move |i, due| {
+        let mut c = cl2.get(i);
+        async move {
+            match c.should_rate_limit(bench_request(base + i, n, keys)).await {
+                Ok(r) if r.get_ref().overall_code == OK => due.elapsed().as_nanos() as u64,
+                _ => u64::MAX,
+            }
+        }
+    })
+    .await;
+    let el = t0.elapsed().as_secs_f64();
+    let errors = lat.iter().filter(|&&x| x == u64::MAX).count();
+    let mut ok: Vec<u64> = lat.into_iter().filter(|&x| x != u64::MAX).collect();
+    ok.sort_unstable();
+    let mut late = late;
+    late.sort_unstable();
+    LatCell {
+        n,
+        rate,
+        achieved: count as f64 / el,
+        p50: pct(&ok, 50.0),
+        p99: pct(&ok, 99.0),
+        p999: pct(&ok, 99.9),
+        max: ok.last().copied().unwrap_or(0),
+        late_p99: pct(&late, 99.0),
+        errors,
+    }
+}
+
+// -- Redis time ------------------------------------------------------------------
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Mode {
+    Service,
+    IncrExpire,
+    GetFirst,
+}
+
+impl Mode {
+    fn label(self) -> &'static str {
+        match self {
+            Mode::Service => "service: RL.MULTI",
+            Mode::IncrExpire => "INCRBY + EXPIRE",
+            Mode::GetFirst => "GET, then INCRBY + EXPIRE",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct RedisCell {
+    cpu_ns: f64,
+    cmd_us: f64,
+    reads: f64,
+    calls: f64,
+    /// decisions that failed or were denied (none expected)
+    errors: f64,
+}
+
+/// `INFO commandstats` and `INFO stats`: (sum of usec, sum of calls) over
+/// the commands of a decision, and total_reads_processed.
+async fn redis_counters(con: &mut Conn) -> (f64, f64, f64) {
+    let s: String = redis::cmd("INFO").arg("commandstats").query_async(con).await.unwrap();
+    let (mut us, mut calls) = (0.0, 0.0);
+    for line in s.lines() {
+        let Some(rest) = line.strip_prefix("cmdstat_") else { continue };
+        let Some((name, fields)) = rest.split_once(':') else { continue };
+        if !matches!(name.to_ascii_lowercase().as_str(), "rl.multi" | "incrby" | "expire" | "get") {
+            continue;
+        }
+        for f in fields.split(',') {
+            if let Some(v) = f.strip_prefix("usec=") {
+                us += v.parse::<f64>().unwrap_or(0.0);
+            }
+            if let Some(v) = f.strip_prefix("calls=") {
+                calls += v.parse::<f64>().unwrap_or(0.0);
+            }
+        }
+    }
+    let st: String = redis::cmd("INFO").arg("stats").query_async(con).await.unwrap();
+    let reads = st
+        .lines()
+        .find_map(|l| l.strip_prefix("total_reads_processed:"))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(f64::NAN);
+    (us, calls, reads)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn redis_cell(
+    mode: Mode,
+    n: usize,
+    round: usize,
+    cl: &Arc<Clients>,
+    pool: &Arc<Pool>,
+    info: &mut Conn,
+    redis_pid: u32,
+    idle_ns_per_s: f64,
+    rate: f64,
+    a: &Args,
+) -> RedisCell {
+    let count = a.redis_n;
+    let keys = a.keys;
+    // the same requests for the three modes of a round
+    let base = 100_000_000 * (n as u64) + 1_000_000 * round as u64;
+    let (us0, calls0, r0) = redis_counters(info).await;
+    let c0 = cpu_ns(redis_pid);
+    let t0 = Instant::now();
+    let (lat, _) = match mode {
+        Mode::Service => {
+            let cl = cl.clone();
+            open_loop(rate, count, move |i, _| {
+                let mut c = cl.get(i);
+                async move {
+                    match c.should_rate_limit(bench_request(base + i, n, keys)).await {
+                        Ok(r) if r.get_ref().overall_code == OK => 0,
+                        _ => u64::MAX,
+                    }
+                }
+            })
+            .await
+        }
+        Mode::IncrExpire | Mode::GetFirst => {
+            let pool = pool.clone();
+            open_loop(rate, count, move |i, _| {
+                let pool = pool.clone();
+                async move {
+                    let now = now_s();
+                    let ks: Vec<String> = bench_entries(base + i, n, keys)
+                        .iter()
+                        .map(|e| envoy_key("", "bench", std::slice::from_ref(e), BENCH_UNIT_S, now))
+                        .collect();
+                    let (_permit, mut con) = pool.get().await;
+                    let after =
+                        envoy_decide(&mut con, &ks, &vec![BENCH_LIMIT; n], BENCH_UNIT_S, mode == Mode::GetFirst).await;
+                    pool.put(con).await;
+                    if after.iter().all(|&x| x <= BENCH_LIMIT) {
+                        0
+                    } else {
+                        u64::MAX
+                    }
+                }
+            })
+            .await
+        }
+    };
+    let el = t0.elapsed().as_secs_f64();
+    let c1 = cpu_ns(redis_pid);
+    let (us1, calls1, r1) = redis_counters(info).await;
+    let errors = lat.iter().filter(|&&x| x == u64::MAX).count();
+    let d = count as f64;
+    RedisCell {
+        cpu_ns: ((c1 - c0) as f64 - idle_ns_per_s * el).max(0.0) / d,
+        cmd_us: (us1 - us0) / d,
+        reads: (r1 - r0) / d,
+        calls: (calls1 - calls0) / d,
+        errors: errors as f64,
+    }
+}
+
+// -- over-admission ------------------------------------------------------------------
+
+/// The user of over-admission request j: three in four from "abuser", the
+/// rest spread over 100 users (10 requests each for 4000).
+fn oa_user(j: usize) -> String {
+    if value(j as u64, 7, 4) != 0 {
+        "abuser".into()
+    } else {
+        format!("u{}", value(j as u64, 8, 100))
+    }
+}
+
+#[derive(Default, Clone)]
+struct OaResult {
+    /// grants per user key, and in total (the site key's grants)
+    grants: HashMap<String, u64>,
+    requests: HashMap<String, u64>,
+    total_grants: u64,
+    /// what the site counter holds at the end
+    site_counter: u64,
+    abuser_counter: u64,
+    /// requests answered with an error (counted as not granted)
+    errors: u64,
+}
+
+async fn oa_run(mode: Mode, cl: &Arc<Clients>, url: &str, a: &Args) -> OaResult {
+    let m = a.oa_requests;
+    let next = Arc::new(AtomicU64::new(0));
+    let results: Arc<std::sync::Mutex<OaResult>> = Arc::default();
+    let prefix = match mode {
+        Mode::Service => "",
+        Mode::IncrExpire => "incr:",
+        Mode::GetFirst => "get:",
+    };
+    let client = redis::Client::open(url).unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..a.oa_clients {
+        let (next, results, cl) = (next.clone(), results.clone(), cl.clone());
+        // one connection per concurrent client: many envoyproxy/ratelimit instances
+        let mut con = client.get_multiplexed_async_connection().await.unwrap();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let j = next.fetch_add(1, Relaxed) as usize;
+                if j >= m {
+                    break;
+                }
+                let user = oa_user(j);
+                let entries = [("user".to_owned(), user.clone()), ("site".to_owned(), "all".to_owned())];
+                let granted = match mode {
+                    Mode::Service => {
+                        let req = RateLimitRequest {
+                            domain: "oa".into(),
+                            descriptors: entries
+                                .iter()
+                                .map(|(k, v)| RateLimitDescriptor {
+                                    entries: vec![Entry { key: k.clone(), value: v.clone() }],
+                                    ..Default::default()
+                                })
+                                .collect(),
+                            hits_addend: 0,
+                        };
+                        match cl.get(j as u64).should_rate_limit(req).await {
+                            Ok(r) => r.get_ref().overall_code == OK,
+                            Err(e) => {
+                                eprintln!("  over-admission request {j}: {e}");
+                                results.lock().unwrap().errors += 1;
+                                false
+                            }
+                        }
+                    }
+                    _ => {
+                        let now = now_s();
+                        let ks: Vec<String> = entries
+                            .iter()
+                            .map(|e| envoy_key(prefix, "oa", std::slice::from_ref(e), OA_UNIT_S, now))
+                            .collect();
+                        let after =
+                            envoy_decide(&mut con, &ks, &[OA_USER_LIMIT, OA_SITE_LIMIT], OA_UNIT_S, mode == Mode::GetFirst)
+                                .await;
+                        after[0] <= OA_USER_LIMIT && after[1] <= OA_SITE_LIMIT
+                    }
+                };
+                let mut r = results.lock().unwrap();
+                *r.requests.entry(user.clone()).or_default() += 1;
+                if granted {
+                    *r.grants.entry(user).or_default() += 1;
+                    r.total_grants += 1;
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let mut r = results.lock().unwrap().clone();
+    // the counters at the end
+    let now = now_s();
+    match mode {
+        Mode::Service => {
+            // a check-only request (hits_addend 0 per descriptor): limit − remaining
+            let req = RateLimitRequest {
+                domain: "oa".into(),
+                descriptors: [("user", "abuser"), ("site", "all")]
+                    .iter()
+                    .map(|(k, v)| RateLimitDescriptor {
+                        entries: vec![Entry { key: (*k).into(), value: (*v).into() }],
+                        hits_addend: Some(UInt64Value { value: 0 }),
+                        ..Default::default()
+                    })
+                    .collect(),
+                hits_addend: 0,
+            };
+            let resp = cl.get(0).should_rate_limit(req).await.unwrap().into_inner();
+            r.abuser_counter = OA_USER_LIMIT - u64::from(resp.statuses[0].limit_remaining);
+            r.site_counter = OA_SITE_LIMIT - u64::from(resp.statuses[1].limit_remaining);
+        }
+        _ => {
+            let mut con = client.get_multiplexed_async_connection().await.unwrap();
+            let k = |e: (&str, &str)| envoy_key(prefix, "oa", &[(e.0.to_owned(), e.1.to_owned())], OA_UNIT_S, now);
+            let (ua, site): (Option<u64>, Option<u64>) = redis::pipe()
+                .cmd("GET")
+                .arg(k(("user", "abuser")))
+                .cmd("GET")
+                .arg(k(("site", "all")))
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            r.abuser_counter = ua.unwrap_or(0);
+            r.site_counter = site.unwrap_or(0);
+        }
+    }
+    r
+}
+
+// -- the run ----------------------------------------------------------------------------
+
+fn f0(x: f64) -> String {
+    let s = format!("{:.0}", x);
+    // thousands separators
+    let (neg, digits) = s.strip_prefix('-').map(|d| (true, d)).unwrap_or((false, &s));
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if neg {
+        format!("-{out}")
+    } else {
+        out
+    }
+}
+
+fn ms(ns: u64) -> String {
+    format!("{:.2}", ns as f64 / 1e6)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn server_version(bin: &str) -> String {
+    Command::new(bin)
+        .arg("--version")
+        .output()
+        .map(|o| {
+            let s = String::from_utf8_lossy(&o.stdout);
+            let name = if s.to_ascii_lowercase().contains("valkey") { "Valkey" } else { "Redis" };
+            let v = s.split_whitespace().find_map(|w| w.strip_prefix("v=")).unwrap_or("?").to_owned();
+            format!("{name} {v}")
+        })
+        .unwrap_or_else(|_| bin.to_owned())
+}
+
+fn main() {
+    let a = parse_args();
+    let started = now_s();
+    let load_start = loadavg();
+    let dir = std::env::temp_dir().join(format!("rl-bench-envoy-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("runtime/ratelimit/config")).unwrap();
+    for (name, text) in config_yaml() {
+        std::fs::write(dir.join("runtime/ratelimit/config").join(name), text).unwrap();
+    }
+    assert!(
+        Path::new(&a.service).exists(),
+        "no service binary at {} (cargo build --release -p redis-ratelimit-service)",
+        a.service
+    );
+    let rport = free_port();
+    let mut redis = Proc(
+        Command::new("taskset")
+            .args([
+                "-c",
+                "0",
+                &a.server,
+                "--port",
+                &rport.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args(["--loadmodule", &a.module])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("taskset redis-server"),
+    );
+    wait_port(rport, "redis-server", &mut redis);
+    let (gport, hport) = (free_port(), free_port());
+    let mut svc = Proc(
+        Command::new("taskset")
+            .args(["-c", "1", &a.service])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs([
+                ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+                ("REDIS_URL", format!("127.0.0.1:{rport}")),
+                ("REDIS_TIMEOUT", "5s".to_owned()),
+                ("GRPC_HOST", "127.0.0.1".to_owned()),
+                ("GRPC_PORT", gport.to_string()),
+                ("HOST", "127.0.0.1".to_owned()),
+                ("PORT", hport.to_string()),
+                ("RUNTIME_ROOT", dir.join("runtime").to_string_lossy().into_owned()),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+                ("RUNTIME_APPDIRECTORY", "config".to_owned()),
+            ])
+            .current_dir(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("taskset service"),
+    );
+    wait_port(gport, "redis-ratelimit-service", &mut svc);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let url = format!("redis://127.0.0.1:{rport}/");
+    let out = rt.block_on(async {
+        let mut chans = Vec::new();
+        for _ in 0..a.conns.max(1) {
+            chans.push(RateLimitServiceClient::new(
+                Endpoint::from_shared(format!("http://127.0.0.1:{gport}")).unwrap().connect().await.unwrap(),
+            ));
+        }
+        let cl = Arc::new(Clients(chans));
+        let mut report = Vec::<String>::new();
+        let mut say = |s: String| {
+            println!("{s}");
+            report.push(s);
+        };
+        eprintln!(
+            "bench-envoy: {} with {}, service {} (pid {}, core 1), load generator {} worker(s); load average {}",
+            server_version(&a.server),
+            a.module,
+            a.service,
+            svc.pid(),
+            workers,
+            load_start
+        );
+        // 1. max
+        let mut maxes = Vec::new();
+        for n in [1, 2, 4] {
+            let m = max_cell(&cl, svc.pid(), n, &a).await;
+            eprintln!(
+                "  max n={n}: {:.0}/s, service CPU {:.1} us/decision ({:.0}% of its core), errors {}",
+                m.rate,
+                m.svc_cpu_ns_per_dec / 1e3,
+                m.svc_util * 100.0,
+                m.errors
+            );
+            maxes.push(m);
+        }
+        // 2. latency at half each max
+        let mut lats = Vec::new();
+        for m in &maxes {
+            let l = lat_cell(&cl, m.n, m.rate / 2.0, &a).await;
+            eprintln!(
+                "  latency n={} at {:.0}/s: p50 {} ms p99 {} ms p99.9 {} ms max {} ms (pacer late p99 {} ms), errors {}",
+                l.n,
+                l.rate,
+                ms(l.p50),
+                ms(l.p99),
+                ms(l.p999),
+                ms(l.max),
+                ms(l.late_p99),
+                l.errors
+            );
+            lats.push(l);
+        }
+        // 3. Redis time per decision
+        let pool = Pool::new(&url, a.pool).await;
+        let mut info = redis::Client::open(url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+        let c0 = cpu_ns(redis.pid());
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let idle = (cpu_ns(redis.pid()) - c0) as f64;
+        let mut cells: HashMap<(Mode, usize), Vec<RedisCell>> = HashMap::new();
+        // the same offered load for the three workloads: --redis-rate, or half the service's max at n
+        let rates: HashMap<usize, f64> =
+            maxes.iter().map(|m| (m.n, if a.redis_rate > 0.0 { a.redis_rate } else { (m.rate / 2.0).max(100.0) })).collect();
+        for round in 0..a.rounds {
+            for n in [1, 2, 4] {
+                for mode in [Mode::Service, Mode::IncrExpire, Mode::GetFirst] {
+                    let c = redis_cell(mode, n, round, &cl, &pool, &mut info, redis.pid(), idle, rates[&n], &a).await;
+                    eprintln!(
+                        "  redis round {round} n={n} {:<28} {:6.2} us CPU, {:5.2} us in commands, {:.2} reads, {:.1} calls /decision",
+                        mode.label(),
+                        c.cpu_ns / 1e3,
+                        c.cmd_us,
+                        c.reads,
+                        c.calls
+                    );
+                    cells.entry((mode, n)).or_default().push(c);
+                }
+            }
+        }
+        let med = |mode: Mode, n: usize, f: fn(&RedisCell) -> f64| median(cells[&(mode, n)].iter().map(f).collect());
+        // 4. over-admission
+        let day0 = now_s() / OA_UNIT_S;
+        let mut oa = Vec::new();
+        for mode in [Mode::Service, Mode::IncrExpire, Mode::GetFirst] {
+            oa.push((mode, oa_run(mode, &cl, &url, &a).await));
+        }
+        let crossed = now_s() / OA_UNIT_S != day0;
+        let load_end = loadavg();
+        let up = uptime();
+
+        // the table
+        say(format!(
+            "Run on {} ({}, {} cores; redis-server on core 0 with the load generator, the service on core 1). \
+             Load average {} at the start, {} at the end (`uptime`: {}).",
+            utc(started),
+            server_version(&a.server),
+            std::fs::read_to_string("/proc/cpuinfo").map(|c| c.matches("\nprocessor").count() + 1).unwrap_or(0),
+            load_start,
+            load_end,
+            up
+        ));
+        say(String::new());
+        say(format!(
+            "**The service** (`taskset -c 1`, one tokio worker): max decisions/s closed loop ({} in flight over {} HTTP/2 \
+             connections, {:.0} s per cell), its CPU per decision, and latency end to end at a fixed offered load of half \
+             that max (open loop, from each request's due time, {:.0} s per cell).",
+            a.inflight, a.conns, a.max_secs, a.lat_secs
+        ));
+        say(String::new());
+        say("| descriptors | max decisions/s | service CPU µs/decision | = decisions per core-second | service core busy | offered (half) | p50 ms | p99 ms | p99.9 ms | max ms | errors |".into());
+        say("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+        for (m, l) in maxes.iter().zip(&lats) {
+            say(format!(
+                "| {} | {} | {:.1} | {} | {:.0}% | {} | {} | {} | {} | {} | {} |",
+                m.n,
+                f0(m.rate),
+                m.svc_cpu_ns_per_dec / 1e3,
+                f0(1e9 / m.svc_cpu_ns_per_dec),
+                m.svc_util * 100.0,
+                f0(l.achieved),
+                ms(l.p50),
+                ms(l.p99),
+                ms(l.p999),
+                ms(l.max),
+                m.errors + l.errors as u64
+            ));
+        }
+        say(String::new());
+        say(format!(
+            "**Redis server time per decision**, the service's `RL.MULTI` against envoyproxy/ratelimit's workload replayed \
+             from the same requests ({} decisions per cell at the offered load below, open loop, {} keys per descriptor key, {} \
+             connections for the replay; median of {} interleaved rounds). CPU: the redis-server process's CPU time \
+             (`/proc/PID/task/*/schedstat`, user + system, minus its idle rate of {:.2} ms/s) per decision: everything \
+             the server does for it. In commands: `INFO commandstats` usec per decision (time inside the commands only). \
+             Reads: `total_reads_processed` per decision.",
+            f0(a.redis_n as f64),
+            a.keys,
+            a.pool,
+            a.rounds,
+            idle / 1e6
+        ));
+        say(String::new());
+        say("| descriptors | workload | offered/s | CPU µs/decision | × INCRBY + EXPIRE | µs in commands | × INCRBY + EXPIRE | calls | reads | errors |".into());
+        say("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+        for n in [1, 2, 4] {
+            let base_cpu = med(Mode::IncrExpire, n, |c| c.cpu_ns);
+            let base_us = med(Mode::IncrExpire, n, |c| c.cmd_us);
+            for mode in [Mode::Service, Mode::IncrExpire, Mode::GetFirst] {
+                let cpu = med(mode, n, |c| c.cpu_ns);
+                let us = med(mode, n, |c| c.cmd_us);
+                say(format!(
+                    "| {n} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} |",
+                    mode.label(),
+                    f0(rates[&n]),
+                    cpu / 1e3,
+                    cpu / base_cpu,
+                    us,
+                    us / base_us,
+                    med(mode, n, |c| c.calls),
+                    med(mode, n, |c| c.reads),
+                    cells[&(mode, n)].iter().map(|c| c.errors).sum::<f64>()
+                ));
+            }
+        }
+        say(String::new());
+        say(format!(
+            "**Over-admission** under {} concurrent clients ({} requests; each request: `user` (limit {OA_USER_LIMIT}/day) \
+             and `site` (limit {OA_SITE_LIMIT}/day); three in four from one user, `abuser`, the rest from 100 users). \
+             Granted: requests answered OK. The site counter: what the site-wide key holds at the end (the service: \
+             limit − remaining of a check-only request).{}",
+            a.oa_clients,
+            a.oa_requests,
+            if crossed { " **The run crossed a day boundary: counts are split.**" } else { "" }
+        ));
+        say(String::new());
+        say("| model | abuser granted / limit | abuser counter | other users: granted / asked | site granted / limit | site counter | over-admitted | site units taken by denied requests | errors |".into());
+        say("|---|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+        for (mode, r) in &oa {
+            let abuser = r.grants.get("abuser").copied().unwrap_or(0);
+            let others: u64 = r.grants.iter().filter(|(k, _)| *k != "abuser").map(|(_, v)| v).sum();
+            let asked: u64 = r.requests.iter().filter(|(k, _)| *k != "abuser").map(|(_, v)| v).sum();
+            let over_user: u64 = r.grants.iter().filter(|(k, _)| *k != "abuser").map(|(_, &v)| v.saturating_sub(OA_USER_LIMIT)).sum::<u64>()
+                + abuser.saturating_sub(OA_USER_LIMIT);
+            let over = over_user + r.total_grants.saturating_sub(OA_SITE_LIMIT);
+            say(format!(
+                "| {} | {} / {OA_USER_LIMIT} | {} | {} / {} | {} / {OA_SITE_LIMIT} | {} | {} | {} | {} |",
+                mode.label(),
+                abuser,
+                r.abuser_counter,
+                others,
+                asked,
+                r.total_grants,
+                r.site_counter,
+                over,
+                r.site_counter.saturating_sub(r.total_grants),
+                r.errors
+            ));
+        }
+        report
+    });
+    drop(svc);
+    drop(redis);
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Some(path) = &a.write {
+        write_section(path, &a, &out);
+        eprintln!("wrote the bench-envoy section of {}", path.display());
+    }
+}
+
+const BEGIN: &str = "<!-- bench-envoy:begin -->";
+const END: &str = "<!-- bench-envoy:end -->";
+
+fn write_section(path: &Path, a: &Args, table: &[String]) {
+    let mut body = vec![
+        BEGIN.to_owned(),
+        "## The Envoy rate-limit service (`make bench-envoy`)".to_owned(),
+        String::new(),
+        "Generated by `make bench-envoy` (`service/benches/envoy.rs`; `make bench-envoy ARGS=\"--help\"` lists its \
+         parameters). The service is the release build (`cargo build --release -p redis-ratelimit-service`, as users \
+         build it), started as a process; the load generator is the quick profile. Targets (issue 32): at least 20,000 \
+         decisions/s on one core at 1 descriptor with p99 under 2 ms at half that load; Redis time per decision at most \
+         the `INCRBY` + `EXPIRE` pipeline's at 1, 2 and 4 descriptors and below the `GET`-first mode's; no \
+         over-admission."
+            .to_owned(),
+        String::new(),
+    ];
+    if !a.note.is_empty() {
+        body.push(a.note.clone());
+        body.push(String::new());
+    }
+    if a.quick {
+        body.push("**A --quick run: short cells, numbers only show that the bench works.**".into());
+        body.push(String::new());
+    }
+    body.extend(table.iter().cloned());
+    body.push(END.to_owned());
+    let new = body.join("\n") + "\n";
+    let s = std::fs::read_to_string(path).unwrap_or_default();
+    let s = match (s.find(BEGIN), s.find(END)) {
+        (Some(x), Some(y)) if x < y => {
+            let mut e = y + END.len();
+            if s[e..].starts_with('\n') {
+                e += 1;
+            }
+            format!("{}{}{}", &s[..x], new, &s[e..])
+        }
+        _ => format!("{}\n\n{}", s.trim_end_matches('\n'), new),
+    };
+    std::fs::write(path, s).unwrap();
+}
