@@ -3,7 +3,7 @@
 //! part 6). Written here; envoyproxy/ratelimit's `src/redis/fixed_cache_impl.go`
 //! was read for what it sends to Redis.
 //!
-//! One run, four phases, on one Redis with the module (pinned to core 0 with
+//! One run, five phases, on one Redis with the module (pinned to core 0 with
 //! `taskset -c 0`) and the release service binary (pinned to core 1):
 //!
 //! 1. **max**: decisions per second of the service, closed loop (`--inflight`
@@ -31,6 +31,10 @@
 //!    and a site-wide limit in every request: grants per key against each
 //!    limit, and what the site counter took, for the service and both
 //!    replayed models.
+//! 5. **callgrind**: the three workloads of 3 against a second redis-server
+//!    under callgrind (and a second service on it): the server's
+//!    instructions per decision, one decision at a time. Deterministic where
+//!    CPU time on a shared 2-core machine is not; kernel work not counted.
 //!
 //! Arguments (`--name value`; `make bench-envoy ARGS="..."`): see `usage()`.
 
@@ -67,6 +71,7 @@ fn usage() -> &'static str {
   --pool N          replay connections to Redis, REDIS_POOL_SIZE (default 10)
   --oa-clients N    concurrent clients of the over-admission phase (default 64)
   --oa-requests N   requests of the over-admission phase (default 4000)
+  --cg-n N          decisions per callgrind cell (default 1000; quick 200; 0: none)
   --write PATH      replace the bench-envoy section of PATH (BENCHMARKS.md)
   --note TEXT       a note for the section (e.g. which profile, its build time)"
 }
@@ -88,6 +93,7 @@ struct Args {
     pool: usize,
     oa_clients: usize,
     oa_requests: usize,
+    cg_n: u64,
     write: Option<PathBuf>,
     note: String,
 }
@@ -141,6 +147,7 @@ fn parse_args() -> Args {
         pool: num("pool", 10.0) as usize,
         oa_clients: num("oa-clients", 64.0) as usize,
         oa_requests: num("oa-requests", q(4000.0, 1000.0)) as usize,
+        cg_n: num("cg-n", q(1000.0, 200.0)) as u64,
         write: kv.get("write").map(PathBuf::from),
         note: kv.get("note").cloned().unwrap_or_default(),
     }
@@ -172,7 +179,7 @@ fn wait_port(port: u16, what: &str, child: &mut Proc) {
         if let Ok(Some(st)) = child.0.try_wait() {
             panic!("{what} exited: {st}");
         }
-        assert!(t0.elapsed() < Duration::from_secs(20), "{what} did not listen on {port}");
+        assert!(t0.elapsed() < Duration::from_secs(60), "{what} did not listen on {port}");
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -512,7 +519,7 @@ enum Mode {
 impl Mode {
     fn label(self) -> &'static str {
         match self {
-            Mode::Service => "service: RL.MULTI",
+            Mode::Service => "the service's RL.MULTI",
             Mode::IncrExpire => "INCRBY + EXPIRE",
             Mode::GetFirst => "GET, then INCRBY + EXPIRE",
         }
@@ -537,7 +544,7 @@ async fn redis_counters(con: &mut Conn) -> (f64, f64, f64) {
     for line in s.lines() {
         let Some(rest) = line.strip_prefix("cmdstat_") else { continue };
         let Some((name, fields)) = rest.split_once(':') else { continue };
-        if !matches!(name.to_ascii_lowercase().as_str(), "rl.multi" | "incrby" | "expire" | "get") {
+        if !matches!(name.to_ascii_lowercase().as_str(), "rl.multi" | "rl.fixedwindow" | "incrby" | "expire" | "get") {
             continue;
         }
         for f in fields.split(',') {
@@ -628,6 +635,139 @@ async fn redis_cell(
         calls: (calls1 - calls0) / d,
         errors: errors as f64,
     }
+}
+
+/// redis-server with the module on core 0 (under callgrind with `callgrind`).
+fn start_redis(a: &Args, dir: &Path, callgrind: bool) -> (Proc, u16) {
+    let port = free_port();
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", "0"]);
+    if callgrind {
+        let out = dir.join("callgrind.out.%p");
+        cmd.args(["valgrind", "--tool=callgrind", "--dump-instr=no"]).arg(format!("--callgrind-out-file={}", out.display()));
+    }
+    let mut p = Proc(
+        cmd.args([&a.server, "--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--loadmodule", &a.module])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("taskset redis-server"),
+    );
+    wait_port(port, "redis-server", &mut p);
+    (p, port)
+}
+
+/// The release service on core 1, on the Redis at `rport`.
+fn start_service(a: &Args, dir: &Path, rport: u16) -> (Proc, u16) {
+    let (gport, hport) = (free_port(), free_port());
+    let mut p = Proc(
+        Command::new("taskset")
+            .args(["-c", "1", &a.service])
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs([
+                ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+                ("REDIS_URL", format!("127.0.0.1:{rport}")),
+                ("REDIS_TIMEOUT", "5s".to_owned()),
+                ("GRPC_HOST", "127.0.0.1".to_owned()),
+                ("GRPC_PORT", gport.to_string()),
+                ("HOST", "127.0.0.1".to_owned()),
+                ("PORT", hport.to_string()),
+                ("RUNTIME_ROOT", dir.join("runtime").to_string_lossy().into_owned()),
+                ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+                ("RUNTIME_APPDIRECTORY", "config".to_owned()),
+            ])
+            .current_dir(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("taskset service"),
+    );
+    wait_port(gport, "redis-ratelimit-service", &mut p);
+    (p, gport)
+}
+
+fn callgrind_control(args: &[&str]) {
+    let st = Command::new("callgrind_control")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("callgrind_control");
+    assert!(st.success(), "callgrind_control {args:?}: {st}");
+}
+
+/// The instructions of the newest callgrind dump under `dir` (its `totals:`).
+fn callgrind_totals(dir: &Path) -> f64 {
+    let newest = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("callgrind.out."))
+        .max_by_key(|e| e.metadata().and_then(|m| m.modified()).unwrap_or(UNIX_EPOCH))
+        .expect("a callgrind dump");
+    let text = std::fs::read_to_string(newest.path()).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("totals:").or_else(|| l.strip_prefix("summary:")))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("totals: in the callgrind dump")
+}
+
+/// Instructions the server runs per decision under callgrind (deterministic,
+/// unlike CPU time on a shared machine): a second redis-server under
+/// `valgrind --tool=callgrind` and a second service on it; per cell, the
+/// keys are made by a first pass of the same requests, then the counters
+/// are zeroed, `--cg-n` decisions sent one at a time (one round trip each:
+/// two for the GET-first mode), and the counters dumped. User-space
+/// instructions of the whole server (reading, parsing, the commands,
+/// replies); the kernel's work is not counted (the reads column shows it).
+async fn callgrind_phase(a: &Args, dir: &Path) -> HashMap<(Mode, usize), f64> {
+    let cgdir = dir.join("cg");
+    std::fs::create_dir_all(&cgdir).unwrap();
+    let (redis, rport) = start_redis(a, &cgdir, true);
+    let (_svc, gport) = start_service(a, dir, rport);
+    let pid = redis.pid().to_string();
+    let mut client = RateLimitServiceClient::new(
+        Endpoint::from_shared(format!("http://127.0.0.1:{gport}")).unwrap().connect().await.unwrap(),
+    );
+    let mut con = redis::Client::open(format!("redis://127.0.0.1:{rport}/"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let (keys, count) = (200, a.cg_n);
+    let mut out = HashMap::new();
+    for n in [1, 2, 4] {
+        for mode in [Mode::Service, Mode::IncrExpire, Mode::GetFirst] {
+            let base = 500_000_000 + 1_000_000 * n as u64;
+            for pass in 0..2 {
+                if pass == 1 {
+                    callgrind_control(&["-z", &pid]);
+                }
+                let m = if pass == 0 { keys } else { count };
+                for i in 0..m {
+                    let j = base + i % keys;
+                    if mode == Mode::Service {
+                        let r = client.should_rate_limit(bench_request(j, n, keys)).await.expect("callgrind decision");
+                        assert_eq!(r.get_ref().overall_code, OK);
+                    } else {
+                        let now = now_s();
+                        let ks: Vec<String> = bench_entries(j, n, keys)
+                            .iter()
+                            .map(|e| envoy_key("", "bench", std::slice::from_ref(e), BENCH_UNIT_S, now))
+                            .collect();
+                        envoy_decide(&mut con, &ks, &vec![BENCH_LIMIT; n], BENCH_UNIT_S, mode == Mode::GetFirst).await;
+                    }
+                }
+            }
+            callgrind_control(&["-d", &pid]);
+            let ir = callgrind_totals(&cgdir) / count as f64;
+            eprintln!("  callgrind n={n} {:<28} {:8.0} instructions/decision", mode.label(), ir);
+            out.insert((mode, n), ir);
+        }
+    }
+    out
 }
 
 // -- over-admission ------------------------------------------------------------------
@@ -821,55 +961,8 @@ fn main() {
         "no service binary at {} (cargo build --release -p redis-ratelimit-service)",
         a.service
     );
-    let rport = free_port();
-    let mut redis = Proc(
-        Command::new("taskset")
-            .args([
-                "-c",
-                "0",
-                &a.server,
-                "--port",
-                &rport.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ])
-            .args(["--loadmodule", &a.module])
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("taskset redis-server"),
-    );
-    wait_port(rport, "redis-server", &mut redis);
-    let (gport, hport) = (free_port(), free_port());
-    let mut svc = Proc(
-        Command::new("taskset")
-            .args(["-c", "1", &a.service])
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs([
-                ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
-                ("REDIS_URL", format!("127.0.0.1:{rport}")),
-                ("REDIS_TIMEOUT", "5s".to_owned()),
-                ("GRPC_HOST", "127.0.0.1".to_owned()),
-                ("GRPC_PORT", gport.to_string()),
-                ("HOST", "127.0.0.1".to_owned()),
-                ("PORT", hport.to_string()),
-                ("RUNTIME_ROOT", dir.join("runtime").to_string_lossy().into_owned()),
-                ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
-                ("RUNTIME_APPDIRECTORY", "config".to_owned()),
-            ])
-            .current_dir(&dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("taskset service"),
-    );
-    wait_port(gport, "redis-ratelimit-service", &mut svc);
+    let (redis, rport) = start_redis(&a, &dir, false);
+    let (svc, gport) = start_service(&a, &dir, rport);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let url = format!("redis://127.0.0.1:{rport}/");
@@ -959,6 +1052,8 @@ fn main() {
             oa.push((mode, oa_run(mode, &cl, &url, &a).await));
         }
         let crossed = now_s() / OA_UNIT_S != day0;
+        // 5. instructions per decision under callgrind
+        let cg = if a.cg_n > 0 { callgrind_phase(&a, &dir).await } else { HashMap::new() };
         let load_end = loadavg();
         let up = uptime();
 
@@ -1001,12 +1096,17 @@ fn main() {
         }
         say(String::new());
         say(format!(
-            "**Redis server time per decision**, the service's `RL.MULTI` against envoyproxy/ratelimit's workload replayed \
-             from the same requests ({} decisions per cell at the offered load below, open loop, {} keys per descriptor key, {} \
+            "**Redis server time per decision**, the service's `RL.MULTI` (one counted descriptor: `RL.FIXEDWINDOW`) \
+             against envoyproxy/ratelimit's workload replayed from the same requests. Instructions: redis-server under \
+             callgrind (a second server, and a second service on it), user-space instructions of the whole server per \
+             decision (reading, parsing, commands, replies; not the kernel's work), {} decisions one at a time on 200 \
+             existing keys per descriptor key: deterministic, the figure to compare on a shared machine. Then on the \
+             real server ({} decisions per cell at the offered load below, open loop, {} keys per descriptor key, {} \
              connections for the replay; median of {} interleaved rounds). CPU: the redis-server process's CPU time \
              (`/proc/PID/task/*/schedstat`, user + system, minus its idle rate of {:.2} ms/s) per decision: everything \
              the server does for it. In commands: `INFO commandstats` usec per decision (time inside the commands only). \
              Reads: `total_reads_processed` per decision.",
+            f0(a.cg_n as f64),
             f0(a.redis_n as f64),
             a.keys,
             a.pool,
@@ -1014,8 +1114,8 @@ fn main() {
             idle / 1e6
         ));
         say(String::new());
-        say("| descriptors | workload | offered/s | CPU µs/decision | × INCRBY + EXPIRE | µs in commands | × INCRBY + EXPIRE | calls | reads | errors |".into());
-        say("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+        say("| descriptors | workload | instructions/decision (callgrind) | × INCRBY + EXPIRE | offered/s | CPU µs/decision | × INCRBY + EXPIRE | µs in commands | × INCRBY + EXPIRE | calls | reads | errors |".into());
+        say("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
         for n in [1, 2, 4] {
             let base_cpu = med(Mode::IncrExpire, n, |c| c.cpu_ns);
             let base_us = med(Mode::IncrExpire, n, |c| c.cmd_us);
@@ -1023,8 +1123,13 @@ fn main() {
                 let cpu = med(mode, n, |c| c.cpu_ns);
                 let us = med(mode, n, |c| c.cmd_us);
                 say(format!(
-                    "| {n} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} |",
+                    "| {n} | {} | {} | {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} |",
                     mode.label(),
+                    cg.get(&(mode, n)).map(|&x| f0(x)).unwrap_or_else(|| "–".into()),
+                    match (cg.get(&(mode, n)), cg.get(&(Mode::IncrExpire, n))) {
+                        (Some(x), Some(b)) => format!("{:.2}", x / b),
+                        _ => "–".into(),
+                    },
                     f0(rates[&n]),
                     cpu / 1e3,
                     cpu / base_cpu,
