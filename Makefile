@@ -433,7 +433,7 @@ bench-clients-rust: build  ## the Rust client's local (leased) decision, criteri
 # service is a fat-LTO link of minutes. QUICK=1: short cells, no
 # BENCHMARKS.md; SERVER=NAME (rltesting.servers) or a path; ARGS="--help".
 .PHONY: bench-envoy
-bench-envoy: build venv  ## the Envoy service: decisions/s, p99, Redis time vs INCRBY+EXPIRE (QUICK=1, SERVER=, ARGS=)
+bench-envoy: build $(if $(SERVER),venv)  ## the Envoy service: decisions/s, p99, Redis time vs INCRBY+EXPIRE (QUICK=1, SERVER=, ARGS=)
 	$(CARGO) build --release -p redis-ratelimit-service
 	$(CARGO) build --profile quick -p redis-ratelimit-service --no-default-features --bench envoy
 	@srv=$(if $(SERVER),$$($(PY) -m rltesting.servers path $(SERVER) 2>/dev/null || echo $(SERVER)),$$(command -v redis-server)); \
