@@ -54,6 +54,9 @@ use tonic::transport::{Channel, Endpoint};
 
 const OK: i32 = 1;
 
+/// The first failed request of a run is printed (the counts are in the table).
+static FIRST_ERROR: AtomicBool = AtomicBool::new(true);
+
 type Client = RateLimitServiceClient<Channel>;
 type Conn = redis::aio::MultiplexedConnection;
 
@@ -64,6 +67,7 @@ fn usage() -> &'static str {
   --conns N         HTTP/2 connections to the service (default 4)
   --inflight N      requests in flight in the max cells (default 64)
   --keys N          descriptor values per descriptor key (default 1000)
+  --lat-rate R      offered load of the latency cells (default: half each max)
   --redis-rate R    offered load of the Redis cells, decisions/s (default: half the
                     service's max at each descriptor count, as the latency cells)
   --redis-n N       decisions per Redis cell (default 10000; quick 2000)
@@ -88,6 +92,7 @@ struct Args {
     inflight: usize,
     keys: u64,
     redis_rate: f64,
+    lat_rate: f64,
     redis_n: u64,
     rounds: usize,
     pool: usize,
@@ -142,6 +147,7 @@ fn parse_args() -> Args {
         inflight: num("inflight", 64.0) as usize,
         keys: num("keys", 1000.0) as u64,
         redis_rate: num("redis-rate", 0.0),
+        lat_rate: num("lat-rate", 0.0),
         redis_n: num("redis-n", q(10000.0, 2000.0)) as u64,
         rounds: num("rounds", q(3.0, 1.0)) as usize,
         pool: num("pool", 10.0) as usize,
@@ -483,7 +489,12 @@ async fn lat_cell(cl: &Arc<Clients>, n: usize, rate: f64, a: &Args) -> LatCell {
         async move {
             match c.should_rate_limit(bench_request(base + i, n, keys)).await {
                 Ok(r) if r.get_ref().overall_code == OK => due.elapsed().as_nanos() as u64,
-                _ => u64::MAX,
+                r => {
+                    if FIRST_ERROR.swap(false, Relaxed) {
+                        eprintln!("  first error of a latency cell: {r:?}");
+                    }
+                    u64::MAX
+                }
             }
         }
     })
@@ -1014,7 +1025,7 @@ fn main() {
         // 2. latency at half each max
         let mut lats = Vec::new();
         for m in &maxes {
-            let l = lat_cell(&cl, m.n, m.rate / 2.0, &a).await;
+            let l = lat_cell(&cl, m.n, if a.lat_rate > 0.0 { a.lat_rate } else { m.rate / 2.0 }, &a).await;
             eprintln!(
                 "  latency n={} at {:.0}/s: p50 {} ms p99 {} ms p99.9 {} ms max {} ms (pacer late p99 {} ms), errors {}",
                 l.n,
@@ -1087,15 +1098,18 @@ fn main() {
         say(format!(
             "**The service** (`taskset -c 1`, one tokio worker): max decisions/s closed loop ({} in flight over {} HTTP/2 \
              connections, {:.0} s per cell), its CPU per decision, and latency end to end at a fixed offered load of half \
-             that max (open loop, from each request's due time, {:.0} s per cell).",
+             that max (open loop, from each request's due time, {:.0} s per cell; generator late: how late the pacing thread \
+             started requests, counted in the latency). Errors: answers other than OK (the service answers UNAVAILABLE \
+             while the Rust client's breaker is open: it opens when the p95 of its Redis calls, queueing in an \
+             overloaded service included, stays above 50 ms for 1 s).",
             a.inflight, a.conns, a.max_secs, a.lat_secs
         ));
         say(String::new());
-        say("| descriptors | max decisions/s | service CPU µs/decision | = decisions per core-second | service core busy | offered (half) | p50 ms | p99 ms | p99.9 ms | max ms | errors |".into());
-        say("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+        say("| descriptors | max decisions/s | service CPU µs/decision | = decisions per core-second | service core busy | offered (half) | p50 ms | p99 ms | p99.9 ms | max ms | generator late p99 ms | errors |".into());
+        say("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
         for (m, l) in maxes.iter().zip(&lats) {
             say(format!(
-                "| {} | {} | {:.1} | {} | {:.0}% | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {:.1} | {} | {:.0}% | {} | {} | {} | {} | {} | {} | {} |",
                 m.n,
                 f0(m.rate),
                 m.svc_cpu_ns_per_dec / 1e3,
@@ -1106,6 +1120,7 @@ fn main() {
                 ms(l.p99),
                 ms(l.p999),
                 ms(l.max),
+                ms(l.late_p99),
                 m.errors + l.errors as u64
             ));
         }
