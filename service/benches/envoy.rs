@@ -68,8 +68,8 @@ fn usage() -> &'static str {
   --inflight N      requests in flight in the max cells (default 64)
   --keys N          descriptor values per descriptor key (default 1000)
   --lat-rate R      offered load of the latency cells (default: half each max)
-  --redis-rate R    offered load of the Redis cells, decisions/s (default: half the
-                    service's max at each descriptor count, as the latency cells)
+  --redis-rate R    offered load of the Redis cells, decisions/s (default 5000;
+                    0: half the service's max at each descriptor count)
   --redis-n N       decisions per Redis cell (default 10000; quick 2000)
   --rounds N        interleaved rounds of the Redis cells (default 3; quick 1)
   --pool N          replay connections to Redis, REDIS_POOL_SIZE (default 10)
@@ -146,7 +146,7 @@ fn parse_args() -> Args {
         conns: num("conns", 4.0) as usize,
         inflight: num("inflight", 64.0) as usize,
         keys: num("keys", 1000.0) as u64,
-        redis_rate: num("redis-rate", 0.0),
+        redis_rate: num("redis-rate", 5000.0),
         lat_rate: num("lat-rate", 0.0),
         redis_n: num("redis-n", q(10000.0, 2000.0)) as u64,
         rounds: num("rounds", q(3.0, 1.0)) as usize,
@@ -476,13 +476,17 @@ struct LatCell {
     max: u64,
     late_p99: u64,
     errors: usize,
+    /// the service's and the load generator's CPU use during the cell (1.0 = one core)
+    svc_busy: f64,
+    gen_busy: f64,
 }
 
-async fn lat_cell(cl: &Arc<Clients>, n: usize, rate: f64, a: &Args) -> LatCell {
+async fn lat_cell(cl: &Arc<Clients>, svc_pid: u32, n: usize, rate: f64, a: &Args) -> LatCell {
     let count = (rate * a.lat_secs).max(100.0) as u64;
     let keys = a.keys;
     let base = 20_000_000 * n as u64;
     let cl2 = cl.clone();
+    let (s0, g0) = (cpu_ns(svc_pid), cpu_ns(std::process::id()));
     let t0 = Instant::now();
     let (lat, late) = open_loop(rate, count, move |i, due| {
         let mut c = cl2.get(i);
@@ -500,6 +504,8 @@ async fn lat_cell(cl: &Arc<Clients>, n: usize, rate: f64, a: &Args) -> LatCell {
     })
     .await;
     let el = t0.elapsed().as_secs_f64();
+    let (svc_busy, gen_busy) =
+        ((cpu_ns(svc_pid) - s0) as f64 / 1e9 / el, (cpu_ns(std::process::id()) - g0) as f64 / 1e9 / el);
     let errors = lat.iter().filter(|&&x| x == u64::MAX).count();
     let mut ok: Vec<u64> = lat.into_iter().filter(|&x| x != u64::MAX).collect();
     ok.sort_unstable();
@@ -515,6 +521,8 @@ async fn lat_cell(cl: &Arc<Clients>, n: usize, rate: f64, a: &Args) -> LatCell {
         max: ok.last().copied().unwrap_or(0),
         late_p99: pct(&late, 99.0),
         errors,
+        svc_busy,
+        gen_busy,
     }
 }
 
@@ -816,7 +824,24 @@ struct OaResult {
     errors: u64,
 }
 
+/// Waits until the service answers OK again (up to 10 s): after an
+/// overload, the Rust client's breaker stays open for a second and then
+/// probes; a phase starting meanwhile would only count UNAVAILABLE answers.
+async fn settle(cl: &Arc<Clients>) {
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(10) {
+        if let Ok(r) = cl.get(0).should_rate_limit(bench_request(u64::MAX / 2, 1, 1)).await {
+            if r.get_ref().overall_code == OK {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!("  the service did not answer OK within 10 s");
+}
+
 async fn oa_run(mode: Mode, cl: &Arc<Clients>, url: &str, a: &Args) -> OaResult {
+    settle(cl).await;
     let m = a.oa_requests;
     let next = Arc::new(AtomicU64::new(0));
     let results: Arc<std::sync::Mutex<OaResult>> = Arc::default();
@@ -903,9 +928,18 @@ async fn oa_run(mode: Mode, cl: &Arc<Clients>, url: &str, a: &Args) -> OaResult 
                     .collect(),
                 hits_addend: 0,
             };
-            let resp = cl.get(0).should_rate_limit(req).await.unwrap().into_inner();
-            r.abuser_counter = OA_USER_LIMIT - u64::from(resp.statuses[0].limit_remaining);
-            r.site_counter = OA_SITE_LIMIT - u64::from(resp.statuses[1].limit_remaining);
+            settle(cl).await;
+            match cl.get(0).should_rate_limit(req).await {
+                Ok(resp) => {
+                    let resp = resp.into_inner();
+                    r.abuser_counter = OA_USER_LIMIT - u64::from(resp.statuses[0].limit_remaining);
+                    r.site_counter = OA_SITE_LIMIT - u64::from(resp.statuses[1].limit_remaining);
+                }
+                Err(e) => {
+                    eprintln!("  over-admission: the counters could not be read: {e}");
+                    r.errors += 1;
+                }
+            }
         }
         _ => {
             let mut con = client.get_multiplexed_async_connection().await.unwrap();
@@ -1012,6 +1046,7 @@ fn main() {
         // 1. max
         let mut maxes = Vec::new();
         for n in [1, 2, 4] {
+            settle(&cl).await;
             let m = max_cell(&cl, svc.pid(), n, &a).await;
             eprintln!(
                 "  max n={n}: {:.0}/s, service CPU {:.1} us/decision ({:.0}% of its core), errors {}",
@@ -1025,7 +1060,8 @@ fn main() {
         // 2. latency at half each max
         let mut lats = Vec::new();
         for m in &maxes {
-            let l = lat_cell(&cl, m.n, if a.lat_rate > 0.0 { a.lat_rate } else { m.rate / 2.0 }, &a).await;
+            settle(&cl).await;
+            let l = lat_cell(&cl, svc.pid(), m.n, if a.lat_rate > 0.0 { a.lat_rate } else { m.rate / 2.0 }, &a).await;
             eprintln!(
                 "  latency n={} at {:.0}/s: p50 {} ms p99 {} ms p99.9 {} ms max {} ms (pacer late p99 {} ms), errors {}",
                 l.n,
@@ -1056,6 +1092,7 @@ fn main() {
         for round in 0..a.rounds {
             for n in [1, 2, 4] {
                 for mode in [Mode::Service, Mode::IncrExpire, Mode::GetFirst] {
+                    settle(&cl).await;
                     let c = redis_cell(mode, n, round, &cl, &pool, &mut info, redis.pid(), idle, rates[&n], &a).await;
                     eprintln!(
                         "  redis round {round} n={n} {:<28} {:6.2} us CPU, {:5.2} us in commands, {:.2} reads, {:.1} calls /decision",
@@ -1099,17 +1136,18 @@ fn main() {
             "**The service** (`taskset -c 1`, one tokio worker): max decisions/s closed loop ({} in flight over {} HTTP/2 \
              connections, {:.0} s per cell), its CPU per decision, and latency end to end at a fixed offered load of half \
              that max (open loop, from each request's due time, {:.0} s per cell; generator late: how late the pacing thread \
-             started requests, counted in the latency). Errors: answers other than OK (the service answers UNAVAILABLE \
+             started requests, counted in the latency; busy: CPU use of the service and of the load generator during the \
+             latency cell, 100% = one core: a generator near 100% means the latency is partly its own). Errors: answers other than OK (the service answers UNAVAILABLE \
              while the Rust client's breaker is open: it opens when the p95 of its Redis calls, queueing in an \
              overloaded service included, stays above 50 ms for 1 s).",
             a.inflight, a.conns, a.max_secs, a.lat_secs
         ));
         say(String::new());
-        say("| descriptors | max decisions/s | service CPU µs/decision | = decisions per core-second | service core busy | offered (half) | p50 ms | p99 ms | p99.9 ms | max ms | generator late p99 ms | errors |".into());
-        say("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+        say("| descriptors | max decisions/s | service CPU µs/decision | = decisions per core-second | service core busy | offered (half) | p50 ms | p99 ms | p99.9 ms | max ms | generator late p99 ms | service / generator busy | errors |".into());
+        say("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
         for (m, l) in maxes.iter().zip(&lats) {
             say(format!(
-                "| {} | {} | {:.1} | {} | {:.0}% | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {} | {:.1} | {} | {:.0}% | {} | {} | {} | {} | {} | {} | {:.0}% / {:.0}% | {} |",
                 m.n,
                 f0(m.rate),
                 m.svc_cpu_ns_per_dec / 1e3,
@@ -1121,6 +1159,8 @@ fn main() {
                 ms(l.p999),
                 ms(l.max),
                 ms(l.late_p99),
+                l.svc_busy * 100.0,
+                l.gen_busy * 100.0,
                 m.errors + l.errors as u64
             ));
         }
