@@ -163,7 +163,9 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let grpc = tonic::transport::Server::builder()
         .add_service(health_svc)
         .add_service(RateLimitServiceServer::new(Grpc(svc.clone())))
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc_listener));
+        // TCP_NODELAY: tonic sets it only on listeners it binds itself; without
+        // it Nagle holds a response behind an unacknowledged one (Envoy's delayed ACK)
+        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)));
     let http = axum::serve(http_listener, http_router(svc.clone()));
     let metrics = async move {
         match metrics_listener {

@@ -373,6 +373,9 @@ impl Settings {
             }
             info = info.set_redis_settings(r);
         }
-        info
+        // TCP_NODELAY (redis-rs leaves Nagle on): a decision is one small
+        // write, which Nagle would hold behind an unacknowledged one until
+        // Redis's delayed ACK (up to 40 ms)
+        info.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
     }
 }
