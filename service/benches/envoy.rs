@@ -1166,7 +1166,7 @@ fn main() {
         }
         say(String::new());
         say(format!(
-            "**Redis server time per decision**, the service's `RL.MULTI` (one counted descriptor: `RL.FIXEDWINDOW`) \
+            "**Redis server time per decision**, the service's `RL.MULTI` \
              against envoyproxy/ratelimit's workload replayed from the same requests. Instructions: redis-server under \
              callgrind (a second server, and a second service on it), user-space instructions of the whole server per \
              decision (reading, parsing, commands, replies; not the kernel's work), {} decisions one at a time on 200 \
