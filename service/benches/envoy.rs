@@ -538,7 +538,7 @@ enum Mode {
 impl Mode {
     fn label(self) -> &'static str {
         match self {
-            Mode::Service => "the service's RL.MULTI",
+            Mode::Service => "the service",
             Mode::IncrExpire => "INCRBY + EXPIRE",
             Mode::GetFirst => "GET, then INCRBY + EXPIRE",
         }
@@ -1166,7 +1166,7 @@ fn main() {
         }
         say(String::new());
         say(format!(
-            "**Redis server time per decision**, the service's `RL.MULTI` \
+            "**Redis server time per decision**, the service's `RL.MULTI` (one fixed-window descriptor: `RL.FIXEDWINDOW`) \
              against envoyproxy/ratelimit's workload replayed from the same requests. Instructions: redis-server under \
              callgrind (a second server, and a second service on it), user-space instructions of the whole server per \
              decision (reading, parsing, commands, replies; not the kernel's work), {} decisions one at a time on 200 \
