@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use redis_ratelimit_client::{Backend, Connection, Options, RateLimit};
+use redis_ratelimit_client::{Backend, Breaker, Connection, Options, RateLimit};
 
 use crate::conn::RedisConn;
 use crate::json::{parse_request, render_response};
@@ -134,7 +134,13 @@ async fn connect(settings: &Settings) -> Result<RedisConn, String> {
 pub async fn start(settings: Settings) -> Result<Running, String> {
     let conn = connect(&settings).await?;
     let timeout_ms = u64::try_from(settings.redis_timeout.as_millis()).unwrap_or(u64::MAX).max(1);
-    let rl = RateLimit::new(conn, Options { timeout_ms, backend: Backend::Auto, ..Options::default() })
+    // A decision Redis gives within REDIS_TIMEOUT, however slow, is a
+    // decision: the breaker's latency budget is REDIS_TIMEOUT itself, not the
+    // client's 50 ms default, which a saturated service's own queueing
+    // exceeds (it opened and answered UNAVAILABLE for a second under load).
+    // Timeouts and errors still open it after 5 in a row.
+    let breaker = Breaker { latency_budget_ms: timeout_ms as f64, ..Breaker::default() };
+    let rl = RateLimit::new(conn, Options { timeout_ms, backend: Backend::Auto, breaker, ..Options::default() })
         .map_err(|e| e.to_string())?;
     let (cfg, files) = load_dir(&settings).map_err(|e| format!("config refused: {e}"))?;
     let grpc_addr = format!("{}:{}", settings.grpc_host, settings.grpc_port);

@@ -86,12 +86,18 @@ fn write(path: &Path, text: &str) {
 
 impl Env {
     async fn start(name: &str, config: &str, extra_env: &[(&str, &str)]) -> Env {
+        Env::start_with(name, config, extra_env, &[]).await
+    }
+
+    /// [`Env::start`] with more arguments for the server.
+    async fn start_with(name: &str, config: &str, extra_env: &[(&str, &str)], server_args: &[&str]) -> Env {
         let rport = port();
         let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
         let redis = Proc(
             Command::new(bin)
                 .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                 .args(["--loadmodule", &module()])
+                .args(server_args)
                 .current_dir(std::env::temp_dir())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
@@ -1048,6 +1054,46 @@ async fn redis_stopped_is_unavailable_within_redis_timeout() {
     // counted in Redis: below the 99 left before (the calls abandoned by the
     // timeout were sent, and Redis may run them once it resumes)
     assert!(a.statuses[0].limit_remaining < 99, "{a:?}");
+}
+
+/// A slow Redis that answers within REDIS_TIMEOUT decides every request:
+/// for 1.6 s the server sleeps 200 ms of every 205 (DEBUG SLEEP), and the
+/// calls are 20 ms apart, so the p95 of the calls stays far above the
+/// client's default latency budget (50 ms for 1 s), which opened the
+/// breaker and answered
+/// UNAVAILABLE; with REDIS_TIMEOUT as the budget, every answer is Redis's
+/// decision and every unit is counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_redis_within_redis_timeout_still_decides() {
+    let e = Env::start_with("slow", CONFIG, &[("REDIS_TIMEOUT", "1s")], &["--enable-debug-command", "yes"]).await;
+    fresh_window(3_600_000, 10_000);
+    let mut c = e.client().await;
+    let site = || req("basic", vec![desc(&[("site", "")])]);
+    assert_eq!(rem(&e.ask(site()).await.statuses[0]), (OK, 99));
+    let mut admin = e.redis();
+    let sleeper = std::thread::spawn(move || {
+        let t0 = Instant::now();
+        let mut pauses = 0;
+        while t0.elapsed() < Duration::from_millis(1600) {
+            let _: () = redis::cmd("DEBUG").arg("SLEEP").arg("0.2").query(&mut admin).unwrap();
+            pauses += 1;
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        pauses
+    });
+    let (mut n, mut slow) = (0u32, 0u32);
+    while !sleeper.is_finished() {
+        let (a, took) = timed(&mut c, site()).await;
+        n += 1;
+        slow += u32::from(took > Duration::from_millis(50));
+        let a = a.unwrap_or_else(|s| panic!("call {n} after {took:?}: {s:?}"));
+        assert_eq!(rem(&a.statuses[0]), (OK, 99 - n), "call {n}");
+        // past the 5 ms gap between sleeps: the next call lands in one
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pauses = sleeper.join().unwrap();
+    println!("slow Redis: {n} calls, {slow} over 50 ms, {pauses} server sleeps of 200 ms: all decided");
+    assert!(slow * 2 > n, "the sleeps did not slow most calls: {slow} of {n}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
