@@ -99,8 +99,8 @@ impl State {
     #[inline]
     pub fn unpack(w: [u64; 2]) -> State {
         let [w0, w1] = w;
-        let pb = ((w0 >> PACK_T_BITS) & ((1 << PACK_PB_BITS) - 1)) as u32; // < 64
-                                                                           // y = x >> 57: 71 bits.
+        // pb < 64; y = x >> 57: 71 bits
+        let pb = ((w0 >> PACK_T_BITS) & ((1 << PACK_PB_BITS) - 1)) as u32;
         let y = (u128::from(w1) << 64 | u128::from(w0)) >> PACK_HEAD_BITS;
         let period = y as u64 & ones(pb);
         let den = period.saturating_mul(1000);
@@ -120,7 +120,7 @@ impl State {
 
     /// [`State::unpack`] in 128-bit arithmetic throughout (any words).
     #[inline(never)]
-    pub fn unpack_wide(w: [u64; 2]) -> State {
+    fn unpack_wide(w: [u64; 2]) -> State {
         let x = u128::from(w[0]) | (u128::from(w[1]) << 64);
         let t = low_bits(x, PACK_T_BITS);
         let pb = low_bits(x >> PACK_T_BITS, PACK_PB_BITS) as u32; // < 64
