@@ -212,11 +212,20 @@ impl RateLimit {
     /// the algorithm's tag ([`Algorithm::key_tag`]). A change of algorithm
     /// or window never reads another one's state.
     pub fn key_suffix(&self) -> String {
-        let window = match (self.window_ms, self.unit) {
-            (Some(ms), _) => format!("{ms}ms"),
-            (None, u) => u.unwrap_or(Unit::Second).seconds().to_string(),
+        let mut s = String::new();
+        self.push_key_suffix(&mut s);
+        s
+    }
+
+    /// [`RateLimit::key_suffix`] appended to `out` (a key being built).
+    pub fn push_key_suffix(&self, out: &mut String) {
+        use fmt::Write;
+        // writing to a String cannot fail
+        let _ = match (self.window_ms, self.unit) {
+            (Some(ms), _) => write!(out, "{ms}ms"),
+            (None, u) => write!(out, "{}", u.unwrap_or(Unit::Second).seconds()),
         };
-        format!("{window}{}", self.algorithm.key_tag())
+        out.push_str(self.algorithm.key_tag());
     }
 }
 

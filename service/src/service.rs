@@ -124,9 +124,7 @@ pub fn cache_key_with(
 /// Seconds until the current window of `unit` ends, as envoyproxy/ratelimit
 /// computes it (`CalculateReset`): `divider − now mod divider`, 1…divider.
 pub fn seconds_until_reset(unit: Unit) -> u64 {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let d = unit.seconds();
-    d - now % d
+    ms_until_window_end(unit.seconds() * 1000).div_ceil(1000)
 }
 
 /// Milliseconds until the current epoch-aligned window of `window_ms`
@@ -305,7 +303,7 @@ impl<C: Connection> Service<C> {
             // its decision is the one part's
             lim.limit(key, Call::cost(if cost == 0 { 0 } else { *weight })).await.map(|mut d| {
                 d.parts = vec![Part {
-                    policy: d.policy.clone(),
+                    policy: std::mem::take(&mut d.policy),
                     granted: d.granted,
                     limit: d.limit,
                     remaining: d.remaining,
@@ -469,8 +467,8 @@ impl<C: Connection> Service<C> {
             }
             let window_ms = m.limit.window().unwrap_or(1000);
             let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
-            let key =
-                cache_key_with(&self.settings.cache_key_prefix, &req.domain, &entries, &m.share, &m.limit.key_suffix());
+            let mut key = cache_key_with(&self.settings.cache_key_prefix, &req.domain, &entries, &m.share, "");
+            m.limit.push_key_suffix(&mut key);
             let rpu = u64::from(m.limit.requests_per_unit);
             let burst = m.limit.burst.unwrap_or(rpu);
             let list = if hits == 0 { &mut checked } else { &mut counted };
