@@ -51,6 +51,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::health_client::HealthClient;
+use tonic_health::pb::HealthCheckRequest;
 
 const OK: i32 = 1;
 
@@ -70,6 +72,7 @@ fn usage() -> &'static str {
   --lat-rate R      the first offered load of the latency cells (default 10000,
                     half the 20,000/s target; 0: none); the second is half
                     each max
+  --lat-rounds N    interleaved rounds at the first load (default 3; quick 1)
   --redis-rate R    offered load of the Redis cells, decisions/s (default 5000;
                     0: half the service's max at each descriptor count)
   --redis-n N       decisions per Redis cell (default 10000; quick 2000)
@@ -95,6 +98,7 @@ struct Args {
     keys: u64,
     redis_rate: f64,
     lat_rate: f64,
+    lat_rounds: usize,
     redis_n: u64,
     rounds: usize,
     pool: usize,
@@ -150,6 +154,8 @@ fn parse_args() -> Args {
         keys: num("keys", 1000.0) as u64,
         redis_rate: num("redis-rate", 5000.0),
         lat_rate: num("lat-rate", 10000.0),
+        lat_rounds: num("lat-rounds", q(3.0, 1.0)) as usize,
+
         redis_n: num("redis-n", q(10000.0, 2000.0)) as u64,
         rounds: num("rounds", q(3.0, 1.0)) as usize,
         pool: num("pool", 10.0) as usize,
@@ -359,10 +365,15 @@ impl Pool {
 
 // -- load ----------------------------------------------------------------------
 
-struct Clients(Vec<Client>);
+/// The HTTP/2 connections to the service, and a rate-limit client on each.
+struct Clients(Vec<Client>, Vec<Channel>);
 impl Clients {
     fn get(&self, j: u64) -> Client {
         self.0[(j % self.0.len() as u64) as usize].clone()
+    }
+    /// A gRPC health client on the same connection as [`Clients::get`]`(j)`.
+    fn health(&self, j: u64) -> HealthClient<Channel> {
+        HealthClient::new(self.1[(j % self.1.len() as u64) as usize].clone())
     }
 }
 
@@ -491,13 +502,23 @@ async fn lat_cell(cl: &Arc<Clients>, svc_pid: u32, n: usize, rate: f64, a: &Args
     let (s0, g0) = (cpu_ns(svc_pid), cpu_ns(std::process::id()));
     let t0 = Instant::now();
     let (lat, late) = open_loop(rate, count, move |i, due| {
-        let mut c = cl2.get(i);
+        let (mut c, mut h) = (cl2.get(i), cl2.health(i));
         async move {
-            match c.should_rate_limit(bench_request(base + i, n, keys)).await {
-                Ok(r) if r.get_ref().overall_code == OK => due.elapsed().as_nanos() as u64,
-                r => {
+            let r = if n == 0 {
+                // the control: the gRPC health check, on the same connections
+                // and load, through the same server, without Redis
+                h.check(HealthCheckRequest { service: String::new() }).await.map(|_| ()).map_err(|e| format!("{e:?}"))
+            } else {
+                match c.should_rate_limit(bench_request(base + i, n, keys)).await {
+                    Ok(r) if r.get_ref().overall_code == OK => Ok(()),
+                    r => Err(format!("{r:?}")),
+                }
+            };
+            match r {
+                Ok(()) => due.elapsed().as_nanos() as u64,
+                Err(e) => {
                     if FIRST_ERROR.swap(false, Relaxed) {
-                        eprintln!("  first error of a latency cell: {r:?}");
+                        eprintln!("  first error of a latency cell: {e}");
                     }
                     u64::MAX
                 }
@@ -1026,11 +1047,9 @@ fn main() {
     let out = rt.block_on(async {
         let mut chans = Vec::new();
         for _ in 0..a.conns.max(1) {
-            chans.push(RateLimitServiceClient::new(
-                Endpoint::from_shared(format!("http://127.0.0.1:{gport}")).unwrap().connect().await.unwrap(),
-            ));
+            chans.push(Endpoint::from_shared(format!("http://127.0.0.1:{gport}")).unwrap().connect().await.unwrap());
         }
-        let cl = Arc::new(Clients(chans));
+        let cl = Arc::new(Clients(chans.iter().cloned().map(RateLimitServiceClient::new).collect(), chans));
         let mut report = Vec::<String>::new();
         let mut say = |s: String| {
             println!("{s}");
@@ -1059,26 +1078,45 @@ fn main() {
             );
             maxes.push(m);
         }
-        // 2. latency at --lat-rate (the target's half load), then at half each max
-        let mut lats = Vec::new();
-        for m in &maxes {
-            let rates = if a.lat_rate > 0.0 { vec![a.lat_rate, m.rate / 2.0] } else { vec![m.rate / 2.0] };
-            for rate in rates {
-                settle(&cl).await;
-                let l = lat_cell(&cl, svc.pid(), m.n, rate, &a).await;
-                eprintln!(
-                    "  latency n={} at {:.0}/s: p50 {} ms p99 {} ms p99.9 {} ms max {} ms (pacer late p99 {} ms), errors {}",
-                    l.n,
-                    l.rate,
-                    ms(l.p50),
-                    ms(l.p99),
-                    ms(l.p999),
-                    ms(l.max),
-                    ms(l.late_p99),
-                    l.errors
-                );
-                lats.push(l);
+        // 2. latency: at --lat-rate (the target's half load) the control and
+        // 1, 2, 4 descriptors, interleaved, --lat-rounds rounds; then once at half each max
+        let say_lat = |round: &str, l: &LatCell| {
+            eprintln!(
+                "  latency{round} {} at {:.0}/s: p50 {} ms p99 {} ms p99.9 {} ms max {} ms (pacer late p99 {} ms), errors {}",
+                if l.n == 0 { "control (health check)".to_owned() } else { format!("n={}", l.n) },
+                l.rate,
+                ms(l.p50),
+                ms(l.p99),
+                ms(l.p999),
+                ms(l.max),
+                ms(l.late_p99),
+                l.errors
+            )
+        };
+        let mut at_target: Vec<Vec<LatCell>> = (0..4).map(|_| Vec::new()).collect();
+        if a.lat_rate > 0.0 {
+            for round in 0..a.lat_rounds.max(1) {
+                for (cells, n) in at_target.iter_mut().zip([0, 1, 2, 4]) {
+                    settle(&cl).await;
+                    let l = lat_cell(&cl, svc.pid(), n, a.lat_rate, &a).await;
+                    say_lat(&format!(" round {round}"), &l);
+                    cells.push(l);
+                }
             }
+        }
+        // each row: the round whose p99 is the median, with every round's p99
+        let mut lats: Vec<(LatCell, Vec<u64>)> = Vec::new();
+        for mut cells in at_target.into_iter().filter(|c| !c.is_empty()) {
+            let p99s = cells.iter().map(|l| l.p99).collect();
+            cells.sort_by_key(|l| l.p99);
+            lats.push((cells.swap_remove(cells.len() / 2), p99s));
+        }
+        for m in &maxes {
+            settle(&cl).await;
+            let l = lat_cell(&cl, svc.pid(), m.n, m.rate / 2.0, &a).await;
+            say_lat("", &l);
+            let p99s = vec![l.p99];
+            lats.push((l, p99s));
         }
         // 3. Redis time per decision
         let pool = Pool::new(&url, a.pool).await;
@@ -1138,7 +1176,7 @@ fn main() {
         ));
         say(String::new());
         say(format!(
-            "**The service** (`taskset -c 1`, one tokio worker): max decisions/s closed loop ({} in flight over {} HTTP/2 \
+            "**The service** (`taskset -c 1`: one CPU, so tokio's single-threaded runtime): max decisions/s closed loop ({} in flight over {} HTTP/2 \
              connections, {:.0} s per cell) and its CPU per decision. Errors: answers other than OK.",
             a.inflight, a.conns, a.max_secs
         ));
@@ -1159,27 +1197,35 @@ fn main() {
         say(String::new());
         say(format!(
             "**Latency** end to end at a fixed offered load (open loop, from each request's due time, {:.0} s per cell){}, \
-             then at half each max. Generator late: how late the pacing thread started requests, counted in the latency. \
+             then once at half each max. The control: the gRPC health check (`grpc.health.v1.Health/Check`) at the first \
+             load, on the same connections and server, without Redis: the latency of the transport, the load generator \
+             and the machine, which every decision carries too. Generator late: how late the pacing thread started requests, counted in the latency. \
              Busy: CPU use of the service and of the load generator during the cell, 100% = one core (a generator near \
              100% means the latency is partly its own). Errors: answers other than OK.",
             a.lat_secs,
             if a.lat_rate > 0.0 {
-                format!(": {} decisions/s, half the target's 20,000", f0(a.lat_rate))
+                format!(
+                    ": {} decisions/s, half the target's 20,000, in {} interleaved rounds (the row: the round with the \
+                     median p99)",
+                    f0(a.lat_rate),
+                    a.lat_rounds.max(1)
+                )
             } else {
                 String::new()
             }
         ));
         say(String::new());
-        say("| descriptors | offered/s | achieved/s | p50 ms | p99 ms | p99.9 ms | max ms | generator late p99 ms | service / generator busy | errors |".into());
-        say("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
-        for l in &lats {
+        say("| descriptors | offered/s | achieved/s | p50 ms | p99 ms | p99 ms of each round | p99.9 ms | max ms | generator late p99 ms | service / generator busy | errors |".into());
+        say("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".into());
+        for (l, p99s) in &lats {
             say(format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% / {:.0}% | {} |",
-                l.n,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.0}% / {:.0}% | {} |",
+                if l.n == 0 { "control: health check".to_owned() } else { l.n.to_string() },
                 f0(l.rate),
                 f0(l.achieved),
                 ms(l.p50),
                 ms(l.p99),
+                p99s.iter().map(|&x| ms(x)).collect::<Vec<_>>().join(", "),
                 ms(l.p999),
                 ms(l.max),
                 ms(l.late_p99),
