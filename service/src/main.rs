@@ -11,7 +11,17 @@ fn main() {
             std::process::exit(2);
         }
     };
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    // One CPU (an affinity mask or a cgroup quota of one): tokio's
+    // single-threaded runtime, which costs less per decision than a
+    // multi-threaded one with one worker (BENCHMARKS.md). More CPUs: one
+    // worker per CPU.
+    let one_cpu = std::thread::available_parallelism().map(|n| n.get() == 1).unwrap_or(false);
+    let built = if one_cpu {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
+    };
+    let rt = match built {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("redis-ratelimit-service: tokio runtime: {e}");
