@@ -123,7 +123,10 @@ def service():
     svc = None
     try:
         redis_c.start()
-        svc = (DockerContainer(SERVICE_TAG, network_mode=f"container:{redis_c.get_wrapped_container().id}")
+        # one CPU, as a pod with a one-CPU cpuset: the image's binary runs
+        # tokio's single-threaded runtime (test_one_cpu_runs_single_threaded)
+        svc = (DockerContainer(SERVICE_TAG, network_mode=f"container:{redis_c.get_wrapped_container().id}",
+                               cpuset_cpus="0")
                .with_command("/bin/ratelimit")
                .with_env("REDIS_SOCKET_TYPE", "tcp").with_env("REDIS_URL", "127.0.0.1:6379")
                .with_env("REDIS_TIMEOUT", "1s").with_env("USE_STATSD", "false")
@@ -136,6 +139,7 @@ def service():
         host = redis_c.get_container_host_ip()
         addrs = {p: f"{host}:{redis_c.get_exposed_port(p)}" for p in (8080, 8081, 9090)}
         print(f"containers started in {time.monotonic() - t0:.1f} s")
+        addrs["logs"] = lambda: b"".join(svc.get_logs()).decode(errors="replace")
         yield addrs
     finally:
         if svc is not None:
@@ -153,6 +157,12 @@ def http(url, body=None):
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
+
+
+def test_one_cpu_runs_single_threaded(service):
+    """The service container has one CPU (cpuset 0): the binary says it runs
+    tokio's single-threaded runtime, and answers (the other tests)."""
+    assert "runtime: single-threaded (1 CPU)" in service["logs"](), service["logs"]()
 
 
 def test_the_image_answers_should_rate_limit_over_grpc(service):

@@ -15,10 +15,15 @@ fn main() {
     // single-threaded runtime, which costs less per decision than a
     // multi-threaded one with one worker (BENCHMARKS.md). More CPUs: one
     // worker per CPU.
-    let one_cpu = std::thread::available_parallelism().map(|n| n.get() == 1).unwrap_or(false);
-    let built = if one_cpu {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).ok();
+    let built = if cpus == Some(1) {
+        eprintln!("runtime: single-threaded (1 CPU)");
         tokio::runtime::Builder::new_current_thread().enable_all().build()
     } else {
+        match cpus {
+            Some(n) => eprintln!("runtime: {n} worker threads ({n} CPUs)"),
+            None => eprintln!("runtime: tokio's default worker threads (the CPU count is unknown)"),
+        }
         tokio::runtime::Builder::new_multi_thread().enable_all().build()
     };
     let rt = match built {
