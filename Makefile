@@ -32,6 +32,7 @@ deps:  ## install missing system packages (Debian/Ubuntu)
 	command -v npm >/dev/null || missing="$$missing npm"; \
 	command -v valgrind >/dev/null || missing="$$missing valgrind"; \
 	command -v nft >/dev/null || missing="$$missing nftables"; \
+	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	[ -e $(FAKETIME_LIB) ] || missing="$$missing libfaketime"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
@@ -400,19 +401,26 @@ test-clients-rust: build venv clients/node/node_modules/.installed client-lua  #
 # in-process). The library's unit tests are in the same binary
 # (service/tests/units), and --no-default-features leaves the binary out:
 # one link for the stage, with the quick profile (Cargo.toml), whose
-# dependencies the gateway and the client's tests share. Each server's run
+# dependencies the gateway and the client's tests share (but redis-rs,
+# built here once more with its TLS features for REDIS_TLS). Each server's run
 # takes 2-3 s, plus the Redis-stopped bound (~3 s, in parallel). The
 # Sentinel failover and Redis Cluster tests (6 and 3 servers, ~10 s) run
 # on the first server only (RL_SERVICE_TOPOLOGY=0 on the others): what
 # they test is the service's connections, which the client's own Sentinel
-# and cluster suites already run on every server.
+# and cluster suites already run on every server. The REDIS_TLS tests
+# (service/tests/tls: certificates made with the openssl command) run on
+# every server built with TLS and skip, saying why, on one without (the
+# valkey8.1, valkey9.1 and redis8.2 wheels);
+# RL_SERVICE_TLS_REQUIRED=1 on redis7.0 (Debian's, built with TLS) makes
+# such a skip a failure. Their TLS cluster and Sentinel: first server only.
 .PHONY: test-service
 test-service: build venv  ## the Envoy rate-limit service: its unit tests and suite on every server
 	@rc=0; first=""; for s in $(client_servers); do [ -n "$$first" ] || first=$$s; \
 	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  topo=$$([ $$s = $$first ] && echo 1 || echo 0); \
 	  echo "== service suite on $$s ($$bin; sentinel and cluster: $$topo)"; \
-	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_SERVICE_TOPOLOGY=$$topo $(CARGO) test --profile quick -q \
+	  tls=$$([ $$s = redis7.0 ] && echo 1 || echo 0); \
+	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_SERVICE_TOPOLOGY=$$topo RL_SERVICE_TLS_REQUIRED=$$tls $(CARGO) test --profile quick -q \
 	    -p redis-ratelimit-service --no-default-features --test service || rc=1; \
 	done; exit $$rc
 

@@ -18,7 +18,7 @@ use crate::conn::RedisConn;
 use crate::json::{parse_request, render_response};
 use crate::runtime::{load_dir, spawn_reloader};
 use crate::service::{Service, ServiceError};
-use crate::settings::{RedisType, Settings};
+use crate::settings::{RedisTls, RedisType, Settings};
 
 /// The gRPC face of a [`Service`].
 pub struct Grpc<C>(pub Arc<Service<C>>);
@@ -86,14 +86,29 @@ pub struct Running {
 }
 
 /// The connection of `REDIS_TYPE`, connected (single, cluster) or with
-/// its primary checked (sentinel) within `REDIS_TIMEOUT`.
+/// its primary checked (sentinel) within `REDIS_TIMEOUT`; over TLS with
+/// `REDIS_TLS`.
 async fn connect(settings: &Settings) -> Result<RedisConn, String> {
+    if settings.redis_tls.is_some() {
+        // rustls's crypto: ring (the only provider built); a no-op when installed already
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
     let t = settings.redis_timeout;
-    let late = || format!("connecting to Redis: no connection within REDIS_TIMEOUT ({t:?})");
-    let failed = |e: redis::RedisError| format!("connecting to Redis: {e}");
+    let over = if settings.redis_tls.is_some() { " over TLS (REDIS_TLS=true)" } else { "" };
+    let late = || format!("connecting to Redis{over}: no connection within REDIS_TIMEOUT ({t:?})");
+    let failed = |e: redis::RedisError| format!("connecting to Redis{over}: {e}");
     let conn = match &settings.redis_type {
         RedisType::Single => {
-            let client = redis::Client::open(settings.redis_info()).map_err(|e| format!("REDIS_URL: {e}"))?;
+            let client = settings.redis_client()?;
+            // one attempt first, so that a refusal or a failed TLS handshake
+            // is the error, not the manager's retries running out the time
+            let first = redis::AsyncConnectionConfig::new().set_connection_timeout(Some(t)).set_response_timeout(Some(t));
+            drop(
+                tokio::time::timeout(t, client.get_multiplexed_async_connection_with_config(&first))
+                    .await
+                    .map_err(|_| late())?
+                    .map_err(failed)?,
+            );
             let mgr_cfg =
                 redis::aio::ConnectionManagerConfig::new().set_connection_timeout(Some(t)).set_response_timeout(Some(t));
             let c = tokio::time::timeout(t, redis::aio::ConnectionManager::new_with_config(client, mgr_cfg))
@@ -103,18 +118,27 @@ async fn connect(settings: &Settings) -> Result<RedisConn, String> {
             RedisConn::Single(c)
         }
         RedisType::Sentinel { master, .. } => {
-            let node = settings.redis_info().redis_settings().clone();
-            let c =
-                redis_ratelimit_client::SentinelConnection::with_node_settings(&settings.redis_urls(), master, Some(node))
-                    .map_err(|e| format!("REDIS_URL: {e}"))?;
+            let c = match &settings.redis_tls {
+                None => {
+                    let node = settings.redis_info().redis_settings().clone();
+                    redis_ratelimit_client::SentinelConnection::with_node_settings(
+                        &settings.redis_urls(),
+                        master,
+                        Some(node),
+                    )
+                    .map_err(|e| format!("REDIS_URL: {e}"))?
+                }
+                Some(tls) => sentinel_tls(settings, master, tls)?,
+            };
             RedisConn::Sentinel(c)
         }
         RedisType::Cluster { .. } => {
-            let client = redis::cluster::ClusterClient::builder(settings.redis_urls())
-                .connection_timeout(t)
-                .response_timeout(t)
-                .build()
-                .map_err(|e| format!("REDIS_URL: {e}"))?;
+            let mut builder =
+                redis::cluster::ClusterClient::builder(settings.redis_urls()).connection_timeout(t).response_timeout(t);
+            if let Some(tls) = &settings.redis_tls {
+                builder = builder.certs(tls.certificates()).danger_accept_invalid_hostnames(tls.skip_hostname_verification);
+            }
+            let client = builder.build().map_err(|e| format!("REDIS_URL: {e}"))?;
             let c = tokio::time::timeout(t, client.get_async_connection()).await.map_err(|_| late())?.map_err(failed)?;
             RedisConn::Cluster(c)
         }
@@ -126,6 +150,47 @@ async fn connect(settings: &Settings) -> Result<RedisConn, String> {
         .map_err(|_| late())?
         .map_err(failed)?;
     Ok(conn)
+}
+
+/// `REDIS_TYPE=sentinel` with `REDIS_TLS`: TLS to the sentinels and to the
+/// primary they name, with the same certificates (as envoyproxy/ratelimit).
+fn sentinel_tls(
+    settings: &Settings,
+    master: &str,
+    tls: &RedisTls,
+) -> Result<redis_ratelimit_client::SentinelConnection, String> {
+    use redis::sentinel::{SentinelClientBuilder, SentinelServerType};
+    use redis::IntoConnectionInfo;
+    let RedisType::Sentinel { sentinels, .. } = &settings.redis_type else {
+        return Err("REDIS_TYPE is not sentinel".into());
+    };
+    let mut addrs = Vec::with_capacity(sentinels.len());
+    for a in sentinels {
+        let info = format!("rediss://{a}/").into_connection_info().map_err(|e| format!("REDIS_URL {a:?}: {e}"))?;
+        addrs.push(info.addr().clone());
+    }
+    let nodelay = redis::io::tcp::TcpSettings::default().set_nodelay(true);
+    let mut b = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master)
+        .map_err(|e| format!("REDIS_URL: {e}"))?
+        .set_client_to_sentinel_tls_mode(redis::TlsMode::Secure)
+        .set_client_to_sentinel_certificates(tls.certificates())
+        .set_client_to_redis_tls_mode(redis::TlsMode::Secure)
+        .set_client_to_redis_certificates(tls.certificates())
+        .set_client_to_redis_tcp_settings(nodelay);
+    if let Some((user, pass)) = &settings.redis_sentinel_auth {
+        b = b.set_client_to_sentinel_password(pass);
+        if let Some(u) = user {
+            b = b.set_client_to_sentinel_username(u);
+        }
+    }
+    if let Some((user, pass)) = &settings.redis_auth {
+        b = b.set_client_to_redis_password(pass);
+        if let Some(u) = user {
+            b = b.set_client_to_redis_username(u);
+        }
+    }
+    let client = b.build().map_err(|e| format!("REDIS_TLS: {e}"))?;
+    Ok(redis_ratelimit_client::SentinelConnection::from_client(client))
 }
 
 /// Connects to Redis, loads the configuration, binds both listeners and

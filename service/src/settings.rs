@@ -6,7 +6,11 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// How to reach Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +55,119 @@ pub enum PanicMode {
     Deny,
 }
 
+/// `REDIS_TLS=true`: TLS to the Redis servers (and to the sentinels), with
+/// the files of its companions read and checked at startup.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RedisTls {
+    /// `REDIS_TLS_CACERT`: the PEM of the CA certificates the servers'
+    /// certificates must chain to. They replace the system's roots
+    /// (envoyproxy/ratelimit adds them to the system's pool); without it,
+    /// the system's roots.
+    pub ca: Option<Vec<u8>>,
+    /// `REDIS_TLS_CLIENT_CERT` and `REDIS_TLS_CLIENT_KEY`: this client's
+    /// certificate (chain) and private key in PEM, for servers that verify
+    /// their clients (`tls-auth-clients`).
+    pub client: Option<(Vec<u8>, Vec<u8>)>,
+    /// `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`: the server's certificate
+    /// must still chain to a trusted CA, but need not name the host.
+    pub skip_hostname_verification: bool,
+}
+
+impl std::fmt::Debug for RedisTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // never the key
+        f.debug_struct("RedisTls")
+            .field("ca", &self.ca.as_ref().map(|c| c.len()))
+            .field("client", &self.client.as_ref().map(|_| "<cert and key>"))
+            .field("skip_hostname_verification", &self.skip_hostname_verification)
+            .finish()
+    }
+}
+
+impl RedisTls {
+    /// The certificates in redis-rs's form.
+    pub fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self
+                .client
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig { client_cert: cert.clone(), client_key: key.clone() }),
+            root_cert: self.ca.clone(),
+        }
+    }
+
+    /// Reads `REDIS_TLS_*` when `REDIS_TLS` is true, and checks what it
+    /// read: every file readable, PEM, the key that of the certificate.
+    fn from_vars(get: &dyn Fn(&str) -> Option<String>, redis_type: &RedisType) -> Result<Option<RedisTls>, String> {
+        let flag = |k: &str| match get(k).filter(|v| !v.is_empty()) {
+            None => Ok(false),
+            Some(v) => parse_bool(k, &v),
+        };
+        // read for parity with envoyproxy/ratelimit (a boolean); the
+        // per-second Redis it is for is refused (REDIS_PERSECOND)
+        flag("REDIS_PERSECOND_TLS")?;
+        let skip = flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")?;
+        if !flag("REDIS_TLS")? {
+            return Ok(None);
+        }
+        if skip && matches!(redis_type, RedisType::Sentinel { .. }) {
+            return Err("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true is not supported with REDIS_TYPE=sentinel \
+                 (redis-rs verifies the primary's host name); give the servers certificates naming the \
+                 addresses the sentinels announce (see service/README.md)"
+                .into());
+        }
+        let read = |k: &str| -> Result<Option<(String, Vec<u8>)>, String> {
+            match get(k).filter(|v| !v.is_empty()) {
+                None => Ok(None),
+                Some(path) => match std::fs::read(&path) {
+                    Ok(b) => Ok(Some((path, b))),
+                    Err(e) => Err(format!("{k}={path:?}: cannot read it: {e}")),
+                },
+            }
+        };
+        let certs = |k: &str, path: &str, pem: &[u8]| -> Result<Vec<CertificateDer<'static>>, String> {
+            let certs = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| format!("{k}={path:?}: not PEM certificates: {e}"))?;
+            if certs.is_empty() {
+                return Err(format!("{k}={path:?}: no PEM certificate (BEGIN CERTIFICATE) in it"));
+            }
+            Ok(certs)
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        let ca = match read("REDIS_TLS_CACERT")? {
+            None => None,
+            Some((path, pem)) => {
+                for c in certs("REDIS_TLS_CACERT", &path, &pem)? {
+                    roots.add(c).map_err(|e| format!("REDIS_TLS_CACERT={path:?}: {e}"))?;
+                }
+                Some(pem)
+            }
+        };
+        let client = match (read("REDIS_TLS_CLIENT_CERT")?, read("REDIS_TLS_CLIENT_KEY")?) {
+            (None, None) => None,
+            (Some((cert_path, cert)), Some((key_path, key))) => {
+                let chain = certs("REDIS_TLS_CLIENT_CERT", &cert_path, &cert)?;
+                let der = PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
+                    format!("REDIS_TLS_CLIENT_KEY={key_path:?}: no PEM private key (PKCS#8, PKCS#1 or SEC1): {e}")
+                })?;
+                // the key must be usable and be the certificate's
+                rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                    .with_safe_default_protocol_versions()
+                    .map_err(|e| e.to_string())?
+                    .with_root_certificates(roots)
+                    .with_client_auth_cert(chain, der)
+                    .map_err(|e| {
+                        format!("REDIS_TLS_CLIENT_CERT={cert_path:?} with REDIS_TLS_CLIENT_KEY={key_path:?}: {e}")
+                    })?;
+                Some((cert, key))
+            }
+            _ => return Err("REDIS_TLS_CLIENT_CERT and REDIS_TLS_CLIENT_KEY go together: set both or neither".into()),
+        };
+        Ok(Some(RedisTls { ca, client, skip_hostname_verification: skip }))
+    }
+}
+
 /// The settings of one service process.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
@@ -70,6 +187,9 @@ pub struct Settings {
     pub redis_auth: Option<(Option<String>, String)>,
     /// `REDIS_SENTINEL_AUTH`: the sentinels' `password` or `user:password`.
     pub redis_sentinel_auth: Option<(Option<String>, String)>,
+    /// `REDIS_TLS=true` (+ `REDIS_TLS_CACERT`, `REDIS_TLS_CLIENT_CERT`,
+    /// `REDIS_TLS_CLIENT_KEY`, `REDIS_TLS_SKIP_HOSTNAME_VERIFICATION`).
+    pub redis_tls: Option<RedisTls>,
     /// `PANIC_MODE` (+ `PANIC_INSTANCES`): the answer while Redis is unavailable.
     pub panic_mode: PanicMode,
     /// `REDIS_TIMEOUT` (Go duration), default 10s: the bound of every Redis call.
@@ -164,7 +284,6 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
 /// Variables this service refuses when set to anything but these values
 /// (what they ask for is not built). `(name, accepted values)`.
 const REFUSED: &[(&str, &[&str])] = &[
-    ("REDIS_TLS", &["", "false", "0", "f", "F", "FALSE", "False"]),
     ("REDIS_PERSECOND", &["", "false", "0", "f", "F", "FALSE", "False"]),
     ("QUOTA_MODE", &["", "false", "0", "f", "F", "FALSE", "False"]),
     ("RESPONSE_DYNAMIC_METADATA", &["", "false", "0", "f", "F", "FALSE", "False"]),
@@ -250,6 +369,10 @@ impl Settings {
             },
         };
         let redis_auth = auth("REDIS_AUTH");
+        let redis_tls = RedisTls::from_vars(&|k| get(k).map(str::to_owned), &redis_type)?;
+        if redis_tls.is_some() && redis_type == RedisType::Single && matches!(redis, RedisAddr::Unix(_)) {
+            return Err("REDIS_TLS=true needs REDIS_SOCKET_TYPE=tcp (no TLS over a unix socket here)".into());
+        }
         let redis_sentinel_auth = auth("REDIS_SENTINEL_AUTH");
         let instances: u64 = match get("PANIC_INSTANCES").filter(|v| !v.is_empty()) {
             None => 1,
@@ -312,6 +435,7 @@ impl Settings {
             redis_type,
             redis_auth,
             redis_sentinel_auth,
+            redis_tls,
             panic_mode,
             redis_timeout,
             cache_key_prefix,
@@ -329,8 +453,9 @@ impl Settings {
         })
     }
 
-    /// The `redis://` URLs of the sentinels (with `REDIS_SENTINEL_AUTH`)
-    /// or of the cluster's seed nodes (with `REDIS_AUTH`); empty for single.
+    /// The `redis://` URLs (`rediss://` with `REDIS_TLS`) of the sentinels
+    /// (with `REDIS_SENTINEL_AUTH`) or of the cluster's seed nodes (with
+    /// `REDIS_AUTH`); empty for single.
     pub fn redis_urls(&self) -> Vec<String> {
         fn enc(s: &str) -> String {
             let mut o = String::new();
@@ -343,9 +468,10 @@ impl Settings {
             }
             o
         }
+        let scheme = if self.redis_tls.is_some() { "rediss" } else { "redis" };
         let url = |addr: &String, auth: &Option<(Option<String>, String)>| match auth {
-            None => format!("redis://{addr}/"),
-            Some((u, p)) => format!("redis://{}:{}@{addr}/", enc(u.as_deref().unwrap_or("")), enc(p)),
+            None => format!("{scheme}://{addr}/"),
+            Some((u, p)) => format!("{scheme}://{}:{}@{addr}/", enc(u.as_deref().unwrap_or("")), enc(p)),
         };
         match &self.redis_type {
             RedisType::Single => Vec::new(),
@@ -354,10 +480,12 @@ impl Settings {
         }
     }
 
-    /// The redis-rs connection info of `REDIS_*`.
+    /// The redis-rs connection info of `REDIS_*` (`rediss://` with
+    /// `REDIS_TLS`; its certificates are [`redis_client`](Self::redis_client)'s).
     pub fn redis_info(&self) -> redis::ConnectionInfo {
         use redis::IntoConnectionInfo;
         let url = match &self.redis {
+            RedisAddr::Tcp(a) if self.redis_tls.is_some() => format!("rediss://{a}/"),
             RedisAddr::Tcp(a) => format!("redis://{a}/"),
             RedisAddr::Unix(p) => format!("unix://{p}"),
         };
@@ -377,5 +505,23 @@ impl Settings {
         // write, which Nagle would hold behind an unacknowledged one until
         // Redis's delayed ACK (up to 40 ms)
         info.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true))
+    }
+
+    /// The redis-rs client of `REDIS_TYPE=single`: [`redis_info`](Self::redis_info)
+    /// with `REDIS_TLS`'s certificates and hostname verification.
+    pub fn redis_client(&self) -> Result<redis::Client, String> {
+        let info = self.redis_info();
+        let Some(tls) = &self.redis_tls else {
+            return redis::Client::open(info).map_err(|e| format!("REDIS_URL: {e}"));
+        };
+        let client = redis::Client::build_with_tls(info, tls.certificates()).map_err(|e| format!("REDIS_TLS: {e}"))?;
+        if !tls.skip_hostname_verification {
+            return Ok(client);
+        }
+        let info = client.get_connection_info().clone();
+        let mut addr = info.addr().clone();
+        // the chain is still verified; only the name is not compared
+        addr.set_danger_accept_invalid_hostnames(true);
+        redis::Client::open(info.set_addr(addr)).map_err(|e| format!("REDIS_TLS: {e}"))
     }
 }

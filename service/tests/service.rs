@@ -5,6 +5,7 @@
 //! environment variables, as the binary's `main` does) on free ports, in a
 //! temp dir, and stops them. The library's unit tests are in `units/`.
 
+mod tls;
 mod units;
 
 // the Rust client's harness: servers, sentinels, clusters
@@ -111,6 +112,18 @@ impl Env {
     /// The service (one file per configuration) on Redis as `extra_env`
     /// says (REDIS_URL defaults to 127.0.0.1:`rport`).
     async fn serve(name: &str, configs: &[&str], extra_env: &[(&str, &str)], rport: u16, redis: Option<Proc>) -> Env {
+        Env::try_serve(name, configs, extra_env, rport, redis).await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Env::serve`], or the error of the settings or of the start (what
+    /// the binary prints before it exits 2 or 1).
+    async fn try_serve(
+        name: &str,
+        configs: &[&str],
+        extra_env: &[(&str, &str)],
+        rport: u16,
+        redis: Option<Proc>,
+    ) -> Result<Env, String> {
         let dir = std::env::temp_dir().join(format!("rl-svc-{}-{name}-{}", std::process::id(), port()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -139,9 +152,15 @@ impl Env {
         for (k, v) in extra_env {
             vars.insert((*k).to_owned(), (*v).to_owned());
         }
-        let svc = server::start(Settings::from_map(&vars).unwrap()).await.unwrap();
+        let started = match Settings::from_map(&vars) {
+            Ok(settings) => server::start(settings).await,
+            Err(e) => Err(format!("settings: {e}")),
+        };
+        let svc = started.inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&dir);
+        })?;
         let (grpc, http) = (svc.grpc_addr.port(), svc.http_addr.port());
-        Env { dir, grpc, http, svc, redis_port: rport, redis }
+        Ok(Env { dir, grpc, http, svc, redis_port: rport, redis })
     }
 
     /// A direct connection to the server (to look at the keys the service wrote).

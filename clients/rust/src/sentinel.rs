@@ -52,11 +52,20 @@ impl SentinelConnection {
         }
         let urls: Vec<String> = sentinels.iter().map(|s| s.as_ref().to_owned()).collect();
         let node = node.map(|n| redis::sentinel::SentinelNodeConnectionInfo::default().set_redis_connection_info(n));
+        // redis-rs takes a String here without its TLS features and any
+        // AsRef<str> with them (as the service builds it): a String fits both
+        #[allow(clippy::unnecessary_to_owned)]
         let client = SentinelClient::build(urls, service.to_owned(), node, SentinelServerType::Master)
             .map_err(|e| Error::Invalid(format!("sentinels: {e}")))?;
-        Ok(SentinelConnection {
-            sh: Arc::new(Shared { sentinels: tokio::sync::Mutex::new(client), current: Mutex::new(None) }),
-        })
+        Ok(SentinelConnection::from_client(client))
+    }
+
+    /// A connection over a `SentinelClient` built by the caller, e.g. with
+    /// redis-rs's `SentinelClientBuilder` for TLS to the sentinels and the
+    /// primary (its certificates). It should name a primary
+    /// (`SentinelServerType::Master`): a replica refuses the decisions' writes.
+    pub fn from_client(client: SentinelClient) -> SentinelConnection {
+        SentinelConnection { sh: Arc::new(Shared { sentinels: tokio::sync::Mutex::new(client), current: Mutex::new(None) }) }
     }
 
     fn current(&self) -> Option<MultiplexedConnection> {
