@@ -302,6 +302,23 @@ impl<T: Packable> ValueRef<'_, T> {
         }
     }
 
+    /// A copy of the state (None for NULL): [`ValueRef::with`] without
+    /// the closure, for a state read by value.
+    #[inline(always)]
+    pub fn get(self) -> Option<T>
+    where
+        T: Copy,
+    {
+        // SAFETY: as in `with`.
+        unsafe {
+            match Value::<T>::form(self.p) {
+                Form::Null => None,
+                Form::Compact(w) => T::unpack(*w),
+                Form::Wide(b) => Some(*b),
+            }
+        }
+    }
+
     /// Bytes behind the pointer, for MEMORY USAGE.
     pub fn size(self) -> usize {
         // SAFETY: `w` is the live block `create` allocated for the words,
@@ -342,6 +359,10 @@ pub trait TypedKey {
     fn value_addr(&self) -> usize;
     /// A copy of the state the key holds, if it holds a `T`.
     fn read<T: Packable + Copy>(&self) -> Option<T>;
+    /// What the key holds as a `T`, read once: None when it holds another
+    /// type, a fresh (default) state when it holds nothing, else a copy of
+    /// its state ([`TypedKey::holds`] and [`TypedKey::read`] in one check).
+    fn state<T: Packable + Copy + Default>(&mut self) -> Option<T>;
     /// The state the key holds in place, if it holds a wide `T`.
     fn wide_mut<T: Packable>(&mut self) -> Option<&mut T>;
     /// Store `new` in the key: in place when it already holds `T` in a form
@@ -383,6 +404,20 @@ impl TypedKey for api::Key<'_> {
         // type, which every value of that type is laid out as (made by
         // `Value::create` for `T`), alive while the key is open.
         unsafe { ValueRef::<T>::from_raw(ours::<T>(self)) }.with(|v| *v)
+    }
+
+    #[inline(always)]
+    fn state<T: Packable + Copy + Default>(&mut self) -> Option<T> {
+        match self.contents() {
+            Contents::Empty => Some(T::default()),
+            Contents::Module(t, v) if t == T::redis_type() && !t.is_null() && !v.is_null() => {
+                // SAFETY: `v` is the key's value of `T`'s registered type
+                // (checked here), laid out as `Value::create` made it for
+                // `T`, alive while the key is open.
+                Some(unsafe { ValueRef::<T>::from_raw(v) }.get().unwrap_or_default())
+            }
+            Contents::Module(..) | Contents::Other => None,
+        }
     }
 
     #[inline]

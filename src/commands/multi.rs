@@ -274,83 +274,146 @@ impl Slot for Opened<'_> {
     }
 }
 
-/// A word-state limit's state after the call's take.
+/// A word-state limit's state after the call's take of one request (its
+/// first pass takes one from every limit that has one: the commonest call
+/// is granted).
 #[derive(Clone, Copy)]
-enum Word {
+enum Taken {
     TokenBucket(tb::State),
     SlidingCounter(sc::State),
     FixedWindow(fw::State),
 }
 
-/// A word-state limit read at the call's instant.
-#[derive(Clone, Copy)]
-enum WordView {
-    /// Not read yet (never left so: every opened limit is read or the call
-    /// answers an error).
-    Unread,
-    TokenBucket(tb::View),
-    SlidingCounter(sc::View),
-    FixedWindow(fw::View),
+/// A word state of the fast path: one take's answer, for a call that did
+/// not get its request, viewed at the call's instant.
+trait FastWord: WordLimiter {
+    /// The answer for taking none of one unit from `self` under `p` at
+    /// `now_us`.
+    fn answer_none(&self, p: &Self::Params, now_us: u64) -> Decision;
+}
+
+impl FastWord for tb::State {
+    #[inline(always)]
+    fn answer_none(&self, p: &tb::Params, now_us: u64) -> Decision {
+        tb::View::at(self, p, now_us).answer(0, 1)
+    }
+}
+
+impl FastWord for sc::State {
+    #[inline(always)]
+    fn answer_none(&self, p: &sc::Params, now_us: u64) -> Decision {
+        sc::View::at(self, p, now_us).answer(0, 1)
+    }
+}
+
+impl FastWord for fw::State {
+    #[inline(always)]
+    fn answer_none(&self, p: &fw::Params, now_us: u64) -> Decision {
+        fw::View::at(self, p, now_us).answer(0, 1)
+    }
+}
+
+/// Read the state `key` holds as a `T` (a fresh one when it holds none),
+/// view it at `now` and take one request when it has one (the single
+/// command's step of COST 1): its answer into `d`, whether it had one, and
+/// the state after the take (through `wrap`); None when the key holds
+/// another type.
+#[inline(always)]
+fn first_take<T: WordLimiter>(
+    key: &mut Key,
+    p: &T::Params,
+    now: u64,
+    d: &mut Decision,
+    wrap: fn(T) -> Taken,
+) -> Option<(bool, Taken)> {
+    let (a, s) = key.state::<T>()?.step(p, 1, false, now);
+    *d = a;
+    Some((a.granted > 0, wrap(s)))
+}
+
+/// Store a limit's state after the call's grant: expired, signalled and
+/// replicated (a limit left fresh deletes its key). False when the server
+/// refused the value.
+#[inline(always)]
+fn store_taken<'a, T: WordLimiter>(
+    ctx: Ctx<'a>,
+    key: &mut Key<'a>,
+    name: Str<'a>,
+    now: u64,
+    reset: u64,
+    s: T,
+    e: &mut Effects,
+) -> bool {
+    if reset == 0 {
+        delete(ctx, key, name);
+        return true;
+    }
+    if !key.store(s) {
+        return false;
+    }
+    commit(ctx, key, name, now, reset, e, move |abs| s.effect(abs));
+    true
+}
+
+/// The call is denied: each limit that gave a request in the first pass
+/// answers again for taking none (nothing was written; each key still
+/// holds what the first pass read).
+#[inline(never)]
+fn answer_denied(open: &mut [Option<(Key, Taken)>], limits: &[LimitSpec], per: &mut [Decision], now: u64) {
+    for ((o, spec), d) in open.iter_mut().zip(limits).zip(per.iter_mut()) {
+        let Some((key, _)) = o else { continue };
+        if d.granted == 0 {
+            continue;
+        }
+        let again = match spec.params {
+            Params::TokenBucket(p) => key.state::<tb::State>().map(|s| s.answer_none(&p, now)),
+            Params::SlidingCounter(p) => key.state::<sc::State>().map(|s| s.answer_none(&p, now)),
+            Params::FixedWindow(p) => key.state::<fw::State>().map(|s| s.answer_none(&p, now)),
+            Params::SlidingLog(_) => None,
+        };
+        if let Some(a) = again {
+            *d = a;
+        }
+    }
 }
 
 /// RL.MULTI's fast path: word-state limits only (token buckets, sliding
 /// counters, fixed windows), no WEIGHT, no option (the parser's `plain`).
 /// What the general path (`multi::run`) does for it, in one pass per limit:
 /// open the key and check its type (every key before anything is written:
-/// an error changes nothing), read the state by value and view it at the
-/// call's instant; then every limit answers for the call's grant (all or
-/// nothing), and on a grant each state is stored once, expired, signalled
-/// and replicated (the command once for the call when nothing listens for
-/// effects). The same replies and states as the general path (the
-/// integration suite's differential test compares both). None (nothing
-/// written) for a limit it does not take, which `plain` rules out.
+/// an error changes nothing), read the state by value, view it at the
+/// call's instant and take one request from it if it has one; then, when
+/// every limit had one (all or nothing), each state is stored once,
+/// expired, signalled and replicated (the command once for the call when
+/// nothing listens for effects), else each limit answers for taking none
+/// and nothing is written. The same replies and states as the general path
+/// (the integration suite's differential test compares both). None
+/// (nothing written) for a limit it does not take, which `plain` rules
+/// out.
 #[inline(never)]
 fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[LimitSpec]) -> Option<Replied> {
     let n = names.len().min(limits.len()).min(N);
     let now = clock::now_us();
-    // Each limit's open key and its view, side by side.
-    let mut open: [Option<(Key<'a>, WordView)>; N] = std::array::from_fn(|_| None);
+    // Each limit's open key and its state after the take, side by side
+    // (closed on every return from here on); each limit's answer.
+    let mut open: [Option<(Key<'a>, Taken)>; N] = std::array::from_fn(|_| None);
+    let mut per = [NO_DECISION; N];
     // COST 1, no PARTIAL: one request when every limit has a unit, else none.
-    let mut g = 1u64;
-    for ((o, &name), p) in open.iter_mut().zip(names).zip(limits) {
-        // Into its slot at once, the view written in place (closed on
-        // every return from here on).
-        let (key, view) = o.insert((ctx.open_key(name, false), WordView::Unread));
-        match p.params {
-            Params::TokenBucket(p) => {
-                let s = match key.holds(tb::State::redis_type()) {
-                    Holds::WrongType => return wrong_type(ctx, names),
-                    Holds::Ours => key.read::<tb::State>().unwrap_or_default(),
-                    Holds::Empty => tb::State::default(),
-                };
-                *view = WordView::TokenBucket(tb::View::at(&s, &p, now));
-            }
-            Params::SlidingCounter(p) => {
-                let s = match key.holds(sc::State::redis_type()) {
-                    Holds::WrongType => return wrong_type(ctx, names),
-                    Holds::Ours => key.read::<sc::State>().unwrap_or_default(),
-                    Holds::Empty => sc::State::default(),
-                };
-                *view = WordView::SlidingCounter(sc::View::at(&s, &p, now));
-            }
-            Params::FixedWindow(p) => {
-                let s = match key.holds(fw::State::redis_type()) {
-                    Holds::WrongType => return wrong_type(ctx, names),
-                    Holds::Ours => key.read::<fw::State>().unwrap_or_default(),
-                    Holds::Empty => fw::State::default(),
-                };
-                *view = WordView::FixedWindow(fw::View::at(&s, &p, now));
-            }
+    let mut granted = true;
+    for (((o, d), &name), p) in open.iter_mut().zip(per.iter_mut()).zip(names).zip(limits) {
+        let mut key = ctx.open_key(name, false);
+        let taken = match p.params {
+            Params::TokenBucket(p) => first_take::<tb::State>(&mut key, &p, now, d, Taken::TokenBucket),
+            Params::SlidingCounter(p) => first_take::<sc::State>(&mut key, &p, now, d, Taken::SlidingCounter),
+            Params::FixedWindow(p) => first_take::<fw::State>(&mut key, &p, now, d, Taken::FixedWindow),
             // Not a word state: the general path (nothing written yet).
             Params::SlidingLog(_) => return None,
-        }
-        let avail = match view {
-            WordView::TokenBucket(v) => v.available(),
-            WordView::SlidingCounter(v) => v.available(),
-            WordView::FixedWindow(v) => v.available(),
-            WordView::Unread => 0,
         };
-        g = g.min(avail);
+        let Some((has, taken)) = taken else {
+            return wrong_type(ctx, names);
+        };
+        granted &= has;
+        *o = Some((key, taken));
     }
     // Distinct keys: told by their values' addresses when every key holds
     // one of ours (the common call), else by their names (nothing was
@@ -359,54 +422,27 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Li
         return Some(reply_arg_error(ctx, ArgError::DuplicateKey));
     }
 
-    let mut per = [NO_DECISION; N];
-    let mut failed = false;
-    let mut effects = Effects::new(Cmd::Multi, false);
-    for ((d, o), &name) in per.iter_mut().zip(open.iter_mut()).zip(names) {
-        let Some((key, v)) = o else { continue };
-        let new = match v {
-            WordView::TokenBucket(v) => {
-                let (a, s) = v.take(g, 1);
-                *d = a;
-                Word::TokenBucket(s)
-            }
-            WordView::SlidingCounter(v) => {
-                *d = v.answer(g, 1);
-                Word::SlidingCounter(v.state_after(g))
-            }
-            WordView::FixedWindow(v) => {
-                *d = v.answer(g, 1);
-                Word::FixedWindow(v.state_after(g))
-            }
-            WordView::Unread => continue,
-        };
-        if g == 0 {
-            continue;
+    let mut stored = true;
+    if granted {
+        let mut effects = Effects::new(Cmd::Multi, false);
+        let e = &mut effects;
+        for ((o, d), &name) in open.iter_mut().zip(&per).zip(names) {
+            let Some((key, taken)) = o else { continue };
+            let r = d.reset_after_ms;
+            stored &= match *taken {
+                Taken::TokenBucket(s) => store_taken(ctx, key, name, now, r, s, e),
+                Taken::SlidingCounter(s) => store_taken(ctx, key, name, now, r, s, e),
+                Taken::FixedWindow(s) => store_taken(ctx, key, name, now, r, s, e),
+            };
         }
-        if d.reset_after_ms == 0 {
-            delete(ctx, key, name);
-            continue;
-        }
-        let stored = match new {
-            Word::TokenBucket(s) => key.store(s),
-            Word::SlidingCounter(s) => key.store(s),
-            Word::FixedWindow(s) => key.store(s),
-        };
-        if !stored {
-            failed = true;
-            continue;
-        }
-        let (reset, e) = (d.reset_after_ms, &mut effects);
-        match new {
-            Word::TokenBucket(s) => commit(ctx, key, name, now, reset, e, |abs| s.effect(abs)),
-            Word::SlidingCounter(s) => commit(ctx, key, name, now, reset, e, |abs| s.effect(abs)),
-            Word::FixedWindow(s) => commit(ctx, key, name, now, reset, e, |abs| s.effect(abs)),
-        }
+    } else {
+        answer_denied(&mut open, limits, &mut per, now);
     }
     drop(open);
-    if failed {
+    if !stored {
         return Some(ctx.reply_error(STORE_FAILED));
     }
+    let g = u64::from(granted);
     let whole = multi::combine_unweighted(&per[..n], g, 1, false);
     Some(reply_multi(ctx, 0, false, 1, &whole, &per, n))
 }
@@ -425,8 +461,8 @@ fn wrong_type(ctx: Ctx, names: &[Str]) -> Option<Replied> {
 /// Every open key holds a value of ours, each at its own address: the keys
 /// are distinct.
 #[inline]
-fn distinct_values(open: &[Option<(Key, WordView)>]) -> bool {
-    let addr = |o: &Option<(Key, WordView)>| o.as_ref().map_or(0, |(k, _)| k.value_addr());
+fn distinct_values(open: &[Option<(Key, Taken)>]) -> bool {
+    let addr = |o: &Option<(Key, Taken)>| o.as_ref().map_or(0, |(k, _)| k.value_addr());
     open.iter().enumerate().all(|(i, o)| {
         let a = addr(o);
         a != 0 && open.iter().take(i).all(|p| addr(p) != a)

@@ -278,6 +278,15 @@ impl<W: Units> Lv<W> {
         (d, s)
     }
 
+    /// Take what a call of `cost` (with `partial`) gets: [`View::available`]
+    /// then [`View::take`] of this level.
+    #[inline(always)]
+    fn step(&self, cost: u64, partial: bool) -> (Decision, State) {
+        let granted = crate::grant_size(self.tokens(self.level).0, cost, partial);
+        // One take gives both: the state after it does not depend on `want`.
+        self.take(granted, cost)
+    }
+
     #[inline(always)]
     fn refunded(&self, n: u64) -> Lv<W> {
         Lv { level: self.level.add(W::mul(n, self.den)).min(self.full), ..*self }
@@ -363,12 +372,24 @@ impl View {
 /// `(state, params, cost, now) -> (decision, new state)`. Pure. The new state
 /// is what the key must hold if the call is written (granted > 0, not
 /// DRYRUN); it is never fresh then.
+///
+/// The width is chosen first and the level computed, counted and taken
+/// from in it ([`Lv::step`]): the same figures as a [`View`]'s
+/// `available` and `take`, without building the view of either width.
 #[inline(always)]
 pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
-    let v = View::at(state, p, now_us);
-    let granted = crate::grant_size(v.available(), cost, partial);
-    // One take gives both: the state after it does not depend on `want`.
-    v.take(granted, cost)
+    let den = ms_to_us(p.period_ms).max(1);
+    match p.capacity.checked_mul(den) {
+        Some(full) => Lv::at(state, p, den, full, now_us).step(cost, partial),
+        None => step_wide(state, p, cost, partial, now_us),
+    }
+}
+
+/// [`step`] counted in `u128` (a full bucket beyond 64 bits).
+#[inline(never)]
+fn step_wide(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
+    let den = ms_to_us(p.period_ms).max(1);
+    Lv::at(state, p, den, u128::from(p.capacity) * u128::from(den), now_us).step(cost, partial)
 }
 
 /// `REFUND n`: the bucket gets `n` tokens back, up to its capacity.
