@@ -211,8 +211,9 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
             *spec = LimitSpec { params, weight };
         }
     }
+    // options and WEIGHT follow the keys: a key may be named `cost`
     call.plain = limits[..n].iter().all(|l| l.0 != Kind::SlidingLog)
-        && !a
+        && !a[1 + n..]
             .iter()
             .any(|w| matches!(&w.to_ascii_uppercase()[..], b"WEIGHT" | b"COST" | b"PARTIAL" | b"DRYRUN" | b"REFUND"));
     Ok(call)
