@@ -100,7 +100,7 @@ pub const WINDOW_ARGS: &[Arg] = &[Arg::Limit, Arg::WindowMs];
 /// Parse a decimal integer in `min..=MAX_ARG`: ASCII digits only (no sign,
 /// no spaces, no leading `+`), at most 16 digits so it cannot overflow.
 /// Eight digits at a time, whatever the length: a lone digit (numkeys, a
-/// rate of 1) directly; up to eight as one padded word ([`short_digits`]);
+/// rate of 1) and three (a limit of 100) directly; up to eight as one padded word ([`short_digits`]);
 /// nine to sixteen as the leading ones and the last eight.
 #[inline(always)]
 pub fn parse_num(s: &[u8], min: u64) -> Option<u64> {
@@ -111,6 +111,14 @@ pub fn parse_num(s: &[u8], min: u64) -> Option<u64> {
                 return None;
             }
             u64::from(d)
+        }
+        // Three digits (a limit of 100, the typical one) at once.
+        [a, b, c] => {
+            let (a, b, c) = (a.wrapping_sub(b'0'), b.wrapping_sub(b'0'), c.wrapping_sub(b'0'));
+            if a > 9 || b > 9 || c > 9 {
+                return None;
+            }
+            u64::from(a) * 100 + u64::from(b) * 10 + u64::from(c)
         }
         _ if s.len() <= 8 => short_digits(s)?,
         _ => {
