@@ -100,19 +100,31 @@ pub const WINDOW_ARGS: &[Arg] = &[Arg::Limit, Arg::WindowMs];
 /// Parse a decimal integer in `min..=MAX_ARG`: ASCII digits only (no sign,
 /// no spaces, no leading `+`), at most 16 digits so it cannot overflow.
 /// Eight digits at a time, whatever the length: a lone digit (numkeys, a
-/// rate of 1) directly; up to eight as one padded word ([`short_digits`]);
-/// nine to sixteen as the leading ones and the last eight.
+/// rate of 1) and three (a limit of 100) directly; up to eight as one
+/// padded word ([`short_digits`]); nine to sixteen as the leading ones and
+/// the last eight. Up to eight digits are below 10^8, within `MAX_ARG`:
+/// only `min` bounds them.
 #[inline(always)]
 pub fn parse_num(s: &[u8], min: u64) -> Option<u64> {
-    let v = match *s {
+    const _: () = assert!(MAX_ARG >= 100_000_000);
+    let at_least_min = |v: u64| if v < min { None } else { Some(v) };
+    match *s {
         [d] => {
             let d = d.wrapping_sub(b'0');
             if d > 9 {
                 return None;
             }
-            u64::from(d)
+            at_least_min(u64::from(d))
         }
-        _ if s.len() <= 8 => short_digits(s)?,
+        // Three digits (a limit of 100, the typical one) at once.
+        [a, b, c] => {
+            let (a, b, c) = (a.wrapping_sub(b'0'), b.wrapping_sub(b'0'), c.wrapping_sub(b'0'));
+            if a > 9 || b > 9 || c > 9 {
+                return None;
+            }
+            at_least_min(u64::from(a) * 100 + u64::from(b) * 10 + u64::from(c))
+        }
+        _ if s.len() <= 8 => at_least_min(short_digits(s)?),
         _ => {
             // 9..=16 digits: `hi` (1..=8 of them) below 10^8, so the
             // sum stays below 10^16 < 2^64 (the wrapping never wraps).
@@ -120,13 +132,13 @@ pub fn parse_num(s: &[u8], min: u64) -> Option<u64> {
             if hi.len() > 8 {
                 return None;
             }
-            short_digits(hi)?.wrapping_mul(100_000_000).wrapping_add(eight_digits(*lo)?)
+            let v = short_digits(hi)?.wrapping_mul(100_000_000).wrapping_add(eight_digits(*lo)?);
+            if v < min || v > MAX_ARG {
+                None
+            } else {
+                Some(v)
+            }
         }
-    };
-    if v < min || v > MAX_ARG {
-        None
-    } else {
-        Some(v)
     }
 }
 
