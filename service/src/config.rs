@@ -434,35 +434,45 @@ impl Config {
     /// matches `key_value`, else `key` alone; the limit counts only when it
     /// is on the node of the last entry.
     pub fn get_limit(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Matched> {
+        self.get_limit_of(domain, entries.iter().copied())
+    }
+
+    /// [`Config::get_limit`] over the entries as an iterator: a request's
+    /// descriptor is matched without a slice of its entries built first.
+    pub fn get_limit_of<'e>(
+        &self,
+        domain: &str,
+        entries: impl ExactSizeIterator<Item = (&'e str, &'e str)>,
+    ) -> Option<Matched> {
         let mut node = self.domains.get(domain)?;
         let mut found = None;
         let mut share: Vec<Option<String>> = Vec::new();
-        for (i, (k, v)) in entries.iter().enumerate() {
-            let kv = format!("{k}_{v}");
-            let mut next = node.children.get(&kv);
-            let mut by_wildcard = None;
-            if next.is_none() {
+        let count = entries.len();
+        for (i, (k, v)) in entries.enumerate() {
+            let (mut next, by_wildcard) = with_joined(k, v, |kv| {
+                if let Some(next) = node.children.get(kv) {
+                    return (Some(next), None);
+                }
                 for (pattern, parts) in &node.wildcards {
-                    if wildcard_match(parts, &kv) {
-                        next = node.children.get(pattern);
-                        by_wildcard = Some(pattern);
-                        break;
+                    if wildcard_match(parts, kv) {
+                        return (node.children.get(pattern), Some(pattern));
                     }
                 }
-            }
+                (None, None)
+            });
             if next.is_none() {
-                next = node.children.get(*k);
+                next = node.children.get(k);
             }
             let Some(n) = next else { break };
             if let (Some(_), Some(pattern)) = (by_wildcard, &n.share_pattern) {
-                if share.len() < entries.len() {
-                    share.resize(entries.len(), None);
+                if share.len() < count {
+                    share.resize(count, None);
                 }
-                let value = pattern.strip_prefix(&format!("{k}_")).unwrap_or(pattern);
+                let value = pattern.strip_prefix(k).and_then(|p| p.strip_prefix('_')).unwrap_or(pattern);
                 share[i] = Some(value.to_owned());
             }
             if let Some(l) = &n.limit {
-                if i == entries.len() - 1 {
+                if i == count - 1 {
                     found = Some(l.clone());
                 }
             }
@@ -473,6 +483,23 @@ impl Config {
         }
         found.map(|limit| Matched { limit, share })
     }
+}
+
+/// `f` of `key_value` (a descriptor entry's node name), joined on the
+/// stack when short enough: matching takes no allocation per entry.
+fn with_joined<R>(key: &str, value: &str, f: impl FnOnce(&str) -> R) -> R {
+    let mut buf = [0u8; 256];
+    let len = key.len() + 1 + value.len();
+    if len <= buf.len() {
+        buf[..key.len()].copy_from_slice(key.as_bytes());
+        buf[key.len()] = b'_';
+        buf[key.len() + 1..len].copy_from_slice(value.as_bytes());
+        // two strs and an ASCII byte: always UTF-8
+        if let Ok(kv) = std::str::from_utf8(&buf[..len]) {
+            return f(kv);
+        }
+    }
+    f(&format!("{key}_{value}"))
 }
 
 fn load_descriptors(file: &str, node: &mut Node, parent: &str, descriptors: &[Value]) -> Result<(), ConfigError> {
