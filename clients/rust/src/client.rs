@@ -615,7 +615,7 @@ impl<C: Connection> Limiter<C> {
 
     fn request(&self, keys: Vec<String>, tail: Tail) -> Request {
         match &*self.rule {
-            Rule::Single(p) => Request::single(p, &keys[0], tail),
+            Rule::Single(p) => Request::single_of(p, keys, tail),
             Rule::AllOf(a) => Request::multi(a.parts(), keys, tail),
         }
     }
@@ -640,11 +640,12 @@ impl<C: Connection> Limiter<C> {
                 return Ok(inner.count(self.panic(&keys, call)));
             }
         }
-        let req = self.request(keys.clone(), tail);
+        // the panic limits, if Redis does not answer, take the request's own keys
+        let req = self.request(keys, tail);
         let r = inner.bounded_inner(false, inner.run(&req)).await;
         match r {
             Ok((v, source)) => Ok(inner.count(self.decode(&v, call.cost, call.partial, source)?)),
-            Err(Error::Unavailable(_)) => Ok(inner.count(self.panic(&keys, call))),
+            Err(Error::Unavailable(_)) => Ok(inner.count(self.panic(&req.keys, call))),
             Err(e) => Err(e),
         }
     }
