@@ -112,7 +112,8 @@ fn push_cache_key<'e>(
     share: &[Option<String>],
 ) {
     fn esc(out: &mut String, s: &str) {
-        if !s.contains(['%', '{', '}']) {
+        // ASCII bytes never occur inside a multi-byte character: a byte scan finds them
+        if !s.bytes().any(|b| matches!(b, b'%' | b'{' | b'}')) {
             out.push_str(s);
             return;
         }
