@@ -2,6 +2,7 @@
 //! twins by EVALSHA (NOSCRIPT answered with EVAL once, which caches the
 //! script on that server).
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use redis::{Cmd, Value};
@@ -134,11 +135,12 @@ impl std::fmt::Display for Arg {
 /// What to send, on either backend: the module's command, or the script
 /// name with its keys and arguments.
 #[derive(Debug, Clone)]
-pub(crate) struct Request {
+pub(crate) struct Request<'k> {
     pub command: &'static str,
     /// The Lua twin's name (`lua/<script>.lua`).
     pub script: &'static str,
-    pub keys: Vec<String>,
+    /// The keys: the caller's own, borrowed, or made for the call (`all_of`'s `key:part`).
+    pub keys: Vec<Cow<'k, str>>,
     pub args: Vec<Arg>,
     multi: bool,
     /// A fixed window in it: the module must have `RL.FIXEDWINDOW`.
@@ -147,13 +149,13 @@ pub(crate) struct Request {
     pub grants: bool,
 }
 
-impl Request {
-    pub fn single(p: &Policy, key: &str, tail: Tail) -> Request {
-        Request::single_of(p, vec![key.to_owned()], tail)
+impl<'k> Request<'k> {
+    pub fn single(p: &Policy, key: &'k str, tail: Tail) -> Request<'k> {
+        Request::single_of(p, vec![Cow::Borrowed(key)], tail)
     }
 
     /// [`Request::single`] with its key given as the one of `keys`.
-    pub fn single_of(p: &Policy, keys: Vec<String>, tail: Tail) -> Request {
+    pub fn single_of(p: &Policy, keys: Vec<Cow<'k, str>>, tail: Tail) -> Request<'k> {
         let mut args = Vec::with_capacity(p.params().len() + Tail::MAX_ARGS + 1);
         args.extend(p.params().iter().map(|&n| Arg::Num(n)));
         tail.push(&mut args);
@@ -165,7 +167,7 @@ impl Request {
         Request { command, script, keys, args, multi: false, fixed, grants }
     }
 
-    pub fn multi(parts: &[Policy], keys: Vec<String>, tail: Tail) -> Request {
+    pub fn multi(parts: &[Policy], keys: Vec<Cow<'k, str>>, tail: Tail) -> Request<'k> {
         let mut args = Vec::with_capacity(parts.iter().map(|p| p.params().len() + 4).sum::<usize>() + Tail::MAX_ARGS);
         for p in parts {
             args.push(Arg::Word(p.kind().multi_name()));
@@ -193,7 +195,7 @@ impl Request {
     fn cmd(&self, head: &[&str], count: bool) -> Cmd {
         let data = head.iter().map(|h| h.len()).sum::<usize>()
             + 20
-            + self.keys.iter().map(String::len).sum::<usize>()
+            + self.keys.iter().map(|k| k.len()).sum::<usize>()
             + self.args.iter().map(|a| a.max_len()).sum::<usize>();
         let mut c = Cmd::with_capacity(head.len() + 1 + self.keys.len() + self.args.len(), data);
         for h in head {
@@ -202,8 +204,17 @@ impl Request {
         if count {
             c.arg(self.keys.len());
         }
-        c.arg(&self.keys).arg(&self.args);
+        for k in &self.keys {
+            c.arg(k.as_ref());
+        }
+        c.arg(&self.args);
         c
+    }
+
+    /// The same request owning its keys (a call sent in the background).
+    pub fn into_owned(self) -> Request<'static> {
+        let keys = self.keys.into_iter().map(|k| Cow::Owned(k.into_owned())).collect();
+        Request { keys, ..self }
     }
 
     pub fn module_cmd(&self) -> Cmd {
