@@ -36,6 +36,9 @@
 //!    instructions per decision, one decision at a time. Deterministic where
 //!    CPU time on a shared 2-core machine is not; kernel work not counted.
 //!
+//! `--count-only N` runs none of these but the service under callgrind: its
+//! instructions and heap allocations per decision (see `count_only`).
+//!
 //! Arguments (`--name value`; `make bench-envoy ARGS="..."`): see `usage()`.
 
 use std::collections::HashMap;
