@@ -453,17 +453,25 @@ impl Config {
     /// matches `key_value`, else `key` alone; the limit counts only when it
     /// is on the node of the last entry.
     pub fn get_limit(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Matched> {
-        self.get_limit_of(domain, entries.iter().copied())
+        self.domain(domain)?.get_limit_of(entries.iter().copied())
     }
 
-    /// [`Config::get_limit`] over the entries as an iterator: a request's
-    /// descriptor is matched without a slice of its entries built first.
-    pub fn get_limit_of<'e>(
-        &self,
-        domain: &str,
-        entries: impl ExactSizeIterator<Item = (&'e str, &'e str)>,
-    ) -> Option<Matched> {
-        let mut node = self.domains.get(domain)?;
+    /// A configured domain, looked up once for all of a request's descriptors.
+    pub fn domain(&self, domain: &str) -> Option<Domain<'_>> {
+        self.domains.get(domain).map(Domain)
+    }
+}
+
+/// One domain of a [`Config`] ([`Config::domain`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Domain<'c>(&'c Node);
+
+impl Domain<'_> {
+    /// [`Config::get_limit`] in this domain, over the entries as an
+    /// iterator: a request's descriptor is matched without a slice of its
+    /// entries built first.
+    pub fn get_limit_of<'e>(&self, entries: impl ExactSizeIterator<Item = (&'e str, &'e str)>) -> Option<Matched> {
+        let mut node = self.0;
         let mut found = None;
         let mut share: Vec<Option<String>> = Vec::new();
         let count = entries.len();

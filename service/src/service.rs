@@ -431,15 +431,15 @@ impl<C: Connection> Service<C> {
         }
         let cfg = self.config();
         let mut descs: Vec<Desc> = Vec::with_capacity(req.descriptors.len());
-        let has_domain = cfg.has_domain(&req.domain);
+        let domain = cfg.domain(&req.domain);
         for d in &req.descriptors {
             if d.is_negative_hits {
                 return Err(ServiceError::Invalid("is_negative_hits is not supported yet".into()));
             }
             let entries = || d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
-            let m = match (&d.limit, has_domain) {
-                (_, false) => None,
-                (Some(o), true) => {
+            let m = match (&d.limit, domain) {
+                (_, None) => None,
+                (Some(o), Some(_)) => {
                     let unit = Unit::from_proto(o.unit)
                         .ok_or_else(|| ServiceError::Invalid(format!("limit override with an unknown unit {}", o.unit)))?;
                     // `domain.key_value.key…` (an empty value: the key alone)
@@ -473,7 +473,7 @@ impl<C: Connection> Service<C> {
                         share: Vec::new(),
                     })
                 }
-                (None, true) => cfg.get_limit_of(&req.domain, entries()),
+                (None, Some(domain)) => domain.get_limit_of(entries()),
             };
             let found = match &m {
                 None => Found::Nothing,
