@@ -36,6 +36,9 @@
 //!    instructions per decision, one decision at a time. Deterministic where
 //!    CPU time on a shared 2-core machine is not; kernel work not counted.
 //!
+//! `--count-only N` runs none of these but the service under callgrind: its
+//! instructions and heap allocations per decision (see `count_only`).
+//!
 //! Arguments (`--name value`; `make bench-envoy ARGS="..."`): see `usage()`.
 
 use std::collections::HashMap;
@@ -85,7 +88,11 @@ fn usage() -> &'static str {
   --oa-requests N   requests of the over-admission phase (default 4000)
   --cg-n N          decisions per callgrind cell (default 1000; quick 200; 0: none)
   --write PATH      replace the bench-envoy section of PATH (BENCHMARKS.md)
-  --note TEXT       a note for the section (e.g. which profile, its build time)"
+  --note TEXT       a note for the section (e.g. which profile, its build time)
+  --count-only N    only this: the service under callgrind (Redis as usual),
+                    N decisions at 1, 2 and 4 descriptors, one at a time, and
+                    its instructions and allocations (malloc, calloc, realloc,
+                    posix_memalign calls) per decision, whole process"
 }
 
 #[derive(Clone)]
@@ -109,6 +116,7 @@ struct Args {
     oa_clients: usize,
     oa_requests: usize,
     cg_n: u64,
+    count_only: u64,
     write: Option<PathBuf>,
     note: String,
 }
@@ -169,6 +177,7 @@ fn parse_args() -> Args {
         oa_clients: num("oa-clients", 64.0) as usize,
         oa_requests: num("oa-requests", q(4000.0, 1000.0)) as usize,
         cg_n: num("cg-n", q(1000.0, 200.0)) as u64,
+        count_only: num("count-only", 0.0) as u64,
         write: kv.get("write").map(PathBuf::from),
         note: kv.get("note").cloned().unwrap_or_default(),
     }
@@ -724,10 +733,18 @@ fn start_redis(a: &Args, dir: &Path, callgrind: bool) -> (Proc, u16) {
 
 /// The release service on core 1, on the Redis at `rport`.
 fn start_service(a: &Args, dir: &Path, rport: u16) -> (Proc, u16) {
+    start_service_in(a, dir, rport, &[], &[])
+}
+
+/// [`start_service`] run by `wrapper` (e.g. `valgrind --tool=callgrind …`),
+/// with the variables `env` added.
+fn start_service_in(a: &Args, dir: &Path, rport: u16, wrapper: &[String], env: &[(&str, &str)]) -> (Proc, u16) {
     let (gport, hport) = (free_port(), free_port());
     let mut p = Proc(
         Command::new("taskset")
-            .args(["-c", "1", &a.service])
+            .args(["-c", "1"])
+            .args(wrapper)
+            .arg(&a.service)
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .envs([
@@ -742,6 +759,7 @@ fn start_service(a: &Args, dir: &Path, rport: u16) -> (Proc, u16) {
                 ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
                 ("RUNTIME_APPDIRECTORY", "config".to_owned()),
             ])
+            .envs(env.iter().copied())
             .current_dir(dir)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -824,15 +842,20 @@ fn callgrind_control(args: &[&str]) {
     assert!(st.success(), "callgrind_control {args:?}: {st}");
 }
 
-/// The instructions of the newest callgrind dump under `dir` (its `totals:`).
-fn callgrind_totals(dir: &Path) -> f64 {
-    let newest = std::fs::read_dir(dir)
+/// The newest callgrind dump under `dir`.
+fn newest_dump(dir: &Path) -> PathBuf {
+    std::fs::read_dir(dir)
         .unwrap()
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("callgrind.out."))
         .max_by_key(|e| e.metadata().and_then(|m| m.modified()).unwrap_or(UNIX_EPOCH))
-        .expect("a callgrind dump");
-    let text = std::fs::read_to_string(newest.path()).unwrap();
+        .expect("a callgrind dump")
+        .path()
+}
+
+/// The instructions of the newest callgrind dump under `dir` (its `totals:`).
+fn callgrind_totals(dir: &Path) -> f64 {
+    let text = std::fs::read_to_string(newest_dump(dir)).unwrap();
     text.lines()
         .find_map(|l| l.strip_prefix("totals:").or_else(|| l.strip_prefix("summary:")))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
@@ -893,6 +916,118 @@ async fn callgrind_phase(a: &Args, dir: &Path) -> HashMap<(Mode, usize), f64> {
         }
     }
     out
+}
+
+/// The calls of a callgrind dump to each function named in `names`
+/// (every caller's `calls=` lines under a `cfn=` of that name; names are
+/// compressed as `(id) name` on first use, `(id)` after).
+fn callgrind_calls(text: &str, names: &[&str]) -> HashMap<String, u64> {
+    let mut by_id: HashMap<&str, &str> = HashMap::new();
+    let mut callee = "";
+    let mut out = HashMap::new();
+    for l in text.lines() {
+        let named = l.strip_prefix("fn=").map(|r| (false, r)).or_else(|| l.strip_prefix("cfn=").map(|r| (true, r)));
+        if let Some((is_callee, r)) = named {
+            let name = match r.strip_prefix('(').and_then(|r| r.split_once(')')) {
+                Some((id, rest)) => {
+                    let rest = rest.trim_start();
+                    if !rest.is_empty() {
+                        by_id.insert(id, rest);
+                    }
+                    by_id.get(id).copied().unwrap_or("")
+                }
+                None => r,
+            };
+            if is_callee {
+                callee = name;
+            }
+        } else if let Some(r) = l.strip_prefix("calls=") {
+            if names.contains(&callee) {
+                let c: u64 = r.split_whitespace().next().and_then(|c| c.parse().ok()).unwrap_or(0);
+                *out.entry(callee.to_owned()).or_insert(0) += c;
+            }
+        }
+    }
+    out
+}
+
+/// `--count-only N`: the release service under callgrind on a Redis with
+/// the module (the bench's configuration); per descriptor count, a first
+/// pass of the requests (connections, the limiter and the statistics' keys
+/// made), the counters zeroed, N decisions one at a time, the counters
+/// dumped: the service's instructions (user space, the whole process) and
+/// heap allocations (malloc-family calls) per decision. Deterministic, so
+/// that a change's effect shows on a shared machine.
+async fn count_only(a: &Args, dir: &Path) {
+    let cgdir = dir.join("cg-service");
+    std::fs::create_dir_all(&cgdir).unwrap();
+    let (_redis, rport) = start_redis(a, dir, false);
+    let wrapper = [
+        "valgrind".to_owned(),
+        "--tool=callgrind".to_owned(),
+        "--dump-instr=no".to_owned(),
+        format!("--callgrind-out-file={}", cgdir.join("callgrind.out.%p").display()),
+    ];
+    // no reload polls in the counts (they are wall-clock driven)
+    let (svc, gport) = start_service_in(a, dir, rport, &wrapper, &[("RUNTIME_POLL_INTERVAL", "24h")]);
+    let pid = svc.pid().to_string();
+    // valgrind names its vgdb pipes after $HOST, which the service's
+    // environment sets: callgrind_control (vgdb) must see the same one
+    let control = |cmd: &str| {
+        let st = Command::new("callgrind_control")
+            .args([cmd, &pid])
+            .env("HOST", "127.0.0.1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("callgrind_control");
+        assert!(st.success(), "callgrind_control {cmd} {pid}: {st}");
+    };
+    let mut client = RateLimitServiceClient::new(
+        Endpoint::from_shared(format!("http://127.0.0.1:{gport}")).unwrap().connect().await.unwrap(),
+    );
+    const ALLOC: [&str; 6] = ["malloc", "calloc", "realloc", "posix_memalign", "aligned_alloc", "memalign"];
+    let (keys, count) = (200, a.count_only);
+    println!("service {}, {count} decisions per row, one at a time, under callgrind", a.service);
+    println!("| descriptors | instructions/decision | allocations/decision | frees/decision |");
+    println!("|---|---|---|---|");
+    for n in [1, 2, 4] {
+        let base = 700_000_000 + 1_000_000 * n as u64;
+        for pass in 0..2 {
+            if pass == 1 {
+                control("-z");
+            }
+            for i in 0..if pass == 0 { keys } else { count } {
+                let r = client.should_rate_limit(bench_request(base + i % keys, n, keys)).await.expect("decision");
+                assert_eq!(r.get_ref().overall_code, OK);
+            }
+        }
+        let dumps = std::fs::read_dir(&cgdir).unwrap().count();
+        control("-d");
+        // the dump is written by the service: wait for it, complete
+        let t0 = Instant::now();
+        let text = loop {
+            if std::fs::read_dir(&cgdir).unwrap().count() > dumps {
+                let t = std::fs::read_to_string(newest_dump(&cgdir)).unwrap();
+                if t.lines().any(|l| l.starts_with("totals:") || l.starts_with("summary:")) {
+                    break t;
+                }
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "no callgrind dump from the service");
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let ir: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("totals:").or_else(|| l.strip_prefix("summary:")))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .expect("totals: in the callgrind dump");
+        let calls = callgrind_calls(&text, &[&ALLOC[..], &["free"]].concat());
+        let allocs: u64 = ALLOC.iter().filter_map(|f| calls.get(*f)).sum();
+        let frees = calls.get("free").copied().unwrap_or(0);
+        let per = |x: f64| x / count as f64;
+        println!("| {n} | {:.0} | {:.2} | {:.2} |", per(ir), per(allocs as f64), per(frees as f64));
+        eprintln!("  n={n}: {calls:?}, {}", newest_dump(&cgdir).display());
+    }
 }
 
 // -- over-admission ------------------------------------------------------------------
@@ -1112,9 +1247,14 @@ fn main() {
         "no service binary at {} (cargo build --release -p redis-ratelimit-service)",
         a.service
     );
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    if a.count_only > 0 {
+        // the dumps stay, for callgrind_annotate
+        rt.block_on(count_only(&a, &dir));
+        return;
+    }
     let (redis, rport) = start_redis(&a, &dir, false);
     let (svc, gport) = start_service(&a, &dir, rport);
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
     let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
     let url = format!("redis://127.0.0.1:{rport}/");
     let out = rt.block_on(async {

@@ -219,13 +219,32 @@ impl RateLimit {
 
     /// [`RateLimit::key_suffix`] appended to `out` (a key being built).
     pub fn push_key_suffix(&self, out: &mut String) {
-        use fmt::Write;
-        // writing to a String cannot fail
-        let _ = match (self.window_ms, self.unit) {
-            (Some(ms), _) => write!(out, "{ms}ms"),
-            (None, u) => write!(out, "{}", u.unwrap_or(Unit::Second).seconds()),
-        };
+        match (self.window_ms, self.unit) {
+            (Some(ms), _) => {
+                push_decimal(out, ms);
+                out.push_str("ms");
+            }
+            (None, u) => push_decimal(out, u.unwrap_or(Unit::Second).seconds()),
+        }
         out.push_str(self.algorithm.key_tag());
+    }
+}
+
+/// `n` in decimal appended to `out`, as `{n}` writes it, without the
+/// formatting machinery (every request's keys end with a number).
+fn push_decimal(out: &mut String, mut n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for &d in &digits[i..] {
+        out.push(char::from(d));
     }
 }
 
@@ -434,35 +453,53 @@ impl Config {
     /// matches `key_value`, else `key` alone; the limit counts only when it
     /// is on the node of the last entry.
     pub fn get_limit(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Matched> {
-        let mut node = self.domains.get(domain)?;
+        self.domain(domain)?.get_limit_of(entries.iter().copied())
+    }
+
+    /// A configured domain, looked up once for all of a request's descriptors.
+    pub fn domain(&self, domain: &str) -> Option<Domain<'_>> {
+        self.domains.get(domain).map(Domain)
+    }
+}
+
+/// One domain of a [`Config`] ([`Config::domain`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Domain<'c>(&'c Node);
+
+impl Domain<'_> {
+    /// [`Config::get_limit`] in this domain, over the entries as an
+    /// iterator: a request's descriptor is matched without a slice of its
+    /// entries built first.
+    pub fn get_limit_of<'e>(&self, entries: impl ExactSizeIterator<Item = (&'e str, &'e str)>) -> Option<Matched> {
+        let mut node = self.0;
         let mut found = None;
         let mut share: Vec<Option<String>> = Vec::new();
-        for (i, (k, v)) in entries.iter().enumerate() {
-            let kv = format!("{k}_{v}");
-            let mut next = node.children.get(&kv);
-            let mut by_wildcard = None;
-            if next.is_none() {
+        let count = entries.len();
+        for (i, (k, v)) in entries.enumerate() {
+            let (mut next, by_wildcard) = with_joined(k, v, |kv| {
+                if let Some(next) = node.children.get(kv) {
+                    return (Some(next), None);
+                }
                 for (pattern, parts) in &node.wildcards {
-                    if wildcard_match(parts, &kv) {
-                        next = node.children.get(pattern);
-                        by_wildcard = Some(pattern);
-                        break;
+                    if wildcard_match(parts, kv) {
+                        return (node.children.get(pattern), Some(pattern));
                     }
                 }
-            }
+                (None, None)
+            });
             if next.is_none() {
-                next = node.children.get(*k);
+                next = node.children.get(k);
             }
             let Some(n) = next else { break };
             if let (Some(_), Some(pattern)) = (by_wildcard, &n.share_pattern) {
-                if share.len() < entries.len() {
-                    share.resize(entries.len(), None);
+                if share.len() < count {
+                    share.resize(count, None);
                 }
-                let value = pattern.strip_prefix(&format!("{k}_")).unwrap_or(pattern);
+                let value = pattern.strip_prefix(k).and_then(|p| p.strip_prefix('_')).unwrap_or(pattern);
                 share[i] = Some(value.to_owned());
             }
             if let Some(l) = &n.limit {
-                if i == entries.len() - 1 {
+                if i == count - 1 {
                     found = Some(l.clone());
                 }
             }
@@ -473,6 +510,23 @@ impl Config {
         }
         found.map(|limit| Matched { limit, share })
     }
+}
+
+/// `f` of `key_value` (a descriptor entry's node name), joined on the
+/// stack when short enough: matching takes no allocation per entry.
+fn with_joined<R>(key: &str, value: &str, f: impl FnOnce(&str) -> R) -> R {
+    let mut buf = [0u8; 256];
+    let len = key.len() + 1 + value.len();
+    if len <= buf.len() {
+        buf[..key.len()].copy_from_slice(key.as_bytes());
+        buf[key.len()] = b'_';
+        buf[key.len() + 1..len].copy_from_slice(value.as_bytes());
+        // two strs and an ASCII byte: always UTF-8
+        if let Ok(kv) = std::str::from_utf8(&buf[..len]) {
+            return f(kv);
+        }
+    }
+    f(&format!("{key}_{value}"))
 }
 
 fn load_descriptors(file: &str, node: &mut Node, parent: &str, descriptors: &[Value]) -> Result<(), ConfigError> {

@@ -15,8 +15,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, 
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use redis_ratelimit_client::{
-    all_of, fixed_window, sliding_counter, sliding_log, token_bucket, Call, Connection, Decision, Limiter, Panic, Part,
-    RateLimit, Source, MAX,
+    all_of, fixed_window, sliding_counter, sliding_log, token_bucket, Call, Connection, Decision, Limiter, Panic, RateLimit,
+    Source, MAX,
 };
 
 use crate::config::{Algorithm, Config, Matched, RateLimit as Limit, Unit};
@@ -47,18 +47,43 @@ impl std::fmt::Display for ServiceError {
 /// parts of one `RL.MULTI`.
 pub const MAX_LIMITED_DESCRIPTORS: usize = 16;
 
-/// The numbers of one part of an `RL.MULTI`: (algorithm, requests_per_unit,
-/// window_ms, burst (the token bucket's capacity), weight).
-type PartShape = (Algorithm, u64, u64, u64, u64);
+/// The numbers of one part of an `RL.MULTI`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct PartShape {
+    algorithm: Algorithm,
+    /// `requests_per_unit`.
+    limit: u64,
+    window_ms: u64,
+    /// The token bucket's capacity.
+    burst: u64,
+    weight: u64,
+}
+
+impl std::hash::Hash for PartShape {
+    /// One write of all its numbers: a request's limiter is looked up by its
+    /// parts' shapes (a write per field cost ~1k instructions at 4 parts).
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut b = [0u8; 33];
+        b[0] = self.algorithm as u8;
+        for (i, n) in [self.limit, self.window_ms, self.burst, self.weight].into_iter().enumerate() {
+            b[1 + 8 * i..9 + 8 * i].copy_from_slice(&n.to_le_bytes());
+        }
+        state.write(&b);
+    }
+}
 
 /// The numbers of the parts of one `RL.MULTI`.
 type Shape = Vec<PartShape>;
 
-/// One part of an `RL.MULTI`: its key and its numbers.
+/// One part of an `RL.MULTI`: its key (a range of the request's buffer
+/// of keys), its numbers and, once decided, what it says.
 #[derive(Debug, Clone)]
 struct PartSpec {
-    key: String,
+    key: std::ops::Range<usize>,
     shape: PartShape,
+    state: PartState,
+    /// Counted parts: whether its units were taken (its remaining is after them).
+    taken: bool,
 }
 
 /// The rate-limit service: the live configuration, the client, the settings.
@@ -93,7 +118,26 @@ pub fn cache_key_with(
     share: &[Option<String>],
     suffix: &str,
 ) -> String {
+    let mut k = String::with_capacity(prefix.len() + domain.len() + 32);
+    push_cache_key(&mut k, prefix, domain, entries.iter().copied(), share);
+    k.push_str(suffix);
+    k
+}
+
+/// [`cache_key_with`] without its suffix, appended to `out`.
+fn push_cache_key<'e>(
+    out: &mut String,
+    prefix: &str,
+    domain: &str,
+    entries: impl Iterator<Item = (&'e str, &'e str)>,
+    share: &[Option<String>],
+) {
     fn esc(out: &mut String, s: &str) {
+        // ASCII bytes never occur inside a multi-byte character: a byte scan finds them
+        if !s.bytes().any(|b| matches!(b, b'%' | b'{' | b'}')) {
+            out.push_str(s);
+            return;
+        }
         for c in s.chars() {
             match c {
                 '%' => out.push_str("%25"),
@@ -103,22 +147,19 @@ pub fn cache_key_with(
             }
         }
     }
-    let mut k = String::with_capacity(prefix.len() + domain.len() + 32);
-    k.push_str(prefix);
-    k.push('{');
-    esc(&mut k, domain);
-    k.push_str("}_");
-    for (i, (key, value)) in entries.iter().enumerate() {
-        esc(&mut k, key);
-        k.push('_');
+    out.push_str(prefix);
+    out.push('{');
+    esc(out, domain);
+    out.push_str("}_");
+    for (i, (key, value)) in entries.enumerate() {
+        esc(out, key);
+        out.push('_');
         match share.get(i).and_then(|s| s.as_deref()) {
-            Some(pattern) => esc(&mut k, pattern),
-            None => esc(&mut k, value),
+            Some(pattern) => esc(out, pattern),
+            None => esc(out, value),
         }
-        k.push('_');
+        out.push('_');
     }
-    k.push_str(suffix);
-    k
 }
 
 /// Seconds until the current window of `unit` ends, as envoyproxy/ratelimit
@@ -136,17 +177,41 @@ pub fn ms_until_window_end(window_ms: u64) -> u64 {
     w - now % w
 }
 
-/// One descriptor's limit once matched.
-struct Slot {
-    limit: Arc<Limit>,
+/// What a request descriptor matched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// No limit: `OK`, remaining 0.
+    Nothing,
+    /// An `unlimited` limit: `OK`, remaining `u32::MAX`.
+    Unlimited,
+    /// A limit another matched limit `replaces`: as [`Found::Nothing`].
+    Replaced,
+    /// A limit to decide.
+    Limited,
+}
+
+/// One descriptor of a request: what it matched and, for a limit to
+/// decide, how.
+struct Desc {
+    found: Found,
+    /// The match (kept when unlimited or replaced: its `replaces` still count).
+    matched: Option<Matched>,
     /// The window in ms.
     window_ms: u64,
     hits: u64,
-    /// Index into the counted or checked parts.
+    /// Index into the counted or checked parts (`usize::MAX`: decided here).
     part: usize,
+    /// A check-only part (hits 0): index into the checked parts.
+    checked: bool,
     /// The stats key of a `detailed_metric` limit (`domain.key_value…` of
     /// the request's values), else `None` (the limit's own `full_key`).
     detailed_key: Option<String>,
+}
+
+impl Desc {
+    fn limit(&self) -> Option<&Arc<Limit>> {
+        self.matched.as_ref().map(|m| &m.limit)
+    }
 }
 
 /// What one part of a decision says: over the limit, units left, and
@@ -167,16 +232,16 @@ struct PartState {
 /// again (when a client may retry); else the time until the state is full
 /// again (the whole quota back, what `RateLimit-Reset` means); a check
 /// (`hits_addend` 0) over the limit, and hits above the limit, the latter.
-fn reset_seconds(slot: &Slot, state: Option<&PartState>) -> u64 {
+fn reset_seconds(limit: &Limit, window_ms: u64, state: Option<&PartState>) -> u64 {
     let ms = match state {
-        Some(p) if slot.limit.algorithm != Algorithm::FixedWindow => {
+        Some(p) if limit.algorithm != Algorithm::FixedWindow => {
             if p.over && p.retry_ms > 0 {
                 p.retry_ms as u64
             } else {
                 p.reset_ms
             }
         }
-        _ => ms_until_window_end(slot.window_ms),
+        _ => ms_until_window_end(window_ms),
     };
     ms.div_ceil(1000)
 }
@@ -256,14 +321,27 @@ impl<C: Connection> Service<C> {
         &self.settings
     }
 
-    fn limiter(&self, shape: &[PartShape]) -> Result<Limiter<C>, ServiceError> {
+    fn limiter(&self, parts: &[PartSpec]) -> Result<Limiter<C>, ServiceError> {
+        // the shape looked up on the stack (at most MAX_LIMITED_DESCRIPTORS parts)
+        let zero = PartShape { algorithm: Algorithm::FixedWindow, limit: 0, window_ms: 0, burst: 0, weight: 0 };
+        let mut buf = [zero; MAX_LIMITED_DESCRIPTORS];
+        let owned: Shape;
+        let shape: &[PartShape] = if parts.len() <= buf.len() {
+            for (b, p) in buf.iter_mut().zip(parts) {
+                *b = p.shape;
+            }
+            &buf[..parts.len()]
+        } else {
+            owned = parts.iter().map(|p| p.shape).collect();
+            &owned
+        };
         let mut cache = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(l) = cache.get(shape) {
             return Ok(l.clone());
         }
         let inv = |e: redis_ratelimit_client::Error| ServiceError::Invalid(e.to_string());
         let mut parts = Vec::with_capacity(shape.len());
-        for (i, &(algorithm, limit, window_ms, burst, weight)) in shape.iter().enumerate() {
+        for (i, &PartShape { algorithm, limit, window_ms, burst, weight }) in shape.iter().enumerate() {
             let name = format!("d{i}");
             let p = match algorithm {
                 Algorithm::FixedWindow => fixed_window(&name, limit, window_ms, false),
@@ -277,7 +355,7 @@ impl<C: Connection> Service<C> {
             PanicMode::Local(instances) => Panic::Instances(instances),
             _ => Panic::default(),
         };
-        let l = if let [(Algorithm::FixedWindow, limit, window_ms, _, _)] = *shape {
+        let l = if let [PartShape { algorithm: Algorithm::FixedWindow, limit, window_ms, .. }] = *shape {
             // one fixed window: RL.FIXEDWINDOW itself, its weight the call's
             // cost (`multi`): the same decision, for fewer instructions in
             // Redis than a one-part RL.MULTI (make bench-envoy)
@@ -293,26 +371,17 @@ impl<C: Connection> Service<C> {
         Ok(l)
     }
 
-    /// One `RL.MULTI` over `parts`, `cost` 1 or 0.
-    async fn multi(&self, parts: &[PartSpec], cost: u64) -> Result<Decision, ServiceError> {
-        let shape: Shape = parts.iter().map(|p| p.shape).collect();
-        let lim = self.limiter(&shape)?;
-        let keys: Vec<&str> = parts.iter().map(|p| p.key.as_str()).collect();
-        let d = if let [PartSpec { key, shape: (Algorithm::FixedWindow, _, _, _, weight) }] = parts {
-            // a single RL.FIXEDWINDOW (`limiter`): its weight is the cost, and
-            // its decision is the one part's
-            lim.limit(key, Call::cost(if cost == 0 { 0 } else { *weight })).await.map(|mut d| {
-                d.parts = vec![Part {
-                    policy: std::mem::take(&mut d.policy),
-                    granted: d.granted,
-                    limit: d.limit,
-                    remaining: d.remaining,
-                    retry_after_ms: d.retry_after_ms,
-                    reset_after_ms: d.reset_after_ms,
-                }];
-                d
-            })
+    /// One `RL.MULTI` over `parts` (their keys in `keys`), `cost` 1 or 0.
+    /// A single fixed window is one `RL.FIXEDWINDOW`, its decision's
+    /// `parts` empty ([`part_states`] reads the decision itself).
+    async fn multi(&self, keys: &str, parts: &[PartSpec], cost: u64) -> Result<Decision, ServiceError> {
+        let lim = self.limiter(parts)?;
+        let key = |p: &PartSpec| keys.get(p.key.clone()).unwrap_or_default();
+        let d = if let [p @ PartSpec { shape: PartShape { algorithm: Algorithm::FixedWindow, weight, .. }, .. }] = parts {
+            // a single RL.FIXEDWINDOW (`limiter`): its weight is the cost
+            lim.limit(key(p), Call::cost(if cost == 0 { 0 } else { *weight })).await
         } else {
+            let keys: Vec<&str> = parts.iter().map(key).collect();
             lim.limit_keys(&keys, Call::cost(cost)).await
         };
         let mut d = d.map_err(|e| match e {
@@ -337,12 +406,18 @@ impl<C: Connection> Service<C> {
                 PanicMode::Local(_) => {}
                 PanicMode::Allow => {
                     d.allowed = true;
+                    if d.parts.is_empty() {
+                        (d.retry_after_ms, d.remaining) = (0, d.limit);
+                    }
                     for p in &mut d.parts {
                         (p.retry_after_ms, p.remaining) = (0, p.limit);
                     }
                 }
                 PanicMode::Deny => {
                     d.allowed = false;
+                    if d.parts.is_empty() {
+                        (d.retry_after_ms, d.remaining) = (1, 0);
+                    }
                     for p in &mut d.parts {
                         (p.retry_after_ms, p.remaining) = (1, 0);
                     }
@@ -377,30 +452,31 @@ impl<C: Connection> Service<C> {
             return Err(ServiceError::Invalid("rate limit descriptor list must not be empty".into()));
         }
         let cfg = self.config();
-        let n = req.descriptors.len();
-        let mut limits: Vec<Option<Matched>> = Vec::with_capacity(n);
-        let mut unlimited = vec![false; n];
-        let has_domain = cfg.has_domain(&req.domain);
+        let mut descs: Vec<Desc> = Vec::with_capacity(req.descriptors.len());
+        let domain = cfg.domain(&req.domain);
         for d in &req.descriptors {
             if d.is_negative_hits {
                 return Err(ServiceError::Invalid("is_negative_hits is not supported yet".into()));
             }
-            let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
-            let m = match (&d.limit, has_domain) {
-                (_, false) => None,
-                (Some(o), true) => {
+            let entries = || d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+            let m = match (&d.limit, domain) {
+                (_, None) => None,
+                (Some(o), Some(_)) => {
                     let unit = Unit::from_proto(o.unit)
                         .ok_or_else(|| ServiceError::Invalid(format!("limit override with an unknown unit {}", o.unit)))?;
-                    let full_key = std::iter::once(req.domain.clone())
-                        .chain(std::iter::once(
-                            entries
-                                .iter()
-                                .map(|(k, v)| if v.is_empty() { (*k).to_owned() } else { format!("{k}_{v}") })
-                                .collect::<Vec<_>>()
-                                .join("."),
-                        ))
-                        .collect::<Vec<_>>()
-                        .join(".");
+                    // `domain.key_value.key…` (an empty value: the key alone)
+                    let mut full_key = req.domain.clone();
+                    full_key.push('.');
+                    for (j, (k, v)) in entries().enumerate() {
+                        if j > 0 {
+                            full_key.push('.');
+                        }
+                        full_key.push_str(k);
+                        if !v.is_empty() {
+                            full_key.push('_');
+                            full_key.push_str(v);
+                        }
+                    }
                     Some(Matched {
                         limit: Arc::new(Limit {
                             requests_per_unit: o.requests_per_unit,
@@ -419,45 +495,82 @@ impl<C: Connection> Service<C> {
                         share: Vec::new(),
                     })
                 }
-                (None, true) => cfg.get_limit(&req.domain, &entries),
+                (None, Some(domain)) => domain.get_limit_of(entries()),
             };
-            limits.push(m);
+            let found = match &m {
+                None => Found::Nothing,
+                Some(x) if x.limit.unlimited => Found::Unlimited,
+                Some(_) => Found::Limited,
+            };
+            descs.push(Desc {
+                found,
+                matched: m,
+                window_ms: 0,
+                hits: 0,
+                part: usize::MAX,
+                checked: false,
+                detailed_key: None,
+            });
         }
-        let mut replacing: Vec<String> = Vec::new();
-        for (i, m) in limits.iter_mut().enumerate() {
-            if let Some(x) = m {
-                replacing.extend(x.limit.replaces.iter().cloned());
-                if x.limit.unlimited {
-                    unlimited[i] = true;
-                    *m = None;
-                }
+        // a named limit that any matched limit (unlimited ones too) replaces is dropped
+        for i in 0..descs.len() {
+            let replaced = match &descs[i] {
+                Desc { found: Found::Limited, matched: Some(m), .. } if !m.limit.name.is_empty() => descs
+                    .iter()
+                    .filter_map(|x| x.matched.as_ref())
+                    .any(|x| x.limit.replaces.iter().any(|r| *r == m.limit.name)),
+                _ => false,
+            };
+            if replaced {
+                descs[i].found = Found::Replaced;
             }
         }
-        for m in limits.iter_mut() {
-            if m.as_ref().is_some_and(|x| !x.limit.name.is_empty() && replacing.contains(&x.limit.name)) {
-                *m = None;
-            }
-        }
-        self.decide(req, limits, unlimited).await
+        self.decide(req, descs).await
     }
 
-    async fn decide(
+    /// The counted parts in one `RL.MULTI` and the check-only ones in
+    /// another with `COST 0`, at the same time: requests with a
+    /// `hits_addend` of 0, rare, out of line (boxed) so that their second
+    /// call does not make every request's future larger.
+    async fn counted_and_checked(
         &self,
-        req: &RateLimitRequest,
-        limits: Vec<Option<Matched>>,
-        unlimited: Vec<bool>,
-    ) -> Result<RateLimitResponse, ServiceError> {
-        let n = limits.len();
+        keys: &str,
+        counted: &[PartSpec],
+        checked: &[PartSpec],
+    ) -> Result<(Option<Decision>, Option<Decision>), ServiceError> {
+        let (main, check) = tokio::join!(
+            async {
+                if counted.is_empty() {
+                    Ok(None)
+                } else {
+                    self.multi(keys, counted, 1).await.map(Some)
+                }
+            },
+            self.multi(keys, checked, 0),
+        );
+        Ok((main?, Some(check?)))
+    }
+
+    async fn decide(&self, req: &RateLimitRequest, mut descs: Vec<Desc>) -> Result<RateLimitResponse, ServiceError> {
+        let n = descs.len();
+        let prefix = self.settings.cache_key_prefix.as_str();
+        // every part's key, one after another (a range of it per part)
+        let mut keys = String::with_capacity(
+            req.descriptors
+                .iter()
+                .map(|d| {
+                    prefix.len()
+                        + req.domain.len()
+                        + 24
+                        + d.entries.iter().map(|e| e.key.len() + e.value.len() + 2).sum::<usize>()
+                })
+                .sum(),
+        );
         // counted parts (hits > 0) and checked parts (hits 0), merged by key
         let mut counted: Vec<PartSpec> = Vec::new();
         let mut checked: Vec<PartSpec> = Vec::new();
-        let mut slots: Vec<Option<(Slot, bool)>> = Vec::with_capacity(n);
-        for (i, m) in limits.into_iter().enumerate() {
-            let Some(m) = m else {
-                slots.push(None);
-                continue;
-            };
-            let d = &req.descriptors[i];
+        for (desc, d) in descs.iter_mut().zip(&req.descriptors) {
+            let (Found::Limited, Some(m)) = (desc.found, &desc.matched) else { continue };
             let hits = match &d.hits_addend {
                 Some(h) => h.value,
                 None => u64::from(req.hits_addend.max(1)),
@@ -466,32 +579,43 @@ impl<C: Connection> Service<C> {
                 return Err(ServiceError::Invalid(format!("hits_addend {hits} is above 2^53-1")));
             }
             let window_ms = m.limit.window().unwrap_or(1000);
-            let entries: Vec<(&str, &str)> = d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
-            let mut key = cache_key_with(&self.settings.cache_key_prefix, &req.domain, &entries, &m.share, "");
-            m.limit.push_key_suffix(&mut key);
+            let entries = || d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()));
+            let start = keys.len();
+            push_cache_key(&mut keys, prefix, &req.domain, entries(), &m.share);
+            m.limit.push_key_suffix(&mut keys);
             let rpu = u64::from(m.limit.requests_per_unit);
             let burst = m.limit.burst.unwrap_or(rpu);
             let list = if hits == 0 { &mut checked } else { &mut counted };
             let part = if rpu == 0 {
+                keys.truncate(start);
                 usize::MAX // decided here: nothing to ask Redis
-            } else if let Some(j) = list.iter().position(|p| p.key == key) {
+            } else if let Some(j) = list.iter().position(|p| keys.get(p.key.clone()) == keys.get(start..)) {
                 // the same counter twice in one request (the key holds the
                 // algorithm and the window): one part, the hits added up
+                keys.truncate(start);
                 let s = &mut list[j].shape;
-                s.1 = s.1.min(rpu);
-                s.3 = s.3.min(burst);
-                s.4 = s.4.saturating_add(hits).min(MAX);
+                s.limit = s.limit.min(rpu);
+                s.burst = s.burst.min(burst);
+                s.weight = s.weight.saturating_add(hits).min(MAX);
                 j
             } else {
+                if list.capacity() == 0 {
+                    list.reserve(n);
+                }
                 // a check-only part (hits 0) is sent with weight 1 and COST 0
-                list.push(PartSpec { key, shape: (m.limit.algorithm, rpu, window_ms, burst, hits.max(1)) });
+                list.push(PartSpec {
+                    key: start..keys.len(),
+                    shape: PartShape { algorithm: m.limit.algorithm, limit: rpu, window_ms, burst, weight: hits.max(1) },
+                    state: PartState::default(),
+                    taken: false,
+                });
                 list.len() - 1
             };
-            let detailed_key = m.limit.detailed_metric.then(|| {
+            desc.detailed_key = m.limit.detailed_metric.then(|| {
                 // envoyproxy/ratelimit's detailed key: domain, then key_value per
                 // entry (the wildcard pattern for a share_threshold entry)
                 let mut k = req.domain.clone();
-                for (j, (key, value)) in entries.iter().enumerate() {
+                for (j, (key, value)) in entries().enumerate() {
                     k.push('.');
                     k.push_str(key);
                     k.push('_');
@@ -499,7 +623,7 @@ impl<C: Connection> Service<C> {
                 }
                 k
             });
-            slots.push(Some((Slot { limit: m.limit, window_ms, hits, part, detailed_key }, hits == 0)));
+            (desc.window_ms, desc.hits, desc.part, desc.checked) = (window_ms, hits, part, hits == 0);
         }
         if counted.len() > MAX_LIMITED_DESCRIPTORS || checked.len() > MAX_LIMITED_DESCRIPTORS {
             return Err(ServiceError::Invalid(format!(
@@ -507,113 +631,102 @@ impl<C: Connection> Service<C> {
             )));
         }
         let global_shadow = self.settings.shadow_mode;
-        let shadow_of =
-            |j: usize| slots.iter().flatten().filter(|(s, chk)| !chk && s.part == j).all(|(s, _)| s.limit.shadow_mode);
+        let shadow_of = |j: usize| {
+            descs
+                .iter()
+                .filter(|x| x.found == Found::Limited && !x.checked && x.part == j)
+                .all(|x| x.limit().is_some_and(|l| l.shadow_mode))
+        };
         // the counted parts: one RL.MULTI; the check-only parts (hits 0): one with COST 0, at the same time
-        let (main, check) = tokio::join!(
-            async {
-                if counted.is_empty() {
-                    Ok(None)
-                } else {
-                    self.multi(&counted, 1).await.map(Some)
-                }
-            },
-            async {
-                if checked.is_empty() {
-                    Ok(None)
-                } else {
-                    self.multi(&checked, 0).await.map(Some)
-                }
-            },
-        );
-        let main = main?;
-        let check = check?;
-        // what each counted part says
-        let mut counted_state: Vec<PartState> = Vec::new();
-        // per counted part: whether its units were taken (its remaining is after them)
-        let mut counted_taken: Vec<bool> = Vec::new();
+        let (main, check) = if checked.is_empty() {
+            (if counted.is_empty() { None } else { Some(self.multi(&keys, &counted, 1).await?) }, None)
+        } else {
+            Box::pin(self.counted_and_checked(&keys, &counted, &checked)).await?
+        };
         if let Some(d) = &main {
-            counted_state = part_states(d);
-            counted_taken = vec![d.allowed; counted.len()];
-            let over_parts: Vec<usize> = (0..counted.len()).filter(|&j| counted_state[j].over).collect();
-            if !d.allowed && !over_parts.is_empty() && over_parts.iter().all(|&j| shadow_of(j)) && !global_shadow {
+            for (p, st) in counted.iter_mut().zip(part_states(d)) {
+                (p.state, p.taken) = (st, d.allowed);
+            }
+            let over = || (0..counted.len()).filter(|&j| counted[j].state.over);
+            let shadow_only = !d.allowed && over().next().is_some() && over().all(shadow_of);
+            if shadow_only && !global_shadow {
                 // denied only by shadow-mode limits: the request passes, so the
-                // enforced limits count it (a second RL.MULTI without the shadow ones)
+                // enforced limits count it (a second RL.MULTI without the
+                // shadow ones; rare, out of line)
                 let keep: Vec<usize> = (0..counted.len()).filter(|&j| !shadow_of(j)).collect();
                 if !keep.is_empty() {
                     let parts: Vec<_> = keep.iter().map(|&j| counted[j].clone()).collect();
-                    let d2 = self.multi(&parts, 1).await?;
-                    let st2 = part_states(&d2);
-                    for (x, &j) in keep.iter().enumerate() {
-                        counted_state[j] = st2[x];
-                        counted_taken[j] = d2.allowed;
+                    let d2 = Box::pin(self.multi(&keys, &parts, 1)).await?;
+                    for (&j, st) in keep.iter().zip(part_states(&d2)) {
+                        (counted[j].state, counted[j].taken) = (st, d2.allowed);
                     }
                 }
             }
         }
-        let check_state: Vec<PartState> = match &check {
-            Some(d) => part_states(d).into_iter().map(|p| PartState { over: p.remaining == 0, ..p }).collect(),
-            None => Vec::new(),
-        };
+        if let Some(d) = &check {
+            for (p, st) in checked.iter_mut().zip(part_states(d)) {
+                p.state = PartState { over: st.remaining == 0, ..st };
+            }
+        }
         let mut statuses = Vec::with_capacity(n);
         let mut over_any = false;
         let mut header_from: Option<(u64, u32, u64)> = None; // (remaining, limit, reset seconds)
         let mut min_remaining = u64::from(u32::MAX);
-        for (i, s) in slots.iter().enumerate() {
-            let Some((slot, chk)) = s else {
+        for desc in &descs {
+            let (Found::Limited, Some(limit)) = (desc.found, desc.limit()) else {
                 statuses.push(DescriptorStatus {
                     code: Code::Ok as i32,
-                    limit_remaining: if unlimited[i] { u32::MAX } else { 0 },
+                    limit_remaining: if desc.found == Found::Unlimited { u32::MAX } else { 0 },
                     ..DescriptorStatus::default()
                 });
                 continue;
             };
-            let state = if slot.part == usize::MAX {
+            let state = if desc.part == usize::MAX {
                 None
-            } else if *chk {
-                Some(&check_state[slot.part])
+            } else if desc.checked {
+                checked.get(desc.part).map(|p| &p.state)
             } else {
-                Some(&counted_state[slot.part])
+                counted.get(desc.part).map(|p| &p.state)
             };
-            let (over, remaining) = state.map_or((slot.hits > 0, 0), |p| (p.over, p.remaining));
+            let (over, remaining) = state.map_or((desc.hits > 0, 0), |p| (p.over, p.remaining));
             // the statistics, as envoyproxy/ratelimit counts them (docs/envoy.md)
-            let stats_key = slot.detailed_key.as_deref().unwrap_or(slot.limit.full_key.as_str());
+            let stats_key = desc.detailed_key.as_deref().unwrap_or(limit.full_key.as_str());
             self.metrics.with_key(stats_key, |k| {
-                k.total_hits.fetch_add(slot.hits, Relaxed);
+                k.total_hits.fetch_add(desc.hits, Relaxed);
                 if over {
                     // a denied request takes nothing: all its hits are over
-                    k.over_limit.fetch_add(slot.hits, Relaxed);
-                    if slot.limit.shadow_mode {
-                        k.shadow_mode.fetch_add(slot.hits, Relaxed);
+                    k.over_limit.fetch_add(desc.hits, Relaxed);
+                    if limit.shadow_mode {
+                        k.shadow_mode.fetch_add(desc.hits, Relaxed);
                     }
                 } else {
-                    k.within_limit.fetch_add(slot.hits, Relaxed);
-                    if slot.part != usize::MAX && !*chk {
-                        let limit = u64::from(slot.limit.requests_per_unit);
-                        let count = limit.saturating_sub(remaining);
+                    k.within_limit.fetch_add(desc.hits, Relaxed);
+                    if let (false, Some(p)) = (desc.checked, counted.get(desc.part)) {
+                        let rpu = u64::from(limit.requests_per_unit);
+                        let count = rpu.saturating_sub(remaining);
                         // a part of a request denied by another took nothing: count + hits is where it would be
-                        let after = if counted_taken[slot.part] { count } else { count.saturating_add(slot.hits) };
-                        let near = near_hits(limit, self.settings.near_limit_ratio, after, slot.hits);
+                        let after = if p.taken { count } else { count.saturating_add(desc.hits) };
+                        let near = near_hits(rpu, self.settings.near_limit_ratio, after, desc.hits);
                         k.near_limit.fetch_add(near, Relaxed);
                     }
                 }
             });
             let mut code = if over { Code::OverLimit } else { Code::Ok };
             let remaining = if over { 0 } else { remaining };
-            if over && slot.limit.shadow_mode {
+            if over && limit.shadow_mode {
                 code = Code::Ok;
             }
-            let reset_s = reset_seconds(slot, state);
-            let st = status(code, &slot.limit, remaining, reset_s);
+            let reset_s = reset_seconds(limit, desc.window_ms, state);
+            let st = status(code, limit, remaining, reset_s);
             // the headers: the descriptor with the fewest left, or the last over the limit
             if u64::from(st.limit_remaining) < min_remaining {
                 min_remaining = u64::from(st.limit_remaining);
-                header_from = Some((min_remaining, slot.limit.requests_per_unit, reset_s));
+                header_from = Some((min_remaining, limit.requests_per_unit, reset_s));
             }
             if code == Code::OverLimit {
                 over_any = true;
                 min_remaining = 0;
-                header_from = Some((0, slot.limit.requests_per_unit, reset_s));
+                header_from = Some((0, limit.requests_per_unit, reset_s));
             }
             statuses.push(st);
         }
@@ -642,17 +755,21 @@ fn header(k: &str, v: String) -> HeaderValue {
     HeaderValue { key: k.to_owned(), value: v, raw_value: Vec::new() }
 }
 
-/// What each part of an `RL.MULTI` decision says. A part that could take
-/// its units in a call denied by another took nothing, and its reply's
-/// remaining is what it has now.
-fn part_states(d: &Decision) -> Vec<PartState> {
-    d.parts
-        .iter()
-        .map(|p| PartState {
-            over: p.retry_after_ms != 0,
-            remaining: p.remaining,
-            retry_ms: p.retry_after_ms,
-            reset_ms: p.reset_after_ms,
-        })
-        .collect()
+/// What each part of a decision says: an `RL.MULTI`'s parts, or a single
+/// `RL.FIXEDWINDOW`'s decision itself (its `parts` empty). A part that
+/// could take its units in a call denied by another took nothing, and its
+/// reply's remaining is what it has now.
+fn part_states(d: &Decision) -> impl Iterator<Item = PartState> + '_ {
+    let single = d.parts.is_empty().then_some(PartState {
+        over: d.retry_after_ms != 0,
+        remaining: d.remaining,
+        retry_ms: d.retry_after_ms,
+        reset_ms: d.reset_after_ms,
+    });
+    single.into_iter().chain(d.parts.iter().map(|p| PartState {
+        over: p.retry_after_ms != 0,
+        remaining: p.remaining,
+        retry_ms: p.retry_after_ms,
+        reset_ms: p.reset_after_ms,
+    }))
 }

@@ -2,6 +2,7 @@
 //! twins by EVALSHA (NOSCRIPT answered with EVAL once, which caches the
 //! script on that server).
 
+use std::borrow::Cow;
 use std::sync::OnceLock;
 
 use redis::{Cmd, Value};
@@ -67,24 +68,66 @@ impl Tail {
         matches!(self, Tail::Call { dry_run: false, .. })
     }
 
-    fn push(self, v: &mut Vec<String>) {
+    fn push(self, v: &mut Vec<Arg>) {
         match self {
             Tail::Refund(n) => {
-                v.push("REFUND".into());
-                v.push(n.to_string());
+                v.push(Arg::Word("REFUND"));
+                v.push(Arg::Num(n));
             }
             Tail::Call { cost, partial, dry_run } => {
                 if cost != 1 {
-                    v.push("COST".into());
-                    v.push(cost.to_string());
+                    v.push(Arg::Word("COST"));
+                    v.push(Arg::Num(cost));
                 }
                 if partial {
-                    v.push("PARTIAL".into());
+                    v.push(Arg::Word("PARTIAL"));
                 }
                 if dry_run {
-                    v.push("DRYRUN".into());
+                    v.push(Arg::Word("DRYRUN"));
                 }
             }
+        }
+    }
+
+    /// The most arguments [`Tail::push`] adds.
+    const MAX_ARGS: usize = 4;
+}
+
+/// One argument after the keys: a word of the protocol or a number,
+/// written straight into the command (no string per argument).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Arg {
+    Word(&'static str),
+    Num(u64),
+}
+
+impl Arg {
+    /// The most bytes it writes (a u64 has at most 20 digits).
+    fn max_len(self) -> usize {
+        match self {
+            Arg::Word(w) => w.len(),
+            Arg::Num(_) => 20,
+        }
+    }
+}
+
+impl redis::ToRedisArgs for Arg {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + redis::RedisWrite,
+    {
+        match *self {
+            Arg::Word(w) => w.write_redis_args(out),
+            Arg::Num(n) => n.write_redis_args(out),
+        }
+    }
+}
+
+impl std::fmt::Display for Arg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Arg::Word(w) => f.write_str(w),
+            Arg::Num(n) => write!(f, "{n}"),
         }
     }
 }
@@ -92,12 +135,13 @@ impl Tail {
 /// What to send, on either backend: the module's command, or the script
 /// name with its keys and arguments.
 #[derive(Debug, Clone)]
-pub(crate) struct Request {
+pub(crate) struct Request<'k> {
     pub command: &'static str,
     /// The Lua twin's name (`lua/<script>.lua`).
     pub script: &'static str,
-    pub keys: Vec<String>,
-    pub args: Vec<String>,
+    /// The keys: the caller's own, borrowed, or made for the call (`all_of`'s `key:part`).
+    pub keys: Vec<Cow<'k, str>>,
+    pub args: Vec<Arg>,
     multi: bool,
     /// A fixed window in it: the module must have `RL.FIXEDWINDOW`.
     pub fixed: bool,
@@ -105,30 +149,36 @@ pub(crate) struct Request {
     pub grants: bool,
 }
 
-impl Request {
-    pub fn single(p: &Policy, key: &str, tail: Tail) -> Request {
-        let mut args: Vec<String> = p.params().iter().map(u64::to_string).collect();
+impl<'k> Request<'k> {
+    pub fn single(p: &Policy, key: &'k str, tail: Tail) -> Request<'k> {
+        Request::single_of(p, vec![Cow::Borrowed(key)], tail)
+    }
+
+    /// [`Request::single`] with its key given as the one of `keys`.
+    pub fn single_of(p: &Policy, keys: Vec<Cow<'k, str>>, tail: Tail) -> Request<'k> {
+        let mut args = Vec::with_capacity(p.params().len() + Tail::MAX_ARGS + 1);
+        args.extend(p.params().iter().map(|&n| Arg::Num(n)));
         tail.push(&mut args);
         if p.from_first() {
-            args.push("FROMFIRST".into());
+            args.push(Arg::Word("FROMFIRST"));
         }
         let (command, script, fixed) = (p.kind().command(), p.kind().script(), p.kind() == Kind::FixedWindow);
         let grants = tail.grants();
-        Request { command, script, keys: vec![key.to_owned()], args, multi: false, fixed, grants }
+        Request { command, script, keys, args, multi: false, fixed, grants }
     }
 
-    pub fn multi(parts: &[Policy], keys: Vec<String>, tail: Tail) -> Request {
-        let mut args = Vec::new();
+    pub fn multi(parts: &[Policy], keys: Vec<Cow<'k, str>>, tail: Tail) -> Request<'k> {
+        let mut args = Vec::with_capacity(parts.iter().map(|p| p.params().len() + 4).sum::<usize>() + Tail::MAX_ARGS);
         for p in parts {
-            args.push(p.kind().multi_name().to_owned());
-            args.extend(p.params().iter().map(u64::to_string));
+            args.push(Arg::Word(p.kind().multi_name()));
+            args.extend(p.params().iter().map(|&n| Arg::Num(n)));
             if p.weight() != 1 {
-                args.push("WEIGHT".into());
-                args.push(p.weight().to_string());
+                args.push(Arg::Word("WEIGHT"));
+                args.push(Arg::Num(p.weight()));
             }
             // after the limit's WEIGHT, as RL.MULTI and multi.lua take it
             if p.from_first() {
-                args.push("FROMFIRST".into());
+                args.push(Arg::Word("FROMFIRST"));
             }
         }
         tail.push(&mut args);
@@ -140,21 +190,45 @@ impl Request {
         self.multi
     }
 
-    pub fn module_cmd(&self) -> Cmd {
-        let mut c = redis::cmd(self.command);
-        if self.multi {
+    /// A command of `head` (its name and the arguments before the keys),
+    /// the key count, the keys and the arguments, its buffers sized once.
+    fn cmd(&self, head: &[&str], count: bool) -> Cmd {
+        let data = head.iter().map(|h| h.len()).sum::<usize>()
+            + 20
+            + self.keys.iter().map(|k| k.len()).sum::<usize>()
+            + self.args.iter().map(|a| a.max_len()).sum::<usize>();
+        let mut c = Cmd::with_capacity(head.len() + 1 + self.keys.len() + self.args.len(), data);
+        for h in head {
+            c.arg(*h);
+        }
+        if count {
             c.arg(self.keys.len());
         }
-        c.arg(&self.keys).arg(&self.args);
+        for k in &self.keys {
+            c.arg(k.as_ref());
+        }
+        c.arg(&self.args);
         c
+    }
+
+    /// The same request owning its keys (a call sent in the background).
+    pub fn into_owned(self) -> Request<'static> {
+        let keys = self.keys.into_iter().map(|k| Cow::Owned(k.into_owned())).collect();
+        Request { keys, ..self }
+    }
+
+    pub fn module_cmd(&self) -> Cmd {
+        self.cmd(&[self.command], self.multi)
     }
 
     /// The EVALSHA (or EVAL) of its Lua twin.
     pub fn lua_cmd(&self, eval: bool) -> Cmd {
         let s = script(self.script);
-        let mut c = if eval { redis::cmd("EVAL") } else { redis::cmd("EVALSHA") };
-        c.arg(if eval { s.text } else { s.sha.as_str() }).arg(self.keys.len()).arg(&self.keys).arg(&self.args);
-        c
+        if eval {
+            self.cmd(&["EVAL", s.text], true)
+        } else {
+            self.cmd(&["EVALSHA", s.sha.as_str()], true)
+        }
     }
 }
 
@@ -191,14 +265,32 @@ mod tests {
         let tb = token_bucket("t", 3, 1, 10).unwrap();
         let r = Request::multi(&[tb.clone(), fw.clone()], vec!["a".into(), "b".into()], Tail::Refund(1));
         assert_eq!(
-            r.args,
+            r.args.iter().map(Arg::to_string).collect::<Vec<_>>(),
             ["TOKENBUCKET", "3", "1", "10", "FIXEDWINDOW", "5", "1000", "WEIGHT", "2", "FROMFIRST", "REFUND", "1"]
         );
         assert!(r.fixed && r.is_multi() && r.script == "multi");
         assert!(!Request::multi(std::slice::from_ref(&tb), vec!["a".into()], Tail::Refund(1)).fixed);
         let one = Request::single(&fw, "k", Tail::Call { cost: 2, partial: true, dry_run: false });
         assert_eq!((one.command, one.script, one.fixed), ("RL.FIXEDWINDOW", "fixedwindow", true));
-        assert_eq!(one.args, ["5", "1000", "COST", "2", "PARTIAL", "FROMFIRST"]);
+        assert_eq!(
+            one.args.iter().map(Arg::to_string).collect::<Vec<_>>(),
+            ["5", "1000", "COST", "2", "PARTIAL", "FROMFIRST"]
+        );
+        // the command as sent: the same words and numbers, in order
+        let packed = String::from_utf8(one.module_cmd().get_packed_command()).unwrap();
+        assert_eq!(
+            packed,
+            "*8\r\n$14\r\nRL.FIXEDWINDOW\r\n$1\r\nk\r\n$1\r\n5\r\n$4\r\n1000\r\n$4\r\nCOST\r\n$1\r\n2\r\n\
+             $7\r\nPARTIAL\r\n$9\r\nFROMFIRST\r\n"
+        );
+        let packed = String::from_utf8(r.lua_cmd(false).get_packed_command()).unwrap();
+        assert!(packed.starts_with(&format!(
+            "*17\r\n$7\r\nEVALSHA\r\n$40\r\n{}\r\n$1\r\n2\r\n$1\r\na\r\n$1\r\nb\r\n$11\r\nTOKENBUCKET\r\n",
+            script("multi").sha
+        )));
+        assert!(String::from_utf8(r.module_cmd().get_packed_command())
+            .unwrap()
+            .starts_with("*16\r\n$8\r\nRL.MULTI\r\n$1\r\n2\r\n$1\r\na\r\n"));
         assert!(script("fixedwindow").text.contains("RL.FIXEDWINDOW as a Lua script"));
         assert!(!Request::single(&tb, "k", Tail::Refund(1)).fixed);
     }

@@ -308,9 +308,9 @@ impl PanicBuckets {
 
     /// The largest g ≤ cost (all or nothing unless partial) that every part
     /// can take g × weight of; one answer per part.
-    pub fn decide(
+    pub fn decide<K: AsRef<str>>(
         &self,
-        keys: &[String],
+        keys: &[K],
         cost: u64,
         weights: &[u64],
         partial: bool,
@@ -322,7 +322,7 @@ impl PanicBuckets {
         let mut tokens = Vec::with_capacity(keys.len());
         for (i, k) in keys.iter().enumerate() {
             let (cap, ms) = self.shape[i];
-            let id = (k.clone(), i);
+            let id = (k.as_ref().to_owned(), i);
             let b = match map.get_mut(&id) {
                 Some(b) => {
                     if now > b.1 {
@@ -361,7 +361,7 @@ impl PanicBuckets {
             let alone = before + 1e-9 >= c as f64;
             let left = before - u as f64;
             if !dry_run {
-                if let Some(b) = map.get_mut(&(k.clone(), i)) {
+                if let Some(b) = map.get_mut(&(k.as_ref().to_owned(), i)) {
                     b.0 = left;
                 }
             }

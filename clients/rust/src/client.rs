@@ -3,6 +3,7 @@
 //! the library's own timeout (`tokio::time::timeout` around the driver's
 //! future), whatever the driver does meanwhile (reconnects, retries).
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -299,7 +300,7 @@ impl<C: Connection> RateLimit<C> {
 /// Why a module that lacks what `req` needs refuses it before any call
 /// (a module older than `RL.MULTI` or `RL.FIXEDWINDOW`): an unknown
 /// command would otherwise look like a failover to a server without it.
-fn lacks(found: Option<Found>, req: &Request) -> Option<&'static str> {
+fn lacks(found: Option<Found>, req: &Request<'_>) -> Option<&'static str> {
     let f = found?;
     if req.is_multi() && !f.multi {
         Some("this server's redis-ratelimit module has no RL.MULTI (all_of needs it)")
@@ -362,7 +363,7 @@ impl<C: Connection> Inner<C> {
     }
 
     /// One decision's call on the chosen backend (detection first when needed).
-    pub(crate) async fn run(&self, req: &Request) -> std::result::Result<(Value, Source), Fail> {
+    pub(crate) async fn run(&self, req: &Request<'_>) -> std::result::Result<(Value, Source), Fail> {
         self.ensure_detected().await?;
         self.ensure_not_cluster().await?;
         let c = self.chosen();
@@ -426,7 +427,7 @@ impl<C: Connection> Inner<C> {
     /// `cmd`; in strict mode, when it can grant, in one pipeline with
     /// `WAIT replicas ms`: units it granted that fewer replicas
     /// acknowledged make the call a failure.
-    async fn call(&self, req: &Request, cmd: &Cmd) -> std::result::Result<Value, Fail> {
+    async fn call(&self, req: &Request<'_>, cmd: &Cmd) -> std::result::Result<Value, Fail> {
         let Some((replicas, ms)) = self.strict.filter(|_| req.grants) else {
             return Ok(self.send(cmd).await?);
         };
@@ -576,18 +577,18 @@ impl<C: Connection> Limiter<C> {
     /// The keys of one call: a single policy's key as given; for `all_of`
     /// `"{key}:{part name}"` per part. Cross-slot keys are refused here,
     /// before any call.
-    fn keys_for(&self, key: &str) -> Result<Vec<String>> {
+    fn keys_for<'k>(&self, key: &'k str) -> Result<Vec<Cow<'k, str>>> {
         match &*self.rule {
-            Rule::Single(_) => Ok(vec![key.to_owned()]),
+            Rule::Single(_) => Ok(vec![Cow::Borrowed(key)]),
             Rule::AllOf(a) => {
-                let keys: Vec<String> = a.parts().iter().map(|p| format!("{key}:{}", p.name())).collect();
+                let keys: Vec<Cow<'k, str>> = a.parts().iter().map(|p| Cow::Owned(format!("{key}:{}", p.name()))).collect();
                 assert_same_slot(&keys)?;
                 Ok(keys)
             }
         }
     }
 
-    fn keys_each(&self, keys: &[&str]) -> Result<Vec<String>> {
+    fn keys_each<'k>(&self, keys: &[&'k str]) -> Result<Vec<Cow<'k, str>>> {
         let n = self.rule.parts().len();
         if !matches!(&*self.rule, Rule::AllOf(_)) || keys.len() != n {
             return Err(Error::Invalid(format!("{:?} needs {n} keys, got {}", self.rule.name(), keys.len())));
@@ -598,7 +599,7 @@ impl<C: Connection> Limiter<C> {
             }
         }
         assert_same_slot(keys)?;
-        Ok(keys.iter().map(|k| (*k).to_owned()).collect())
+        Ok(keys.iter().map(|&k| Cow::Borrowed(k)).collect())
     }
 
     /// One decision for `key` (for `all_of`: `key:part` per part).
@@ -613,14 +614,14 @@ impl<C: Connection> Limiter<C> {
         self.decide(keys, call).await
     }
 
-    fn request(&self, keys: Vec<String>, tail: Tail) -> Request {
+    fn request<'k>(&self, keys: Vec<Cow<'k, str>>, tail: Tail) -> Request<'k> {
         match &*self.rule {
-            Rule::Single(p) => Request::single(p, &keys[0], tail),
+            Rule::Single(p) => Request::single_of(p, keys, tail),
             Rule::AllOf(a) => Request::multi(a.parts(), keys, tail),
         }
     }
 
-    async fn decide(&self, keys: Vec<String>, call: Call) -> Result<Decision> {
+    async fn decide(&self, keys: Vec<Cow<'_, str>>, call: Call) -> Result<Decision> {
         check_int("cost", call.cost, 0)?;
         let inner = &self.rl.inner;
         let tail = Tail::Call { cost: call.cost, partial: call.partial, dry_run: call.dry_run };
@@ -630,8 +631,9 @@ impl<C: Connection> Limiter<C> {
             Permit::Probe => {
                 // the probe goes out in the background (the same call as a
                 // DRYRUN: it takes nothing); this caller is answered now
-                let probe_req =
-                    self.request(keys.clone(), Tail::Call { cost: call.cost, partial: call.partial, dry_run: true });
+                let probe_req = self
+                    .request(keys.clone(), Tail::Call { cost: call.cost, partial: call.partial, dry_run: true })
+                    .into_owned();
                 let bg = inner.clone();
                 tokio::spawn(async move {
                     let i2 = bg.clone();
@@ -640,11 +642,12 @@ impl<C: Connection> Limiter<C> {
                 return Ok(inner.count(self.panic(&keys, call)));
             }
         }
-        let req = self.request(keys.clone(), tail);
+        // the panic limits, if Redis does not answer, take the request's own keys
+        let req = self.request(keys, tail);
         let r = inner.bounded_inner(false, inner.run(&req)).await;
         match r {
             Ok((v, source)) => Ok(inner.count(self.decode(&v, call.cost, call.partial, source)?)),
-            Err(Error::Unavailable(_)) => Ok(inner.count(self.panic(&keys, call))),
+            Err(Error::Unavailable(_)) => Ok(inner.count(self.panic(&req.keys, call))),
             Err(e) => Err(e),
         }
     }
@@ -737,7 +740,7 @@ impl<C: Connection> Limiter<C> {
     }
 
     /// A decision from the panic limits (all parts, all or nothing).
-    fn panic(&self, keys: &[String], call: Call) -> Decision {
+    fn panic(&self, keys: &[Cow<'_, str>], call: Call) -> Decision {
         let pp = self.rule.parts();
         let weights: Vec<u64> = match &*self.rule {
             Rule::Single(_) => vec![1],

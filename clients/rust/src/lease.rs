@@ -336,7 +336,7 @@ impl<C: Connection> Shared<C> {
 
     fn panic(&self, key: &str, cost: u64) -> Decision {
         let i = inner(self);
-        let r = self.panics.decide(&[key.to_owned()], cost, &[1], false, false, i.now())[0];
+        let r = self.panics.decide(&[key], cost, &[1], false, false, i.now())[0];
         Decision {
             allowed: r.took == cost,
             granted: r.took,

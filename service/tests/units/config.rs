@@ -230,6 +230,20 @@ fn the_extension_keys_algorithm_burst_and_window_ms() {
 }
 
 #[test]
+fn a_key_suffix_writes_the_window_as_format_does() {
+    let c = load(EXT).unwrap();
+    let base = (*c.get_limit("ext", &[("log", "x")]).unwrap().limit).clone();
+    for ms in [1, 9, 10, 99, 100, 1000, 1001, 86_400_000, 1 << 40, MAX_NUMBER - 1, MAX_NUMBER] {
+        let l = RateLimit { window_ms: Some(ms), unit: None, ..base.clone() };
+        assert_eq!(l.key_suffix(), format!("{ms}ms_sl"));
+    }
+    for u in [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day, Unit::Week, Unit::Month, Unit::Year] {
+        let l = RateLimit { window_ms: None, unit: Some(u), algorithm: Algorithm::FixedWindow, ..base.clone() };
+        assert_eq!(l.key_suffix(), u.seconds().to_string());
+    }
+}
+
+#[test]
 fn the_extension_keys_errors() {
     let rl = |body: &str| format!("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {{{body}}}\n");
     let cases: Vec<(String, &str)> = vec![
