@@ -69,6 +69,16 @@ pub trait Packable: Sized + Clone {
     fn unpack(_words: [u64; 2]) -> Option<Self> {
         None
     }
+    /// [`Packable::unpack`] of words of this type's compact form (a fresh
+    /// state for a type that has none), without the `Option`: a type with
+    /// a compact form overrides it with its own (total) unpack.
+    #[inline(always)]
+    fn unpack_or_default(words: [u64; 2]) -> Self
+    where
+        Self: Default,
+    {
+        Self::unpack(words).unwrap_or_default()
+    }
     /// Heap bytes the state owns beyond its own size (MEMORY USAGE).
     fn heap_bytes(&self) -> usize {
         0
@@ -93,6 +103,10 @@ impl Packable for tb::State {
     fn unpack(w: [u64; 2]) -> Option<Self> {
         Some(tb::State::unpack(w))
     }
+    #[inline(always)]
+    fn unpack_or_default(w: [u64; 2]) -> Self {
+        tb::State::unpack(w)
+    }
 }
 
 impl Packable for sc::State {
@@ -107,6 +121,10 @@ impl Packable for sc::State {
     #[inline]
     fn unpack(w: [u64; 2]) -> Option<Self> {
         Some(sc::State::unpack(w))
+    }
+    #[inline(always)]
+    fn unpack_or_default(w: [u64; 2]) -> Self {
+        sc::State::unpack(w)
     }
 }
 
@@ -123,6 +141,10 @@ impl Packable for fw::State {
     #[inline]
     fn unpack(w: [u64; 2]) -> Option<Self> {
         Some(fw::State::unpack(w))
+    }
+    #[inline(always)]
+    fn unpack_or_default(w: [u64; 2]) -> Self {
+        fw::State::unpack(w)
     }
 }
 
@@ -151,6 +173,10 @@ impl Packable for gcra::State {
     #[inline]
     fn unpack(w: [u64; 2]) -> Option<Self> {
         Some(gcra::State::unpack(w))
+    }
+    #[inline(always)]
+    fn unpack_or_default(w: [u64; 2]) -> Self {
+        gcra::State::unpack(w)
     }
 }
 
@@ -302,19 +328,20 @@ impl<T: Packable> ValueRef<'_, T> {
         }
     }
 
-    /// A copy of the state (None for NULL): [`ValueRef::with`] without
-    /// the closure, for a state read by value.
+    /// A copy of the state, a fresh one for NULL: [`ValueRef::with`] without
+    /// the closure and the `Option`s (the compact form read by
+    /// [`Packable::unpack_or_default`]).
     #[inline(always)]
-    pub fn get(self) -> Option<T>
+    pub fn get_or_default(self) -> T
     where
-        T: Copy,
+        T: Copy + Default,
     {
         // SAFETY: as in `with`.
         unsafe {
             match Value::<T>::form(self.p) {
-                Form::Null => None,
-                Form::Compact(w) => T::unpack(*w),
-                Form::Wide(b) => Some(*b),
+                Form::Null => T::default(),
+                Form::Compact(w) => T::unpack_or_default(*w),
+                Form::Wide(b) => *b,
             }
         }
     }
@@ -414,7 +441,7 @@ impl TypedKey for api::Key<'_> {
                 // SAFETY: `v` is the key's value of `T`'s registered type
                 // (checked here), laid out as `Value::create` made it for
                 // `T`, alive while the key is open.
-                Some(unsafe { ValueRef::<T>::from_raw(v) }.get().unwrap_or_default())
+                Some(unsafe { ValueRef::<T>::from_raw(v) }.get_or_default())
             }
             Contents::Module(..) | Contents::Other => None,
         }
