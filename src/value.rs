@@ -65,6 +65,19 @@ pub trait Packable: Sized + Clone {
     fn pack(&self) -> Option<[u64; 2]> {
         None
     }
+    /// [`Packable::pack`] into `out` (true when it fits; `out` is left
+    /// untouched otherwise): a type with a compact form overrides it with
+    /// its own, which writes the words without an `Option` in between.
+    #[inline(always)]
+    fn pack_to(&self, out: &mut [u64; 2]) -> bool {
+        match self.pack() {
+            Some(w) => {
+                *out = w;
+                true
+            }
+            None => false,
+        }
+    }
     /// The state behind compact words (None: this type has no compact form).
     fn unpack(_words: [u64; 2]) -> Option<Self> {
         None
@@ -98,6 +111,10 @@ impl Packable for tb::State {
     #[inline]
     fn pack(&self) -> Option<[u64; 2]> {
         tb::State::pack(self)
+    }
+    #[inline(always)]
+    fn pack_to(&self, out: &mut [u64; 2]) -> bool {
+        tb::State::pack_to(self, out)
     }
     #[inline]
     fn unpack(w: [u64; 2]) -> Option<Self> {
@@ -273,12 +290,9 @@ impl<'a, T: Packable> ValueMut<'a, T> {
         // is dropped by the assignment); both borrowed exclusively
         // (`from_raw`).
         unsafe {
-            match (Value::<T>::form(self.p), v.pack()) {
-                (Form::Compact(w), Some(new)) => {
-                    *w = new;
-                    Ok(())
-                }
-                (Form::Wide(b), None) => {
+            match Value::<T>::form(self.p) {
+                Form::Compact(w) if v.pack_to(&mut *w) => Ok(()),
+                Form::Wide(b) if v.pack().is_none() => {
                     *b = v;
                     Ok(())
                 }
