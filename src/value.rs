@@ -281,6 +281,26 @@ impl<'a, T: Packable> ValueMut<'a, T> {
         }
     }
 
+    /// [`ValueMut::overwrite`] with a state read where it lies: false
+    /// (nothing written) when the pointer's form cannot hold it.
+    #[inline(always)]
+    pub fn overwrite_copy(self, v: &T) -> bool
+    where
+        T: Copy,
+    {
+        // SAFETY: as in `overwrite`.
+        unsafe {
+            match Value::<T>::form(self.p) {
+                Form::Compact(w) => v.pack_to(&mut *w),
+                Form::Wide(b) if v.pack().is_none() => {
+                    *b = *v;
+                    true
+                }
+                _ => false,
+            }
+        }
+    }
+
     /// Replace the state in place, or hand `v` back when the pointer's form
     /// cannot hold it (the caller then sets a new value).
     #[inline(always)]
@@ -409,6 +429,9 @@ pub trait TypedKey {
     /// Store `new` in the key: in place when it already holds `T` in a form
     /// that can hold `new`, else as a new value.
     fn store<T: Packable>(&mut self, new: T) -> bool;
+    /// [`TypedKey::store`] of a state read where it lies (copied only when
+    /// it becomes a new value).
+    fn store_copy<T: Packable + Copy>(&mut self, new: &T) -> bool;
     /// Set the key to a new value holding `v`.
     fn set_new<T: Packable>(&mut self, v: T) -> bool;
 }
@@ -480,6 +503,17 @@ impl TypedKey for api::Key<'_> {
             },
         };
         self.set_new(new)
+    }
+
+    #[inline(always)]
+    fn store_copy<T: Packable + Copy>(&mut self, new: &T) -> bool {
+        // SAFETY: as in `wide_mut`.
+        if let Some(v) = unsafe { ValueMut::<T>::from_raw(ours::<T>(self)) } {
+            if v.overwrite_copy(new) {
+                return true;
+            }
+        }
+        self.set_new(*new)
     }
 
     #[inline]
