@@ -472,16 +472,16 @@ impl TypedKey for api::Key<'_> {
 
     #[inline(always)]
     fn state<T: Packable + Copy + Default>(&mut self) -> Option<T> {
-        match self.contents() {
-            Contents::Empty => Some(T::default()),
-            Contents::Module(t, v) if t == T::redis_type() && !t.is_null() && !v.is_null() => {
-                // SAFETY: `v` is the key's value of `T`'s registered type
-                // (checked here), laid out as `Value::create` made it for
-                // `T`, alive while the key is open.
-                Some(unsafe { ValueRef::<T>::from_raw(v) }.get_or_default())
-            }
-            Contents::Module(..) | Contents::Other => None,
-        }
+        // One read for both: no value (NULL) reads as a fresh state.
+        let v = match self.contents() {
+            Contents::Empty => ptr::null_mut(),
+            Contents::Module(t, v) if t == T::redis_type() && !t.is_null() && !v.is_null() => v,
+            Contents::Module(..) | Contents::Other => return None,
+        };
+        // SAFETY: `v` is NULL or the key's value of `T`'s registered type
+        // (checked here), laid out as `Value::create` made it for `T`,
+        // alive while the key is open.
+        Some(unsafe { ValueRef::<T>::from_raw(v) }.get_or_default())
     }
 
     #[inline]
