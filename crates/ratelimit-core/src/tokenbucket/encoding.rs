@@ -136,7 +136,9 @@ impl State {
     }
 
     /// [`State::unpack`] in 128-bit arithmetic throughout (any words).
-    #[inline(never)]
+    /// Inlined, though rarely run: out of line, its returned state made
+    /// `unpack`'s merge with it go through memory.
+    #[inline(always)]
     fn unpack_wide(w: [u64; 2]) -> State {
         let x = u128::from(w[0]) | (u128::from(w[1]) << 64);
         let t = low_bits(x, PACK_T_BITS);
