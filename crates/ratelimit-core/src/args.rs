@@ -523,13 +523,9 @@ impl<const N: usize> MultiCall<N> {
             if kind.len() != 11 || !eq_upper_letters(kind, b"TOKENBUCKET") {
                 return false;
             }
-            let (Some(capacity), Some(rate), Some(period_ms)) = (
-                parse_num(bytes(capacity), Arg::Capacity.min()),
-                parse_num(bytes(rate), Arg::Rate.min()),
-                parse_num(bytes(period_ms), Arg::PeriodMs.min()),
-            ) else {
-                return false;
-            };
+            let Some(capacity) = parse_num(bytes(capacity), Arg::Capacity.min()) else { return false };
+            let Some(rate) = parse_num(bytes(rate), Arg::Rate.min()) else { return false };
+            let Some(period_ms) = parse_num(bytes(period_ms), Arg::PeriodMs.min()) else { return false };
             limit.params = Params::TokenBucket(tb::Params { capacity, rate, period_ms });
         }
         true
