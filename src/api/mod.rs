@@ -273,7 +273,7 @@ impl<'a> Ctx<'a> {
         // SAFETY: a live call context and argument; the key is closed on
         // drop, within the call.
         let key = unsafe { api!(RedisModule_OpenKey)(self.raw, name.raw, mode) };
-        Key { ctx: self, key, name, ty: std::ptr::null_mut(), val: std::ptr::null_mut() }
+        Key { key, name, ty: std::ptr::null_mut(), val: std::ptr::null_mut() }
     }
 
     /// Replicate the deletion of `name` (`DEL name`): a refund made the
@@ -364,7 +364,6 @@ pub enum Contents {
 /// seen holding ([`Key::contents`]) or was given ([`Key::set_module_value`]),
 /// so that the value is read from the server once.
 pub struct Key<'a> {
-    ctx: Ctx<'a>,
     key: *mut RedisModuleKey,
     name: Str<'a>,
     /// The module type and value the key holds, NULL when none is known.
@@ -372,7 +371,7 @@ pub struct Key<'a> {
     val: *mut c_void,
 }
 
-impl Key<'_> {
+impl<'a> Key<'a> {
     /// What the key holds (remembered for [`Key::module_value`]).
     #[inline]
     pub fn contents(&mut self) -> Contents {
@@ -475,15 +474,15 @@ impl Key<'_> {
     }
 
     /// Emit the keyspace event `event` of the module class (`d` in
-    /// `notify-keyspace-events`) for this key: the server drops it at once
-    /// when nothing listens.
+    /// `notify-keyspace-events`) for this key, in the call `ctx` that
+    /// opened it: the server drops it at once when nothing listens.
     #[inline]
-    pub fn notify(&self, event: &'static CStr) {
+    pub fn notify(&self, ctx: Ctx<'a>, event: &'static CStr) {
         // SAFETY: a live call context and argument; a NUL-terminated static
         // name, which the server only reads.
         unsafe {
             api!(RedisModule_NotifyKeyspaceEvent)(
-                self.ctx.raw,
+                ctx.raw,
                 raw::REDISMODULE_NOTIFY_MODULE as c_int,
                 event.as_ptr(),
                 self.name.raw,
@@ -491,13 +490,14 @@ impl Key<'_> {
         };
     }
 
-    /// Tell Redis the key changed (WATCH, client-side caching). The module
-    /// sets NO_IMPLICIT_SIGNAL_MODIFIED so that a denied call, which opens
-    /// the key for writing but changes nothing, does not signal.
+    /// Tell Redis the key changed (WATCH, client-side caching), in the call
+    /// `ctx` that opened it. The module sets NO_IMPLICIT_SIGNAL_MODIFIED so
+    /// that a denied call, which opens the key for writing but changes
+    /// nothing, does not signal.
     #[inline]
-    pub fn signal_modified(&self) {
+    pub fn signal_modified(&self, ctx: Ctx<'a>) {
         // SAFETY: a live call context and argument.
-        unsafe { api!(RedisModule_SignalModifiedKey)(self.ctx.raw, self.name.raw) };
+        unsafe { api!(RedisModule_SignalModifiedKey)(ctx.raw, self.name.raw) };
     }
 }
 
