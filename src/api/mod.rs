@@ -181,19 +181,21 @@ impl<'a> Str<'a> {
     /// The argument's bytes.
     #[inline]
     pub fn bytes(self) -> &'a [u8] {
-        let mut len = 0usize;
+        let mut len = std::mem::MaybeUninit::<usize>::uninit();
         // SAFETY: `self.raw` is a live string (an argument of the call,
         // `run`, or an owned one), which outlives `'a`; Redis returns its
-        // buffer and length: `len` bytes at `p`, owned by it. `p` is never
-        // null: for a null string the server returns a static message, else
-        // it reads the length from the header before the buffer (sdslen:
-        // `p[-1]`) when `len` is given, as here, so a null buffer would fault
-        // in the server before returning (RM_StringPtrLen / VM_StringPtrLen
-        // on Redis 7.0 and 8.2, Valkey 8.1 and 9.1). No null test per
-        // argument on the hot path.
+        // buffer and writes its length to `len` (given, so always written:
+        // for a null string it returns a static message and its length):
+        // `len` bytes at `p`, owned by it. `p` is never null: for a null
+        // string the server returns that message, else it reads the length
+        // from the header before the buffer (sdslen: `p[-1]`) when `len` is
+        // given, as here, so a null buffer would fault in the server before
+        // returning (RM_StringPtrLen / VM_StringPtrLen on Redis 7.0 and 8.2,
+        // Valkey 8.1 and 9.1). No null test per argument on the hot path,
+        // and no store of a length the server overwrites.
         unsafe {
-            let p = api!(RedisModule_StringPtrLen)(self.raw, &mut len);
-            std::slice::from_raw_parts(p.cast::<u8>(), len)
+            let p = api!(RedisModule_StringPtrLen)(self.raw, len.as_mut_ptr());
+            std::slice::from_raw_parts(p.cast::<u8>(), len.assume_init())
         }
     }
 }
