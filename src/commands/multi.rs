@@ -402,10 +402,11 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Li
     let mut granted = true;
     for (((o, d), &name), p) in open.iter_mut().zip(per.iter_mut()).zip(names).zip(limits) {
         let mut key = ctx.open_key(name, false);
-        let taken = match p.params {
-            Params::TokenBucket(p) => first_take::<tb::State>(&mut key, &p, now, d, Taken::TokenBucket),
-            Params::SlidingCounter(p) => first_take::<sc::State>(&mut key, &p, now, d, Taken::SlidingCounter),
-            Params::FixedWindow(p) => first_take::<fw::State>(&mut key, &p, now, d, Taken::FixedWindow),
+        // The parameters read where the parser left them.
+        let taken = match &p.params {
+            Params::TokenBucket(p) => first_take::<tb::State>(&mut key, p, now, d, Taken::TokenBucket),
+            Params::SlidingCounter(p) => first_take::<sc::State>(&mut key, p, now, d, Taken::SlidingCounter),
+            Params::FixedWindow(p) => first_take::<fw::State>(&mut key, p, now, d, Taken::FixedWindow),
             // Not a word state: the general path (nothing written yet).
             Params::SlidingLog(_) => return None,
         };
