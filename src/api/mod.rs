@@ -140,18 +140,20 @@ pub(crate) use entry;
 ///
 /// # Safety
 /// `ctx` must be the context of a command call in progress and `argv` its
-/// `argc` argument strings (none when `argc` is not positive or `argv` is
-/// null), all valid for `'a`.
+/// `argc` argument strings (none when `argc` is not positive; a positive
+/// `argc` comes with the server's argument vector, never null), all valid
+/// for `'a`.
 #[inline(always)]
 pub unsafe fn call_args<'a>(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> (Ctx<'a>, &'a [Str<'a>]) {
-    let args: &[Str] = if argv.is_null() || argc <= 0 {
+    let args: &[Str] = if argc <= 0 {
         &[]
     } else {
-        // SAFETY: `argc` live arguments at `argv` (the caller's contract);
+        // SAFETY: `argc` live arguments at `argv`, not null (the caller's
+        // contract: the server passes its argument vector with its count);
         // `Str` is a transparent `*mut RedisModuleString`.
         unsafe { std::slice::from_raw_parts(argv.cast(), argc as usize) }
     };
