@@ -65,9 +65,32 @@ pub trait Packable: Sized + Clone {
     fn pack(&self) -> Option<[u64; 2]> {
         None
     }
+    /// [`Packable::pack`] into `out` (true when it fits; `out` is left
+    /// untouched otherwise): a type with a compact form overrides it with
+    /// its own, which writes the words without an `Option` in between.
+    #[inline(always)]
+    fn pack_to(&self, out: &mut [u64; 2]) -> bool {
+        match self.pack() {
+            Some(w) => {
+                *out = w;
+                true
+            }
+            None => false,
+        }
+    }
     /// The state behind compact words (None: this type has no compact form).
     fn unpack(_words: [u64; 2]) -> Option<Self> {
         None
+    }
+    /// [`Packable::unpack`] of words of this type's compact form (a fresh
+    /// state for a type that has none), without the `Option`: a type with
+    /// a compact form overrides it with its own (total) unpack.
+    #[inline(always)]
+    fn unpack_or_default(words: [u64; 2]) -> Self
+    where
+        Self: Default,
+    {
+        Self::unpack(words).unwrap_or_default()
     }
     /// Heap bytes the state owns beyond its own size (MEMORY USAGE).
     fn heap_bytes(&self) -> usize {
@@ -89,9 +112,17 @@ impl Packable for tb::State {
     fn pack(&self) -> Option<[u64; 2]> {
         tb::State::pack(self)
     }
+    #[inline(always)]
+    fn pack_to(&self, out: &mut [u64; 2]) -> bool {
+        tb::State::pack_to(self, out)
+    }
     #[inline]
     fn unpack(w: [u64; 2]) -> Option<Self> {
         Some(tb::State::unpack(w))
+    }
+    #[inline(always)]
+    fn unpack_or_default(w: [u64; 2]) -> Self {
+        tb::State::unpack(w)
     }
 }
 
@@ -108,6 +139,10 @@ impl Packable for sc::State {
     fn unpack(w: [u64; 2]) -> Option<Self> {
         Some(sc::State::unpack(w))
     }
+    #[inline(always)]
+    fn unpack_or_default(w: [u64; 2]) -> Self {
+        sc::State::unpack(w)
+    }
 }
 
 /// A fixed window is always compact: its two words are the state.
@@ -123,6 +158,10 @@ impl Packable for fw::State {
     #[inline]
     fn unpack(w: [u64; 2]) -> Option<Self> {
         Some(fw::State::unpack(w))
+    }
+    #[inline(always)]
+    fn unpack_or_default(w: [u64; 2]) -> Self {
+        fw::State::unpack(w)
     }
 }
 
@@ -151,6 +190,10 @@ impl Packable for gcra::State {
     #[inline]
     fn unpack(w: [u64; 2]) -> Option<Self> {
         Some(gcra::State::unpack(w))
+    }
+    #[inline(always)]
+    fn unpack_or_default(w: [u64; 2]) -> Self {
+        gcra::State::unpack(w)
     }
 }
 
@@ -238,6 +281,26 @@ impl<'a, T: Packable> ValueMut<'a, T> {
         }
     }
 
+    /// [`ValueMut::overwrite`] with a state read where it lies: false
+    /// (nothing written) when the pointer's form cannot hold it.
+    #[inline(always)]
+    pub fn overwrite_copy(self, v: &T) -> bool
+    where
+        T: Copy,
+    {
+        // SAFETY: as in `overwrite`.
+        unsafe {
+            match Value::<T>::form(self.p) {
+                Form::Compact(w) => v.pack_to(&mut *w),
+                Form::Wide(b) if v.pack().is_none() => {
+                    *b = *v;
+                    true
+                }
+                _ => false,
+            }
+        }
+    }
+
     /// Replace the state in place, or hand `v` back when the pointer's form
     /// cannot hold it (the caller then sets a new value).
     #[inline(always)]
@@ -247,12 +310,9 @@ impl<'a, T: Packable> ValueMut<'a, T> {
         // is dropped by the assignment); both borrowed exclusively
         // (`from_raw`).
         unsafe {
-            match (Value::<T>::form(self.p), v.pack()) {
-                (Form::Compact(w), Some(new)) => {
-                    *w = new;
-                    Ok(())
-                }
-                (Form::Wide(b), None) => {
+            match Value::<T>::form(self.p) {
+                Form::Compact(w) if v.pack_to(&mut *w) => Ok(()),
+                Form::Wide(b) if v.pack().is_none() => {
                     *b = v;
                     Ok(())
                 }
@@ -302,19 +362,20 @@ impl<T: Packable> ValueRef<'_, T> {
         }
     }
 
-    /// A copy of the state (None for NULL): [`ValueRef::with`] without
-    /// the closure, for a state read by value.
+    /// A copy of the state, a fresh one for NULL: [`ValueRef::with`] without
+    /// the closure and the `Option`s (the compact form read by
+    /// [`Packable::unpack_or_default`]).
     #[inline(always)]
-    pub fn get(self) -> Option<T>
+    pub fn get_or_default(self) -> T
     where
-        T: Copy,
+        T: Copy + Default,
     {
         // SAFETY: as in `with`.
         unsafe {
             match Value::<T>::form(self.p) {
-                Form::Null => None,
-                Form::Compact(w) => T::unpack(*w),
-                Form::Wide(b) => Some(*b),
+                Form::Null => T::default(),
+                Form::Compact(w) => T::unpack_or_default(*w),
+                Form::Wide(b) => *b,
             }
         }
     }
@@ -368,6 +429,9 @@ pub trait TypedKey {
     /// Store `new` in the key: in place when it already holds `T` in a form
     /// that can hold `new`, else as a new value.
     fn store<T: Packable>(&mut self, new: T) -> bool;
+    /// [`TypedKey::store`] of a state read where it lies (copied only when
+    /// it becomes a new value).
+    fn store_copy<T: Packable + Copy>(&mut self, new: &T) -> bool;
     /// Set the key to a new value holding `v`.
     fn set_new<T: Packable>(&mut self, v: T) -> bool;
 }
@@ -408,16 +472,16 @@ impl TypedKey for api::Key<'_> {
 
     #[inline(always)]
     fn state<T: Packable + Copy + Default>(&mut self) -> Option<T> {
-        match self.contents() {
-            Contents::Empty => Some(T::default()),
-            Contents::Module(t, v) if t == T::redis_type() && !t.is_null() && !v.is_null() => {
-                // SAFETY: `v` is the key's value of `T`'s registered type
-                // (checked here), laid out as `Value::create` made it for
-                // `T`, alive while the key is open.
-                Some(unsafe { ValueRef::<T>::from_raw(v) }.get().unwrap_or_default())
-            }
-            Contents::Module(..) | Contents::Other => None,
-        }
+        // One read for both: no value (NULL) reads as a fresh state.
+        let v = match self.contents() {
+            Contents::Empty => ptr::null_mut(),
+            Contents::Module(t, v) if t == T::redis_type() && !t.is_null() && !v.is_null() => v,
+            Contents::Module(..) | Contents::Other => return None,
+        };
+        // SAFETY: `v` is NULL or the key's value of `T`'s registered type
+        // (checked here), laid out as `Value::create` made it for `T`,
+        // alive while the key is open.
+        Some(unsafe { ValueRef::<T>::from_raw(v) }.get_or_default())
     }
 
     #[inline]
@@ -439,6 +503,17 @@ impl TypedKey for api::Key<'_> {
             },
         };
         self.set_new(new)
+    }
+
+    #[inline(always)]
+    fn store_copy<T: Packable + Copy>(&mut self, new: &T) -> bool {
+        // SAFETY: as in `wide_mut`.
+        if let Some(v) = unsafe { ValueMut::<T>::from_raw(ours::<T>(self)) } {
+            if v.overwrite_copy(new) {
+                return true;
+            }
+        }
+        self.set_new(*new)
     }
 
     #[inline]

@@ -140,18 +140,20 @@ pub(crate) use entry;
 ///
 /// # Safety
 /// `ctx` must be the context of a command call in progress and `argv` its
-/// `argc` argument strings (none when `argc` is not positive or `argv` is
-/// null), all valid for `'a`.
+/// `argc` argument strings (none when `argc` is not positive; a positive
+/// `argc` comes with the server's argument vector, never null), all valid
+/// for `'a`.
 #[inline(always)]
 pub unsafe fn call_args<'a>(
     ctx: *mut RedisModuleCtx,
     argv: *mut *mut RedisModuleString,
     argc: c_int,
 ) -> (Ctx<'a>, &'a [Str<'a>]) {
-    let args: &[Str] = if argv.is_null() || argc <= 0 {
+    let args: &[Str] = if argc <= 0 {
         &[]
     } else {
-        // SAFETY: `argc` live arguments at `argv` (the caller's contract);
+        // SAFETY: `argc` live arguments at `argv`, not null (the caller's
+        // contract: the server passes its argument vector with its count);
         // `Str` is a transparent `*mut RedisModuleString`.
         unsafe { std::slice::from_raw_parts(argv.cast(), argc as usize) }
     };
@@ -181,19 +183,21 @@ impl<'a> Str<'a> {
     /// The argument's bytes.
     #[inline]
     pub fn bytes(self) -> &'a [u8] {
-        let mut len = 0usize;
+        let mut len = std::mem::MaybeUninit::<usize>::uninit();
         // SAFETY: `self.raw` is a live string (an argument of the call,
         // `run`, or an owned one), which outlives `'a`; Redis returns its
-        // buffer and length: `len` bytes at `p`, owned by it. `p` is never
-        // null: for a null string the server returns a static message, else
-        // it reads the length from the header before the buffer (sdslen:
-        // `p[-1]`) when `len` is given, as here, so a null buffer would fault
-        // in the server before returning (RM_StringPtrLen / VM_StringPtrLen
-        // on Redis 7.0 and 8.2, Valkey 8.1 and 9.1). No null test per
-        // argument on the hot path.
+        // buffer and writes its length to `len` (given, so always written:
+        // for a null string it returns a static message and its length):
+        // `len` bytes at `p`, owned by it. `p` is never null: for a null
+        // string the server returns that message, else it reads the length
+        // from the header before the buffer (sdslen: `p[-1]`) when `len` is
+        // given, as here, so a null buffer would fault in the server before
+        // returning (RM_StringPtrLen / VM_StringPtrLen on Redis 7.0 and 8.2,
+        // Valkey 8.1 and 9.1). No null test per argument on the hot path,
+        // and no store of a length the server overwrites.
         unsafe {
-            let p = api!(RedisModule_StringPtrLen)(self.raw, &mut len);
-            std::slice::from_raw_parts(p.cast::<u8>(), len)
+            let p = api!(RedisModule_StringPtrLen)(self.raw, len.as_mut_ptr());
+            std::slice::from_raw_parts(p.cast::<u8>(), len.assume_init())
         }
     }
 }
@@ -273,7 +277,7 @@ impl<'a> Ctx<'a> {
         // SAFETY: a live call context and argument; the key is closed on
         // drop, within the call.
         let key = unsafe { api!(RedisModule_OpenKey)(self.raw, name.raw, mode) };
-        Key { ctx: self, key, name, ty: std::ptr::null_mut(), val: std::ptr::null_mut() }
+        Key { key, name, ty: std::ptr::null_mut(), val: std::ptr::null_mut() }
     }
 
     /// Replicate the deletion of `name` (`DEL name`): a refund made the
@@ -364,7 +368,6 @@ pub enum Contents {
 /// seen holding ([`Key::contents`]) or was given ([`Key::set_module_value`]),
 /// so that the value is read from the server once.
 pub struct Key<'a> {
-    ctx: Ctx<'a>,
     key: *mut RedisModuleKey,
     name: Str<'a>,
     /// The module type and value the key holds, NULL when none is known.
@@ -372,7 +375,7 @@ pub struct Key<'a> {
     val: *mut c_void,
 }
 
-impl Key<'_> {
+impl<'a> Key<'a> {
     /// What the key holds (remembered for [`Key::module_value`]).
     #[inline]
     pub fn contents(&mut self) -> Contents {
@@ -381,16 +384,19 @@ impl Key<'_> {
         if self.key.is_null() {
             return Contents::Empty;
         }
-        // SAFETY: an open key of a live call (the three calls).
+        // SAFETY: an open key of a live call (the calls below). The module
+        // type is asked first: the server answers NULL for a key that holds
+        // no module value (empty, or a value of another kind: it checks the
+        // key's type itself, in RM_ModuleTypeGetType / VM_ModuleTypeGetType
+        // of Redis 7.0 and 8.2, Valkey 8.1 and 9.1), so the common key, a
+        // module value, costs no separate KeyType call.
         unsafe {
-            let kt = api!(RedisModule_KeyType)(self.key);
-            if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY {
-                return Contents::Empty;
+            let ty = api!(RedisModule_ModuleTypeGetType)(self.key);
+            if ty.is_null() {
+                let kt = api!(RedisModule_KeyType)(self.key);
+                return if kt as isize == raw::REDISMODULE_KEYTYPE_EMPTY { Contents::Empty } else { Contents::Other };
             }
-            if kt as isize != raw::REDISMODULE_KEYTYPE_MODULE {
-                return Contents::Other;
-            }
-            self.ty = api!(RedisModule_ModuleTypeGetType)(self.key);
+            self.ty = ty;
             self.val = api!(RedisModule_ModuleTypeGetValue)(self.key);
         }
         Contents::Module(self.ty, self.val)
@@ -472,15 +478,15 @@ impl Key<'_> {
     }
 
     /// Emit the keyspace event `event` of the module class (`d` in
-    /// `notify-keyspace-events`) for this key: the server drops it at once
-    /// when nothing listens.
+    /// `notify-keyspace-events`) for this key, in the call `ctx` that
+    /// opened it: the server drops it at once when nothing listens.
     #[inline]
-    pub fn notify(&self, event: &'static CStr) {
+    pub fn notify(&self, ctx: Ctx<'a>, event: &'static CStr) {
         // SAFETY: a live call context and argument; a NUL-terminated static
         // name, which the server only reads.
         unsafe {
             api!(RedisModule_NotifyKeyspaceEvent)(
-                self.ctx.raw,
+                ctx.raw,
                 raw::REDISMODULE_NOTIFY_MODULE as c_int,
                 event.as_ptr(),
                 self.name.raw,
@@ -488,13 +494,14 @@ impl Key<'_> {
         };
     }
 
-    /// Tell Redis the key changed (WATCH, client-side caching). The module
-    /// sets NO_IMPLICIT_SIGNAL_MODIFIED so that a denied call, which opens
-    /// the key for writing but changes nothing, does not signal.
+    /// Tell Redis the key changed (WATCH, client-side caching), in the call
+    /// `ctx` that opened it. The module sets NO_IMPLICIT_SIGNAL_MODIFIED so
+    /// that a denied call, which opens the key for writing but changes
+    /// nothing, does not signal.
     #[inline]
-    pub fn signal_modified(&self) {
+    pub fn signal_modified(&self, ctx: Ctx<'a>) {
         // SAFETY: a live call context and argument.
-        unsafe { api!(RedisModule_SignalModifiedKey)(self.ctx.raw, self.name.raw) };
+        unsafe { api!(RedisModule_SignalModifiedKey)(ctx.raw, self.name.raw) };
     }
 }
 

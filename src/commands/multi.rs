@@ -341,14 +341,14 @@ fn store_taken<'a, T: WordLimiter>(
     name: Str<'a>,
     now: u64,
     reset: u64,
-    s: T,
+    s: &T,
     e: &mut Effects,
 ) -> bool {
     if reset == 0 {
         delete(ctx, key, name);
         return true;
     }
-    if !key.store(s) {
+    if !key.store_copy(s) {
         return false;
     }
     commit(ctx, key, name, now, reset, e, move |abs| s.effect(abs));
@@ -402,10 +402,11 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Li
     let mut granted = true;
     for (((o, d), &name), p) in open.iter_mut().zip(per.iter_mut()).zip(names).zip(limits) {
         let mut key = ctx.open_key(name, false);
-        let taken = match p.params {
-            Params::TokenBucket(p) => first_take::<tb::State>(&mut key, &p, now, d, Taken::TokenBucket),
-            Params::SlidingCounter(p) => first_take::<sc::State>(&mut key, &p, now, d, Taken::SlidingCounter),
-            Params::FixedWindow(p) => first_take::<fw::State>(&mut key, &p, now, d, Taken::FixedWindow),
+        // The parameters read where the parser left them.
+        let taken = match &p.params {
+            Params::TokenBucket(p) => first_take::<tb::State>(&mut key, p, now, d, Taken::TokenBucket),
+            Params::SlidingCounter(p) => first_take::<sc::State>(&mut key, p, now, d, Taken::SlidingCounter),
+            Params::FixedWindow(p) => first_take::<fw::State>(&mut key, p, now, d, Taken::FixedWindow),
             // Not a word state: the general path (nothing written yet).
             Params::SlidingLog(_) => return None,
         };
@@ -429,7 +430,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Li
         for ((o, d), &name) in open.iter_mut().zip(&per).zip(names) {
             let Some((key, taken)) = o else { continue };
             let r = d.reset_after_ms;
-            stored &= match *taken {
+            stored &= match taken {
                 Taken::TokenBucket(s) => store_taken(ctx, key, name, now, r, s, e),
                 Taken::SlidingCounter(s) => store_taken(ctx, key, name, now, r, s, e),
                 Taken::FixedWindow(s) => store_taken(ctx, key, name, now, r, s, e),

@@ -506,6 +506,31 @@ impl<const N: usize> MultiCall<N> {
         MultiCall { n: 0, limits: [blank; N], cost: 1, partial: false, dryrun: false, refund: 0, plain: true }
     }
 
+    /// The branch of [`MultiCall::parse`] for `n = self.n ≤ N` plain
+    /// token buckets in `args` (`5n + 1` of them): true when every limit
+    /// is `TOKENBUCKET capacity rate period_ms` with numbers in range,
+    /// each then in `limits` (weight 1, no option: the fresh call's);
+    /// false (some limits written, which the loop writes again) otherwise.
+    #[inline(always)]
+    fn plain_buckets<'a, A: Copy>(&mut self, args: &[A], bytes: impl Fn(A) -> &'a [u8] + Copy) -> bool {
+        use crate::{multi::Params, tokenbucket as tb};
+        let (Some(words), Some(limits)) = (args.get(1 + self.n..), self.limits.get_mut(..self.n)) else {
+            return false;
+        };
+        for (limit, w) in limits.iter_mut().zip(words.chunks_exact(4)) {
+            let &[kind, capacity, rate, period_ms] = w else { return false };
+            let kind = bytes(kind);
+            if kind.len() != 11 || !eq_upper_letters(kind, b"TOKENBUCKET") {
+                return false;
+            }
+            let Some(capacity) = parse_num(bytes(capacity), Arg::Capacity.min()) else { return false };
+            let Some(rate) = parse_num(bytes(rate), Arg::Rate.min()) else { return false };
+            let Some(period_ms) = parse_num(bytes(period_ms), Arg::PeriodMs.min()) else { return false };
+            limit.params = Params::TokenBucket(tb::Params { capacity, rate, period_ms });
+        }
+        true
+    }
+
     /// [`parse_multi_n`] into this fresh call ([`MultiCall::new`]), in place:
     /// the one parser of RL.MULTI.
     #[inline(always)]
@@ -522,6 +547,15 @@ impl<const N: usize> MultiCall<N> {
             .ok_or(ArgError::Number(Arg::NumKeys))?;
         let call = self;
         call.n = n;
+        // The commonest call, `n` token buckets and nothing else (`5n + 1`
+        // arguments here), read limit by limit at their fixed places, with
+        // no look for WEIGHT, FROMFIRST or options between them: the same
+        // call as the loop below makes of it. Anything else this meets (a
+        // word that is not TOKENBUCKET, a number out of range) is left to
+        // the loop, from the start, for its error.
+        if args.len() == 1 + 5 * n && n <= N && call.plain_buckets(args, bytes) {
+            return Ok(());
+        }
         let mut past_n =
             LimitSpec { params: Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }), weight: 1 };
         // `at` indexes `args`; `next` is the word there, read ahead once.

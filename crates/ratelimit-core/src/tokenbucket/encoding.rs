@@ -49,28 +49,45 @@ impl State {
     /// `pack_paths_agree`).
     #[inline]
     pub fn pack(&self) -> Option<[u64; 2]> {
-        let t = self.last_us.checked_sub(PACK_EPOCH_US)?;
+        let mut w = [0; 2];
+        self.pack_to(&mut w).then_some(w)
+    }
+
+    /// [`State::pack`] into `out`: true when the state fits the compact
+    /// form and `out` holds its words, false (`out` untouched) when it does
+    /// not. The store of a compact value writes its words here, in place,
+    /// without passing them through an `Option`.
+    #[inline]
+    pub fn pack_to(&self, out: &mut [u64; 2]) -> bool {
+        let Some(t) = self.last_us.checked_sub(PACK_EPOCH_US) else { return false };
         // `den` a nonzero whole number of ms (one division: `period` is 0
         // for a `den` below 1000, and `period × 1000` is `den` only for a
         // multiple of 1000).
         let period = self.den / 1000;
         if t >> PACK_T_BITS != 0 || period == 0 || period * 1000 != self.den || self.frac >= self.den {
-            return None;
+            return false;
         }
         let pb = bit_len(period); // 1..=54
         let low = pb + bit_len(self.den); // period and frac
         if low > 64 {
-            return self.pack_wide(t, period, pb);
+            return match self.pack_wide(t, period, pb) {
+                Some(w) => {
+                    *out = w;
+                    true
+                }
+                None => false,
+            };
         }
         // `tokens` fits in the bits above `57 + low`.
         if bit_len(self.tokens) + low > u128::BITS - PACK_HEAD_BITS {
-            return None;
+            return false;
         }
         // frac < den < 2^(low − pb): `frac << pb | period` fits in 64 bits;
         // `tokens << low` in 71 (the check above).
         let y = u128::from(self.tokens) << low | u128::from(self.frac << pb | period);
         let head = t | u64::from(pb) << PACK_T_BITS;
-        Some([head | (y as u64) << PACK_HEAD_BITS, (y >> (64 - PACK_HEAD_BITS)) as u64])
+        *out = [head | (y as u64) << PACK_HEAD_BITS, (y >> (64 - PACK_HEAD_BITS)) as u64];
+        true
     }
 
     /// [`State::pack`] of a state whose `period` and `frac` take more than
@@ -119,7 +136,9 @@ impl State {
     }
 
     /// [`State::unpack`] in 128-bit arithmetic throughout (any words).
-    #[inline(never)]
+    /// Inlined, though rarely run: out of line, its returned state made
+    /// `unpack`'s merge with it go through memory.
+    #[inline(always)]
     fn unpack_wide(w: [u64; 2]) -> State {
         let x = u128::from(w[0]) | (u128::from(w[1]) << 64);
         let t = low_bits(x, PACK_T_BITS);

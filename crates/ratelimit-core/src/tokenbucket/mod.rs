@@ -385,8 +385,10 @@ pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) ->
     }
 }
 
-/// [`step`] counted in `u128` (a full bucket beyond 64 bits).
-#[inline(never)]
+/// [`step`] counted in `u128` (a full bucket beyond 64 bits). Inlined
+/// too, though rarely run: out of line, its returned pair made the
+/// narrow path's decision and state merge with it through memory.
+#[inline(always)]
 fn step_wide(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
     let den = ms_to_us(p.period_ms).max(1);
     Lv::at(state, p, den, u128::from(p.capacity) * u128::from(den), now_us).step(cost, partial)
