@@ -356,6 +356,66 @@ fn fast_word_compare_and_sized_parse_agree_with_the_plain_ones() {
     assert_eq!(parse_multi(&v).map(|c| c.n), Ok(3));
 }
 
+/// Calls of `5n + 1` arguments that are not n plain token buckets: the
+/// parser's branch for those reads the plain limits in front, then hands
+/// the call on to the loop at the first limit that is not one (or answers a
+/// bucket's number out of range itself), and the result is the loop's.
+#[test]
+fn plain_bucket_branch_hands_on_what_it_does_not_read() {
+    use ArgError::*;
+    let tb = |capacity, rate, period_ms| LimitSpec {
+        params: Params::TokenBucket(crate::tokenbucket::Params { capacity, rate, period_ms }),
+        weight: 1,
+    };
+    // A fixed window with FROMFIRST takes four words, as a bucket does.
+    let c = m("2 a b TOKENBUCKET 10 1 1000 FIXEDWINDOW 5 1000 FROMFIRST").unwrap();
+    let fw = Params::FixedWindow(crate::fixedwindow::Params { limit: 5, window_ms: 1000, from_first: true });
+    assert_eq!((c.limits[0], c.limits[1], c.plain), (tb(10, 1, 1000), LimitSpec { params: fw, weight: 1 }, true));
+    let c = m("2 a b FIXEDWINDOW 5 1000 FROMFIRST TOKENBUCKET 10 1 1000").unwrap();
+    assert_eq!((c.limits[0].kind(), c.limits[1], c.plain), (Kind::FixedWindow, tb(10, 1, 1000), true));
+    // The bucket in front keeps its WEIGHT when the next word is one.
+    let c = m("2 a b TOKENBUCKET 10 1 1000 WEIGHT 2 SLIDINGLOG 5 1").unwrap();
+    assert_eq!((c.limits[0].weight, c.limits[1].kind(), c.plain), (2, Kind::SlidingLog, false));
+    let c = m("3 a b c TOKENBUCKET 1 1 1 TOKENBUCKET 2 2 2 SLIDINGCOUNTER 3 3 DRYRUN").unwrap();
+    assert_eq!((c.limits[1], c.limits[2].kind(), c.dryrun, c.plain), (tb(2, 2, 2), Kind::SlidingCounter, true, false));
+    let cases: &[(&str, ArgError)] = &[
+        ("2 a b TOKENBUCKET 10 1 1000 WEIGHT 2 TOKENBUCKET 10 1", Syntax),
+        ("2 a b TOKENBUCKET 10 x 1000 TOKENBUCKET 10 1 1000", Number(Arg::Rate)),
+        ("2 a b TOKENBUCKET 10 1 1000 TOKENBUCKET 0 1 1000", Number(Arg::Capacity)),
+        ("2 a b TOKENBUCKET 10 1 1000 TOKENBUCKET 1 1 0", Number(Arg::PeriodMs)),
+        ("2 a b TOKENBUCKET 1 1 1 COST 1 TOKENBUCKET 1 1", LimitCount),
+        ("2 a b TOKENBUCKET 1 1 1 LEAKY 1 1 1", Syntax),
+        ("2 a b TOKENBUCKET 1 1 1 WEIGHT 0 SLIDINGLOG 1", Number(Arg::Weight)),
+    ];
+    for (args, want) in cases {
+        assert_eq!(m(args), Err(*want), "{args}");
+        let v: Vec<&[u8]> = args.split(' ').map(str::as_bytes).collect();
+        assert_eq!(parse_multi_n::<&[u8], 2>(&v, |a| a).map(|c| c.n), Err(*want), "{args}");
+    }
+    // Each argument is read once, but the word where the branch hands the
+    // call on (read again by the loop, to tell its kind): counted through
+    // the parser's `bytes`, by position.
+    for (args, handed_on) in [
+        ("2 a b TOKENBUCKET 10 1 1000 FIXEDWINDOW 5 1000 FROMFIRST", Some(7)),
+        ("2 a b TOKENBUCKET 10 1 1000 WEIGHT 2 TOKENBUCKET 10 1", Some(7)),
+        ("2 a b TOKENBUCKET 10 1 1000 TOKENBUCKET 0 1 1000", None),
+        ("2 a b TOKENBUCKET 10 1 1000 TOKENBUCKET 10 1 1000", None),
+        ("3 a b c TOKENBUCKET 1 1 1 TOKENBUCKET 2 2 2 SLIDINGCOUNTER 3 3 DRYRUN", Some(12)),
+    ] {
+        let v: Vec<&[u8]> = args.split(' ').map(str::as_bytes).collect();
+        let reads = std::cell::RefCell::new(vec![0u32; v.len()]);
+        let idx: Vec<usize> = (0..v.len()).collect();
+        let _ = parse_multi_n::<usize, 4>(&idx, |i| {
+            reads.borrow_mut()[i] += 1;
+            v[i]
+        });
+        for (i, &r) in reads.borrow().iter().enumerate() {
+            let most = if Some(i) == handed_on { 2 } else { 1 };
+            assert!(r <= most, "{args}: argument {i} ({:?}) read {r} times", std::str::from_utf8(v[i]));
+        }
+    }
+}
+
 #[test]
 fn multi_errors() {
     use ArgError::*;
