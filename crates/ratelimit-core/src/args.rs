@@ -617,7 +617,8 @@ impl<const N: usize> MultiCall<N> {
     /// The rest of [`MultiCall::parse`]: limits `start..n` (`n` read, the
     /// limits before `start` plain token buckets read by
     /// [`MultiCall::plain_buckets`]), each with its WEIGHT and FROMFIRST,
-    /// then the options. Out of line: the plain call does not come here.
+    /// then the options. (Inlined: out of line it cost the plain call 10
+    /// instructions more, callgrind, Valkey 9.1.)
     #[inline(always)]
     fn parse_from<'a, A: Copy>(
         &mut self,
