@@ -473,12 +473,6 @@ fn word_at<'a, A: Copy>(args: &[A], bytes: impl Fn(A) -> &'a [u8], i: usize) -> 
     args.get(i).map(|&a| bytes(a))
 }
 
-/// [`MultiCall::plain_buckets`]'s answers for a token bucket's number out
-/// of range (above any count of limits).
-const BAD_CAPACITY: usize = usize::MAX;
-const BAD_RATE: usize = usize::MAX - 1;
-const BAD_PERIOD: usize = usize::MAX - 2;
-
 /// What may follow one limit of RL.MULTI, `next` at `at` (the word there):
 /// its `WEIGHT w` (the call is then not `plain`), then a fixed window's
 /// `FROMFIRST`; `at` and `next` move past them.
@@ -544,37 +538,39 @@ impl<const N: usize> MultiCall<N> {
 
     /// The branch of [`MultiCall::parse`] for `n = self.n ≤ N` plain
     /// token buckets in `args` (`5n + 1` of them): each limit's four words
-    /// at their fixed places. `k ≤ n`: the first `k` limits are
+    /// at their fixed places. Ok(k), `k ≤ n`: the first `k` limits are
     /// `TOKENBUCKET capacity rate period_ms` with numbers in range, each
     /// then in `limits` (weight 1, no option: the fresh call's), and limit
     /// `k` (when `k < n`) does not start with `TOKENBUCKET`: the loop goes
-    /// on from there. [`BAD_CAPACITY`], [`BAD_RATE`] or [`BAD_PERIOD`]: a
-    /// limit is a token bucket with that number out of range, the loop's
-    /// error for the call (every limit before it took four words, so the
-    /// loop would meet the same number first). One word, not a `Result`:
-    /// the commonest call returns in one register (21 instructions per
-    /// two-limit call on Valkey 9.1, callgrind).
+    /// on from there. Err: a limit is a token bucket with a number out of
+    /// range, the loop's error for the call (every limit before it took
+    /// four words, so the loop would meet the same number first).
     #[inline(always)]
-    fn plain_buckets<'a, A: Copy>(&mut self, args: &[A], bytes: impl Fn(A) -> &'a [u8] + Copy) -> usize {
+    fn plain_buckets<'a, A: Copy>(&mut self, args: &[A], bytes: impl Fn(A) -> &'a [u8] + Copy) -> Result<usize, ArgError> {
         use crate::{multi::Params, tokenbucket as tb};
         let (Some(words), Some(limits)) = (args.get(1 + self.n..), self.limits.get_mut(..self.n)) else {
-            return 0;
+            return Ok(0);
         };
         let n = self.n;
+        let bad = ArgError::Number;
         let mut each = limits.iter_mut().zip(words.chunks_exact(4));
         while let Some((limit, w)) = each.next() {
-            // (this limit's index, counted only when it is needed)
-            let &[kind, capacity, rate, period_ms] = w else { return n - 1 - each.len() };
+            // This limit's index is counted only when it is needed: a
+            // counter kept in the loop cost 17 instructions per two-limit
+            // call (callgrind, Valkey 9.1).
+            let &[kind, capacity, rate, period_ms] = w else { return Ok(n - 1 - each.len()) };
             let kind = bytes(kind);
             if kind.len() != 11 || !eq_upper_letters(kind, b"TOKENBUCKET") {
-                return n - 1 - each.len();
+                return Ok(n - 1 - each.len());
             }
-            let Some(capacity) = parse_num(bytes(capacity), Arg::Capacity.min()) else { return BAD_CAPACITY };
-            let Some(rate) = parse_num(bytes(rate), Arg::Rate.min()) else { return BAD_RATE };
-            let Some(period_ms) = parse_num(bytes(period_ms), Arg::PeriodMs.min()) else { return BAD_PERIOD };
+            let Some(capacity) = parse_num(bytes(capacity), Arg::Capacity.min()) else { return Err(bad(Arg::Capacity)) };
+            let Some(rate) = parse_num(bytes(rate), Arg::Rate.min()) else { return Err(bad(Arg::Rate)) };
+            let Some(period_ms) = parse_num(bytes(period_ms), Arg::PeriodMs.min()) else {
+                return Err(bad(Arg::PeriodMs));
+            };
             limit.params = Params::TokenBucket(tb::Params { capacity, rate, period_ms });
         }
-        n
+        Ok(n)
     }
 
     /// [`parse_multi_n`] into this fresh call ([`MultiCall::new`]), in place:
@@ -600,15 +596,9 @@ impl<const N: usize> MultiCall<N> {
         // limit's first word, told apart again).
         let mut start = 0;
         if args.len() == 1 + 5 * n && n <= N {
-            start = call.plain_buckets(args, bytes);
+            start = call.plain_buckets(args, bytes)?;
             if start == n {
                 return Ok(());
-            }
-            match start {
-                BAD_CAPACITY => return Err(ArgError::Number(Arg::Capacity)),
-                BAD_RATE => return Err(ArgError::Number(Arg::Rate)),
-                BAD_PERIOD => return Err(ArgError::Number(Arg::PeriodMs)),
-                _ => {}
             }
         }
         call.parse_from(args, bytes, start)
