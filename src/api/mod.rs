@@ -477,14 +477,19 @@ impl<'a> Key<'a> {
         !self.key.is_null() && unsafe { api!(RedisModule_DeleteKey)(self.key) } == OK
     }
 
-    /// Emit the keyspace event `event` of the module class (`d` in
-    /// `notify-keyspace-events`) for this key, in the call `ctx` that
-    /// opened it: the server drops it at once when nothing listens.
+    /// The key was written: tell Redis it changed (WATCH, client-side
+    /// caching), then emit the keyspace event `event` of the module class
+    /// (`d` in `notify-keyspace-events`; the server drops it at once when
+    /// nothing listens), both in the call `ctx` that opened it. Every write
+    /// does both, and only a write: the module sets
+    /// NO_IMPLICIT_SIGNAL_MODIFIED so that a denied call, which opens the
+    /// key for writing but changes nothing, neither signals nor notifies.
     #[inline]
-    pub fn notify(&self, ctx: Ctx<'a>, event: &'static CStr) {
+    pub fn modified(&self, ctx: Ctx<'a>, event: &'static CStr) {
         // SAFETY: a live call context and argument; a NUL-terminated static
         // name, which the server only reads.
         unsafe {
+            api!(RedisModule_SignalModifiedKey)(ctx.raw, self.name.raw);
             api!(RedisModule_NotifyKeyspaceEvent)(
                 ctx.raw,
                 raw::REDISMODULE_NOTIFY_MODULE as c_int,
@@ -492,16 +497,6 @@ impl<'a> Key<'a> {
                 self.name.raw,
             )
         };
-    }
-
-    /// Tell Redis the key changed (WATCH, client-side caching), in the call
-    /// `ctx` that opened it. The module sets NO_IMPLICIT_SIGNAL_MODIFIED so
-    /// that a denied call, which opens the key for writing but changes
-    /// nothing, does not signal.
-    #[inline]
-    pub fn signal_modified(&self, ctx: Ctx<'a>) {
-        // SAFETY: a live call context and argument.
-        unsafe { api!(RedisModule_SignalModifiedKey)(ctx.raw, self.name.raw) };
     }
 }
 

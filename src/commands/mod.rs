@@ -112,8 +112,7 @@ pub(super) fn commit<'a, P: AsRef<[u8]>>(
 ) {
     let abs = abs_expiry(now_us, reset_ms);
     key.set_abs_expire(abs);
-    key.signal_modified(ctx);
-    key.notify(ctx, effects.event);
+    key.modified(ctx, effects.event);
     if *effects.listen.get_or_insert_with(listeners::must_replicate) {
         ctx.replicate_state(name, payload(abs).as_ref());
     } else if !effects.verbatim {
@@ -183,8 +182,7 @@ pub(super) fn write<'a, P: AsRef<[u8]>>(
 #[inline]
 pub(super) fn delete<'a>(ctx: Ctx<'a>, key: &mut Key<'a>, name: Str<'a>) {
     if key.delete() {
-        key.signal_modified(ctx);
-        key.notify(ctx, REFUND_EVENT);
+        key.modified(ctx, REFUND_EVENT);
         ctx.replicate_del(name);
     }
 }

@@ -80,8 +80,7 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
             } else {
                 key.set_abs_expire(abs);
             }
-            key.signal_modified(ctx);
-            key.notify(ctx, event);
+            key.modified(ctx, event);
             drop(key);
             ctx.replicate_verbatim();
             ctx.reply_simple(c"OK")

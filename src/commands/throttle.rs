@@ -74,8 +74,7 @@ pub fn throttle(ctx: Ctx, argv: &[Str]) -> Replied {
         }
         let abs = (now_us / 1000).saturating_add(o.ttl_ms);
         key.set_abs_expire(abs);
-        key.signal_modified(ctx);
-        key.notify(ctx, EVENT);
+        key.modified(ctx, EVENT);
         if listeners::must_replicate() {
             ctx.replicate_state(name, codec::gcra(&new, abs).as_bytes());
         } else {
