@@ -381,16 +381,16 @@ pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) ->
     let den = ms_to_us(p.period_ms).max(1);
     match p.capacity.checked_mul(den) {
         Some(full) => Lv::at(state, p, den, full, now_us).step(cost, partial),
-        None => step_wide(state, p, cost, partial, now_us),
+        None => step_wide(state, p, den, cost, partial, now_us),
     }
 }
 
-/// [`step`] counted in `u128` (a full bucket beyond 64 bits). Inlined
+/// [`step`] counted in `u128` (a full bucket beyond 64 bits), with
+/// `step`'s `den`. Inlined
 /// too, though rarely run: out of line, its returned pair made the
 /// narrow path's decision and state merge with it through memory.
 #[inline(always)]
-fn step_wide(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
-    let den = ms_to_us(p.period_ms).max(1);
+fn step_wide(state: &State, p: &Params, den: u64, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
     Lv::at(state, p, den, u128::from(p.capacity) * u128::from(den), now_us).step(cost, partial)
 }
 
