@@ -123,6 +123,8 @@ impl redis::ToRedisArgs for Arg {
     }
 }
 
+/// For the tests, which compare the arguments as text.
+#[cfg(test)]
 impl std::fmt::Display for Arg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
