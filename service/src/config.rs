@@ -221,30 +221,12 @@ impl RateLimit {
     pub fn push_key_suffix(&self, out: &mut String) {
         match (self.window_ms, self.unit) {
             (Some(ms), _) => {
-                push_decimal(out, ms);
+                out.push_str(itoa::Buffer::new().format(ms));
                 out.push_str("ms");
             }
-            (None, u) => push_decimal(out, u.unwrap_or(Unit::Second).seconds()),
+            (None, u) => out.push_str(itoa::Buffer::new().format(u.unwrap_or(Unit::Second).seconds())),
         }
         out.push_str(self.algorithm.key_tag());
-    }
-}
-
-/// `n` in decimal appended to `out`, as `{n}` writes it, without the
-/// formatting machinery (every request's keys end with a number).
-fn push_decimal(out: &mut String, mut n: u64) {
-    let mut digits = [0u8; 20];
-    let mut i = digits.len();
-    loop {
-        i -= 1;
-        digits[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &d in &digits[i..] {
-        out.push(char::from(d));
     }
 }
 
