@@ -198,11 +198,11 @@ struct Desc {
     matched: Option<Matched>,
     /// The window in ms.
     window_ms: u64,
+    /// The hits it adds: 0 for a check-only descriptor ([`Desc::checked`]).
     hits: u64,
-    /// Index into the counted or checked parts (`usize::MAX`: decided here).
+    /// Index into the counted parts, or the checked ones when
+    /// [`Desc::checked`] (`usize::MAX`: decided here).
     part: usize,
-    /// A check-only part (hits 0): index into the checked parts.
-    checked: bool,
     /// The stats key of a `detailed_metric` limit (`domain.key_value…` of
     /// the request's values), else `None` (the limit's own `full_key`).
     detailed_key: Option<String>,
@@ -211,6 +211,12 @@ struct Desc {
 impl Desc {
     fn limit(&self) -> Option<&Arc<Limit>> {
         self.matched.as_ref().map(|m| &m.limit)
+    }
+
+    /// A check-only descriptor (`hits_addend` 0): its part is among the
+    /// checked ones, sent with `COST 0`.
+    fn checked(&self) -> bool {
+        self.hits == 0
     }
 }
 
@@ -502,15 +508,7 @@ impl<C: Connection> Service<C> {
                 Some(x) if x.limit.unlimited => Found::Unlimited,
                 Some(_) => Found::Limited,
             };
-            descs.push(Desc {
-                found,
-                matched: m,
-                window_ms: 0,
-                hits: 0,
-                part: usize::MAX,
-                checked: false,
-                detailed_key: None,
-            });
+            descs.push(Desc { found, matched: m, window_ms: 0, hits: 0, part: usize::MAX, detailed_key: None });
         }
         // a named limit that any matched limit (unlimited ones too) replaces is dropped
         for i in 0..descs.len() {
@@ -623,7 +621,7 @@ impl<C: Connection> Service<C> {
                 }
                 k
             });
-            (desc.window_ms, desc.hits, desc.part, desc.checked) = (window_ms, hits, part, hits == 0);
+            (desc.window_ms, desc.hits, desc.part) = (window_ms, hits, part);
         }
         if counted.len() > MAX_LIMITED_DESCRIPTORS || checked.len() > MAX_LIMITED_DESCRIPTORS {
             return Err(ServiceError::Invalid(format!(
@@ -634,7 +632,7 @@ impl<C: Connection> Service<C> {
         let shadow_of = |j: usize| {
             descs
                 .iter()
-                .filter(|x| x.found == Found::Limited && !x.checked && x.part == j)
+                .filter(|x| x.found == Found::Limited && !x.checked() && x.part == j)
                 .all(|x| x.limit().is_some_and(|l| l.shadow_mode))
         };
         // the counted parts: one RL.MULTI; the check-only parts (hits 0): one with COST 0, at the same time
@@ -683,7 +681,7 @@ impl<C: Connection> Service<C> {
             };
             let state = if desc.part == usize::MAX {
                 None
-            } else if desc.checked {
+            } else if desc.checked() {
                 checked.get(desc.part).map(|p| &p.state)
             } else {
                 counted.get(desc.part).map(|p| &p.state)
@@ -701,7 +699,7 @@ impl<C: Connection> Service<C> {
                     }
                 } else {
                     k.within_limit.fetch_add(desc.hits, Relaxed);
-                    if let (false, Some(p)) = (desc.checked, counted.get(desc.part)) {
+                    if let (false, Some(p)) = (desc.checked(), counted.get(desc.part)) {
                         let rpu = u64::from(limit.requests_per_unit);
                         let count = rpu.saturating_sub(remaining);
                         // a part of a request denied by another took nothing: count + hits is where it would be
