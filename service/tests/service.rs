@@ -525,7 +525,12 @@ async fn a_bad_first_config_or_no_redis_is_refused() {
     }
     let err = server::start(Settings::from_map(&vars).unwrap()).await.err().unwrap();
     assert!(err.contains("config refused") && err.contains("unknown key 'bogus'"), "{err}");
-    vars.insert("REDIS_URL".into(), format!("127.0.0.1:{}", port()));
+    // A port held bound but not listening, so that no other test's server
+    // can take it meanwhile: connecting to it is refused. (A port only
+    // found free could be bound by a server of a test running alongside.)
+    let held = tokio::net::TcpSocket::new_v4().unwrap();
+    held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    vars.insert("REDIS_URL".into(), format!("127.0.0.1:{}", held.local_addr().unwrap().port()));
     vars.insert("REDIS_TIMEOUT".into(), "200ms".into());
     let err = server::start(Settings::from_map(&vars).unwrap()).await.err().unwrap();
     assert!(err.contains("connecting to Redis"), "{err}");
