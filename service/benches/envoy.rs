@@ -777,17 +777,24 @@ fn start_service_in(a: &Args, dir: &Path, rport: u16, wrapper: &[String], env: &
 /// started later by a thread at SCHED_FIFO inherit it (the pacer). Err: the
 /// first refusal (EPERM without CAP_SYS_NICE).
 fn set_fifo(pids: &[u32], on: bool) -> Result<(), String> {
-    let (policy, prio) = if on { (libc::SCHED_FIFO, 10) } else { (libc::SCHED_OTHER, 0) };
     for pid in pids {
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).map_err(|e| format!("/proc/{pid}/task: {e}"))?;
         for t in tasks.flatten() {
             let Ok(tid) = t.file_name().to_string_lossy().parse::<i32>() else { continue };
-            let param = libc::sched_param { sched_priority: prio };
-            // SAFETY: a plain system call on a thread id with a valid sched_param.
-            if unsafe { libc::sched_setscheduler(tid, policy, &param) } != 0 {
-                return Err(format!("sched_setscheduler({tid}): {}", std::io::Error::last_os_error()));
-            }
+            set_policy(tid, on).map_err(|e| format!("sched_setscheduler({tid}): {e}"))?;
         }
+    }
+    Ok(())
+}
+
+/// Thread `tid` (0: this one) at SCHED_FIFO priority 10 (`fifo`), or at
+/// SCHED_OTHER.
+fn set_policy(tid: i32, fifo: bool) -> std::io::Result<()> {
+    let (policy, prio) = if fifo { (libc::SCHED_FIFO, 10) } else { (libc::SCHED_OTHER, 0) };
+    let param = libc::sched_param { sched_priority: prio };
+    // SAFETY: a plain system call on a thread id with a valid sched_param.
+    if unsafe { libc::sched_setscheduler(tid, policy, &param) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
     Ok(())
 }
@@ -799,10 +806,7 @@ fn set_fifo(pids: &[u32], on: bool) -> Result<(), String> {
 fn wake_probe(secs: f64, fifo: bool) -> (u64, u64, u64, u64) {
     std::thread::spawn(move || {
         // (set either way: a thread inherits its creator's policy)
-        let (policy, prio) = if fifo { (libc::SCHED_FIFO, 10) } else { (libc::SCHED_OTHER, 0) };
-        let param = libc::sched_param { sched_priority: prio };
-        // SAFETY: a plain system call on this thread with a valid sched_param.
-        if unsafe { libc::sched_setscheduler(0, policy, &param) } != 0 {
+        if set_policy(0, fifo).is_err() {
             return (0, 0, 0, 0);
         }
         let (mut n, mut over1, mut over2, mut max) = (0, 0, 0, 0);
@@ -832,13 +836,14 @@ fn pin_self(cpus: &str) {
     assert!(st.success(), "taskset -a -p -c {cpus}: {st}");
 }
 
-fn callgrind_control(args: &[&str]) {
-    let st = Command::new("callgrind_control")
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("callgrind_control");
+/// `callgrind_control args`; `host`: the `HOST` the valgrind'd process
+/// saw (valgrind names its vgdb pipes after it), when not this process's.
+fn callgrind_control(args: &[&str], host: Option<&str>) {
+    let mut c = Command::new("callgrind_control");
+    if let Some(h) = host {
+        c.env("HOST", h);
+    }
+    let st = c.args(args).stdout(Stdio::null()).stderr(Stdio::null()).status().expect("callgrind_control");
     assert!(st.success(), "callgrind_control {args:?}: {st}");
 }
 
@@ -891,7 +896,7 @@ async fn callgrind_phase(a: &Args, dir: &Path) -> HashMap<(Mode, usize), f64> {
             let base = 500_000_000 + 1_000_000 * n as u64;
             for pass in 0..2 {
                 if pass == 1 {
-                    callgrind_control(&["-z", &pid]);
+                    callgrind_control(&["-z", &pid], None);
                 }
                 let m = if pass == 0 { keys } else { count };
                 for i in 0..m {
@@ -909,7 +914,7 @@ async fn callgrind_phase(a: &Args, dir: &Path) -> HashMap<(Mode, usize), f64> {
                     }
                 }
             }
-            callgrind_control(&["-d", &pid]);
+            callgrind_control(&["-d", &pid], None);
             let ir = callgrind_totals(&cgdir) / count as f64;
             eprintln!("  callgrind n={n} {:<28} {:8.0} instructions/decision", mode.label(), ir);
             out.insert((mode, n), ir);
@@ -973,16 +978,9 @@ async fn count_only(a: &Args, dir: &Path) {
     let pid = svc.pid().to_string();
     // valgrind names its vgdb pipes after $HOST, which the service's
     // environment sets: callgrind_control (vgdb) must see the same one
-    let control = |cmd: &str| {
-        let st = Command::new("callgrind_control")
-            .args([cmd, &pid])
-            .env("HOST", "127.0.0.1")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .expect("callgrind_control");
-        assert!(st.success(), "callgrind_control {cmd} {pid}: {st}");
-    };
+    // valgrind names its vgdb pipes after $HOST, which the service's
+    // environment sets: callgrind_control (vgdb) must see the same one
+    let control = |cmd: &str| callgrind_control(&[cmd, &pid], Some("127.0.0.1"));
     let mut client = RateLimitServiceClient::new(
         Endpoint::from_shared(format!("http://127.0.0.1:{gport}")).unwrap().connect().await.unwrap(),
     );
