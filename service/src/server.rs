@@ -193,6 +193,28 @@ fn sentinel_tls(
     Ok(redis_ratelimit_client::SentinelConnection::from_client(client))
 }
 
+/// HTTP/2 streams a gRPC client may have open on one connection (the
+/// server's SETTINGS_MAX_CONCURRENT_STREAMS). tonic leaves it unlimited, and
+/// h2 closes a connection (GOAWAY ENHANCE_YOUR_CALM, "too_many_data_frames")
+/// once more small DATA frames wait unread than its budget allows: half the
+/// 1 MiB connection window, a frame charged up to 256 bytes, so 2,048 request
+/// bodies. A burst beyond the service's CPU did that: at 90,000 requests/s
+/// offered on 4 connections every connection was closed and 247,636 of
+/// 270,000 requests failed with a transport error. With 1,024 streams a
+/// connection's unread bodies stay within half the budget; the client
+/// queues the rest (Envoy opens another connection).
+pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
+
+/// Streams a client may reset before the service has taken them up, at
+/// once, before h2 closes the connection (its guard against rapid reset).
+/// h2's default is 20: when the service stalled (its CPU) while the client
+/// gave up on requests (Envoy's timeout, 20 ms by default, resets each),
+/// more than 20 resets arrived together and every other request on the
+/// connection failed with it (300 of 300 in the service suite). 4,096 is a
+/// stall of 400 ms at 10,000 requests/s on one connection; a client that
+/// resets without end still meets the guard.
+pub const MAX_PENDING_RESETS: usize = 4096;
+
 /// Connects to Redis, loads the configuration, binds both listeners and
 /// starts serving (and reloading) in the background. Errors: Redis cannot
 /// be reached, the first configuration does not load, a port cannot be bound.
@@ -232,6 +254,8 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<RateLimitServiceServer<Grpc<RedisConn>>>().await;
     let grpc = tonic::transport::Server::builder()
+        .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(health_svc)
         .add_service(RateLimitServiceServer::new(Grpc(svc.clone())))
         // TCP_NODELAY: tonic sets it only on listeners it binds itself; without
