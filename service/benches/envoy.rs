@@ -1349,6 +1349,16 @@ fn main() {
             let p99s = vec![l.p99];
             lats.push((lat_label(l.n, ""), l, p99s));
         }
+        // overload: 1 descriptor at twice its max for 1 s. The backlog
+        // drains (its latency is queueing) and every request is answered:
+        // no connection closed under it (server::MAX_CONCURRENT_STREAMS)
+        if let Some(m) = maxes.iter().find(|m| m.n == 1) {
+            settle(&cl).await;
+            let l = lat_cell(&cl, svc.pid(), 1, m.rate * 2.0, &Args { lat_secs: 1.0, ..a.clone() }).await;
+            say_lat(" overload", &l);
+            let p99s = vec![l.p99];
+            lats.push((lat_label(1, " (overload: twice the max, 1 s)"), l, p99s));
+        }
         // the comparison: the control and 1 descriptor at the first load
         // with the harness at normal priority
         if fifo.is_ok() && a.lat_rate > 0.0 {
@@ -1445,7 +1455,8 @@ fn main() {
         say(String::new());
         say(format!(
             "**Latency** end to end at a fixed offered load (open loop, from each request's due time, {:.0} s per cell){}, \
-             then once at half each max. The control: the gRPC health check (`grpc.health.v1.Health/Check`) at the first \
+             then once at half each max, then 1 descriptor at twice its max for 1 s (overload: a backlog that drains, \
+             so its latency is queueing; an answer other than OK there, such as a closed connection, is an error). The control: the gRPC health check (`grpc.health.v1.Health/Check`) at the first \
              load, on the same connections and server, without Redis: the latency of the transport, the load generator \
              and the machine, which every decision carries too. Generator late: how late the pacing thread started requests, counted in the latency. \
              Busy: CPU use of the service and of the load generator during the cell, 100% = one core (a generator near \
