@@ -1312,6 +1312,12 @@ async fn redis_stopped_allow_and_deny() {
         within_bound(took, "deny");
         let a = a.unwrap();
         assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])), (OVER, (OVER, 0), (OVER, 0)));
+        // one descriptor: one RL.FIXEDWINDOW, whose decision has no parts
+        let one = || req("basic", vec![desc(&[("site", "")])]);
+        let a = timed(&mut c_open, one()).await.0.unwrap();
+        assert_eq!((a.overall_code, rem(&a.statuses[0])), (OK, (OK, 100)));
+        let a = timed(&mut c_closed, one()).await.0.unwrap();
+        assert_eq!((a.overall_code, rem(&a.statuses[0])), (OVER, (OVER, 0)));
     }
     sig(open.redis.as_ref().unwrap().0.id(), libc::SIGCONT);
 }
