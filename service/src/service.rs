@@ -177,25 +177,14 @@ pub fn ms_until_window_end(window_ms: u64) -> u64 {
     w - now % w
 }
 
-/// What a request descriptor matched.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Found {
-    /// No limit: `OK`, remaining 0.
-    Nothing,
-    /// An `unlimited` limit: `OK`, remaining `u32::MAX`.
-    Unlimited,
-    /// A limit another matched limit `replaces`: as [`Found::Nothing`].
-    Replaced,
-    /// A limit to decide.
-    Limited,
-}
-
 /// One descriptor of a request: what it matched and, for a limit to
 /// decide, how.
 struct Desc {
-    found: Found,
-    /// The match (kept when unlimited or replaced: its `replaces` still count).
+    /// The match, if any (kept when unlimited or replaced: its `replaces`
+    /// still count).
     matched: Option<Matched>,
+    /// Its limit is one another matched limit `replaces`: as no match.
+    replaced: bool,
     /// The window in ms.
     window_ms: u64,
     /// The hits it adds: 0 for a check-only descriptor ([`Desc::checked`]).
@@ -209,6 +198,12 @@ struct Desc {
 }
 
 impl Desc {
+    /// A limit to decide: matched, neither `unlimited` nor replaced (else
+    /// `OK`, remaining `u32::MAX` when unlimited, 0 otherwise).
+    fn is_limited(&self) -> bool {
+        !self.replaced && self.matched.as_ref().is_some_and(|m| !m.limit.unlimited)
+    }
+
     fn limit(&self) -> Option<&Arc<Limit>> {
         self.matched.as_ref().map(|m| &m.limit)
     }
@@ -328,19 +323,17 @@ impl<C: Connection> Service<C> {
     }
 
     fn limiter(&self, parts: &[PartSpec]) -> Result<Limiter<C>, ServiceError> {
-        // the shape looked up on the stack (at most MAX_LIMITED_DESCRIPTORS parts)
+        // the shape looked up on the stack: `decide` refuses a request of
+        // more than MAX_LIMITED_DESCRIPTORS parts before any call
         let zero = PartShape { algorithm: Algorithm::FixedWindow, limit: 0, window_ms: 0, burst: 0, weight: 0 };
         let mut buf = [zero; MAX_LIMITED_DESCRIPTORS];
-        let owned: Shape;
-        let shape: &[PartShape] = if parts.len() <= buf.len() {
-            for (b, p) in buf.iter_mut().zip(parts) {
-                *b = p.shape;
-            }
-            &buf[..parts.len()]
-        } else {
-            owned = parts.iter().map(|p| p.shape).collect();
-            &owned
+        let Some(shape) = buf.get_mut(..parts.len()) else {
+            return Err(ServiceError::Invalid(format!("more than {MAX_LIMITED_DESCRIPTORS} limited descriptors")));
         };
+        for (b, p) in shape.iter_mut().zip(parts) {
+            *b = p.shape;
+        }
+        let shape: &[PartShape] = shape;
         let mut cache = self.limiters.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(l) = cache.get(shape) {
             return Ok(l.clone());
@@ -412,21 +405,11 @@ impl<C: Connection> Service<C> {
                 PanicMode::Local(_) => {}
                 PanicMode::Allow => {
                     d.allowed = true;
-                    if d.parts.is_empty() {
-                        (d.retry_after_ms, d.remaining) = (0, d.limit);
-                    }
-                    for p in &mut d.parts {
-                        (p.retry_after_ms, p.remaining) = (0, p.limit);
-                    }
+                    set_parts(&mut d, |limit| (0, limit));
                 }
                 PanicMode::Deny => {
                     d.allowed = false;
-                    if d.parts.is_empty() {
-                        (d.retry_after_ms, d.remaining) = (1, 0);
-                    }
-                    for p in &mut d.parts {
-                        (p.retry_after_ms, p.remaining) = (1, 0);
-                    }
+                    set_parts(&mut d, |_| (1, 0));
                 }
             }
         }
@@ -503,25 +486,17 @@ impl<C: Connection> Service<C> {
                 }
                 (None, Some(domain)) => domain.get_limit_of(entries()),
             };
-            let found = match &m {
-                None => Found::Nothing,
-                Some(x) if x.limit.unlimited => Found::Unlimited,
-                Some(_) => Found::Limited,
-            };
-            descs.push(Desc { found, matched: m, window_ms: 0, hits: 0, part: usize::MAX, detailed_key: None });
+            descs.push(Desc { matched: m, replaced: false, window_ms: 0, hits: 0, part: usize::MAX, detailed_key: None });
         }
         // a named limit that any matched limit (unlimited ones too) replaces is dropped
         for i in 0..descs.len() {
-            let replaced = match &descs[i] {
-                Desc { found: Found::Limited, matched: Some(m), .. } if !m.limit.name.is_empty() => descs
-                    .iter()
-                    .filter_map(|x| x.matched.as_ref())
-                    .any(|x| x.limit.replaces.iter().any(|r| *r == m.limit.name)),
+            let replaced = match descs[i].limit() {
+                Some(l) if descs[i].is_limited() && !l.name.is_empty() => {
+                    descs.iter().filter_map(Desc::limit).any(|x| x.replaces.iter().any(|r| *r == l.name))
+                }
                 _ => false,
             };
-            if replaced {
-                descs[i].found = Found::Replaced;
-            }
+            descs[i].replaced = replaced;
         }
         self.decide(req, descs).await
     }
@@ -568,7 +543,10 @@ impl<C: Connection> Service<C> {
         let mut counted: Vec<PartSpec> = Vec::new();
         let mut checked: Vec<PartSpec> = Vec::new();
         for (desc, d) in descs.iter_mut().zip(&req.descriptors) {
-            let (Found::Limited, Some(m)) = (desc.found, &desc.matched) else { continue };
+            if !desc.is_limited() {
+                continue;
+            }
+            let Some(m) = &desc.matched else { continue };
             let hits = match &d.hits_addend {
                 Some(h) => h.value,
                 None => u64::from(req.hits_addend.max(1)),
@@ -632,7 +610,7 @@ impl<C: Connection> Service<C> {
         let shadow_of = |j: usize| {
             descs
                 .iter()
-                .filter(|x| x.found == Found::Limited && !x.checked() && x.part == j)
+                .filter(|x| x.is_limited() && !x.checked() && x.part == j)
                 .all(|x| x.limit().is_some_and(|l| l.shadow_mode))
         };
         // the counted parts: one RL.MULTI; the check-only parts (hits 0): one with COST 0, at the same time
@@ -671,10 +649,10 @@ impl<C: Connection> Service<C> {
         let mut header_from: Option<(u64, u32, u64)> = None; // (remaining, limit, reset seconds)
         let mut min_remaining = u64::from(u32::MAX);
         for desc in &descs {
-            let (Found::Limited, Some(limit)) = (desc.found, desc.limit()) else {
+            let (true, Some(limit)) = (desc.is_limited(), desc.limit()) else {
                 statuses.push(DescriptorStatus {
                     code: Code::Ok as i32,
-                    limit_remaining: if desc.found == Found::Unlimited { u32::MAX } else { 0 },
+                    limit_remaining: if desc.limit().is_some_and(|l| l.unlimited) { u32::MAX } else { 0 },
                     ..DescriptorStatus::default()
                 });
                 continue;
@@ -758,16 +736,20 @@ fn header(k: &str, v: String) -> HeaderValue {
 /// could take its units in a call denied by another took nothing, and its
 /// reply's remaining is what it has now.
 fn part_states(d: &Decision) -> impl Iterator<Item = PartState> + '_ {
-    let single = d.parts.is_empty().then_some(PartState {
-        over: d.retry_after_ms != 0,
-        remaining: d.remaining,
-        retry_ms: d.retry_after_ms,
-        reset_ms: d.reset_after_ms,
-    });
-    single.into_iter().chain(d.parts.iter().map(|p| PartState {
-        over: p.retry_after_ms != 0,
-        remaining: p.remaining,
-        retry_ms: p.retry_after_ms,
-        reset_ms: p.reset_after_ms,
-    }))
+    let state =
+        |retry_ms: i64, remaining: u64, reset_ms: u64| PartState { over: retry_ms != 0, remaining, retry_ms, reset_ms };
+    let single = d.parts.is_empty().then(|| state(d.retry_after_ms, d.remaining, d.reset_after_ms));
+    single.into_iter().chain(d.parts.iter().map(move |p| state(p.retry_after_ms, p.remaining, p.reset_after_ms)))
+}
+
+/// Each part's (retry_after_ms, remaining) set to `f(its limit)`: an
+/// `RL.MULTI`'s parts, or a single `RL.FIXEDWINDOW`'s decision itself (its
+/// `parts` empty), as [`part_states`] reads them.
+fn set_parts(d: &mut Decision, f: impl Fn(u64) -> (i64, u64)) {
+    if d.parts.is_empty() {
+        (d.retry_after_ms, d.remaining) = f(d.limit);
+    }
+    for p in &mut d.parts {
+        (p.retry_after_ms, p.remaining) = f(p.limit);
+    }
 }
