@@ -860,7 +860,11 @@ fn newest_dump(dir: &Path) -> PathBuf {
 
 /// The instructions of the newest callgrind dump under `dir` (its `totals:`).
 fn callgrind_totals(dir: &Path) -> f64 {
-    let text = std::fs::read_to_string(newest_dump(dir)).unwrap();
+    dump_totals(&std::fs::read_to_string(newest_dump(dir)).unwrap())
+}
+
+/// The instructions of a callgrind dump's text (its `totals:`, or `summary:`).
+fn dump_totals(text: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix("totals:").or_else(|| l.strip_prefix("summary:")))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
@@ -978,8 +982,6 @@ async fn count_only(a: &Args, dir: &Path) {
     let pid = svc.pid().to_string();
     // valgrind names its vgdb pipes after $HOST, which the service's
     // environment sets: callgrind_control (vgdb) must see the same one
-    // valgrind names its vgdb pipes after $HOST, which the service's
-    // environment sets: callgrind_control (vgdb) must see the same one
     let control = |cmd: &str| callgrind_control(&[cmd, &pid], Some("127.0.0.1"));
     let mut client = RateLimitServiceClient::new(
         Endpoint::from_shared(format!("http://127.0.0.1:{gport}")).unwrap().connect().await.unwrap(),
@@ -1014,11 +1016,7 @@ async fn count_only(a: &Args, dir: &Path) {
             assert!(t0.elapsed() < Duration::from_secs(60), "no callgrind dump from the service");
             std::thread::sleep(Duration::from_millis(50));
         };
-        let ir: f64 = text
-            .lines()
-            .find_map(|l| l.strip_prefix("totals:").or_else(|| l.strip_prefix("summary:")))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .expect("totals: in the callgrind dump");
+        let ir = dump_totals(&text);
         let calls = callgrind_calls(&text, &[&ALLOC[..], &["free"]].concat());
         let allocs: u64 = ALLOC.iter().filter_map(|f| calls.get(*f)).sum();
         let frees = calls.get("free").copied().unwrap_or(0);
