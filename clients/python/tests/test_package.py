@@ -25,16 +25,29 @@ def test_public_names():
 
 
 def test_wheel_ships_the_scripts(tmp_path):
-    """`pip install ./clients/python` gets the Lua twins inside the package."""
+    """`pip install ./clients/python` gets the Lua twins inside the package.
+
+    The wheel is built from a copy of clients/python and lua/ (the layout
+    setup.py expects), without the generated scripts: the build must make
+    them. Building in the checkout itself would share its build/ and
+    *.egg-info with a second run of this suite (make test-clients-py runs two
+    at once), and setuptools then fails on files the other build removed."""
+    import shutil
     import subprocess
     import sys
     import zipfile
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = tmp_path / "src"
+    shutil.copytree(here, src / "clients" / "python", ignore=shutil.ignore_patterns(
+        "build", "*.egg-info", "__pycache__", "tests", "lua"))
+    shutil.copytree(LUA, src / "lua", ignore=shutil.ignore_patterns("__pycache__"))
+    assert not (src / "clients" / "python" / "redis_ratelimit" / "lua").exists()
+    out = tmp_path / "wheel"
     p = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                        "--no-build-isolation", "-w", str(tmp_path), here],
+                        "--no-build-isolation", "-w", str(out), str(src / "clients" / "python")],
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
-    (whl,) = tmp_path.glob("redis_ratelimit-*.whl")
+    (whl,) = out.glob("redis_ratelimit-*.whl")
     names = set(zipfile.ZipFile(whl).namelist())
     for f in os.listdir(PKG_LUA):
         assert f"redis_ratelimit/lua/{f}" in names
