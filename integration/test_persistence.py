@@ -46,11 +46,16 @@ def populate(c):
         assert rl(c, cmd, key, NEVER[cmd](big), cost=big - 3)[0] == 1
         exact[key] = (cmd, NEVER[cmd](big), 3)
     # Real-looking parameters (the keys live minutes to hours): digests only.
+    # A fixed window aligned to the epoch expires at its window's end, which
+    # can be any moment: its windows are chosen to end ten minutes or more
+    # after now, so that no key expires during the test.
+    aligned = far_aligned_windows(c, 2)
     real = {
         "RL.TOKENBUCKET": [[10, 1, 600000], [100, 1, 600000], [7, 3, 3600000]],
         "RL.SLIDINGLOG": [[10, 60000], [100, 600000], [7, 3600000]],
         "RL.SLIDINGCOUNTER": [[10, 60000], [100, 600000], [7, 3600000]],
-        "RL.FIXEDWINDOW": [[10, 60000], [100, 600000, "FROMFIRST"], [7, 3600000]],
+        "RL.FIXEDWINDOW": [[10, 60000, "FROMFIRST"], [100, 600000, "FROMFIRST"],
+                           [7, aligned[0]], [50, aligned[1]]],
     }
     for cmd in COMMANDS:
         for i in range(4):
@@ -60,6 +65,17 @@ def populate(c):
                 cost = rnd.randint(1, 4)
                 rl(c, cmd, key, params, cost=cost, partial=rnd.random() < 0.5)
     return exact
+
+
+def far_aligned_windows(c, n, margin_ms=600000):
+    """n window lengths (whole minutes, one to four hours) whose window
+    aligned to the epoch, on the server's clock, ends more than margin_ms
+    from now."""
+    sec, usec = c.time()
+    now = sec * 1000 + usec // 1000
+    found = [w for w in range(3600000, 4 * 3600000, 60000) if w - now % w > margin_ms][:n]
+    assert len(found) == n, now
+    return found
 
 
 def holds_commands(aof):
