@@ -252,7 +252,7 @@ async fn fixed_windows_are_rl_fixedwindow_and_run_on_the_lua_twin() {
     let mut c = lua_only.sync();
     let ttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
     assert!(ttl > 59_000 && ttl <= 60_000, "{ttl}");
-    let both = all_of(vec![fixed_window("f", 1, 60_000, false).unwrap(), sliding_log("s", 5, 60_000).unwrap()], None);
+    let both = all_of(vec![fixed_window("f", 1, 3_600_000, false).unwrap(), sliding_log("s", 5, 60_000).unwrap()], None);
     let lim = l.limiter(both.unwrap(), Panic::default()).unwrap();
     let (a, b) = (lim.limit("rl:{u}", Call::default()).await.unwrap(), lim.limit("rl:{u}", Call::default()).await.unwrap());
     assert!(a.allowed && !b.allowed && b.binding == "f" && b.source == Source::Lua, "{b:?}");
