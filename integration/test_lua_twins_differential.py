@@ -28,6 +28,8 @@ from twins import (
     random_multi_opts, raw_reply, tb_state, timed,
 )
 
+HOUR = 3_600_000
+
 
 def module_and_twins(server_factory, mode):
     s = server_factory()  # with the module
@@ -180,14 +182,15 @@ def test_differential_errors_and_wrongtype(both_modes):
         # and the same error code
         assert raw_reply(c.connection_pool.connection_kwargs["port"], cmd, "k", *args).startswith("-ERR ")
     assert not c.keys("*")
-    # each refuses the other's keys (and strings) with WRONGTYPE
+    # each refuses the other's keys (and strings) with WRONGTYPE (hour-long
+    # limits: no key may expire, nor a fixed window end, during the loop)
     c.set("s", "x")
     for cmd in CMDS:
-        lim = [5, 1, 1000] if cmd == "RL.TOKENBUCKET" else [5, 1000]
+        lim = [5, 1, HOUR] if cmd == "RL.TOKENBUCKET" else [5, HOUR]
         c.execute_command(cmd, f"m:{cmd}", *lim)
         tw(cmd, f"t:{cmd}", *lim)
     for cmd in CMDS:
-        lim = [5, 1, 1000] if cmd == "RL.TOKENBUCKET" else [5, 1000]
+        lim = [5, 1, HOUR] if cmd == "RL.TOKENBUCKET" else [5, HOUR]
         for other in CMDS:
             with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
                 tw(cmd, f"m:{other}", *lim)
