@@ -471,7 +471,8 @@ def test_errors(tw, cmd):
     # another type, including another twin's key
     other = {"RL.TOKENBUCKET": "RL.SLIDINGCOUNTER", "RL.SLIDINGCOUNTER": "RL.TOKENBUCKET",
              "RL.SLIDINGLOG": "RL.TOKENBUCKET", "RL.FIXEDWINDOW": "RL.SLIDINGCOUNTER"}[cmd]
-    tw(other, "o", *([5, 1, 1000] if other == "RL.TOKENBUCKET" else [5, 1000]))
+    # (an hour-long limit: "o" must not expire before the WRONGTYPE checks)
+    tw(other, "o", *([5, 1, 3_600_000] if other == "RL.TOKENBUCKET" else [5, 3_600_000]))
     before = dirty(c)
     for key in ("str", "o"):
         assert err_of(tw, cmd, key, *lim).startswith("WRONGTYPE"), key

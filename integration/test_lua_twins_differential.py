@@ -407,8 +407,8 @@ def test_differential_multi_and_refund_errors(both_modes):
     assert not c.keys("*")
     for prefix, call in (("m", lambda k, *a: c.execute_command("RL.MULTI", len(k), *k, *a)),
                          ("t", lambda k, *a: tw("RL.MULTI", list(k), *a))):
-        c.execute_command("RL.TOKENBUCKET", "m:tb", 5, 1, 1000)
-        tw("RL.TOKENBUCKET", "t:tb", 5, 1, 1000)
+        c.execute_command("RL.TOKENBUCKET", "m:tb", 5, 1, HOUR)
+        tw("RL.TOKENBUCKET", "t:tb", 5, 1, HOUR)
         for args in (["SLIDINGLOG", 5, 1000, "SLIDINGLOG", 5, 1000],
                      ["SLIDINGLOG", 5, 1000, "SLIDINGCOUNTER", 5, 1000, "REFUND", 1]):
             with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
