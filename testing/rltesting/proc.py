@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -134,11 +135,23 @@ class ServerProcess:
         except OSError:
             return "(no log)"
 
+    def crash_log(self, n=100):
+        """The start of the log's bug report (its stack traces) if it has
+        one, else the log's last n lines."""
+        try:
+            with open(os.path.join(self.dir, self.LOG), errors="replace") as f:
+                lines = f.readlines()
+        except OSError:
+            return "(no log)"
+        start = next((i for i, ln in enumerate(lines) if "BUG REPORT START" in ln), None)
+        return "".join(lines[start:start + n] if start is not None else lines[-n:])
+
     def alive(self):
         return self.proc is not None and self.proc.poll() is None
 
     def kill9(self):
         if self.alive():
+            self.stopped = True
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait(timeout=30)
 
@@ -172,6 +185,7 @@ class Server(ServerProcess):
         return cmd + self.extra
 
     def start(self):
+        self.stopped = False
         self.proc = subprocess.Popen(
             self.command_line(), cwd=self.dir,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -199,6 +213,7 @@ class Server(ServerProcess):
     def stop(self):
         """Graceful shutdown without saving (SIGTERM), SIGKILL if it hangs."""
         if self.alive():
+            self.stopped = True
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=20)
@@ -212,6 +227,13 @@ class Server(ServerProcess):
         self.start()
 
     def close(self):
+        """Kill it and remove its directory. A server that exited while no
+        one was stopping it (a crash, or a signal from outside the tests)
+        leaves its log's tail on stderr first: pytest shows it with the
+        test's report, as the directory is gone after."""
+        if self.proc is not None and not self.alive() and not getattr(self, "stopped", False):
+            sys.stderr.write(f"redis-server on port {self.port} exited ({self.proc.returncode}) "
+                             f"before the test stopped it; its log:\n{self.crash_log()}\n")
         self.kill9() if self.alive() else None
         if self.owns_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
