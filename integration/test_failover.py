@@ -41,6 +41,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import threading
 
 import pytest
@@ -105,7 +106,13 @@ def topo(shared, request):
     t = shared.get()
     yield t
     # The call's report is logged before teardown. A topology the last run
-    # could not restore is rebuilt for the next test.
+    # could not restore is rebuilt for the next test. After a failure, each
+    # process's log ends on stderr first (its directory goes with it), so
+    # the report says what the sentinels did (+tilt, +switch-master,
+    # +convert-to-slave).
+    if request.session.testsfailed != failed:
+        for p in t.nodes + t.sentinels:
+            sys.stderr.write(f"--- {type(p).__name__} {p.host}:{p.port}: its log ends\n{p.log_tail(30)}")
     if request.session.testsfailed != failed or getattr(t, "broken", False):
         shared.drop()
 
