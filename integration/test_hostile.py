@@ -343,7 +343,7 @@ def test_rl_state_on_other_types(r):
     """RL.STATE never overwrites a key of another type, ours or Redis's."""
     t = now_us(r)
     r.set("str", "v")
-    r.execute_command("RL.TOKENBUCKET", "tb", 10, 1, 1000)
+    r.execute_command("RL.TOKENBUCKET", "tb", 10, 1, 3_600_000)  # outlives the test
     for key in ["str", "tb"]:
         for p in [payload("sc", 0, sc_body(t - t % 1000, 1, 0)), payload("grant", 0, grant_body(t, 1000, 1)),
                   payload("sl", 0, sl_body([(t, 1)])), payload("fw", 0, fw_body(t // 1000, 1))]:

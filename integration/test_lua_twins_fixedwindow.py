@@ -276,10 +276,11 @@ def test_fromfirst_errors_and_other_commands(tw):
     for cmd, lim in (("RL.TOKENBUCKET", [5, 1, 1000]), ("RL.SLIDINGLOG", [5, 1000]),
                      ("RL.SLIDINGCOUNTER", [5, 1000])):
         assert err_of(tw, cmd, "k", *lim, "FROMFIRST") == "syntax error", cmd
-    # each of the hash twins refuses the others' keys
-    tw(CMD, "fw", 5, 1000)
-    tw("RL.TOKENBUCKET", "tb", 5, 1, 1000)
-    tw("RL.SLIDINGCOUNTER", "sc", 5, 1000)
+    # each of the hash twins refuses the others' keys (hour-long limits: a
+    # 1 s window aligned to the epoch could end, and its key go, mid-loop)
+    tw(CMD, "fw", 5, 3_600_000)
+    tw("RL.TOKENBUCKET", "tb", 5, 1, 3_600_000)
+    tw("RL.SLIDINGCOUNTER", "sc", 5, 3_600_000)
     for cmd, lim, key in (("RL.TOKENBUCKET", [5, 1, 1000], "fw"), ("RL.SLIDINGCOUNTER", [5, 1000], "fw"),
                           (CMD, [5, 1000], "tb"), (CMD, [5, 1000], "sc")):
         with pytest.raises(redis.ResponseError, match="^WRONGTYPE"):
