@@ -128,20 +128,22 @@ class ServerProcess:
     LOG in `dir`, and how to tell it is alive and kill it."""
     LOG = "redis.log"
 
-    def log_tail(self, n=40):
+    def _log_lines(self):
         try:
-            with open(os.path.join(self.dir, self.LOG)) as f:
-                return "".join(f.readlines()[-n:])
+            with open(os.path.join(self.dir, self.LOG), errors="replace") as f:
+                return f.readlines()
         except OSError:
-            return "(no log)"
+            return None
+
+    def log_tail(self, n=40):
+        lines = self._log_lines()
+        return "(no log)" if lines is None else "".join(lines[-n:])
 
     def crash_log(self, n=100):
         """The start of the log's bug report (its stack traces) if it has
         one, else the log's last n lines."""
-        try:
-            with open(os.path.join(self.dir, self.LOG), errors="replace") as f:
-                lines = f.readlines()
-        except OSError:
+        lines = self._log_lines()
+        if lines is None:
             return "(no log)"
         start = next((i for i, ln in enumerate(lines) if "BUG REPORT START" in ln), None)
         return "".join(lines[start:start + n] if start is not None else lines[-n:])
