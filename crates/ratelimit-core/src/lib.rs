@@ -28,6 +28,7 @@ pub mod gcra;
 pub mod multi;
 #[cfg(any(test, feature = "reference"))]
 pub mod reference;
+pub mod reply;
 pub mod slidingcounter;
 pub mod slidinglog;
 pub mod tokenbucket;
