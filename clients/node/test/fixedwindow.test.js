@@ -3,22 +3,21 @@
 // allOf with fixed windows (RL.MULTI's FIXEDWINDOW kind), leases.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { startServer, waitUntil } from './harness.js';
+import { startServer, waitUntil, ServerClock } from './harness.js';
 import { connect, KINDS } from './clients.js';
 import { RateLimit, fixedWindow, tokenBucket, slidingLog, allOf, headers } from '../src/index.js';
 
 const HOUR = 3600000;
+// hour windows aligned to the epoch: a test starts with this much of one
+// left (ServerClock.room), so no boundary falls among its calls
+const ROOM = 30000;
 const BACKENDS = ['module', 'lua'];
 // RL.MULTI's FIXEDWINDOW kind: in the module and in the Lua twin.
 const MULTI_BACKENDS = ['module', 'lua'];
 let server;
-before(async () => { server = await startServer(); });
-after(async () => { await server.close(); });
-
-const serverMs = () => {
-  const [s, us] = server.cli('TIME').trim().split('\n').map(Number);
-  return s * 1000 + Math.floor(us / 1000);
-};
+let clock;
+before(async () => { server = await startServer(); clock = await ServerClock.open(server.port); });
+after(async () => { clock.close(); await server.close(); });
 
 test('fixedWindow: arguments checked before any call', () => {
   for (const bad of [[0, 1000], [1, 0], [2 ** 53, 1000], [1.5, 1000], ['3', 1000]]) {
@@ -62,10 +61,10 @@ for (const kind of KINDS) {
         const rl = new RateLimit(client, { timeoutMs: 2000, backend });
         const lim = rl.limiter(fixedWindow('api', 3, HOUR));
         const key = `rl:{${backend}-${kind}}:api`;
-        const t0 = serverMs();
+        const t0 = await clock.room(HOUR, ROOM);
         const ds = [];
         for (let i = 0; i < 4; i++) ds.push(await lim.limit(key));
-        const t1 = serverMs();
+        const t1 = await clock.ms();
         const end = t0 - (t0 % HOUR) + HOUR;
         assert.deepEqual(ds.map((d) => [d.allowed, d.remaining]), [[true, 2], [true, 1], [true, 0], [false, 0]]);
         assert.equal(ds[0].source, backend);
@@ -94,25 +93,27 @@ for (const backend of BACKENDS) {
   test(`fixedWindow on ${backend}: the boundary burst (2 x limit across one boundary)`, async () => {
     const { client, close } = await connect(KINDS[0], server.port);
     try {
-      const W = 1000;
+      // A 3 s window, the first burst started 1.44-1.5 s before a boundary
+      // (read from the server's clock) and the second right after it: each
+      // burst has about 1.5 s to land on its side, 8 grants fall within one
+      // window_ms. A burst that did not land on its side (a client stalled
+      // for over a second) runs again on a fresh key at a later boundary, up
+      // to 5 times.
+      const W = 3000;
       const lim = new RateLimit(client, { timeoutMs: 2000, backend }).limiter(fixedWindow('burst', 4, W));
-      // Each burst must land on its side of the boundary: one that did not
-      // (a client stalled past it, on a busy machine) runs again on a fresh
-      // key at a later boundary, up to 5 times.
       let first, second, t0, t1;
       for (let attempt = 0; ; attempt++) {
         assert.ok(attempt < 5, 'no burst landed on its side of a boundary in 5 tries');
         const key = `rl:{${backend}}:burst:${attempt}`;
-        await waitUntil(() => { const m = serverMs() % W; return m >= 800 && m < 850; }, { timeout: 5000, what: 'the end of a window' });
-        t0 = serverMs();
+        const end = await clock.beforeBoundary(W, W / 2);
+        t0 = await clock.ms();
         first = [];
         for (let i = 0; i < 5; i++) first.push((await lim.limit(key)).allowed);
-        const ta = serverMs();
-        const end = t0 - (t0 % W) + W;
-        await waitUntil(() => serverMs() >= end, { timeout: 5000, what: 'the next window' });
+        const ta = await clock.ms();
+        await clock.past(end);
         second = [];
         for (let i = 0; i < 5; i++) second.push((await lim.limit(key)).allowed);
-        t1 = serverMs();
+        t1 = await clock.ms();
         if (ta < end && t1 - t0 < W) break;
       }
       assert.deepEqual(first, [true, true, true, true, false]);
@@ -124,17 +125,26 @@ for (const backend of BACKENDS) {
   test(`fixedWindow on ${backend}: fromFirst starts the window at the first grant`, async () => {
     const { client, close } = await connect(KINDS[0], server.port);
     try {
-      const W = 400;
+      // The first three calls must fall inside the window the first began:
+      // a run whose third call came after it ended (a stall of W) runs
+      // again on a fresh key, up to 3 times.
+      const W = 1000;
       const lim = new RateLimit(client, { timeoutMs: 2000, backend }).limiter(fixedWindow('ff', 2, W, { fromFirst: true }));
-      const key = `rl:{${backend}}:ff`;
-      const t0 = serverMs();
-      const d = await lim.limit(key);
-      const t1 = serverMs();
-      assert.ok(d.allowed && d.resetAfterMs === W);
-      const exp = Number(server.cli('PEXPIRETIME', key).trim());
-      assert.ok(t0 + W <= exp && exp <= t1 + W, `${exp} in ${t0 + W}..${t1 + W}`);
-      assert.equal((await lim.limit(key)).allowed, true);
-      assert.equal((await lim.limit(key)).allowed, false);
+      let key, exp;
+      for (let attempt = 0; ; attempt++) {
+        assert.ok(attempt < 3, `no three calls within ${W} ms of the first in 3 tries`);
+        key = `rl:{${backend}}:ff:${attempt}`;
+        const t0 = await clock.ms();
+        const d = await lim.limit(key);
+        const t1 = await clock.ms();
+        assert.ok(d.allowed && d.resetAfterMs === W);
+        exp = Number(server.cli('PEXPIRETIME', key).trim());
+        assert.ok(t0 + W <= exp && exp <= t1 + W, `${exp} in ${t0 + W}..${t1 + W}`);
+        const more = [(await lim.limit(key)).allowed, (await lim.limit(key)).allowed];
+        if (await clock.ms() >= exp) continue;
+        assert.deepEqual(more, [true, false]);
+        break;
+      }
       await waitUntil(() => server.cli('EXISTS', key).trim() === '0', { timeout: 5000, what: 'the window to end' });
       assert.equal((await lim.limit(key)).resetAfterMs, W);
       assert.ok(Number(server.cli('PEXPIRETIME', key).trim()) >= exp + W);
@@ -149,6 +159,7 @@ for (const backend of BACKENDS) {
         fixedWindow('hour', 10, HOUR, { fromFirst: true }).weighted(2)], { name: 'fw' });
       const lim = rl.limiter(rule);
       const key = `rl:{${backend}}:m`;
+      await clock.room(HOUR, ROOM);
       const ds = [];
       for (let i = 0; i < 4; i++) ds.push(await lim.limit(key));
       assert.deepEqual(ds.map((d) => d.allowed), [true, true, true, false]);
@@ -178,6 +189,7 @@ for (const backend of BACKENDS) {
       const rl = new RateLimit(client, { timeoutMs: 2000, backend });
       const lim = rl.leased(fixedWindow('lease', 25, HOUR), { batch: 10, lowWater: 0.2 });
       const key = `rl:{${backend}}:lease`;
+      await clock.room(HOUR, ROOM);
       const ds = [];
       for (let i = 0; i < 40; i++) ds.push(await lim.limit(key));
       assert.equal(ds.filter((d) => d.allowed).length, 25);

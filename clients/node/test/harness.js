@@ -128,4 +128,102 @@ export class Cluster {
   async close() { for (const s of this.nodes) await s.close(); }
 }
 
+// Time in tests (docs/testing.md, "Time in tests"): every window a test
+// relies on is placed against the server's clock (TIME, the clock the
+// module and the Lua twins read), never against where the wall clock falls.
+// A fixed window not started FROMFIRST, and a sliding counter's current
+// window, end at the next multiple of their length on the server's clock.
+// ServerClock reads TIME over one connection of its own (no driver, no
+// redis-cli process per read) and places a test's calls against those
+// boundaries; testing/rltesting/clock.py is the same for the Python suites.
+const POLL_MS = 20;
+export const POLL_SLACK_MS = 60;
+
+/** The first multiple of windowMs after tMs: where the aligned window holding tMs ends. */
+export const boundaryAfter = (tMs, windowMs) => tMs - (tMs % windowMs) + windowMs;
+
+export class ServerClock {
+  static async open(port) {
+    const c = new ServerClock();
+    c.sock = net.connect(port, '127.0.0.1');
+    c.buf = '';
+    c.waiters = [];
+    c.sock.setNoDelay(true);
+    c.sock.on('data', (d) => {
+      c.buf += d;
+      // TIME answers *2\r\n$N\r\nsecs\r\n$M\r\nmicros\r\n
+      for (;;) {
+        const m = /^\*2\r\n\$\d+\r\n(\d+)\r\n\$\d+\r\n(\d+)\r\n/.exec(c.buf);
+        if (!m) break;
+        c.buf = c.buf.slice(m[0].length);
+        c.waiters.shift().resolve(Number(m[1]) * 1000 + Math.floor(Number(m[2]) / 1000));
+      }
+    });
+    c.sock.on('error', (e) => { for (const w of c.waiters.splice(0)) w.reject(e); });
+    await new Promise((resolve, reject) => { c.sock.once('connect', resolve); c.sock.once('error', reject); });
+    return c;
+  }
+
+  /** The server's clock in ms. */
+  ms() {
+    return new Promise((resolve, reject) => {
+      this.waiters.push({ resolve, reject });
+      this.sock.write('*1\r\n$4\r\nTIME\r\n');
+    });
+  }
+
+  /** Resolve once the server's clock reads tMs or later; the time read. */
+  async past(tMs) {
+    for (;;) {
+      const now = await this.ms();
+      if (now >= tMs) return now;
+      await sleep(Math.min(tMs - now, POLL_MS));
+    }
+  }
+
+  /** The server's time once the aligned window of windowMs has at least
+   * needMs left (waiting for the next window if it has less; needMs is at
+   * most half the window, so the wait is at most needMs). */
+  async room(windowMs, needMs) {
+    if (!(needMs > 0 && needMs <= windowMs / 2)) throw new RangeError(`needMs ${needMs} for a window of ${windowMs}`);
+    const now = await this.ms();
+    const end = boundaryAfter(now, windowMs);
+    return end - now >= needMs ? now : this.past(end);
+  }
+
+  /** The next aligned boundary of windowMs, once it is between
+   * leadMs - POLL_SLACK_MS and leadMs ahead of the server's clock. */
+  async beforeBoundary(windowMs, leadMs) {
+    if (!(leadMs > POLL_SLACK_MS && leadMs < windowMs)) throw new RangeError(`leadMs ${leadMs} for a window of ${windowMs}`);
+    for (;;) {
+      const now = await this.ms();
+      const end = boundaryAfter(now, windowMs);
+      const left = end - now;
+      if (left <= leadMs && left >= leadMs - POLL_SLACK_MS) return end;
+      const ahead = left > leadMs ? left - leadMs : left + windowMs - leadMs;
+      await sleep(Math.max(1, Math.min(ahead, POLL_MS)));
+    }
+  }
+
+  /** Run `run(attempt)` (calls on fresh keys named by the attempt) inside one
+   * aligned window of windowMs: started with needMs of it left, checked on
+   * the server's clock to have ended in the same window, run again (up to
+   * `attempts` times) if it straddled a boundary. Returns run's result. */
+  async oneWindow(windowMs, needMs, run, attempts = 3) {
+    let took = 0;
+    for (let attempt = 0; attempt < attempts; attempt++) {
+      const t0 = await this.room(windowMs, needMs);
+      const out = await run(attempt);
+      const t1 = await this.ms();
+      if (Math.floor(t0 / windowMs) === Math.floor(t1 / windowMs)) return out;
+      took = t1 - t0;
+    }
+    throw new Error(`no run fitted in one window of ${windowMs} ms in ${attempts} tries (the last took ${took} ms)`);
+  }
+
+  close() { this.sock.destroy(); }
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
 export { ROOT };
