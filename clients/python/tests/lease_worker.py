@@ -19,7 +19,7 @@ from redis_ratelimit import Breaker, RateLimit, sliding_log
 
 port, backend, key, go_file, run_s = sys.argv[1:6]
 run_s = float(run_s)
-POLICY = sliding_log("shared", 1000, 10_000)
+POLICY = sliding_log("shared", 1000, 3_600_000)  # as in test_exactness.py
 
 rl = RateLimit(redis.Redis(host="127.0.0.1", port=int(port), socket_timeout=2,
                            socket_connect_timeout=2, retry=Retry(NoBackoff(), 0)),
