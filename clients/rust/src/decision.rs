@@ -73,3 +73,45 @@ pub struct Decision {
     /// The rule the decision was made for (used by [`crate::headers`]).
     pub rule: Arc<Rule>,
 }
+
+impl Part {
+    /// Part `name`'s share, from the core's figures.
+    pub(crate) fn of(name: &str, d: &ratelimit_core::Decision) -> Part {
+        Part {
+            policy: name.to_owned(),
+            granted: d.granted,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after_ms: d.retry_after_ms,
+            reset_after_ms: d.reset_after_ms,
+        }
+    }
+}
+
+impl Decision {
+    /// The one place a decision is made: the core's figures of the binding
+    /// policy `binding` (for a single policy, the rule itself), with where
+    /// they came from and, for `all_of`, its parts.
+    pub(crate) fn of(
+        rule: &Arc<Rule>,
+        d: ratelimit_core::Decision,
+        allowed: bool,
+        binding: &str,
+        source: Source,
+        parts: Vec<Part>,
+    ) -> Decision {
+        Decision {
+            allowed,
+            granted: d.granted,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after_ms: d.retry_after_ms,
+            reset_after_ms: d.reset_after_ms,
+            policy: rule.name().to_owned(),
+            binding: binding.to_owned(),
+            source,
+            parts,
+            rule: rule.clone(),
+        }
+    }
+}

@@ -8,15 +8,16 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use redis::Value;
 use tokio::sync::watch;
 
-use crate::backend::{Request, Tail};
+use crate::answer;
 use crate::breaker::{Panic, PanicBuckets, Permit};
-use crate::client::{int, uint, Connection, Inner, RateLimit};
+use crate::client::RateLimit;
 use crate::decision::{Decision, Source};
 use crate::error::{Error, Result};
 use crate::policy::{check_int, Policy, Rule};
+use crate::request::{Call, Request, Tail};
+use crate::transport::{Connection, Inner};
 
 /// The settings of a leased limiter (the defaults of clients/DESIGN.md).
 #[derive(Debug, Clone, PartialEq)]
@@ -219,10 +220,8 @@ impl<C: Connection> Shared<C> {
         let i = inner(self);
         let req = Request::single(&self.policy, key, Tail::Refund(n));
         let (v, _) = i.bounded(false, i.run(&req)).await?;
-        let Value::Array(a) = &v else { return Err(Error::Protocol(format!("{v:?}"))) };
-        let back = a.first().map(uint).transpose()?.unwrap_or(0);
-        i.m.refunds.fetch_add(1, Relaxed);
-        i.m.refund_tokens.fetch_add(back, Relaxed);
+        let back = answer::single(&v, n, true)?.granted;
+        i.m.refunded(back);
         Ok(back)
     }
 
@@ -239,22 +238,17 @@ impl<C: Connection> Shared<C> {
         i.m.leases.fetch_add(1, Relaxed);
         let r = i.bounded_inner(probe, i.run(&req)).await;
         let now = i.now();
-        let parsed = r.and_then(|(v, source)| {
-            let Value::Array(a) = &v else { return Err(Error::Protocol(format!("{v:?}"))) };
-            if a.len() != 5 {
-                return Err(Error::Protocol(format!("{v:?}")));
-            }
-            Ok((uint(&a[0])?, uint(&a[2])?, int(&a[3])?, uint(&a[4])?, source))
-        });
+        let parsed = r.and_then(|(v, source)| Ok((answer::single(&v, asked, true)?, source)));
         let mut k = self.lock();
         let (e, evicted) = k.touch(&key, now, usize::MAX);
         debug_assert!(evicted.is_none());
         e.flight = None;
         let out = match parsed {
-            Ok((got, remaining, retry, reset, source)) => {
+            Ok((d, source)) => {
+                let (got, retry) = (d.granted, d.retry_after_ms);
                 e.tokens = e.tokens.saturating_add(got);
-                e.shared_remaining = remaining;
-                e.reset_ms = reset;
+                e.shared_remaining = d.remaining;
+                e.reset_ms = d.reset_after_ms;
                 e.reply_at = now;
                 if got < asked {
                     let wait = if retry >= 0 {
@@ -292,22 +286,23 @@ impl<C: Connection> Shared<C> {
         });
     }
 
-    fn local(&self, e: &Entry, cost: u64, now: f64) -> Decision {
-        self.granted.fetch_add(cost, Relaxed);
+    /// A decision from the reservoir: `granted` of `cost`, the shared
+    /// figures as of the last lease's reply.
+    fn reservoir(&self, e: &Entry, granted: u64, retry_after_ms: i64, now: f64) -> Decision {
         let since = (now - e.reply_at).max(0.0) as u64;
-        Decision {
-            allowed: true,
-            granted: cost,
+        let d = ratelimit_core::Decision {
+            granted,
             limit: self.policy.limit(),
             remaining: e.tokens.saturating_add(e.shared_remaining),
-            retry_after_ms: 0,
+            retry_after_ms,
             reset_after_ms: e.reset_ms.saturating_sub(since),
-            policy: self.policy.name().to_owned(),
-            binding: self.policy.name().to_owned(),
-            source: Source::Local,
-            parts: Vec::new(),
-            rule: self.rule.clone(),
-        }
+        };
+        Decision::of(&self.rule, d, retry_after_ms == 0, self.policy.name(), Source::Local, Vec::new())
+    }
+
+    fn local(&self, e: &Entry, cost: u64, now: f64) -> Decision {
+        self.granted.fetch_add(cost, Relaxed);
+        self.reservoir(e, cost, 0, now)
     }
 
     fn denial(&self, e: &Entry, cost: u64, now: f64) -> Decision {
@@ -318,38 +313,11 @@ impl<C: Connection> Shared<C> {
         } else {
             ((e.hold_until - now).ceil() as i64).max(1)
         };
-        let since = (now - e.reply_at).max(0.0) as u64;
-        Decision {
-            allowed: false,
-            granted: 0,
-            limit: self.policy.limit(),
-            remaining: e.tokens.saturating_add(e.shared_remaining),
-            retry_after_ms: retry,
-            reset_after_ms: e.reset_ms.saturating_sub(since),
-            policy: self.policy.name().to_owned(),
-            binding: self.policy.name().to_owned(),
-            source: Source::Local,
-            parts: Vec::new(),
-            rule: self.rule.clone(),
-        }
+        self.reservoir(e, 0, retry, now)
     }
 
     fn panic(&self, key: &str, cost: u64) -> Decision {
-        let i = inner(self);
-        let r = self.panics.decide(&[key], cost, &[1], false, false, i.now())[0];
-        Decision {
-            allowed: r.took == cost,
-            granted: r.took,
-            limit: r.cap,
-            remaining: r.remaining,
-            retry_after_ms: if r.took == cost { 0 } else { r.retry_ms },
-            reset_after_ms: r.reset_ms,
-            policy: self.policy.name().to_owned(),
-            binding: self.policy.name().to_owned(),
-            source: Source::Panic,
-            parts: Vec::new(),
-            rule: self.rule.clone(),
-        }
+        answer::panic(&self.rule, &self.panics, &[key], Call::cost(cost), inner(self).now())
     }
 
     /// Takes `cost` from the reservoir if it can; starts a refill when it
@@ -404,7 +372,7 @@ impl<C: Connection> LeasedLimiter<C> {
             if let Some(d) = sh.take(e, key, cost, now) {
                 drop(k);
                 self.give_back(evicted);
-                return Ok(i.count(d));
+                return Ok(i.m.count(d));
             }
             if let Some(rx) = e.flight.clone() {
                 (Next::Wait(rx), evicted)
@@ -412,7 +380,7 @@ impl<C: Connection> LeasedLimiter<C> {
                 let d = sh.denial(e, cost, now);
                 drop(k);
                 self.give_back(evicted);
-                return Ok(i.count(d));
+                return Ok(i.m.count(d));
             } else {
                 match i.breaker.acquire(now) {
                     Permit::No => (Next::Panic, evicted),
@@ -433,17 +401,17 @@ impl<C: Connection> LeasedLimiter<C> {
         self.give_back(evicted);
         let mut rx = match next {
             Next::Wait(rx) => rx,
-            Next::Panic => return Ok(i.count(sh.panic(key, cost))),
+            Next::Panic => return Ok(i.m.count(sh.panic(key, cost))),
             Next::Lease(tx) => {
                 let asked = sh.opts.batch.max(cost);
                 let (o, source) = sh.lease(key.to_owned(), asked, false, tx).await?;
-                return Ok(i.count(sh.after(key, cost, o, source)));
+                return Ok(i.m.count(sh.after(key, cost, o, source)));
             }
         };
         // a lease is in flight: wait for it (at most the timeout) unless the
         // breaker refuses, then take no lease of our own
         if i.breaker.refuses(now) {
-            return Ok(i.count(sh.panic(key, cost)));
+            return Ok(i.m.count(sh.panic(key, cost)));
         }
         i.m.lease_waits.fetch_add(1, Relaxed);
         let got = tokio::time::timeout(i.timeout, rx.wait_for(|o| o.is_some())).await;
@@ -451,7 +419,7 @@ impl<C: Connection> LeasedLimiter<C> {
             Ok(Ok(v)) => v.unwrap_or(Outcome::NoReply),
             _ => Outcome::NoReply,
         };
-        Ok(i.count(sh.after(key, cost, o, Source::Local)))
+        Ok(i.m.count(sh.after(key, cost, o, Source::Local)))
     }
 
     fn give_back(&self, evicted: Option<(String, u64)>) {

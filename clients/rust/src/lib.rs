@@ -21,30 +21,41 @@
 //! See the crate README for a first call, the driver choice and the tests.
 #![warn(missing_docs)]
 
-mod backend;
+// I/O-free: what a decision sends and how its reply reads, the policies,
+// decisions, breaker and panic limits, settings and counters.
+mod answer;
 mod breaker;
-mod client;
 mod decision;
 mod error;
 mod headers;
 mod keys;
-mod lease;
+mod metrics;
+mod options;
 mod policy;
+mod request;
+// The transport (connection, timeout, breaker, detection, strict mode) and
+// what is built on it.
+mod client;
+mod lease;
 #[cfg(feature = "sentinel")]
 mod sentinel;
 #[cfg(feature = "tower")]
 mod tower;
+mod transport;
 
-pub use backend::Backend;
 pub use breaker::{Breaker, Panic, State};
-pub use client::{Call, Connection, Limiter, Metrics, Options, RateLimit, Strict};
+pub use client::{Limiter, RateLimit};
 pub use decision::{Decision, Part, Source};
 pub use error::{Error, Result};
 pub use headers::{headers, problem, Problem, QUOTA_EXCEEDED, QUOTA_TITLE};
 pub use keys::{assert_same_slot, key_slot, make_key, make_key_with_prefix};
 pub use lease::{Lease, LeasedLimiter};
+pub use metrics::Metrics;
+pub use options::{Options, Strict};
 pub use policy::{all_of, fixed_window, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX};
+pub use request::{Backend, Call};
 #[cfg(feature = "sentinel")]
 pub use sentinel::SentinelConnection;
 #[cfg(feature = "tower")]
 pub use tower::{LimitedBody, RateLimitLayer, RateLimitService};
+pub use transport::Connection;

@@ -36,12 +36,14 @@ use http_body_util::{Either, Full};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::client::{Call, Connection, Limiter};
+use crate::client::Limiter;
 use crate::decision::Decision;
 use crate::error::{Error, Result};
 use crate::headers::{headers, problem};
 use crate::keys::make_key;
 use crate::lease::LeasedLimiter;
+use crate::request::Call;
+use crate::transport::Connection;
 
 /// The body of a limited service's responses: the inner service's, or the
 /// layer's own (a 429's problem, an error's text, an empty gRPC body).

@@ -1,6 +1,8 @@
-//! The calls one decision sends: the module's RL.* commands, or the Lua
-//! twins by EVALSHA (NOSCRIPT answered with EVAL once, which caches the
-//! script on that server).
+//! The calls one decision sends, encoded without I/O: the module's RL.*
+//! commands, or the Lua twins by EVALSHA (the transport answers NOSCRIPT
+//! with EVAL once, which caches the script on that server); what the
+//! detection's `COMMAND INFO` reply says a server has, and what a module
+//! that lacks a command refuses before any call.
 
 use std::borrow::Cow;
 use std::sync::OnceLock;
@@ -54,6 +56,30 @@ pub(crate) fn script(name: &'static str) -> &'static Script {
             .collect()
     });
     &all.iter().find(|(n, _)| *n == name).unwrap_or(&all[4]).1
+}
+
+/// The options of one decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Call {
+    /// Units asked for (default 1; 0 asks without taking).
+    pub cost: u64,
+    /// Take what is available (0…cost) instead of all or nothing.
+    pub partial: bool,
+    /// Decide without taking anything.
+    pub dry_run: bool,
+}
+
+impl Default for Call {
+    fn default() -> Call {
+        Call { cost: 1, partial: false, dry_run: false }
+    }
+}
+
+impl Call {
+    /// A call of `cost` units, all or nothing.
+    pub fn cost(cost: u64) -> Call {
+        Call { cost, ..Call::default() }
+    }
 }
 
 /// The options after the limits.
@@ -256,10 +282,27 @@ pub(crate) fn detect_reply(v: &Value) -> Option<Found> {
     Some(Found { module: has(&a[0]), multi: has(&a[1]), fixed: has(&a[2]) })
 }
 
+/// Why a module that lacks what `req` needs refuses it before any call
+/// (a module older than `RL.MULTI` or `RL.FIXEDWINDOW`): an unknown
+/// command would otherwise look like a failover to a server without it.
+pub(crate) fn lacks(found: Option<Found>, req: &Request<'_>) -> Option<&'static str> {
+    let f = found?;
+    if req.is_multi() && !f.multi {
+        Some("this server's redis-ratelimit module has no RL.MULTI (all_of needs it)")
+    } else if req.fixed && !f.fixed {
+        Some(
+            "this server's redis-ratelimit module has no RL.FIXEDWINDOW (fixed_window needs it: \
+             upgrade the module, or use Backend::Lua)",
+        )
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::{fixed_window, token_bucket};
+    use crate::policy::{fixed_window, sliding_log, token_bucket};
 
     #[test]
     fn a_fixed_window_limit_takes_fromfirst_after_its_weight() {
@@ -305,5 +348,27 @@ mod tests {
         let v = Value::Array(vec![Value::Nil, Value::Nil, Value::Nil]);
         assert_eq!(detect_reply(&v), Some(Found::default()));
         assert_eq!(detect_reply(&Value::Array(vec![info.clone(), info])), None);
+    }
+
+    #[test]
+    fn an_older_module_refuses_what_it_lacks_before_any_call() {
+        let fw = fixed_window("f", 5, 1000, false).unwrap();
+        let sl = sliding_log("s", 5, 1000).unwrap();
+        let single_fw = Request::single(&fw, "k", Tail::Refund(1));
+        let multi_fw = Request::multi(&[sl.clone(), fw], vec!["a".into(), "b".into()], Tail::Refund(1));
+        let multi_sl = Request::multi(std::slice::from_ref(&sl), vec!["a".into()], Tail::Refund(1));
+        let single_sl = Request::single(&sl, "k", Tail::Refund(1));
+        let all = Some(Found { module: true, multi: true, fixed: true });
+        let no_fixed = Some(Found { module: true, multi: true, fixed: false });
+        let no_multi = Some(Found { module: true, multi: false, fixed: false });
+        for r in [&single_fw, &multi_fw, &multi_sl, &single_sl] {
+            assert_eq!(lacks(all, r), None);
+            assert_eq!(lacks(None, r), None);
+        }
+        assert!(lacks(no_fixed, &single_fw).unwrap().contains("RL.FIXEDWINDOW"));
+        assert!(lacks(no_fixed, &multi_fw).unwrap().contains("RL.FIXEDWINDOW"));
+        assert_eq!(lacks(no_fixed, &multi_sl), None);
+        assert!(lacks(no_multi, &multi_sl).unwrap().contains("RL.MULTI"));
+        assert_eq!(lacks(no_multi, &single_sl), None);
     }
 }
