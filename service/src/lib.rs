@@ -8,16 +8,24 @@
 //! * [`config`] — the YAML files, their load errors and descriptor matching.
 //! * [`settings`] — the environment variables.
 //! * [`runtime`] — the configuration directory and its hot reload.
-//! * [`service`] — `ShouldRateLimit`.
+//! * [`service`] — `ShouldRateLimit`: [`plan`] → [`backend`] → [`respond`].
+//! * [`plan`] — a request and the configuration give the parts to decide (pure).
+//! * [`backend`] — the parts decided in one call on Redis, through the Rust client.
+//! * [`respond`] — the parts' states give statuses, headers and statistics (pure).
+//! * [`error`] — why a request gets no decision.
 //! * [`json`] — proto3 JSON for `POST /json`.
 //! * [`server`] — the gRPC and HTTP listeners.
 //! * [`metrics`] — the statistics, Prometheus `/metrics`.
 #![warn(missing_docs)]
 
+pub mod backend;
 pub mod config;
 pub mod conn;
+pub mod error;
 pub mod json;
 pub mod metrics;
+pub mod plan;
+pub mod respond;
 pub mod runtime;
 pub mod server;
 pub mod service;

@@ -1,0 +1,245 @@
+//! The backend: what decides a plan's parts. [`Backend`] is the one
+//! question the service asks (decide these parts in one atomic call);
+//! [`Redis`] answers it on the Rust client and owns everything the client
+//! needs to: the one-call shortcut (a single fixed window is one
+//! `RL.FIXEDWINDOW`, decided once, in `Redis::call_of`), the cache of
+//! prepared calls, the error mapping and `PANIC_MODE`.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher, RandomState};
+use std::sync::RwLock;
+
+use redis_ratelimit_client::{all_of, fixed_window, sliding_counter, sliding_log, token_bucket, Call, Connection, Decision};
+use redis_ratelimit_client::{Error, Limiter, Panic, Policy, Source};
+
+use crate::config::Algorithm;
+use crate::error::ServiceError;
+use crate::plan::{key_of, Part, PartState, Shape, MAX_LIMITED_DESCRIPTORS};
+use crate::settings::PanicMode;
+
+/// Decides parts together, all or nothing.
+pub trait Backend {
+    /// Decides `parts` (their keys ranges of `keys`) in one atomic call,
+    /// `cost` 1 (count their weights) or 0 (check only); writes each
+    /// part's [`PartState`] and answers whether every part took its units.
+    fn decide(&self, keys: &str, parts: &mut [Part], cost: u64) -> impl Future<Output = Result<bool, ServiceError>> + Send;
+}
+
+/// A prepared call: the client's limiter for one sequence of shapes.
+struct Prepared<C> {
+    limiter: Limiter<C>,
+    /// One fixed window: one `RL.FIXEDWINDOW` (its weight the call's cost,
+    /// its decision itself the part's state), else one `RL.MULTI`.
+    single: bool,
+}
+
+impl<C> Clone for Prepared<C> {
+    fn clone(&self) -> Self {
+        Prepared { limiter: self.limiter.clone(), single: self.single }
+    }
+}
+
+/// Shards of the cache: requests of different shapes take different locks.
+const SHARDS: usize = 16;
+/// Prepared calls kept per shard; a full shard drops one to take another.
+const PER_SHARD: usize = 10_000 / SHARDS;
+
+/// The prepared calls, by the shapes of their parts (what a call is built
+/// from: algorithms, limits, windows, bursts and weights). The weights are
+/// the requests' hits, so the set is not bounded by the configuration, and
+/// a call's panic limits (`PANIC_MODE=local`) live in its limiter, so it
+/// outlives configuration loads. Sharded by the shapes' hash, computed
+/// once per request: a hit takes one shard's read lock (requests never
+/// wait on one another but for a miss in their own shard), and a full
+/// shard drops one entry to take another, never all.
+struct Prepareds<C> {
+    hasher: RandomState,
+    shards: [RwLock<Shard<C>>; SHARDS],
+}
+
+/// One shard: the calls by their shapes' hash (a list per hash, for collisions).
+type Shard<C> = HashMap<u64, Vec<(Vec<Shape>, Prepared<C>)>, BuildHasherDefault<Hashed>>;
+
+/// The hasher of keys that are a hash already.
+#[derive(Default)]
+struct Hashed(u64);
+
+impl Hasher for Hashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+}
+
+impl<C> Prepareds<C> {
+    fn new() -> Self {
+        Prepareds { hasher: RandomState::new(), shards: std::array::from_fn(|_| RwLock::new(HashMap::default())) }
+    }
+
+    /// The call of `shapes`, prepared by `build` on a miss.
+    fn get_or_build(
+        &self,
+        shapes: &[Shape],
+        build: impl FnOnce() -> Result<Prepared<C>, ServiceError>,
+    ) -> Result<Prepared<C>, ServiceError> {
+        let h = self.hasher.hash_one(shapes);
+        // bits the map does not use (its index takes the low ones, its tags the top 7)
+        let shard = &self.shards[(h >> 32) as usize % SHARDS];
+        let found = |m: &Shard<C>| m.get(&h).and_then(|l| l.iter().find(|(s, _)| s == shapes)).map(|(_, p)| p.clone());
+        if let Some(p) = found(&shard.read().unwrap_or_else(|e| e.into_inner())) {
+            return Ok(p);
+        }
+        let p = build()?;
+        let mut map = shard.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = found(&map) {
+            return Ok(p); // prepared meanwhile by another request: one limiter per shapes
+        }
+        if map.len() >= PER_SHARD {
+            let old = map.keys().next().copied();
+            if let Some(old) = old {
+                map.remove(&old);
+            }
+        }
+        map.entry(h).or_default().push((shapes.to_vec(), p.clone()));
+        Ok(p)
+    }
+}
+
+/// The [`Backend`] on Redis, through the Rust client.
+pub struct Redis<C> {
+    rl: redis_ratelimit_client::RateLimit<C>,
+    panic_mode: PanicMode,
+    prepared: Prepareds<C>,
+}
+
+impl<C: Connection> Redis<C> {
+    /// A backend on the client `rl`, answering `panic_mode` while Redis is unavailable.
+    pub fn new(rl: redis_ratelimit_client::RateLimit<C>, panic_mode: PanicMode) -> Redis<C> {
+        Redis { rl, panic_mode, prepared: Prepareds::new() }
+    }
+
+    /// The client (its counters are the service's `/metrics` too).
+    pub fn client(&self) -> &redis_ratelimit_client::RateLimit<C> {
+        &self.rl
+    }
+
+    /// The call of `parts`: their shapes looked up on the stack (a plan has
+    /// at most [`MAX_LIMITED_DESCRIPTORS`] parts), prepared on a miss.
+    fn prepared(&self, parts: &[Part]) -> Result<Prepared<C>, ServiceError> {
+        let zero = Shape { algorithm: Algorithm::FixedWindow, limit: 0, window_ms: 0, burst: 0, weight: 0 };
+        let mut buf = [zero; MAX_LIMITED_DESCRIPTORS];
+        let Some(shapes) = buf.get_mut(..parts.len()) else {
+            return Err(ServiceError::Invalid(format!("more than {MAX_LIMITED_DESCRIPTORS} limited descriptors")));
+        };
+        for (b, p) in shapes.iter_mut().zip(parts) {
+            *b = p.shape;
+        }
+        let shapes: &[Shape] = shapes;
+        self.prepared.get_or_build(shapes, || self.call_of(shapes))
+    }
+
+    /// The one place the shape of the call is chosen: one fixed window is
+    /// `RL.FIXEDWINDOW` itself, its weight the call's cost (the same
+    /// decision, for fewer instructions in Redis than a one-part
+    /// `RL.MULTI`: make bench-envoy); anything else one `RL.MULTI`.
+    fn call_of(&self, shapes: &[Shape]) -> Result<Prepared<C>, ServiceError> {
+        let inv = |e: Error| ServiceError::Invalid(e.to_string());
+        let mut policies = Vec::with_capacity(shapes.len());
+        for (i, s) in shapes.iter().enumerate() {
+            policies.push(policy(&format!("d{i}"), s).and_then(|p| p.weighted(s.weight)).map_err(inv)?);
+        }
+        let panic = match self.panic_mode {
+            PanicMode::Local(instances) => Panic::Instances(instances),
+            _ => Panic::default(),
+        };
+        let (limiter, single) = if let [Shape { algorithm: Algorithm::FixedWindow, limit, window_ms, .. }] = *shapes {
+            (self.rl.limiter(fixed_window("d0", limit, window_ms, false).map_err(inv)?, panic), true)
+        } else {
+            (self.rl.limiter(all_of(policies, Some("envoy")).map_err(inv)?, panic), false)
+        };
+        Ok(Prepared { limiter: limiter.map_err(inv)?, single })
+    }
+}
+
+/// The client's policy of one shape (its weight not yet applied).
+fn policy(name: &str, s: &Shape) -> redis_ratelimit_client::Result<Policy> {
+    match s.algorithm {
+        Algorithm::FixedWindow => fixed_window(name, s.limit, s.window_ms, false),
+        Algorithm::TokenBucket => token_bucket(name, s.burst, s.limit, s.window_ms),
+        Algorithm::SlidingLog => sliding_log(name, s.limit, s.window_ms),
+        Algorithm::SlidingCounter => sliding_counter(name, s.limit, s.window_ms),
+    }
+}
+
+impl<C: Connection> Backend for Redis<C> {
+    async fn decide(&self, keys: &str, parts: &mut [Part], cost: u64) -> Result<bool, ServiceError> {
+        let call = self.prepared(parts)?;
+        let d = match (call.single, &*parts) {
+            (true, [p]) => call.limiter.limit(key_of(keys, p), Call::cost(if cost == 0 { 0 } else { p.shape.weight })).await,
+            _ => {
+                let keys: Vec<&str> = parts.iter().map(|p| key_of(keys, p)).collect();
+                call.limiter.limit_keys(&keys, Call::cost(cost)).await
+            }
+        };
+        let d = d.map_err(|e| match e {
+            Error::Unavailable(m) => ServiceError::Unavailable(m),
+            Error::Invalid(m) => ServiceError::Invalid(m),
+            // the keys share the domain's hash tag, so this is a bug here: an
+            // error answer, and nothing was counted anywhere (refused before any call)
+            Error::CrossSlot(m) => {
+                ServiceError::Internal(format!("the keys of one request span cluster slots, nothing counted: {m}"))
+            }
+            e => ServiceError::Internal(e.to_string()),
+        })?;
+        self.read(&d, call.single, parts)
+    }
+}
+
+impl<C> Redis<C> {
+    /// Each part's state from the client's decision (a single
+    /// `RL.FIXEDWINDOW`'s decision itself, else its parts), with
+    /// `PANIC_MODE` applied when Redis did not decide. Whether all took
+    /// their units.
+    fn read(&self, d: &Decision, single: bool, parts: &mut [Part]) -> Result<bool, ServiceError> {
+        // (retry_after_ms, remaining) in place of Redis's while it is unavailable
+        let panic: Option<fn(u64) -> (i64, u64)> = match (d.source, self.panic_mode) {
+            (Source::Panic, PanicMode::Error) => {
+                return Err(ServiceError::Unavailable(
+                    "Redis is unavailable (no reply within REDIS_TIMEOUT, or the breaker is open)".into(),
+                ))
+            }
+            (Source::Panic, PanicMode::Allow) => Some(|limit| (0, limit)),
+            (Source::Panic, PanicMode::Deny) => Some(|_| (1, 0)),
+            // the client's panic limits decided, all parts or none
+            _ => None,
+        };
+        let state = |limit: u64, retry_ms: i64, remaining: u64, reset_ms: u64| {
+            let (retry_ms, remaining) = panic.map_or((retry_ms, remaining), |f| f(limit));
+            PartState { over: retry_ms != 0, remaining, retry_ms, reset_ms }
+        };
+        if single {
+            if let Some(p) = parts.first_mut() {
+                p.state = state(d.limit, d.retry_after_ms, d.remaining, d.reset_after_ms);
+            }
+        } else {
+            for (p, x) in parts.iter_mut().zip(&d.parts) {
+                p.state = state(x.limit, x.retry_after_ms, x.remaining, x.reset_after_ms);
+            }
+        }
+        Ok(match (d.source, self.panic_mode) {
+            (Source::Panic, PanicMode::Allow) => true,
+            (Source::Panic, PanicMode::Deny) => false,
+            _ => d.allowed,
+        })
+    }
+}

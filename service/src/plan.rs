@@ -1,0 +1,402 @@
+//! The plan of one request, pure: a `RateLimitRequest` and the
+//! configuration give what to ask Redis: each descriptor's match (or its
+//! request-given override), the limits another `replaces`, and the parts to
+//! decide: their keys, numbers and hits, the same counter twice merged into
+//! one part, the counted parts (hits > 0) apart from the check-only ones
+//! (`hits_addend` 0). No I/O and no clock: [`Plan::new`] is tested without
+//! Redis (the tests at the end of this file).
+//!
+//! envoyproxy/ratelimit's `src/service/ratelimit.go` and
+//! `src/limiter/cache_key.go` read for behaviour.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use redis_ratelimit_client::MAX;
+
+use crate::config::{Algorithm, Config, Domain, Matched, RateLimit, Unit};
+use crate::error::ServiceError;
+
+/// The most descriptors with a counted limit one request may have: the
+/// parts of one `RL.MULTI`.
+pub const MAX_LIMITED_DESCRIPTORS: usize = 16;
+
+/// The numbers of one part: what the backend's call for it is built from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// The limit's algorithm.
+    pub algorithm: Algorithm,
+    /// `requests_per_unit`.
+    pub limit: u64,
+    /// The window in ms.
+    pub window_ms: u64,
+    /// The token bucket's capacity.
+    pub burst: u64,
+    /// The hits it adds per call (1 for a check-only part, sent with cost 0).
+    pub weight: u64,
+}
+
+impl std::hash::Hash for Shape {
+    /// One write of all its numbers: the backend looks a request's call up
+    /// by its parts' shapes (a write per field cost ~1k instructions at 4 parts).
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut b = [0u8; 33];
+        b[0] = self.algorithm as u8;
+        for (i, n) in [self.limit, self.window_ms, self.burst, self.weight].into_iter().enumerate() {
+            b[1 + 8 * i..9 + 8 * i].copy_from_slice(&n.to_le_bytes());
+        }
+        state.write(&b);
+    }
+}
+
+/// What one part says once decided: over the limit, units left, and
+/// (from the module's reply) ms until the part's units fit (−1: never) and
+/// until the state is fresh again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PartState {
+    /// Over the limit.
+    pub over: bool,
+    /// Units left.
+    pub remaining: u64,
+    /// ms until its units fit (0: they did; −1: never).
+    pub retry_ms: i64,
+    /// ms until the state is fresh again.
+    pub reset_ms: u64,
+}
+
+/// One part of a call: its key (a range of [`Plan::keys`]), its numbers
+/// and, once the backend decided it, what it says.
+#[derive(Debug, Clone)]
+pub struct Part {
+    /// Its key in [`Plan::keys`].
+    pub key: Range<usize>,
+    /// Its numbers.
+    pub shape: Shape,
+    /// What it says (the backend writes it).
+    pub state: PartState,
+    /// Counted parts: whether its units were taken (its remaining is after them).
+    pub taken: bool,
+}
+
+/// One descriptor of a request: what it matched and, for a limit to
+/// decide, how.
+#[derive(Debug)]
+pub struct Descriptor {
+    /// The match, if any (kept when unlimited or replaced: its `replaces`
+    /// still count).
+    pub matched: Option<Matched>,
+    /// Its limit is one another matched limit `replaces`: as no match.
+    pub replaced: bool,
+    /// The window in ms.
+    pub window_ms: u64,
+    /// The hits it adds: 0 for a check-only descriptor ([`Descriptor::checked`]).
+    pub hits: u64,
+    /// Its part among the counted ones, or the checked ones when
+    /// [`Descriptor::checked`]; `None`: no part (not limited, or
+    /// `requests_per_unit: 0`, decided without Redis).
+    pub part: Option<usize>,
+    /// The stats key of a `detailed_metric` limit (`domain.key_value…` of
+    /// the request's values), else `None` (the limit's own `full_key`).
+    pub detailed_key: Option<String>,
+}
+
+impl Descriptor {
+    /// A limit to decide: matched, neither `unlimited` nor replaced (else
+    /// `OK`, remaining `u32::MAX` when unlimited, 0 otherwise).
+    pub fn is_limited(&self) -> bool {
+        !self.replaced && self.matched.as_ref().is_some_and(|m| !m.limit.unlimited)
+    }
+
+    /// The matched limit, if any.
+    pub fn limit(&self) -> Option<&Arc<RateLimit>> {
+        self.matched.as_ref().map(|m| &m.limit)
+    }
+
+    /// A check-only descriptor (`hits_addend` 0): its part is among the
+    /// checked ones, sent with `COST 0`.
+    pub fn checked(&self) -> bool {
+        self.hits == 0
+    }
+}
+
+/// What to ask of the backend for one request.
+#[derive(Debug)]
+pub struct Plan {
+    /// Every part's key, one after another (a range of it per part).
+    pub keys: String,
+    /// One per request descriptor, in order.
+    pub descriptors: Vec<Descriptor>,
+    /// The counted parts (hits > 0): one call with cost 1.
+    pub counted: Vec<Part>,
+    /// The check-only parts (hits 0): one call with cost 0.
+    pub checked: Vec<Part>,
+}
+
+impl Plan {
+    /// The plan of `req` under `cfg`, its keys prefixed with `prefix`
+    /// (`CACHE_KEY_PREFIX`); `Invalid` for what the service refuses.
+    pub fn new(req: &RateLimitRequest, cfg: &Config, prefix: &str) -> Result<Plan, ServiceError> {
+        if req.domain.is_empty() {
+            return Err(ServiceError::Invalid("rate limit domain must not be empty".into()));
+        }
+        if req.descriptors.is_empty() {
+            return Err(ServiceError::Invalid("rate limit descriptor list must not be empty".into()));
+        }
+        let mut descriptors = Vec::with_capacity(req.descriptors.len());
+        let domain = cfg.domain(&req.domain);
+        for d in &req.descriptors {
+            if d.is_negative_hits {
+                return Err(ServiceError::Invalid("is_negative_hits is not supported yet".into()));
+            }
+            let matched = match_one(&req.domain, domain, d)?;
+            descriptors.push(Descriptor { matched, replaced: false, window_ms: 0, hits: 0, part: None, detailed_key: None });
+        }
+        mark_replaced(&mut descriptors);
+        let mut plan = Plan { keys: key_buffer(req, prefix), descriptors, counted: Vec::new(), checked: Vec::new() };
+        plan.add_parts(req, prefix)?;
+        if plan.counted.len() > MAX_LIMITED_DESCRIPTORS || plan.checked.len() > MAX_LIMITED_DESCRIPTORS {
+            return Err(ServiceError::Invalid(format!(
+                "at most {MAX_LIMITED_DESCRIPTORS} limited descriptors per request (one RL.MULTI)"
+            )));
+        }
+        Ok(plan)
+    }
+
+    /// The key of a part.
+    pub fn key(&self, p: &Part) -> &str {
+        key_of(&self.keys, p)
+    }
+
+    /// Whether counted part `j` is in shadow mode: every descriptor
+    /// counted on it has a `shadow_mode` limit.
+    pub fn shadow(&self, j: usize) -> bool {
+        self.descriptors
+            .iter()
+            .filter(|x| x.is_limited() && !x.checked() && x.part == Some(j))
+            .all(|x| x.limit().is_some_and(|l| l.shadow_mode))
+    }
+
+    /// The part a descriptor was decided on, if any.
+    pub fn part_of(&self, d: &Descriptor) -> Option<&Part> {
+        let list = if d.checked() { &self.checked } else { &self.counted };
+        d.part.and_then(|j| list.get(j))
+    }
+
+    /// Every limited descriptor's part: its key, its numbers, its hits;
+    /// the same key twice (the key holds the algorithm and the window) is
+    /// one part, its hits added up.
+    fn add_parts(&mut self, req: &RateLimitRequest, prefix: &str) -> Result<(), ServiceError> {
+        let n = self.descriptors.len();
+        for (desc, d) in self.descriptors.iter_mut().zip(&req.descriptors) {
+            let Some(m) = desc.matched.as_ref().filter(|_| desc.is_limited()) else { continue };
+            let hits = match &d.hits_addend {
+                Some(h) => h.value,
+                None => u64::from(req.hits_addend.max(1)),
+            };
+            if hits > MAX {
+                return Err(ServiceError::Invalid(format!("hits_addend {hits} is above 2^53-1")));
+            }
+            let window_ms = m.limit.window().unwrap_or(1000);
+            let start = self.keys.len();
+            push_cache_key(&mut self.keys, prefix, &req.domain, entries(d), &m.share);
+            m.limit.push_key_suffix(&mut self.keys);
+            let rpu = u64::from(m.limit.requests_per_unit);
+            let shape = Shape {
+                algorithm: m.limit.algorithm,
+                limit: rpu,
+                window_ms,
+                burst: m.limit.burst.unwrap_or(rpu),
+                // a check-only part (hits 0) is sent with weight 1 and COST 0
+                weight: hits.max(1),
+            };
+            let list = if hits == 0 { &mut self.checked } else { &mut self.counted };
+            let part = if rpu == 0 {
+                self.keys.truncate(start);
+                None // decided here: nothing to ask Redis
+            } else {
+                Some(add_part(&mut self.keys, list, start, shape, hits, n))
+            };
+            desc.detailed_key = m.limit.detailed_metric.then(|| detailed_key(&req.domain, d, &m.share));
+            (desc.window_ms, desc.hits, desc.part) = (window_ms, hits, part);
+        }
+        Ok(())
+    }
+}
+
+/// The key of a part in `keys`.
+pub fn key_of<'k>(keys: &'k str, p: &Part) -> &'k str {
+    keys.get(p.key.clone()).unwrap_or_default()
+}
+
+/// A request descriptor's entries as (key, value).
+fn entries(d: &RateLimitDescriptor) -> impl ExactSizeIterator<Item = (&str, &str)> {
+    d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str()))
+}
+
+/// The buffer of a request's keys, with room for all of them.
+fn key_buffer(req: &RateLimitRequest, prefix: &str) -> String {
+    String::with_capacity(
+        req.descriptors
+            .iter()
+            .map(|d| {
+                prefix.len()
+                    + req.domain.len()
+                    + 24
+                    + d.entries.iter().map(|e| e.key.len() + e.value.len() + 2).sum::<usize>()
+            })
+            .sum(),
+    )
+}
+
+/// The part of the key just written at `keys[start..]`: an existing one
+/// with the same key (the same counter twice in one request: the hits
+/// added up, the tighter numbers kept), else a new one. Its index.
+fn add_part(keys: &mut String, list: &mut Vec<Part>, start: usize, shape: Shape, hits: u64, n: usize) -> usize {
+    if let Some(j) = list.iter().position(|p| keys.get(p.key.clone()) == keys.get(start..)) {
+        keys.truncate(start);
+        let s = &mut list[j].shape;
+        s.limit = s.limit.min(shape.limit);
+        s.burst = s.burst.min(shape.burst);
+        s.weight = s.weight.saturating_add(hits).min(MAX);
+        return j;
+    }
+    if list.capacity() == 0 {
+        list.reserve(n);
+    }
+    list.push(Part { key: start..keys.len(), shape, state: PartState::default(), taken: false });
+    list.len() - 1
+}
+
+/// What one request descriptor matches: its override (`limit`), else the
+/// configuration's limit in the request's domain.
+fn match_one(
+    domain_name: &str,
+    domain: Option<Domain<'_>>,
+    d: &RateLimitDescriptor,
+) -> Result<Option<Matched>, ServiceError> {
+    let Some(domain) = domain else { return Ok(None) };
+    let Some(o) = &d.limit else { return Ok(domain.get_limit_of(entries(d))) };
+    let unit = Unit::from_proto(o.unit)
+        .ok_or_else(|| ServiceError::Invalid(format!("limit override with an unknown unit {}", o.unit)))?;
+    // `domain.key_value.key…` (an empty value: the key alone)
+    let mut full_key = domain_name.to_owned();
+    full_key.push('.');
+    for (j, (k, v)) in entries(d).enumerate() {
+        if j > 0 {
+            full_key.push('.');
+        }
+        full_key.push_str(k);
+        if !v.is_empty() {
+            full_key.push('_');
+            full_key.push_str(v);
+        }
+    }
+    Ok(Some(Matched {
+        limit: Arc::new(RateLimit {
+            requests_per_unit: o.requests_per_unit,
+            unit: Some(unit),
+            unlimited: false,
+            name: String::new(),
+            replaces: Vec::new(),
+            shadow_mode: false,
+            detailed_metric: false,
+            full_key,
+            // an override has a unit and a number: envoyproxy/ratelimit's fixed window
+            algorithm: Algorithm::FixedWindow,
+            window_ms: None,
+            burst: None,
+        }),
+        share: Vec::new(),
+    }))
+}
+
+/// A named limit that any matched limit (unlimited ones too) replaces is dropped.
+fn mark_replaced(descs: &mut [Descriptor]) {
+    for i in 0..descs.len() {
+        let replaced = match descs[i].limit() {
+            Some(l) if descs[i].is_limited() && !l.name.is_empty() => {
+                descs.iter().filter_map(Descriptor::limit).any(|x| x.replaces.iter().any(|r| *r == l.name))
+            }
+            _ => false,
+        };
+        descs[i].replaced = replaced;
+    }
+}
+
+/// envoyproxy/ratelimit's detailed key: domain, then key_value per entry
+/// (the wildcard pattern for a share_threshold entry).
+fn detailed_key(domain: &str, d: &RateLimitDescriptor, share: &[Option<String>]) -> String {
+    let mut k = domain.to_owned();
+    for (j, (key, value)) in entries(d).enumerate() {
+        k.push('.');
+        k.push_str(key);
+        k.push('_');
+        k.push_str(share.get(j).and_then(|s| s.as_deref()).unwrap_or(value));
+    }
+    k
+}
+
+/// The key of a limit's counter: envoyproxy/ratelimit's
+/// `prefix + domain + "_" + (key + "_" + value + "_")*`, with the domain as
+/// the hash tag and the window length in seconds in place of the window's
+/// start (`RL.FIXEDWINDOW` keeps the window itself). `{`, `}` and `%` are
+/// %-escaped so that the only hash tag is the domain.
+pub fn cache_key(prefix: &str, domain: &str, entries: &[(&str, &str)], share: &[Option<String>], unit: Unit) -> String {
+    cache_key_with(prefix, domain, entries, share, &unit.seconds().to_string())
+}
+
+/// [`cache_key`] with the end given: a limit's [`RateLimit::key_suffix`]
+/// (the window, then the algorithm's tag), so that no two algorithms or
+/// windows share a key.
+pub fn cache_key_with(
+    prefix: &str,
+    domain: &str,
+    entries: &[(&str, &str)],
+    share: &[Option<String>],
+    suffix: &str,
+) -> String {
+    let mut k = String::with_capacity(prefix.len() + domain.len() + 32);
+    push_cache_key(&mut k, prefix, domain, entries.iter().copied(), share);
+    k.push_str(suffix);
+    k
+}
+
+/// [`cache_key_with`] without its suffix, appended to `out`.
+fn push_cache_key<'e>(
+    out: &mut String,
+    prefix: &str,
+    domain: &str,
+    entries: impl Iterator<Item = (&'e str, &'e str)>,
+    share: &[Option<String>],
+) {
+    fn esc(out: &mut String, s: &str) {
+        // ASCII bytes never occur inside a multi-byte character: a byte scan finds them
+        if !s.bytes().any(|b| matches!(b, b'%' | b'{' | b'}')) {
+            out.push_str(s);
+            return;
+        }
+        for c in s.chars() {
+            match c {
+                '%' => out.push_str("%25"),
+                '{' => out.push_str("%7B"),
+                '}' => out.push_str("%7D"),
+                c => out.push(c),
+            }
+        }
+    }
+    out.push_str(prefix);
+    out.push('{');
+    esc(out, domain);
+    out.push_str("}_");
+    for (i, (key, value)) in entries.enumerate() {
+        esc(out, key);
+        out.push('_');
+        match share.get(i).and_then(|s| s.as_deref()) {
+            Some(pattern) => esc(out, pattern),
+            None => esc(out, value),
+        }
+        out.push('_');
+    }
+}

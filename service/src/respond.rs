@@ -1,0 +1,147 @@
+//! The answer to one request, pure but for the statistics it counts and
+//! the clock of a fixed window's end: a decided [`Plan`] (each part's
+//! state) gives each descriptor's status, the overall code, the
+//! `RateLimit-*` headers and the per-key statistics, as
+//! envoyproxy/ratelimit answers and counts them
+//! (`src/limiter/base_limiter.go` read for behaviour; docs/envoy.md).
+
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{self, Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+
+use crate::config::{Algorithm, RateLimit, Unit};
+use crate::metrics::{near_hits, Metrics};
+use crate::plan::{Descriptor, PartState, Plan};
+use crate::settings::Settings;
+
+/// Seconds until the current window of `unit` ends, as envoyproxy/ratelimit
+/// computes it (`CalculateReset`): `divider − now mod divider`, 1…divider.
+pub fn seconds_until_reset(unit: Unit) -> u64 {
+    ms_until_window_end(unit.seconds() * 1000).div_ceil(1000)
+}
+
+/// Milliseconds until the current epoch-aligned window of `window_ms`
+/// ends: `window_ms − now_ms mod window_ms`, 1…window_ms. Rounded up to
+/// seconds it is [`seconds_until_reset`] for a unit's window.
+pub fn ms_until_window_end(window_ms: u64) -> u64 {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+    let w = window_ms.max(1);
+    w - now % w
+}
+
+/// The response to a decided plan; its statistics counted in `metrics`.
+pub fn respond(plan: &Plan, settings: &Settings, metrics: &Metrics) -> RateLimitResponse {
+    let mut statuses = Vec::with_capacity(plan.descriptors.len());
+    let mut over_any = false;
+    let mut header_from: Option<(u64, u32, u64)> = None; // (remaining, limit, reset seconds)
+    let mut min_remaining = u64::from(u32::MAX);
+    for desc in &plan.descriptors {
+        let (true, Some(limit)) = (desc.is_limited(), desc.limit()) else {
+            statuses.push(DescriptorStatus {
+                code: Code::Ok as i32,
+                limit_remaining: if desc.limit().is_some_and(|l| l.unlimited) { u32::MAX } else { 0 },
+                ..DescriptorStatus::default()
+            });
+            continue;
+        };
+        let state = plan.part_of(desc).map(|p| &p.state);
+        let over = state.map_or(desc.hits > 0, |p| p.over);
+        count(plan, desc, limit, over, settings, metrics);
+        let code = if over && !limit.shadow_mode { Code::OverLimit } else { Code::Ok };
+        let remaining = if over { 0 } else { state.map_or(0, |p| p.remaining) };
+        let reset_s = reset_seconds(limit, desc.window_ms, state);
+        let st = status(code, limit, remaining, reset_s);
+        // the headers: the descriptor with the fewest left, or the last over the limit
+        if u64::from(st.limit_remaining) < min_remaining {
+            min_remaining = u64::from(st.limit_remaining);
+            header_from = Some((min_remaining, limit.requests_per_unit, reset_s));
+        }
+        if code == Code::OverLimit {
+            over_any = true;
+            min_remaining = 0;
+            header_from = Some((0, limit.requests_per_unit, reset_s));
+        }
+        statuses.push(st);
+    }
+    let overall = if over_any && !settings.shadow_mode { Code::OverLimit } else { Code::Ok };
+    if over_any && settings.shadow_mode {
+        metrics.global_shadow_mode.fetch_add(1, Relaxed);
+    }
+    let response_headers_to_add = match header_from {
+        Some((rem, lim, reset_s)) if settings.headers_enabled => vec![
+            header(&settings.header_limit, lim.to_string()),
+            header(&settings.header_remaining, rem.to_string()),
+            header(&settings.header_reset, reset_s.to_string()),
+        ],
+        _ => Vec::new(),
+    };
+    RateLimitResponse { overall_code: overall as i32, statuses, response_headers_to_add, ..RateLimitResponse::default() }
+}
+
+/// A limited descriptor's statistics, as envoyproxy/ratelimit counts them
+/// (docs/envoy.md): a denied request takes nothing, so all its hits are
+/// over; near-limit hits of a counted part from where its count is now.
+fn count(plan: &Plan, desc: &Descriptor, limit: &RateLimit, over: bool, settings: &Settings, metrics: &Metrics) {
+    let stats_key = desc.detailed_key.as_deref().unwrap_or(limit.full_key.as_str());
+    metrics.with_key(stats_key, |k| {
+        k.total_hits.fetch_add(desc.hits, Relaxed);
+        if over {
+            k.over_limit.fetch_add(desc.hits, Relaxed);
+            if limit.shadow_mode {
+                k.shadow_mode.fetch_add(desc.hits, Relaxed);
+            }
+            return;
+        }
+        k.within_limit.fetch_add(desc.hits, Relaxed);
+        if let (false, Some(p)) = (desc.checked(), plan.part_of(desc)) {
+            let rpu = u64::from(limit.requests_per_unit);
+            let count = rpu.saturating_sub(p.state.remaining);
+            // a part of a request denied by another took nothing: count + hits is where it would be
+            let after = if p.taken { count } else { count.saturating_add(desc.hits) };
+            k.near_limit.fetch_add(near_hits(rpu, settings.near_limit_ratio, after, desc.hits), Relaxed);
+        }
+    });
+}
+
+/// `duration_until_reset` in seconds, rounded up (Envoy reads the seconds).
+/// The fixed window (and `requests_per_unit: 0`): the window's end, as
+/// envoyproxy/ratelimit answers. Token bucket and sliding windows, from the
+/// module's reply: over the limit, the time until the descriptor's hits fit
+/// again (when a client may retry); else the time until the state is full
+/// again (the whole quota back, what `RateLimit-Reset` means); a check
+/// (`hits_addend` 0) over the limit, and hits above the limit, the latter.
+fn reset_seconds(limit: &RateLimit, window_ms: u64, state: Option<&PartState>) -> u64 {
+    let ms = match state {
+        Some(p) if limit.algorithm != Algorithm::FixedWindow => {
+            if p.over && p.retry_ms > 0 {
+                p.retry_ms as u64
+            } else {
+                p.reset_ms
+            }
+        }
+        _ => ms_until_window_end(window_ms),
+    };
+    ms.div_ceil(1000)
+}
+
+fn status(code: Code, limit: &RateLimit, remaining: u64, reset_s: u64) -> DescriptorStatus {
+    DescriptorStatus {
+        code: code as i32,
+        current_limit: Some(rate_limit_response::RateLimit {
+            name: limit.name.clone(),
+            requests_per_unit: limit.requests_per_unit,
+            unit: limit.reported_unit().map(Unit::proto).unwrap_or(0),
+        }),
+        limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(PbDuration { seconds: i64::try_from(reset_s).unwrap_or(i64::MAX), nanos: 0 }),
+        quota: None,
+    }
+}
+
+fn header(k: &str, v: String) -> HeaderValue {
+    HeaderValue { key: k.to_owned(), value: v, raw_value: Vec::new() }
+}
