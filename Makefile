@@ -178,9 +178,9 @@ soak: build venv client-lua  ## long soak and connection storm (minutes)
 
 # Unit and property tests (no server: everything that needs one is in the
 # Python suites, integration/). The Rust client's tests start servers:
-# they are test-clients-rust's.
+# they (and their harness, testing/rust) are test-clients-rust's.
 test-rust: build  ## unit and property tests of the workspace
-	$(CARGO) test --release --workspace --exclude redis-ratelimit-client --exclude redis-ratelimit-gateway --exclude redis-ratelimit-service
+	$(CARGO) test --release --workspace --exclude redis-ratelimit-client --exclude redis-ratelimit-gateway --exclude redis-ratelimit-service --exclude rl-test-support
 
 # The Rust example gateway (examples/rust: axum on the Rust client), built
 # once with the quick profile (release optimizations without the module's
@@ -370,7 +370,7 @@ clients-node-run:
 
 # The Rust client library (clients/rust, issue 31): its unit tests, then
 # its suites against real servers started by the tests themselves
-# (tests/common: REDIS_SERVER, RL_MODULE), on every server of
+# (testing/rust, rl-test-support: REDIS_SERVER, RL_MODULE), on every server of
 # `python -m rltesting.servers names` (CLIENT_SERVERS=... narrows them):
 # decisions equal to the module's replies, the Lua twins, the SIGSTOP
 # bound, kill and restart, the breaker's counts, leased limiters, and the differential test
@@ -397,9 +397,9 @@ test-clients-rust: build venv clients/node/node_modules/.installed client-lua  #
 # settings, proto3 JSON), then its suite on every server of
 # `python -m rltesting.servers names` (CLIENT_SERVERS=... narrows them): the
 # service binary on a real server with the module, through a gRPC client of
-# Envoy's protos and POST /json (service/tests/service.rs; the service runs
-# in-process). The library's unit tests are in the same binary
-# (service/tests/units), and --no-default-features leaves the binary out:
+# Envoy's protos and POST /json (service/tests/service/, a module per
+# topic; the service runs in-process). The library's unit tests are in the
+# same binary (service/tests/service/units), and --no-default-features leaves the binary out:
 # one link for the stage, with the quick profile (Cargo.toml), whose
 # dependencies the gateway and the client's tests share (but redis-rs,
 # built here once more with its TLS features for REDIS_TLS). Each server's run
@@ -408,7 +408,7 @@ test-clients-rust: build venv clients/node/node_modules/.installed client-lua  #
 # on the first server only (RL_SERVICE_TOPOLOGY=0 on the others): what
 # they test is the service's connections, which the client's own Sentinel
 # and cluster suites already run on every server. The REDIS_TLS tests
-# (service/tests/tls: certificates made with the openssl command) run on
+# (service/tests/service/tls.rs: certificates made with the openssl command) run on
 # every server built with TLS and skip, saying why, on one without (the
 # valkey8.1, valkey9.1 and redis8.2 wheels);
 # RL_SERVICE_TLS_REQUIRED=1 on redis7.0 (Debian's, built with TLS) makes

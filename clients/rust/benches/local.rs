@@ -3,8 +3,7 @@
 //! server (REDIS_SERVER, RL_MODULE) with a lease that never runs out, so
 //! every measured decision is local; iter_custom times a loop of awaited
 //! decisions inside one runtime (no block_on per decision).
-#[path = "../tests/common/mod.rs"]
-mod common;
+use rl_test_support as common;
 
 use std::time::{Duration, Instant};
 

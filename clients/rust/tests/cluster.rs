@@ -4,7 +4,7 @@
 //! tag go to their slot's node, and after `redis-cli --cluster reshard`
 //! moves live tenants' slots (their keys by MIGRATE) the client follows
 //! MOVED and every limit goes on exactly. Strict mode is refused there.
-mod common;
+use rl_test_support as common;
 
 use std::time::Duration;
 

@@ -4,7 +4,7 @@
 //! equal header sets and 429 bodies. The Python and Node libraries run as subprocesses
 //! (tests/diff/worker.py with the repo's .venv, tests/diff/worker.mjs with
 //! clients/node's node_modules), one JSON line per request.
-mod common;
+use rl_test_support as common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;

@@ -2,7 +2,7 @@
 //! one lease for concurrent callers on a new key, refunds on idle, on
 //! eviction and on close, exact conservation across three instances
 //! sharing one bucket, and the reservoir spent first in an outage.
-mod common;
+use rl_test_support as common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! Outages against real servers: the SIGSTOP bound, kill and restart, the
 //! breaker's and the panic limits' counts. Run with --test-threads=1 (the
 //! make stage does): timing under a loaded machine is what is measured.
-mod common;
+use rl_test_support as common;
 
 use std::time::{Duration, Instant};
 

@@ -2,7 +2,7 @@
 //! code, as written: the lines between the markers below must be the
 //! README's block (the server's URL put for 6379's), and they run here
 //! against a real server, giving the headers the README shows.
-mod common;
+use rl_test_support as common;
 
 use common::Server;
 

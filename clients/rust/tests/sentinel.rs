@@ -4,7 +4,7 @@
 //! sentinels promote the replica, and the limiter follows: every decision
 //! within the timeout (the panic limits decide meanwhile), then decisions
 //! from the promoted replica again, going on from the replicated state.
-mod common;
+use rl_test_support as common;
 
 use std::time::{Duration, Instant};
 

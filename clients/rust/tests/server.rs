@@ -1,7 +1,7 @@
 //! The client against real servers (REDIS_SERVER, RL_MODULE): decisions
 //! equal to the module's own replies, the Lua twins without the module,
 //! NOSCRIPT recovery, the cross-slot refusal before any call.
-mod common;
+use rl_test_support as common;
 
 use common::Server;
 use redis::Value;

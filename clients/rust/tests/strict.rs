@@ -4,7 +4,7 @@
 //! grant, while a denial, a dry run and a refund need no acknowledgement;
 //! a leased limiter's unacknowledged lease adds nothing to its reservoir;
 //! settings out of range are refused.
-mod common;
+use rl_test_support as common;
 
 use common::{wait_until, Server};
 use redis_ratelimit_client::*;

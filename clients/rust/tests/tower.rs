@@ -4,7 +4,7 @@
 //! denial, unlimited requests without a caller, 500 on a limiter error),
 //! and in a tonic server (gRPC RESOURCE_EXHAUSTED with the headers as
 //! metadata) over a real HTTP/2 connection.
-mod common;
+use rl_test_support as common;
 
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;

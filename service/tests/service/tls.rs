@@ -10,7 +10,7 @@
 //! `RL_SERVICE_TLS_REQUIRED=1` (`make test-service` sets it for Debian's
 //! redis-server 7.0) fails instead.
 
-use super::*;
+use crate::support::*;
 
 /// The certificates of one test, in a temp dir removed when dropped:
 /// `ca` (the CA), `server` (signed by it, for `localhost` and 127.0.0.1),

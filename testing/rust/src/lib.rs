@@ -1,10 +1,9 @@
-//! Real servers for the tests: a redis-server / valkey-server process of
-//! REDIS_SERVER on a free port, in a temp dir of its own, with the module
-//! of RL_MODULE loaded or not. Started, stopped (SIGSTOP/SIGCONT), killed
-//! and restarted on the same port. Sentinels (`Sentinel`) and clusters
-//! (`start_cluster`) of them. The service's suite (service/tests) includes
-//! this file too.
-#![allow(dead_code)]
+//! Real servers for the Rust suites: a redis-server / valkey-server
+//! process of REDIS_SERVER on a free port, in a temp dir of its own, with
+//! the module of RL_MODULE loaded or not. Started, stopped
+//! (SIGSTOP/SIGCONT), killed and restarted on the same port. Sentinels
+//! (`Sentinel`) and clusters (`start_cluster`) of them. A dev-dependency of
+//! the Rust client's tests and bench and of the Envoy service's suite.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -19,7 +18,7 @@ pub fn server_bin() -> String {
 
 pub fn module_path() -> String {
     std::env::var("RL_MODULE").unwrap_or_else(|_| {
-        // the workspace's target/, from this crate or another that includes this file
+        // the workspace's target/, above this crate
         let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
         let so = "target/release/libredis_ratelimit.so";
         let root = here.ancestors().map(|d| d.join(so)).find(|p| p.exists()).unwrap_or_else(|| here.join("../..").join(so));

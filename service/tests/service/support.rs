@@ -1,0 +1,285 @@
+//! What every topic of the suite shares: a server with the module and the
+//! service on it (`Env`), the request builders, the clock's windows, and
+//! the stall tests' bound.
+
+pub use std::collections::HashMap;
+pub use std::path::{Path, PathBuf};
+pub use std::process::{Child, Command, Stdio};
+pub use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+pub use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{Entry, RateLimitOverride};
+pub use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::DescriptorStatus;
+pub use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+pub use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+pub use envoy_types::pb::google::protobuf::UInt64Value;
+pub use redis_ratelimit_service::server;
+pub use redis_ratelimit_service::settings::Settings;
+pub use rl_test_support as common;
+pub use serde_json::{json, Value};
+pub use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use std::net::TcpListener;
+
+pub const OK: i32 = 1;
+pub const OVER: i32 = 2;
+
+pub fn port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+pub fn module() -> String {
+    std::env::var("RL_MODULE").unwrap_or_else(|_| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libredis_ratelimit.so").to_string_lossy().into()
+    })
+}
+
+/// A process killed when dropped.
+pub struct Proc(pub Child);
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let t0 = Instant::now();
+    while !f() {
+        assert!(t0.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A redis-server (or valkey-server) with the module, and the service on it.
+pub struct Env {
+    pub dir: PathBuf,
+    pub grpc: u16,
+    pub http: u16,
+    pub svc: server::Running,
+    pub redis_port: u16,
+    pub redis: Option<Proc>,
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        self.svc.task.abort();
+        // the server is killed right after (its field); it keeps no files
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn write(path: &Path, text: &str) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    // write then rename: the reloader never sees half a file
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+impl Env {
+    pub async fn start(name: &str, config: &str, extra_env: &[(&str, &str)]) -> Env {
+        Env::start_with(name, config, extra_env, &[]).await
+    }
+
+    /// [`Env::start`] with more arguments for the server.
+    pub async fn start_with(name: &str, config: &str, extra_env: &[(&str, &str)], server_args: &[&str]) -> Env {
+        let rport = port();
+        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let redis = Proc(
+            Command::new(bin)
+                .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--loadmodule", &module()])
+                .args(server_args)
+                .current_dir(std::env::temp_dir())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start REDIS_SERVER"),
+        );
+        wait_for("redis", Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", rport)).is_ok());
+        Env::serve(name, &[config], extra_env, rport, Some(redis)).await
+    }
+
+    /// The service (one file per configuration) on Redis as `extra_env`
+    /// says (REDIS_URL defaults to 127.0.0.1:`rport`).
+    pub async fn serve(name: &str, configs: &[&str], extra_env: &[(&str, &str)], rport: u16, redis: Option<Proc>) -> Env {
+        Env::try_serve(name, configs, extra_env, rport, redis).await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// [`Env::serve`], or the error of the settings or of the start (what
+    /// the binary prints before it exits 2 or 1).
+    pub async fn try_serve(
+        name: &str,
+        configs: &[&str],
+        extra_env: &[(&str, &str)],
+        rport: u16,
+        redis: Option<Proc>,
+    ) -> Result<Env, String> {
+        let dir = std::env::temp_dir().join(format!("rl-svc-{}-{name}-{}", std::process::id(), port()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // RUNTIME_ROOT is a symlink to a versioned directory, as deployments swap it
+        for (i, config) in configs.iter().enumerate() {
+            let file = if i == 0 { "config.yaml".to_owned() } else { format!("config{i}.yaml") };
+            write(&dir.join("v1/ratelimit/config").join(file), config);
+        }
+        std::os::unix::fs::symlink(dir.join("v1"), dir.join("current")).unwrap();
+        let mut vars: HashMap<String, String> = [
+            ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+            ("REDIS_URL", format!("127.0.0.1:{rport}")),
+            ("REDIS_TIMEOUT", "2s".to_owned()),
+            ("GRPC_HOST", "127.0.0.1".to_owned()),
+            ("GRPC_PORT", "0".to_owned()),
+            ("HOST", "127.0.0.1".to_owned()),
+            ("PORT", "0".to_owned()),
+            ("RUNTIME_ROOT", dir.join("current").to_string_lossy().into_owned()),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
+            ("RUNTIME_APPDIRECTORY", "config".to_owned()),
+            ("RUNTIME_POLL_INTERVAL", "20ms".to_owned()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        for (k, v) in extra_env {
+            vars.insert((*k).to_owned(), (*v).to_owned());
+        }
+        let started = match Settings::from_map(&vars) {
+            Ok(settings) => server::start(settings).await,
+            Err(e) => Err(format!("settings: {e}")),
+        };
+        let svc = started.inspect_err(|_| {
+            let _ = std::fs::remove_dir_all(&dir);
+        })?;
+        let (grpc, http) = (svc.grpc_addr.port(), svc.http_addr.port());
+        Ok(Env { dir, grpc, http, svc, redis_port: rport, redis })
+    }
+
+    /// A direct connection to the server (to look at the keys the service wrote).
+    pub fn redis(&self) -> redis::Connection {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.redis_port)).unwrap().get_connection().unwrap()
+    }
+
+    pub fn refusal(&self) -> Option<String> {
+        self.svc.service.last_refusal()
+    }
+
+    pub async fn client(&self) -> RateLimitServiceClient<tonic::transport::Channel> {
+        RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", self.grpc)).await.unwrap()
+    }
+
+    pub async fn ask(&self, req: RateLimitRequest) -> RateLimitResponse {
+        self.client().await.should_rate_limit(req).await.unwrap().into_inner()
+    }
+
+    /// An HTTP/1.1 request on a fresh connection: (status, body).
+    pub async fn http(&self, method: &str, path: &str, body: &str) -> (u16, String) {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", self.http)).await.unwrap();
+        let req = format!(
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        let status = out[9..12].parse().unwrap();
+        let body = out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+        (status, body)
+    }
+
+    pub async fn json(&self, req: Value) -> (u16, Value) {
+        let (st, body) = self.http("POST", "/json", &req.to_string()).await;
+        (st, serde_json::from_str(&body).unwrap_or(Value::String(body)))
+    }
+}
+
+pub fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+    RateLimitDescriptor {
+        entries: entries.iter().map(|(k, v)| Entry { key: (*k).into(), value: (*v).into() }).collect(),
+        ..RateLimitDescriptor::default()
+    }
+}
+
+pub fn req(domain: &str, ds: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+    RateLimitRequest { domain: domain.into(), descriptors: ds, hits_addend: 0 }
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// Waits (polling the clock) until at least `margin_ms` remain in the
+/// current window of `window_ms`, so that a few calls share one window.
+pub fn fresh_window(window_ms: u64, margin_ms: u64) {
+    wait_for("a fresh window", Duration::from_millis(window_ms + 100), || window_ms - now_ms() % window_ms >= margin_ms);
+}
+
+pub fn rem(s: &DescriptorStatus) -> (i32, u32) {
+    (s.code, s.limit_remaining)
+}
+
+pub const CONFIG: &str = r#"
+domain: basic
+descriptors:
+  - key: per_second
+    rate_limit: {unit: second, requests_per_unit: 3}
+  - key: per_minute
+    rate_limit: {unit: minute, requests_per_unit: 5, name: minute_five}
+  - key: site
+    rate_limit: {unit: hour, requests_per_unit: 100}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 1}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: path
+    value: /api/*
+    share_threshold: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: tenant
+    rate_limit: {unit: hour, requests_per_unit: 10, name: tenant_base}
+  - key: vip
+    rate_limit: {unit: hour, requests_per_unit: 1000, name: vip, replaces: [{name: tenant_base}]}
+"#;
+
+// ---- Redis down, Redis Cluster, Sentinel -------------------------------
+
+/// REDIS_TIMEOUT of the stall tests, and the slack the bound allows on top
+/// of it (the gRPC round trip and scheduling on a loaded 2-core machine):
+/// every answer while Redis is stopped comes within their sum.
+pub const STALL_TIMEOUT_MS: u64 = 250;
+pub const SLACK_MS: u64 = 250;
+
+pub fn stall_env() -> [(&'static str, &'static str); 1] {
+    [("REDIS_TIMEOUT", "250ms")]
+}
+
+pub fn sig(pid: u32, sig: i32) {
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+/// The sentinel and cluster tests start several servers: `make
+/// test-service` runs them on one server line only (RL_SERVICE_TOPOLOGY=0
+/// on the others); by default they run.
+pub fn topology() -> bool {
+    let on = std::env::var("RL_SERVICE_TOPOLOGY").map_or(true, |v| v != "0");
+    if !on {
+        println!("skipped: RL_SERVICE_TOPOLOGY=0 (run on another server line)");
+    }
+    on
+}
+
+pub type Grpc = RateLimitServiceClient<tonic::transport::Channel>;
+
+/// One gRPC call, timed.
+pub async fn timed(c: &mut Grpc, r: RateLimitRequest) -> (Result<RateLimitResponse, tonic::Status>, Duration) {
+    let t = Instant::now();
+    let a = c.should_rate_limit(r).await.map(|a| a.into_inner());
+    (a, t.elapsed())
+}
+
+pub fn within_bound(took: Duration, what: &str) {
+    assert!(took <= Duration::from_millis(STALL_TIMEOUT_MS + SLACK_MS), "{what}: answered after {took:?}");
+}
