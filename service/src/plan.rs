@@ -400,3 +400,153 @@ fn push_cache_key<'e>(
         out.push('_');
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The plan without Redis: what parts a request gives, and what it refuses.
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{Entry, RateLimitOverride};
+    use envoy_types::pb::google::protobuf::UInt64Value;
+
+    use super::*;
+
+    const YAML: &str = "
+domain: d
+descriptors:
+  - key: user
+    rate_limit: {unit: minute, requests_per_unit: 5, name: user}
+  - key: user2
+    rate_limit: {unit: minute, requests_per_unit: 3, name: user2, replaces: [{name: user}]}
+  - key: tb
+    rate_limit: {unit: second, requests_per_unit: 4, algorithm: token_bucket, burst: 9}
+  - key: free
+    rate_limit: {unlimited: true}
+  - key: zero
+    rate_limit: {unit: second, requests_per_unit: 0}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: tenant
+    detailed_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 7}
+";
+
+    fn cfg() -> Config {
+        Config::load([("f", YAML)], false).unwrap()
+    }
+
+    fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: entries.iter().map(|(k, v)| Entry { key: (*k).into(), value: (*v).into() }).collect(),
+            ..RateLimitDescriptor::default()
+        }
+    }
+
+    fn hits(entries: &[(&str, &str)], n: u64) -> RateLimitDescriptor {
+        RateLimitDescriptor { hits_addend: Some(UInt64Value { value: n }), ..desc(entries) }
+    }
+
+    fn req(ds: Vec<RateLimitDescriptor>) -> RateLimitRequest {
+        RateLimitRequest { domain: "d".into(), descriptors: ds, hits_addend: 0 }
+    }
+
+    fn plan(ds: Vec<RateLimitDescriptor>) -> Result<Plan, ServiceError> {
+        Plan::new(&req(ds), &cfg(), "p_")
+    }
+
+    fn keys(p: &Plan, parts: &[Part]) -> Vec<String> {
+        parts.iter().map(|x| p.key(x).to_owned()).collect()
+    }
+
+    #[test]
+    fn each_limited_descriptor_is_a_part_with_its_key_and_numbers() {
+        let p = plan(vec![desc(&[("user", "a")]), desc(&[("tb", "x")]), desc(&[("nothing", "y")])]).unwrap();
+        assert_eq!(keys(&p, &p.counted), ["p_{d}_user_a_60", "p_{d}_tb_x_1_tb"]);
+        let shapes: Vec<Shape> = p.counted.iter().map(|x| x.shape).collect();
+        let fw = |limit, window_ms| Shape { algorithm: Algorithm::FixedWindow, limit, window_ms, burst: limit, weight: 1 };
+        let tb = Shape { algorithm: Algorithm::TokenBucket, limit: 4, window_ms: 1000, burst: 9, weight: 1 };
+        assert_eq!(shapes, [fw(5, 60_000), tb]);
+        assert!(p.checked.is_empty());
+        let parts: Vec<Option<usize>> = p.descriptors.iter().map(|d| d.part).collect();
+        assert_eq!(parts, [Some(0), Some(1), None]);
+        assert!(!p.descriptors[2].is_limited());
+    }
+
+    #[test]
+    fn the_same_counter_twice_is_one_part_its_hits_added_up() {
+        let p = plan(vec![hits(&[("user", "a")], 2), desc(&[("tb", "x")]), hits(&[("user", "a")], 3)]).unwrap();
+        assert_eq!(keys(&p, &p.counted), ["p_{d}_user_a_60", "p_{d}_tb_x_1_tb"]);
+        assert_eq!(p.counted[0].shape.weight, 5);
+        assert_eq!(p.keys.len(), p.counted[1].key.end, "the merged key is not written twice");
+        let parts: Vec<Option<usize>> = p.descriptors.iter().map(|d| d.part).collect();
+        assert_eq!(parts, [Some(0), Some(1), Some(0)]);
+        // another value: another counter
+        let p = plan(vec![desc(&[("user", "a")]), desc(&[("user", "b")])]).unwrap();
+        assert_eq!(p.counted.len(), 2);
+    }
+
+    #[test]
+    fn a_check_only_descriptor_is_a_part_of_its_own_call() {
+        let p = plan(vec![hits(&[("user", "a")], 0), desc(&[("tb", "x")])]).unwrap();
+        assert_eq!(keys(&p, &p.checked), ["p_{d}_user_a_60"]);
+        assert_eq!(keys(&p, &p.counted), ["p_{d}_tb_x_1_tb"]);
+        assert_eq!(p.checked[0].shape.weight, 1, "sent with weight 1 and cost 0");
+        assert!(p.descriptors[0].checked() && !p.descriptors[1].checked());
+        assert_eq!(p.part_of(&p.descriptors[0]).map(|x| x.key.clone()), Some(p.checked[0].key.clone()));
+        // the request's hits_addend applies where a descriptor has none
+        let r = RateLimitRequest { hits_addend: 4, ..req(vec![desc(&[("user", "a")])]) };
+        assert_eq!(Plan::new(&r, &cfg(), "").unwrap().counted[0].shape.weight, 4);
+    }
+
+    #[test]
+    fn replaced_unlimited_and_zero_limits_ask_redis_nothing() {
+        let p = plan(vec![desc(&[("user", "a")]), desc(&[("user2", "a")]), desc(&[("free", "")]), desc(&[("zero", "")])])
+            .unwrap();
+        assert_eq!(keys(&p, &p.counted), ["p_{d}_user2_a_60"]);
+        let d = &p.descriptors;
+        assert!(d[0].replaced && !d[0].is_limited(), "user2 replaces user");
+        assert!(!d[2].is_limited(), "unlimited");
+        assert!(d[3].is_limited() && d[3].part.is_none() && d[3].hits == 1, "requests_per_unit 0: decided here");
+    }
+
+    #[test]
+    fn shadow_flags_and_detailed_keys() {
+        let p = plan(vec![desc(&[("shadow", "s")]), desc(&[("user", "a")]), desc(&[("tenant", "t1")])]).unwrap();
+        assert_eq!([p.shadow(0), p.shadow(1), p.shadow(2)], [true, false, false]);
+        assert_eq!(p.descriptors[2].detailed_key.as_deref(), Some("d.tenant_t1"));
+        assert_eq!(p.descriptors[1].detailed_key, None);
+    }
+
+    #[test]
+    fn an_override_is_a_fixed_window_of_its_unit() {
+        let mut d = desc(&[("anything", "v"), ("k", "")]);
+        d.limit = Some(RateLimitOverride { requests_per_unit: 2, unit: 3 });
+        let p = plan(vec![d.clone()]).unwrap();
+        assert_eq!(keys(&p, &p.counted), ["p_{d}_anything_v_k__3600"]);
+        let l = p.descriptors[0].limit().unwrap();
+        assert_eq!((l.requests_per_unit, l.unit, l.full_key.as_str()), (2, Some(Unit::Hour), "d.anything_v.k"));
+        // in a domain that is not configured: no match
+        let r = RateLimitRequest { domain: "other".into(), ..req(vec![d.clone()]) };
+        assert!(Plan::new(&r, &cfg(), "").unwrap().counted.is_empty());
+        d.limit = Some(RateLimitOverride { requests_per_unit: 2, unit: 0 });
+        assert_eq!(plan(vec![d]).unwrap_err(), ServiceError::Invalid("limit override with an unknown unit 0".into()));
+    }
+
+    #[test]
+    fn what_it_refuses() {
+        let inv = |m: &str| Err(ServiceError::Invalid(m.into()));
+        let err = |r: &RateLimitRequest| Plan::new(r, &cfg(), "").map(|_| ());
+        let no_domain = RateLimitRequest { domain: String::new(), ..req(vec![desc(&[("user", "a")])]) };
+        assert_eq!(err(&no_domain), inv("rate limit domain must not be empty"));
+        assert_eq!(err(&req(vec![])), inv("rate limit descriptor list must not be empty"));
+        let negative = RateLimitDescriptor { is_negative_hits: true, ..desc(&[("user", "a")]) };
+        assert_eq!(err(&req(vec![negative])), inv("is_negative_hits is not supported yet"));
+        assert_eq!(err(&req(vec![hits(&[("user", "a")], MAX + 1)])), inv("hits_addend 9007199254740992 is above 2^53-1"));
+        assert!(err(&req(vec![hits(&[("user", "a")], MAX)])).is_ok());
+        let many = |n: usize| req((0..n).map(|i| desc(&[("user", &i.to_string())])).collect());
+        assert!(err(&many(MAX_LIMITED_DESCRIPTORS)).is_ok());
+        assert_eq!(
+            err(&many(MAX_LIMITED_DESCRIPTORS + 1)),
+            inv("at most 16 limited descriptors per request (one RL.MULTI)")
+        );
+    }
+}
