@@ -22,6 +22,7 @@ import sys
 import pytest
 import redis
 
+from rltesting.clock import room
 from rltesting.proc import wait_until
 from models import ceil_div, log_model, sc_model, tb_model
 from twins import (
@@ -345,7 +346,9 @@ def test_sliding_counter_previous_window_and_retry(tw):
         (10**15, 86_400_000, 1, 10**15 - 1, 0, 10**14),
     ]:
         W = W_ms * 1000
-        k = now_us(c) // W
+        # 5 s of the window left at least (rltesting.clock), so a case is
+        # void only if its calls stall for 5 s
+        k = room(c, W_ms, min(5_000, W_ms // 2)) * 1000 // W
         if k < back:
             continue
         state = ((k - back) * W, scur, sprev)
@@ -383,6 +386,7 @@ def test_sliding_counter_clock_back_stays_in_stored_window(tw):
 def test_partial_cost_zero_and_impossible_cost(tw, cmd):
     c = tw.c
     lim = [5, 1, 3_600_000] if cmd == "RL.TOKENBUCKET" else [5, 3_600_000]
+    room(c, 3_600_000, 30_000)  # the calls share the hour's window
     call = lambda *o: tw(cmd, "k", *lim, *o)  # noqa: E731
     # COST 0 on a fresh key: granted, reports the state, creates nothing
     before = dirty(c)
@@ -405,6 +409,7 @@ def test_partial_cost_zero_and_impossible_cost(tw, cmd):
 def test_dryrun_and_denials_write_nothing(tw, cmd):
     c = tw.c
     lim = [3, 1, 3_600_000] if cmd == "RL.TOKENBUCKET" else [3, 3_600_000]
+    room(c, 3_600_000, 30_000)  # the calls share the hour's window
     before = dirty(c)
     r = tw(cmd, "k", *lim, "DRYRUN")
     assert r[:4] == [1, 3, 2, 0] and not c.exists("k") and dirty(c) == before
@@ -426,9 +431,14 @@ def test_dryrun_and_denials_write_nothing(tw, cmd):
 @pytest.mark.parametrize("cmd", CMDS)
 def test_ttl_is_reset_after_and_key_vanishes_when_fresh(tw, cmd):
     c = tw.c
-    lim = [2, 1, 300] if cmd == "RL.TOKENBUCKET" else [2, 300]
-    t0, (r,), _ = timed(c, lambda p: p.evalsha(tw.sha[cmd], 1, "k", *lim))
-    ttl = c.pttl("k")
+    lim = [2, 1, 1000] if cmd == "RL.TOKENBUCKET" else [2, 1000]
+    # the call and its PTTL in one transaction, half a window before an
+    # aligned window's end at least: the key cannot expire between them
+    room(c, 1000, 500)
+    p = c.pipeline(transaction=True)
+    p.evalsha(tw.sha[cmd], 1, "k", *lim)
+    p.pttl("k")
+    r, ttl = p.execute()
     assert 0 < ttl <= r[4]
     wait_until(lambda: not c.exists("k"), timeout=10, what="key to expire")
     # the key was gone exactly because the limiter was fresh again
