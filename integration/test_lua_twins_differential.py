@@ -21,6 +21,7 @@ import random
 import pytest
 import redis
 
+from rltesting.clock import room
 from rltesting.proc import wait_until
 from models import FixedWindow, ceil_div, sc_model, single
 from twins import (
@@ -125,8 +126,11 @@ SEQ_PARAMS = {
     "RL.FIXEDWINDOW": lambda rng, lim: [lim, rng.choice([3_600_000, 86_400_000])],
 }
 # The windowed commands whose windows are aligned on the clock: a sequence
-# that crossed a boundary is run again with new keys.
+# starts with 30 s of the hour left (rltesting.clock.room; every window of
+# the sequences is a whole number of hours, so their boundaries are hours'),
+# and one that crossed a boundary all the same is run again with new keys.
 ALIGNED = ("RL.SLIDINGCOUNTER", "RL.FIXEDWINDOW")
+ROOM = 30_000
 
 
 @pytest.mark.parametrize("cmd", CMDS)
@@ -137,6 +141,7 @@ def test_differential_random_sequences(both_modes, cmd, seed):
     lim = rng.choice([1, 3, 10, 50, 10**8 if cmd == "RL.TOKENBUCKET" else 10**15])
     params = SEQ_PARAMS[cmd](rng, lim)
     for attempt in range(3):
+        room(c, HOUR, ROOM)
         pair = Pair(c, tw, cmd, f"{seed}:{attempt}")
         windows = {params[-1]}
         for i in range(60):
@@ -324,6 +329,7 @@ def test_differential_refund_sequences(both_modes, cmd, seed):
     lim = rng.choice([1, 3, 10, 50])
     for attempt in range(3):
         params = SEQ_PARAMS[cmd](rng, lim)
+        room(c, HOUR, ROOM)
         pair = Pair(c, tw, cmd, f"refund:{seed}:{attempt}")
         for i in range(50):
             if rng.random() < 0.25:
@@ -347,6 +353,7 @@ def test_differential_multi_sequences(both_modes, seed):
     rng = random.Random(9000 + seed)
     for attempt in range(3):
         limits = random_limits(rng, rng.randint(1, 4), big=seed >= 8)
+        room(c, HOUR, ROOM)
         km = [f"{{m{seed}}}:{attempt}:{i}" for i in range(len(limits))]
         kt = [f"{{t{seed}}}:{attempt}:{i}" for i in range(len(limits))]
         D, log = 0, []
