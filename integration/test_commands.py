@@ -10,6 +10,7 @@ import time
 import pytest
 import redis
 
+from rltesting.clock import room
 from rltesting.proc import SERVER, wait_until
 from rltesting.replication import start_replica, wait_ack, wait_aof_rewrite
 from rltesting.replies import COMMANDS, least_memory_usage
@@ -87,10 +88,6 @@ def snapshot(c, keys):
     return [(digest(c, k), pexpiretime(c, k)) for k in keys]
 
 
-def now_ms():
-    return time.time_ns() // 1_000_000
-
-
 @pytest.mark.parametrize("cmd", COMMANDS)
 def test_fresh_key_draining_and_cost_above_limit(r, cmd):
     k = f"fresh:{cmd}"
@@ -150,20 +147,30 @@ def test_dryrun_and_partial(r, cmd):
 @pytest.mark.parametrize("cmd", COMMANDS)
 def test_ttl_equals_reset_and_key_expires_when_fresh(r, cmd):
     """After a write the TTL is reset_after_ms; the key disappears when the
-    limiter is fresh again, and not before."""
+    limiter is fresh again, and not before.
+
+    RL.FIXEDWINDOW's window is aligned to the epoch: the test starts with
+    half of a 1 s window left (rltesting.clock.room), and the check that the
+    state is not fresh before its expiry holds for a call that the server's
+    clock shows ended before it."""
     k = f"ttl:{cmd}"
+    room(r, 1000, 500)
     t0 = time.monotonic()
-    rep = call(r, cmd, k, 10, 300, "COST", 3)
+    rep = call(r, cmd, k, 10, 1000, "COST", 3)
     ttl = r.pttl(k)
     waited = int((time.monotonic() - t0) * 1000)
     assert rep[4] > 0
     assert rep[4] - waited - 1 <= ttl <= rep[4], f"pttl {ttl} vs reset {rep[4]}"
     exp = pexpiretime(r, k)
     # Before the expiry the state is not fresh yet: a nonzero reset.
-    assert call(r, cmd, k, 10, 300, "COST", 0)[4] > 0
+    p = r.pipeline(transaction=False)
+    p.execute_command(cmd, k, *limit_args(cmd, 10, 1000), "COST", 0)
+    p.time()
+    early, (sec, usec) = p.execute()
+    assert sec * 1000 + usec // 1000 >= exp or early[4] > 0, early
     wait_until(lambda: r.exists(k) == 0, timeout=5, interval=0.005, what="key to expire")
-    assert now_ms() >= exp, "expired before its expiry time"
-    assert call(r, cmd, k, 10, 300, "COST", 0) == [1, 10, 10, 0, 0], "fresh again"
+    assert server_ms(r) >= exp, "expired before its expiry time"
+    assert call(r, cmd, k, 10, 1000, "COST", 0) == [1, 10, 10, 0, 0], "fresh again"
 
 
 @pytest.mark.parametrize("cmd", COMMANDS)
@@ -423,7 +430,8 @@ def timed(c, *args):
 
 
 def test_fixed_window_replies_to_the_window_end(r):
-    w = 3_600_000  # epoch-aligned hours
+    w = 3_600_000  # epoch-aligned hours, with 30 s of this one left
+    room(r, w, 30_000)
     for _ in range(20):
         t0, rep, t1 = timed(r, "RL.FIXEDWINDOW", "fw:h", 5, w, "COST", 2)
         if t0 // w == t1 // w:
@@ -479,6 +487,7 @@ def test_fixed_window_from_first(r):
 
 def test_fixed_window_refunds(r):
     w = 3_600_000
+    room(r, w, 30_000)  # the calls share the hour's window
     call(r, "RL.FIXEDWINDOW", "rf", 5, w, "COST", 4)
     e = pexpiretime(r, "rf")
     rep = call(r, "RL.FIXEDWINDOW", "rf", 5, w, "REFUND", 3)
