@@ -196,3 +196,86 @@ async fn count_enforced<B: Backend>(backend: &B, plan: &mut Plan) -> Result<(), 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    //! [`run`] without Redis: a backend that answers from the keys (over
+    //! when the key names `shadow` or `tight`) and records its calls.
+    use std::sync::Mutex;
+
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::google::protobuf::UInt64Value;
+
+    use super::*;
+    use crate::plan::{key_of, PartState};
+
+    #[derive(Default)]
+    struct Answers(Mutex<Vec<(Vec<String>, u64)>>);
+
+    impl Backend for Answers {
+        async fn decide(&self, keys: &str, parts: &mut [Part], cost: u64) -> Result<bool, ServiceError> {
+            self.0.lock().unwrap().push((parts.iter().map(|p| key_of(keys, p).to_owned()).collect(), cost));
+            for p in parts.iter_mut() {
+                // a check (cost 0) always fits: over only by its remaining 0
+                let full = key_of(keys, p).contains("shadow") || key_of(keys, p).contains("tight");
+                let over = full && cost > 0;
+                p.state = PartState { over, remaining: if full { 0 } else { 3 }, retry_ms: i64::from(over), reset_ms: 9 };
+            }
+            Ok(parts.iter().all(|p| !p.state.over))
+        }
+    }
+
+    const YAML: &str = "
+domain: d
+descriptors:
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: tight
+    rate_limit: {unit: hour, requests_per_unit: 2}
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 5}
+";
+
+    fn desc(k: &str, hits: Option<u64>) -> RateLimitDescriptor {
+        RateLimitDescriptor {
+            entries: vec![Entry { key: k.into(), value: "v".into() }],
+            hits_addend: hits.map(|value| UInt64Value { value }),
+            ..RateLimitDescriptor::default()
+        }
+    }
+
+    async fn decided(ds: Vec<RateLimitDescriptor>, global_shadow: bool) -> (Plan, Vec<(Vec<String>, u64)>) {
+        let cfg = Config::load([("f", YAML)], false).unwrap();
+        let req = RateLimitRequest { domain: "d".into(), descriptors: ds, hits_addend: 0 };
+        let mut plan = Plan::new(&req, &cfg, "").unwrap();
+        let backend = Answers::default();
+        run(&backend, &mut plan, global_shadow).await.unwrap();
+        let calls = std::mem::take(&mut *backend.0.lock().unwrap());
+        (plan, calls)
+    }
+
+    #[tokio::test]
+    async fn denied_only_by_shadow_limits_the_enforced_ones_count_the_request() {
+        let (plan, calls) = decided(vec![desc("shadow", None), desc("user", None)], false).await;
+        let both = vec!["{d}_shadow_v_3600".to_owned(), "{d}_user_v_3600".to_owned()];
+        assert_eq!(calls, [(both.clone(), 1), (vec!["{d}_user_v_3600".to_owned()], 1)]);
+        assert!(plan.counted[1].taken && !plan.counted[0].taken, "the enforced part took its hit, the second time");
+        // SHADOW_MODE on: no second call (the overall answer is OK anyway)
+        assert_eq!(decided(vec![desc("shadow", None), desc("user", None)], true).await.1, [(both, 1)]);
+        // an enforced limit over too: no second call
+        assert_eq!(decided(vec![desc("shadow", None), desc("tight", None)], false).await.1.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn checks_go_in_their_own_call_with_cost_0_over_when_nothing_is_left() {
+        let (plan, mut calls) =
+            decided(vec![desc("tight", Some(0)), desc("user", Some(0)), desc("user", None)], false).await;
+        calls.sort();
+        let key = |k: &str| format!("{{d}}_{k}_v_3600");
+        assert_eq!(calls, [(vec![key("tight"), key("user")], 0), (vec![key("user")], 1)]);
+        assert_eq!(plan.checked.iter().map(|p| p.state.over).collect::<Vec<_>>(), [true, false]);
+        assert!(plan.checked.iter().all(|p| !p.taken) && plan.counted[0].taken);
+    }
+}
