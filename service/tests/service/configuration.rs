@@ -8,7 +8,6 @@ use crate::support::*;
 async fn reload_on_change_and_symlink_swap_refusing_bad_files() {
     let one = "domain: r\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
     let e = Env::start("reload", one, &[]).await;
-    fresh_window(3_600_000, 20_000);
     let ask = || e.ask(req("r", vec![desc(&[("k", "v")])]));
     let limit_now = |a: RateLimitResponse| a.statuses[0].current_limit.clone().map(|l| l.requests_per_unit);
     assert_eq!(limit_now(ask().await), Some(1));
@@ -151,89 +150,91 @@ fn envoy_descriptors(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_envoy_example_descriptors_are_the_configs() {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/envoy");
-    let bootstrap: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(dir.join("envoy.yaml")).unwrap()).unwrap();
-    let compose: serde_yaml::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(dir.join("compose.yaml")).unwrap()).unwrap();
+    in_one_window(60_000, || async {
+        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/envoy");
+        let bootstrap: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(dir.join("envoy.yaml")).unwrap()).unwrap();
+        let compose: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(dir.join("compose.yaml")).unwrap()).unwrap();
 
-    // the ratelimit cluster: HTTP/2 (gRPC) to the compose service "ratelimit" on GRPC_PORT
-    let (domain, cluster, _) = envoy_descriptors(&bootstrap, "/", &[], "10.0.0.1");
-    let c = seq(at(at(&bootstrap, "static_resources"), "clusters"))
-        .iter()
-        .find(|c| s(at(c, "name")) == cluster)
-        .expect("the ratelimit filter's cluster is defined");
-    let opts = at(at(c, "typed_extension_protocol_options"), "envoy.extensions.upstreams.http.v3.HttpProtocolOptions");
-    assert!(at(at(opts, "explicit_http_config"), "http2_protocol_options").is_mapping(), "gRPC needs HTTP/2");
-    let sock = at(
-        at(at(&seq(at(&seq(at(at(c, "load_assignment"), "endpoints"))[0], "lb_endpoints"))[0], "endpoint"), "address"),
-        "socket_address",
-    );
-    assert_eq!((s(at(sock, "address")), at(sock, "port_value").as_u64()), ("ratelimit", Some(8081)));
-
-    // compose: this version's images, the service started as envoyproxy/ratelimit's, the config mounted
-    let services = at(&compose, "services");
-    let version = env!("CARGO_PKG_VERSION");
-    assert_eq!(s(at(at(services, "redis"), "image")), format!("redis-ratelimit:{version}-redis"));
-    let svc = at(services, "ratelimit");
-    assert_eq!(s(at(svc, "image")), format!("redis-ratelimit-service:{version}"));
-    assert_eq!(s(at(svc, "command")), "/bin/ratelimit");
-    assert!(seq(at(svc, "volumes")).iter().any(|v| s(v).starts_with("./config:/data/ratelimit/config")));
-    let env: Vec<&str> = seq(at(svc, "environment")).iter().map(s).collect();
-    for v in ["RUNTIME_ROOT=/data", "RUNTIME_SUBDIRECTORY=ratelimit", "REDIS_URL=redis:6379", "REDIS_SOCKET_TYPE=tcp"] {
-        assert!(env.contains(&v), "{v} in {env:?}");
-    }
-    // the variables it sets are ones the service accepts
-    let vars: HashMap<String, String> =
-        env.iter().map(|kv| kv.split_once('=').unwrap()).map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
-    Settings::from_map(&vars).unwrap();
-    assert!(seq(at(at(services, "envoy"), "volumes")).iter().any(|v| s(v).starts_with("./envoy.yaml:")));
-
-    // the service on the example's configuration
-    let files: Vec<_> = std::fs::read_dir(dir.join("config")).unwrap().map(|e| e.unwrap().file_name()).collect();
-    assert_eq!(files.len(), 1, "{files:?}");
-    let e = Env::start("envoy-example", &std::fs::read_to_string(dir.join("config/config.yaml")).unwrap(), &[]).await;
-    let ask = |ds: &[Vec<(String, String)>]| {
-        let ds = ds.iter().map(|d| desc(&d.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>())).collect();
-        e.ask(req(&domain, ds))
-    };
-    let kv = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<Vec<_>>();
-    // (requests_per_unit, unit, name) of each descriptor's status: every descriptor has a limit
-    let limits = |a: &RateLimitResponse| {
-        a.statuses
+        // the ratelimit cluster: HTTP/2 (gRPC) to the compose service "ratelimit" on GRPC_PORT
+        let (domain, cluster, _) = envoy_descriptors(&bootstrap, "/", &[], "10.0.0.1");
+        let c = seq(at(at(&bootstrap, "static_resources"), "clusters"))
             .iter()
-            .map(|s| s.current_limit.clone().map(|l| (l.requests_per_unit, l.unit, l.name)).expect("a configured limit"))
-            .collect::<Vec<_>>()
-    };
-    // six calls in one minute: 2 s is plenty
-    fresh_window(60_000, 2_000);
-    const MINUTE: i32 = 2;
+            .find(|c| s(at(c, "name")) == cluster)
+            .expect("the ratelimit filter's cluster is defined");
+        let opts = at(at(c, "typed_extension_protocol_options"), "envoy.extensions.upstreams.http.v3.HttpProtocolOptions");
+        assert!(at(at(opts, "explicit_http_config"), "http2_protocol_options").is_mapping(), "gRPC needs HTTP/2");
+        let sock = at(
+            at(at(&seq(at(&seq(at(at(c, "load_assignment"), "endpoints"))[0], "lb_endpoints"))[0], "endpoint"), "address"),
+            "socket_address",
+        );
+        assert_eq!((s(at(sock, "address")), at(sock, "port_value").as_u64()), ("ratelimit", Some(8081)));
 
-    // GET / without a user: the site and the address (the user's descriptor is dropped)
-    let (_, _, ds) = envoy_descriptors(&bootstrap, "/", &[], "10.0.0.1");
-    assert_eq!(ds, vec![kv(&[("generic_key", "site")]), kv(&[("remote_address", "10.0.0.1")])]);
-    let a = ask(&ds).await;
-    assert_eq!(limits(&a), vec![(1000, MINUTE, String::new()), (60, MINUTE, String::new())]);
-    assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])), (OK, (OK, 999), (OK, 59)));
+        // compose: this version's images, the service started as envoyproxy/ratelimit's, the config mounted
+        let services = at(&compose, "services");
+        let version = env!("CARGO_PKG_VERSION");
+        assert_eq!(s(at(at(services, "redis"), "image")), format!("redis-ratelimit:{version}-redis"));
+        let svc = at(services, "ratelimit");
+        assert_eq!(s(at(svc, "image")), format!("redis-ratelimit-service:{version}"));
+        assert_eq!(s(at(svc, "command")), "/bin/ratelimit");
+        assert!(seq(at(svc, "volumes")).iter().any(|v| s(v).starts_with("./config:/data/ratelimit/config")));
+        let env: Vec<&str> = seq(at(svc, "environment")).iter().map(s).collect();
+        for v in ["RUNTIME_ROOT=/data", "RUNTIME_SUBDIRECTORY=ratelimit", "REDIS_URL=redis:6379", "REDIS_SOCKET_TYPE=tcp"] {
+            assert!(env.contains(&v), "{v} in {env:?}");
+        }
+        // the variables it sets are ones the service accepts
+        let vars: HashMap<String, String> =
+            env.iter().map(|kv| kv.split_once('=').unwrap()).map(|(k, v)| (k.to_owned(), v.to_owned())).collect();
+        Settings::from_map(&vars).unwrap();
+        assert!(seq(at(at(services, "envoy"), "volumes")).iter().any(|v| s(v).starts_with("./envoy.yaml:")));
 
-    // GET / with x-user-id: the user's 10 a minute too
-    let (_, _, ds) = envoy_descriptors(&bootstrap, "/items", &[("X-User-Id", "bob")], "10.0.0.2");
-    assert_eq!(ds[2], kv(&[("user", "bob")]));
-    let a = ask(&ds).await;
-    assert_eq!(limits(&a)[2], (10, MINUTE, String::new()));
-    assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[2])), (OK, (OK, 998), (OK, 9)));
+        // the service on the example's configuration
+        let files: Vec<_> = std::fs::read_dir(dir.join("config")).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(files.len(), 1, "{files:?}");
+        let e = Env::start("envoy-example", &std::fs::read_to_string(dir.join("config/config.yaml")).unwrap(), &[]).await;
+        let ask = |ds: &[Vec<(String, String)>]| {
+            let ds = ds.iter().map(|d| desc(&d.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect::<Vec<_>>())).collect();
+            e.ask(req(&domain, ds))
+        };
+        let kv = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<Vec<_>>();
+        // (requests_per_unit, unit, name) of each descriptor's status: every descriptor has a limit
+        let limits = |a: &RateLimitResponse| {
+            a.statuses
+                .iter()
+                .map(|s| s.current_limit.clone().map(|l| (l.requests_per_unit, l.unit, l.name)).expect("a configured limit"))
+                .collect::<Vec<_>>()
+        };
+        // the six calls below count in one minute (in_one_window)
+        const MINUTE: i32 = 2;
 
-    // /upload: the nested route=upload, user descriptor, 2 a minute per user
-    let (_, _, ds) = envoy_descriptors(&bootstrap, "/upload", &[("x-user-id", "alice")], "10.0.0.3");
-    assert_eq!(ds.len(), 4);
-    assert_eq!(ds[3], kv(&[("route", "upload"), ("user", "alice")]));
-    let a = ask(&ds).await;
-    assert_eq!(limits(&a)[3], (2, MINUTE, "upload_per_user".to_owned()));
-    assert_eq!(a.statuses.iter().map(rem).collect::<Vec<_>>(), vec![(OK, 997), (OK, 59), (OK, 9), (OK, 1)]);
-    let a = ask(&ds).await;
-    assert_eq!(a.statuses.iter().map(rem).collect::<Vec<_>>(), vec![(OK, 996), (OK, 58), (OK, 8), (OK, 0)]);
-    // the third upload is over the upload limit, and (atomic) takes nothing from the site, address or user
-    let a = ask(&ds).await;
-    assert_eq!(a.overall_code, OVER);
-    assert_eq!(a.statuses.iter().map(rem).collect::<Vec<_>>(), vec![(OK, 996), (OK, 58), (OK, 8), (OVER, 0)]);
+        // GET / without a user: the site and the address (the user's descriptor is dropped)
+        let (_, _, ds) = envoy_descriptors(&bootstrap, "/", &[], "10.0.0.1");
+        assert_eq!(ds, vec![kv(&[("generic_key", "site")]), kv(&[("remote_address", "10.0.0.1")])]);
+        let a = ask(&ds).await;
+        assert_eq!(limits(&a), vec![(1000, MINUTE, String::new()), (60, MINUTE, String::new())]);
+        assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[1])), (OK, (OK, 999), (OK, 59)));
+
+        // GET / with x-user-id: the user's 10 a minute too
+        let (_, _, ds) = envoy_descriptors(&bootstrap, "/items", &[("X-User-Id", "bob")], "10.0.0.2");
+        assert_eq!(ds[2], kv(&[("user", "bob")]));
+        let a = ask(&ds).await;
+        assert_eq!(limits(&a)[2], (10, MINUTE, String::new()));
+        assert_eq!((a.overall_code, rem(&a.statuses[0]), rem(&a.statuses[2])), (OK, (OK, 998), (OK, 9)));
+
+        // /upload: the nested route=upload, user descriptor, 2 a minute per user
+        let (_, _, ds) = envoy_descriptors(&bootstrap, "/upload", &[("x-user-id", "alice")], "10.0.0.3");
+        assert_eq!(ds.len(), 4);
+        assert_eq!(ds[3], kv(&[("route", "upload"), ("user", "alice")]));
+        let a = ask(&ds).await;
+        assert_eq!(limits(&a)[3], (2, MINUTE, "upload_per_user".to_owned()));
+        assert_eq!(a.statuses.iter().map(rem).collect::<Vec<_>>(), vec![(OK, 997), (OK, 59), (OK, 9), (OK, 1)]);
+        let a = ask(&ds).await;
+        assert_eq!(a.statuses.iter().map(rem).collect::<Vec<_>>(), vec![(OK, 996), (OK, 58), (OK, 8), (OK, 0)]);
+        // the third upload is over the upload limit, and (atomic) takes nothing from the site, address or user
+        let a = ask(&ds).await;
+        assert_eq!(a.overall_code, OVER);
+        assert_eq!(a.statuses.iter().map(rem).collect::<Vec<_>>(), vec![(OK, 996), (OK, 58), (OK, 8), (OVER, 0)]);
+    })
+    .await;
 }

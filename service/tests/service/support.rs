@@ -214,6 +214,97 @@ pub fn fresh_window(window_ms: u64, margin_ms: u64) {
     wait_for("a fresh window", Duration::from_millis(window_ms + 100), || window_ms - now_ms() % window_ms >= margin_ms);
 }
 
+// ---- Time-safety ----------------------------------------------------------
+//
+// The service's default algorithm is a fixed window aligned to the epoch on
+// the server's clock: a test that counts N calls in one window fails if a
+// boundary passes between them. No test here depends on where the clock
+// falls or on how long its run takes: each scenario whose counts must
+// share a window is run again, on fresh keys or fresh servers, when a
+// boundary of that window passed while it ran (the servers run on this
+// host: their TIME is this clock, `now_ms`). A run during which no
+// boundary passed is judged by every assertion, so none is weakened; a
+// second run starts just after the boundary, a whole window from the next.
+
+/// An hour: the window of most tests' limits (`unit: hour`).
+pub const HOUR_MS: u64 = 3_600_000;
+
+/// Runs a test's whole scenario, `body` (which starts its own servers and
+/// service), so that a boundary of the epoch-aligned window of `window_ms`
+/// cannot fail it: a run that fails while a boundary passed is run again on
+/// fresh servers (at most 3 runs); a run that fails within one window
+/// fails the test with its own panic. The scenario runs on the test's
+/// thread, as the test's body did (not on a worker of the runtime: its
+/// blocking polls would hold the tasks queued on that worker).
+pub async fn in_one_window<F, Fut>(window_ms: u64, body: F)
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    for run in 1.. {
+        let w0 = now_ms() / window_ms;
+        let result = CatchUnwind(Box::pin(body())).await;
+        let crossed = now_ms() / window_ms != w0;
+        match result {
+            Ok(()) => return,
+            Err(_) if crossed && run < 3 => println!("a {window_ms} ms window ended during run {run}: run again"),
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+}
+
+/// A future's panic as an `Err` (the future is dropped with it).
+struct CatchUnwind<F>(std::pin::Pin<Box<F>>);
+
+impl<F: std::future::Future> std::future::Future for CatchUnwind<F> {
+    type Output = std::thread::Result<F::Output>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let inner = self.0.as_mut();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| inner.poll(cx))) {
+            Ok(std::task::Poll::Pending) => std::task::Poll::Pending,
+            Ok(std::task::Poll::Ready(v)) => std::task::Poll::Ready(Ok(v)),
+            Err(p) => std::task::Poll::Ready(Err(p)),
+        }
+    }
+}
+
+/// [`in_one_window`] for a test that runs its own runtimes.
+pub fn in_one_window_sync(window_ms: u64, body: impl Fn()) {
+    for run in 1.. {
+        let w0 = now_ms() / window_ms;
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&body));
+        let crossed = now_ms() / window_ms != w0;
+        match result {
+            Ok(()) => return,
+            Err(_) if crossed && run < 3 => println!("a {window_ms} ms window ended during run {run}: run again"),
+            Err(p) => std::panic::resume_unwind(p),
+        }
+    }
+}
+
+/// Calls that must share one window of `window_ms`: `burst(attempt)` makes
+/// them on keys of its own for each attempt and returns what it saw, which
+/// the caller then asserts. Each attempt starts with at least `margin_ms`
+/// left in the window; an attempt during which a boundary passed is made
+/// again (on new keys), up to 20 attempts.
+pub async fn burst_in_one_window<T, F, Fut>(window_ms: u64, margin_ms: u64, mut burst: F) -> T
+where
+    F: FnMut(u32) -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    for attempt in 0..20 {
+        fresh_window(window_ms, margin_ms);
+        let w0 = now_ms() / window_ms;
+        let seen = burst(attempt).await;
+        if now_ms() / window_ms == w0 {
+            return seen;
+        }
+        println!("a {window_ms} ms window ended during attempt {attempt}: again, on new keys");
+    }
+    panic!("no attempt of 20 fitted in one window of {window_ms} ms");
+}
+
 pub fn rem(s: &DescriptorStatus) -> (i32, u32) {
     (s.code, s.limit_remaining)
 }

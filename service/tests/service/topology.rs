@@ -32,81 +32,85 @@ async fn atomic_in(e: &Env, domain: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_requests_are_atomic_and_domains_spread() {
-    if !topology() {
-        return;
-    }
-    let nodes = common::start_cluster(3).await;
-    // a domain on each primary: the hash tag is the domain
-    let mut domains: Vec<Option<String>> = vec![None; 3];
-    for i in 0.. {
-        let d = format!("dom{i}");
-        let owner = common::slot_owner(&nodes, redis_ratelimit_client::key_slot(format!("x{{{d}}}y")));
-        domains[owner].get_or_insert(d);
-        if domains.iter().all(Option::is_some) {
-            break;
+    in_one_window(HOUR_MS, || async {
+        if !topology() {
+            return;
         }
-    }
-    let domains: Vec<String> = domains.into_iter().map(Option::unwrap).collect();
-    let configs: Vec<String> = domains.iter().map(|d| DOMAIN_CONFIG.replace("DOMAIN", d)).collect();
-    let configs: Vec<&str> = configs.iter().map(String::as_str).collect();
-    // two seeds of the three, as REDIS_URL lists them
-    let url = format!("127.0.0.1:{},127.0.0.1:{}", nodes[0].port, nodes[1].port);
-    let vars = [("REDIS_TYPE", "cluster"), ("REDIS_URL", url.as_str()), ("CACHE_KEY_PREFIX", "rl_")];
-    let e = Env::serve("cluster", &configs, &vars, 0, None).await;
-    fresh_window(3_600_000, 10_000);
-    for d in &domains {
-        atomic_in(&e, d).await;
-    }
-    // each node holds the keys of its domain, and only those
-    for (n, d) in nodes.iter().zip(&domains) {
-        let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut n.sync()).unwrap();
-        keys.sort();
-        let want = |u: &str| format!("rl_{{{d}}}_user_{u}_3600");
-        assert_eq!(keys, vec![format!("rl_{{{d}}}_site__3600"), want("amy"), want("bob")], "node {}", n.port);
-    }
+        let nodes = common::start_cluster(3).await;
+        // a domain on each primary: the hash tag is the domain
+        let mut domains: Vec<Option<String>> = vec![None; 3];
+        for i in 0.. {
+            let d = format!("dom{i}");
+            let owner = common::slot_owner(&nodes, redis_ratelimit_client::key_slot(format!("x{{{d}}}y")));
+            domains[owner].get_or_insert(d);
+            if domains.iter().all(Option::is_some) {
+                break;
+            }
+        }
+        let domains: Vec<String> = domains.into_iter().map(Option::unwrap).collect();
+        let configs: Vec<String> = domains.iter().map(|d| DOMAIN_CONFIG.replace("DOMAIN", d)).collect();
+        let configs: Vec<&str> = configs.iter().map(String::as_str).collect();
+        // two seeds of the three, as REDIS_URL lists them
+        let url = format!("127.0.0.1:{},127.0.0.1:{}", nodes[0].port, nodes[1].port);
+        let vars = [("REDIS_TYPE", "cluster"), ("REDIS_URL", url.as_str()), ("CACHE_KEY_PREFIX", "rl_")];
+        let e = Env::serve("cluster", &configs, &vars, 0, None).await;
+        for d in &domains {
+            atomic_in(&e, d).await;
+        }
+        // each node holds the keys of its domain, and only those
+        for (n, d) in nodes.iter().zip(&domains) {
+            let mut keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut n.sync()).unwrap();
+            keys.sort();
+            let want = |u: &str| format!("rl_{{{d}}}_user_{u}_3600");
+            assert_eq!(keys, vec![format!("rl_{{{d}}}_site__3600"), want("amy"), want("bob")], "node {}", n.port);
+        }
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_failover_is_followed() {
-    if !topology() {
-        return;
-    }
-    let mut primary = common::Server::start(true);
-    let replica = common::Server::start_with(true, &["--replicaof", "127.0.0.1", &primary.port.to_string()]);
-    let sentinels = common::Sentinel::start_three(primary.port).await;
-    let url = std::iter::once("mymaster".to_owned())
-        .chain(sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)))
-        .collect::<Vec<_>>()
-        .join(",");
-    let mut vars = stall_env().to_vec();
-    vars.extend([("REDIS_TYPE", "sentinel"), ("REDIS_URL", url.as_str())]);
-    let e = Env::serve("sentinel", &[CONFIG], &vars, 0, None).await;
-    fresh_window(3_600_000, 60_000);
-    let mut c = e.client().await;
-    let site = || req("basic", vec![desc(&[("site", "")])]);
-    for left in [99, 98, 97] {
-        assert_eq!(rem(&e.ask(site()).await.statuses[0]), (OK, left));
-    }
-    // every count on the replica before the kill
-    let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut primary.sync()).unwrap();
-    assert_eq!(acked, 1);
-    primary.kill();
-    let t0 = Instant::now();
-    let mut unavailable = 0;
-    let a = loop {
-        let (a, took) = timed(&mut c, site()).await;
-        within_bound(took, "during the failover");
-        match a {
-            Ok(a) => break a,
-            Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
+    in_one_window(HOUR_MS, || async {
+        if !topology() {
+            return;
         }
-        unavailable += 1;
-        assert!(t0.elapsed() < Duration::from_secs(60), "no failover within 60 s");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    println!("failover followed after {:.1} s, {unavailable} UNAVAILABLE answers", t0.elapsed().as_secs_f64());
-    assert!(unavailable > 0, "the kill was seen");
-    assert_eq!(common::role(&replica), "master");
-    // the promoted replica goes on from the replicated count
-    assert_eq!(rem(&a.statuses[0]), (OK, 96));
+        let mut primary = common::Server::start(true);
+        let replica = common::Server::start_with(true, &["--replicaof", "127.0.0.1", &primary.port.to_string()]);
+        let sentinels = common::Sentinel::start_three(primary.port).await;
+        let url = std::iter::once("mymaster".to_owned())
+            .chain(sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut vars = stall_env().to_vec();
+        vars.extend([("REDIS_TYPE", "sentinel"), ("REDIS_URL", url.as_str())]);
+        let e = Env::serve("sentinel", &[CONFIG], &vars, 0, None).await;
+        let mut c = e.client().await;
+        let site = || req("basic", vec![desc(&[("site", "")])]);
+        for left in [99, 98, 97] {
+            assert_eq!(rem(&e.ask(site()).await.statuses[0]), (OK, left));
+        }
+        // every count on the replica before the kill
+        let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut primary.sync()).unwrap();
+        assert_eq!(acked, 1);
+        primary.kill();
+        let t0 = Instant::now();
+        let mut unavailable = 0;
+        let a = loop {
+            let (a, took) = timed(&mut c, site()).await;
+            within_bound(took, "during the failover");
+            match a {
+                Ok(a) => break a,
+                Err(s) => assert_eq!(s.code(), tonic::Code::Unavailable, "{s:?}"),
+            }
+            unavailable += 1;
+            assert!(t0.elapsed() < Duration::from_secs(60), "no failover within 60 s");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        println!("failover followed after {:.1} s, {unavailable} UNAVAILABLE answers", t0.elapsed().as_secs_f64());
+        assert!(unavailable > 0, "the kill was seen");
+        assert_eq!(common::role(&replica), "master");
+        // the promoted replica goes on from the replicated count
+        assert_eq!(rem(&a.statuses[0]), (OK, 96));
+    })
+    .await;
 }
