@@ -108,15 +108,21 @@ def real_dumps(c):
     c.config_set("rdbcompression", "no")
     rng = random.Random(7)
     t = now_us(c)
-    c.execute_command("RL.TOKENBUCKET", "tb", 10, 1, 1000, "COST", 3)
-    c.execute_command("RL.TOKENBUCKET", "tb-big", MAX_ARG, 7, MAX_ARG, "COST", MAX_ARG - 5)
-    c.execute_command("RL.SLIDINGCOUNTER", "sc", 10, 1000, "COST", 4)
-    c.execute_command("RL.SLIDINGCOUNTER", "sc-big", MAX_ARG, MAX_ARG, "COST", MAX_ARG)
-    # An epoch-aligned window expires its key when it ends: an hour's, made
-    # persistent at once (a 1 s window ended before the DUMP below in a CI
+    # Keys on short limits expire: each is made persistent in the
+    # transaction that writes it, so none can expire before its DUMP below
+    # (a 1 s fixed window aligned to the epoch ended before the DUMP in a CI
     # run on Redis 7.0, and DUMP answered nil).
-    c.execute_command("RL.FIXEDWINDOW", "fw", 10, 3_600_000, "COST", 4)
-    c.persist("fw")
+    def persistent(*args):
+        p = c.pipeline(transaction=True)
+        p.execute_command(*args)
+        p.persist(args[1])
+        p.execute()
+
+    persistent("RL.TOKENBUCKET", "tb", 10, 1, 1000, "COST", 3)
+    c.execute_command("RL.TOKENBUCKET", "tb-big", MAX_ARG, 7, MAX_ARG, "COST", MAX_ARG - 5)
+    persistent("RL.SLIDINGCOUNTER", "sc", 10, 1000, "COST", 4)
+    c.execute_command("RL.SLIDINGCOUNTER", "sc-big", MAX_ARG, MAX_ARG, "COST", MAX_ARG)
+    persistent("RL.FIXEDWINDOW", "fw", 10, 3_600_000, "COST", 4)
     c.execute_command("RL.FIXEDWINDOW", "fw-big", MAX_ARG, MAX_ARG, "COST", MAX_ARG, "FROMFIRST")
     # Logs in the three entry widths (4, 8 and 16 bytes), set by RL.STATE.
     sl_state(c, "sl1", random_log(rng, t, 12, 50_000_000, 9))
