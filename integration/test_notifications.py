@@ -8,6 +8,7 @@ events; a marker key written after each step (a string event, class `$`)
 ends what the step emitted."""
 import pytest
 
+from rltesting.clock import room
 from rltesting.replication import start_replica, wait_ack
 
 MARKER = "notifications:marker"
@@ -174,6 +175,7 @@ def test_notification_fixed_window(server, r, sub):
     """RL.FIXEDWINDOW emits `rl.fixedwindow` per write (both window modes),
     `rl.refund` for a refund that gives units back (stored or deleted), and
     nothing for a denial, COST 0, DRYRUN or a refund of nothing."""
+    room(r, 3_600_000, 30_000)  # the hour's window holds every call
     r.execute_command("RL.FIXEDWINDOW", "fw", *WIN)
     r.execute_command("RL.FIXEDWINDOW", "ff", *WIN, "FROMFIRST", "COST", "2")
     r.execute_command("RL.FIXEDWINDOW", "fw", *WIN, "COST", "9", "PARTIAL")
@@ -199,6 +201,7 @@ def test_notification_replica_fixed_window(server_factory):
     rc = rep.client()
     s = Subscriber(rep)
     try:
+        room(mc, 3_600_000, 30_000)  # the hour's window holds every call
         mc.execute_command("RL.FIXEDWINDOW", "fw", *WIN, "COST", "2")
         mc.execute_command("RL.FIXEDWINDOW", "fw", *WIN, "REFUND", "1")
         mc.execute_command("RL.FIXEDWINDOW", "fw", *WIN, "DRYRUN")

@@ -10,6 +10,7 @@ import time
 import pytest
 import redis
 
+from rltesting.clock import room
 from rltesting.proc import wait_until
 from rltesting.replication import ReplicationTap, start_replica, wait_ack, wait_replica_synced
 from rltesting.replies import check_reply, COMMANDS, db_digest, granted_units, keyspace, NEVER, rl, TYPE_NAMES
@@ -396,9 +397,12 @@ def test_failover_continues_limits(server_factory):
     state = {"client": old, "retried": 0}
 
     # Drained limiters with real (one hour) periods: their retry/reset must
-    # carry over.
+    # carry over. The windows aligned to the epoch are a day long, begun
+    # with 2 minutes of the day left at least (rltesting.clock.room): none
+    # ends between the drain and the check after the failover.
     hour = {"RL.TOKENBUCKET": [5, 1, 3600000], "RL.SLIDINGLOG": [5, 3600000],
-            "RL.SLIDINGCOUNTER": [5, 3600000], "RL.FIXEDWINDOW": [5, 3600000]}
+            "RL.SLIDINGCOUNTER": [5, 86_400_000], "RL.FIXEDWINDOW": [5, 86_400_000]}
+    room(old, 86_400_000, 120_000)
     last = {}
     for cmd in COMMANDS:
         key = f"rl:fo:hour:{cmd}"
