@@ -100,3 +100,33 @@ pub(crate) fn panic<K: AsRef<str>>(rule: &Arc<Rule>, panics: &PanicBuckets, keys
     };
     Decision::of(rule, figures(&res[b], g, retry), allowed, pp[b].name(), Source::Panic, parts)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::{all_of, sliding_log, token_bucket};
+
+    fn ints(xs: &[i64]) -> Value {
+        Value::Array(xs.iter().map(|&x| Value::Int(x)).collect())
+    }
+
+    #[test]
+    fn replies_read_as_decisions_named_by_the_rule() {
+        let api = token_bucket("api", 10, 1, 1000).unwrap();
+        let day = sliding_log("day", 5, 86_400_000).unwrap().weighted(2).unwrap();
+        let single = Arc::new(Rule::from(api.clone()));
+        let d = decode(&single, &ints(&[1, 10, 7, 0, 300]), 3, false, Source::Module).unwrap();
+        assert!(d.allowed && d.granted == 3 && d.policy == "api" && d.binding == "api" && d.parts.is_empty());
+        let denied = decode(&single, &ints(&[0, 10, 0, 250, 900]), 3, false, Source::Lua).unwrap();
+        assert!(!denied.allowed && denied.granted == 0 && denied.retry_after_ms == 250 && denied.source == Source::Lua);
+        assert!(matches!(decode(&single, &ints(&[1, 10, 7, 0]), 1, false, Source::Module), Err(Error::Protocol(_))));
+
+        let both = Arc::new(Rule::from(all_of(vec![api, day], None).unwrap()));
+        let mut v = [0, 5, 1, 400, 900, 1].iter().map(|&x| Value::Int(x)).collect::<Vec<_>>();
+        v.push(Value::Array(vec![ints(&[0, 10, 9, 0, 100]), ints(&[0, 5, 1, 400, 900])]));
+        let d = decode(&both, &Value::Array(v), 1, false, Source::Module).unwrap();
+        assert!(!d.allowed && d.policy == "api.day" && d.binding == "day" && d.limit == 5);
+        assert_eq!(d.parts.iter().map(|p| (p.policy.as_str(), p.remaining)).collect::<Vec<_>>(), [("api", 9), ("day", 1)]);
+        assert!(decode(&both, &ints(&[1, 10, 7, 0, 300]), 1, false, Source::Module).is_err(), "a single reply");
+    }
+}

@@ -33,6 +33,7 @@ mod metrics;
 mod options;
 mod policy;
 mod request;
+mod reservoir;
 // The transport (connection, timeout, breaker, detection, strict mode) and
 // what is built on it.
 mod client;
@@ -49,11 +50,12 @@ pub use decision::{Decision, Part, Source};
 pub use error::{Error, Result};
 pub use headers::{headers, problem, Problem, QUOTA_EXCEEDED, QUOTA_TITLE};
 pub use keys::{assert_same_slot, key_slot, make_key, make_key_with_prefix};
-pub use lease::{Lease, LeasedLimiter};
+pub use lease::LeasedLimiter;
 pub use metrics::Metrics;
 pub use options::{Options, Strict};
 pub use policy::{all_of, fixed_window, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX};
 pub use request::{Backend, Call};
+pub use reservoir::Lease;
 #[cfg(feature = "sentinel")]
 pub use sentinel::SentinelConnection;
 #[cfg(feature = "tower")]

@@ -3,9 +3,10 @@
 
 use crate::error::{Error, Result};
 
-/// The largest number a policy takes: 2^53 − 1, as in the other libraries
-/// (a JavaScript safe integer, a Lua double's exact range).
-pub const MAX: u64 = (1 << 53) - 1;
+/// The largest number a policy takes: 2^53 − 1, the module's
+/// [`ratelimit_core::MAX_ARG`] (a JavaScript safe integer, a Lua double's
+/// exact range), as in the other libraries.
+pub const MAX: u64 = ratelimit_core::MAX_ARG;
 
 /// The algorithm of a single policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
