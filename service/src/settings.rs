@@ -11,6 +11,8 @@ use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::de::value::MapDeserializer;
+use serde::Deserialize;
 
 /// How to reach Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,16 +100,12 @@ impl RedisTls {
 
     /// Reads `REDIS_TLS_*` when `REDIS_TLS` is true, and checks what it
     /// read: every file readable, PEM, the key that of the certificate.
-    fn from_vars(get: &dyn Fn(&str) -> Option<String>, redis_type: &RedisType) -> Result<Option<RedisTls>, String> {
-        let flag = |k: &str| match get(k).filter(|v| !v.is_empty()) {
-            None => Ok(false),
-            Some(v) => parse_bool(k, &v),
-        };
+    fn from_vars(vars: &Vars, redis_type: &RedisType) -> Result<Option<RedisTls>, String> {
         // read for parity with envoyproxy/ratelimit (a boolean); the
         // per-second Redis it is for is refused (REDIS_PERSECOND)
-        flag("REDIS_PERSECOND_TLS")?;
-        let skip = flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")?;
-        if !flag("REDIS_TLS")? {
+        flag("REDIS_PERSECOND_TLS", &vars.redis_persecond_tls)?;
+        let skip = flag("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", &vars.redis_tls_skip_hostname_verification)?;
+        if !flag("REDIS_TLS", &vars.redis_tls)? {
             return Ok(None);
         }
         if skip && matches!(redis_type, RedisType::Sentinel { .. }) {
@@ -116,11 +114,11 @@ impl RedisTls {
                  addresses the sentinels announce (see service/README.md)"
                 .into());
         }
-        let read = |k: &str| -> Result<Option<(String, Vec<u8>)>, String> {
-            match get(k).filter(|v| !v.is_empty()) {
-                None => Ok(None),
-                Some(path) => match std::fs::read(&path) {
-                    Ok(b) => Ok(Some((path, b))),
+        let read = |k: &str, path: &str| -> Result<Option<(String, Vec<u8>)>, String> {
+            match path {
+                "" => Ok(None),
+                path => match std::fs::read(path) {
+                    Ok(b) => Ok(Some((path.to_owned(), b))),
                     Err(e) => Err(format!("{k}={path:?}: cannot read it: {e}")),
                 },
             }
@@ -135,7 +133,7 @@ impl RedisTls {
             Ok(certs)
         };
         let mut roots = rustls::RootCertStore::empty();
-        let ca = match read("REDIS_TLS_CACERT")? {
+        let ca = match read("REDIS_TLS_CACERT", &vars.redis_tls_cacert)? {
             None => None,
             Some((path, pem)) => {
                 for c in certs("REDIS_TLS_CACERT", &path, &pem)? {
@@ -144,7 +142,10 @@ impl RedisTls {
                 Some(pem)
             }
         };
-        let client = match (read("REDIS_TLS_CLIENT_CERT")?, read("REDIS_TLS_CLIENT_KEY")?) {
+        let client = match (
+            read("REDIS_TLS_CLIENT_CERT", &vars.redis_tls_client_cert)?,
+            read("REDIS_TLS_CLIENT_KEY", &vars.redis_tls_client_key)?,
+        ) {
             (None, None) => None,
             (Some((cert_path, cert)), Some((key_path, key))) => {
                 let chain = certs("REDIS_TLS_CLIENT_CERT", &cert_path, &cert)?;
@@ -272,6 +273,14 @@ pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
     Ok(Duration::new(secs, (nanos % 1_000_000_000) as u32))
 }
 
+/// A boolean variable: unset or empty, false.
+fn flag(name: &str, v: &str) -> Result<bool, String> {
+    if v.is_empty() {
+        return Ok(false);
+    }
+    parse_bool(name, v)
+}
+
 fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
     // Go's strconv.ParseBool
     match v {
@@ -300,34 +309,131 @@ const REFUSED: &[(&str, &[&str])] = &[
     ("MEMCACHE_SRV", &[""]),
 ];
 
-impl Settings {
-    /// The settings of the process environment.
-    pub fn from_env() -> Result<Settings, String> {
-        Settings::from_map(&std::env::vars().collect())
+/// The variables read, by their names (envoyproxy/ratelimit's, and
+/// `RUNTIME_POLL_INTERVAL`): the one table of what a process reads. Unset
+/// and empty are the same, the default; [`Vars::settings`] checks and
+/// types them, in a fixed order (the first error is the one answered).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default, rename_all = "SCREAMING_SNAKE_CASE")]
+struct Vars {
+    host: String,
+    port: String,
+    grpc_host: String,
+    grpc_port: String,
+    redis_url: String,
+    redis_type: String,
+    redis_socket_type: String,
+    redis_auth: String,
+    redis_sentinel_auth: String,
+    redis_tls: String,
+    redis_persecond_tls: String,
+    redis_tls_skip_hostname_verification: String,
+    redis_tls_cacert: String,
+    redis_tls_client_cert: String,
+    redis_tls_client_key: String,
+    panic_mode: String,
+    panic_instances: String,
+    redis_timeout: String,
+    near_limit_ratio: String,
+    cache_key_prefix: String,
+    limit_response_headers_enabled: String,
+    limit_limit_header: String,
+    limit_remaining_header: String,
+    limit_reset_header: String,
+    shadow_mode: String,
+    runtime_root: String,
+    runtime_subdirectory: String,
+    runtime_appdirectory: String,
+    runtime_watch_root: String,
+    runtime_poll_interval: String,
+    runtime_ignoredotfiles: String,
+    merge_domain_config: String,
+    use_prometheus: String,
+    prometheus_addr: String,
+    prometheus_path: String,
+}
+
+/// A variable's value, or its default when unset or empty.
+fn or(v: &str, default: &str) -> String {
+    if v.is_empty() { default } else { v }.to_owned()
+}
+
+fn port(name: &str, v: &str, default: u16) -> Result<u16, String> {
+    match v {
+        "" => Ok(default),
+        v => v.parse().map_err(|_| format!("{name}={v:?}: not a port")),
+    }
+}
+
+/// `password` or `user:password`.
+fn auth(v: &str) -> Option<(Option<String>, String)> {
+    match v {
+        "" => None,
+        a => match a.split_once(':') {
+            Some((u, p)) => Some((Some(u.to_owned()), p.to_owned())),
+            None => Some((None, a.to_owned())),
+        },
+    }
+}
+
+impl Vars {
+    /// The settings, checked and typed.
+    fn settings(self) -> Result<Settings, String> {
+        let (redis, redis_type) = self.redis()?;
+        let redis_tls = RedisTls::from_vars(&self, &redis_type)?;
+        if redis_tls.is_some() && redis_type == RedisType::Single && matches!(redis, RedisAddr::Unix(_)) {
+            return Err("REDIS_TLS=true needs REDIS_SOCKET_TYPE=tcp (no TLS over a unix socket here)".into());
+        }
+        let panic_mode = self.panic_mode()?;
+        let redis_timeout = parse_go_duration(&or(&self.redis_timeout, "10s")).map_err(|e| format!("REDIS_TIMEOUT: {e}"))?;
+        if redis_timeout.is_zero() || redis_timeout.as_millis() == 0 {
+            return Err("REDIS_TIMEOUT must be at least 1ms".into());
+        }
+        let near_limit_ratio: f32 = match self.near_limit_ratio.as_str() {
+            "" => 0.8,
+            v => v.parse().map_err(|_| format!("NEAR_LIMIT_RATIO={v:?}: not a number"))?,
+        };
+        if !(0.0..=1.0).contains(&near_limit_ratio) {
+            return Err(format!("NEAR_LIMIT_RATIO={near_limit_ratio}: between 0 and 1"));
+        }
+        let cache_key_prefix = self.cache_key_prefix.clone();
+        if cache_key_prefix.contains(['{', '}']) {
+            return Err(format!(
+                "CACHE_KEY_PREFIX={cache_key_prefix:?} must not contain {{ or }} (the keys' hash tag is the domain)"
+            ));
+        }
+        let (config_dir, poll_interval) = self.runtime()?;
+        let prometheus = self.prometheus()?;
+        Ok(Settings {
+            host: or(&self.host, "0.0.0.0"),
+            port: port("PORT", &self.port, 8080)?,
+            grpc_host: or(&self.grpc_host, "0.0.0.0"),
+            grpc_port: port("GRPC_PORT", &self.grpc_port, 8081)?,
+            redis,
+            redis_type,
+            redis_auth: auth(&self.redis_auth),
+            redis_sentinel_auth: auth(&self.redis_sentinel_auth),
+            redis_tls,
+            panic_mode,
+            redis_timeout,
+            cache_key_prefix,
+            headers_enabled: flag("LIMIT_RESPONSE_HEADERS_ENABLED", &self.limit_response_headers_enabled)?,
+            header_limit: or(&self.limit_limit_header, "RateLimit-Limit"),
+            header_remaining: or(&self.limit_remaining_header, "RateLimit-Remaining"),
+            header_reset: or(&self.limit_reset_header, "RateLimit-Reset"),
+            shadow_mode: flag("SHADOW_MODE", &self.shadow_mode)?,
+            near_limit_ratio,
+            config_dir,
+            ignore_dot_files: flag("RUNTIME_IGNOREDOTFILES", &self.runtime_ignoredotfiles)?,
+            merge_domains: flag("MERGE_DOMAIN_CONFIG", &self.merge_domain_config)?,
+            poll_interval,
+            prometheus,
+        })
     }
 
-    /// The settings of a map of variables (the environment, or a test's).
-    pub fn from_map(env: &HashMap<String, String>) -> Result<Settings, String> {
-        let get = |k: &str| env.get(k).map(String::as_str);
-        let get_or = |k: &str, d: &'static str| get(k).filter(|v| !v.is_empty()).unwrap_or(d).to_owned();
-        let boolean = |k: &str| match get(k).filter(|v| !v.is_empty()) {
-            None => Ok(false),
-            Some(v) => parse_bool(k, v),
-        };
-        let port = |k: &str, d: u16| -> Result<u16, String> {
-            match get(k).filter(|v| !v.is_empty()) {
-                None => Ok(d),
-                Some(v) => v.parse().map_err(|_| format!("{k}={v:?}: not a port")),
-            }
-        };
-        for (name, ok) in REFUSED {
-            if let Some(v) = get(name) {
-                if !ok.contains(&v) {
-                    return Err(format!("{name}={v:?} is not supported by this service (see service/README.md)"));
-                }
-            }
-        }
-        let url = get_or("REDIS_URL", "/var/run/nutcracker/ratelimit.sock");
+    /// `REDIS_URL` with `REDIS_TYPE` and `REDIS_SOCKET_TYPE`.
+    fn redis(&self) -> Result<(RedisAddr, RedisType), String> {
+        let url = or(&self.redis_url, "/var/run/nutcracker/ratelimit.sock");
         let list = |from: usize| -> Result<Vec<String>, String> {
             let parts: Vec<String> = url.split(',').skip(from).map(|a| a.trim().to_owned()).collect();
             if parts.is_empty()
@@ -337,7 +443,7 @@ impl Settings {
             }
             Ok(parts)
         };
-        let redis_type = match get("REDIS_TYPE").unwrap_or("").to_ascii_lowercase().as_str() {
+        let redis_type = match self.redis_type.to_ascii_lowercase().as_str() {
             "" | "single" => {
                 if url.contains(',') {
                     return Err(format!("REDIS_URL={url:?}: one address for REDIS_TYPE=single"));
@@ -356,101 +462,78 @@ impl Settings {
             "cluster" => RedisType::Cluster { nodes: list(0)? },
             other => return Err(format!("REDIS_TYPE={other:?}: single, sentinel or cluster")),
         };
-        let redis = match get_or("REDIS_SOCKET_TYPE", "unix").as_str() {
+        let redis = match or(&self.redis_socket_type, "unix").as_str() {
             "unix" => RedisAddr::Unix(url),
             "tcp" => RedisAddr::Tcp(url),
             other => return Err(format!("REDIS_SOCKET_TYPE={other:?}: tcp or unix")),
         };
-        let auth = |k: &str| match get(k).filter(|v| !v.is_empty()) {
-            None => None,
-            Some(a) => match a.split_once(':') {
-                Some((u, p)) => Some((Some(u.to_owned()), p.to_owned())),
-                None => Some((None, a.to_owned())),
-            },
+        Ok((redis, redis_type))
+    }
+
+    /// `PANIC_MODE` with `PANIC_INSTANCES`.
+    fn panic_mode(&self) -> Result<PanicMode, String> {
+        let instances: u64 = match self.panic_instances.as_str() {
+            "" => 1,
+            v => v.parse().ok().filter(|&n| n >= 1).ok_or_else(|| format!("PANIC_INSTANCES={v:?}: an integer >= 1"))?,
         };
-        let redis_auth = auth("REDIS_AUTH");
-        let redis_tls = RedisTls::from_vars(&|k| get(k).map(str::to_owned), &redis_type)?;
-        if redis_tls.is_some() && redis_type == RedisType::Single && matches!(redis, RedisAddr::Unix(_)) {
-            return Err("REDIS_TLS=true needs REDIS_SOCKET_TYPE=tcp (no TLS over a unix socket here)".into());
-        }
-        let redis_sentinel_auth = auth("REDIS_SENTINEL_AUTH");
-        let instances: u64 = match get("PANIC_INSTANCES").filter(|v| !v.is_empty()) {
-            None => 1,
-            Some(v) => {
-                v.parse().ok().filter(|&n| n >= 1).ok_or_else(|| format!("PANIC_INSTANCES={v:?}: an integer >= 1"))?
-            }
-        };
-        let panic_mode = match get("PANIC_MODE").unwrap_or("").to_ascii_lowercase().as_str() {
+        Ok(match self.panic_mode.to_ascii_lowercase().as_str() {
             "" | "error" => PanicMode::Error,
             "local" => PanicMode::Local(instances),
             "allow" => PanicMode::Allow,
             "deny" => PanicMode::Deny,
             other => return Err(format!("PANIC_MODE={other:?}: error, local, allow or deny")),
-        };
-        let redis_timeout = parse_go_duration(&get_or("REDIS_TIMEOUT", "10s")).map_err(|e| format!("REDIS_TIMEOUT: {e}"))?;
-        if redis_timeout.is_zero() || redis_timeout.as_millis() == 0 {
-            return Err("REDIS_TIMEOUT must be at least 1ms".into());
+        })
+    }
+
+    /// The configuration directory and how often it is polled.
+    fn runtime(&self) -> Result<(PathBuf, Duration), String> {
+        let mut config_dir = PathBuf::from(or(&self.runtime_root, "/srv/runtime_data/current"));
+        if !self.runtime_subdirectory.is_empty() {
+            config_dir.push(&self.runtime_subdirectory);
         }
-        let near_limit_ratio: f32 = match get("NEAR_LIMIT_RATIO").filter(|v| !v.is_empty()) {
-            None => 0.8,
-            Some(v) => v.parse().map_err(|_| format!("NEAR_LIMIT_RATIO={v:?}: not a number"))?,
-        };
-        if !(0.0..=1.0).contains(&near_limit_ratio) {
-            return Err(format!("NEAR_LIMIT_RATIO={near_limit_ratio}: between 0 and 1"));
-        }
-        let cache_key_prefix = get_or("CACHE_KEY_PREFIX", "");
-        if cache_key_prefix.contains(['{', '}']) {
-            return Err(format!(
-                "CACHE_KEY_PREFIX={cache_key_prefix:?} must not contain {{ or }} (the keys' hash tag is the domain)"
-            ));
-        }
-        let mut config_dir = PathBuf::from(get_or("RUNTIME_ROOT", "/srv/runtime_data/current"));
-        if let Some(s) = get("RUNTIME_SUBDIRECTORY").filter(|v| !v.is_empty()) {
-            config_dir.push(s);
-        }
-        config_dir.push(get_or("RUNTIME_APPDIRECTORY", "config"));
-        boolean("RUNTIME_WATCH_ROOT")?; // watched either way: the directory is polled
+        config_dir.push(or(&self.runtime_appdirectory, "config"));
+        flag("RUNTIME_WATCH_ROOT", &self.runtime_watch_root)?; // watched either way: the directory is polled
         let poll_interval =
-            parse_go_duration(&get_or("RUNTIME_POLL_INTERVAL", "1s")).map_err(|e| format!("RUNTIME_POLL_INTERVAL: {e}"))?;
+            parse_go_duration(&or(&self.runtime_poll_interval, "1s")).map_err(|e| format!("RUNTIME_POLL_INTERVAL: {e}"))?;
         if poll_interval.as_millis() < 10 {
             return Err("RUNTIME_POLL_INTERVAL must be at least 10ms".into());
         }
-        let prometheus = if boolean("USE_PROMETHEUS")? {
-            let addr = get_or("PROMETHEUS_ADDR", ":9090");
-            let addr = if addr.starts_with(':') { format!("0.0.0.0{addr}") } else { addr };
-            let path = get_or("PROMETHEUS_PATH", "/metrics");
-            if !path.starts_with('/') {
-                return Err(format!("PROMETHEUS_PATH={path:?}: a path starting with /"));
+        Ok((config_dir, poll_interval))
+    }
+
+    /// `USE_PROMETHEUS` with `PROMETHEUS_ADDR` and `PROMETHEUS_PATH`.
+    fn prometheus(&self) -> Result<Option<(String, String)>, String> {
+        if !flag("USE_PROMETHEUS", &self.use_prometheus)? {
+            return Ok(None);
+        }
+        let addr = or(&self.prometheus_addr, ":9090");
+        let addr = if addr.starts_with(':') { format!("0.0.0.0{addr}") } else { addr };
+        let path = or(&self.prometheus_path, "/metrics");
+        if !path.starts_with('/') {
+            return Err(format!("PROMETHEUS_PATH={path:?}: a path starting with /"));
+        }
+        Ok(Some((addr, path)))
+    }
+}
+
+impl Settings {
+    /// The settings of the process environment.
+    pub fn from_env() -> Result<Settings, String> {
+        Settings::from_map(&std::env::vars().collect())
+    }
+
+    /// The settings of a map of variables (the environment, or a test's).
+    pub fn from_map(env: &HashMap<String, String>) -> Result<Settings, String> {
+        for (name, ok) in REFUSED {
+            if let Some(v) = env.get(*name) {
+                if !ok.contains(&v.as_str()) {
+                    return Err(format!("{name}={v:?} is not supported by this service (see service/README.md)"));
+                }
             }
-            Some((addr, path))
-        } else {
-            None
-        };
-        Ok(Settings {
-            host: get_or("HOST", "0.0.0.0"),
-            port: port("PORT", 8080)?,
-            grpc_host: get_or("GRPC_HOST", "0.0.0.0"),
-            grpc_port: port("GRPC_PORT", 8081)?,
-            redis,
-            redis_type,
-            redis_auth,
-            redis_sentinel_auth,
-            redis_tls,
-            panic_mode,
-            redis_timeout,
-            cache_key_prefix,
-            headers_enabled: boolean("LIMIT_RESPONSE_HEADERS_ENABLED")?,
-            header_limit: get_or("LIMIT_LIMIT_HEADER", "RateLimit-Limit"),
-            header_remaining: get_or("LIMIT_REMAINING_HEADER", "RateLimit-Remaining"),
-            header_reset: get_or("LIMIT_RESET_HEADER", "RateLimit-Reset"),
-            shadow_mode: boolean("SHADOW_MODE")?,
-            near_limit_ratio,
-            config_dir,
-            ignore_dot_files: boolean("RUNTIME_IGNOREDOTFILES")?,
-            merge_domains: boolean("MERGE_DOMAIN_CONFIG")?,
-            poll_interval,
-            prometheus,
-        })
+        }
+        let vars = env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+        let vars = Vars::deserialize(MapDeserializer::<_, serde::de::value::Error>::new(vars)).map_err(|e| e.to_string())?;
+        vars.settings()
     }
 
     /// The `redis://` URLs (`rediss://` with `REDIS_TLS`) of the sentinels
