@@ -430,7 +430,7 @@ test-service: build venv  ## the Envoy rate-limit service: its unit tests and su
 bench-clients-rust: build  ## the Rust client's local (leased) decision, criterion
 	REDIS_SERVER=$$(command -v redis-server) RL_MODULE=$(MODULE) $(CARGO) bench -p redis-ratelimit-client --bench local
 
-# The Envoy rate-limit service's bench (service/benches/envoy.rs, issue 32):
+# The Envoy rate-limit service's bench (service/benches/envoy/, issue 32):
 # the release service binary pinned to core 1 (taskset -c 1) and Redis with
 # the module on core 0: its max decisions/s and CPU per decision at 1, 2 and
 # 4 descriptors, p50/p99 at half that load (open loop), Redis server time
