@@ -118,7 +118,9 @@ def run_boundary(r, tag, attempts=5):
     window's replies show (reset_after_ms: the time left in the window a
     request counted in); a burst in which one landed on the other side (the
     machine stalled the client past its margin of 12.5 ms) is run again on
-    fresh keys at the next boundary."""
+    fresh keys at the next boundary. Also returns how many requests the
+    fixed window counted on each side (BOUNDARY_N / 2 each unless every
+    attempt missed), which is what its grants are checked against."""
     keys = [f"demo:{tag}:b:{cmd.split('.')[1].lower()}" for _, cmd, _, _ in ALGOS]
     fixed = [cmd for _, cmd, _, _ in ALGOS].index("RL.FIXEDWINDOW")
     h = BOUNDARY_N // 2
@@ -143,12 +145,13 @@ def run_boundary(r, tag, attempts=5):
             reset_after.append(replies[fixed][4])
         r.delete(*keys)
         side = WINDOW_MS // 2
+        sides = (sum(x <= side for x in reset_after), sum(x > side for x in reset_after))
         if all(x <= side for x in reset_after[:h]) and all(x > side for x in reset_after[h:]):
             break
         then = "again on fresh keys" if attempt + 1 < attempts else f"the last of {attempts} attempts is shown"
         print(f"boundary burst {attempt + 1}: a request landed on the other side of the boundary "
               f"(the machine stalled); {then}", file=sys.stderr, flush=True)
-    return out
+    return out, sides
 
 
 def halves(grants):
@@ -256,7 +259,7 @@ def print_summary(summary, late):
               "the numbers use scheduled times.")
 
 
-def print_boundary(boundary):
+def print_boundary(boundary, sides):
     half = BOUNDARY_N // 2
     print()
     print(f"boundary burst: {BOUNDARY_N} requests at {BOUNDARY_RATE}/s on fresh keys, {half} in the "
@@ -264,6 +267,7 @@ def print_boundary(boundary):
     for (label, _, _, _), grants in zip(ALGOS, boundary):
         before, after = halves(grants)
         print(f"  {label:<17}{before + after:>3} granted ({before} before the boundary, {after} after)")
+    print(f"  (the fixed window counted {sides[0]} requests before the boundary, {sides[1]} after)")
 
 
 # ---------------------------------------------------------------- chart (SVG)
@@ -426,14 +430,14 @@ def main():
               flush=True)
         results, probes, late = run(r, os.getpid())
         print("then a burst across a window boundary ...", flush=True)
-        boundary = run_boundary(r, os.getpid())
+        boundary, sides = run_boundary(r, os.getpid())
     finally:
         r.close()
         if server:
             server.close()
     summary = summarize(results, probes)
     print_summary(summary, late)
-    print_boundary(boundary)
+    print_boundary(boundary, sides)
     os.makedirs(os.path.dirname(os.path.abspath(opts.out)), exist_ok=True)
     with open(opts.out, "w") as f:
         f.write(svg_chart(results, probes, summary, boundary))
