@@ -505,7 +505,18 @@ def test_demo_runs_and_draws_the_chart(tmp_path):
     for label in ("Token bucket", "Sliding log", "Sliding counter", "Fixed window"):
         assert label in rows and " of 40" in rows[label], p.stdout
     burst = dict(re.findall(r"^  (\w[\w ]+?) +(\d+) granted \(", edge, re.M))
-    assert burst.get("Fixed window") == "40" and burst.get("Sliding log") == "20", p.stdout
+    # The fixed window grants its limit (20) per window: 40 when the burst
+    # landed 20 on each side of the boundary. The demo reruns a burst that
+    # did not (a stalled client); if every attempt missed, the grants are
+    # checked against the sides the fixed window counted, so a loaded
+    # machine cannot fail the test and a wrong window still does.
+    before, after = map(int, re.search(r"fixed window counted (\d+) requests before the boundary, (\d+) after",
+                                       edge).groups())
+    assert before + after == 40, p.stdout
+    assert burst.get("Fixed window") == str(min(20, before) + min(20, after)), p.stdout
+    assert burst.get("Sliding log") == "20", p.stdout
+    if (before, after) == (20, 20):
+        assert burst["Fixed window"] == "40", p.stdout
     svg = ET.parse(out).getroot()
     ns = "{http://www.w3.org/2000/svg}"
     assert len(svg.findall(f"{ns}polyline")) == 4
