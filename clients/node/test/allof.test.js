@@ -3,7 +3,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
-import { startServer, Cluster } from './harness.js';
+import { startServer, Cluster, ServerClock } from './harness.js';
 import { connect, KINDS } from './clients.js';
 import {
   RateLimit, tokenBucket, slidingLog, slidingCounter, allOf, makeKey, headers, problem, CrossSlotError,
@@ -26,7 +26,9 @@ after(async () => { await server.close(); });
 
 const perSecond = tokenBucket('s', 5, 5, 1000);
 const perDay = slidingLog('day', 8, 86400000);
-const bytes = slidingCounter('bytes', 1000, 60000).weighted(100);
+// an hour's counter, its window aligned to the epoch: each sequence starts
+// with 30 s of the hour left (ServerClock.room)
+const bytes = slidingCounter('bytes', 1000, 3600000).weighted(100);
 
 test('allOf keys that cannot share a cluster slot: CrossSlotError before any call', async () => {
   const { client, close } = await connect('ioredis', server.port);
@@ -43,6 +45,8 @@ async function allOrNothing(t, backend, kind = 'ioredis', ports = server.port, c
   const { client, close } = await connect(kind, ports, { cluster });
   try {
     const rl = new RateLimit(client, { timeoutMs: 2000, backend });
+    const clock = await ServerClock.open(server.port);
+    try { await clock.room(3600000, 30000); } finally { clock.close(); }
     const rule = allOf([perSecond, perDay, bytes], { name: 'api' });
     const lim = rl.limiter(rule);
     const key = makeKey(`all-${backend}-${kind}`, 'u1');
@@ -64,7 +68,7 @@ async function allOrNothing(t, backend, kind = 'ioredis', ports = server.port, c
     assert.deepEqual(denied.parts.map((p) => p.granted), [0, 0, 0]);
     assert.deepEqual(problem(denied)['violated-policies'], ['s']);
     const h = headers(denied);
-    assert.equal(h['RateLimit-Policy'], '"s";q=5;w=1, "day";q=8;w=86400, "bytes";q=1000;w=60');
+    assert.equal(h['RateLimit-Policy'], '"s";q=5;w=1, "day";q=8;w=86400, "bytes";q=1000;w=3600');
     assert.match(h.RateLimit, /^"s";r=0;t=1$/);
     assert.equal(h['Retry-After'], '1');
     // nothing was taken by the denials: the day log holds exactly 5

@@ -5,14 +5,17 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { performance } from 'node:perf_hooks';
-import { startServer, Server, Cluster } from './harness.js';
+import { startServer, Server, Cluster, ServerClock } from './harness.js';
 import { connect, KINDS } from './clients.js';
 import { RateLimit, tokenBucket, slidingLog, slidingCounter, makeKey, UnavailableError } from '../src/index.js';
 
 const POLICIES = [
   tokenBucket('tb', 10, 1, 60000),
   slidingLog('log', 10, 60000),
-  slidingCounter('ctr', 10, 60000),
+  // an hour's counter, its window aligned to the epoch: each differential
+  // starts with 30 s of the hour left (ServerClock.room), so the module's call
+  // and its twin's never fall on two sides of a boundary
+  slidingCounter('ctr', 10, 3600000),
 ];
 const OPS = [
   {}, { cost: 3 }, { cost: 0 }, { cost: 5, dryRun: true }, { cost: 5, partial: true }, { cost: 4 },
@@ -35,6 +38,8 @@ function sameDecision(a, b, what, apartMs) {
 }
 
 async function differential(client, tags) {
+  const clock = await ServerClock.open(server.port);
+  try { await clock.room(3600000, 30000); } finally { clock.close(); }
   const mod = new RateLimit(client, { timeoutMs: 2000, backend: 'module' });
   const lua = new RateLimit(client, { timeoutMs: 2000, backend: 'lua' });
   let n = 0;
