@@ -170,6 +170,31 @@ impl Metrics {
     /// with the client's counters `client` ((name, help, value)).
     pub fn render(&self, client: &[(&str, &str, u64)]) -> String {
         let mut out = String::with_capacity(4096);
+        self.render_keys(&mut out);
+        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        };
+        counter(
+            &mut out,
+            "ratelimit_service_config_load_success",
+            "Configurations loaded.",
+            self.config_load_success.load(Relaxed),
+        );
+        counter(
+            &mut out,
+            "ratelimit_service_config_load_error",
+            "Configurations refused.",
+            self.config_load_error.load(Relaxed),
+        );
+        self.render_requests(&mut out);
+        for (name, help, v) in client {
+            counter(&mut out, name, help, *v);
+        }
+        out
+    }
+
+    /// The per-key counters (`ratelimit_service_rate_limit_*`).
+    fn render_keys(&self, out: &mut String) {
         // stats keys that share their labels (deeper than key2) are added up, as the mapping does
         let mut per_labels: BTreeMap<&str, [u64; 5]> = BTreeMap::new();
         let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
@@ -193,22 +218,11 @@ impl Metrics {
                 let _ = writeln!(out, "ratelimit_service_rate_limit_{name}{{{labels}}} {}", v[i]);
             }
         }
-        drop(keys);
-        let counter = |out: &mut String, name: &str, help: &str, v: u64| {
-            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
-        };
-        counter(
-            &mut out,
-            "ratelimit_service_config_load_success",
-            "Configurations loaded.",
-            self.config_load_success.load(Relaxed),
-        );
-        counter(
-            &mut out,
-            "ratelimit_service_config_load_error",
-            "Configurations refused.",
-            self.config_load_error.load(Relaxed),
-        );
+    }
+
+    /// The requests' counters: errors, global shadow mode, the total and the
+    /// response-time histogram.
+    fn render_requests(&self, out: &mut String) {
         let _ = writeln!(
             out,
             "# HELP ratelimit_service_should_rate_limit_error Requests answered with an error.\n\
@@ -218,11 +232,12 @@ impl Metrics {
             self.redis_error.load(Relaxed),
             self.service_error.load(Relaxed)
         );
-        counter(
-            &mut out,
-            "ratelimit_service_global_shadow_mode",
-            "Requests over a limit answered OK because of SHADOW_MODE.",
-            self.global_shadow_mode.load(Relaxed),
+        let _ = writeln!(
+            out,
+            "# HELP ratelimit_service_global_shadow_mode Requests over a limit answered OK because of SHADOW_MODE.\n\
+             # TYPE ratelimit_service_global_shadow_mode counter\n\
+             ratelimit_service_global_shadow_mode {}",
+            self.global_shadow_mode.load(Relaxed)
         );
         let _ = writeln!(
             out,
@@ -252,10 +267,6 @@ impl Metrics {
              ratelimit_service_response_time_seconds_count{{grpc_method=\"ShouldRateLimit\"}} {count}",
             self.latency_sum_ns.load(Relaxed) as f64 / 1e9
         );
-        for (name, help, v) in client {
-            counter(&mut out, name, help, *v);
-        }
-        out
     }
 }
 
