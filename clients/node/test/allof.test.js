@@ -24,7 +24,10 @@ before(async () => {
 });
 after(async () => { await server.close(); });
 
-const perSecond = tokenBucket('s', 5, 5, 1000);
+// 5 an hour (a token every 12 min): no token comes back between the calls
+// of a sequence however slow the machine is (it was 5 a second: a stall of
+// 200 ms refilled one)
+const perSecond = tokenBucket('s', 5, 5, 3600000);
 const perDay = slidingLog('day', 8, 86400000);
 // an hour's counter, its window aligned to the epoch: each sequence starts
 // with 30 s of the hour left (ServerClock.room)
@@ -64,13 +67,15 @@ async function allOrNothing(t, backend, kind = 'ioredis', ports = server.port, c
     assert.equal(out[4].remaining, 0);
     const denied = out[5];
     assert.equal(denied.binding, 's');
-    assert.ok(denied.retryAfterMs > 0 && denied.retryAfterMs <= 200);
+    // a token's interval (12 min) less the sequence's time, up to a minute of it
+    assert.ok(denied.retryAfterMs > 720000 - 60000 && denied.retryAfterMs <= 720000, `${denied.retryAfterMs}`);
+    assert.ok(denied.resetAfterMs > 3600000 - 60000 && denied.resetAfterMs <= 3600000, `${denied.resetAfterMs}`);
     assert.deepEqual(denied.parts.map((p) => p.granted), [0, 0, 0]);
     assert.deepEqual(problem(denied)['violated-policies'], ['s']);
     const h = headers(denied);
-    assert.equal(h['RateLimit-Policy'], '"s";q=5;w=1, "day";q=8;w=86400, "bytes";q=1000;w=3600');
-    assert.match(h.RateLimit, /^"s";r=0;t=1$/);
-    assert.equal(h['Retry-After'], '1');
+    assert.equal(h['RateLimit-Policy'], '"s";q=5;w=3600, "day";q=8;w=86400, "bytes";q=1000;w=3600');
+    assert.equal(h.RateLimit, `"s";r=0;t=${Math.ceil(denied.resetAfterMs / 1000)}`);
+    assert.equal(h['Retry-After'], String(Math.ceil(denied.retryAfterMs / 1000)));
     // nothing was taken by the denials: the day log holds exactly 5
     const day = await rl.limiter(perDay).limit(`${key}:day`, { cost: 0 });
     assert.equal(day.remaining, 3);
@@ -106,15 +111,17 @@ test('allOf panic decisions: every part\'s panic bucket, all or nothing', async 
   const { client, close } = await connect('ioredis', server.port, { ioredisOpts: { enableOfflineQueue: false } });
   await close(); // unavailable: every call fails at once
   const rl = new RateLimit(client, { timeoutMs: 50 });
-  const lim = rl.limiter(allOf([perSecond, perDay]), { panic: { instances: 2 } }); // 2 per s, 4 per day
+  const lim = rl.limiter(allOf([perSecond, perDay]), { panic: { instances: 2 } }); // 2 an hour, 4 a day
   const out = [];
   for (let i = 0; i < 4; i++) out.push(await lim.limit(makeKey('p', 'u')));
   assert.deepEqual(out.map((d) => [d.source, d.allowed]), [['panic', true], ['panic', true], ['panic', false], ['panic', false]]);
   assert.deepEqual(out[1].parts.map((p) => [p.policy, p.limit, p.remaining]), [['s', 2, 0], ['day', 4, 2]]);
   assert.equal(out[2].binding, 's');
   assert.deepEqual(out[2].parts.map((p) => p.granted), [0, 0]);
-  assert.equal(headers(out[2])['RateLimit-Policy'], '"s";q=2;w=1, "day";q=4;w=86400');
-  assert.equal(headers(out[2])['Retry-After'], '1');
+  assert.equal(headers(out[2])['RateLimit-Policy'], '"s";q=2;w=3600, "day";q=4;w=86400');
+  // a panic token every 30 min, less the calls' time (up to a minute of it)
+  assert.ok(out[2].retryAfterMs > 1800000 - 60000 && out[2].retryAfterMs <= 1800000, `${out[2].retryAfterMs}`);
+  assert.equal(headers(out[2])['Retry-After'], String(Math.ceil(out[2].retryAfterMs / 1000)));
 });
 
 test('refund gives units back (module and Lua, single and allOf)', async () => {
