@@ -21,7 +21,9 @@ fn policies() -> Vec<Policy> {
     vec![
         token_bucket("tb", 5, 1, 60_000).unwrap(),
         sliding_log("log", 4, 60_000).unwrap(),
-        sliding_counter("ctr", 6, 60_000).unwrap(),
+        // aligned to the epoch: 2^40 ms, so no boundary falls between the
+        // module's call and the Lua twin's (a minute's could)
+        sliding_counter("ctr", 6, 1 << 40).unwrap(),
     ]
 }
 
@@ -205,7 +207,10 @@ async fn fixed_windows_are_rl_fixedwindow_and_run_on_the_lua_twin() {
     let r = rl(s.manager().await, Backend::Auto);
     let mut raw = s.multiplexed().await;
     for from_first in [false, true] {
-        let p = fixed_window("fw", 5, 60_000, from_first).unwrap();
+        // aligned to the epoch (from_first false) on 2^40 ms: no boundary
+        // between the client's call and the raw command's
+        let w = if from_first { 60_000 } else { 1 << 40 };
+        let p = fixed_window("fw", 5, w, from_first).unwrap();
         let lim = r.limiter(p.clone(), Panic::default()).unwrap();
         let (ka, kb) = (format!("fw:a:{from_first}"), format!("fw:b:{from_first}"));
         for c in calls(30) {
@@ -252,7 +257,7 @@ async fn fixed_windows_are_rl_fixedwindow_and_run_on_the_lua_twin() {
     let mut c = lua_only.sync();
     let ttl: i64 = redis::cmd("PTTL").arg("k").query(&mut c).unwrap();
     assert!(ttl > 59_000 && ttl <= 60_000, "{ttl}");
-    let both = all_of(vec![fixed_window("f", 1, 3_600_000, false).unwrap(), sliding_log("s", 5, 60_000).unwrap()], None);
+    let both = all_of(vec![fixed_window("f", 1, 1 << 40, false).unwrap(), sliding_log("s", 5, 60_000).unwrap()], None);
     let lim = l.limiter(both.unwrap(), Panic::default()).unwrap();
     let (a, b) = (lim.limit("rl:{u}", Call::default()).await.unwrap(), lim.limit("rl:{u}", Call::default()).await.unwrap());
     assert!(a.allowed && !b.allowed && b.binding == "f" && b.source == Source::Lua, "{b:?}");

@@ -12,7 +12,7 @@ const HOUR = 3600000;
 const RULES = {
   tb: tokenBucket('tb', 5, 1, HOUR),
   log: slidingLog('log', 4, HOUR),
-  ctr: slidingCounter('ctr', 6, HOUR),
+  ctr: slidingCounter('ctr', 6, 2 ** 40),
   all: allOf([tokenBucket('a', 3, 1, HOUR), slidingLog('b', 10, HOUR).weighted(2)], { name: 'all' }),
   fw: fixedWindow('fw', 4, HOUR, { fromFirst: true }),
   allfw: allOf([fixedWindow('f', 6, 2 ** 40), tokenBucket('t', 4, 1, HOUR)], { name: 'allfw' }),

@@ -11,7 +11,7 @@ HOUR = 3_600_000
 RULES = {
     "tb": token_bucket("tb", 5, 1, HOUR),
     "log": sliding_log("log", 4, HOUR),
-    "ctr": sliding_counter("ctr", 6, HOUR),
+    "ctr": sliding_counter("ctr", 6, 2**40),
     "all": all_of(token_bucket("a", 3, 1, HOUR), sliding_log("b", 10, HOUR).weighted(2), name="all"),
     "fw": fixed_window("fw", 4, HOUR, from_first=True),
     "allfw": all_of(fixed_window("f", 6, 2**40), token_bucket("t", 4, 1, HOUR), name="allfw"),
