@@ -13,6 +13,8 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_yaml::Value;
 
 /// A rate-limit unit: the length of envoyproxy/ratelimit's fixed windows.
@@ -321,31 +323,126 @@ fn wildcard_match(parts: &[String], value: &str) -> bool {
     true
 }
 
-/// A scalar as text (yaml.v2 reads numbers and booleans into string fields).
-fn text(file: &str, v: &Value, what: &str) -> Result<String, ConfigError> {
-    match v {
-        Value::Null => Ok(String::new()),
-        Value::String(s) => Ok(s.clone()),
-        Value::Number(n) => Ok(n.to_string()),
-        Value::Bool(b) => Ok(b.to_string()),
-        _ => Err(err(file, format!("error loading config file: {what} must be a string"))),
+/// A value as the file gives it: absent (the default), or given, `null`
+/// included (`unit: ~` is given, and refused where absent is not). The
+/// leaves of the typed file below: envoyproxy/ratelimit reads numbers and
+/// booleans into string fields (yaml.v2), so a leaf is typed when it is
+/// read, with the error that names it.
+#[derive(Debug, Default)]
+struct Given(Option<Value>);
+
+impl<'de> Deserialize<'de> for Given {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Given, D::Error> {
+        Value::deserialize(d).map(|v| Given(Some(v)))
     }
 }
 
-fn boolean(file: &str, v: Option<&Value>, what: &str) -> Result<bool, ConfigError> {
-    match v {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(err(file, format!("error loading config file: {what} must be true or false"))),
+impl Given {
+    fn is_given(&self) -> bool {
+        self.0.is_some()
+    }
+
+    /// A scalar as text (absent or null: empty).
+    fn text(&self, file: &str, what: &str) -> Result<String, ConfigError> {
+        match self.0.as_ref().unwrap_or(&Value::Null) {
+            Value::Null => Ok(String::new()),
+            Value::String(s) => Ok(s.clone()),
+            Value::Number(n) => Ok(n.to_string()),
+            Value::Bool(b) => Ok(b.to_string()),
+            _ => Err(err(file, format!("error loading config file: {what} must be a string"))),
+        }
+    }
+
+    /// A boolean (absent or null: false).
+    fn boolean(&self, file: &str, what: &str) -> Result<bool, ConfigError> {
+        match &self.0 {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(b)) => Ok(*b),
+            Some(_) => Err(err(file, format!("error loading config file: {what} must be true or false"))),
+        }
+    }
+
+    /// A list of `T` (absent or null: empty); `elem` is the error of an
+    /// element `T` does not read.
+    fn list<T: DeserializeOwned>(&self, file: &str, what: &str, elem: &str) -> Result<Vec<T>, ConfigError> {
+        match &self.0 {
+            None | Some(Value::Null) => Ok(Vec::new()),
+            Some(Value::Sequence(s)) => s.iter().map(|v| typed(file, v, elem)).collect(),
+            Some(_) => Err(err(file, format!("error loading config file: {what} must be a list"))),
+        }
+    }
+
+    /// An extension key's number (`window_ms`, `burst`): absent, or an
+    /// integer from 1 to 2^53 − 1 (the module's range).
+    fn extension_number(&self, file: &str, what: &str) -> Result<Option<u64>, ConfigError> {
+        let Some(v) = &self.0 else { return Ok(None) };
+        match v {
+            Value::Number(n) if n.as_u64().is_some_and(|n| (1..=MAX_NUMBER).contains(&n)) => Ok(n.as_u64()),
+            _ => {
+                let shown = match v {
+                    Value::Number(n) => n.to_string(),
+                    Value::String(s) => s.clone(),
+                    Value::Bool(b) => b.to_string(),
+                    Value::Null => String::new(),
+                    _ => format!("{v:?}"),
+                };
+                Err(err(file, format!("invalid rate limit {what} '{shown}': an integer from 1 to {MAX_NUMBER}")))
+            }
+        }
     }
 }
 
-fn list<'a>(file: &str, v: Option<&'a Value>, what: &str) -> Result<&'a [Value], ConfigError> {
+/// `T` of a map `v`; anything else is `error` (every field of `T` is a
+/// [`Given`], so a map always reads).
+fn typed<T: DeserializeOwned>(file: &str, v: &Value, error: &str) -> Result<T, ConfigError> {
     match v {
-        None | Some(Value::Null) => Ok(&[]),
-        Some(Value::Sequence(s)) => Ok(s),
-        Some(_) => Err(err(file, format!("error loading config file: {what} must be a list"))),
+        Value::Mapping(_) => T::deserialize(v.clone()).map_err(|e| err(file, format!("error loading config file: {e}"))),
+        _ => Err(err(file, error)),
     }
+}
+
+/// A file: its domain and descriptors.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct FileYaml {
+    domain: Given,
+    descriptors: Given,
+}
+
+/// A descriptor of a file (`metadata` is free-form and not read).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct DescriptorYaml {
+    key: Given,
+    value: Given,
+    descriptors: Given,
+    rate_limit: Given,
+    shadow_mode: Given,
+    quota_mode: Given,
+    detailed_metric: Given,
+    value_to_metric: Given,
+    share_threshold: Given,
+}
+
+/// A descriptor's `rate_limit`, with this service's extension keys.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct RateLimitYaml {
+    unit: Given,
+    requests_per_unit: Given,
+    unlimited: Given,
+    name: Given,
+    replaces: Given,
+    algorithm: Given,
+    burst: Given,
+    window_ms: Given,
+}
+
+/// An entry of `replaces`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ReplacesYaml {
+    name: Given,
 }
 
 /// envoyproxy/ratelimit's key check: every mapping key a known one, lists
@@ -406,11 +503,13 @@ impl Config {
             _ => return Err(err(file, "error loading config file: the file must be a map")),
         };
         validate_keys(file, &root, false)?;
-        let domain = text(file, root.get("domain").unwrap_or(&Value::Null), "domain")?;
+        let root: FileYaml = typed(file, &Value::Mapping(root), "error loading config file: the file must be a map")?;
+        let domain = root.domain.text(file, "domain")?;
         if domain.is_empty() {
             return Err(err(file, "config file cannot have empty domain"));
         }
-        let descriptors = list(file, root.get("descriptors"), "descriptors")?;
+        let descriptors =
+            root.descriptors.list(file, "descriptors", "error loading config file: a descriptor must be a map")?;
         if self.domains.contains_key(&domain) && !merge {
             return Err(err(file, format!("duplicate domain '{domain}' in config file")));
         }
@@ -511,32 +610,31 @@ fn with_joined<R>(key: &str, value: &str, f: impl FnOnce(&str) -> R) -> R {
     f(&format!("{key}_{value}"))
 }
 
-fn load_descriptors(file: &str, node: &mut Node, parent: &str, descriptors: &[Value]) -> Result<(), ConfigError> {
+fn load_descriptors(file: &str, node: &mut Node, parent: &str, descriptors: Vec<DescriptorYaml>) -> Result<(), ConfigError> {
     for d in descriptors {
-        let Value::Mapping(d) = d else {
-            return Err(err(file, "error loading config file: a descriptor must be a map"));
-        };
-        let key = text(file, d.get("key").unwrap_or(&Value::Null), "key")?;
+        let key = d.key.text(file, "key")?;
         if key.is_empty() {
             return Err(err(file, "descriptor has empty key"));
         }
-        let value = text(file, d.get("value").unwrap_or(&Value::Null), "value")?;
+        let value = d.value.text(file, "value")?;
         let final_key = if value.is_empty() { key.clone() } else { format!("{key}_{value}") };
         let path = format!("{parent}{final_key}");
         if node.children.contains_key(&final_key) {
             return Err(err(file, format!("duplicate descriptor composite key '{path}'")));
         }
-        if boolean(file, d.get("quota_mode"), "quota_mode")? {
+        if d.quota_mode.boolean(file, "quota_mode")? {
             return Err(err(file, format!("quota_mode is not supported by this service ('{path}')")));
         }
-        let shadow_mode = boolean(file, d.get("shadow_mode"), "shadow_mode")?;
-        let detailed_metric = boolean(file, d.get("detailed_metric"), "detailed_metric")?;
-        boolean(file, d.get("value_to_metric"), "value_to_metric")?;
-        let share_threshold = boolean(file, d.get("share_threshold"), "share_threshold")?;
-        let limit = match d.get("rate_limit") {
+        let shadow_mode = d.shadow_mode.boolean(file, "shadow_mode")?;
+        let detailed_metric = d.detailed_metric.boolean(file, "detailed_metric")?;
+        d.value_to_metric.boolean(file, "value_to_metric")?;
+        let share_threshold = d.share_threshold.boolean(file, "share_threshold")?;
+        let limit = match &d.rate_limit.0 {
             None | Some(Value::Null) => None,
-            Some(Value::Mapping(r)) => Some(Arc::new(rate_limit(file, r, &path, shadow_mode, detailed_metric)?)),
-            Some(_) => return Err(err(file, "error loading config file: rate_limit must be a map")),
+            Some(r) => {
+                let r: RateLimitYaml = typed(file, r, "error loading config file: rate_limit must be a map")?;
+                Some(Arc::new(rate_limit(file, r, &path, shadow_mode, detailed_metric)?))
+            }
         };
         if share_threshold && !final_key.contains('*') {
             return Err(err(
@@ -551,7 +649,8 @@ fn load_descriptors(file: &str, node: &mut Node, parent: &str, descriptors: &[Va
             node.wildcards.push((final_key.clone(), parts));
         }
         let mut child = Node { limit, share_pattern: share_threshold.then(|| final_key.clone()), ..Node::default() };
-        load_descriptors(file, &mut child, &format!("{path}."), list(file, d.get("descriptors"), "descriptors")?)?;
+        let children = d.descriptors.list(file, "descriptors", "error loading config file: a descriptor must be a map")?;
+        load_descriptors(file, &mut child, &format!("{path}."), children)?;
         node.children.insert(final_key, child);
     }
     Ok(())
@@ -559,21 +658,21 @@ fn load_descriptors(file: &str, node: &mut Node, parent: &str, descriptors: &[Va
 
 fn rate_limit(
     file: &str,
-    r: &serde_yaml::Mapping,
+    r: RateLimitYaml,
     path: &str,
     shadow_mode: bool,
     detailed_metric: bool,
 ) -> Result<RateLimit, ConfigError> {
-    let unlimited = boolean(file, r.get("unlimited"), "unlimited")?;
-    let unit_text = text(file, r.get("unit").unwrap_or(&Value::Null), "unit")?;
+    let unlimited = r.unlimited.boolean(file, "unlimited")?;
+    let unit_text = r.unit.text(file, "unit")?;
     let unit = Unit::parse(&unit_text);
     // the extension keys (this service's own; see the README)
-    let window_ms = extension_number(file, r.get("window_ms"), "window_ms")?;
-    let burst = extension_number(file, r.get("burst"), "burst")?;
-    let algorithm = match r.get("algorithm") {
-        None => Algorithm::FixedWindow,
-        Some(v) => {
-            let a = text(file, v, "algorithm")?;
+    let window_ms = r.window_ms.extension_number(file, "window_ms")?;
+    let burst = r.burst.extension_number(file, "burst")?;
+    let algorithm = match r.algorithm.is_given() {
+        false => Algorithm::FixedWindow,
+        true => {
+            let a = r.algorithm.text(file, "algorithm")?;
             Algorithm::parse(&a).ok_or_else(|| err(file, format!("invalid rate limit algorithm '{a}'")))?
         }
     };
@@ -581,13 +680,13 @@ fn rate_limit(
         if unit.is_some() {
             return Err(err(file, "should not specify rate limit unit when unlimited"));
         }
-        for k in ["algorithm", "burst", "window_ms"] {
-            if r.contains_key(k) {
+        for (k, given) in [("algorithm", &r.algorithm), ("burst", &r.burst), ("window_ms", &r.window_ms)] {
+            if given.is_given() {
                 return Err(err(file, format!("should not specify rate limit {k} when unlimited")));
             }
         }
     } else if window_ms.is_some() {
-        if r.contains_key("unit") {
+        if r.unit.is_given() {
             return Err(err(file, "should not specify both rate limit unit and window_ms"));
         }
     } else if unit.is_none() {
@@ -599,33 +698,12 @@ fn rate_limit(
             format!("rate limit burst only applies to algorithm token_bucket, not '{}'", algorithm.name()),
         ));
     }
-    let requests_per_unit = match r.get("requests_per_unit") {
-        None | Some(Value::Null) => 0,
-        Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
-            err(file, format!("error loading config file: requests_per_unit {n} is not a 32-bit unsigned integer"))
-        })?,
-        Some(v) => {
-            return Err(err(file, format!("error loading config file: requests_per_unit must be an integer, not {v:?}")))
-        }
-    };
+    let requests_per_unit = requests_per_unit(file, &r.requests_per_unit)?;
     if burst.is_some() && requests_per_unit == 0 {
         return Err(err(file, "rate limit burst needs requests_per_unit above 0 (0 refuses every request)"));
     }
-    let name = text(file, r.get("name").unwrap_or(&Value::Null), "name")?;
-    let mut replaces = Vec::new();
-    for e in list(file, r.get("replaces"), "replaces")? {
-        let n = match e {
-            Value::Mapping(m) => text(file, m.get("name").unwrap_or(&Value::Null), "replaces name")?,
-            _ => return Err(err(file, "error loading config file: a replaces entry must be a map")),
-        };
-        if n.is_empty() {
-            return Err(err(file, "should not have an empty replaces entry"));
-        }
-        if n == name {
-            return Err(err(file, "replaces should not contain name of same descriptor"));
-        }
-        replaces.push(n);
-    }
+    let name = r.name.text(file, "name")?;
+    let replaces = replaces(file, &r.replaces, &name)?;
     Ok(RateLimit {
         requests_per_unit,
         unit,
@@ -641,21 +719,63 @@ fn rate_limit(
     })
 }
 
-/// An extension key's number (`window_ms`, `burst`): absent, or an integer
-/// from 1 to 2^53 − 1 (the module's range).
-fn extension_number(file: &str, v: Option<&Value>, what: &str) -> Result<Option<u64>, ConfigError> {
-    let Some(v) = v else { return Ok(None) };
-    match v {
-        Value::Number(n) if n.as_u64().is_some_and(|n| (1..=MAX_NUMBER).contains(&n)) => Ok(n.as_u64()),
-        _ => {
-            let shown = match v {
-                Value::Number(n) => n.to_string(),
-                Value::String(s) => s.clone(),
-                Value::Bool(b) => b.to_string(),
-                Value::Null => String::new(),
-                _ => format!("{v:?}"),
-            };
-            Err(err(file, format!("invalid rate limit {what} '{shown}': an integer from 1 to {MAX_NUMBER}")))
+/// `requests_per_unit`: a 32-bit unsigned integer (absent or null: 0).
+fn requests_per_unit(file: &str, v: &Given) -> Result<u32, ConfigError> {
+    match &v.0 {
+        None | Some(Value::Null) => Ok(0),
+        Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| {
+            err(file, format!("error loading config file: requests_per_unit {n} is not a 32-bit unsigned integer"))
+        }),
+        Some(v) => Err(err(file, format!("error loading config file: requests_per_unit must be an integer, not {v:?}"))),
+    }
+}
+
+/// The names of `replaces`: none empty, none the limit's own `name`.
+fn replaces(file: &str, v: &Given, name: &str) -> Result<Vec<String>, ConfigError> {
+    let mut out = Vec::new();
+    for e in v.list::<ReplacesYaml>(file, "replaces", "error loading config file: a replaces entry must be a map")? {
+        let n = e.name.text(file, "replaces name")?;
+        if n.is_empty() {
+            return Err(err(file, "should not have an empty replaces entry"));
         }
+        if n == name {
+            return Err(err(file, "replaces should not contain name of same descriptor"));
+        }
+        out.push(n);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    //! What a key given as `null` means, where absent means something else
+    //! (service/tests' units test the rest of the loading).
+    use super::*;
+
+    fn refusal(rate_limit: &str) -> String {
+        let yaml = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{{rate_limit}}}\n");
+        Config::load([("f", yaml.as_str())], false).map(|_| ()).unwrap_err().0
+    }
+
+    #[test]
+    fn a_null_is_given() {
+        assert_eq!(refusal("window_ms: 1000, unit: ~"), "f: should not specify both rate limit unit and window_ms");
+        assert_eq!(
+            refusal("unit: second, window_ms: ~"),
+            format!("f: invalid rate limit window_ms '': an integer from 1 to {MAX_NUMBER}")
+        );
+        assert_eq!(refusal("unit: second, algorithm: ~"), "f: invalid rate limit algorithm ''");
+        assert_eq!(
+            refusal("unlimited: true, algorithm: token_bucket"),
+            "f: should not specify rate limit algorithm when unlimited"
+        );
+        // absent and null are the same where the file says nothing else
+        assert_eq!(refusal("unit: ~"), "f: invalid rate limit unit ''");
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: ~, name: ~, replaces: ~}\n";
+        let l = Config::load([("f", yaml)], false).unwrap().get_limit("d", &[("k", "")]).unwrap().limit;
+        assert_eq!(
+            (l.requests_per_unit, l.name.as_str(), l.replaces.len(), l.algorithm),
+            (0, "", 0, Algorithm::FixedWindow)
+        );
     }
 }
