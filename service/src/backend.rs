@@ -15,7 +15,7 @@ use redis_ratelimit_client::{Error, Limiter, Panic, Policy, Source};
 
 use crate::config::Algorithm;
 use crate::error::ServiceError;
-use crate::plan::{key_of, Part, PartState, Shape, MAX_LIMITED_DESCRIPTORS};
+use crate::plan::{Part, PartState, Shape, MAX_LIMITED_DESCRIPTORS};
 use crate::settings::PanicMode;
 
 /// Decides parts together, all or nothing.
@@ -169,6 +169,11 @@ impl<C: Connection> Redis<C> {
         };
         Ok(Prepared { limiter: limiter.map_err(inv)?, single })
     }
+}
+
+/// The key of a part in the request's `keys`.
+fn key_of<'k>(keys: &'k str, p: &Part) -> &'k str {
+    keys.get(p.key.clone()).unwrap_or_default()
 }
 
 /// The client's policy of one shape (its weight not yet applied).

@@ -78,6 +78,8 @@ pub struct Part {
     pub state: PartState,
     /// Counted parts: whether its units were taken (its remaining is after them).
     pub taken: bool,
+    /// Every descriptor counted on it has a `shadow_mode` limit.
+    pub shadow: bool,
 }
 
 /// One descriptor of a request: what it matched and, for a limit to
@@ -89,6 +91,12 @@ pub struct Descriptor {
     pub matched: Option<Matched>,
     /// Its limit is one another matched limit `replaces`: as no match.
     pub replaced: bool,
+    /// A limit to decide: matched, neither `unlimited` nor replaced (else
+    /// `OK`, remaining `u32::MAX` when unlimited, 0 otherwise).
+    pub limited: bool,
+    /// The unit answered in `current_limit` (the proto's value; 0: none
+    /// describes the window, [`RateLimit::reported_unit`]).
+    pub unit: i32,
     /// The window in ms.
     pub window_ms: u64,
     /// The hits it adds: 0 for a check-only descriptor ([`Descriptor::checked`]).
@@ -103,21 +111,14 @@ pub struct Descriptor {
 }
 
 impl Descriptor {
-    /// A limit to decide: matched, neither `unlimited` nor replaced (else
-    /// `OK`, remaining `u32::MAX` when unlimited, 0 otherwise).
-    pub fn is_limited(&self) -> bool {
+    /// Matched, neither `unlimited` nor replaced.
+    fn is_limited(&self) -> bool {
         !self.replaced && self.matched.as_ref().is_some_and(|m| !m.limit.unlimited)
     }
 
     /// The matched limit, if any.
-    pub fn limit(&self) -> Option<&Arc<RateLimit>> {
+    fn limit(&self) -> Option<&Arc<RateLimit>> {
         self.matched.as_ref().map(|m| &m.limit)
-    }
-
-    /// A check-only descriptor (`hits_addend` 0): its part is among the
-    /// checked ones, sent with `COST 0`.
-    pub fn checked(&self) -> bool {
-        self.hits == 0
     }
 }
 
@@ -151,7 +152,16 @@ impl Plan {
                 return Err(ServiceError::Invalid("is_negative_hits is not supported yet".into()));
             }
             let matched = match_one(&req.domain, domain, d)?;
-            descriptors.push(Descriptor { matched, replaced: false, window_ms: 0, hits: 0, part: None, detailed_key: None });
+            descriptors.push(Descriptor {
+                matched,
+                replaced: false,
+                limited: false,
+                unit: 0,
+                window_ms: 0,
+                hits: 0,
+                part: None,
+                detailed_key: None,
+            });
         }
         mark_replaced(&mut descriptors);
         let mut plan = Plan { keys: key_buffer(req, prefix), descriptors, counted: Vec::new(), checked: Vec::new() };
@@ -166,22 +176,7 @@ impl Plan {
 
     /// The key of a part.
     pub fn key(&self, p: &Part) -> &str {
-        key_of(&self.keys, p)
-    }
-
-    /// Whether counted part `j` is in shadow mode: every descriptor
-    /// counted on it has a `shadow_mode` limit.
-    pub fn shadow(&self, j: usize) -> bool {
-        self.descriptors
-            .iter()
-            .filter(|x| x.is_limited() && !x.checked() && x.part == Some(j))
-            .all(|x| x.limit().is_some_and(|l| l.shadow_mode))
-    }
-
-    /// The part a descriptor was decided on, if any.
-    pub fn part_of(&self, d: &Descriptor) -> Option<&Part> {
-        let list = if d.checked() { &self.checked } else { &self.counted };
-        d.part.and_then(|j| list.get(j))
+        self.keys.get(p.key.clone()).unwrap_or_default()
     }
 
     /// Every limited descriptor's part: its key, its numbers, its hits;
@@ -190,7 +185,7 @@ impl Plan {
     fn add_parts(&mut self, req: &RateLimitRequest, prefix: &str) -> Result<(), ServiceError> {
         let n = self.descriptors.len();
         for (desc, d) in self.descriptors.iter_mut().zip(&req.descriptors) {
-            let Some(m) = desc.matched.as_ref().filter(|_| desc.is_limited()) else { continue };
+            let Some(m) = desc.matched.as_ref().filter(|_| desc.limited) else { continue };
             let hits = match &d.hits_addend {
                 Some(h) => h.value,
                 None => u64::from(req.hits_addend.max(1)),
@@ -216,18 +211,14 @@ impl Plan {
                 self.keys.truncate(start);
                 None // decided here: nothing to ask Redis
             } else {
-                Some(add_part(&mut self.keys, list, start, shape, hits, n))
+                Some(add_part(&mut self.keys, list, start, shape, m.limit.shadow_mode, n))
             };
+            desc.unit = m.limit.reported_unit().map(Unit::proto).unwrap_or(0);
             desc.detailed_key = m.limit.detailed_metric.then(|| detailed_key(&req.domain, d, &m.share));
             (desc.window_ms, desc.hits, desc.part) = (window_ms, hits, part);
         }
         Ok(())
     }
-}
-
-/// The key of a part in `keys`.
-pub fn key_of<'k>(keys: &'k str, p: &Part) -> &'k str {
-    keys.get(p.key.clone()).unwrap_or_default()
 }
 
 /// A request descriptor's entries as (key, value).
@@ -252,20 +243,22 @@ fn key_buffer(req: &RateLimitRequest, prefix: &str) -> String {
 
 /// The part of the key just written at `keys[start..]`: an existing one
 /// with the same key (the same counter twice in one request: the hits
-/// added up, the tighter numbers kept), else a new one. Its index.
-fn add_part(keys: &mut String, list: &mut Vec<Part>, start: usize, shape: Shape, hits: u64, n: usize) -> usize {
+/// added up, the tighter numbers kept, in shadow mode only if both are),
+/// else a new one. Its index.
+fn add_part(keys: &mut String, list: &mut Vec<Part>, start: usize, shape: Shape, shadow: bool, n: usize) -> usize {
     if let Some(j) = list.iter().position(|p| keys.get(p.key.clone()) == keys.get(start..)) {
         keys.truncate(start);
-        let s = &mut list[j].shape;
-        s.limit = s.limit.min(shape.limit);
-        s.burst = s.burst.min(shape.burst);
-        s.weight = s.weight.saturating_add(hits).min(MAX);
+        let p = &mut list[j];
+        p.shape.limit = p.shape.limit.min(shape.limit);
+        p.shape.burst = p.shape.burst.min(shape.burst);
+        p.shape.weight = p.shape.weight.saturating_add(shape.weight).min(MAX);
+        p.shadow &= shadow;
         return j;
     }
     if list.capacity() == 0 {
         list.reserve(n);
     }
-    list.push(Part { key: start..keys.len(), shape, state: PartState::default(), taken: false });
+    list.push(Part { key: start..keys.len(), shape, state: PartState::default(), taken: false, shadow });
     list.len() - 1
 }
 
@@ -322,6 +315,7 @@ fn mark_replaced(descs: &mut [Descriptor]) {
             _ => false,
         };
         descs[i].replaced = replaced;
+        descs[i].limited = descs[i].is_limited();
     }
 }
 
@@ -468,7 +462,7 @@ descriptors:
         assert!(p.checked.is_empty());
         let parts: Vec<Option<usize>> = p.descriptors.iter().map(|d| d.part).collect();
         assert_eq!(parts, [Some(0), Some(1), None]);
-        assert!(!p.descriptors[2].is_limited());
+        assert!(!p.descriptors[2].limited);
     }
 
     #[test]
@@ -490,8 +484,7 @@ descriptors:
         assert_eq!(keys(&p, &p.checked), ["p_{d}_user_a_60"]);
         assert_eq!(keys(&p, &p.counted), ["p_{d}_tb_x_1_tb"]);
         assert_eq!(p.checked[0].shape.weight, 1, "sent with weight 1 and cost 0");
-        assert!(p.descriptors[0].checked() && !p.descriptors[1].checked());
-        assert_eq!(p.part_of(&p.descriptors[0]).map(|x| x.key.clone()), Some(p.checked[0].key.clone()));
+        assert_eq!((p.descriptors[0].hits, p.descriptors[0].part, p.descriptors[1].hits), (0, Some(0), 1));
         // the request's hits_addend applies where a descriptor has none
         let r = RateLimitRequest { hits_addend: 4, ..req(vec![desc(&[("user", "a")])]) };
         assert_eq!(Plan::new(&r, &cfg(), "").unwrap().counted[0].shape.weight, 4);
@@ -503,17 +496,28 @@ descriptors:
             .unwrap();
         assert_eq!(keys(&p, &p.counted), ["p_{d}_user2_a_60"]);
         let d = &p.descriptors;
-        assert!(d[0].replaced && !d[0].is_limited(), "user2 replaces user");
-        assert!(!d[2].is_limited(), "unlimited");
-        assert!(d[3].is_limited() && d[3].part.is_none() && d[3].hits == 1, "requests_per_unit 0: decided here");
+        assert!(d[0].replaced && !d[0].limited, "user2 replaces user");
+        assert!(d[1].limited && !d[2].limited, "unlimited");
+        assert!(d[3].limited && d[3].part.is_none() && d[3].hits == 1, "requests_per_unit 0: decided here");
     }
 
     #[test]
     fn shadow_flags_and_detailed_keys() {
         let p = plan(vec![desc(&[("shadow", "s")]), desc(&[("user", "a")]), desc(&[("tenant", "t1")])]).unwrap();
-        assert_eq!([p.shadow(0), p.shadow(1), p.shadow(2)], [true, false, false]);
+        assert_eq!(p.counted.iter().map(|x| x.shadow).collect::<Vec<_>>(), [true, false, false]);
+        assert_eq!(p.descriptors.iter().map(|d| d.unit).collect::<Vec<_>>(), [3, 2, 3], "HOUR, MINUTE, HOUR");
         assert_eq!(p.descriptors[2].detailed_key.as_deref(), Some("d.tenant_t1"));
         assert_eq!(p.descriptors[1].detailed_key, None);
+        // one counter, shadow on one of its limits only: not a shadow part
+        let yaml =
+            "domain: d\ndescriptors:\n  - {key: a, shadow_mode: true, rate_limit: {unit: hour, requests_per_unit: 2}}\n";
+        let cfg = Config::load([("f", yaml)], false).unwrap();
+        let r = req(vec![desc(&[("a", "")]), desc(&[("a", "")])]);
+        assert!(Plan::new(&r, &cfg, "").unwrap().counted[0].shadow);
+        let mut not_shadow = desc(&[("a", "")]);
+        not_shadow.limit = Some(RateLimitOverride { requests_per_unit: 2, unit: 3 }); // the same key, no shadow_mode
+        let p = Plan::new(&req(vec![desc(&[("a", "")]), not_shadow]), &cfg, "").unwrap();
+        assert_eq!((p.counted.len(), p.counted[0].shadow), (1, false));
     }
 
     #[test]
@@ -522,7 +526,7 @@ descriptors:
         d.limit = Some(RateLimitOverride { requests_per_unit: 2, unit: 3 });
         let p = plan(vec![d.clone()]).unwrap();
         assert_eq!(keys(&p, &p.counted), ["p_{d}_anything_v_k__3600"]);
-        let l = p.descriptors[0].limit().unwrap();
+        let l = &p.descriptors[0].matched.as_ref().unwrap().limit;
         assert_eq!((l.requests_per_unit, l.unit, l.full_key.as_str()), (2, Some(Unit::Hour), "d.anything_v.k"));
         // in a domain that is not configured: no match
         let r = RateLimitRequest { domain: "other".into(), ..req(vec![d.clone()]) };

@@ -15,7 +15,7 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
 use crate::config::{Algorithm, RateLimit, Unit};
 use crate::metrics::{near_hits, Metrics};
-use crate::plan::{Descriptor, PartState, Plan};
+use crate::plan::{Descriptor, Part, PartState, Plan};
 use crate::settings::Settings;
 
 /// Seconds until the current window of `unit` ends, as envoyproxy/ratelimit
@@ -40,21 +40,22 @@ pub fn respond(plan: &Plan, settings: &Settings, metrics: &Metrics) -> RateLimit
     let mut header_from: Option<(u64, u32, u64)> = None; // (remaining, limit, reset seconds)
     let mut min_remaining = u64::from(u32::MAX);
     for desc in &plan.descriptors {
-        let (true, Some(limit)) = (desc.is_limited(), desc.limit()) else {
+        let (true, Some(m)) = (desc.limited, &desc.matched) else {
             statuses.push(DescriptorStatus {
                 code: Code::Ok as i32,
-                limit_remaining: if desc.limit().is_some_and(|l| l.unlimited) { u32::MAX } else { 0 },
+                limit_remaining: if desc.matched.as_ref().is_some_and(|m| m.limit.unlimited) { u32::MAX } else { 0 },
                 ..DescriptorStatus::default()
             });
             continue;
         };
-        let state = plan.part_of(desc).map(|p| &p.state);
+        let limit = &*m.limit;
+        let state = part(plan, desc).map(|p| &p.state);
         let over = state.map_or(desc.hits > 0, |p| p.over);
         count(plan, desc, limit, over, settings, metrics);
         let code = if over && !limit.shadow_mode { Code::OverLimit } else { Code::Ok };
         let remaining = if over { 0 } else { state.map_or(0, |p| p.remaining) };
         let reset_s = reset_seconds(limit, desc.window_ms, state);
-        let st = status(code, limit, remaining, reset_s);
+        let st = status(code, limit, desc.unit, remaining, reset_s);
         // the headers: the descriptor with the fewest left, or the last over the limit
         if u64::from(st.limit_remaining) < min_remaining {
             min_remaining = u64::from(st.limit_remaining);
@@ -97,7 +98,7 @@ fn count(plan: &Plan, desc: &Descriptor, limit: &RateLimit, over: bool, settings
             return;
         }
         k.within_limit.fetch_add(desc.hits, Relaxed);
-        if let (false, Some(p)) = (desc.checked(), plan.part_of(desc)) {
+        if let (true, Some(p)) = (desc.hits > 0, part(plan, desc)) {
             let rpu = u64::from(limit.requests_per_unit);
             let count = rpu.saturating_sub(p.state.remaining);
             // a part of a request denied by another took nothing: count + hits is where it would be
@@ -128,13 +129,20 @@ fn reset_seconds(limit: &RateLimit, window_ms: u64, state: Option<&PartState>) -
     ms.div_ceil(1000)
 }
 
-fn status(code: Code, limit: &RateLimit, remaining: u64, reset_s: u64) -> DescriptorStatus {
+/// The part a descriptor was decided on: among the checked parts for a
+/// check (`hits_addend` 0), else the counted ones; none when not asked.
+fn part<'p>(plan: &'p Plan, desc: &Descriptor) -> Option<&'p Part> {
+    let list = if desc.hits == 0 { &plan.checked } else { &plan.counted };
+    desc.part.and_then(|j| list.get(j))
+}
+
+fn status(code: Code, limit: &RateLimit, unit: i32, remaining: u64, reset_s: u64) -> DescriptorStatus {
     DescriptorStatus {
         code: code as i32,
         current_limit: Some(rate_limit_response::RateLimit {
             name: limit.name.clone(),
             requests_per_unit: limit.requests_per_unit,
-            unit: limit.reported_unit().map(Unit::proto).unwrap_or(0),
+            unit,
         }),
         limit_remaining: u32::try_from(remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(PbDuration { seconds: i64::try_from(reset_s).unwrap_or(i64::MAX), nanos: 0 }),

@@ -150,7 +150,7 @@ pub async fn run<B: Backend>(backend: &B, plan: &mut Plan, global_shadow: bool) 
         p.taken = allowed;
     }
     let over = || (0..plan.counted.len()).filter(|&j| plan.counted[j].state.over);
-    let shadow_only = !allowed && over().next().is_some() && over().all(|j| plan.shadow(j));
+    let shadow_only = !allowed && over().next().is_some() && over().all(|j| plan.counted[j].shadow);
     if shadow_only && !global_shadow {
         Box::pin(count_enforced(backend, plan)).await?;
     }
@@ -185,7 +185,7 @@ async fn counted_and_checked<B: Backend>(
 /// Denied only by shadow-mode limits: the request passes, so the enforced
 /// limits count it (a second call without the shadow ones; rare, out of line).
 async fn count_enforced<B: Backend>(backend: &B, plan: &mut Plan) -> Result<(), ServiceError> {
-    let keep: Vec<usize> = (0..plan.counted.len()).filter(|&j| !plan.shadow(j)).collect();
+    let keep: Vec<usize> = (0..plan.counted.len()).filter(|&j| !plan.counted[j].shadow).collect();
     if keep.is_empty() {
         return Ok(());
     }
@@ -208,7 +208,11 @@ mod tests {
     use envoy_types::pb::google::protobuf::UInt64Value;
 
     use super::*;
-    use crate::plan::{key_of, PartState};
+    use crate::plan::PartState;
+
+    fn key_of<'k>(keys: &'k str, p: &Part) -> &'k str {
+        &keys[p.key.clone()]
+    }
 
     #[derive(Default)]
     struct Answers(Mutex<Vec<(Vec<String>, u64)>>);
