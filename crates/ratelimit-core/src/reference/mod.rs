@@ -24,6 +24,8 @@
 //! (`fuzz/` enables it). Models may panic on inputs outside the documented
 //! ranges (that is a failed test), never overflow inside them.
 
+#[cfg(test)]
+mod agreement;
 pub mod fixedwindow;
 pub mod gcra;
 pub mod multi;
