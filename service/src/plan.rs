@@ -99,10 +99,10 @@ pub struct Descriptor {
     pub unit: i32,
     /// The window in ms.
     pub window_ms: u64,
-    /// The hits it adds: 0 for a check-only descriptor ([`Descriptor::checked`]).
+    /// The hits it adds: 0 for a check-only descriptor (`hits_addend` 0, sent with `COST 0`).
     pub hits: u64,
     /// Its part among the counted ones, or the checked ones when
-    /// [`Descriptor::checked`]; `None`: no part (not limited, or
+    /// its hits are 0; `None`: no part (not limited, or
     /// `requests_per_unit: 0`, decided without Redis).
     pub part: Option<usize>,
     /// The stats key of a `detailed_metric` limit (`domain.key_value…` of
