@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The layering check of the crates (make lint).
 
-For each crate of CRATES (the module's src/, the service's service/src/),
+For each crate of CRATES (the module's src/, the service's service/src/,
+the Rust client's clients/rust/src/),
 reads every `crate::` path in its sources (a `use crate::...` or a path
 written in the code, `$crate::` of a macro excepted), maps each file to its
 top-level module (src/api/host.rs is `api`, src/lib.rs is `lib`), and fails
@@ -58,12 +59,34 @@ SERVICE_PURE = {
     "respond": {"error", "config", "metrics", "plan", "settings"},
 }
 
+# The Rust client's clients/rust/src/: an I/O-free part (what a decision
+# sends, how its reply reads, the reservoirs, the panic limits) under a
+# transport (the connection, timeout, breaker calls, detection, strict
+# mode) and what is built on it.
+CLIENT_LAYERS = [
+    ["error"],
+    ["policy", "keys"],
+    ["decision", "breaker"],
+    ["headers", "request", "options", "metrics"],
+    ["answer"],
+    ["reservoir"],
+    ["transport", "sentinel"],
+    ["client"],
+    ["lease"],
+    ["tower"],
+    ["lib"],
+]
+CLIENT_IO_FREE = {m for layer in CLIENT_LAYERS[:6] for m in layer}
+# The I/O-free modules import only each other: never the transport.
+CLIENT_PURE = {m: CLIENT_IO_FREE for m in CLIENT_IO_FREE}
+
 # One row per crate: its sources (from the repository's root), its layers,
 # the modules restricted to a list of imports, and its longest function
 # (None: no bound).
 CRATES = [
     {"src": "src", "layers": LAYERS, "only": {"api": API_MAY_IMPORT}, "max_fn_lines": None},
     {"src": "service/src", "layers": SERVICE_LAYERS, "only": SERVICE_PURE, "max_fn_lines": 80},
+    {"src": "clients/rust/src", "layers": CLIENT_LAYERS, "only": CLIENT_PURE, "max_fn_lines": None},
 ]
 
 RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
