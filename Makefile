@@ -398,9 +398,11 @@ test-clients-rust: build venv clients/node/node_modules/.installed client-lua  #
 # `python -m rltesting.servers names` (CLIENT_SERVERS=... narrows them): the
 # service binary on a real server with the module, through a gRPC client of
 # Envoy's protos and POST /json (service/tests/service/, a module per
-# topic; the service runs in-process). The library's unit tests are in the
-# same binary (service/tests/service/units), and --no-default-features leaves the binary out:
-# one link for the stage, with the quick profile (Cargo.toml), whose
+# topic; the service runs in-process). The library's unit tests of its
+# public API are in the same binary (service/tests/service/units), those of
+# its private parts (the plan, the request run without Redis) in src/ (--lib, run
+# once first), and --no-default-features leaves the binary out: two links
+# for the stage, with the quick profile (Cargo.toml), whose
 # dependencies the gateway and the client's tests share (but redis-rs,
 # built here once more with its TLS features for REDIS_TLS). Each server's run
 # takes 2-3 s, plus the Redis-stopped bound (~3 s, in parallel). The
@@ -415,6 +417,7 @@ test-clients-rust: build venv clients/node/node_modules/.installed client-lua  #
 # such a skip a failure. Their TLS cluster and Sentinel: first server only.
 .PHONY: test-service
 test-service: build venv  ## the Envoy rate-limit service: its unit tests and suite on every server
+	$(CARGO) test --profile quick -q -p redis-ratelimit-service --no-default-features --lib
 	@rc=0; first=""; for s in $(client_servers); do [ -n "$$first" ] || first=$$s; \
 	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  topo=$$([ $$s = $$first ] && echo 1 || echo 0); \
