@@ -153,3 +153,95 @@ fn status(code: Code, limit: &RateLimit, unit: i32, remaining: u64, reset_s: u64
 fn header(k: &str, v: String) -> HeaderValue {
     HeaderValue { key: k.to_owned(), value: v, raw_value: Vec::new() }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The answer to a plan whose parts' states are set here (no Redis).
+    use std::collections::HashMap;
+
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+
+    use super::*;
+    use crate::config::Config;
+
+    const YAML: &str = "
+domain: d
+descriptors:
+  - {key: a, rate_limit: {unit: hour, requests_per_unit: 10, name: a}}
+  - {key: b, rate_limit: {unit: hour, requests_per_unit: 4}}
+  - {key: s, shadow_mode: true, rate_limit: {unit: hour, requests_per_unit: 2}}
+  - {key: tb, rate_limit: {unit: hour, requests_per_unit: 5, algorithm: token_bucket}}
+  - {key: free, rate_limit: {unlimited: true}}
+";
+
+    /// The plan of `keys`, each part's state (over, remaining) as given, all taken.
+    fn decided(keys: &[&str], states: &[(bool, u64)]) -> Plan {
+        let descriptors = keys
+            .iter()
+            .map(|k| RateLimitDescriptor {
+                entries: vec![Entry { key: (*k).into(), value: "v".into() }],
+                ..RateLimitDescriptor::default()
+            })
+            .collect();
+        let req = RateLimitRequest { domain: "d".into(), descriptors, hits_addend: 0 };
+        let mut plan = Plan::new(&req, &Config::load([("f", YAML)], false).unwrap(), "").unwrap();
+        for (p, &(over, remaining)) in plan.counted.iter_mut().zip(states) {
+            p.state = PartState { over, remaining, retry_ms: if over { 2500 } else { 0 }, reset_ms: 7000 };
+            p.taken = true;
+        }
+        plan
+    }
+
+    fn settings(vars: &[(&str, &str)]) -> Settings {
+        Settings::from_map(&vars.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect::<HashMap<_, _>>()).unwrap()
+    }
+
+    fn codes(r: &RateLimitResponse) -> Vec<(i32, u32)> {
+        r.statuses.iter().map(|s| (s.code, s.limit_remaining)).collect()
+    }
+
+    const OK: i32 = Code::Ok as i32;
+    const OVER: i32 = Code::OverLimit as i32;
+
+    #[test]
+    fn statuses_and_the_headers_of_the_fewest_left() {
+        let s = settings(&[("LIMIT_RESPONSE_HEADERS_ENABLED", "true")]);
+        let r = respond(&decided(&["a", "b", "free", "none"], &[(false, 7), (false, 3)]), &s, &Metrics::new());
+        assert_eq!(r.overall_code, OK);
+        assert_eq!(codes(&r), [(OK, 7), (OK, 3), (OK, u32::MAX), (OK, 0)]);
+        let h: Vec<(&str, &str)> = r.response_headers_to_add.iter().map(|h| (h.key.as_str(), h.value.as_str())).collect();
+        assert_eq!(h[..2], [("RateLimit-Limit", "4"), ("RateLimit-Remaining", "3")]);
+        assert_eq!(r.statuses[0].current_limit.as_ref().map(|l| (l.name.as_str(), l.unit)), Some(("a", 3)));
+        // over: OVER_LIMIT, remaining 0, the headers from it
+        let r = respond(&decided(&["b", "a"], &[(false, 1), (true, 0)]), &s, &Metrics::new());
+        assert_eq!((r.overall_code, codes(&r)), (OVER, vec![(OK, 1), (OVER, 0)]));
+        assert_eq!(r.response_headers_to_add[0].value, "10");
+        // the headers are off by default
+        assert!(respond(&decided(&["a"], &[(false, 7)]), &settings(&[]), &Metrics::new())
+            .response_headers_to_add
+            .is_empty());
+    }
+
+    #[test]
+    fn shadow_mode_answers_ok_and_counts_it() {
+        let m = Metrics::new();
+        let r = respond(&decided(&["s", "a"], &[(true, 0), (false, 9)]), &settings(&[]), &m);
+        assert_eq!((r.overall_code, codes(&r)), (OK, vec![(OK, 0), (OK, 9)]));
+        m.with_key("d.s", |k| assert_eq!((k.over_limit.load(Relaxed), k.shadow_mode.load(Relaxed)), (1, 1)));
+        // SHADOW_MODE: the descriptor says OVER_LIMIT, the request OK
+        let m = Metrics::new();
+        let r = respond(&decided(&["a"], &[(true, 0)]), &settings(&[("SHADOW_MODE", "true")]), &m);
+        assert_eq!((r.overall_code, codes(&r)), (OK, vec![(OVER, 0)]));
+        assert_eq!(m.global_shadow_mode.load(Relaxed), 1);
+    }
+
+    #[test]
+    fn reset_of_a_token_bucket_from_its_state() {
+        let s = settings(&[]);
+        let reset = |over| respond(&decided(&["tb"], &[(over, 0)]), &s, &Metrics::new()).statuses[0].duration_until_reset;
+        // over: until the hits fit (2.5 s → 3); else until it is full (7 s)
+        assert_eq!((reset(true).unwrap().seconds, reset(false).unwrap().seconds), (3, 7));
+    }
+}
