@@ -12,7 +12,7 @@ use axum::routing::{get, post};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use redis_ratelimit_client::{Backend, Breaker, Connection, Options, RateLimit};
+use redis_ratelimit_client::{Breaker, Connection, Options};
 
 use crate::conn::RedisConn;
 use crate::json::{parse_request, render_response};
@@ -227,8 +227,11 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     // exceeds (it opened and answered UNAVAILABLE for a second under load).
     // Timeouts and errors still open it after 5 in a row.
     let breaker = Breaker { latency_budget_ms: timeout_ms as f64, ..Breaker::default() };
-    let rl = RateLimit::new(conn, Options { timeout_ms, backend: Backend::Auto, breaker, ..Options::default() })
-        .map_err(|e| e.to_string())?;
+    let rl = redis_ratelimit_client::RateLimit::new(
+        conn,
+        Options { timeout_ms, backend: redis_ratelimit_client::Backend::Auto, breaker, ..Options::default() },
+    )
+    .map_err(|e| e.to_string())?;
     let (cfg, files) = load_dir(&settings).map_err(|e| format!("config refused: {e}"))?;
     let grpc_addr = format!("{}:{}", settings.grpc_host, settings.grpc_port);
     let http_addr = format!("{}:{}", settings.host, settings.port);
