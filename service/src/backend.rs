@@ -53,13 +53,13 @@ const PER_SHARD: usize = 10_000 / SHARDS;
 /// once per request: a hit takes one shard's read lock (requests never
 /// wait on one another but for a miss in their own shard), and a full
 /// shard drops one entry to take another, never all.
-struct Prepareds<C> {
+struct Prepareds<V> {
     hasher: RandomState,
-    shards: [RwLock<Shard<C>>; SHARDS],
+    shards: [RwLock<Shard<V>>; SHARDS],
 }
 
 /// One shard: the calls by their shapes' hash (a list per hash, for collisions).
-type Shard<C> = HashMap<u64, Vec<(Vec<Shape>, Prepared<C>)>, BuildHasherDefault<Hashed>>;
+type Shard<V> = HashMap<u64, Vec<(Vec<Shape>, V)>, BuildHasherDefault<Hashed>>;
 
 /// The hasher of keys that are a hash already.
 #[derive(Default)]
@@ -81,21 +81,17 @@ impl Hasher for Hashed {
     }
 }
 
-impl<C> Prepareds<C> {
+impl<V: Clone> Prepareds<V> {
     fn new() -> Self {
         Prepareds { hasher: RandomState::new(), shards: std::array::from_fn(|_| RwLock::new(HashMap::default())) }
     }
 
     /// The call of `shapes`, prepared by `build` on a miss.
-    fn get_or_build(
-        &self,
-        shapes: &[Shape],
-        build: impl FnOnce() -> Result<Prepared<C>, ServiceError>,
-    ) -> Result<Prepared<C>, ServiceError> {
+    fn get_or_build(&self, shapes: &[Shape], build: impl FnOnce() -> Result<V, ServiceError>) -> Result<V, ServiceError> {
         let h = self.hasher.hash_one(shapes);
         // bits the map does not use (its index takes the low ones, its tags the top 7)
         let shard = &self.shards[(h >> 32) as usize % SHARDS];
-        let found = |m: &Shard<C>| m.get(&h).and_then(|l| l.iter().find(|(s, _)| s == shapes)).map(|(_, p)| p.clone());
+        let found = |m: &Shard<V>| m.get(&h).and_then(|l| l.iter().find(|(s, _)| s == shapes)).map(|(_, p)| p.clone());
         if let Some(p) = found(&shard.read().unwrap_or_else(|e| e.into_inner())) {
             return Ok(p);
         }
@@ -119,7 +115,7 @@ impl<C> Prepareds<C> {
 pub struct Redis<C> {
     rl: redis_ratelimit_client::RateLimit<C>,
     panic_mode: PanicMode,
-    prepared: Prepareds<C>,
+    prepared: Prepareds<Prepared<C>>,
 }
 
 impl<C: Connection> Redis<C> {
@@ -246,5 +242,38 @@ impl<C> Redis<C> {
             (Source::Panic, PanicMode::Deny) => false,
             _ => d.allowed,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The cache of prepared calls, on numbers in place of limiters.
+    use super::*;
+
+    fn shapes(i: u64) -> Vec<Shape> {
+        vec![Shape { algorithm: Algorithm::FixedWindow, limit: i, window_ms: 1000, burst: i, weight: 1 }]
+    }
+
+    #[test]
+    fn a_hit_builds_nothing_and_a_full_shard_drops_one_entry() {
+        let cache: Prepareds<u64> = Prepareds::new();
+        assert_eq!(cache.get_or_build(&shapes(1), || Ok(1)), Ok(1));
+        assert_eq!(cache.get_or_build(&shapes(1), || panic!("built twice")), Ok(1));
+        assert_ne!(shapes(1), shapes(2));
+        assert_eq!(cache.get_or_build(&shapes(2), || Ok(2)), Ok(2));
+        // 20,000 more shapes: each shard stays at its bound, and entries are dropped one at a time
+        let total = |c: &Prepareds<u64>| c.shards.iter().map(|s| s.read().unwrap().len()).sum::<usize>();
+        for i in 3..20_003 {
+            let before = total(&cache);
+            cache.get_or_build(&shapes(i), || Ok(i)).unwrap();
+            let after = total(&cache);
+            assert!(after == before || after == before + 1, "{before} -> {after}: at most one dropped");
+        }
+        assert!(cache.shards.iter().all(|s| s.read().unwrap().len() == PER_SHARD));
+        // the newest is kept
+        assert_eq!(cache.get_or_build(&shapes(20_002), || panic!("dropped")), Ok(20_002));
+        // an error builds nothing
+        assert!(cache.get_or_build(&shapes(0), || Err(ServiceError::Invalid("no".into()))).is_err());
+        assert_eq!(cache.get_or_build(&shapes(0), || Ok(7)), Ok(7));
     }
 }
