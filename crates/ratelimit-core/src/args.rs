@@ -279,38 +279,8 @@ fn option<'a>(
     Ok(true)
 }
 
-/// The algorithm a limit of RL.MULTI names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    TokenBucket,
-    SlidingLog,
-    SlidingCounter,
-    FixedWindow,
-}
-
-impl Kind {
-    /// The algorithm `w` names, case-insensitively: one comparison, picked
-    /// by the length (the names of 10 and 14 letters are one each; the two
-    /// of 11 letters differ in their first).
-    #[inline]
-    pub fn from_word(w: &[u8]) -> Option<Kind> {
-        let (name, kind): (&[u8], Kind) = match (w.len(), w.first().map(|b| b & 0xDF)) {
-            (11, Some(b'T')) => (b"TOKENBUCKET", Kind::TokenBucket),
-            (11, _) => (b"FIXEDWINDOW", Kind::FixedWindow),
-            (10, _) => (b"SLIDINGLOG", Kind::SlidingLog),
-            (14, _) => (b"SLIDINGCOUNTER", Kind::SlidingCounter),
-            _ => return None,
-        };
-        eq_upper_letters(w, name).then_some(kind)
-    }
-    /// Its positional numeric arguments.
-    pub const fn args(self) -> &'static [Arg] {
-        match self {
-            Kind::TokenBucket => TOKENBUCKET_ARGS,
-            Kind::SlidingLog | Kind::SlidingCounter | Kind::FixedWindow => WINDOW_ARGS,
-        }
-    }
-}
+/// The algorithm a limit of RL.MULTI names: the catalogue's kind.
+pub use crate::catalogue::Kind;
 
 /// One limit of RL.MULTI: its algorithm's parameters (the kind is the
 /// variant: a FIXEDWINDOW limit's FROMFIRST is `fw::Params::from_first`)
@@ -388,7 +358,7 @@ impl<const N: usize> MultiCall<N> {
 /// either case, so this is `eq_ignore_ascii_case` for such names, eight
 /// bytes at a time.
 #[inline]
-fn eq_upper_letters(w: &[u8], upper: &[u8]) -> bool {
+pub(crate) fn eq_upper_letters(w: &[u8], upper: &[u8]) -> bool {
     if w.len() != upper.len() {
         return false;
     }

@@ -22,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod args;
+pub mod catalogue;
 pub mod codec;
 pub mod fixedwindow;
 pub mod gcra;
