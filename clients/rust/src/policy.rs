@@ -8,51 +8,11 @@ use crate::error::{Error, Result};
 /// exact range), as in the other libraries.
 pub const MAX: u64 = ratelimit_core::MAX_ARG;
 
-/// The algorithm of a single policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Kind {
-    /// `RL.TOKENBUCKET`: capacity, rate, period_ms.
-    TokenBucket,
-    /// `RL.SLIDINGLOG`: limit, window_ms (exact).
-    SlidingLog,
-    /// `RL.SLIDINGCOUNTER`: limit, window_ms (two counters, approximate).
-    SlidingCounter,
-    /// `RL.FIXEDWINDOW`: limit, window_ms, `FROMFIRST` or epoch-aligned
-    /// windows.
-    FixedWindow,
-}
-
-impl Kind {
-    /// The module's command.
-    pub fn command(self) -> &'static str {
-        match self {
-            Kind::TokenBucket => "RL.TOKENBUCKET",
-            Kind::SlidingLog => "RL.SLIDINGLOG",
-            Kind::SlidingCounter => "RL.SLIDINGCOUNTER",
-            Kind::FixedWindow => "RL.FIXEDWINDOW",
-        }
-    }
-
-    /// The limit's name inside `RL.MULTI`.
-    pub fn multi_name(self) -> &'static str {
-        match self {
-            Kind::TokenBucket => "TOKENBUCKET",
-            Kind::SlidingLog => "SLIDINGLOG",
-            Kind::SlidingCounter => "SLIDINGCOUNTER",
-            Kind::FixedWindow => "FIXEDWINDOW",
-        }
-    }
-
-    /// The name of its Lua twin (`lua/<name>.lua`).
-    pub fn script(self) -> &'static str {
-        match self {
-            Kind::TokenBucket => "tokenbucket",
-            Kind::SlidingLog => "slidinglog",
-            Kind::SlidingCounter => "slidingcounter",
-            Kind::FixedWindow => "fixedwindow",
-        }
-    }
-}
+/// The algorithm of a single policy: the catalogue's kind
+/// (`ratelimit_core::catalogue`), with its command ([`Kind::command`]),
+/// its RL.MULTI word ([`Kind::word`]), its Lua twin's name ([`Kind::name`])
+/// and its positional arguments ([`Kind::args`]).
+pub use ratelimit_core::catalogue::Kind;
 
 /// One limit: an algorithm with its numbers and a name.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -121,37 +81,40 @@ pub(crate) fn check_int(what: &str, v: u64, lo: u64) -> Result<u64> {
     Ok(v)
 }
 
-fn single(kind: Kind, name: &str, limit: u64, window_ms: u64, params: Vec<u64>) -> Policy {
-    Policy { kind, name: name.to_owned(), limit, window_ms, params, weight: 1, from_first: false }
+/// A policy of `kind` named `name`: its positional arguments `params`
+/// checked against the catalogue's spec of them (names and lower bounds,
+/// in order, each at most [`MAX`]); `window_ms` is the last of them.
+fn single(kind: Kind, name: &str, params: &[u64]) -> Result<Policy> {
+    check_name(name)?;
+    let spec = kind.args();
+    if params.len() != spec.len() {
+        return Err(Error::Invalid(format!("{} takes {} numbers, not {}", kind.name(), spec.len(), params.len())));
+    }
+    for (a, &v) in spec.iter().zip(params) {
+        check_int(a.name(), v, a.min())?;
+    }
+    let (limit, window_ms) = (params[0], params[params.len() - 1]);
+    Ok(Policy { kind, name: name.to_owned(), limit, window_ms, params: params.to_vec(), weight: 1, from_first: false })
 }
 
 /// A token bucket: at most `capacity` tokens, regains `rate` tokens every
 /// `period_ms`.
 pub fn token_bucket(name: &str, capacity: u64, rate: u64, period_ms: u64) -> Result<Policy> {
-    check_name(name)?;
-    check_int("capacity", capacity, 1)?;
-    check_int("rate", rate, 1)?;
-    check_int("period_ms", period_ms, 1)?;
+    let mut p = single(Kind::TokenBucket, name, &[capacity, rate, period_ms])?;
     // ⌈capacity·period/rate⌉ exactly (u128: no overflow)
     let w = (capacity as u128 * period_ms as u128).div_ceil(rate as u128);
-    let w = u64::try_from(w).unwrap_or(u64::MAX);
-    Ok(single(Kind::TokenBucket, name, capacity, w, vec![capacity, rate, period_ms]))
+    p.window_ms = u64::try_from(w).unwrap_or(u64::MAX);
+    Ok(p)
 }
 
 /// Exact: at most `limit` units in any `window_ms`.
 pub fn sliding_log(name: &str, limit: u64, window_ms: u64) -> Result<Policy> {
-    check_name(name)?;
-    check_int("limit", limit, 1)?;
-    check_int("window_ms", window_ms, 1)?;
-    Ok(single(Kind::SlidingLog, name, limit, window_ms, vec![limit, window_ms]))
+    single(Kind::SlidingLog, name, &[limit, window_ms])
 }
 
 /// Cloudflare's approximation of a sliding window: two counters.
 pub fn sliding_counter(name: &str, limit: u64, window_ms: u64) -> Result<Policy> {
-    check_name(name)?;
-    check_int("limit", limit, 1)?;
-    check_int("window_ms", window_ms, 1)?;
-    Ok(single(Kind::SlidingCounter, name, limit, window_ms, vec![limit, window_ms]))
+    single(Kind::SlidingCounter, name, &[limit, window_ms])
 }
 
 /// A fixed-window counter (`RL.FIXEDWINDOW`): at most `limit` units per
@@ -162,10 +125,7 @@ pub fn sliding_counter(name: &str, limit: u64, window_ms: u64) -> Result<Policy>
 /// is `lua/fixedwindow.lua`. Inside `all_of` it is `RL.MULTI`'s
 /// `FIXEDWINDOW` limit.
 pub fn fixed_window(name: &str, limit: u64, window_ms: u64, from_first: bool) -> Result<Policy> {
-    check_name(name)?;
-    check_int("limit", limit, 1)?;
-    check_int("window_ms", window_ms, 1)?;
-    let mut p = single(Kind::FixedWindow, name, limit, window_ms, vec![limit, window_ms]);
+    let mut p = single(Kind::FixedWindow, name, &[limit, window_ms])?;
     p.from_first = from_first;
     Ok(p)
 }
@@ -283,6 +243,25 @@ mod tests {
         assert!(fw.from_first() && fw.window_ms() == 1000);
         assert_eq!(all_of(vec![p, fw], None).unwrap().name(), "a.fw");
         assert!(fixed_window("fw", 0, 1000, false).is_err() && fixed_window("fw", 1, MAX + 1, false).is_err());
+    }
+
+    #[test]
+    fn each_policy_sends_its_kinds_arguments_from_the_catalogue() {
+        let ps = [
+            token_bucket("t", 3, 1, 10).unwrap(),
+            sliding_log("l", 5, 1000).unwrap(),
+            sliding_counter("c", 5, 1000).unwrap(),
+            fixed_window("f", 5, 1000, true).unwrap(),
+        ];
+        for (p, k) in ps.iter().zip(ratelimit_core::catalogue::KINDS) {
+            assert_eq!(p.kind(), k);
+            assert_eq!(p.params().len(), k.args().len(), "{k:?}");
+            assert_eq!(p.limit(), p.params()[0]);
+        }
+        let e = sliding_counter("c", 5, 0).unwrap_err();
+        assert_eq!(e.to_string(), "window_ms must be an integer from 1 to 2^53-1, not 0");
+        let e = token_bucket("t", 3, 0, 10).unwrap_err();
+        assert_eq!(e.to_string(), "rate must be an integer from 1 to 2^53-1, not 0");
     }
 
     #[test]

@@ -9,7 +9,9 @@ use std::sync::OnceLock;
 
 use redis::{Cmd, Value};
 
-use crate::policy::{Kind, Policy};
+use ratelimit_core::catalogue::{Kind, KINDS};
+
+use crate::policy::Policy;
 
 /// Which backend a `RateLimit` uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -32,31 +34,39 @@ pub(crate) struct Script {
     pub sha: String,
 }
 
-fn script_text(name: &str) -> &'static str {
-    match name {
-        "tokenbucket" => include_str!("../../../lua/tokenbucket.lua"),
-        "slidinglog" => include_str!("../../../lua/slidinglog.lua"),
-        "slidingcounter" => include_str!("../../../lua/slidingcounter.lua"),
-        "fixedwindow" => include_str!("../../../lua/fixedwindow.lua"),
-        _ => include_str!("../../../lua/multi.lua"),
+/// The Lua twin of `kind` (`None`: RL.MULTI's, `lua/multi.lua`).
+fn script_text(kind: Option<Kind>) -> &'static str {
+    match kind {
+        Some(Kind::TokenBucket) => include_str!("../../../lua/tokenbucket.lua"),
+        Some(Kind::SlidingLog) => include_str!("../../../lua/slidinglog.lua"),
+        Some(Kind::SlidingCounter) => include_str!("../../../lua/slidingcounter.lua"),
+        Some(Kind::FixedWindow) => include_str!("../../../lua/fixedwindow.lua"),
+        None => include_str!("../../../lua/multi.lua"),
     }
 }
 
-/// The script for a name (`tokenbucket`, `slidinglog`, `slidingcounter`,
-/// `fixedwindow`, `multi`; any other name is `multi`).
+/// The script for a name (a kind's [`Kind::name`], or `multi`; any other
+/// name is `multi`).
 pub(crate) fn script(name: &'static str) -> &'static Script {
     static S: OnceLock<Vec<(&'static str, Script)>> = OnceLock::new();
     let all = S.get_or_init(|| {
-        ["tokenbucket", "slidinglog", "slidingcounter", "fixedwindow", "multi"]
+        KINDS
             .into_iter()
-            .map(|n| {
-                let text = script_text(n);
+            .map(|k| (k.name(), Some(k)))
+            .chain([(MULTI_SCRIPT, None)])
+            .map(|(n, k)| {
+                let text = script_text(k);
                 (n, Script { text, sha: sha1_smol::Sha1::from(text).digest().to_string() })
             })
             .collect()
     });
-    &all.iter().find(|(n, _)| *n == name).unwrap_or(&all[4]).1
+    let multi = &all[all.len() - 1];
+    &all.iter().find(|(n, _)| *n == name).unwrap_or(multi).1
 }
+
+/// RL.MULTI's command and its Lua twin's name.
+const MULTI_COMMAND: &str = "RL.MULTI";
+const MULTI_SCRIPT: &str = "multi";
 
 /// The options of one decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -190,7 +200,7 @@ impl<'k> Request<'k> {
         if p.from_first() {
             args.push(Arg::Word("FROMFIRST"));
         }
-        let (command, script, fixed) = (p.kind().command(), p.kind().script(), p.kind() == Kind::FixedWindow);
+        let (command, script, fixed) = (p.kind().command(), p.kind().name(), p.kind() == Kind::FixedWindow);
         let grants = tail.grants();
         Request { command, script, keys, args, multi: false, fixed, grants }
     }
@@ -198,7 +208,7 @@ impl<'k> Request<'k> {
     pub fn multi(parts: &[Policy], keys: Vec<Cow<'k, str>>, tail: Tail) -> Request<'k> {
         let mut args = Vec::with_capacity(parts.iter().map(|p| p.params().len() + 4).sum::<usize>() + Tail::MAX_ARGS);
         for p in parts {
-            args.push(Arg::Word(p.kind().multi_name()));
+            args.push(Arg::Word(p.kind().word()));
             args.extend(p.params().iter().map(|&n| Arg::Num(n)));
             if p.weight() != 1 {
                 args.push(Arg::Word("WEIGHT"));
@@ -211,7 +221,7 @@ impl<'k> Request<'k> {
         }
         tail.push(&mut args);
         let fixed = parts.iter().any(|p| p.kind() == Kind::FixedWindow);
-        Request { command: "RL.MULTI", script: "multi", keys, args, multi: true, fixed, grants: tail.grants() }
+        Request { command: MULTI_COMMAND, script: MULTI_SCRIPT, keys, args, multi: true, fixed, grants: tail.grants() }
     }
 
     pub fn is_multi(&self) -> bool {
@@ -260,10 +270,13 @@ impl<'k> Request<'k> {
     }
 }
 
-/// What the detection asks: `COMMAND INFO` of these, in this order.
-pub(crate) const DETECT: [&str; 3] = ["RL.TOKENBUCKET", "RL.MULTI", "RL.FIXEDWINDOW"];
+/// What the detection asks: `COMMAND INFO` of these, in this order (the
+/// module itself, RL.MULTI, RL.FIXEDWINDOW).
+pub(crate) fn detect() -> [&'static str; 3] {
+    [Kind::TokenBucket.command(), MULTI_COMMAND, Kind::FixedWindow.command()]
+}
 
-/// The module's commands a server has, from its `COMMAND INFO` of [`DETECT`].
+/// The module's commands a server has, from its `COMMAND INFO` of [`detect`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Found {
     pub module: bool,
@@ -275,7 +288,7 @@ pub(crate) struct Found {
 /// (a nil entry: that command is unknown).
 pub(crate) fn detect_reply(v: &Value) -> Option<Found> {
     let Value::Array(a) = v else { return None };
-    if a.len() != DETECT.len() {
+    if a.len() != detect().len() {
         return None;
     }
     let has = |x: &Value| !matches!(x, Value::Nil);

@@ -20,7 +20,7 @@ use crate::decision::Source;
 use crate::error::{Error, Result};
 use crate::metrics::Counters;
 use crate::options::Options;
-use crate::request::{detect_reply, lacks, Backend, Found, Request, DETECT};
+use crate::request::{detect, detect_reply, lacks, Backend, Found, Request};
 
 /// A connection the library can send through: any async redis-rs
 /// connection (`ConnectionManager`, `MultiplexedConnection`), cloned per call.
@@ -126,7 +126,7 @@ impl<C: Connection> Inner<C> {
         if c.source == Some(Source::Lua) || c.found.is_some() {
             return Ok(());
         }
-        let reply = self.send(redis::cmd("COMMAND").arg("INFO").arg(&DETECT[..])).await;
+        let reply = self.send(redis::cmd("COMMAND").arg("INFO").arg(&detect()[..])).await;
         let found = match reply {
             Ok(v) => detect_reply(&v).ok_or_else(|| Fail::Ours(Error::Protocol(format!("COMMAND INFO: {v:?}"))))?,
             // COMMAND refused (renamed, forbidden): no module as far as we can tell
