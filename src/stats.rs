@@ -1,5 +1,6 @@
 //! `INFO ratelimit`: calls granted, partially granted and denied, and
-//! refunds, per command (RL.MULTI counts a call once, whatever the number
+//! refunds, per command (the catalogue's rows: each kind, RL.MULTI and
+//! CL.THROTTLE) (RL.MULTI counts a call once, whatever the number
 //! of limits). Redis runs commands on one thread; the counters are atomics only
 //! so that INFO can be read from a crash report safely, and they are bumped
 //! with a plain load and store (no locked instruction on the request path).
@@ -7,28 +8,32 @@
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
+use ratelimit_core::catalogue::{self, Counted, Kind, KINDS};
+
 use crate::api::InfoCtx;
 use crate::listeners;
 
+/// A command that counts in INFO: a kind's own command, RL.MULTI or
+/// CL.THROTTLE, as the catalogue (`ratelimit_core::catalogue`) declares its
+/// event and counters.
 #[derive(Clone, Copy)]
-pub enum Cmd {
-    TokenBucket = 0,
-    SlidingLog = 1,
-    SlidingCounter = 2,
-    Multi = 3,
-    FixedWindow = 4,
+pub struct Cmd(&'static Counted);
+
+impl Cmd {
+    /// The single command of `kind`.
+    pub const fn of(kind: Kind) -> Cmd {
+        Cmd(&kind.spec().counted)
+    }
+    pub const MULTI: Cmd = Cmd(&catalogue::MULTI);
+    pub const THROTTLE: Cmd = Cmd(&catalogue::THROTTLE);
+    /// The keyspace event of its writes.
+    #[inline(always)]
+    pub const fn event(self) -> &'static CStr {
+        self.0.event
+    }
 }
 
-const NCMD: usize = 5;
-
-/// Per command: granted, partial, denied, refunds.
-const NAMES: [[&CStr; 4]; NCMD] = [
-    [c"tokenbucket_granted", c"tokenbucket_partial", c"tokenbucket_denied", c"tokenbucket_refunds"],
-    [c"slidinglog_granted", c"slidinglog_partial", c"slidinglog_denied", c"slidinglog_refunds"],
-    [c"slidingcounter_granted", c"slidingcounter_partial", c"slidingcounter_denied", c"slidingcounter_refunds"],
-    [c"multi_granted", c"multi_partial", c"multi_denied", c"multi_refunds"],
-    [c"fixedwindow_granted", c"fixedwindow_partial", c"fixedwindow_denied", c"fixedwindow_refunds"],
-];
+const NCMD: usize = catalogue::COUNTED_ROWS;
 const REFUNDS: usize = 3;
 
 #[allow(clippy::declare_interior_mutable_const)]
@@ -36,6 +41,18 @@ const ZERO: AtomicU64 = AtomicU64::new(0);
 #[allow(clippy::declare_interior_mutable_const)]
 const ROW: [AtomicU64; 4] = [ZERO; 4];
 static COUNTS: [[AtomicU64; 4]; NCMD] = [ROW; NCMD];
+
+/// Every counted command, in INFO's order (by its slot).
+fn rows() -> [Option<&'static Counted>; NCMD] {
+    let mut rows = [None; NCMD];
+    let all = KINDS.iter().map(|k| &k.spec().counted).chain([&catalogue::MULTI, &catalogue::THROTTLE]);
+    for c in all {
+        if let Some(r) = rows.get_mut(c.slot) {
+            *r = Some(c);
+        }
+    }
+    rows
+}
 
 /// Count one call: granted (all COST units, including COST 0), partial
 /// (PARTIAL granted some but not all) or denied (nothing granted).
@@ -59,7 +76,7 @@ pub fn record_refund(cmd: Cmd) {
 
 #[inline]
 fn bump(cmd: Cmd, column: usize) {
-    if let Some(c) = COUNTS.get(cmd as usize).and_then(|row| row.get(column)) {
+    if let Some(c) = COUNTS.get(cmd.0.slot).and_then(|row| row.get(column)) {
         c.store(c.load(Relaxed).wrapping_add(1), Relaxed);
     }
 }
@@ -68,9 +85,13 @@ fn bump(cmd: Cmd, column: usize) {
 /// replicate their effect.
 pub fn info_section(ctx: InfoCtx) {
     ctx.section(c"stats");
-    for (names, counts) in NAMES.iter().zip(COUNTS.iter()) {
-        for (name, c) in names.iter().zip(counts.iter()) {
-            ctx.field_u64(name, c.load(Relaxed));
+    for (row, counts) in rows().into_iter().zip(COUNTS.iter()) {
+        let Some(row) = row else { continue };
+        for (name, c) in row.counters.iter().zip(counts.iter()) {
+            // An empty name: a counter this command cannot have.
+            if !name.is_empty() {
+                ctx.field_u64(name, c.load(Relaxed));
+            }
         }
     }
     // 1 while grants replicate their effect (a replica, a backlog or the

@@ -8,6 +8,7 @@ use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::atomic::Ordering;
 
+use ratelimit_core::catalogue::Kind;
 use ratelimit_core::codec;
 use ratelimit_core::{fixedwindow as fw, gcra, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError};
 use redis_module::native_types::RedisType;
@@ -232,11 +233,15 @@ const fn methods<T: Stored>() -> raw::RedisModuleTypeMethods {
     }
 }
 
-// Module type names are exactly nine characters.
-pub static TOKENBUCKET_TYPE: RedisType = RedisType::new("rl-tokbkt", ENCVER, methods::<tb::State>());
-pub static SLIDINGLOG_TYPE: RedisType = RedisType::new("rl-slilog", ENCVER, methods::<sl::State>());
-pub static SLIDINGCOUNTER_TYPE: RedisType = RedisType::new("rl-slicnt", ENCVER, methods::<sc::State>());
-pub static FIXEDWINDOW_TYPE: RedisType = RedisType::new("rl-fixwin", ENCVER, methods::<fw::State>());
+// Module type names (exactly nine characters) are the catalogue's.
+pub static TOKENBUCKET_TYPE: RedisType = RedisType::new(type_name(Kind::TokenBucket), ENCVER, methods::<tb::State>());
+pub static SLIDINGLOG_TYPE: RedisType = RedisType::new(type_name(Kind::SlidingLog), ENCVER, methods::<sl::State>());
+pub static SLIDINGCOUNTER_TYPE: RedisType = RedisType::new(type_name(Kind::SlidingCounter), ENCVER, methods::<sc::State>());
+pub static FIXEDWINDOW_TYPE: RedisType = RedisType::new(type_name(Kind::FixedWindow), ENCVER, methods::<fw::State>());
+
+const fn type_name(kind: Kind) -> &'static str {
+    kind.spec().data_type
+}
 /// CL.THROTTLE's GCRA state (registered whether or not the command is
 /// enabled, so that an RDB holding one always loads).
 pub static GCRA_TYPE: RedisType = RedisType::new("rl-gcrate", ENCVER, methods::<gcra::State>());

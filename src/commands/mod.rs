@@ -45,25 +45,20 @@ use crate::api::{Ctx, Key, Replied, Str};
 use crate::listeners;
 use crate::stats::Cmd;
 
-/// The keyspace event of a write (module class, `d`): the command's name,
-/// or `rl.refund` for a REFUND that gave units back. Static C strings: an
-/// event costs no formatting.
+/// The keyspace event of a write (module class, `d`): the command's name
+/// (the catalogue's), or `rl.refund` for a REFUND that gave units back.
+/// Static C strings: an event costs no formatting.
 #[inline]
 pub(super) fn event(cmd: Cmd, refund: bool) -> &'static CStr {
     if refund {
-        return REFUND_EVENT;
-    }
-    match cmd {
-        Cmd::TokenBucket => c"rl.tokenbucket",
-        Cmd::SlidingLog => c"rl.slidinglog",
-        Cmd::SlidingCounter => c"rl.slidingcounter",
-        Cmd::Multi => c"rl.multi",
-        Cmd::FixedWindow => c"rl.fixedwindow",
+        REFUND_EVENT
+    } else {
+        cmd.event()
     }
 }
 
 /// The event of a REFUND write (a key stored or deleted).
-pub(super) const REFUND_EVENT: &CStr = c"rl.refund";
+pub(super) const REFUND_EVENT: &CStr = ratelimit_core::catalogue::REFUND_EVENT;
 
 /// Absolute expiry (Unix ms) for a state written at `now_us` whose reset is
 /// `reset_ms` away (the cores measure waits from the real clock, also when
@@ -144,33 +139,41 @@ pub(super) fn what_to_write(d: &Decision, call: &Call) -> Write {
     }
 }
 
-/// The commit step of a one-key call: write what the decision `d` of `call`
-/// (a call of `cmd`, at `now_us`) changed, once: `store` puts the new state
-/// in the key (false: the server refused it, answered with an error and
-/// counted nothing, never a silent grant), then [`commit`] expires,
-/// signals, notifies and replicates `payload(abs)`; a refund that made the
-/// limiter fresh deletes the key instead.
+/// A one-key call once decided: what [`write`] commits.
+#[derive(Clone, Copy)]
+pub(super) struct Decided<'c> {
+    /// The call's command (its event and INFO row).
+    pub cmd: Cmd,
+    pub call: &'c Call,
+    pub d: &'c Decision,
+    /// The clock reading the decision was made at.
+    pub now_us: u64,
+}
+
+/// The commit step of a one-key call: write what the decision `c.d` of
+/// `c.call` changed, once: `store` puts the new state in the key (false:
+/// the server refused it, answered with an error and counted nothing,
+/// never a silent grant), then [`commit`] expires, signals, notifies and
+/// replicates `payload(abs)`; a refund that made the limiter fresh deletes
+/// the key instead.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
 pub(super) fn write<'a, P: AsRef<[u8]>>(
     ctx: Ctx<'a>,
     key: &mut Key<'a>,
     name: Str<'a>,
-    now_us: u64,
-    d: &Decision,
-    call: &Call,
-    cmd: Cmd,
+    c: Decided,
     store: impl FnOnce(&mut Key<'a>) -> bool,
     payload: impl FnOnce(u64) -> P,
 ) -> Result<(), Replied> {
-    match what_to_write(d, call) {
+    match what_to_write(c.d, c.call) {
         Write::None => Ok(()),
         Write::Delete => {
             delete(ctx, key, name);
             Ok(())
         }
         Write::Store if store(key) => {
-            commit(ctx, key, name, now_us, d.reset_after_ms, &mut Effects::new(cmd, call.refund > 0), payload);
+            let mut effects = Effects::new(c.cmd, c.call.refund > 0);
+            commit(ctx, key, name, c.now_us, c.d.reset_after_ms, &mut effects, payload);
             Ok(())
         }
         Write::Store => Err(ctx.reply_error(STORE_FAILED)),
@@ -190,6 +193,7 @@ pub(super) fn delete<'a>(ctx: Ctx<'a>, key: &mut Key<'a>, name: Str<'a>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ratelimit_core::catalogue::Kind;
 
     fn decided(granted: u64, reset_after_ms: u64) -> Decision {
         Decision { granted, limit: 5, remaining: 0, retry_after_ms: 0, reset_after_ms }
@@ -217,13 +221,14 @@ mod tests {
 
     #[test]
     fn events_are_named_after_the_command() {
-        assert_eq!(event(Cmd::TokenBucket, false), c"rl.tokenbucket");
-        assert_eq!(event(Cmd::SlidingLog, false), c"rl.slidinglog");
-        assert_eq!(event(Cmd::SlidingCounter, false), c"rl.slidingcounter");
-        assert_eq!(event(Cmd::Multi, false), c"rl.multi");
-        assert_eq!(event(Cmd::FixedWindow, false), c"rl.fixedwindow");
-        assert_eq!(event(Cmd::FixedWindow, true), c"rl.refund");
-        assert_eq!(event(Cmd::Multi, true), c"rl.refund");
-        assert_eq!(event(Cmd::TokenBucket, true), c"rl.refund");
+        assert_eq!(event(Cmd::of(Kind::TokenBucket), false), c"rl.tokenbucket");
+        assert_eq!(event(Cmd::of(Kind::SlidingLog), false), c"rl.slidinglog");
+        assert_eq!(event(Cmd::of(Kind::SlidingCounter), false), c"rl.slidingcounter");
+        assert_eq!(event(Cmd::MULTI, false), c"rl.multi");
+        assert_eq!(event(Cmd::of(Kind::FixedWindow), false), c"rl.fixedwindow");
+        assert_eq!(event(Cmd::THROTTLE, false), c"cl.throttle");
+        assert_eq!(event(Cmd::of(Kind::FixedWindow), true), c"rl.refund");
+        assert_eq!(event(Cmd::MULTI, true), c"rl.refund");
+        assert_eq!(event(Cmd::of(Kind::TokenBucket), true), c"rl.refund");
     }
 }

@@ -95,9 +95,9 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
 fn multi_one<'a>(ctx: Ctx<'a>, name: Str<'a>, limit: &LimitSpec) -> Option<Replied> {
     let call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
     let d = match limit.params {
-        Params::TokenBucket(p) => word_apply_with::<tb::State, true>(ctx, name, &call, Cmd::Multi, p),
-        Params::SlidingCounter(p) => word_apply_with::<sc::State, true>(ctx, name, &call, Cmd::Multi, p),
-        Params::FixedWindow(p) => word_apply_with::<fw::State, true>(ctx, name, &call, Cmd::Multi, p),
+        Params::TokenBucket(p) => word_apply_with::<tb::State, true>(ctx, name, &call, Cmd::MULTI, p),
+        Params::SlidingCounter(p) => word_apply_with::<sc::State, true>(ctx, name, &call, Cmd::MULTI, p),
+        Params::FixedWindow(p) => word_apply_with::<fw::State, true>(ctx, name, &call, Cmd::MULTI, p),
         Params::SlidingLog(_) => return None,
     };
     Some(match d {
@@ -143,7 +143,7 @@ fn multi_general<'a, const N: usize>(ctx: Ctx<'a>, call: &MultiCall<N>, names: &
     // Write what changed: every limit when a grant was made, each limit
     // that gave units back on a refund.
     let mut failed = false;
-    let mut effects = Effects::new(Cmd::Multi, call.refund > 0);
+    let mut effects = Effects::new(Cmd::MULTI, call.refund > 0);
     if !call.dryrun {
         for (o, d) in open.iter_mut().zip(&per) {
             if let Some(o) = o {
@@ -425,7 +425,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Li
 
     let mut stored = true;
     if granted {
-        let mut effects = Effects::new(Cmd::Multi, false);
+        let mut effects = Effects::new(Cmd::MULTI, false);
         let e = &mut effects;
         for ((o, d), &name) in open.iter_mut().zip(&per).zip(names) {
             let Some((key, taken)) = o else { continue };

@@ -70,7 +70,7 @@ pub(super) fn reply_multi<const N: usize>(
     n: usize,
 ) -> Replied {
     if refund > 0 {
-        stats::record_refund(Cmd::Multi);
+        stats::record_refund(Cmd::MULTI);
     } else {
         // Requests granted: with PARTIAL element 1 says, else all or none.
         let g = if partial {
@@ -80,7 +80,7 @@ pub(super) fn reply_multi<const N: usize>(
         } else {
             0
         };
-        stats::record(Cmd::Multi, g, cost);
+        stats::record(Cmd::MULTI, g, cost);
     }
     ctx.reply_array(
         7,

@@ -8,12 +8,13 @@ use ratelimit_core::args::{self, Arg, Call};
 use ratelimit_core::{codec, fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 
 use super::reply::{reply, reply_arg_error};
-use super::write;
+use super::{write, Decided};
 use crate::api::{Ctx, Key, Replied, Str};
 use crate::clock;
 use crate::ffi;
 use crate::stats::Cmd;
 use crate::value::{Holds, Packable, TypedKey};
+use ratelimit_core::catalogue::Kind;
 
 /// A limiter whose whole state is a few machine words (token bucket,
 /// sliding counter, fixed window): the pure `step` returns the new state by value, and the
@@ -34,7 +35,7 @@ pub(super) trait WordLimiter: Packable + Copy + Default {
 impl WordLimiter for tb::State {
     type Params = tb::Params;
     const ARGS: &'static [Arg] = args::TOKENBUCKET_ARGS;
-    const CMD: Cmd = Cmd::TokenBucket;
+    const CMD: Cmd = Cmd::of(Kind::TokenBucket);
     #[inline]
     fn params(nums: [u64; 3]) -> tb::Params {
         tb::Params::from_nums(nums)
@@ -56,7 +57,7 @@ impl WordLimiter for tb::State {
 impl WordLimiter for sc::State {
     type Params = sc::Params;
     const ARGS: &'static [Arg] = args::WINDOW_ARGS;
-    const CMD: Cmd = Cmd::SlidingCounter;
+    const CMD: Cmd = Cmd::of(Kind::SlidingCounter);
     #[inline]
     fn params(nums: [u64; 3]) -> sc::Params {
         sc::Params::from_nums(nums)
@@ -123,14 +124,14 @@ pub(super) fn word_apply_with<'a, T: WordLimiter, const MULTI: bool>(
     // limiter fresh deletes the key (`write`).
     let (d, new) =
         if call.refund > 0 { cur.refund(&p, call.refund, 1, now) } else { cur.step(&p, call.cost, call.partial, now) };
-    write(ctx, &mut key, name, now, &d, call, cmd, |k| k.store(new), |abs| new.effect(abs))?;
+    write(ctx, &mut key, name, Decided { cmd, call, d: &d, now_us: now }, |k| k.store(new), |abs| new.effect(abs))?;
     Ok(d)
 }
 
 impl WordLimiter for fw::State {
     type Params = fw::Params;
     const ARGS: &'static [Arg] = args::WINDOW_ARGS;
-    const CMD: Cmd = Cmd::FixedWindow;
+    const CMD: Cmd = Cmd::of(Kind::FixedWindow);
     const FROMFIRST: bool = true;
     #[inline]
     fn params(nums: [u64; 3]) -> fw::Params {
@@ -167,8 +168,8 @@ pub fn slidinglog(ctx: Ctx, argv: &[Str]) -> Replied {
         Ok(v) => v,
         Err(r) => return r,
     };
-    match log_apply(ctx, name, &call, Cmd::SlidingLog) {
-        Ok(d) => reply(ctx, Cmd::SlidingLog, &d, &call),
+    match log_apply(ctx, name, &call, Cmd::of(Kind::SlidingLog)) {
+        Ok(d) => reply(ctx, Cmd::of(Kind::SlidingLog), &d, &call),
         Err(r) => r,
     }
 }
@@ -195,7 +196,7 @@ fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call, cmd: Cmd) -> Result<D
         };
         d.granted = given;
         let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: given };
-        write(ctx, &mut key, name, now, &d, call, cmd, |_| true, |abs| codec::log_refund(&g, abs))?;
+        write(ctx, &mut key, name, Decided { cmd, call, d: &d, now_us: now }, |_| true, |abs| codec::log_refund(&g, abs))?;
         return Ok(d);
     }
     let d = match key.wide_mut::<sl::State>() {
@@ -217,7 +218,7 @@ fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call, cmd: Cmd) -> Result<D
         }
     };
     let g = codec::LogGrant { now_us: now, window_ms: p.window_ms, units: d.granted };
-    write(ctx, &mut key, name, now, &d, call, cmd, grant, |abs| codec::log_grant(&g, abs))?;
+    write(ctx, &mut key, name, Decided { cmd, call, d: &d, now_us: now }, grant, |abs| codec::log_grant(&g, abs))?;
     Ok(d)
 }
 

@@ -13,6 +13,7 @@ use crate::api::{Ctx, Key, Replied, Str};
 use crate::ffi;
 use crate::stats::Cmd;
 use crate::value::{Holds, Packable, TypedKey};
+use ratelimit_core::catalogue::Kind;
 
 /// `RL.STATE key payload`: set a limiter key to a replicated state, or apply
 /// a replicated sliding-log grant. This is what replicas and AOF replay run
@@ -95,12 +96,12 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
 /// `rl.refund` for a log refund.
 fn effect_event(effect: &Effect) -> &'static CStr {
     match effect {
-        Effect::TokenBucket(_) => event(Cmd::TokenBucket, false),
-        Effect::SlidingCounter(_) => event(Cmd::SlidingCounter, false),
-        Effect::FixedWindow(_) => event(Cmd::FixedWindow, false),
-        Effect::SlidingLog(_) | Effect::LogGrant(_) => event(Cmd::SlidingLog, false),
+        Effect::TokenBucket(_) => event(Cmd::of(Kind::TokenBucket), false),
+        Effect::SlidingCounter(_) => event(Cmd::of(Kind::SlidingCounter), false),
+        Effect::FixedWindow(_) => event(Cmd::of(Kind::FixedWindow), false),
+        Effect::SlidingLog(_) | Effect::LogGrant(_) => event(Cmd::of(Kind::SlidingLog), false),
         Effect::LogRefund(_) => REFUND_EVENT,
-        Effect::Gcra(_) => c"cl.throttle",
+        Effect::Gcra(_) => event(Cmd::THROTTLE, false),
     }
 }
 
