@@ -1,8 +1,9 @@
 //! CL.THROTTLE: redis-cell 0.5's command, answered by the core's GCRA
 //! (`ratelimit_core::gcra`), enabled by the load argument `CL.THROTTLE`
 //! (docs/operations.md). The same path as the RL commands: parse, open and
-//! read the key once, decide, write once (store, expire, signal, notify,
-//! replicate the state as an effect), reply; no allocation and no formatting
+//! read the key once, decide, write once (store, then `commands::commit`:
+//! expire, signal, notify, replicate the state as an effect), count in
+//! INFO, reply; no allocation and no formatting
 //! except for an argument that is not an integer, whose error text quotes
 //! it as redis-cell's does.
 //!
@@ -16,10 +17,11 @@ use ratelimit_core::codec;
 use ratelimit_core::gcra::{self, ParamError, State};
 
 use super::reply::STORE_FAILED;
+use super::{commit, Effects};
 use crate::api::{Ctx, Replied, Str};
 use crate::clock;
 use crate::ffi;
-use crate::listeners;
+use crate::stats::{self, Cmd};
 use crate::value::{Holds, Packable, TypedKey};
 
 /// redis-cell's texts (its errors are `Cell error: Store error: ...`).
@@ -31,9 +33,6 @@ const NEGATIVE: &CStr = c"ERR CL.THROTTLE max_burst, count per period, period an
 const TOO_LARGE: &CStr =
     c"ERR CL.THROTTLE (max_burst + 1) and quantity times the emission interval must each fit in 2^63 ns";
 const OUT_OF_RANGE: &CStr = c"ERR CL.THROTTLE the stored time is out of range";
-
-/// The keyspace event of a write.
-const EVENT: &CStr = c"cl.throttle";
 
 pub fn throttle(ctx: Ctx, argv: &[Str]) -> Replied {
     let (6 | 7) = argv.len() + 1 else {
@@ -72,15 +71,13 @@ pub fn throttle(ctx: Ctx, argv: &[Str]) -> Replied {
         if !key.store(new) {
             return ctx.reply_error(STORE_FAILED);
         }
-        let abs = (now_us / 1000).saturating_add(o.ttl_ms);
-        key.set_abs_expire(abs);
-        key.modified(ctx, EVENT);
-        if listeners::must_replicate() {
-            ctx.replicate_state(name, codec::gcra(&new, abs).as_bytes());
-        } else {
-            ctx.replicate_verbatim();
-        }
+        let mut effects = Effects::new(Cmd::THROTTLE, false);
+        commit(ctx, &key, name, now_us, o.ttl_ms, &mut effects, |abs| codec::gcra(&new, abs));
     }
+    // Counted as the RL commands count: granted (quantity 0 included) or
+    // denied; CL.THROTTLE has no PARTIAL.
+    let quantity = quantity.unsigned_abs();
+    stats::record(Cmd::THROTTLE, if o.limited { 0 } else { quantity }, quantity);
     ctx.reply_ints(gcra::reply(&o))
 }
 
