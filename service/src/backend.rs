@@ -17,6 +17,7 @@ use crate::config::Algorithm;
 use crate::error::ServiceError;
 use crate::plan::{Part, PartState, Shape, MAX_LIMITED_DESCRIPTORS};
 use crate::settings::PanicMode;
+use ratelimit_core::catalogue::Kind;
 
 /// Decides parts together, all or nothing.
 pub trait Backend {
@@ -132,7 +133,7 @@ impl<C: Connection> Redis<C> {
     /// The call of `parts`: their shapes looked up on the stack (a plan has
     /// at most [`MAX_LIMITED_DESCRIPTORS`] parts), prepared on a miss.
     fn prepared(&self, parts: &[Part]) -> Result<Prepared<C>, ServiceError> {
-        let zero = Shape { algorithm: Algorithm::FixedWindow, limit: 0, window_ms: 0, burst: 0, weight: 0 };
+        let zero = Shape { algorithm: Algorithm(Kind::FixedWindow), limit: 0, window_ms: 0, burst: 0, weight: 0 };
         let mut buf = [zero; MAX_LIMITED_DESCRIPTORS];
         let Some(shapes) = buf.get_mut(..parts.len()) else {
             return Err(ServiceError::Invalid(format!("more than {MAX_LIMITED_DESCRIPTORS} limited descriptors")));
@@ -158,7 +159,7 @@ impl<C: Connection> Redis<C> {
             PanicMode::Local(instances) => Panic::Instances(instances),
             _ => Panic::default(),
         };
-        let (limiter, single) = if let [Shape { algorithm: Algorithm::FixedWindow, limit, window_ms, .. }] = *shapes {
+        let (limiter, single) = if let [Shape { algorithm: Algorithm(Kind::FixedWindow), limit, window_ms, .. }] = *shapes {
             (self.rl.limiter(fixed_window("d0", limit, window_ms, false).map_err(inv)?, panic), true)
         } else {
             (self.rl.limiter(all_of(policies, Some("envoy")).map_err(inv)?, panic), false)
@@ -175,10 +176,10 @@ fn key_of<'k>(keys: &'k str, p: &Part) -> &'k str {
 /// The client's policy of one shape (its weight not yet applied).
 fn policy(name: &str, s: &Shape) -> redis_ratelimit_client::Result<Policy> {
     match s.algorithm {
-        Algorithm::FixedWindow => fixed_window(name, s.limit, s.window_ms, false),
-        Algorithm::TokenBucket => token_bucket(name, s.burst, s.limit, s.window_ms),
-        Algorithm::SlidingLog => sliding_log(name, s.limit, s.window_ms),
-        Algorithm::SlidingCounter => sliding_counter(name, s.limit, s.window_ms),
+        Algorithm(Kind::FixedWindow) => fixed_window(name, s.limit, s.window_ms, false),
+        Algorithm(Kind::TokenBucket) => token_bucket(name, s.burst, s.limit, s.window_ms),
+        Algorithm(Kind::SlidingLog) => sliding_log(name, s.limit, s.window_ms),
+        Algorithm(Kind::SlidingCounter) => sliding_counter(name, s.limit, s.window_ms),
     }
 }
 
@@ -251,7 +252,7 @@ mod tests {
     use super::*;
 
     fn shapes(i: u64) -> Vec<Shape> {
-        vec![Shape { algorithm: Algorithm::FixedWindow, limit: i, window_ms: 1000, burst: i, weight: 1 }]
+        vec![Shape { algorithm: Algorithm(Kind::FixedWindow), limit: i, window_ms: 1000, burst: i, weight: 1 }]
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
+use ratelimit_core::catalogue::{Kind, KINDS};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_yaml::Value;
@@ -110,40 +111,38 @@ impl Unit {
 /// The largest window (`window_ms`) and `burst` the module takes: 2^53 − 1.
 pub const MAX_NUMBER: u64 = (1 << 53) - 1;
 
-/// `algorithm` (an extension key of `rate_limit`): how a limit decides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum Algorithm {
-    /// envoyproxy/ratelimit's fixed window, aligned to the epoch (`RL.FIXEDWINDOW`); the default.
-    #[default]
-    FixedWindow,
-    /// A token bucket (`RL.TOKENBUCKET`): `burst` tokens (default
-    /// `requests_per_unit`), `requests_per_unit` regained per window, continuously.
-    TokenBucket,
-    /// An exact sliding window (`RL.SLIDINGLOG`).
-    SlidingLog,
-    /// The two-counter approximation of a sliding window (`RL.SLIDINGCOUNTER`).
-    SlidingCounter,
+/// `algorithm` (an extension key of `rate_limit`): how a limit decides, a
+/// kind of the core's catalogue
+/// (`ratelimit_core::catalogue`), with its name in the configuration and
+/// its key tag. The default is envoyproxy/ratelimit's fixed window, aligned
+/// to the epoch (`RL.FIXEDWINDOW`); `token_bucket` (`RL.TOKENBUCKET`) has
+/// `burst` tokens (default `requests_per_unit`) and regains
+/// `requests_per_unit` per window, continuously; `sliding_log`
+/// (`RL.SLIDINGLOG`) is an exact sliding window, `sliding_counter`
+/// (`RL.SLIDINGCOUNTER`) its two-counter approximation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Algorithm(pub Kind);
+
+impl Default for Algorithm {
+    fn default() -> Algorithm {
+        Algorithm(Kind::FixedWindow)
+    }
 }
 
 impl Algorithm {
     /// The algorithm of its (case-insensitive) name; `None` for anything else.
     pub fn parse(s: &str) -> Option<Algorithm> {
-        Some(match s.to_ascii_lowercase().as_str() {
-            "fixed_window" => Algorithm::FixedWindow,
-            "token_bucket" => Algorithm::TokenBucket,
-            "sliding_log" => Algorithm::SlidingLog,
-            "sliding_counter" => Algorithm::SlidingCounter,
-            _ => return None,
-        })
+        let s = s.to_ascii_lowercase();
+        KINDS.into_iter().map(Algorithm).find(|a| a.name() == s)
     }
 
     /// Its name in the configuration.
     pub fn name(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "fixed_window",
-            Algorithm::TokenBucket => "token_bucket",
-            Algorithm::SlidingLog => "sliding_log",
-            Algorithm::SlidingCounter => "sliding_counter",
+        match self.0 {
+            Kind::FixedWindow => "fixed_window",
+            Kind::TokenBucket => "token_bucket",
+            Kind::SlidingLog => "sliding_log",
+            Kind::SlidingCounter => "sliding_counter",
         }
     }
 
@@ -152,11 +151,11 @@ impl Algorithm {
     /// that no two algorithms ever share a key (the module answers
     /// `WRONGTYPE` for a key of another algorithm's type).
     pub fn key_tag(self) -> &'static str {
-        match self {
-            Algorithm::FixedWindow => "",
-            Algorithm::TokenBucket => "_tb",
-            Algorithm::SlidingLog => "_sl",
-            Algorithm::SlidingCounter => "_sc",
+        match self.0 {
+            Kind::FixedWindow => "",
+            Kind::TokenBucket => "_tb",
+            Kind::SlidingLog => "_sl",
+            Kind::SlidingCounter => "_sc",
         }
     }
 }
@@ -670,7 +669,7 @@ fn rate_limit(
     let window_ms = r.window_ms.extension_number(file, "window_ms")?;
     let burst = r.burst.extension_number(file, "burst")?;
     let algorithm = match r.algorithm.is_given() {
-        false => Algorithm::FixedWindow,
+        false => Algorithm(Kind::FixedWindow),
         true => {
             let a = r.algorithm.text(file, "algorithm")?;
             Algorithm::parse(&a).ok_or_else(|| err(file, format!("invalid rate limit algorithm '{a}'")))?
@@ -692,7 +691,7 @@ fn rate_limit(
     } else if unit.is_none() {
         return Err(err(file, format!("invalid rate limit unit '{unit_text}'")));
     }
-    if burst.is_some() && algorithm != Algorithm::TokenBucket {
+    if burst.is_some() && algorithm != Algorithm(Kind::TokenBucket) {
         return Err(err(
             file,
             format!("rate limit burst only applies to algorithm token_bucket, not '{}'", algorithm.name()),
@@ -775,7 +774,7 @@ mod tests {
         let l = Config::load([("f", yaml)], false).unwrap().get_limit("d", &[("k", "")]).unwrap().limit;
         assert_eq!(
             (l.requests_per_unit, l.name.as_str(), l.replaces.len(), l.algorithm),
-            (0, "", 0, Algorithm::FixedWindow)
+            (0, "", 0, Algorithm(Kind::FixedWindow))
         );
     }
 }

@@ -18,6 +18,7 @@ use redis_ratelimit_client::MAX;
 
 use crate::config::{Algorithm, Config, Domain, Matched, RateLimit, Unit};
 use crate::error::ServiceError;
+use ratelimit_core::catalogue::Kind;
 
 /// The most descriptors with a counted limit one request may have: the
 /// parts of one `RL.MULTI`.
@@ -43,7 +44,7 @@ impl std::hash::Hash for Shape {
     /// by its parts' shapes (a write per field cost ~1k instructions at 4 parts).
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         let mut b = [0u8; 33];
-        b[0] = self.algorithm as u8;
+        b[0] = self.algorithm.0 as u8;
         for (i, n) in [self.limit, self.window_ms, self.burst, self.weight].into_iter().enumerate() {
             b[1 + 8 * i..9 + 8 * i].copy_from_slice(&n.to_le_bytes());
         }
@@ -297,7 +298,7 @@ fn match_one(
             detailed_metric: false,
             full_key,
             // an override has a unit and a number: envoyproxy/ratelimit's fixed window
-            algorithm: Algorithm::FixedWindow,
+            algorithm: Algorithm(Kind::FixedWindow),
             window_ms: None,
             burst: None,
         }),
@@ -456,8 +457,9 @@ descriptors:
         let p = plan(vec![desc(&[("user", "a")]), desc(&[("tb", "x")]), desc(&[("nothing", "y")])]).unwrap();
         assert_eq!(keys(&p, &p.counted), ["p_{d}_user_a_60", "p_{d}_tb_x_1_tb"]);
         let shapes: Vec<Shape> = p.counted.iter().map(|x| x.shape).collect();
-        let fw = |limit, window_ms| Shape { algorithm: Algorithm::FixedWindow, limit, window_ms, burst: limit, weight: 1 };
-        let tb = Shape { algorithm: Algorithm::TokenBucket, limit: 4, window_ms: 1000, burst: 9, weight: 1 };
+        let fw =
+            |limit, window_ms| Shape { algorithm: Algorithm(Kind::FixedWindow), limit, window_ms, burst: limit, weight: 1 };
+        let tb = Shape { algorithm: Algorithm(Kind::TokenBucket), limit: 4, window_ms: 1000, burst: 9, weight: 1 };
         assert_eq!(shapes, [fw(5, 60_000), tb]);
         assert!(p.checked.is_empty());
         let parts: Vec<Option<usize>> = p.descriptors.iter().map(|d| d.part).collect();

@@ -17,6 +17,7 @@ use crate::config::{Algorithm, RateLimit, Unit};
 use crate::metrics::{near_hits, Metrics};
 use crate::plan::{Descriptor, Part, PartState, Plan};
 use crate::settings::Settings;
+use ratelimit_core::catalogue::Kind;
 
 /// Seconds until the current window of `unit` ends, as envoyproxy/ratelimit
 /// computes it (`CalculateReset`): `divider − now mod divider`, 1…divider.
@@ -117,7 +118,7 @@ fn count(plan: &Plan, desc: &Descriptor, limit: &RateLimit, over: bool, settings
 /// (`hits_addend` 0) over the limit, and hits above the limit, the latter.
 fn reset_seconds(limit: &RateLimit, window_ms: u64, state: Option<&PartState>) -> u64 {
     let ms = match state {
-        Some(p) if limit.algorithm != Algorithm::FixedWindow => {
+        Some(p) if limit.algorithm != Algorithm(Kind::FixedWindow) => {
             if p.over && p.retry_ms > 0 {
                 p.retry_ms as u64
             } else {

@@ -1,5 +1,6 @@
 //! The configuration: loading, load errors, matching (service/src/config.rs).
 
+use ratelimit_core::catalogue::Kind;
 use redis_ratelimit_service::config::*;
 fn load(yaml: &str) -> Result<Config, ConfigError> {
     Config::load([("config.test", yaml)], false)
@@ -202,30 +203,30 @@ fn the_extension_keys_algorithm_burst_and_window_ms() {
     let l = |k: &str| c.get_limit("ext", &[(k, "x")]).unwrap().limit;
     // without the extension: envoyproxy/ratelimit's fixed window, its unit, its key
     let p = l("plain");
-    assert_eq!((p.algorithm, p.window_ms, p.burst, p.window()), (Algorithm::FixedWindow, None, None, Some(60_000)));
+    assert_eq!((p.algorithm, p.window_ms, p.burst, p.window()), (Algorithm(Kind::FixedWindow), None, None, Some(60_000)));
     assert_eq!((p.reported_unit(), p.key_suffix().as_str()), (Some(Unit::Minute), "60"));
     let t = l("tb");
     assert_eq!(
         (t.algorithm, t.unit, t.burst, t.window()),
-        (Algorithm::TokenBucket, Some(Unit::Second), Some(50), Some(1000))
+        (Algorithm(Kind::TokenBucket), Some(Unit::Second), Some(50), Some(1000))
     );
     assert_eq!(t.key_suffix(), "1_tb");
     let t = l("tb_default");
-    assert_eq!((t.algorithm, t.unit, t.window_ms, t.burst), (Algorithm::TokenBucket, None, Some(1500), None));
+    assert_eq!((t.algorithm, t.unit, t.window_ms, t.burst), (Algorithm(Kind::TokenBucket), None, Some(1500), None));
     // no unit is 1.5 s: current_limit answers UNKNOWN
     assert_eq!((t.reported_unit(), t.key_suffix().as_str()), (None, "1500ms_tb"));
     let s = l("log");
-    assert_eq!((s.algorithm, s.key_suffix().as_str()), (Algorithm::SlidingLog, "3600_sl"));
+    assert_eq!((s.algorithm, s.key_suffix().as_str()), (Algorithm(Kind::SlidingLog), "3600_sl"));
     let s = l("ctr");
     // 60000 ms is a minute: current_limit says MINUTE (the key keeps the ms)
     assert_eq!(
         (s.algorithm, s.reported_unit(), s.key_suffix().as_str()),
-        (Algorithm::SlidingCounter, Some(Unit::Minute), "60000ms_sc")
+        (Algorithm(Kind::SlidingCounter), Some(Unit::Minute), "60000ms_sc")
     );
     let f = l("fw_ms");
     assert_eq!(
         (f.algorithm, f.window(), f.key_suffix().as_str()),
-        (Algorithm::FixedWindow, Some(MAX_NUMBER), "9007199254740991ms")
+        (Algorithm(Kind::FixedWindow), Some(MAX_NUMBER), "9007199254740991ms")
     );
 }
 
@@ -238,7 +239,7 @@ fn a_key_suffix_writes_the_window_as_format_does() {
         assert_eq!(l.key_suffix(), format!("{ms}ms_sl"));
     }
     for u in [Unit::Second, Unit::Minute, Unit::Hour, Unit::Day, Unit::Week, Unit::Month, Unit::Year] {
-        let l = RateLimit { window_ms: None, unit: Some(u), algorithm: Algorithm::FixedWindow, ..base.clone() };
+        let l = RateLimit { window_ms: None, unit: Some(u), algorithm: Algorithm(Kind::FixedWindow), ..base.clone() };
         assert_eq!(l.key_suffix(), u.seconds().to_string());
     }
 }

@@ -37,6 +37,7 @@ fn the_reset_is_within_the_unit() {
 
 #[test]
 fn every_algorithm_and_window_has_its_own_key() {
+    use ratelimit_core::catalogue::Kind;
     use redis_ratelimit_service::config::{Algorithm, Config};
     use redis_ratelimit_service::service::cache_key_with;
     let mut yaml = String::from("domain: d\ndescriptors:\n");
@@ -65,7 +66,8 @@ fn every_algorithm_and_window_has_its_own_key() {
     keys.dedup();
     assert_eq!(keys.len(), n, "two limits share a key");
     // the tags differ, and none ends in a digit or `ms` as the fixed window's keys do
-    let tags: Vec<&str> =
-        [Algorithm::TokenBucket, Algorithm::SlidingLog, Algorithm::SlidingCounter].map(|a| a.key_tag()).to_vec();
+    let tags: Vec<&str> = [Algorithm(Kind::TokenBucket), Algorithm(Kind::SlidingLog), Algorithm(Kind::SlidingCounter)]
+        .map(|a| a.key_tag())
+        .to_vec();
     assert!(tags.iter().all(|t| !t.is_empty() && !t.ends_with("ms") && !t.ends_with(|c: char| c.is_ascii_digit())));
 }
