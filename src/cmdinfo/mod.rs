@@ -35,6 +35,7 @@ mod version;
 use std::ffi::{c_int, CStr};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
+use ratelimit_core::catalogue::Kind;
 use redis_module::raw;
 
 use crate::api::Ctx;
@@ -216,7 +217,7 @@ const LIMITER_ACL: &CStr = c"write fast";
 /// The command table: one row per command.
 pub static COMMANDS: [Doc; 6] = [
     Doc {
-        name: c"RL.TOKENBUCKET",
+        name: Kind::TokenBucket.spec().command,
         handler: crate::api::entry!(crate::commands::tokenbucket),
         flags: RL_FLAGS,
         summary: c"Takes COST tokens from a token bucket that refills continuously; replies allowed, limit, remaining, retry_after_ms, reset_after_ms.",
@@ -230,7 +231,7 @@ pub static COMMANDS: [Doc; 6] = [
         history: &REFUND_ADDED,
     },
     Doc {
-        name: c"RL.SLIDINGLOG",
+        name: Kind::SlidingLog.spec().command,
         handler: crate::api::entry!(crate::commands::slidinglog),
         flags: RL_FLAGS,
         summary: c"Grants COST units when the units granted in the last window_ms plus COST stay within limit (exact log); replies allowed, limit, remaining, retry_after_ms, reset_after_ms.",
@@ -244,7 +245,7 @@ pub static COMMANDS: [Doc; 6] = [
         history: &REFUND_ADDED,
     },
     Doc {
-        name: c"RL.SLIDINGCOUNTER",
+        name: Kind::SlidingCounter.spec().command,
         handler: crate::api::entry!(crate::commands::slidingcounter),
         flags: RL_FLAGS,
         summary: c"Grants COST units when the sliding-window estimate from the current and previous fixed windows plus COST stays within limit; replies allowed, limit, remaining, retry_after_ms, reset_after_ms.",
@@ -258,7 +259,7 @@ pub static COMMANDS: [Doc; 6] = [
         history: &REFUND_ADDED,
     },
     Doc {
-        name: c"RL.FIXEDWINDOW",
+        name: Kind::FixedWindow.spec().command,
         handler: crate::api::entry!(crate::commands::fixedwindow),
         flags: RL_FLAGS,
         summary: c"Grants COST units when the units granted in the current fixed window (aligned on multiples of window_ms, or from the first grant with FROMFIRST) plus COST stay within limit; replies allowed, limit, remaining, retry_after_ms, reset_after_ms.",
@@ -399,4 +400,21 @@ pub fn register(ctx: Ctx) -> bool {
     ACL_SET.store(acl_ok, Relaxed);
     CATEGORY_SET.store(category_ok && acl_ok, Relaxed);
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use ratelimit_core::catalogue::KINDS;
+
+    use super::COMMANDS;
+
+    /// Every kind of the catalogue has its command in the table: a kind
+    /// added to the catalogue fails here until its command is registered.
+    #[test]
+    fn every_kind_has_its_command() {
+        for k in KINDS {
+            let name = k.spec().command;
+            assert!(COMMANDS.iter().any(|d| d.name == name), "{k:?}: no row for {name:?} in cmdinfo::COMMANDS");
+        }
+    }
 }
