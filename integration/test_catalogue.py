@@ -68,7 +68,7 @@ def test_the_python_client_knows_every_kind():
 
 
 NODE_PROBE = """
-import * as rl from './src/index.js';
+import * as rl from './src/policy.js';
 const made = [rl.tokenBucket('a', 5, 1, 1000), rl.slidingLog('a', 5, 1000),
               rl.slidingCounter('a', 5, 1000), rl.fixedWindow('a', 5, 1000)];
 console.log(JSON.stringify(made.map(p => ({command: p.command, word: p.multiName,
