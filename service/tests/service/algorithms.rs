@@ -164,7 +164,7 @@ async fn a_window_in_ms_resets() {
             assert_eq!(rem(&a.statuses[0]), (OK, 1));
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(2), "the 400 ms window did not reset");
+        assert!(t0.elapsed() < Duration::from_secs(30), "the 400 ms window did not reset");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -16,7 +16,7 @@ async fn reload_on_change_and_symlink_swap_refusing_bad_files() {
     write(&path, &one.replace("requests_per_unit: 1", "requests_per_unit: 5"));
     let t0 = Instant::now();
     while limit_now(ask().await) != Some(5) {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the change was not loaded");
+        assert!(t0.elapsed() < Duration::from_secs(60), "the change was not loaded");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // a bad file is refused with its error; the last good configuration stays live
@@ -26,7 +26,7 @@ async fn reload_on_change_and_symlink_swap_refusing_bad_files() {
     );
     let t0 = Instant::now();
     while e.refusal().is_none() {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the bad file was not refused");
+        assert!(t0.elapsed() < Duration::from_secs(60), "the bad file was not refused");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let why = e.refusal().unwrap();
@@ -39,7 +39,7 @@ async fn reload_on_change_and_symlink_swap_refusing_bad_files() {
     std::fs::rename(e.dir.join("next"), e.dir.join("current")).unwrap();
     let t0 = Instant::now();
     while limit_now(ask().await) != Some(7) {
-        assert!(t0.elapsed() < Duration::from_secs(10), "the swap was not loaded");
+        assert!(t0.elapsed() < Duration::from_secs(60), "the swap was not loaded");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

@@ -129,12 +129,12 @@ async fn prometheus_metrics_count_what_requests_did() {
         // configuration loads: a bad file refused, then a good one loaded
         let bad = e.dir.join("v1/ratelimit/config/bad.yaml");
         write(&bad, "domain: b\nbogus: 1\n");
-        wait_for("the refusal", Duration::from_secs(10), || e.refusal().is_some());
+        wait_for("the refusal", Duration::from_secs(60), || e.refusal().is_some());
         std::fs::remove_file(&bad).unwrap();
         write(&e.dir.join("v1/ratelimit/config/more.yaml"), "domain: more\n");
         let t0 = Instant::now();
         while !e.svc.service.config().has_domain("more") {
-            assert!(t0.elapsed() < Duration::from_secs(10), "the good file was not loaded");
+            assert!(t0.elapsed() < Duration::from_secs(60), "the good file was not loaded");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let m4 = scrape(&e, "/stats").await;

@@ -97,7 +97,7 @@ impl Env {
                 .spawn()
                 .expect("start REDIS_SERVER"),
         );
-        wait_for("redis", Duration::from_secs(10), || std::net::TcpStream::connect(("127.0.0.1", rport)).is_ok());
+        wait_for("redis", Duration::from_secs(60), || std::net::TcpStream::connect(("127.0.0.1", rport)).is_ok());
         Env::serve(name, &[config], extra_env, rport, Some(redis)).await
     }
 

@@ -150,7 +150,7 @@ fn tls_server(pki: &Pki, cert: &str, auth_clients: bool, port: u16, extra: &[&st
         if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
             return Some(Proc(child));
         }
-        assert!(t0.elapsed() < Duration::from_secs(10), "{bin} did not listen on TLS port {port}");
+        assert!(t0.elapsed() < Duration::from_secs(60), "{bin} did not listen on TLS port {port}");
         std::thread::sleep(Duration::from_millis(10));
     }
 }
