@@ -5,10 +5,10 @@
 //! so that INFO can be read from a crash report safely, and they are bumped
 //! with a plain load and store (no locked instruction on the request path).
 
-use std::ffi::CStr;
+use std::ffi::{CStr, CString};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use ratelimit_core::catalogue::{self, Counted, Kind, KINDS};
+use ratelimit_core::catalogue::{self, Counted, Kind};
 
 use crate::api::InfoCtx;
 use crate::listeners;
@@ -42,13 +42,15 @@ const ZERO: AtomicU64 = AtomicU64::new(0);
 const ROW: [AtomicU64; 4] = [ZERO; 4];
 static COUNTS: [[AtomicU64; 4]; NCMD] = [ROW; NCMD];
 
-/// Every counted command, in INFO's order (by its slot).
-fn rows() -> [Option<&'static Counted>; NCMD] {
+/// The columns of a row, as its counters' names end.
+const COLUMNS: [&str; 4] = ["granted", "partial", "denied", "refunds"];
+
+/// Every counted command with its INFO name, in INFO's order (by slot).
+fn rows() -> [Option<(&'static str, &'static Counted)>; NCMD] {
     let mut rows = [None; NCMD];
-    let all = KINDS.iter().map(|k| &k.spec().counted).chain([&catalogue::MULTI, &catalogue::THROTTLE]);
-    for c in all {
+    for (name, c) in catalogue::counted_rows() {
         if let Some(r) = rows.get_mut(c.slot) {
-            *r = Some(c);
+            *r = Some((name, c));
         }
     }
     rows
@@ -86,11 +88,15 @@ fn bump(cmd: Cmd, column: usize) {
 pub fn info_section(ctx: InfoCtx) {
     ctx.section(c"stats");
     for (row, counts) in rows().into_iter().zip(COUNTS.iter()) {
-        let Some(row) = row else { continue };
-        for (name, c) in row.counters.iter().zip(counts.iter()) {
-            // An empty name: a counter this command cannot have.
-            if !name.is_empty() {
-                ctx.field_u64(name, c.load(Relaxed));
+        let Some((name, row)) = row else { continue };
+        for (column, c) in COLUMNS.iter().zip(counts.iter()) {
+            // CL.THROTTLE has no PARTIAL or REFUND: no such counters.
+            if !row.partial_and_refunds && (*column == "partial" || *column == "refunds") {
+                continue;
+            }
+            // Formatted when INFO is read, never on the request path.
+            if let Ok(field) = CString::new(format!("{name}_{column}")) {
+                ctx.field_u64(&field, c.load(Relaxed));
             }
         }
     }

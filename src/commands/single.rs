@@ -5,6 +5,7 @@
 //! parse, open and read the key, decide, commit (`super::write`), reply.
 
 use ratelimit_core::args::{self, Arg, Call};
+use ratelimit_core::catalogue::Kind;
 use ratelimit_core::{codec, fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 
 use super::reply::{reply, reply_arg_error};
@@ -14,17 +15,18 @@ use crate::clock;
 use crate::ffi;
 use crate::stats::Cmd;
 use crate::value::{Holds, Packable, TypedKey};
-use ratelimit_core::catalogue::Kind;
 
 /// A limiter whose whole state is a few machine words (token bucket,
 /// sliding counter, fixed window): the pure `step` returns the new state by value, and the
 /// effect replicated is that state.
 pub(super) trait WordLimiter: Packable + Copy + Default {
     type Params;
-    const ARGS: &'static [Arg];
-    const CMD: Cmd;
-    /// The command takes the `FROMFIRST` option (`args::parse_fixedwindow`).
-    const FROMFIRST: bool = false;
+    /// Its kind: its arguments, whether it takes `FROMFIRST`
+    /// (`args::parse_fixedwindow`) and its INFO row come from the catalogue.
+    const KIND: Kind;
+    const ARGS: &'static [Arg] = Self::KIND.args();
+    const FROMFIRST: bool = Self::KIND.spec().from_first;
+    const CMD: Cmd = Cmd::of(Self::KIND);
     fn params(nums: [u64; 3]) -> Self::Params;
     fn step(&self, p: &Self::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self);
     /// `REFUND n`, replying for a following request of `want` units.
@@ -34,8 +36,7 @@ pub(super) trait WordLimiter: Packable + Copy + Default {
 
 impl WordLimiter for tb::State {
     type Params = tb::Params;
-    const ARGS: &'static [Arg] = args::TOKENBUCKET_ARGS;
-    const CMD: Cmd = Cmd::of(Kind::TokenBucket);
+    const KIND: Kind = Kind::TokenBucket;
     #[inline]
     fn params(nums: [u64; 3]) -> tb::Params {
         tb::Params::from_nums(nums)
@@ -56,8 +57,7 @@ impl WordLimiter for tb::State {
 
 impl WordLimiter for sc::State {
     type Params = sc::Params;
-    const ARGS: &'static [Arg] = args::WINDOW_ARGS;
-    const CMD: Cmd = Cmd::of(Kind::SlidingCounter);
+    const KIND: Kind = Kind::SlidingCounter;
     #[inline]
     fn params(nums: [u64; 3]) -> sc::Params {
         sc::Params::from_nums(nums)
@@ -130,9 +130,7 @@ pub(super) fn word_apply_with<'a, T: WordLimiter, const MULTI: bool>(
 
 impl WordLimiter for fw::State {
     type Params = fw::Params;
-    const ARGS: &'static [Arg] = args::WINDOW_ARGS;
-    const CMD: Cmd = Cmd::of(Kind::FixedWindow);
-    const FROMFIRST: bool = true;
+    const KIND: Kind = Kind::FixedWindow;
     #[inline]
     fn params(nums: [u64; 3]) -> fw::Params {
         fw::Params::from_nums(nums)
@@ -164,12 +162,13 @@ pub fn fixedwindow(ctx: Ctx, argv: &[Str]) -> Replied {
 }
 
 pub fn slidinglog(ctx: Ctx, argv: &[Str]) -> Replied {
-    let (name, call) = match parse(ctx, argv, args::WINDOW_ARGS, false) {
+    const KIND: Kind = Kind::SlidingLog;
+    let (name, call) = match parse(ctx, argv, KIND.args(), KIND.spec().from_first) {
         Ok(v) => v,
         Err(r) => return r,
     };
-    match log_apply(ctx, name, &call, Cmd::of(Kind::SlidingLog)) {
-        Ok(d) => reply(ctx, Cmd::of(Kind::SlidingLog), &d, &call),
+    match log_apply(ctx, name, &call, Cmd::of(KIND)) {
+        Ok(d) => reply(ctx, Cmd::of(KIND), &d, &call),
         Err(r) => r,
     }
 }

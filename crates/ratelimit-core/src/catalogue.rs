@@ -33,16 +33,17 @@ pub enum Kind {
 /// Every kind, in the catalogue's order (the order of the exported data).
 pub const KINDS: [Kind; 4] = [Kind::TokenBucket, Kind::SlidingLog, Kind::SlidingCounter, Kind::FixedWindow];
 
-/// What counts in INFO for a command: its keyspace event and its counter
-/// names (granted, partial, denied, refunds; an empty name is a counter the
-/// command cannot have and INFO leaves out), in the INFO row `slot`.
+/// What counts in INFO for a command: its keyspace event, whether it has
+/// PARTIAL and REFUND (INFO shows those counters only then), and its row
+/// in `INFO ratelimit`. The counters are named after the command
+/// ([`counted_rows`]: `tokenbucket_granted`, ..., `throttle_denied`).
 #[derive(Debug)]
 pub struct Counted {
     /// The keyspace event of a write (module class; a REFUND that gave
     /// units back emits [`REFUND_EVENT`] instead).
     pub event: &'static CStr,
-    /// The `INFO ratelimit` counters: granted, partial, denied, refunds.
-    pub counters: [&'static CStr; 4],
+    /// It takes PARTIAL and REFUND (every command but CL.THROTTLE).
+    pub partial_and_refunds: bool,
     /// The row of the counters in `INFO ratelimit` (their order there).
     pub slot: usize,
 }
@@ -80,11 +81,7 @@ static TOKENBUCKET: Spec = Spec {
     from_first: false,
     data_type: "rl-tokbkt",
     effect_kind: codec::KIND_TOKENBUCKET,
-    counted: Counted {
-        event: c"rl.tokenbucket",
-        counters: [c"tokenbucket_granted", c"tokenbucket_partial", c"tokenbucket_denied", c"tokenbucket_refunds"],
-        slot: 0,
-    },
+    counted: Counted { event: c"rl.tokenbucket", partial_and_refunds: true, slot: 0 },
 };
 
 static SLIDINGLOG: Spec = Spec {
@@ -95,11 +92,7 @@ static SLIDINGLOG: Spec = Spec {
     from_first: false,
     data_type: "rl-slilog",
     effect_kind: codec::KIND_SLIDINGLOG,
-    counted: Counted {
-        event: c"rl.slidinglog",
-        counters: [c"slidinglog_granted", c"slidinglog_partial", c"slidinglog_denied", c"slidinglog_refunds"],
-        slot: 1,
-    },
+    counted: Counted { event: c"rl.slidinglog", partial_and_refunds: true, slot: 1 },
 };
 
 static SLIDINGCOUNTER: Spec = Spec {
@@ -110,16 +103,7 @@ static SLIDINGCOUNTER: Spec = Spec {
     from_first: false,
     data_type: "rl-slicnt",
     effect_kind: codec::KIND_SLIDINGCOUNTER,
-    counted: Counted {
-        event: c"rl.slidingcounter",
-        counters: [
-            c"slidingcounter_granted",
-            c"slidingcounter_partial",
-            c"slidingcounter_denied",
-            c"slidingcounter_refunds",
-        ],
-        slot: 2,
-    },
+    counted: Counted { event: c"rl.slidingcounter", partial_and_refunds: true, slot: 2 },
 };
 
 static FIXEDWINDOW: Spec = Spec {
@@ -130,27 +114,24 @@ static FIXEDWINDOW: Spec = Spec {
     from_first: true,
     data_type: "rl-fixwin",
     effect_kind: codec::KIND_FIXEDWINDOW,
-    counted: Counted {
-        event: c"rl.fixedwindow",
-        counters: [c"fixedwindow_granted", c"fixedwindow_partial", c"fixedwindow_denied", c"fixedwindow_refunds"],
-        slot: 4,
-    },
+    counted: Counted { event: c"rl.fixedwindow", partial_and_refunds: true, slot: 4 },
 };
 
 /// RL.MULTI: counted once per call, whatever the number of its limits.
-pub const MULTI: Counted = Counted {
-    event: c"rl.multi",
-    counters: [c"multi_granted", c"multi_partial", c"multi_denied", c"multi_refunds"],
-    slot: 3,
-};
+pub static MULTI: Counted = Counted { event: c"rl.multi", partial_and_refunds: true, slot: 3 };
 
 /// CL.THROTTLE (redis-cell's GCRA, `crate::gcra`): granted or denied; it has
 /// neither PARTIAL nor REFUND.
-pub const THROTTLE: Counted =
-    Counted { event: c"cl.throttle", counters: [c"throttle_granted", c"", c"throttle_denied", c""], slot: 5 };
+pub static THROTTLE: Counted = Counted { event: c"cl.throttle", partial_and_refunds: false, slot: 5 };
 
 /// The rows of `INFO ratelimit`'s counters: the kinds, RL.MULTI and CL.THROTTLE.
 pub const COUNTED_ROWS: usize = KINDS.len() + 2;
+
+/// Every counted command with the name its INFO counters carry: the kinds
+/// by their names, then `multi` and `throttle`.
+pub fn counted_rows() -> impl Iterator<Item = (&'static str, &'static Counted)> {
+    KINDS.into_iter().map(|k| (k.name(), &k.spec().counted)).chain([("multi", &MULTI), ("throttle", &THROTTLE)])
+}
 
 impl Kind {
     /// Its declaration.
@@ -265,8 +246,7 @@ mod tests {
     /// and CL.THROTTLE's by theirs; no two effect kinds or types collide.
     #[test]
     fn slots_types_and_effects_are_distinct() {
-        let mut slots: Vec<usize> = KINDS.iter().map(|k| k.spec().counted.slot).collect();
-        slots.extend([MULTI.slot, THROTTLE.slot]);
+        let mut slots: Vec<usize> = counted_rows().map(|(_, c)| c.slot).collect();
         slots.sort_unstable();
         assert_eq!(slots, (0..COUNTED_ROWS).collect::<Vec<_>>());
         let mut effects: Vec<u8> = KINDS.iter().map(|k| k.spec().effect_kind).collect();
