@@ -8,7 +8,7 @@ use ratelimit_core::{gcra, slidinglog as sl};
 use std::ffi::CStr;
 
 use super::reply::STORE_FAILED;
-use super::{event, REFUND_EVENT};
+use super::REFUND_EVENT;
 use crate::api::{Ctx, Key, Replied, Str};
 use crate::ffi;
 use crate::stats::Cmd;
@@ -96,12 +96,12 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
 /// `rl.refund` for a log refund.
 fn effect_event(effect: &Effect) -> &'static CStr {
     match effect {
-        Effect::TokenBucket(_) => event(Cmd::of(Kind::TokenBucket), false),
-        Effect::SlidingCounter(_) => event(Cmd::of(Kind::SlidingCounter), false),
-        Effect::FixedWindow(_) => event(Cmd::of(Kind::FixedWindow), false),
-        Effect::SlidingLog(_) | Effect::LogGrant(_) => event(Cmd::of(Kind::SlidingLog), false),
+        Effect::TokenBucket(_) => Cmd::of(Kind::TokenBucket).event(),
+        Effect::SlidingCounter(_) => Cmd::of(Kind::SlidingCounter).event(),
+        Effect::FixedWindow(_) => Cmd::of(Kind::FixedWindow).event(),
+        Effect::SlidingLog(_) | Effect::LogGrant(_) => Cmd::of(Kind::SlidingLog).event(),
         Effect::LogRefund(_) => REFUND_EVENT,
-        Effect::Gcra(_) => event(Cmd::THROTTLE, false),
+        Effect::Gcra(_) => Cmd::THROTTLE.event(),
     }
 }
 
