@@ -73,14 +73,7 @@ pub(super) fn reply_multi<const N: usize>(
         stats::record_refund(Cmd::MULTI);
     } else {
         // Requests granted: with PARTIAL element 1 says, else all or none.
-        let g = if partial {
-            whole.allowed
-        } else if whole.allowed == 1 {
-            cost
-        } else {
-            0
-        };
-        stats::record(Cmd::MULTI, g, cost);
+        stats::record(Cmd::MULTI, ratelimit_core::reply::granted(whole.allowed, cost, partial), cost);
     }
     ctx.reply_array(
         7,
