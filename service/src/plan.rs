@@ -92,9 +92,6 @@ pub struct Descriptor {
     pub matched: Option<Matched>,
     /// Its limit is one another matched limit `replaces`: as no match.
     pub replaced: bool,
-    /// A limit to decide: matched, neither `unlimited` nor replaced (else
-    /// `OK`, remaining `u32::MAX` when unlimited, 0 otherwise).
-    pub limited: bool,
     /// The unit answered in `current_limit` (the proto's value; 0: none
     /// describes the window, [`RateLimit::reported_unit`]).
     pub unit: i32,
@@ -112,8 +109,9 @@ pub struct Descriptor {
 }
 
 impl Descriptor {
-    /// Matched, neither `unlimited` nor replaced.
-    fn is_limited(&self) -> bool {
+    /// A limit to decide: matched, neither `unlimited` nor replaced (else
+    /// `OK`, remaining `u32::MAX` when unlimited, 0 otherwise).
+    pub fn limited(&self) -> bool {
         !self.replaced && self.matched.as_ref().is_some_and(|m| !m.limit.unlimited)
     }
 
@@ -156,7 +154,6 @@ impl Plan {
             descriptors.push(Descriptor {
                 matched,
                 replaced: false,
-                limited: false,
                 unit: 0,
                 window_ms: 0,
                 hits: 0,
@@ -186,7 +183,7 @@ impl Plan {
     fn add_parts(&mut self, req: &RateLimitRequest, prefix: &str) -> Result<(), ServiceError> {
         let n = self.descriptors.len();
         for (desc, d) in self.descriptors.iter_mut().zip(&req.descriptors) {
-            let Some(m) = desc.matched.as_ref().filter(|_| desc.limited) else { continue };
+            let Some(m) = desc.matched.as_ref().filter(|_| desc.limited()) else { continue };
             let hits = match &d.hits_addend {
                 Some(h) => h.value,
                 None => u64::from(req.hits_addend.max(1)),
@@ -310,13 +307,12 @@ fn match_one(
 fn mark_replaced(descs: &mut [Descriptor]) {
     for i in 0..descs.len() {
         let replaced = match descs[i].limit() {
-            Some(l) if descs[i].is_limited() && !l.name.is_empty() => {
+            Some(l) if descs[i].limited() && !l.name.is_empty() => {
                 descs.iter().filter_map(Descriptor::limit).any(|x| x.replaces.iter().any(|r| *r == l.name))
             }
             _ => false,
         };
         descs[i].replaced = replaced;
-        descs[i].limited = descs[i].is_limited();
     }
 }
 
@@ -464,7 +460,7 @@ descriptors:
         assert!(p.checked.is_empty());
         let parts: Vec<Option<usize>> = p.descriptors.iter().map(|d| d.part).collect();
         assert_eq!(parts, [Some(0), Some(1), None]);
-        assert!(!p.descriptors[2].limited);
+        assert!(!p.descriptors[2].limited());
     }
 
     #[test]
@@ -498,9 +494,9 @@ descriptors:
             .unwrap();
         assert_eq!(keys(&p, &p.counted), ["p_{d}_user2_a_60"]);
         let d = &p.descriptors;
-        assert!(d[0].replaced && !d[0].limited, "user2 replaces user");
-        assert!(d[1].limited && !d[2].limited, "unlimited");
-        assert!(d[3].limited && d[3].part.is_none() && d[3].hits == 1, "requests_per_unit 0: decided here");
+        assert!(d[0].replaced && !d[0].limited(), "user2 replaces user");
+        assert!(d[1].limited() && !d[2].limited(), "unlimited");
+        assert!(d[3].limited() && d[3].part.is_none() && d[3].hits == 1, "requests_per_unit 0: decided here");
     }
 
     #[test]

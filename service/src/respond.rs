@@ -41,7 +41,7 @@ pub fn respond(plan: &Plan, settings: &Settings, metrics: &Metrics) -> RateLimit
     let mut header_from: Option<(u64, u32, u64)> = None; // (remaining, limit, reset seconds)
     let mut min_remaining = u64::from(u32::MAX);
     for desc in &plan.descriptors {
-        let (true, Some(m)) = (desc.limited, &desc.matched) else {
+        let (true, Some(m)) = (desc.limited(), &desc.matched) else {
             statuses.push(DescriptorStatus {
                 code: Code::Ok as i32,
                 limit_remaining: if desc.matched.as_ref().is_some_and(|m| m.limit.unlimited) { u32::MAX } else { 0 },
