@@ -290,18 +290,21 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
     }
 }
 
+/// Unset, empty, or false as Go's strconv.ParseBool reads it.
+const FALSE: &[&str] = &["", "false", "0", "f", "F", "FALSE", "False"];
+
 /// Variables this service refuses when set to anything but these values
 /// (what they ask for is not built). `(name, accepted values)`.
 const REFUSED: &[(&str, &[&str])] = &[
-    ("REDIS_PERSECOND", &["", "false", "0", "f", "F", "FALSE", "False"]),
-    ("QUOTA_MODE", &["", "false", "0", "f", "F", "FALSE", "False"]),
-    ("RESPONSE_DYNAMIC_METADATA", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("REDIS_PERSECOND", FALSE),
+    ("QUOTA_MODE", FALSE),
+    ("RESPONSE_DYNAMIC_METADATA", FALSE),
     ("PROMETHEUS_MAPPER_YAML", &[""]),
-    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", &["", "false", "0", "f", "F", "FALSE", "False"]),
-    ("USE_STATSD", &["", "false", "0", "f", "F", "FALSE", "False"]),
-    ("USE_DOG_STATSD", &["", "false", "0", "f", "F", "FALSE", "False"]),
-    ("GRPC_SERVER_USE_TLS", &["", "false", "0", "f", "F", "FALSE", "False"]),
-    ("TRACING_ENABLED", &["", "false", "0", "f", "F", "FALSE", "False"]),
+    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", FALSE),
+    ("USE_STATSD", FALSE),
+    ("USE_DOG_STATSD", FALSE),
+    ("GRPC_SERVER_USE_TLS", FALSE),
+    ("TRACING_ENABLED", FALSE),
     ("GRPC_UDS", &[""]),
     ("BACKEND_TYPE", &["", "redis"]),
     ("CONFIG_TYPE", &["", "FILE", "file"]),
