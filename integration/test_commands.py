@@ -10,7 +10,7 @@ import time
 import pytest
 import redis
 
-from rltesting.clock import room
+from rltesting.clock import room, server_ms
 from rltesting.proc import SERVER, wait_until
 from rltesting.replication import start_replica, wait_ack, wait_aof_rewrite
 from rltesting.replies import COMMANDS, least_memory_usage
@@ -415,11 +415,6 @@ def test_effects_are_skipped_only_while_nothing_can_read_them(server_factory):
 # RL.FIXEDWINDOW's own cases: exact replies against the server's clock,
 # the key's expiry at the window's end, FROMFIRST, refunds, the empty window.
 # ---------------------------------------------------------------------------
-
-def server_ms(c):
-    sec, usec = c.time()
-    return sec * 1000 + usec // 1000
-
 
 def timed(c, *args):
     """(ms before, reply, ms after) by the server's clock: the call decided

@@ -22,12 +22,10 @@ import time
 import pytest
 
 from fwmodels import UNITS, Envoy, FixedWindow, IncrPexpireNx
+from rltesting.clock import server_ms, time_ms
 from rltesting.replies import cached_time
 
 
-def ms(t):
-    sec, usec = t
-    return sec * 1000 + usec // 1000
 
 
 def bracketed(c, *args):
@@ -38,7 +36,7 @@ def bracketed(c, *args):
     p.time()
     p.execute_command("PEXPIRETIME", args[1])
     t0, rep, t1, pexp = p.execute()
-    return ms(t0), rep, ms(t1), pexp
+    return time_ms(t0), rep, time_ms(t1), pexp
 
 
 def kind(x):
@@ -186,12 +184,12 @@ def test_envoy_fixed_windows_per_second_across_boundaries(r):
     """SECOND windows turning over while the calls run: decisions,
     remaining and the reset in seconds follow envoy's counters."""
     models = {limit: Envoy(limit, "SECOND") for limit in (1, 2, 4)}
-    start = ms(r.time())
+    start = server_ms(r)
     compared = 0
     rng = random.Random("envoy-second")
     # 2.6 s of calls, and more while fewer than 100 were compared (a loaded
     # machine makes fewer calls a second), up to 60 s
-    while ms(r.time()) < start + 2600 or (compared < 100 and ms(r.time()) < start + 60_000):
+    while server_ms(r) < start + 2600 or (compared < 100 and server_ms(r) < start + 60_000):
         limit = rng.choice(list(models))
         compared += check_envoy(r, f"envoy:s:{limit}", limit, "SECOND", models[limit], 1)
         time.sleep(0.005)
@@ -206,9 +204,9 @@ def test_envoy_counts_denied_hits_and_this_module_does_not(r):
     limit of 4 twice, then COST 1."""
     w = UNITS["HOUR"]
     for _ in range(5):
-        t0 = ms(r.time())
+        t0 = server_ms(r)
         reps = [r.execute_command("RL.FIXEDWINDOW", "envoy:cost", 4, w * 1000, "COST", n) for n in (3, 3, 1)]
-        if ms(r.time()) // 1000 // w == t0 // 1000 // w:
+        if server_ms(r) // 1000 // w == t0 // 1000 // w:
             break
         r.delete("envoy:cost")
     e = Envoy(4, "HOUR")
@@ -230,11 +228,11 @@ def test_from_first_matches_incr_pexpire_nx(r, seed):
     limit, w = rng.choice([(2, 120), (3, 200), (1, 80)])
     name, gen = f"ff:incr:{seed}", 0
     model = IncrPexpireNx(limit, w)
-    start = ms(r.time())
+    start = server_ms(r)
     compared = restarts = windows = 0
     # 1.5 s of calls, and more while too few were compared (a loaded machine
     # makes fewer calls a second), up to 60 s
-    while ms(r.time()) < start + 1500 or ((compared <= 50 or windows < 3) and ms(r.time()) < start + 60_000):
+    while server_ms(r) < start + 1500 or ((compared <= 50 or windows < 3) and server_ms(r) < start + 60_000):
         key = f"{name}:{gen}"
         t0, rep, t1, pexp = bracketed(r, "RL.FIXEDWINDOW", key, limit, w, "FROMFIRST")
         exp = model.expire_at

@@ -13,7 +13,7 @@ import random
 import pytest
 import redis
 
-from rltesting.clock import before_boundary, room, wait_past
+from rltesting.clock import before_boundary, room, server_ms, time_ms, wait_past
 from rltesting.proc import wait_until
 from models import FixedWindow, multi, single
 from twins import MAX, Twins, dirty, err_of, fw_state
@@ -26,8 +26,6 @@ def twm(plain, request):
     return Twins(plain, request.param)
 
 
-def ms_of(t):
-    return t[0] * 1000 + t[1] // 1000
 
 
 def call_read(tw, key, *args):
@@ -43,7 +41,7 @@ def call_read(tw, key, *args):
     p.time()
     t0, rep, t1, h, exp, t2 = p.execute(raise_on_error=False)
     state = tuple(int(h[k]) for k in (b"start", b"count")) if h else None
-    return ms_of(t0), rep, ms_of(t1), state, exp, ms_of(t2)
+    return time_ms(t0), rep, time_ms(t1), state, exp, time_ms(t2)
 
 
 def model_at(state, expiry, limit, window_ms, ff, cost, partial, dryrun, refund, t0, t1):
@@ -142,7 +140,7 @@ def test_boundary_burst_is_two_limits(tw):
             tw.send(p, CMD, key, L, W)
         p.time()
         first = p.execute()
-        t_first, t_first_done = ms_of(first[0]), ms_of(first[-1])
+        t_first, t_first_done = time_ms(first[0]), time_ms(first[-1])
         first = first[1:-1]
         wait_past(c, end, timeout=10)
         p = c.pipeline(transaction=False)
@@ -150,7 +148,7 @@ def test_boundary_burst_is_two_limits(tw):
             tw.send(p, CMD, key, L, W)
         p.time()
         second = p.execute()
-        t_last = ms_of(second[-1])
+        t_last = time_ms(second[-1])
         second = second[:-1]
         if t_first_done < end and t_last - t_first < W // 2:
             break
@@ -219,8 +217,7 @@ def test_from_first_window_ends_at_start_plus_window(tw):
     that precedes the call, so the call sees it ended, exactly or later."""
     c = tw.c
     for later in (0, 1, 7):
-        s, us = c.time()
-        t = s * 1000 + us // 1000
+        t = server_ms(c)
         c.hset("e", mapping={"start": t - 1000 - later, "count": 3})
         c.pexpire("e", 60_000)
         t0, rep, t1, st, exp, t2 = call_read(tw, "e", 5, 1000, "FROMFIRST", "COST", 2)
@@ -237,8 +234,7 @@ def test_clock_stepping_back_counts_as_zero(tw):
     # the stored start is a minute ahead, so the calls see it ahead of the
     # clock however long they take (up to 55 s)
     for ff, lead in ((False, 60_000), (True, 60_321)):
-        s, us = c.time()
-        t = s * 1000 + us // 1000
+        t = server_ms(c)
         start = (t // 1000 + 60) * 1000 if not ff else t + lead
         c.hset("b", mapping={"start": start, "count": 3})
         c.pexpire("b", 120_000)
@@ -349,7 +345,7 @@ def test_multi_with_fixed_windows_matches_the_model(twm):
                 p.pexpiretime(k)
             p.time()
             out = p.execute(raise_on_error=False)
-            t0, t1, t2 = ms_of(out[0]), ms_of(out[2]), ms_of(out[-1])
+            t0, t1, t2 = time_ms(out[0]), time_ms(out[2]), time_ms(out[-1])
             rep = out[1]
             got = [tuple(int(h[f]) for f in (b"start", b"count")) if h else None for h in out[3:-1:2]]
             for g, exp, (_, w, _, _) in zip(got, out[4:-1:2], lims):

@@ -31,10 +31,15 @@ POLL_MS = 20
 POLL_SLACK_MS = 60
 
 
+def time_ms(t):
+    """A TIME reply `(seconds, microseconds)` in ms (a pipeline's, say)."""
+    s, us = t
+    return s * 1000 + us // 1000
+
+
 def server_ms(r):
     """The server's clock in ms (TIME), as the module reads it."""
-    s, us = r.time()
-    return s * 1000 + us // 1000
+    return time_ms(r.time())
 
 
 def boundary_after(t_ms, window_ms):
