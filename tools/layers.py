@@ -89,10 +89,7 @@ CRATES = [
     {"src": "clients/rust/src", "layers": CLIENT_LAYERS, "only": CLIENT_PURE, "max_fn_lines": None},
 ]
 
-RANK = {m: i for i, layer in enumerate(LAYERS) for m in layer}
 PATH = re.compile(r"(?<![\w$])crate::(\{|\w+)")
-COMMENT = re.compile(r"//[^\n]*")
-STRING = re.compile(r'"(?:\\.|[^"\\])*"')
 
 
 def module_of(src, path):
@@ -135,7 +132,7 @@ def braced(text, start):
 
 def imports(text):
     """(module, line) of every `crate::` path in one file's code."""
-    code = STRING.sub('""', COMMENT.sub("", text))
+    code = code_only(text)
     for m in PATH.finditer(code):
         line = code.count("\n", 0, m.start()) + 1
         if m.group(1) == "{":
@@ -268,9 +265,7 @@ def long_functions(path, bound):
             yield m.group(1), first, lines
 
 
-def check(src, layers=None, only=None, max_fn_lines=None):
-    layers = LAYERS if layers is None else layers
-    only = {"api": API_MAY_IMPORT} if only is None else only
+def check(src, layers, only, max_fn_lines):
     rank = {m: i for i, layer in enumerate(layers) for m in layer}
     edges = graph(src)
     errors = []
