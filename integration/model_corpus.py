@@ -38,10 +38,10 @@ import sys
 
 import fwmodels
 import models
+from rltesting.payloads import MAX_ARG as MAX
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "ratelimit-core", "src",
                       "reference", "corpus.txt")
-MAX = 2**53 - 1
 
 
 def model(spec):
