@@ -19,20 +19,11 @@ pub use rl_test_support as common;
 pub use serde_json::{json, Value};
 pub use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use std::net::TcpListener;
-
 pub const OK: i32 = 1;
 pub const OVER: i32 = 2;
 
-pub fn port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-pub fn module() -> String {
-    std::env::var("RL_MODULE").unwrap_or_else(|_| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/libredis_ratelimit.so").to_string_lossy().into()
-    })
-}
+/// A free port, and the module's path: the shared harness's.
+pub use rl_test_support::{free_port as port, module_path as module};
 
 /// A process killed when dropped.
 pub struct Proc(pub Child);

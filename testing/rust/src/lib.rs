@@ -26,8 +26,19 @@ pub fn module_path() -> String {
     })
 }
 
+/// A port free now, never handed out before in this process: the suites
+/// start servers in parallel, and a port given to two tests before either
+/// server bound it would put one test on the other's server.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let p = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        if !given.contains(&p) {
+            given.push(p);
+            return p;
+        }
+    }
 }
 
 pub struct Server {
