@@ -33,6 +33,7 @@ deps:  ## install missing system packages (Debian/Ubuntu)
 	command -v valgrind >/dev/null || missing="$$missing valgrind"; \
 	command -v nft >/dev/null || missing="$$missing nftables"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	[ -e $(FAKETIME_LIB) ] || missing="$$missing libfaketime"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
@@ -658,3 +659,14 @@ container/node/node_modules/.installed: container/node/package-lock.json
 	touch $@
 test-container: image $(VENV)/.container-py container/node/node_modules/.installed client-lua  ## testcontainers recipes, gateway calls and persistence in both images
 	container/run-tests.sh $(CONTAINER_PYTEST_ARGS)
+
+# Spring Cloud Gateway, both generations (clients/java/spring*, docs/java.md):
+# one source (clients/java/spring/src), two Maven modules, one JVM and a few
+# Spring contexts each, on Debian's redis-server with the module, a
+# PostgreSQL started by the test and an upstream started by the test.
+GATEWAY_M2 ?= $(CURDIR)/.cache/m2/repository
+GATEWAY_MVN = mvn -B -ntp -Dmaven.repo.local=$(GATEWAY_M2) -Drl.module=$(CURDIR)/target/release/libredis_ratelimit.so
+test-java-gateway: build  ## Spring Cloud Gateway 4.3 and 5.0 with the starter, next to Spring's RedisRateLimiter
+	@command -v mvn >/dev/null || { echo "mvn (Maven) is required: make deps"; exit 1; }
+	$(GATEWAY_MVN) -f clients/java/spring-gateway4/pom.xml test
+	$(GATEWAY_MVN) -f clients/java/spring-gateway5/pom.xml test
