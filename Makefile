@@ -669,4 +669,5 @@ GATEWAY_MVN = mvn -B -ntp -Dmaven.repo.local=$(GATEWAY_M2) -Drl.module=$(CURDIR)
 test-java-gateway: build  ## Spring Cloud Gateway 4.3 and 5.0 with the starter, next to Spring's RedisRateLimiter
 	@command -v mvn >/dev/null || { echo "mvn (Maven) is required: make deps"; exit 1; }
 	$(GATEWAY_MVN) -f clients/java/spring-gateway4/pom.xml test
-	$(GATEWAY_MVN) -f clients/java/spring-gateway5/pom.xml test
+	$(GATEWAY_MVN) -f clients/java/spring-gateway5/pom.xml install
+	$(GATEWAY_MVN) -q -f examples/java/pom.xml package  # the example builds on the starter

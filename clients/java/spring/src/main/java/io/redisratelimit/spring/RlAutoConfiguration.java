@@ -49,7 +49,7 @@ public class RlAutoConfiguration {
     RlRateLimiter rlRateLimiter(RlCommands redis, ConfigurationService configurationService, RlProperties props,
                                 ObjectProvider<MeterRegistry> registries) {
         return new RlRateLimiter(redis, configurationService, props.getTimeout(),
-            props.getRateLimiter().isIncludeHeaders(), registry(registries));
+            props.getRateLimiter().isIncludeHeaders(), registry(registries), props.getRateLimiter().getKeyPattern());
     }
 
     /** Refuses at startup, naming the property, a route whose limiter arguments have no exact integer form. */

@@ -65,7 +65,7 @@ public class RlGlobalFilter implements GlobalFilter, Ordered {
                               && !props.getFilter().getRouteIds().contains(routeId))) {
             return chain.filter(exchange);
         }
-        String tenant = tenant(exchange);
+        String tenant = tenant(exchange, props.getFilter().isHashApiKey());
         Rule rule = rules.rule(tenant, routeId);
         String key = "rl:{" + tenant + "}:" + routeId;
         Duration timeout = RuleStore.orDefault(rule.getTimeout(), props.getTimeout());
@@ -111,9 +111,12 @@ public class RlGlobalFilter implements GlobalFilter, Ordered {
             : new Decision(false, share, -1, retry, retry, "panic_denied");
     }
 
-    static String tenant(ServerWebExchange exchange) {
+    static String tenant(ServerWebExchange exchange, boolean hash) {
         String apiKey = exchange.getRequest().getHeaders().getFirst("X-Api-Key");
         if (apiKey != null && !apiKey.isEmpty()) {
+            if (hash) {
+                return "key:" + sha256Hex(apiKey).substring(0, 32);
+            }
             if (apiKey.length() <= 64 && apiKey.chars().allMatch(RlGlobalFilter::plainChar)) {
                 return apiKey;
             }

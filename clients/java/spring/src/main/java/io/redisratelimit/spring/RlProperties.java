@@ -31,6 +31,9 @@ public class RlProperties {
     public static class RateLimiter {
         private boolean enabled = true;
         private boolean includeHeaders = true;
+        private String keyPattern = RlRateLimiter.DEFAULT_KEY_PATTERN;
+        public String getKeyPattern() { return keyPattern; }
+        public void setKeyPattern(String v) { keyPattern = v; }
         public boolean isEnabled() { return enabled; }
         public void setEnabled(boolean v) { enabled = v; }
         public boolean isIncludeHeaders() { return includeHeaders; }
@@ -47,6 +50,10 @@ public class RlProperties {
         private OnFailure onFailure = OnFailure.OPEN;
         /** PANIC: each instance grants limit / panicDivisor (at least 1) per window locally. */
         private long panicDivisor = 20;
+        /** Tenants from X-Api-Key as key:sha256(key)[:32], the Python and Node gateways' ids. */
+        private boolean hashApiKey = false;
+        public boolean isHashApiKey() { return hashApiKey; }
+        public void setHashApiKey(boolean v) { hashApiKey = v; }
         private Rule defaultRule = new Rule();
         private Map<String, Rule> routes = new HashMap<>();
         public boolean isEnabled() { return enabled; }

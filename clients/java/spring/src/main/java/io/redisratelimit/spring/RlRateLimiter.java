@@ -48,10 +48,31 @@ public class RlRateLimiter extends AbstractRateLimiter<RlRateLimiter.Config> {
     private final boolean includeHeaders;
     private final Counter failures;
     private final Map<String, BucketMapping> mapped = new ConcurrentHashMap<>();
+    private final String keyBefore;
+    private final String keyBetween;
+    private final String keyAfter;
 
     public RlRateLimiter(RlCommands redis, ConfigurationService configurationService, Duration timeout,
                          boolean includeHeaders, MeterRegistry registry) {
+        this(redis, configurationService, timeout, includeHeaders, registry, DEFAULT_KEY_PATTERN);
+    }
+
+    /** Spring's prefix, but per id and route: Spring's keys are per id only (one hot slot per id). */
+    public static final String DEFAULT_KEY_PATTERN = "request_rate_limiter.{$id}.$route";
+
+    /** keyPattern: $id then $route, e.g. rl:{$id}:$route, the Python and Node gateways' keys. */
+    public RlRateLimiter(RlCommands redis, ConfigurationService configurationService, Duration timeout,
+                         boolean includeHeaders, MeterRegistry registry, String keyPattern) {
         super(Config.class, CONFIGURATION_PROPERTY_NAME, configurationService);
+        int id = keyPattern.indexOf("$id");
+        int route = keyPattern.indexOf("$route");
+        if (id < 0 || route < id) {
+            throw new IllegalArgumentException("ratelimit.rate-limiter.key-pattern = " + keyPattern
+                + ": names $id, then $route");
+        }
+        this.keyBefore = keyPattern.substring(0, id);
+        this.keyBetween = keyPattern.substring(id + 3, route);
+        this.keyAfter = keyPattern.substring(route + 6);
         this.redis = redis;
         this.timeout = timeout;
         this.includeHeaders = includeHeaders;
@@ -88,8 +109,7 @@ public class RlRateLimiter extends AbstractRateLimiter<RlRateLimiter.Config> {
         if (m.blocksAll) {
             return Mono.just(new Response(false, headers(c, 0, -1)));
         }
-        // Spring's keys are per id only (one hot slot per id); these are per id and route.
-        String key = "request_rate_limiter.{" + id + "}." + routeId;
+        String key = keyBefore + id + keyBetween + routeId + keyAfter;
         return redis.tokenBucket(key, m.capacity, m.rate, m.periodMs, m.cost, timeout)
             .map(r -> new Response(r[0] != 0, headers(c, r[2], r[0] != 0 ? -1 : r[3])))
             .onErrorResume(e -> {
