@@ -671,3 +671,6 @@ test-java-gateway: build  ## Spring Cloud Gateway 4.3 and 5.0 with the starter, 
 	$(GATEWAY_MVN) -f clients/java/spring-gateway4/pom.xml test
 	$(GATEWAY_MVN) -f clients/java/spring-gateway5/pom.xml install
 	$(GATEWAY_MVN) -q -f examples/java/pom.xml package  # the example builds on the starter
+bench-java: build  ## Spring Cloud Gateway: added latency p50/p99 and Redis time per decision, starter vs Spring's RedisRateLimiter vs none (BENCH_JAVA_ARGS=-Drl.bench.rate=...)
+	$(GATEWAY_MVN) -q -f clients/java/spring-gateway5/pom.xml test -Dtest=GatewayBench -Dsurefire.failIfNoSpecifiedTests=false $(BENCH_JAVA_ARGS)
+	@cat clients/java/spring-gateway5/target/bench-java-5.0.md
