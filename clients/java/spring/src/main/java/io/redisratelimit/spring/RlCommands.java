@@ -4,7 +4,9 @@ import java.nio.charset.StandardCharsets;
 import java.time.Duration;
 import java.util.List;
 
+import io.lettuce.core.ClientOptions;
 import io.lettuce.core.RedisClient;
+import io.lettuce.core.RedisURI;
 import io.lettuce.core.api.StatefulRedisConnection;
 import io.lettuce.core.codec.StringCodec;
 import io.lettuce.core.output.ArrayOutput;
@@ -30,11 +32,40 @@ public final class RlCommands implements AutoCloseable {
     }
 
     private final RedisClient client;
-    private final StatefulRedisConnection<String, String> connection;
+    private final RedisURI uri;
+    private volatile StatefulRedisConnection<String, String> connection;
+    private final java.util.concurrent.atomic.AtomicBoolean connecting = new java.util.concurrent.atomic.AtomicBoolean();
 
+    /**
+     * Connects now if it can; a server down at startup does not stop the
+     * application: calls fail (and are decided without Redis) until a
+     * connection, retried in the background on each call, is up. While
+     * disconnected Lettuce rejects commands rather than queueing them.
+     */
     public RlCommands(String uri) {
-        this.client = RedisClient.create(uri);
-        this.connection = client.connect();
+        this.uri = RedisURI.create(uri);
+        this.client = RedisClient.create();
+        this.client.setOptions(ClientOptions.builder()
+            .disconnectedBehavior(ClientOptions.DisconnectedBehavior.REJECT_COMMANDS)
+            .autoReconnect(true)
+            .build());
+        try {
+            this.connection = client.connect(StringCodec.UTF8, this.uri);
+        } catch (RuntimeException e) {
+            connectInBackground();
+        }
+    }
+
+    private void connectInBackground() {
+        if (connection != null || !connecting.compareAndSet(false, true)) {
+            return;
+        }
+        client.connectAsync(StringCodec.UTF8, uri).whenComplete((c, e) -> {
+            if (c != null) {
+                connection = c;
+            }
+            connecting.set(false);
+        });
     }
 
     /** RL.TOKENBUCKET key capacity rate period_ms COST cost. */
@@ -54,8 +85,14 @@ public final class RlCommands implements AutoCloseable {
             args.add(c);
         }
         args.add("COST").add(cost);
-        return Mono.defer(() -> Mono.fromCompletionStage(
-                    connection.async().dispatch(cmd, new ArrayOutput<>(StringCodec.UTF8), args)))
+        return Mono.defer(() -> {
+                StatefulRedisConnection<String, String> conn = connection;
+                if (conn == null) {
+                    connectInBackground();
+                    return Mono.error(new IllegalStateException("not connected to " + uri));
+                }
+                return Mono.fromCompletionStage(conn.async().dispatch(cmd, new ArrayOutput<>(StringCodec.UTF8), args));
+            })
             .timeout(timeout, Schedulers.parallel())
             .map(RlCommands::toLongs);
     }
@@ -73,7 +110,10 @@ public final class RlCommands implements AutoCloseable {
 
     @Override
     public void close() {
-        connection.close();
+        StatefulRedisConnection<String, String> c = connection;
+        if (c != null) {
+            c.close();
+        }
         client.shutdown(Duration.ZERO, Duration.ofSeconds(2));
     }
 }

@@ -62,6 +62,7 @@ class GatewayBench {
                 }
             }
             p.put("server.port", "0");
+            p.put("server.shutdown", "immediate");
             p.put("spring.data.redis.host", "127.0.0.1");
             p.put("spring.data.redis.port", Integer.toString(redis.port));
             p.put("ratelimit.redis-uri", redis.uri());

@@ -62,6 +62,7 @@ class GatewayTest {
         Map<String, Object> p = new LinkedHashMap<>(
             TestGateway.routes("http://127.0.0.1:" + upstream.getAddress().getPort(), PREFIX));
         p.put("server.port", "0");
+        p.put("server.shutdown", "immediate");
         p.put("spring.data.redis.host", "127.0.0.1");
         p.put("spring.data.redis.port", Integer.toString(redis.port));
         p.put("ratelimit.redis-uri", redis.uri());
@@ -205,6 +206,7 @@ class GatewayTest {
         p.put(PREFIX + "[0].filters[0].args[redis-rate-limiter.replenishRate]", "0.5");
         p.put(PREFIX + "[0].filters[0].args[redis-rate-limiter.burstCapacity]", "1");
         p.put("server.port", "0");
+        p.put("server.shutdown", "immediate");
         p.put("ratelimit.redis-uri", redis.uri());
         p.put("spring.autoconfigure.exclude", "org.springframework.cloud.gateway.config.GatewayRedisAutoConfiguration");
         try (ConfigurableApplicationContext half = new SpringApplicationBuilder(TestGateway.class).properties(p).run()) {
@@ -236,6 +238,7 @@ class GatewayTest {
         p.put(PREFIX + "[0].filters[0].args[redis-rate-limiter.replenishRate]", "1");
         p.put(PREFIX + "[0].filters[0].args[redis-rate-limiter.burstCapacity]", "2.5");
         p.put("server.port", "0");
+        p.put("server.shutdown", "immediate");
         p.put("ratelimit.redis-uri", redis.uri());
         p.put("spring.data.redis.port", Integer.toString(redis.port));
         Throwable t = assertThrows(Throwable.class,
@@ -342,8 +345,9 @@ class GatewayTest {
                         assertEquals(429, statuses.get(i));
                     }
                 }
-                // MONITOR stamps a command a few µs after the module read its clock.
-                nearBoundary |= Math.abs(dt - 1_000_000) < 200;
+                // MONITOR's stamp and the module's clock are read a few µs apart: a grant
+                // stamped just inside the second may be the 30th, judged at the second's end.
+                nearBoundary |= dt >= 1_000_000 - 200 && dt < 1_000_000 && statuses.get(i) == 200;
             }
             boolean steady = java.util.Arrays.stream(perTenth).allMatch(c -> c >= 2);
             if (steady && deniedInLastTenth && !nearBoundary) {
@@ -356,7 +360,7 @@ class GatewayTest {
             }
             why = "requests per 100 ms " + java.util.Arrays.toString(perTenth)
                 + (deniedInLastTenth ? "" : ", none denied in the last 100 ms (the stream did not drain the bucket)")
-                + (nearBoundary ? ", one within 200 us of the second's end" : "");
+                + (nearBoundary ? ", a grant within 200 us of the second's end" : "");
         }
         Assumptions.abort("no steady stream in 4 runs (" + why + "): the machine stalled, nothing to judge");
     }
