@@ -250,9 +250,37 @@ class GatewayTest {
         assertTrue(all.toString().contains("redis-rate-limiter.burstCapacity = 2.5 (route bad)"), all.toString());
     }
 
-    /** The first design's claim: 5,000 parallel requests, one tenant, 100 a minute: exactly 100 pass. */
+    /** Redis not there at startup: the gateway starts, and decides without it (fail-open here). */
     @Test
     @Order(5)
+    void startsWithRedisDownAndFailsOpen() throws Exception {
+        Map<String, Object> p = new LinkedHashMap<>();
+        p.put(PREFIX + "[0].id", "open");
+        p.put(PREFIX + "[0].uri", "http://127.0.0.1:" + upstream.getAddress().getPort());
+        p.put(PREFIX + "[0].predicates[0]", "Path=/open/**");
+        p.put("server.port", "0");
+        p.put("server.shutdown", "immediate");
+        p.put("ratelimit.redis-uri", "redis://127.0.0.1:" + Procs.freePort());
+        p.put("ratelimit.filter.enabled", "true");
+        p.put("ratelimit.filter.on-failure", "open");
+        p.put("spring.autoconfigure.exclude", "org.springframework.cloud.gateway.config.GatewayRedisAutoConfiguration");
+        try (ConfigurableApplicationContext down = new SpringApplicationBuilder(TestGateway.class).properties(p).run()) {
+            String url = "http://127.0.0.1:" + down.getEnvironment().getProperty("local.server.port") + "/open/x";
+            for (int i = 0; i < 3; i++) {
+                HttpResponse<String> r = http.send(HttpRequest.newBuilder(URI.create(url)).build(),
+                    HttpResponse.BodyHandlers.ofString());
+                assertEquals(200, r.statusCode(), "fail-open");
+                assertEquals("-1", h(r, "X-RateLimit-Remaining"));
+            }
+            MeterRegistry reg = down.getBean(MeterRegistry.class);
+            assertEquals(3.0, reg.find("rate_limit.redis.failures").tags("limiter", "global-filter").counter().count());
+            assertEquals(3.0, reg.find("rate_limit.decisions").tags("outcome", "fail_open").counter().count());
+        }
+    }
+
+    /** The first design's claim: 5,000 parallel requests, one tenant, 100 a minute: exactly 100 pass. */
+    @Test
+    @Order(6)
     void exactlyHundredOfFiveThousand() throws Exception {
         String tenant = "seed100-" + System.nanoTime();
         double failuresBefore = count("rate_limit.redis.failures", "limiter", "global-filter");
@@ -302,7 +330,7 @@ class GatewayTest {
      * fresh tenant.
      */
     @Test
-    @Order(6)
+    @Order(7)
     void twentyNineInTheFirstSecond() throws Exception {
         String why = "";
         for (int attempt = 0; attempt < 4; attempt++) {
@@ -367,7 +395,7 @@ class GatewayTest {
 
     /** Rules from PostgreSQL: a row changed applies at the next refresh, without a restart. */
     @Test
-    @Order(7)
+    @Order(8)
     void ruleChangedInPostgresApplies() throws Exception {
         RuleStore store = ctx.getBean(RuleStore.class);
         String tenant = "pg-" + System.nanoTime();
@@ -394,7 +422,7 @@ class GatewayTest {
      * divisor 1), and each counts as a Redis failure.
      */
     @Test
-    @Order(8)
+    @Order(9)
     void redisStoppedEveryRequestDecidedInTime() throws Exception {
         MeterRegistry reg = registry();
         double failures = count("rate_limit.redis.failures", "limiter", "global-filter");
