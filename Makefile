@@ -671,6 +671,23 @@ test-java-gateway: build  ## Spring Cloud Gateway 4.3 and 5.0 with the starter, 
 	$(GATEWAY_MVN) -f clients/java/spring-gateway4/pom.xml test
 	$(GATEWAY_MVN) -f clients/java/spring-gateway5/pom.xml install
 	$(GATEWAY_MVN) -q -f examples/java/pom.xml package  # the example builds on the starter
+# The Java client library (clients/java/client, clients/java/API.md): one
+# JVM per driver generation, each starting its own servers (RL_SERVERS:
+# name=binary ...; RL_MODULE): the newest Lettuce 7 and Jedis 8 on every
+# server of `python -m rltesting.servers names` (CLIENT_SERVERS=... narrows
+# them), with the module and without it (the Lua twins); then Lettuce 6 and
+# Jedis 5 on the first server. Maven's repository is .cache/m2 (ignored),
+# shared with test-java-gateway, so a fresh clone downloads once.
+JAVA_M2 ?= $(CURDIR)/.cache/m2/repository
+JAVA_MVN = mvn -B -ntp -Dmaven.repo.local=$(JAVA_M2)
+JAVA_OLD_DRIVERS ?= -Dlettuce.version=6.8.2.RELEASE -Djedis.version=5.2.0
+.PHONY: test-java-client
+test-java-client: build venv  ## the Java client library: Lettuce 7 + Jedis 8 on every server, Lettuce 6 + Jedis 5 on one
+	@command -v mvn >/dev/null || { echo "mvn (Maven) is required: make deps"; exit 1; }
+	@set -e; servers=""; first=""; for s in $(client_servers); do \
+	  bin=$$($(PY) -m rltesting.servers path $$s); servers="$$servers $$s=$$bin"; [ -n "$$first" ] || first="$$s=$$bin"; done; \
+	cd clients/java && RL_SERVERS="$$servers" RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(JAVA_MVN) -q test; \
+	RL_SERVERS="$$first" RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(JAVA_MVN) -q test $(JAVA_OLD_DRIVERS)
 bench-java: build  ## Spring Cloud Gateway: added latency p50/p99 and Redis time per decision, starter vs Spring's RedisRateLimiter vs none (BENCH_JAVA_ARGS=-Drl.bench.rate=...)
 	$(GATEWAY_MVN) -q -f clients/java/spring-gateway5/pom.xml test -Dtest=GatewayBench -Dsurefire.failIfNoSpecifiedTests=false $(BENCH_JAVA_ARGS)
 	@cat clients/java/spring-gateway5/target/bench-java-5.0.md
