@@ -682,7 +682,7 @@ JAVA_M2 ?= $(CURDIR)/.cache/m2/repository
 JAVA_MVN = mvn -B -ntp -Dmaven.repo.local=$(JAVA_M2)
 JAVA_OLD_DRIVERS ?= -Dlettuce.version=6.8.2.RELEASE -Djedis.version=5.2.0
 .PHONY: test-java-client
-test-java-client: build venv  ## the Java client library: Lettuce 7 + Jedis 8 on every server, Lettuce 6 + Jedis 5 on one
+test-java-client: build venv client-lua  ## the Java client library: Lettuce 7 + Jedis 8 on every server, Lettuce 6 + Jedis 5 on one
 	@command -v mvn >/dev/null || { echo "mvn (Maven) is required: make deps"; exit 1; }
 	@set -e; servers=""; first=""; for s in $(client_servers); do \
 	  bin=$$($(PY) -m rltesting.servers path $$s); servers="$$servers $$s=$$bin"; [ -n "$$first" ] || first="$$s=$$bin"; done; \

@@ -118,6 +118,11 @@ public final class Headers {
             switch (c) {
                 case '"' -> b.append("\\\"");
                 case '\\' -> b.append("\\\\");
+                case '\n' -> b.append("\\n");
+                case '\r' -> b.append("\\r");
+                case '\t' -> b.append("\\t");
+                case '\b' -> b.append("\\b");
+                case '\f' -> b.append("\\f");
                 default -> {
                     if (c < 0x20) {
                         b.append(String.format("\\u%04x", (int) c));
