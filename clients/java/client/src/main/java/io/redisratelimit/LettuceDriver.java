@@ -37,6 +37,11 @@ final class LettuceDriver implements Driver {
 
     /** Why a connection with these options could break the promise, naming the setting; or null. */
     static String unbounded(ClientOptions o) {
+        if (!o.isAutoReconnect()) {
+            return "its ClientOptions.autoReconnect is false: after a restart or a failover the connection "
+                    + "would never come back, and every decision would come from the panic limits for good "
+                    + "(keep Lettuce's default, ClientOptions.builder().autoReconnect(true))";
+        }
         return null;
     }
 
