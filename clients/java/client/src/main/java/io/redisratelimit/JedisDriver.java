@@ -5,15 +5,21 @@ import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.RejectedExecutionException;
+import java.util.concurrent.SynchronousQueue;
+import java.util.concurrent.ThreadPoolExecutor;
+import java.util.concurrent.TimeUnit;
+import java.util.function.Supplier;
 import redis.clients.jedis.Response;
 import redis.clients.jedis.UnifiedJedis;
 import redis.clients.jedis.commands.ProtocolCommand;
 import redis.clients.jedis.exceptions.JedisDataException;
 
 /**
- * Jedis 5 to 8 (UnifiedJedis: JedisPooled in 5, RedisClient in 7 and 8). Its calls block, so what bounds
- * one is the client's own socket timeout: a client that could wait longer is refused (as the Python
- * client refuses a redis-py client it cannot bound), naming each setting.
+ * Jedis 5 to 8 (UnifiedJedis: JedisPooled in 5, RedisClient in 7 and 8). Its calls block: they run on
+ * the library's threads, bounded by its timer (see EXEC), and a client whose own settings let a call
+ * outlast timeoutMs is refused, naming each setting (as the Python client refuses a redis-py client it
+ * cannot bound): such a call would hold one of those threads that long.
  */
 final class JedisDriver implements Driver {
     private final UnifiedJedis jedis;
@@ -118,27 +124,53 @@ final class JedisDriver implements Driver {
         return e;
     }
 
+    /**
+     * Jedis's calls run here, not on the caller's thread, and the library's timer bounds each: a call can
+     * outlast its socket timeout inside Jedis (commons-pool2 2.13 replaces a broken connection on the
+     * failing call's thread, a handshake that waits another socket timeout: 62 ms for a 30 ms timeout on a
+     * SIGSTOPped server). At most 64 calls wait at once; past that a call fails at once (an outage).
+     */
+    static final ThreadPoolExecutor EXEC = new ThreadPoolExecutor(0, 64, 30, TimeUnit.SECONDS,
+            new SynchronousQueue<>(), r -> {
+                Thread t = new Thread(r, "redis-ratelimit-jedis");
+                t.setDaemon(true);
+                return t;
+            });
+
+    private static <T> CompletableFuture<T> run(Supplier<T> call) {
+        CompletableFuture<T> out = new CompletableFuture<>();
+        try {
+            EXEC.execute(() -> {
+                try {
+                    out.complete(call.get());
+                } catch (RuntimeException e) {
+                    out.completeExceptionally(convert(e));
+                }
+            });
+        } catch (RejectedExecutionException e) {
+            out.completeExceptionally(e);
+        }
+        return out;
+    }
+
     @Override
     public CompletableFuture<Object> send(List<String> args) {
-        try {
-            String[] rest = args.subList(1, args.size()).toArray(new String[0]);
-            return CompletableFuture.completedFuture(decode(jedis.sendCommand(new Cmd(args.get(0)), rest)));
-        } catch (RuntimeException e) {
-            return CompletableFuture.failedFuture(convert(e));
-        }
+        String[] rest = args.subList(1, args.size()).toArray(new String[0]);
+        Cmd cmd = new Cmd(args.get(0));
+        return run(() -> decode(jedis.sendCommand(cmd, rest)));
     }
 
     @Override
     public CompletableFuture<Object[]> sendWithWait(List<String> args, long replicas, long ms) {
-        try (var p = jedis.pipelined()) {
-            Response<Object> call = p.sendCommand(new Cmd(args.get(0)), args.subList(1, args.size())
-                    .toArray(new String[0]));
-            Response<Object> wait = p.sendCommand(new Cmd("WAIT"), Long.toString(replicas), Long.toString(ms));
-            p.sync();
-            return CompletableFuture.completedFuture(new Object[] {value(call), value(wait)});
-        } catch (RuntimeException e) {
-            return CompletableFuture.failedFuture(convert(e));
-        }
+        return run(() -> {
+            try (var p = jedis.pipelined()) {
+                Response<Object> call = p.sendCommand(new Cmd(args.get(0)), args.subList(1, args.size())
+                        .toArray(new String[0]));
+                Response<Object> wait = p.sendCommand(new Cmd("WAIT"), Long.toString(replicas), Long.toString(ms));
+                p.sync();
+                return new Object[] {value(call), value(wait)};
+            }
+        });
     }
 
     private static Object value(Response<Object> r) {
@@ -151,7 +183,7 @@ final class JedisDriver implements Driver {
 
     @Override
     public boolean blocking() {
-        return true;
+        return false;
     }
 
 }
