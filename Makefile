@@ -33,6 +33,7 @@ deps:  ## install missing system packages (Debian/Ubuntu)
 	command -v valgrind >/dev/null || missing="$$missing valgrind"; \
 	command -v nft >/dev/null || missing="$$missing nftables"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
+	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
 	[ -e $(FAKETIME_LIB) ] || missing="$$missing libfaketime"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
@@ -658,3 +659,35 @@ container/node/node_modules/.installed: container/node/package-lock.json
 	touch $@
 test-container: image $(VENV)/.container-py container/node/node_modules/.installed client-lua  ## testcontainers recipes, gateway calls and persistence in both images
 	container/run-tests.sh $(CONTAINER_PYTEST_ARGS)
+
+# Spring Cloud Gateway, both generations (clients/java/spring*, docs/java.md):
+# one source (clients/java/spring/src), two Maven modules, one JVM and a few
+# Spring contexts each, on Debian's redis-server with the module, a
+# PostgreSQL started by the test and an upstream started by the test.
+GATEWAY_M2 ?= $(CURDIR)/.cache/m2/repository
+GATEWAY_MVN = mvn -B -ntp -Dmaven.repo.local=$(GATEWAY_M2) -Drl.module=$(CURDIR)/target/release/libredis_ratelimit.so
+test-java-gateway: build  ## Spring Cloud Gateway 4.3 and 5.0 with the starter, next to Spring's RedisRateLimiter
+	@command -v mvn >/dev/null || { echo "mvn (Maven) is required: make deps"; exit 1; }
+	$(GATEWAY_MVN) -f clients/java/spring-gateway4/pom.xml test
+	$(GATEWAY_MVN) -f clients/java/spring-gateway5/pom.xml install
+	$(GATEWAY_MVN) -q -f examples/java/pom.xml package  # the example builds on the starter
+# The Java client library (clients/java/client, clients/java/API.md): one
+# JVM per driver generation, each starting its own servers (RL_SERVERS:
+# name=binary ...; RL_MODULE): the newest Lettuce 7 and Jedis 8 on every
+# server of `python -m rltesting.servers names` (CLIENT_SERVERS=... narrows
+# them), with the module and without it (the Lua twins); then Lettuce 6 and
+# Jedis 5 on the first server. Maven's repository is .cache/m2 (ignored),
+# shared with test-java-gateway, so a fresh clone downloads once.
+JAVA_M2 ?= $(CURDIR)/.cache/m2/repository
+JAVA_MVN = mvn -B -ntp -Dmaven.repo.local=$(JAVA_M2)
+JAVA_OLD_DRIVERS ?= -Dlettuce.version=6.8.2.RELEASE -Djedis.version=5.2.0
+.PHONY: test-java-client
+test-java-client: build venv client-lua  ## the Java client library: Lettuce 7 + Jedis 8 on every server, Lettuce 6 + Jedis 5 on one
+	@command -v mvn >/dev/null || { echo "mvn (Maven) is required: make deps"; exit 1; }
+	@set -e; servers=""; first=""; for s in $(client_servers); do \
+	  bin=$$($(PY) -m rltesting.servers path $$s); servers="$$servers $$s=$$bin"; [ -n "$$first" ] || first="$$s=$$bin"; done; \
+	cd clients/java && RL_SERVERS="$$servers" RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(JAVA_MVN) -q test; \
+	RL_SERVERS="$$first" RL_MODULE=$(MODULE) RL_PYTHON=$(PY) $(JAVA_MVN) -q test $(JAVA_OLD_DRIVERS)
+bench-java: build  ## Spring Cloud Gateway: added latency p50/p99 and Redis time per decision, starter vs Spring's RedisRateLimiter vs none (BENCH_JAVA_ARGS=-Drl.bench.rate=...)
+	$(GATEWAY_MVN) -q -f clients/java/spring-gateway5/pom.xml test -Dtest=GatewayBench -Dsurefire.failIfNoSpecifiedTests=false $(BENCH_JAVA_ARGS)
+	@cat clients/java/spring-gateway5/target/bench-java-5.0.md
