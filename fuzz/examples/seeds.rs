@@ -4,6 +4,7 @@
 use std::fs;
 use std::path::Path;
 
+use redis_ratelimit_fuzz::core::concurrency as cc;
 use redis_ratelimit_fuzz::core::MAX_ARG;
 use redis_ratelimit_fuzz::*;
 
@@ -96,6 +97,24 @@ fn main() {
         {
             put(dir, "args_fixedwindow", &format!("{name}-{i}"), &args_input(now, now + 1_000_000, 1, &s.encode(), a));
         }
+    }
+    let ccs = {
+        let lease = |now_us, hash, units, expiry_us| cc::Change { now_us, hash, units, expiry_us };
+        let mut small = cc::State::default();
+        for (i, h) in [3u64, 1, 2].into_iter().enumerate() {
+            small.apply(&lease(now, h, 1 + i as u64, now + 1_000_000 * (1 + i as u64))).unwrap();
+        }
+        let mut max = cc::State::default();
+        max.apply(&lease(u64::MAX - 2, 9, MAX_ARG - 1, u64::MAX)).unwrap();
+        max.apply(&lease(u64::MAX - 2, 10, 1, u64::MAX)).unwrap();
+        let mut one = cc::State::default();
+        one.apply(&lease(0, 0, 1, 1)).unwrap();
+        [("cc-small", small), ("cc-max", max), ("cc-one", one)]
+    };
+    for (name, s) in &ccs {
+        let mut b = Vec::new();
+        s.encode(&mut b);
+        put(dir, "decode_concurrency", name, &b);
     }
     for (name, s) in logs() {
         let mut enc = Vec::new();

@@ -49,6 +49,8 @@ pub enum Arg {
     NumKeys,
     /// The value of a limit's WEIGHT option in RL.MULTI.
     Weight,
+    /// RL.CONCURRENCY's lease.
+    LeaseMs,
 }
 
 impl Arg {
@@ -64,6 +66,7 @@ impl Arg {
             Arg::Refund => "REFUND",
             Arg::NumKeys => "numkeys",
             Arg::Weight => "WEIGHT",
+            Arg::LeaseMs => "lease_ms",
         }
     }
     /// Smallest accepted value (the largest is [`MAX_ARG`], for numkeys
@@ -96,6 +99,9 @@ pub enum ArgError {
 /// Positional numeric arguments of each command.
 pub const TOKENBUCKET_ARGS: &[Arg] = &[Arg::Capacity, Arg::Rate, Arg::PeriodMs];
 pub const WINDOW_ARGS: &[Arg] = &[Arg::Limit, Arg::WindowMs];
+/// RL.CONCURRENCY's numbers (its action and id follow them:
+/// `crate::concurrency::parse`).
+pub const CONCURRENCY_ARGS: &[Arg] = &[Arg::Limit, Arg::LeaseMs];
 
 /// Parse a decimal integer in `min..=MAX_ARG`: ASCII digits only (no sign,
 /// no spaces, no leading `+`), at most 16 digits so it cannot overflow.
