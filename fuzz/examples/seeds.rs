@@ -115,6 +115,9 @@ fn main() {
         let mut b = Vec::new();
         s.encode(&mut b);
         put(dir, "decode_concurrency", name, &b);
+        put(dir, "decode_codec", name, &codec::concurrency(s, now / 1000 + 1000));
+        let change = cc::Change { now_us: now, hash: 1, units: 2, expiry_us: now + 1_000_000 };
+        put(dir, "decode_codec", &format!("{name}-lease"), codec::lease(&change, now / 1000 + 1000).as_bytes());
     }
     for (name, s) in logs() {
         let mut enc = Vec::new();
@@ -210,6 +213,10 @@ fn main() {
         &["2", "a", "b", "SLIDINGLOG", "5", "1000"],
         &["1", "a", "SLIDINGLOG", "5", "1000", "WEIGHT", "9007199254740991", "COST", "2"],
         &["17", "a", "SLIDINGLOG", "5", "1000"],
+        &["2", "a", "b", "CONCURRENCY", "10", "30000", "req-1", "TOKENBUCKET", "100", "100", "1000"],
+        &["2", "a", "b", "TOKENBUCKET", "5", "1", "1000", "concurrency", "3", "1000", "COST", "WEIGHT", "2", "PARTIAL"],
+        &["1", "a", "CONCURRENCY", "3", "100", "x", "REFUND", "1"],
+        &["1", "a", "CONCURRENCY", "3", "100"],
     ];
     for (i, a) in multi_args.iter().enumerate() {
         put(dir, "args_multi", &format!("args{i}"), &args_input(now, now, (i % 3) as u8, &[7; 96], a));

@@ -6,8 +6,27 @@ use crate::core::concurrency::{self as cc, Action, Call, Change, State};
 use crate::core::reference::concurrency::Leases;
 use crate::core::MAX_ARG;
 
+/// A valid state from any bytes (RL.MULTI's target seeds its limits so):
+/// up to 16 leases of 1 to 8 units, ending up to about 4 s around `now`,
+/// ids 0 to 7, the last write a little before `now`.
+pub fn synth_cc(b: &[u8], now: u64) -> State {
+    let mut s = State::default();
+    let start = now.saturating_sub(2_000_000);
+    for c in b.chunks(3).take(16) {
+        let (e, h, u) = (c.first().copied().unwrap_or(0), c.get(1).copied().unwrap_or(0), c.get(2).copied().unwrap_or(0));
+        let end = start.saturating_add(u64::from(e) * 16_000 + 1);
+        let change = Change { now_us: start, hash: u64::from(h % 8), units: u64::from(u % 8) + 1, expiry_us: end };
+        let _ = s.apply(&change);
+    }
+    if s.is_fresh_at(start) {
+        State::default()
+    } else {
+        s
+    }
+}
+
 /// The model holding the same leases as `s`.
-fn model_of(s: &State) -> Leases {
+pub fn model_of(s: &State) -> Leases {
     let mut m = Leases { last: s.last_us(), ..Leases::default() };
     for l in s.leases() {
         m.by_hash.insert(l.hash, (l.units, l.expiry_us));

@@ -148,6 +148,13 @@ impl State {
         self.leases.capacity().saturating_mul(core::mem::size_of::<Lease>())
     }
 
+    /// The buffer's heap block, if it has one (MEMORY USAGE asks the
+    /// allocator for its real size).
+    #[inline]
+    pub fn heap_block(&self) -> Option<*const u8> {
+        (self.leases.capacity() > 0).then(|| self.leases.as_ptr().cast())
+    }
+
     /// Apply `c` at `now_eff = max(c.now_us, last_us)`, which becomes
     /// `last_us`: drop the leases lapsed then, then the id holds `c.units`
     /// until `c.expiry_us` (none when 0, or when that expiry is not after
@@ -177,7 +184,15 @@ impl State {
         if c.units > 0 && c.expiry_us > now {
             let lease = Lease { expiry_us: c.expiry_us, hash: c.hash, units: c.units };
             let at = self.leases.partition_point(|l| *l < lease);
+            if self.leases.len() == self.leases.capacity() {
+                // 25 % more (at least 4): at most 1.25 n + 4 leases' room
+                // after a growth, instead of Vec's doubling.
+                self.leases.reserve_exact((self.leases.len() / 4).max(4));
+            }
             self.leases.insert(at, lease);
+        } else if self.leases.capacity() > 16 && self.leases.len() <= self.leases.capacity() / 4 {
+            // A buffer left at most a quarter full gives the rest back.
+            self.leases.shrink_to(self.leases.len() + self.leases.len() / 4 + 4);
         }
         Ok(())
     }
