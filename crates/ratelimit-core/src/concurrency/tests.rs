@@ -294,3 +294,24 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    /// The module parses at most the first eight words after the key (the
+    /// most a valid call has): a longer call gets the error the whole call
+    /// gets, Syntax where the first eight parse.
+    #[test]
+    fn a_long_call_fails_on_its_first_eight_words(
+        words in prop::collection::vec(prop_oneof![
+            Just("ACQUIRE"), Just("RELEASE"), Just("COST"), Just("PARTIAL"), Just("DRYRUN"), Just("1"),
+            Just("0"), Just("x"), Just("10")
+        ], 5..12),
+    ) {
+        let w: Vec<&[u8]> = words.iter().map(|s| s.as_bytes()).collect();
+        let all = parse(&w);
+        if w.len() > 8 {
+            prop_assert!(all.is_err());
+            let first = parse(&w[..8]).and(Err::<Call, _>(ArgError::Syntax));
+            prop_assert_eq!(first.err(), all.err(), "{:?}", words);
+        }
+    }
+}
