@@ -56,21 +56,23 @@ fn apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &cc::Call) -> Result<Decision, R
     if key.holds(cc::State::redis_type()) == Holds::WrongType {
         return Err(ctx.reply_error(ffi::WRONGTYPE));
     }
-    let empty = cc::State::default();
-    let (d, change) = match key.wide_mut::<cc::State>() {
-        Some(s) => cc::step(s, call, now),
-        None => cc::step(&empty, call, now),
-    };
-    let Some(change) = change else { return Ok(d) };
-    // The change a view of this state made always fits it (`apply` refuses
-    // only what a master never sends); the key holds the buffer in place.
-    let (stored, fresh) = match key.wide_mut::<cc::State>() {
-        Some(s) => (s.apply(&change).is_ok(), s.is_fresh_at(now)),
+    // The key's leases borrowed once: decided, then the one change applied
+    // in place (it always fits the state its view made it from: `apply`
+    // refuses only what a master never sends).
+    let (d, change, stored, fresh) = match key.wide_mut::<cc::State>() {
+        Some(s) => {
+            let (d, change) = cc::step(s, call, now);
+            let Some(change) = change else { return Ok(d) };
+            let ok = s.apply(&change).is_ok();
+            (d, change, ok, s.is_fresh_at(now))
+        }
         None => {
             let mut s = cc::State::default();
+            let (d, change) = cc::step(&s, call, now);
+            let Some(change) = change else { return Ok(d) };
             let ok = s.apply(&change).is_ok();
             let fresh = s.is_fresh_at(now);
-            (ok && (fresh || key.set_new(s)), fresh)
+            (d, change, ok && (fresh || key.set_new(s)), fresh)
         }
     };
     if !stored {

@@ -155,6 +155,13 @@ impl State {
         (self.leases.capacity() > 0).then(|| self.leases.as_ptr().cast())
     }
 
+    /// A buffer left at most a quarter full gives the rest back.
+    fn shrink(&mut self) {
+        if self.leases.capacity() > 16 && self.leases.len() <= self.leases.capacity() / 4 {
+            self.leases.shrink_to(self.leases.len() + self.leases.len() / 4 + 4);
+        }
+    }
+
     /// Apply `c` at `now_eff = max(c.now_us, last_us)`, which becomes
     /// `last_us`: drop the leases lapsed then, then the id holds `c.units`
     /// until `c.expiry_us` (none when 0, or when that expiry is not after
@@ -170,29 +177,63 @@ impl State {
         }
         let now = c.now_us.max(self.last_us);
         let lapsed = self.leases.partition_point(|l| l.expiry_us <= now);
-        let kept = self.leases.get(lapsed..).unwrap_or_default();
-        let others: u64 = kept.iter().filter(|l| l.hash != c.hash).fold(0u64, |t, l| t.saturating_add(l.units));
+        // One pass over the live leases: the id's (its index once the
+        // lapsed ones are gone; a lapsed lease of the id goes with them)
+        // and the others' units.
+        let (mut own, mut others) = (None, 0u64);
+        for (i, l) in self.leases.get(lapsed..).unwrap_or_default().iter().enumerate() {
+            if l.hash == c.hash {
+                own = Some(i);
+            } else {
+                others = others.saturating_add(l.units);
+            }
+        }
         if c.units > 0 && others.saturating_add(c.units) > MAX_ARG {
             return Err("concurrency: units above 2^53-1");
         }
-        self.leases.drain(..lapsed);
-        self.last_us = now;
-        // A lapsed lease of the id was dropped with the rest.
-        if let Some(i) = self.leases.iter().position(|l| l.hash == c.hash) {
-            self.leases.remove(i);
+        if lapsed > 0 {
+            self.leases.drain(..lapsed);
         }
-        if c.units > 0 && c.expiry_us > now {
-            let lease = Lease { expiry_us: c.expiry_us, hash: c.hash, units: c.units };
-            let at = self.leases.partition_point(|l| *l < lease);
-            if self.leases.len() == self.leases.capacity() {
-                // 25 % more (at least 4): at most 1.25 n + 4 leases' room
-                // after a growth, instead of Vec's doubling.
-                self.leases.reserve_exact((self.leases.len() / 4).max(4));
+        self.last_us = now;
+        let lease = Lease { expiry_us: c.expiry_us, hash: c.hash, units: c.units };
+        let keep = c.units > 0 && c.expiry_us > now;
+        match (own, keep) {
+            (Some(i), true) => {
+                // In place, moved to its sorted place by a rotation of the
+                // leases between (a renewal: usually to the end).
+                let old = self.leases.get(i).copied().unwrap_or(lease);
+                if lease > old {
+                    let after = self.leases.get(i + 1..).map_or(0, |t| t.partition_point(|l| *l < lease));
+                    if let Some(span) = self.leases.get_mut(i..=i + after) {
+                        span.rotate_left(1);
+                        if let Some(last) = span.last_mut() {
+                            *last = lease;
+                        }
+                    }
+                } else {
+                    let at = self.leases.get(..i).map_or(0, |h| h.partition_point(|l| *l < lease));
+                    if let Some(span) = self.leases.get_mut(at..=i) {
+                        span.rotate_right(1);
+                        if let Some(first) = span.first_mut() {
+                            *first = lease;
+                        }
+                    }
+                }
             }
-            self.leases.insert(at, lease);
-        } else if self.leases.capacity() > 16 && self.leases.len() <= self.leases.capacity() / 4 {
-            // A buffer left at most a quarter full gives the rest back.
-            self.leases.shrink_to(self.leases.len() + self.leases.len() / 4 + 4);
+            (Some(i), false) => {
+                self.leases.remove(i);
+                self.shrink();
+            }
+            (None, true) => {
+                let at = self.leases.partition_point(|l| *l < lease);
+                if self.leases.len() == self.leases.capacity() {
+                    // 25 % more (at least 4): at most 1.25 n + 4 leases' room
+                    // after a growth, instead of Vec's doubling.
+                    self.leases.reserve_exact((self.leases.len() / 4).max(4));
+                }
+                self.leases.insert(at, lease);
+            }
+            (None, false) => self.shrink(),
         }
         Ok(())
     }
@@ -400,17 +441,26 @@ pub fn parse(args: &[&[u8]]) -> Result<Call, ArgError> {
     let limit = parse_num(limit, Arg::Limit.min()).ok_or(ArgError::Number(Arg::Limit))?;
     let lease_ms = parse_num(lease_ms, Arg::LeaseMs.min()).ok_or(ArgError::Number(Arg::LeaseMs))?;
     let params = Params { limit, lease_ms, id_hash: id_hash(id) };
-    let action = if action.eq_ignore_ascii_case(b"ACQUIRE") {
+    // The action, told by its length and first letter, then compared once
+    // (capital letters only: `eq_upper_letters`).
+    let word = match (action.len(), action.first().map(|b| b & 0xDF)) {
+        (7, Some(b'A')) => Some((b"ACQUIRE".as_slice(), 0)),
+        (7, _) => Some((b"RELEASE".as_slice(), 1)),
+        (5, _) => Some((b"RENEW".as_slice(), 2)),
+        _ => None,
+    };
+    let which = word.filter(|(w, _)| crate::args::eq_upper_letters(action, w)).map(|(_, n)| n);
+    let action = if which == Some(0) {
         let (mut cost, mut partial, mut dryrun, mut seen_cost) = (1, false, false, false);
         let mut rest = opts.iter();
         while let Some(o) = rest.next() {
-            if o.eq_ignore_ascii_case(b"COST") && !seen_cost {
+            if crate::args::eq_upper_letters(o, b"COST") && !seen_cost {
                 seen_cost = true;
                 let v = rest.next().ok_or(ArgError::Syntax)?;
                 cost = parse_num(v, Arg::Cost.min()).ok_or(ArgError::Number(Arg::Cost))?;
-            } else if o.eq_ignore_ascii_case(b"PARTIAL") && !partial {
+            } else if crate::args::eq_upper_letters(o, b"PARTIAL") && !partial {
                 partial = true;
-            } else if o.eq_ignore_ascii_case(b"DRYRUN") && !dryrun {
+            } else if crate::args::eq_upper_letters(o, b"DRYRUN") && !dryrun {
                 dryrun = true;
             } else {
                 return Err(ArgError::Syntax);
@@ -419,9 +469,9 @@ pub fn parse(args: &[&[u8]]) -> Result<Call, ArgError> {
         Action::Acquire { cost, partial, dryrun }
     } else if !opts.is_empty() {
         return Err(ArgError::Syntax);
-    } else if action.eq_ignore_ascii_case(b"RELEASE") {
+    } else if which == Some(1) {
         Action::Release
-    } else if action.eq_ignore_ascii_case(b"RENEW") {
+    } else if which == Some(2) {
         Action::Renew
     } else {
         return Err(ArgError::Syntax);
