@@ -162,6 +162,16 @@ bench: build venv $(VENV)/.clients-py client-lua  ## benchmarks: BENCHMARKS.md, 
 profile: build venv  ## instructions per request under callgrind: docs/PROFILE.md (SERVER=...)
 	$(PY) bench/profile.py $(if $(SERVER),--server $(SERVER)) $(if $(RL_CELL_MODULE),--cell $(RL_CELL_MODULE))
 
+# RL.CONCURRENCY against the sorted-set Lua recipe (requests/s, µs per call,
+# bytes per lease), then conservation under load: 3 processes x 64 workers
+# with crashes (integration/leaseload.py). One server (SERVER=..., default
+# valkey9.1); figures in BENCHMARKS.md's RL.CONCURRENCY section.
+.PHONY: bench-concurrency
+bench-concurrency: build venv  ## RL.CONCURRENCY vs the sorted-set recipe, and under load with crashes (SERVER=...)
+	$(PY) bench/concurrency.py --server $(or $(SERVER),valkey9.1) --held 10 --held 100 --held 1000 \
+	  --out bench/concurrency-$(or $(SERVER),valkey9.1).json
+	cd integration && $(PY) leaseload.py --server $(or $(SERVER),valkey9.1) --seconds 20
+
 # The benchmark and profile scripts once with tiny counts: prove they work
 # (no timing).
 test-bench: build venv client-lua  ## the benchmark and profile scripts once with tiny counts

@@ -21,7 +21,8 @@ cheap as the floor; the target is 0.90 or more).
 
 Cases: the floor (`FLOOR.WRITE`, and `FLOOR.MULTI` for RL.MULTI's shape, of
 ../shared/floor/floor.c, or FLOOR_C), RL.TOKENBUCKET, RL.SLIDINGCOUNTER,
-RL.FIXEDWINDOW (windows of a day: see DAY), RL.SLIDINGLOG, RL.MULTI with 1 and 2 limits, all granted, and the
+RL.FIXEDWINDOW (windows of a day: see DAY), RL.SLIDINGLOG, RL.MULTI with 1 and 2 limits,
+RL.CONCURRENCY (a held id's ACQUIRE: see CC_ID), all granted, and the
 token-bucket Lua twin for context; once with the floor's numbers (10^9, 1,
 3600000) and once with a typical limit, 100 an hour (100, 1, 3600000).
 Last, with a replica attached (a plain server, not under valgrind), the
@@ -52,6 +53,9 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODULE = os.environ.get("RL_MODULE", os.path.join(ROOT, "target", "release", "libredis_ratelimit.so"))
 FLOOR_C = os.environ.get("FLOOR_C", os.path.join(ROOT, "..", "shared", "floor", "floor.c"))
+# RL.CONCURRENCY's floor of its own shape (FLOOR.LEASE: FLOOR.WRITE's work
+# for a request of its six arguments), this repository's own.
+LEASE_C = os.path.join(ROOT, "bench", "floor", "lease.c")
 HOUR = "3600000"
 BIG = "1000000000"
 PIPELINE = 16
@@ -104,6 +108,17 @@ def throttle(prefix, nums):
     return lambda k: ["CL.THROTTLE", prefix + k, burst, count, period]
 
 
+# RL.CONCURRENCY: an ACQUIRE of one unit by an id that already holds its
+# lease (a retry: it renews, so every call writes, as every other case's
+# does), a limit of the set's capacity, leases of an hour, and an id as
+# gateways make them (a 36-character UUID, hashed on every call).
+CC_ID = "7f3a9c2e-5b1d-4e8f-a6c0-2d9b8e4f1a3c"
+
+
+def concurrency(prefix, nums, cmd="RL.CONCURRENCY"):
+    return lambda k: [cmd, prefix + k, nums[0], HOUR, "ACQUIRE", CC_ID]
+
+
 def case_set(suffix, pfx, nums):
     s, fw, fm = suffix, "FLOOR.WRITE" + suffix, "FLOOR.MULTI %d" + suffix
     return [
@@ -117,6 +132,9 @@ def case_set(suffix, pfx, nums):
         ("RL.MULTI, 1 limit" + s, fm % 1, multi("RL.MULTI", 1, pfx + "m1", nums)),
         ("RL.MULTI, 2 limits" + s, fm % 2, multi("RL.MULTI", 2, pfx + "m2", nums)),
         ("CL.THROTTLE" + s, fw, throttle(pfx + "cl:", nums)),
+        ("FLOOR.LEASE" + s, None, concurrency(pfx + "fl:", nums, "FLOOR.LEASE")),
+        ("RL.CONCURRENCY" + s, "FLOOR.LEASE" + s, concurrency(pfx + "cc:", nums)),
+        ("RL.CONCURRENCY vs FLOOR.WRITE" + s, fw, concurrency(pfx + "cw:", nums)),
     ]
 
 
@@ -129,6 +147,7 @@ REPLICA_CASES = [
     ("RL.SLIDINGCOUNTER" + REPLICA, "FLOOR.EFFECT" + REPLICA, single("RL.SLIDINGCOUNTER", "rsc:", TYPICAL)),
     ("RL.FIXEDWINDOW" + REPLICA, "FLOOR.EFFECT" + REPLICA, single("RL.FIXEDWINDOW", "rfx:", TYPICAL)),
     ("RL.SLIDINGLOG" + REPLICA, "FLOOR.EFFECT" + REPLICA, single("RL.SLIDINGLOG", "rsl:", TYPICAL)),
+    ("RL.CONCURRENCY" + REPLICA, "FLOOR.EFFECT" + REPLICA, concurrency("rcc:", TYPICAL)),
 ]
 ALL_CASES = CASES + REPLICA_CASES
 # The Lua twin costs ~15 native calls: its windows are a tenth as long.
@@ -316,7 +335,10 @@ def build_floor(tmp):
     out = os.path.join(tmp, "floor.so")
     subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-I", os.path.dirname(sorted(headers)[-1]), FLOOR_C,
                     "-o", out], check=True)
-    return out
+    lease = os.path.join(tmp, "lease.so")
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-I", os.path.dirname(sorted(headers)[-1]), LEASE_C,
+                    "-o", lease], check=True)
+    return out, lease
 
 
 def main():
@@ -396,7 +418,9 @@ def profile_server(binary, floor, a, tmp, cell=None):
     and the floors only."""
     port = free_port()
     out = os.path.join(tmp, "cg.out")
-    modules = ["--loadmodule", cell or MODULE, *([] if cell else ["CL.THROTTLE"]), "--loadmodule", floor]
+    floor, lease = floor
+    modules = ["--loadmodule", cell or MODULE, *([] if cell else ["CL.THROTTLE"]), "--loadmodule", floor,
+               "--loadmodule", lease]
     server, conn = start_server(
         [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--hz", "1",
          "--dir", tmp, *modules],
@@ -590,7 +614,7 @@ def write(path, report):
                     req, call, ours["request"], ours["call"], req / ours["request"], call / ours["call"])
                   % (ver, label.replace(CELL_LABEL, "CL.THROTTLE") or "CL.THROTTLE"))
         w("")
-    w("RL.TOKENBUCKET, RL.SLIDINGCOUNTER, RL.FIXEDWINDOW, RL.SLIDINGLOG, CL.THROTTLE and the Lua twin are "
+    w("RL.TOKENBUCKET, RL.SLIDINGCOUNTER, RL.FIXEDWINDOW, RL.SLIDINGLOG, CL.THROTTLE, RL.CONCURRENCY and the Lua twin are "
       "compared with `FLOOR.WRITE`; RL.MULTI with n limits with `FLOOR.MULTI` with n keys; with a replica, "
       "the single commands with `FLOOR.EFFECT`, all with the same numbers.")
     w("")

@@ -549,7 +549,7 @@ def write_summary(out):
     if os.path.exists(path):
         with open(path) as f:
             old = f.read()
-        for name in ("edge-bench", "bench-envoy"):
+        for name in ("edge-bench", "bench-envoy", "concurrency"):
             a, b = old.find("<!-- %s:begin -->" % name), old.find("<!-- %s:end -->" % name)
             if 0 <= a < b:
                 lines += ["", old[a:b + len("<!-- %s:end -->" % name)]]

@@ -23,7 +23,7 @@ cargo build --release --target "$TRIPLE" --features coverage -j "$(nproc)" 2>&1 
 OUT=$CARGO_TARGET_DIR/$TRIPLE/release
 mkdir -p target
 : >target/coverage.txt
-for t in args_tokenbucket args_slidinglog args_slidingcounter args_fixedwindow decode_tokenbucket decode_slidinglog decode_slidingcounter decode_fixedwindow decode_codec; do
+for t in args_tokenbucket args_slidinglog args_slidingcounter args_fixedwindow decode_tokenbucket decode_slidinglog decode_slidingcounter decode_fixedwindow decode_concurrency decode_codec; do
   dirs=("regressions/$t")
   [ -d "corpus/$t" ] && dirs+=("corpus/$t")
   "$OUT/$t" -runs=0 -print_coverage=1 "${dirs[@]}" 2>&1 | sed -n "s/^\(UN\)\{0,1\}COVERED_FUNC: /$t /p" >>target/coverage.txt

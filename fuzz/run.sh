@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 SECONDS_PER_TARGET=${1:-60}
 shift || true
-ALL_TARGETS=(args_tokenbucket args_slidinglog args_slidingcounter args_fixedwindow args_multi decode_tokenbucket decode_slidinglog decode_slidingcounter decode_fixedwindow decode_codec)
+ALL_TARGETS=(args_tokenbucket args_slidinglog args_slidingcounter args_fixedwindow args_multi decode_tokenbucket decode_slidinglog decode_slidingcounter decode_fixedwindow decode_concurrency decode_codec)
 if [ $# -gt 0 ]; then TARGETS=("$@"); else TARGETS=("${ALL_TARGETS[@]}"); fi
 CARGO=${CARGO:-cargo}
 TRIPLE=$(rustc -vV | sed -n 's/^host: //p')

@@ -16,9 +16,15 @@ Format, one item a line (`#` starts a comment line):
     case multi SPEC*WEIGHT SPEC*WEIGHT ...
     call T_US take COST PARTIAL DRYRUN = REPLY
     call T_US refund N = REPLY
+    call T_US acquire ID COST PARTIAL DRYRUN = REPLY     (RL.CONCURRENCY)
+    call T_US release ID = REPLY
+    call T_US renew ID = REPLY
 
 SPEC is `tb:capacity:rate:period_ms`, `sl:limit:window_ms`,
-`sc:limit:window_ms` or `fw:limit:window_ms:fromfirst` (0/1); PARTIAL,
+`sc:limit:window_ms` or `fw:limit:window_ms:fromfirst` (0/1), or for
+RL.CONCURRENCY `cc:limit:lease_ms` (its calls name their id, a small
+integer the Rust models take as the id's hash) and in RL.MULTI
+`cc:limit:lease_ms:id`; PARTIAL,
 DRYRUN are 0/1. A single command's REPLY is its five integers; RL.MULTI's
 is its first six (allowed, limit, remaining, retry, reset, binding index)
 then `;` and each limit's five, all as the commands reply them (saturated
@@ -30,6 +36,9 @@ token bucket's or a sliding log's state. The Rust models count the gap
 into the waits, as the module does; models.py measures them from the
 stored instant, as the Lua twins do. So the clock steps back only in cases
 without those two (sliding counter and fixed window: both count the gap).
+
+The RL.CONCURRENCY cases were added after the others, from their own seed
+(`generate_concurrency`), so the lines before them did not change.
 """
 
 import os
@@ -55,6 +64,8 @@ def model(spec):
         return models.SlidingCounter(*nums)
     if kind == "fw":
         return models.FixedWindow(nums[0], nums[1], bool(nums[2]))
+    if kind == "cc":
+        return models.Concurrency(nums[0], nums[1], nums[2] if len(nums) > 2 else None)
     raise ValueError(spec)
 
 
@@ -92,6 +103,20 @@ def sat(reply):
 def replay(kind, limits, calls):
     """The replies of models.py for one case's calls."""
     out = []
+    if kind == "single" and limits[0][0].startswith("cc:"):
+        _, limit, lease = (int(x) if i else x for i, x in enumerate(limits[0][0].split(":")))
+        state = None
+        for t, op, args in calls:
+            m = models.Concurrency(limit, lease, args[0])
+            if op == "acquire":
+                _, cost, partial, dryrun = args
+                reply, _, state = models.single(m, state, t, cost, bool(partial), bool(dryrun))
+            elif op == "release":
+                reply, _, state = models.single(m, state, t, refund=2**64)
+            else:
+                reply, _, state = models.cc_renew(m, state, t)
+            out.append([sat(reply)])
+        return out
     if kind == "single":
         m, state = model(limits[0][0]), None
         for t, op, args in calls:
@@ -200,6 +225,58 @@ def calls(rng, specs, n, multi, maxw=1):
     return out
 
 
+def cc_calls(rng, lease_us, n, top):
+    """n RL.CONCURRENCY calls on ids 0..3: acquires (COST 0, 1, a few, past
+    the limit; PARTIAL, DRYRUN), releases and renewals, the clock moving by
+    nothing, a little, about a lease, past every lease, or stepping back."""
+    t = rng.choice([rng.randrange(1_600_000_000_000_000, 1_800_000_000_000_000), rng.randrange(0, 10**7)])
+    out = []
+    for _ in range(n):
+        r = rng.random()
+        step = (0 if r < 0.2 else rng.randrange(1, 2000) if r < 0.45 else rng.randrange(1, max(2, lease_us))
+                if r < 0.8 else lease_us * rng.randrange(1, 3) + rng.randrange(0, 1000) if r < 0.92
+                else -rng.randrange(1, max(2, lease_us)))
+        t = max(0, t + step)
+        ident = rng.randrange(0, 4)
+        r = rng.random()
+        if r < 0.2:
+            out.append((t, "release", [ident]))
+        elif r < 0.32:
+            out.append((t, "renew", [ident]))
+        else:
+            c = rng.random()
+            cost = (0 if c < 0.08 else 1 if c < 0.5 else rng.randrange(1, min(top, 10**6) + 2) if c < 0.92
+                    else rng.choice([top, min(top + 1, MAX), MAX]))
+            out.append((t, "acquire", [ident, cost, int(rng.random() < 0.3), int(rng.random() < 0.12)]))
+    return out
+
+
+def generate_concurrency(seed=46, singles=60, multis=60):
+    """The RL.CONCURRENCY cases: single keys, and RL.MULTI with a
+    CONCURRENCY limit among others (the clock steps back only when
+    there is no token bucket or log among them, as in the other cases)."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(singles):
+        limit = rng.randrange(1, 8) if rng.random() < 0.8 else big(rng)
+        lease = rng.choice([1, 3, 100, 1000, 30000]) if rng.random() < 0.85 else big(rng)
+        s = f"cc:{limit}:{lease}"
+        cs = cc_calls(rng, min(lease * 1000, 10**13), rng.randrange(6, 24), limit)
+        lines.append(f"case single {s}")
+        for (t, op, args), reply in zip(cs, replay("single", [(s, 1)], cs)):
+            lines.append(f"call {t} {op} {' '.join(map(str, args))} = {fmt_reply(reply)}")
+    for _ in range(multis):
+        specs = [spec(rng, rng.choice(["tb", "sl", "sc", "fw"]), small=True) for _ in range(rng.randrange(0, 3))]
+        cc = f"cc:{rng.randrange(1, 12)}:{rng.choice([1, 100, 1000, 60000])}:{rng.randrange(0, 3)}"
+        specs.insert(rng.randrange(0, len(specs) + 1), cc)
+        ws = [rng.choice([1, 1, 2, 3]) for _ in specs]
+        cs = calls(rng, specs, rng.randrange(4, 16), multi=True, maxw=max(ws))
+        lines.append("case multi " + " ".join(f"{s}*{w}" for s, w in zip(specs, ws)))
+        for (t, op, args), reply in zip(cs, replay("multi", list(zip(specs, ws)), cs)):
+            lines.append(f"call {t} {op} {' '.join(map(str, args))} = {fmt_reply(reply)}")
+    return lines
+
+
 def fmt_reply(reply):
     return " ; ".join(" ".join(str(x) for x in part) for part in reply)
 
@@ -224,6 +301,7 @@ def generate(seed=42, per_kind=60, multis=120):
         lines.append("case multi " + " ".join(f"{s}*{w}" for s, w in zip(specs, ws)))
         for (t, op, args), reply in zip(cs, replay("multi", list(zip(specs, ws)), cs)):
             lines.append(f"call {t} {op} {' '.join(map(str, args))} = {fmt_reply(reply)}")
+    lines.extend(generate_concurrency())
     return "\n".join(lines) + "\n"
 
 

@@ -305,6 +305,91 @@ class _WindowView:
         return self.start + self.m.window_ms
 
 
+class Concurrency:
+    """At most `limit` units held at once by leases of `lease_ms`; the
+    view acts for the id `ident` (ACQUIRE sets its lease, give takes units
+    off it). A state is (last_us, {id: (units, expiry_us)}): the last
+    write's instant and the leases live after it, or None (no key)."""
+
+    def __init__(self, limit, lease_ms, ident):
+        self.limit = limit
+        self.lease_us = lease_ms * 1000
+        self.ident = ident
+
+    def at(self, state, now):
+        return _LeaseView(self, state, now)
+
+
+class _LeaseView:
+    def __init__(self, m, state, now):
+        last, leases = state if state is not None else (0, {})
+        self.m, self.now, self.last = m, now, last
+        self.t = max(now, last)  # a clock behind the last write counts no time
+        self.leases = {i: (u, e) for i, (u, e) in leases.items() if e > self.t}
+        self.taken, self.wrote, self.own_counts = 0, False, False
+
+    def _others(self):
+        return sum(u for i, (u, _) in self.leases.items() if i != self.m.ident)
+
+    def avail(self):
+        return max(0, self.m.limit - self._others())
+
+    def take(self, g):
+        if g:
+            self.leases[self.m.ident] = (g, self.t + self.m.lease_us)
+            self.taken, self.wrote = g, True
+
+    def give(self, k):
+        """k of the id's units back (the lease keeps its expiry); the wait
+        that follows is a new id's, which the id's units count against."""
+        self.own_counts = True
+        u, e = self.leases.get(self.m.ident, (0, 0))
+        given = min(k, u)
+        if given == u and u:
+            del self.leases[self.m.ident]
+        elif given:
+            self.leases[self.m.ident] = (u - given, e)
+        self.wrote = self.wrote or given > 0
+        return given
+
+    def renew(self):
+        u, _ = self.leases.get(self.m.ident, (0, 0))
+        if u:
+            self.leases[self.m.ident] = (u, self.t + self.m.lease_us)
+            self.wrote = True
+        return u > 0
+
+    def answer(self, want):
+        held = sum(u for u, _ in self.leases.values())
+        counted = {i: lease for i, lease in self.leases.items() if self.own_counts or i != self.m.ident}
+        if self.taken == want:
+            retry = 0
+        elif want > self.m.limit:
+            retry = -1
+        else:
+            # the first lapse (on the real clock) after which want fits
+            retry = None
+            for e in sorted({self.now} | {e for _, e in counted.values()}):
+                if sum(u for u, x in counted.values() if x > max(e, self.t)) + want <= self.m.limit:
+                    retry = ceil_div(e - self.now, 1000)
+                    break
+        reset = ceil_div(max(e for _, e in self.leases.values()) - self.now, 1000) if self.leases else 0
+        return max(0, self.m.limit - held), retry, reset
+
+    def state(self):
+        if not self.leases:
+            return None
+        return (self.t if self.wrote else self.last, dict(self.leases))
+
+
+def cc_renew(model, state, now):
+    """RL.CONCURRENCY ... RENEW id: (reply, written, new state)."""
+    v = model.at(state, now)
+    renewed = v.renew()
+    remaining, _, reset = v.answer(0)
+    return [int(renewed), model.limit, remaining, 0 if renewed else -1, reset], renewed, v.state() if renewed else state
+
+
 MODELS = {"TOKENBUCKET": TokenBucket, "SLIDINGLOG": SlidingLog, "SLIDINGCOUNTER": SlidingCounter,
           "FIXEDWINDOW": FixedWindow}
 

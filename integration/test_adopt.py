@@ -23,7 +23,7 @@ import redis
 
 from rltesting.proc import ROOT, wait_until
 
-LIMITERS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER", "RL.FIXEDWINDOW", "RL.MULTI")
+LIMITERS = ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER", "RL.FIXEDWINDOW", "RL.CONCURRENCY", "RL.MULTI")
 
 # Argument trees as COMMAND DOCS must give them:
 # (name, type, token, flags, children).
@@ -57,12 +57,24 @@ EXPECTED_ARGS = {
             A("fixedwindow", "block", "FIXEDWINDOW", children=[
                 A("limit", "integer"), A("window_ms", "integer"), WEIGHT,
                 A("fromfirst", "pure-token", "FROMFIRST", {"optional"})]),
+            A("concurrency", "block", "CONCURRENCY", children=[
+                A("limit", "integer"), A("lease_ms", "integer"), A("id", "string"), WEIGHT]),
         ]),
         A("mode", "oneof", flags={"optional"}, children=[
             A("grant", "block", children=[A("cost", "integer", "COST", {"optional"}),
                                           A("partial", "pure-token", "PARTIAL", {"optional"}),
                                           A("dryrun", "pure-token", "DRYRUN", {"optional"})]),
             A("refund", "integer", "REFUND"),
+        ]),
+    ],
+    "RL.CONCURRENCY": [
+        A("key", "key"), A("limit", "integer"), A("lease_ms", "integer"),
+        A("action", "oneof", children=[
+            A("acquire", "block", "ACQUIRE", children=[
+                A("id", "string"), A("cost", "integer", "COST", {"optional"}),
+                A("partial", "pure-token", "PARTIAL", {"optional"}), A("dryrun", "pure-token", "DRYRUN", {"optional"})]),
+            A("release", "string", "RELEASE"),
+            A("renew", "string", "RENEW"),
         ]),
     ],
     "RL.STATE": [A("key", "key"), A("payload", "string")],
@@ -91,6 +103,7 @@ CALLS = {
     "RL.SLIDINGLOG": ["{k}", "10", "1000", "DRYRUN"],
     "RL.SLIDINGCOUNTER": ["{k}", "10", "1000"],
     "RL.FIXEDWINDOW": ["{k}", "10", "1000", "FROMFIRST"],
+    "RL.CONCURRENCY": ["{k}", "10", "30000", "ACQUIRE", "req-1"],
     "RL.STATE": ["{k}", "payload"],
 }
 KEY_FLAGS = {
@@ -99,6 +112,7 @@ KEY_FLAGS = {
     "RL.SLIDINGLOG": {"RW", "access", "update"},
     "RL.SLIDINGCOUNTER": {"RW", "access", "update"},
     "RL.FIXEDWINDOW": {"RW", "access", "update"},
+    "RL.CONCURRENCY": {"RW", "access", "update"},
     "RL.STATE": {"OW", "update"},
 }
 

@@ -232,3 +232,40 @@ def test_cluster_replica_failover_continues_limits(server_factory):
     assert keyspace(new) == keyspace(old)
     assert db_digest(new) == db_digest(old)
     assert sum(work.total(k) for _, k in live) > 0
+
+
+def test_cluster_concurrency_leases_move_with_their_slots(server_factory):
+    """RL.CONCURRENCY's leases on hash-tagged keys: routed to the slot's
+    owner, carried by a reshard (MIGRATE: DUMP/RESTORE) byte for byte, and
+    released on the new owner; RL.MULTI with a CONCURRENCY limit and a rate
+    limit of one tenant is one call on one node, and keys in two slots are
+    refused (CROSSSLOT)."""
+    cluster = Cluster(server_factory)
+    rc = cluster.client()
+    src = cluster.owner(0)
+    dst = next(s for s in cluster.nodes if s is not src)
+    moved = tags_in_slots(0, 64, 3, prefix="cm")
+    long = 600_000
+    for t in moved:
+        k = f"rl:{{{t}}}:inflight"
+        for i in range(3):
+            assert rc.execute_command("RL.CONCURRENCY", k, 10, long, "ACQUIRE", f"req{i}", "COST", 1 + i)[0] == 1
+        rep = rc.execute_command("RL.MULTI", 2, k, f"rl:{{{t}}}:rate", "CONCURRENCY", 10, long, "req9",
+                                 "TOKENBUCKET", 10, 1, 3_600_000)
+        assert rep[6][0][:3] == [1, 10, 3], rep  # 1 + 2 + 3 + 1 of 10 held
+    before = {t: node_view(cluster, f"rl:{{{t}}}:inflight") for t in moved}
+    cluster.reshard(src, dst, 64)
+    rc = cluster.client()
+    for t in moved:
+        k = f"rl:{{{t}}}:inflight"
+        assert cluster.owner(key_slot(k.encode())) is dst
+        assert node_view(cluster, k)[0] == before[t][0], k
+        assert rc.execute_command("RL.CONCURRENCY", k, 10, long, "RELEASE", "req2")[:3] == [3, 10, 6]
+        # req1's retried ACQUIRE of its 2 units renews it: nothing more held
+        assert rc.execute_command("RL.CONCURRENCY", k, 10, long, "ACQUIRE", "req1", "COST", 2)[:3] == [1, 10, 6]
+    try:
+        rc.execute_command("RL.MULTI", 2, "rl:{a}:x", "rl:{b}:x", "CONCURRENCY", 1, 1000, "r",
+                           "CONCURRENCY", 1, 1000, "r")
+        raise AssertionError("a cross-slot RL.MULTI ran")
+    except Exception as e:  # redis-py's cluster client raises its own error for it
+        assert "slot" in str(e).lower(), e

@@ -61,7 +61,7 @@ def test_scripts_touch_only_their_declared_keys():
         for m in re.finditer(r"\.(load|write)\((\w+(?:\[\w+\])?)", src):
             assert m.group(2) in ("key", "keys[j]"), (name, m.group(0))
         # KEYS itself is only handed to the entry point; no key enumeration
-        assert all(re.match(r"return rl_multi\(KEYS, ARGV\)$|local keys, argv = KEYS, ARGV$", line)
+        assert all(re.match(r"return rl_(multi|concurrency)\(KEYS, ARGV\)$|local keys, argv = KEYS, ARGV$", line)
                    for line in src.splitlines() if "KEYS" in line and not line.startswith("--")), name
         assert not re.search(r"'(KEYS|SCAN)'", src)
 

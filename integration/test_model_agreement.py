@@ -30,9 +30,12 @@ def differences(cases, replay):
 def test_the_corpus_covers_every_kind_and_option():
     cases = corpus()
     kinds = [limits[0][0].split(":")[0] if kind == "single" else "multi" for kind, limits, _ in cases]
-    assert {k: kinds.count(k) for k in set(kinds)} == {"tb": 60, "sl": 60, "sc": 60, "fw": 60, "multi": 120}
+    assert {k: kinds.count(k) for k in set(kinds)} == {"tb": 60, "sl": 60, "sc": 60, "fw": 60, "cc": 60, "multi": 180}
+    assert sum(1 for kind, limits, _ in cases if kind == "multi" and any(s.startswith("cc:") for s, _ in limits)) == 60
     calls = [c for _, _, cs in cases for c in cs]
     takes = [args for _, op, args, _ in calls if op == "take"]
+    for op in ("acquire", "release", "renew"):  # RL.CONCURRENCY
+        assert sum(1 for _, o, _, _ in calls if o == op) >= 100, op
     assert len(calls) >= 3000
     assert sum(1 for _, op, _, _ in calls if op == "refund") >= 300
     assert sum(1 for a in takes if a[0] == 0) >= 200  # COST 0

@@ -20,7 +20,10 @@ FILES = {
     "RL.FIXEDWINDOW": "fixedwindow.lua",
 }
 CMDS = list(FILES)
-SCRIPTS = {**FILES, "RL.MULTI": "multi.lua"}
+# RL.CONCURRENCY's twin is loaded with the others; its grammar is not the
+# rate limits' (CMDS), so its own suite tests it
+# (test_lua_twins_concurrency.py).
+SCRIPTS = {**FILES, "RL.CONCURRENCY": "concurrency.lua", "RL.MULTI": "multi.lua"}
 
 
 def generated(name):
@@ -34,7 +37,7 @@ def source(cmd):
 
 FUNCTIONS = {"RL.TOKENBUCKET": "rl_tokenbucket", "RL.SLIDINGLOG": "rl_slidinglog",
              "RL.SLIDINGCOUNTER": "rl_slidingcounter", "RL.FIXEDWINDOW": "rl_fixedwindow",
-             "RL.MULTI": "rl_multi"}
+             "RL.CONCURRENCY": "rl_concurrency", "RL.MULTI": "rl_multi"}
 
 
 class Twins:

@@ -154,10 +154,11 @@ local key = keys[1]
 local clock = redis.call('TIME')
 do
   local key, now = key, tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  -- 'tokens' (token bucket) and 'win' (sliding counter): not ours.
-  local st = redis.pcall('HMGET', key, 'start', 'count', 'tokens', 'win')
+  -- 'tokens' (token bucket), 'win' (sliding counter), 'last' (RL.CONCURRENCY's
+  -- leases): not ours.
+  local st = redis.pcall('HMGET', key, 'start', 'count', 'tokens', 'win', 'last')
   if st.err then return st end
-  if st[3] or st[4] then return redis.error_reply(WRONGTYPE) end
+  if st[3] or st[4] or st[5] then return redis.error_reply(WRONGTYPE) end
   local w = p_window_ms
   if p_fromfirst and w > MAX_WINDOW_MS then
     return redis.error_reply('ERR window_ms is beyond the exact range of the Lua script with FROMFIRST (at most 9007199254740)')

@@ -222,11 +222,11 @@ local key = keys[1]
 local clock = redis.call('TIME')
 do
   local key, now = key, tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  -- 'tokens' belongs to the token bucket, 'count' to the fixed window: a
-  -- hash holding either is not ours.
-  local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens', 'count')
+  -- 'tokens' belongs to the token bucket, 'count' to the fixed window,
+  -- 'last' to RL.CONCURRENCY's leases: a hash holding any is not ours.
+  local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens', 'count', 'last')
   if st.err then return st end
-  if st[4] or st[5] then return redis.error_reply(WRONGTYPE) end
+  if st[4] or st[5] or st[6] then return redis.error_reply(WRONGTYPE) end
   local W = p_W
   local at = now -- the instant the call is evaluated at
   local k, e = divmod(now, W) -- its window index, us since that window began

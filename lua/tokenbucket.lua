@@ -238,11 +238,11 @@ local key = keys[1]
 local clock = redis.call('TIME')
 do
   local key, now = key, tonumber(clock[1]) * 1000000 + tonumber(clock[2])
-  -- 'win' belongs to the sliding counter, 'count' to the fixed window: a
-  -- hash holding either is not ours.
-  local st = redis.pcall('HMGET', key, 'tokens', 'frac', 'ts', 'scale', 'win', 'count')
+  -- 'win' belongs to the sliding counter, 'count' to the fixed window,
+  -- 'last' to RL.CONCURRENCY's leases: a hash holding any is not ours.
+  local st = redis.pcall('HMGET', key, 'tokens', 'frac', 'ts', 'scale', 'win', 'count', 'last')
   if st.err then return st end
-  if st[5] or st[6] then return redis.error_reply(WRONGTYPE) end
+  if st[5] or st[6] or st[7] then return redis.error_reply(WRONGTYPE) end
   local capacity, rate, P = p_capacity, p_rate, p_P
   local n, f, t = capacity, 0, now -- a fresh bucket is full
   if st[1] then

@@ -25,7 +25,7 @@ use std::ffi::c_int;
 use redis_module::{raw, redis_module, Context, RedisString, Status};
 
 use crate::api::Ctx;
-use crate::types::{FIXEDWINDOW_TYPE, GCRA_TYPE, SLIDINGCOUNTER_TYPE, SLIDINGLOG_TYPE, TOKENBUCKET_TYPE};
+use crate::types::{CONCURRENCY_TYPE, FIXEDWINDOW_TYPE, GCRA_TYPE, SLIDINGCOUNTER_TYPE, SLIDINGLOG_TYPE, TOKENBUCKET_TYPE};
 
 fn init(ctx: &Context, args: &[RedisString]) -> Status {
     // Refuse to load, naming it, if the server lacks an API function the
@@ -104,6 +104,6 @@ redis_module! {
     name: "ratelimit",
     version: cmdinfo::MODULE_VERSION,
     allocator: (crate::alloc::ModuleAlloc, crate::alloc::ModuleAlloc),
-    data_types: [TOKENBUCKET_TYPE, SLIDINGLOG_TYPE, SLIDINGCOUNTER_TYPE, FIXEDWINDOW_TYPE, GCRA_TYPE],
+    data_types: [TOKENBUCKET_TYPE, SLIDINGLOG_TYPE, SLIDINGCOUNTER_TYPE, FIXEDWINDOW_TYPE, GCRA_TYPE, CONCURRENCY_TYPE],
     init: init,
 }

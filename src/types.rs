@@ -1,4 +1,4 @@
-//! The four native data types and their callbacks: RDB load/save, AOF
+//! The native data types and their callbacks: RDB load/save, AOF
 //! rewrite, MEMORY USAGE, DEBUG DIGEST, COPY and free. Every callback goes
 //! through the state's own versioned encoding (see `ratelimit_core::codec`), so RDB, AOF
 //! rewrite, DUMP/RESTORE and effect replication share one decoder, and that
@@ -10,13 +10,16 @@ use std::sync::atomic::Ordering;
 
 use ratelimit_core::catalogue::Kind;
 use ratelimit_core::codec;
-use ratelimit_core::{fixedwindow as fw, gcra, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError};
+use ratelimit_core::{
+    concurrency as cc, fixedwindow as fw, gcra, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError,
+};
 use redis_module::native_types::RedisType;
 use redis_module::raw::{self, RedisModuleDigest, RedisModuleIO, RedisModuleString};
 
 use crate::api::{Digest, Io, Str};
 use crate::value::{
-    Packable, Value, ValueRef, FIXEDWINDOW_PTR, GCRA_PTR, SLIDINGCOUNTER_PTR, SLIDINGLOG_PTR, TOKENBUCKET_PTR,
+    Packable, Value, ValueRef, CONCURRENCY_PTR, FIXEDWINDOW_PTR, GCRA_PTR, SLIDINGCOUNTER_PTR, SLIDINGLOG_PTR,
+    TOKENBUCKET_PTR,
 };
 
 /// RDB encoding version of every type (the body carries its own version
@@ -70,6 +73,16 @@ impl Stored for sl::State {
     }
     fn decode_body(bytes: &[u8]) -> Result<Self, DecodeError> {
         sl::State::decode(bytes)
+    }
+}
+
+impl Stored for cc::State {
+    const KIND: u8 = codec::KIND_CONCURRENCY;
+    fn encode_body(&self, out: &mut Vec<u8>) {
+        self.encode(out);
+    }
+    fn decode_body(bytes: &[u8]) -> Result<Self, DecodeError> {
+        cc::State::decode(bytes)
     }
 }
 
@@ -238,6 +251,7 @@ pub static TOKENBUCKET_TYPE: RedisType = RedisType::new(type_name(Kind::TokenBuc
 pub static SLIDINGLOG_TYPE: RedisType = RedisType::new(type_name(Kind::SlidingLog), ENCVER, methods::<sl::State>());
 pub static SLIDINGCOUNTER_TYPE: RedisType = RedisType::new(type_name(Kind::SlidingCounter), ENCVER, methods::<sc::State>());
 pub static FIXEDWINDOW_TYPE: RedisType = RedisType::new(type_name(Kind::FixedWindow), ENCVER, methods::<fw::State>());
+pub static CONCURRENCY_TYPE: RedisType = RedisType::new(type_name(Kind::Concurrency), ENCVER, methods::<cc::State>());
 
 const fn type_name(kind: Kind) -> &'static str {
     kind.spec().data_type
@@ -259,5 +273,7 @@ pub fn publish_type_pointers() -> bool {
     FIXEDWINDOW_PTR.store(fwp, Ordering::Relaxed);
     let gcp = *GCRA_TYPE.raw_type.borrow();
     GCRA_PTR.store(gcp, Ordering::Relaxed);
-    !tbp.is_null() && !slp.is_null() && !scp.is_null() && !fwp.is_null() && !gcp.is_null()
+    let ccp = *CONCURRENCY_TYPE.raw_type.borrow();
+    CONCURRENCY_PTR.store(ccp, Ordering::Relaxed);
+    !tbp.is_null() && !slp.is_null() && !scp.is_null() && !fwp.is_null() && !gcp.is_null() && !ccp.is_null()
 }

@@ -25,7 +25,9 @@ use std::marker::PhantomData;
 use std::ptr;
 use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering::Relaxed};
 
-use ratelimit_core::{fixedwindow as fw, gcra, slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
+use ratelimit_core::{
+    concurrency as cc, fixedwindow as fw, gcra, slidingcounter as sc, slidinglog as sl, tokenbucket as tb,
+};
 use redis_module::raw::RedisModuleType;
 
 use crate::alloc::usable;
@@ -38,6 +40,7 @@ pub static SLIDINGLOG_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null
 pub static SLIDINGCOUNTER_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 pub static FIXEDWINDOW_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 pub static GCRA_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
+pub static CONCURRENCY_PTR: AtomicPtr<RedisModuleType> = AtomicPtr::new(ptr::null_mut());
 
 /// Bytes of a module key the server does not count in `MEMORY USAGE`,
 /// added to every value's size: measured at load (`memusage.rs`); 0 where
@@ -175,6 +178,20 @@ impl Packable for sl::State {
     }
     fn heap_block(&self) -> Option<*const u8> {
         sl::State::heap_block(self)
+    }
+}
+
+/// RL.CONCURRENCY's leases: always wide (a box holding the lease buffer).
+impl Packable for cc::State {
+    #[inline]
+    fn redis_type() -> *mut RedisModuleType {
+        CONCURRENCY_PTR.load(Relaxed)
+    }
+    fn heap_bytes(&self) -> usize {
+        cc::State::heap_bytes(self)
+    }
+    fn heap_block(&self) -> Option<*const u8> {
+        cc::State::heap_block(self)
     }
 }
 

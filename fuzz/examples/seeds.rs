@@ -4,6 +4,7 @@
 use std::fs;
 use std::path::Path;
 
+use redis_ratelimit_fuzz::core::concurrency as cc;
 use redis_ratelimit_fuzz::core::MAX_ARG;
 use redis_ratelimit_fuzz::*;
 
@@ -96,6 +97,27 @@ fn main() {
         {
             put(dir, "args_fixedwindow", &format!("{name}-{i}"), &args_input(now, now + 1_000_000, 1, &s.encode(), a));
         }
+    }
+    let ccs = {
+        let lease = |now_us, hash, units, expiry_us| cc::Change { now_us, hash, units, expiry_us };
+        let mut small = cc::State::default();
+        for (i, h) in [3u64, 1, 2].into_iter().enumerate() {
+            small.apply(&lease(now, h, 1 + i as u64, now + 1_000_000 * (1 + i as u64))).unwrap();
+        }
+        let mut max = cc::State::default();
+        max.apply(&lease(u64::MAX - 2, 9, MAX_ARG - 1, u64::MAX)).unwrap();
+        max.apply(&lease(u64::MAX - 2, 10, 1, u64::MAX)).unwrap();
+        let mut one = cc::State::default();
+        one.apply(&lease(0, 0, 1, 1)).unwrap();
+        [("cc-small", small), ("cc-max", max), ("cc-one", one)]
+    };
+    for (name, s) in &ccs {
+        let mut b = Vec::new();
+        s.encode(&mut b);
+        put(dir, "decode_concurrency", name, &b);
+        put(dir, "decode_codec", name, &codec::concurrency(s, now / 1000 + 1000));
+        let change = cc::Change { now_us: now, hash: 1, units: 2, expiry_us: now + 1_000_000 };
+        put(dir, "decode_codec", &format!("{name}-lease"), codec::lease(&change, now / 1000 + 1000).as_bytes());
     }
     for (name, s) in logs() {
         let mut enc = Vec::new();
@@ -191,6 +213,10 @@ fn main() {
         &["2", "a", "b", "SLIDINGLOG", "5", "1000"],
         &["1", "a", "SLIDINGLOG", "5", "1000", "WEIGHT", "9007199254740991", "COST", "2"],
         &["17", "a", "SLIDINGLOG", "5", "1000"],
+        &["2", "a", "b", "CONCURRENCY", "10", "30000", "req-1", "TOKENBUCKET", "100", "100", "1000"],
+        &["2", "a", "b", "TOKENBUCKET", "5", "1", "1000", "concurrency", "3", "1000", "COST", "WEIGHT", "2", "PARTIAL"],
+        &["1", "a", "CONCURRENCY", "3", "100", "x", "REFUND", "1"],
+        &["1", "a", "CONCURRENCY", "3", "100"],
     ];
     for (i, a) in multi_args.iter().enumerate() {
         put(dir, "args_multi", &format!("args{i}"), &args_input(now, now, (i % 3) as u8, &[7; 96], a));

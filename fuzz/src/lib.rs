@@ -2,7 +2,8 @@
 //! independent argument-parser oracle (oracle.rs), reply invariants
 //! (invariants.rs), one argument harness for the four single-limit
 //! commands (harness.rs, driving tokenbucket.rs, slidinglog.rs,
-//! slidingcounter.rs and fixedwindow.rs), RL.MULTI (multi.rs), the decoder targets (decode.rs),
+//! slidingcounter.rs and fixedwindow.rs), RL.MULTI (multi.rs), the decoder targets (decode.rs,
+//! and concurrency.rs for RL.CONCURRENCY's),
 //! and the comparison of every call with the core crate's reference models
 //! (`ratelimit_core::reference`, the same models its own tests use; a
 //! sliding log is read back from its canonical encoding, log.rs).
@@ -29,6 +30,7 @@ pub use crate::core::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl,
 pub use ratelimit_core as core;
 pub use ratelimit_core::{args, codec};
 
+pub mod concurrency;
 mod coverage;
 pub mod decode;
 pub mod fixedwindow;
@@ -42,6 +44,7 @@ pub mod slidingcounter;
 pub mod slidinglog;
 pub mod tokenbucket;
 
+pub use concurrency::decode_concurrency;
 #[cfg(feature = "coverage")]
 pub use coverage::describe_pc;
 pub use decode::{decode_codec, decode_fixedwindow, decode_slidingcounter, decode_slidinglog, decode_tokenbucket};

@@ -2,11 +2,13 @@
 //! states synthesized from the input, with the composition's invariants.
 
 use crate::args::{Kind, MAX_LIMITS};
+use crate::concurrency::synth_cc;
+use crate::core::concurrency as cc;
 use crate::core::multi;
 use crate::core::reference::multi::{self as multi_model, Limit};
 use crate::core::reference::slidinglog::Log;
 use crate::core::reference::tokenbucket::Bucket;
-use crate::core::Decision;
+use crate::core::{Decision, MAX_ARG};
 use crate::fixedwindow::synth_fw;
 use crate::input::Input;
 use crate::log::{log_entries, sl_encode};
@@ -21,11 +23,17 @@ enum Owned {
     Log(sl::State),
     Sc(sc::State),
     Fw(fw::State),
+    Cc(cc::State),
 }
 
 impl Owned {
     fn digest(&self) -> Vec<u8> {
         match self {
+            Owned::Cc(s) => {
+                let mut b = Vec::new();
+                s.encode(&mut b);
+                b
+            }
             Owned::Tb(s) => s.encode().to_vec(),
             Owned::Sc(s) => s.encode().to_vec(),
             Owned::Fw(s) => s.encode().to_vec(),
@@ -43,6 +51,7 @@ impl Owned {
                 let enc = sl_encode(s);
                 assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc));
             }
+            Owned::Cc(s) => assert_eq!(cc::State::decode(&self.digest()).as_ref(), Ok(s)),
         }
     }
 }
@@ -70,7 +79,7 @@ pub fn args_multi(data: &[u8]) {
         );
     }
     if let Ok(c) = &got {
-        let words = c.limits[..c.n].iter().all(|l| l.kind() != Kind::SlidingLog);
+        let words = c.limits[..c.n].iter().all(|l| l.kind() != Kind::SlidingLog && l.kind() != Kind::Concurrency);
         // options and WEIGHT follow the keys: a key may be named `cost`
         let opts = !inp.args[(1 + c.n).min(inp.args.len())..]
             .iter()
@@ -93,6 +102,7 @@ pub fn args_multi(data: &[u8]) {
                 Kind::SlidingLog => Owned::Log(if fresh { sl::State::default() } else { synth_sl(b) }),
                 Kind::SlidingCounter => Owned::Sc(if fresh { sc::State::default() } else { synth_sc(b) }),
                 Kind::FixedWindow => Owned::Fw(if fresh { fw::State::default() } else { synth_fw(b) }),
+                Kind::Concurrency => Owned::Cc(if fresh { cc::State::default() } else { synth_cc(b, inp.now) }),
             }
         })
         .collect();
@@ -110,6 +120,7 @@ pub fn args_multi(data: &[u8]) {
             }
             (Owned::Sc(s), multi::Params::SlidingCounter(p)) => Limit::SlidingCounter(*p, *s),
             (Owned::Fw(s), multi::Params::FixedWindow(p)) => Limit::FixedWindow(*p, *s),
+            (Owned::Cc(s), multi::Params::Concurrency(p)) => Limit::Concurrency(*p, crate::concurrency::model_of(s)),
             _ => unreachable!("a limit's state has its algorithm"),
         })
         .collect();
@@ -131,6 +142,7 @@ pub fn args_multi(data: &[u8]) {
                     (Owned::Log(s), multi::Params::SlidingLog(p)) => multi::LimitMut::SlidingLog(s, p),
                     (Owned::Sc(s), multi::Params::SlidingCounter(p)) => multi::LimitMut::SlidingCounter(s, p),
                     (Owned::Fw(s), multi::Params::FixedWindow(p)) => multi::LimitMut::FixedWindow(s, p),
+                    (Owned::Cc(s), multi::Params::Concurrency(p)) => multi::LimitMut::Concurrency(s, p),
                     _ => unreachable!("a limit's state has its algorithm"),
                 };
                 Some(multi::Entry { limit, weight })
@@ -144,6 +156,10 @@ pub fn args_multi(data: &[u8]) {
     // implementation holds in u64 ms (as args_fixedwindow).
     let fw_exact = states.iter().zip(&params).all(|(s, p)| match (s, p) {
         (Owned::Fw(s), multi::Params::FixedWindow(p)) => crate::fixedwindow::in_range(s, p, inp.now),
+        // the model's lease ends are unsaturated sums
+        (Owned::Cc(s), multi::Params::Concurrency(p)) => {
+            inp.now.max(s.last_us()).checked_add(p.lease_ms.saturating_mul(1000)).is_some() && p.limit <= MAX_ARG
+        }
         _ => true,
     });
     if fw_exact && (call.refund > 0 || call.cost <= 4096) {
@@ -165,6 +181,13 @@ pub fn args_multi(data: &[u8]) {
                 }
                 (Owned::Sc(s), Limit::SlidingCounter(_, m)) => assert_eq!(s, m, "counter differs from the model"),
                 (Owned::Fw(s), Limit::FixedWindow(_, m)) => assert_eq!(s, m, "fixed window differs from the model"),
+                (Owned::Cc(s), Limit::Concurrency(_, m)) => {
+                    assert_eq!(
+                        crate::concurrency::model_of(s).live(inp.now),
+                        m.live(inp.now),
+                        "leases differ from the model"
+                    )
+                }
                 _ => unreachable!(),
             }
         }
@@ -179,6 +202,7 @@ pub fn args_multi(data: &[u8]) {
             multi::Params::SlidingLog(p) => p.limit,
             multi::Params::SlidingCounter(p) => p.limit,
             multi::Params::FixedWindow(p) => p.limit,
+            multi::Params::Concurrency(p) => p.limit,
         };
         assert_eq!(d.limit, limit);
         assert!(d.remaining <= d.limit && d.retry_after_ms >= -1, "{d:?}");
@@ -206,8 +230,14 @@ pub fn args_multi(data: &[u8]) {
             }
             if g > 0 && !dryrun {
                 for (s, d) in states.iter().zip(per) {
-                    assert!(d.reset_after_ms > 0);
-                    s.check_round_trip()
+                    // A lease taken at the last µs of u64 time ends at once
+                    // (its end saturates at now): the one state a grant
+                    // leaves fresh.
+                    let end_of_time = matches!(s, Owned::Cc(_)) && inp.now == u64::MAX;
+                    assert!(d.reset_after_ms > 0 || end_of_time, "{d:?}");
+                    if d.reset_after_ms > 0 {
+                        s.check_round_trip()
+                    }
                 }
             }
         }

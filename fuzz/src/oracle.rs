@@ -141,6 +141,7 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
             b"SLIDINGLOG" => (Kind::SlidingLog, &[Arg::Limit, Arg::WindowMs]),
             b"SLIDINGCOUNTER" => (Kind::SlidingCounter, &[Arg::Limit, Arg::WindowMs]),
             b"FIXEDWINDOW" => (Kind::FixedWindow, &[Arg::Limit, Arg::WindowMs]),
+            b"CONCURRENCY" => (Kind::Concurrency, &[Arg::Limit, Arg::LeaseMs]),
             w if is_opt(w) => return Err(LimitCount),
             _ => return Err(Syntax),
         };
@@ -150,6 +151,12 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
             limit.1[k] = oracle_num(v, 1).ok_or(Number(arg))?;
         }
         i += 1 + args.len();
+        // A concurrency limit's id: the next word, whatever it is (its hash
+        // kept in the third number).
+        if kind == Kind::Concurrency {
+            limit.1[2] = crate::core::concurrency::id_hash(a.get(i).ok_or(Syntax)?);
+            i += 1;
+        }
         if up(i).as_deref() == Some(b"WEIGHT") {
             let v = a.get(i + 1).ok_or(Syntax)?;
             limit.2 = oracle_num(v, 1).ok_or(Number(Arg::Weight))?;
@@ -181,7 +188,7 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
                 refund = Some(oracle_num(a.get(i + 1).ok_or(Syntax)?, 1).ok_or(Number(Arg::Refund))?);
                 i += 2;
             }
-            b"TOKENBUCKET" | b"SLIDINGLOG" | b"SLIDINGCOUNTER" | b"FIXEDWINDOW" => return Err(LimitCount),
+            b"TOKENBUCKET" | b"SLIDINGLOG" | b"SLIDINGCOUNTER" | b"FIXEDWINDOW" | b"CONCURRENCY" => return Err(LimitCount),
             _ => return Err(Syntax),
         }
     }
@@ -200,19 +207,20 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
     }
     {
         use crate::core::multi::Params;
-        use crate::core::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
+        use crate::core::{concurrency as cc, fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb};
         for (spec, &(kind, [x, y, z], weight)) in call.limits.iter_mut().zip(&limits[..n]) {
             let params = match kind {
                 Kind::TokenBucket => Params::TokenBucket(tb::Params { capacity: x, rate: y, period_ms: z }),
                 Kind::SlidingLog => Params::SlidingLog(sl::Params { limit: x, window_ms: y }),
                 Kind::SlidingCounter => Params::SlidingCounter(sc::Params { limit: x, window_ms: y }),
                 Kind::FixedWindow => Params::FixedWindow(fw::Params { limit: x, window_ms: y, from_first: z == 1 }),
+                Kind::Concurrency => Params::Concurrency(cc::Params { limit: x, lease_ms: y, id_hash: z }),
             };
             *spec = LimitSpec { params, weight };
         }
     }
     // options and WEIGHT follow the keys: a key may be named `cost`
-    call.plain = limits[..n].iter().all(|l| l.0 != Kind::SlidingLog)
+    call.plain = limits[..n].iter().all(|l| l.0 != Kind::SlidingLog && l.0 != Kind::Concurrency)
         && !a[1 + n..]
             .iter()
             .any(|w| matches!(&w.to_ascii_uppercase()[..], b"WEIGHT" | b"COST" | b"PARTIAL" | b"DRYRUN" | b"REFUND"));

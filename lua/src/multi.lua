@@ -7,6 +7,7 @@
 --          | SLIDINGLOG limit window_ms [WEIGHT w]
 --          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
 --          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
+--          | CONCURRENCY limit lease_ms id [WEIGHT w]
 --
 --   KEYS     one key per limit, 1 to 16, distinct (numkeys = EVALSHA's)
 --   ARGV     the limits, in the order of their keys, then the options: the
@@ -15,7 +16,7 @@
 -- The i-th limit applies to KEYS[i] and takes COST * WEIGHT of its units.
 -- Each key holds the same state as the single-limit script of its algorithm
 -- (tokenbucket.lua, slidinglog.lua, slidingcounter.lua,
--- fixedwindow.lua), so a key can be used
+-- fixedwindow.lua, concurrency.lua), so a key can be used
 -- by both.
 --
 -- Reply (seven elements, as RL.MULTI; docs/contract.md, "RL.MULTI"):

@@ -180,6 +180,10 @@ fn policy(name: &str, s: &Shape) -> redis_ratelimit_client::Result<Policy> {
         Algorithm(Kind::TokenBucket) => token_bucket(name, s.burst, s.limit, s.window_ms),
         Algorithm(Kind::SlidingLog) => sliding_log(name, s.limit, s.window_ms),
         Algorithm(Kind::SlidingCounter) => sliding_counter(name, s.limit, s.window_ms),
+        // `Algorithm::parse` never makes one.
+        Algorithm(Kind::Concurrency) => {
+            Err(redis_ratelimit_client::Error::Unsupported("the service has no concurrency limits".into()))
+        }
     }
 }
 

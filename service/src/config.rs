@@ -130,10 +130,12 @@ impl Default for Algorithm {
 }
 
 impl Algorithm {
-    /// The algorithm of its (case-insensitive) name; `None` for anything else.
+    /// The algorithm of its (case-insensitive) name; `None` for anything
+    /// else, and for RL.CONCURRENCY's in-flight limit, which is not a rate
+    /// limit a descriptor configures (issue 46's service part is to come).
     pub fn parse(s: &str) -> Option<Algorithm> {
         let s = s.to_ascii_lowercase();
-        KINDS.into_iter().map(Algorithm).find(|a| a.name() == s)
+        KINDS.into_iter().filter(|&k| k != Kind::Concurrency).map(Algorithm).find(|a| a.name() == s)
     }
 
     /// Its name in the configuration.
@@ -143,6 +145,7 @@ impl Algorithm {
             Kind::TokenBucket => "token_bucket",
             Kind::SlidingLog => "sliding_log",
             Kind::SlidingCounter => "sliding_counter",
+            Kind::Concurrency => "concurrency",
         }
     }
 
@@ -156,6 +159,7 @@ impl Algorithm {
             Kind::TokenBucket => "_tb",
             Kind::SlidingLog => "_sl",
             Kind::SlidingCounter => "_sc",
+            Kind::Concurrency => "_cc",
         }
     }
 }

@@ -95,6 +95,7 @@ static FIXEDWINDOW_ARGS: [Arg; 5] = [
 //          | SLIDINGLOG limit window_ms [WEIGHT w]
 //          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
 //          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
+//          | CONCURRENCY limit lease_ms id [WEIGHT w]
 const WEIGHT: Arg = opt_int(c"weight", c"WEIGHT", c"w", c"units one request takes from this limit (default 1)");
 static MULTI_TOKENBUCKET: [Arg; 4] = [
     int(c"capacity", c"most tokens the bucket holds"),
@@ -112,11 +113,18 @@ static MULTI_FIXEDWINDOW: [Arg; 4] = [
     WEIGHT,
     FROMFIRST,
 ];
-static MULTI_LIMIT: [Arg; 4] = [
+static MULTI_CONCURRENCY: [Arg; 4] = [
+    int(c"limit", c"most units held at once"),
+    int(c"lease_ms", c"how long the lease lasts unless renewed or released, in milliseconds"),
+    Arg { summary: Some(c"the holder: a grant acquires COST x WEIGHT units for it"), ..arg(c"id", Ty::Str) },
+    WEIGHT,
+];
+static MULTI_LIMIT: [Arg; 5] = [
     Arg { token: Some(c"TOKENBUCKET"), sub: &MULTI_TOKENBUCKET, ..arg(c"tokenbucket", Ty::Block) },
     Arg { token: Some(c"SLIDINGLOG"), sub: &MULTI_SLIDINGLOG, ..arg(c"slidinglog", Ty::Block) },
     Arg { token: Some(c"SLIDINGCOUNTER"), sub: &MULTI_SLIDINGCOUNTER, ..arg(c"slidingcounter", Ty::Block) },
     Arg { token: Some(c"FIXEDWINDOW"), since: Some(c"0.3.0"), sub: &MULTI_FIXEDWINDOW, ..arg(c"fixedwindow", Ty::Block) },
+    Arg { token: Some(c"CONCURRENCY"), since: Some(c"0.3.0"), sub: &MULTI_CONCURRENCY, ..arg(c"concurrency", Ty::Block) },
 ];
 static MULTI_GRANT: [Arg; 3] =
     [opt_int(c"cost", c"COST", c"n", c"requests this call asks for; each limit takes COST x WEIGHT units"), PARTIAL, DRYRUN];
@@ -132,6 +140,25 @@ static MULTI_ARGS: [Arg; 4] = [
     Arg { multiple: true, ..key(c"key") },
     Arg { multiple: true, summary: Some(c"one per key, in the same order"), sub: &MULTI_LIMIT, ..arg(c"limit", Ty::OneOf) },
     Arg { optional: true, sub: &MULTI_MODE, ..arg(c"mode", Ty::OneOf) },
+];
+
+// RL.CONCURRENCY key limit lease_ms ACQUIRE id [COST n] [PARTIAL] [DRYRUN] | RELEASE id | RENEW id
+static ACQUIRE: [Arg; 4] = [
+    Arg { summary: Some(c"hold COST units for id until lease_ms from now (a retry renews)"), ..arg(c"id", Ty::Str) },
+    COST,
+    Arg { summary: Some(c"hold as many units as are free, up to COST"), ..PARTIAL },
+    DRYRUN,
+];
+static CONCURRENCY_ACTION: [Arg; 3] = [
+    Arg { token: Some(c"ACQUIRE"), sub: &ACQUIRE, ..arg(c"acquire", Ty::Block) },
+    Arg { token: Some(c"RELEASE"), summary: Some(c"free the units id holds (idempotent)"), ..arg(c"release", Ty::Str) },
+    Arg { token: Some(c"RENEW"), summary: Some(c"extend id's live lease to lease_ms from now"), ..arg(c"renew", Ty::Str) },
+];
+static CONCURRENCY_ARGS: [Arg; 4] = [
+    key(c"key"),
+    int(c"limit", c"most units held at once"),
+    int(c"lease_ms", c"how long a lease lasts unless renewed or released, in milliseconds"),
+    Arg { sub: &CONCURRENCY_ACTION, ..arg(c"action", Ty::OneOf) },
 ];
 
 static STATE_ARGS: [Arg; 2] =
@@ -215,7 +242,7 @@ const STATE_KEY: u32 = raw::REDISMODULE_CMD_KEY_OW | raw::REDISMODULE_CMD_KEY_UP
 const LIMITER_ACL: &CStr = c"write fast";
 
 /// The command table: one row per command.
-pub static COMMANDS: [Doc; 6] = [
+pub static COMMANDS: [Doc; 7] = [
     Doc {
         name: Kind::TokenBucket.spec().command,
         handler: crate::api::entry!(crate::commands::tokenbucket),
@@ -273,10 +300,24 @@ pub static COMMANDS: [Doc; 6] = [
         history: &[],
     },
     Doc {
+        name: Kind::Concurrency.spec().command,
+        handler: crate::api::entry!(crate::commands::concurrency),
+        flags: RL_FLAGS,
+        summary: c"An in-flight limit with leases: ACQUIRE holds COST units for id (a retry renews), RELEASE frees them, RENEW extends the lease; a lease that lapses frees its units by itself. Replies allowed (units freed for RELEASE), limit, remaining, retry_after_ms, reset_after_ms.",
+        complexity: c"O(N) where N is the number of leases held on the key",
+        since: c"0.3.0",
+        args: &CONCURRENCY_ARGS,
+        keys: Keys::First,
+        key_flags: LIMITER_KEY,
+        acl: LIMITER_ACL,
+        user_facing: true,
+        history: &[],
+    },
+    Doc {
         name: c"RL.MULTI",
         handler: crate::api::entry!(crate::commands::multi, keys = crate::commands::multi_keys),
         flags: MULTI_FLAGS,
-        summary: c"Decides several limits (TOKENBUCKET capacity rate period_ms | SLIDINGLOG limit window_ms | SLIDINGCOUNTER limit window_ms | FIXEDWINDOW limit window_ms [FROMFIRST], each [WEIGHT w], one per key) in one atomic step: all or nothing; replies the five fields of the binding limit, its index, and each limit's reply.",
+        summary: c"Decides several limits (TOKENBUCKET capacity rate period_ms | SLIDINGLOG limit window_ms | SLIDINGCOUNTER limit window_ms | FIXEDWINDOW limit window_ms [FROMFIRST] | CONCURRENCY limit lease_ms id, each [WEIGHT w], one per key) in one atomic step: all or nothing; replies the five fields of the binding limit, its index, and each limit's reply.",
         complexity: c"O(N) where N is the number of limits (each as its single command)",
         since: c"0.2.0",
         args: &MULTI_ARGS,

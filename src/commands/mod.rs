@@ -14,6 +14,7 @@
 //! - [`single`]: RL.TOKENBUCKET, RL.SLIDINGCOUNTER, RL.FIXEDWINDOW and
 //!   RL.SLIDINGLOG, with
 //!   their argument parse;
+//! - [`concurrency`]: RL.CONCURRENCY (leases: ACQUIRE, RELEASE, RENEW);
 //! - [`multi`]: RL.MULTI (several limits at one clock reading, all or
 //!   nothing);
 //! - [`state`]: RL.STATE, the effect command replicas and AOF replay run;
@@ -24,12 +25,14 @@
 //! each into the `extern "C"` function Redis calls with `api::entry!`, which
 //! keeps the panic guard.
 
+mod concurrency;
 mod multi;
 mod reply;
 mod single;
 mod state;
 mod throttle;
 
+pub use concurrency::concurrency;
 pub use multi::{multi, multi_keys};
 pub use single::{fixedwindow, slidingcounter, slidinglog, tokenbucket};
 pub use state::state;

@@ -3,7 +3,9 @@
 use ratelimit_core::args::{self, ArgError, Call, LimitSpec, MultiCall, MAX_LIMITS};
 use ratelimit_core::codec;
 use ratelimit_core::multi::{self, LimitMut, Op, Params, Slot};
-use ratelimit_core::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
+use ratelimit_core::{
+    concurrency as cc, fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision,
+};
 
 use super::reply::{reply_arg_error, reply_multi, STORE_FAILED};
 use super::single::{word_apply_with, WordLimiter};
@@ -98,7 +100,7 @@ fn multi_one<'a>(ctx: Ctx<'a>, name: Str<'a>, limit: &LimitSpec) -> Option<Repli
         Params::TokenBucket(p) => word_apply_with::<tb::State, true>(ctx, name, &call, Cmd::MULTI, p),
         Params::SlidingCounter(p) => word_apply_with::<sc::State, true>(ctx, name, &call, Cmd::MULTI, p),
         Params::FixedWindow(p) => word_apply_with::<fw::State, true>(ctx, name, &call, Cmd::MULTI, p),
-        Params::SlidingLog(_) => return None,
+        Params::SlidingLog(_) | Params::Concurrency(_) => return None,
     };
     Some(match d {
         Ok(d) => {
@@ -170,6 +172,9 @@ enum Held {
     SlidingCounter(sc::State, sc::Params),
     FixedWindow(fw::State, fw::Params),
     SlidingLog(sl::State, sl::Params),
+    /// Like the log: fresh here unless the key holds leases (then changed
+    /// in place).
+    Concurrency(cc::State, cc::Params),
 }
 
 /// One limit of the general path: its open key and its held state.
@@ -191,6 +196,7 @@ impl<'a> Opened<'a> {
             Params::SlidingCounter(_) => sc::State::redis_type(),
             Params::FixedWindow(_) => fw::State::redis_type(),
             Params::SlidingLog(_) => sl::State::redis_type(),
+            Params::Concurrency(_) => cc::State::redis_type(),
         };
         let holds = key.holds(ty);
         fn read<T: Packable + Copy + Default>(key: &Key, holds: Holds) -> T {
@@ -205,6 +211,7 @@ impl<'a> Opened<'a> {
             Params::SlidingCounter(p) => Held::SlidingCounter(read(&key, holds), p),
             Params::FixedWindow(p) => Held::FixedWindow(read(&key, holds), p),
             Params::SlidingLog(p) => Held::SlidingLog(sl::State::default(), p),
+            Params::Concurrency(p) => Held::Concurrency(cc::State::default(), p),
         };
         Some(Opened { key, name, holds, weight: spec.weight, held })
     }
@@ -250,6 +257,23 @@ impl<'a> Opened<'a> {
                     true
                 }
             }
+            Held::Concurrency(fresh, p) => {
+                let stored = self.holds == Holds::Ours || key.set_new(std::mem::take(fresh));
+                // The id's lease as the call left it (taken, or what a
+                // refund left of it): the change the replica applies.
+                let lease =
+                    key.wide_mut::<cc::State>().and_then(|s| s.leases().iter().find(|l| l.hash == p.id_hash).copied());
+                let change = cc::Change {
+                    now_us: now,
+                    hash: p.id_hash,
+                    units: lease.map_or(0, |l| l.units),
+                    expiry_us: lease.map_or(0, |l| l.expiry_us),
+                };
+                stored && {
+                    commit(ctx, key, name, now, reset, e, |abs| codec::lease(&change, abs));
+                    true
+                }
+            }
         }
     }
 }
@@ -265,6 +289,10 @@ impl Slot for Opened<'_> {
             Held::SlidingLog(fresh, p) => match (*holds, key.wide_mut::<sl::State>()) {
                 (Holds::Ours, Some(s)) => LimitMut::SlidingLog(s, *p),
                 _ => LimitMut::SlidingLog(fresh, *p),
+            },
+            Held::Concurrency(fresh, p) => match (*holds, key.wide_mut::<cc::State>()) {
+                (Holds::Ours, Some(s)) => LimitMut::Concurrency(s, *p),
+                _ => LimitMut::Concurrency(fresh, *p),
             },
         }
     }
@@ -369,7 +397,7 @@ fn answer_denied(open: &mut [Option<(Key, Taken)>], limits: &[LimitSpec], per: &
             Params::TokenBucket(p) => key.state::<tb::State>().map(|s| s.answer_none(&p, now)),
             Params::SlidingCounter(p) => key.state::<sc::State>().map(|s| s.answer_none(&p, now)),
             Params::FixedWindow(p) => key.state::<fw::State>().map(|s| s.answer_none(&p, now)),
-            Params::SlidingLog(_) => None,
+            Params::SlidingLog(_) | Params::Concurrency(_) => None,
         };
         if let Some(a) = again {
             *d = a;
@@ -408,7 +436,7 @@ fn multi_words<'a, const N: usize>(ctx: Ctx<'a>, names: &[Str<'a>], limits: &[Li
             Params::SlidingCounter(p) => first_take::<sc::State>(&mut key, p, now, d, Taken::SlidingCounter),
             Params::FixedWindow(p) => first_take::<fw::State>(&mut key, p, now, d, Taken::FixedWindow),
             // Not a word state: the general path (nothing written yet).
-            Params::SlidingLog(_) => return None,
+            Params::SlidingLog(_) | Params::Concurrency(_) => return None,
         };
         let Some((has, taken)) = taken else {
             return wrong_type(ctx, names);

@@ -27,6 +27,7 @@ pub(super) fn arg_error(a: Arg) -> &'static CStr {
         Arg::Cost => c"ERR COST must be an integer between 0 and 9007199254740991",
         Arg::Refund => c"ERR REFUND must be an integer between 1 and 9007199254740991",
         Arg::Weight => c"ERR WEIGHT must be an integer between 1 and 9007199254740991",
+        Arg::LeaseMs => c"ERR lease_ms must be an integer between 1 and 9007199254740991",
         Arg::NumKeys => c"ERR numkeys must be an integer between 1 and 16",
     }
 }
@@ -113,7 +114,17 @@ mod tests {
 
     #[test]
     fn error_texts_name_the_argument_and_its_range() {
-        let all = [Arg::Capacity, Arg::Rate, Arg::PeriodMs, Arg::Limit, Arg::WindowMs, Arg::Cost, Arg::Refund, Arg::Weight];
+        let all = [
+            Arg::Capacity,
+            Arg::Rate,
+            Arg::PeriodMs,
+            Arg::Limit,
+            Arg::WindowMs,
+            Arg::Cost,
+            Arg::Refund,
+            Arg::Weight,
+            Arg::LeaseMs,
+        ];
         for a in all {
             let e = arg_error(a).to_str().unwrap();
             assert_eq!(e, format!("ERR {} must be an integer between {} and 9007199254740991", a.name(), a.min()));

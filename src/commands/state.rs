@@ -1,9 +1,10 @@
 //! RL.STATE: the effect command. Replicas and AOF replay apply what the
-//! master decided (a whole state, or a sliding-log grant or refund)
+//! master decided (a whole state, a sliding-log grant or refund, or the
+//! lease a concurrency call changed)
 //! instead of re-running the decision on their own clock.
 
 use ratelimit_core::codec::{self, Effect};
-use ratelimit_core::{gcra, slidinglog as sl};
+use ratelimit_core::{concurrency as cc, gcra, slidinglog as sl};
 
 use std::ffi::CStr;
 
@@ -29,11 +30,40 @@ pub fn state(ctx: Ctx, argv: &[Str]) -> Replied {
     };
     let mut key = ctx.open_key(name, false);
     let event = effect_event(&effect);
+    // A concurrency lease change applies to the key's leases (or a new
+    // key's); one the leases cannot take (more than 2^53 - 1 units held:
+    // a master never sends it) is refused like a bad payload, and one
+    // that leaves no live lease deletes the key.
+    if let Effect::Lease(c) = &effect {
+        if key.holds(cc::State::redis_type()) == Holds::WrongType {
+            return ctx.reply_error(ffi::WRONGTYPE);
+        }
+        let mut fresh_key = cc::State::default();
+        let (s, new) = match key.wide_mut::<cc::State>() {
+            Some(s) => (s, false),
+            None => (&mut fresh_key, true),
+        };
+        if s.apply(c).is_err() {
+            return ctx.reply_error(c"ERR invalid RL.STATE payload");
+        }
+        if s.is_fresh_at(c.now_us) {
+            key.delete();
+            key.modified(ctx, event);
+            drop(key);
+            ctx.replicate_verbatim();
+            return ctx.reply_simple(c"OK");
+        }
+        if new && !key.set_new(fresh_key) {
+            return ctx.reply_error(STORE_FAILED);
+        }
+    }
     let ok = match effect {
         Effect::TokenBucket(s) => put(&mut key, s),
         Effect::SlidingCounter(s) => put(&mut key, s),
         Effect::FixedWindow(s) => put(&mut key, s),
         Effect::SlidingLog(s) => put(&mut key, s),
+        Effect::Concurrency(s) => put(&mut key, s),
+        Effect::Lease(_) => Ok(true),
         // CL.THROTTLE's state replaces redis-cell's string form, as on the
         // master that converted it.
         Effect::Gcra(s) => match key.holds(gcra::State::redis_type()) {
@@ -102,6 +132,10 @@ fn effect_event(effect: &Effect) -> &'static CStr {
         Effect::SlidingLog(_) | Effect::LogGrant(_) => Cmd::of(Kind::SlidingLog).event(),
         Effect::LogRefund(_) => REFUND_EVENT,
         Effect::Gcra(_) => Cmd::THROTTLE.event(),
+        Effect::Concurrency(_) => Cmd::of(Kind::Concurrency).event(),
+        // A lease that ended (released, or given back to 0) is a refund's.
+        Effect::Lease(c) if c.units == 0 => REFUND_EVENT,
+        Effect::Lease(_) => Cmd::of(Kind::Concurrency).event(),
     }
 }
 

@@ -41,6 +41,7 @@ fn script_text(kind: Option<Kind>) -> &'static str {
         Some(Kind::SlidingLog) => include_str!("../../../lua/slidinglog.lua"),
         Some(Kind::SlidingCounter) => include_str!("../../../lua/slidingcounter.lua"),
         Some(Kind::FixedWindow) => include_str!("../../../lua/fixedwindow.lua"),
+        Some(Kind::Concurrency) => include_str!("../../../lua/concurrency.lua"),
         None => include_str!("../../../lua/multi.lua"),
     }
 }

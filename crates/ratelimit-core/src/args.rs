@@ -12,6 +12,7 @@
 //!          | SLIDINGLOG limit window_ms [WEIGHT w]
 //!          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
 //!          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
+//!          | CONCURRENCY limit lease_ms id [WEIGHT w]
 //! ```
 //!
 //! `REFUND n` excludes COST, PARTIAL and DRYRUN (a syntax error).
@@ -49,6 +50,8 @@ pub enum Arg {
     NumKeys,
     /// The value of a limit's WEIGHT option in RL.MULTI.
     Weight,
+    /// RL.CONCURRENCY's lease.
+    LeaseMs,
 }
 
 impl Arg {
@@ -64,6 +67,7 @@ impl Arg {
             Arg::Refund => "REFUND",
             Arg::NumKeys => "numkeys",
             Arg::Weight => "WEIGHT",
+            Arg::LeaseMs => "lease_ms",
         }
     }
     /// Smallest accepted value (the largest is [`MAX_ARG`], for numkeys
@@ -96,6 +100,9 @@ pub enum ArgError {
 /// Positional numeric arguments of each command.
 pub const TOKENBUCKET_ARGS: &[Arg] = &[Arg::Capacity, Arg::Rate, Arg::PeriodMs];
 pub const WINDOW_ARGS: &[Arg] = &[Arg::Limit, Arg::WindowMs];
+/// RL.CONCURRENCY's numbers (its action and id follow them:
+/// `crate::concurrency::parse`).
+pub const CONCURRENCY_ARGS: &[Arg] = &[Arg::Limit, Arg::LeaseMs];
 
 /// Parse a decimal integer in `min..=MAX_ARG`: ASCII digits only (no sign,
 /// no spaces, no leading `+`), at most 16 digits so it cannot overflow.
@@ -301,6 +308,7 @@ impl LimitSpec {
             Params::SlidingLog(_) => Kind::SlidingLog,
             Params::SlidingCounter(_) => Kind::SlidingCounter,
             Params::FixedWindow(_) => Kind::FixedWindow,
+            Params::Concurrency(_) => Kind::Concurrency,
         }
     }
 }
@@ -473,6 +481,21 @@ fn after_limit<'a, A: Copy>(
     Ok(())
 }
 
+/// A `CONCURRENCY limit lease_ms id` limit of RL.MULTI whose word is at
+/// `at`: its id is the word after its numbers, whatever it spells.
+#[inline(never)]
+fn concurrency_limit<'a, A: Copy>(
+    args: &[A],
+    bytes: impl Fn(A) -> &'a [u8] + Copy,
+    at: usize,
+) -> Result<crate::multi::Params, ArgError> {
+    use crate::concurrency as cc;
+    let limit = number(word_at(args, bytes, at + 1), Arg::Limit)?;
+    let lease_ms = number(word_at(args, bytes, at + 2), Arg::LeaseMs)?;
+    let id = word_at(args, bytes, at + 3).ok_or(ArgError::Syntax)?;
+    Ok(crate::multi::Params::Concurrency(cc::Params { limit, lease_ms, id_hash: cc::id_hash(id) }))
+}
+
 /// The value of `a`, a numeric argument `arg`: its absence is a syntax
 /// error.
 #[inline(always)]
@@ -620,6 +643,11 @@ impl<const N: usize> MultiCall<N> {
                     }),
                     at + 4,
                 ),
+                Some(Kind::Concurrency) => {
+                    // limit lease_ms id: not a word state, not the plain call
+                    call.plain = false;
+                    (concurrency_limit(args, bytes, at)?, at + 4)
+                }
                 Some(kind) => {
                     // limit window_ms, for the three other kinds
                     let limit = number(word_at(args, bytes, at + 1), Arg::Limit)?;

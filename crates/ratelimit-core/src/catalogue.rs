@@ -18,7 +18,7 @@
 
 use core::ffi::CStr;
 
-use crate::args::{Arg, TOKENBUCKET_ARGS, WINDOW_ARGS};
+use crate::args::{Arg, CONCURRENCY_ARGS, TOKENBUCKET_ARGS, WINDOW_ARGS};
 use crate::codec;
 
 /// A limit algorithm.
@@ -28,10 +28,12 @@ pub enum Kind {
     SlidingLog,
     SlidingCounter,
     FixedWindow,
+    Concurrency,
 }
 
 /// Every kind, in the catalogue's order (the order of the exported data).
-pub const KINDS: [Kind; 4] = [Kind::TokenBucket, Kind::SlidingLog, Kind::SlidingCounter, Kind::FixedWindow];
+pub const KINDS: [Kind; 5] =
+    [Kind::TokenBucket, Kind::SlidingLog, Kind::SlidingCounter, Kind::FixedWindow, Kind::Concurrency];
 
 /// What counts in INFO for a command: its keyspace event, whether it has
 /// PARTIAL and REFUND (INFO shows those counters only then), and its row
@@ -117,6 +119,17 @@ static FIXEDWINDOW: Spec = Spec {
     counted: Counted { event: c"rl.fixedwindow", partial_and_refunds: true, slot: 4 },
 };
 
+static CONCURRENCY: Spec = Spec {
+    name: "concurrency",
+    command: c"RL.CONCURRENCY",
+    word: "CONCURRENCY",
+    args: CONCURRENCY_ARGS,
+    from_first: false,
+    data_type: "rl-concur",
+    effect_kind: codec::KIND_CONCURRENCY,
+    counted: Counted { event: c"rl.concurrency", partial_and_refunds: true, slot: 6 },
+};
+
 /// RL.MULTI: counted once per call, whatever the number of its limits.
 pub static MULTI: Counted = Counted { event: c"rl.multi", partial_and_refunds: true, slot: 3 };
 
@@ -142,6 +155,7 @@ impl Kind {
             Kind::SlidingLog => &SLIDINGLOG,
             Kind::SlidingCounter => &SLIDINGCOUNTER,
             Kind::FixedWindow => &FIXEDWINDOW,
+            Kind::Concurrency => &CONCURRENCY,
         }
     }
     /// Its lowercase name (`tokenbucket`).
@@ -166,12 +180,13 @@ impl Kind {
     }
     /// The algorithm RL.MULTI's word `w` names, case-insensitively: one
     /// comparison, picked by the length (the words of 10 and 14 letters
-    /// are one each; the two of 11 letters differ in their first). The
+    /// are one each; the three of 11 letters differ in their first). The
     /// catalogue test checks it against every [`Spec::word`].
     #[inline]
     pub fn from_word(w: &[u8]) -> Option<Kind> {
         let kind = match (w.len(), w.first().map(|b| b & 0xDF)) {
             (11, Some(b'T')) => Kind::TokenBucket,
+            (11, Some(b'C')) => Kind::Concurrency,
             (11, _) => Kind::FixedWindow,
             (10, _) => Kind::SlidingLog,
             (14, _) => Kind::SlidingCounter,

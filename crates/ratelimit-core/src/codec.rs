@@ -5,7 +5,8 @@
 //! byte 0      kind: 1 token bucket state, 2 sliding log state,
 //!             3 sliding counter state, 4 sliding log grant (a delta),
 //!             5 sliding log refund (a delta), 6 fixed window state,
-//!             7 CL.THROTTLE's GCRA state
+//!             7 CL.THROTTLE's GCRA state, 8 concurrency state,
+//!             9 concurrency lease change (a delta)
 //! bytes 1..9  absolute expiry, Unix ms, little endian; 0 = no expiry
 //!             (AOF rewrite: Redis appends its own PEXPIREAT)
 //! bytes 9..   the body: the type's own versioned encoding (the same bytes
@@ -17,11 +18,16 @@
 //! window_ms, units)` — which the replica applies with the same pure
 //! function the master used, so a log of a thousand entries does not ship
 //! 8 KB per request. A refund on a sliding log replicates the same three
-//! numbers under kind 5, applied with `slidinglog::refund`. (A refund that
-//! leaves a limiter fresh deletes the key and replicates `DEL`.)
+//! numbers under kind 5, applied with `slidinglog::refund`. A concurrency
+//! key replicates the one lease its call changed (kind 9, a
+//! `concurrency::Change`: instant, hash, units, expiry), applied with
+//! `concurrency::State::apply`; kind 8, its whole state, is for the AOF
+//! rewrite. (A refund or release that leaves a limiter fresh deletes the
+//! key and replicates `DEL`.)
 
 use crate::{
-    fixedwindow as fw, gcra, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError, Reader, MAX_ARG,
+    concurrency as cc, fixedwindow as fw, gcra, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, DecodeError,
+    Reader, MAX_ARG,
 };
 
 pub const KIND_TOKENBUCKET: u8 = 1;
@@ -31,10 +37,14 @@ pub const KIND_LOG_GRANT: u8 = 4;
 pub const KIND_LOG_REFUND: u8 = 5;
 pub const KIND_FIXEDWINDOW: u8 = 6;
 pub const KIND_GCRA: u8 = 7;
+pub const KIND_CONCURRENCY: u8 = 8;
+pub const KIND_LEASE: u8 = 9;
 
 pub const HEADER_LEN: usize = 9;
 const GRANT_VERSION: u8 = 1;
 const GRANT_BODY_LEN: usize = 1 + 3 * 8;
+const LEASE_VERSION: u8 = 1;
+const LEASE_BODY_LEN: usize = 1 + 4 * 8;
 
 /// A decoded effect.
 #[derive(Debug, PartialEq, Eq)]
@@ -48,6 +58,10 @@ pub enum Effect {
     FixedWindow(fw::State),
     /// CL.THROTTLE's state (it replaces a redis-cell string too).
     Gcra(gcra::State),
+    /// A concurrency key's whole state.
+    Concurrency(cc::State),
+    /// One lease changed on a concurrency key.
+    Lease(cc::Change),
 }
 
 /// A grant made on a sliding log: what the replica applies.
@@ -65,6 +79,7 @@ const _: () = assert!(
         && HEADER_LEN + GRANT_BODY_LEN <= 64
         && HEADER_LEN + fw::State::ENCODED_LEN <= 64
         && HEADER_LEN + gcra::State::ENCODED_LEN <= 64
+        && HEADER_LEN + LEASE_BODY_LEN <= 64
 );
 
 /// A small payload built on the stack (hot path: no heap allocation).
@@ -127,6 +142,21 @@ fn log_delta(kind: u8, g: &LogGrant, abs_expire_ms: u64) -> Small {
     Small::new(kind, abs_expire_ms, &body)
 }
 
+/// The lease a concurrency call changed (kind 9): 42 bytes.
+pub fn lease(c: &cc::Change, abs_expire_ms: u64) -> Small {
+    let mut body = [0u8; LEASE_BODY_LEN];
+    body[0] = LEASE_VERSION;
+    for (dst, w) in body[1..].chunks_exact_mut(8).zip([c.now_us, c.hash, c.units, c.expiry_us]) {
+        dst.copy_from_slice(&w.to_le_bytes());
+    }
+    Small::new(KIND_LEASE, abs_expire_ms, &body)
+}
+
+/// A whole concurrency state with its expiry (kind 8).
+pub fn concurrency(state: &cc::State, abs_expire_ms: u64) -> Vec<u8> {
+    full_state(KIND_CONCURRENCY, abs_expire_ms, state.encoded_len(), |out| state.encode(out))
+}
+
 /// The header every payload starts with: kind, then the absolute expiry.
 fn header(kind: u8, abs_expire_ms: u64) -> [u8; HEADER_LEN] {
     let mut h = [0u8; HEADER_LEN];
@@ -164,6 +194,19 @@ pub fn decode(bytes: &[u8]) -> Result<(Effect, u64), DecodeError> {
         KIND_SLIDINGCOUNTER => Effect::SlidingCounter(sc::State::decode(body)?),
         KIND_FIXEDWINDOW => Effect::FixedWindow(fw::State::decode(body)?),
         KIND_GCRA => Effect::Gcra(gcra::State::decode(body)?),
+        KIND_CONCURRENCY => Effect::Concurrency(cc::State::decode(body)?),
+        KIND_LEASE => {
+            let mut b = Reader::new(body);
+            if b.u8()? != LEASE_VERSION {
+                return Err(DecodeError::UnknownVersion);
+            }
+            let c = cc::Change { now_us: b.u64()?, hash: b.u64()?, units: b.u64()?, expiry_us: b.u64()? };
+            b.finish()?;
+            if c.units > MAX_ARG {
+                return Err(DecodeError::Invalid("units"));
+            }
+            Effect::Lease(c)
+        }
         KIND_LOG_GRANT | KIND_LOG_REFUND => {
             let mut b = Reader::new(body);
             if b.u8()? != GRANT_VERSION {
@@ -216,6 +259,19 @@ mod tests {
         assert!(decode(fixedwindow(&fw::State { count: 0, ..f }, 0).as_bytes()).is_err());
         let g = gcra::State { tat_ns: 1_796_212_800_123_456_789 };
         assert_eq!(decode(gcra(&g, 42).as_bytes()), Ok((Effect::Gcra(g), 42)));
+        let c = cc::Change { now_us: 1, hash: 2, units: 3, expiry_us: 4 };
+        let b = lease(&c, 7);
+        assert_eq!(b.as_bytes().len(), 42);
+        assert_eq!(decode(b.as_bytes()), Ok((Effect::Lease(c), 7)));
+        assert!(decode(&b.as_bytes()[..41]).is_err());
+        assert!(decode(lease(&cc::Change { units: MAX_ARG + 1, ..c }, 7).as_bytes()).is_err());
+        assert_eq!(
+            decode(lease(&cc::Change { units: 0, ..c }, 7).as_bytes()),
+            Ok((Effect::Lease(cc::Change { units: 0, ..c }), 7))
+        );
+        let mut s = cc::State::default();
+        s.apply(&c).unwrap();
+        assert_eq!(decode(&concurrency(&s, 9)), Ok((Effect::Concurrency(s), 9)));
     }
 
     proptest! {

@@ -24,6 +24,7 @@
 pub mod args;
 pub mod catalogue;
 pub mod codec;
+pub mod concurrency;
 pub mod fixedwindow;
 pub mod gcra;
 pub mod multi;

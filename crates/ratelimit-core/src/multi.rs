@@ -17,7 +17,9 @@
 //! single command's reply. [`combine`] folds the per-limit replies into the
 //! whole reply (docs/contract.md, "RL.MULTI").
 
-use crate::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision, MAX_ARG};
+use crate::{
+    concurrency as cc, fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision, MAX_ARG,
+};
 
 /// Most limits one call may name.
 pub const MAX_LIMITS: usize = 16;
@@ -29,6 +31,7 @@ pub enum Limit<'a> {
     SlidingLog(sl::View<'a>),
     SlidingCounter(sc::View),
     FixedWindow(fw::View),
+    Concurrency(cc::View<'a>),
 }
 
 impl Limit<'_> {
@@ -40,6 +43,7 @@ impl Limit<'_> {
             Limit::SlidingLog(v) => v.available(),
             Limit::SlidingCounter(v) => v.available(),
             Limit::FixedWindow(v) => v.available(),
+            Limit::Concurrency(v) => v.available(),
         }
     }
 
@@ -51,6 +55,7 @@ impl Limit<'_> {
             Limit::SlidingLog(v) => v.answer(taken, want),
             Limit::SlidingCounter(v) => v.answer(taken, want),
             Limit::FixedWindow(v) => v.answer(taken, want),
+            Limit::Concurrency(v) => v.answer(taken, want),
         }
     }
 }
@@ -223,6 +228,7 @@ pub enum LimitMut<'a> {
     SlidingLog(&'a mut sl::State, sl::Params),
     SlidingCounter(&'a mut sc::State, sc::Params),
     FixedWindow(&'a mut fw::State, fw::Params),
+    Concurrency(&'a mut cc::State, cc::Params),
 }
 
 /// One limit of a call as the caller holds it: its state paired with its
@@ -247,6 +253,7 @@ impl Slot for Entry<'_> {
             LimitMut::SlidingLog(s, p) => LimitMut::SlidingLog(s, *p),
             LimitMut::SlidingCounter(s, p) => LimitMut::SlidingCounter(s, *p),
             LimitMut::FixedWindow(s, p) => LimitMut::FixedWindow(s, *p),
+            LimitMut::Concurrency(s, p) => LimitMut::Concurrency(s, *p),
         }
     }
     #[inline]
@@ -262,6 +269,8 @@ pub enum Params {
     SlidingLog(sl::Params),
     SlidingCounter(sc::Params),
     FixedWindow(fw::Params),
+    /// Its id's hash is in its parameters.
+    Concurrency(cc::Params),
 }
 
 impl<'a> LimitMut<'a> {
@@ -273,6 +282,7 @@ impl<'a> LimitMut<'a> {
             LimitMut::SlidingLog(s, p) => Limit::SlidingLog(sl::View::at(s, &p, now_us)),
             LimitMut::SlidingCounter(s, p) => Limit::SlidingCounter(sc::View::at(s, &p, now_us)),
             LimitMut::FixedWindow(s, p) => Limit::FixedWindow(fw::View::at(s, &p, now_us)),
+            LimitMut::Concurrency(s, p) => Limit::Concurrency(cc::View::at(s, &p, now_us)),
         }
     }
 
@@ -305,6 +315,14 @@ impl<'a> LimitMut<'a> {
                 let (d, new) = fw::refund(s, &p, units, want, now_us);
                 if d.granted > 0 {
                     *s = new;
+                }
+                d
+            }
+            LimitMut::Concurrency(s, p) => {
+                let (d, change) = cc::View::at(s, &p, now_us).give_back(units, want);
+                if let Some(c) = change {
+                    // A change made by the view of this state fits it.
+                    let _ = s.apply(&c);
                 }
                 d
             }
@@ -363,6 +381,10 @@ fn run_n<const N: usize>(limits: &mut [Option<impl Slot>], op: Op, now_us: u64, 
                         LimitMut::SlidingLog(s, p) => sl::grant(s, p.window_ms, units, now_us),
                         LimitMut::SlidingCounter(s, p) => *s = sc::View::at(s, &p, now_us).state_after(units),
                         LimitMut::FixedWindow(s, p) => *s = fw::View::at(s, &p, now_us).state_after(units),
+                        LimitMut::Concurrency(s, p) => {
+                            let c = cc::View::at(s, &p, now_us).acquired(units);
+                            let _ = s.apply(&c);
+                        }
                     }
                 }
             }

@@ -7,7 +7,7 @@
 
 use super::*;
 use crate::reference::multi::{self as model, Limit};
-use crate::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
+use crate::{concurrency as cc, fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 use proptest::prelude::*;
 
 // ---- The implementation under test, driven like the handler drives it. ----
@@ -18,6 +18,7 @@ enum Real {
     Log(sl::State),
     Counter(sc::State),
     Fw(fw::State),
+    Cc(cc::State),
 }
 
 fn run_real(states: &mut [Real], params: &[Params], weights: &[u64], op: Op, now: u64) -> (Whole, Vec<Decision>) {
@@ -33,6 +34,7 @@ fn run_real(states: &mut [Real], params: &[Params], weights: &[u64], op: Op, now
                     (Real::Log(s), Params::SlidingLog(p)) => LimitMut::SlidingLog(s, p),
                     (Real::Counter(s), Params::SlidingCounter(p)) => LimitMut::SlidingCounter(s, p),
                     (Real::Fw(s), Params::FixedWindow(p)) => LimitMut::FixedWindow(s, p),
+                    (Real::Cc(s), Params::Concurrency(p)) => LimitMut::Concurrency(s, p),
                     _ => panic!("a state under another algorithm's parameters"),
                 };
                 Some(Entry { limit, weight })
@@ -50,6 +52,7 @@ fn run_real(states: &mut [Real], params: &[Params], weights: &[u64], op: Op, now
                     Real::Log(_) => Real::Log(sl::State::default()),
                     Real::Counter(_) => Real::Counter(sc::State::default()),
                     Real::Fw(_) => Real::Fw(fw::State::default()),
+                    Real::Cc(_) => Real::Cc(cc::State::default()),
                 };
             }
         }
@@ -120,13 +123,15 @@ fn span_us(p: &Params) -> u64 {
         Params::SlidingLog(p) => p.window_ms * 1000,
         Params::SlidingCounter(p) => p.window_ms * 1000,
         Params::FixedWindow(p) => p.window_ms * 1000,
+        Params::Concurrency(p) => p.lease_ms * 1000,
     }
 }
 
 fn limit_strategy() -> impl Strategy<Value = (u8, u64, u64, u64, u64)> {
-    // (algorithm, limit/capacity, rate, period/window ms, weight); the
-    // fixed window's `rate` odd: FROMFIRST
-    (0u8..4, 1u64..20, 1u64..8, prop_oneof![1u64..50, 50u64..3000], prop_oneof![3 => Just(1u64), 1 => 1u64..4])
+    // (algorithm, limit/capacity, rate, period/window/lease ms, weight);
+    // the fixed window's `rate` odd: FROMFIRST; a concurrency limit's id
+    // hash is `rate % 3`
+    (0u8..5, 1u64..20, 1u64..8, prop_oneof![1u64..50, 50u64..3000], prop_oneof![3 => Just(1u64), 1 => 1u64..4])
 }
 
 proptest! {
@@ -156,9 +161,13 @@ proptest! {
                     params.push(Params::SlidingCounter(sc::Params { limit, window_ms: ms }));
                     states.push(Real::Counter(sc::State::default()));
                 }
-                _ => {
+                3 => {
                     params.push(Params::FixedWindow(fw::Params { limit, window_ms: ms, from_first: rate % 2 == 1 }));
                     states.push(Real::Fw(fw::State::default()));
+                }
+                _ => {
+                    params.push(Params::Concurrency(cc::Params { limit, lease_ms: ms, id_hash: rate % 3 }));
+                    states.push(Real::Cc(cc::State::default()));
                 }
             }
         }
@@ -191,7 +200,8 @@ proptest! {
             0 => (Params::TokenBucket(tb::Params { capacity: lim, rate, period_ms: ms }), Real::Tb(Default::default()), Real::Tb(Default::default())),
             1 => (Params::SlidingLog(sl::Params { limit: lim, window_ms: ms }), Real::Log(Default::default()), Real::Log(Default::default())),
             2 => (Params::SlidingCounter(sc::Params { limit: lim, window_ms: ms }), Real::Counter(Default::default()), Real::Counter(Default::default())),
-            _ => (Params::FixedWindow(fw::Params { limit: lim, window_ms: ms, from_first: rate % 2 == 1 }), Real::Fw(Default::default()), Real::Fw(Default::default())),
+            3 => (Params::FixedWindow(fw::Params { limit: lim, window_ms: ms, from_first: rate % 2 == 1 }), Real::Fw(Default::default()), Real::Fw(Default::default())),
+            _ => (Params::Concurrency(cc::Params { limit: lim, lease_ms: ms, id_hash: rate % 3 }), Real::Cc(Default::default()), Real::Cc(Default::default())),
         };
         let spans = [span_us(&params)];
         let mut calls = Vec::new();
@@ -218,6 +228,7 @@ proptest! {
                 (Real::Log(a), Real::Log(b)) => a == b,
                 (Real::Counter(a), Real::Counter(b)) => a == b,
                 (Real::Fw(a), Real::Fw(b)) => a == b,
+                (Real::Cc(a), Real::Cc(b)) => a == b,
                 _ => false,
             };
             prop_assert!(same);
@@ -284,6 +295,24 @@ fn single_call(s: &mut Real, p: &Params, op: Op, now: u64) -> Decision {
             let (d, new) = sc::refund(s, p, n, 1, now);
             if d.granted > 0 {
                 *s = if d.reset_after_ms == 0 { sc::State::default() } else { new };
+            }
+            d
+        }
+        (Real::Cc(s), Params::Concurrency(p), Op::Take { cost, partial, dryrun }) => {
+            let call = cc::Call { params: *p, action: cc::Action::Acquire { cost, partial, dryrun } };
+            let (d, change) = cc::step(s, &call, now);
+            if let Some(c) = change {
+                s.apply(&c).unwrap();
+            }
+            d
+        }
+        (Real::Cc(s), Params::Concurrency(p), Op::Refund(n)) => {
+            let (d, change) = cc::View::at(s, p, now).give_back(n, 1);
+            if let Some(c) = change {
+                s.apply(&c).unwrap();
+                if s.is_fresh_at(now) {
+                    *s = cc::State::default();
+                }
             }
             d
         }

@@ -2,6 +2,7 @@
 --@include slidinglog.lua
 --@include slidingcounter.lua
 --@include fixedwindow.lua
+--@include concurrency.lua
 
 -- Several limits in one atomic call (RL.MULTI): keys = one key per limit,
 -- argv = the limits, then the options:
@@ -9,12 +10,13 @@
 --          | SLIDINGLOG limit window_ms [WEIGHT w]
 --          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
 --          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
+--          | CONCURRENCY limit lease_ms id [WEIGHT w]
 --   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
 -- The i-th limit applies to keys[i] and takes COST * WEIGHT of its units.
 -- One clock read; every key is read and every limit decided before anything
 -- is written; all or nothing.
 
-local MULTI_ALGS = {TOKENBUCKET = TB, SLIDINGLOG = SL, SLIDINGCOUNTER = SC, FIXEDWINDOW = FW}
+local MULTI_ALGS = {TOKENBUCKET = TB, SLIDINGLOG = SL, SLIDINGCOUNTER = SC, FIXEDWINDOW = FW, CONCURRENCY = CC}
 local MAX_LIMITS = 16
 
 local OPTION_WORDS = {COST = true, PARTIAL = true, DRYRUN = true, REFUND = true}
@@ -44,16 +46,18 @@ local function rl_multi(keys, argv)
     if not A then
       return redis.error_reply(OPTION_WORDS[word] and LIMIT_COUNT_ERR or SYNTAX_ERR)
     end
-    if i + A.nparams > nargs then
+    -- its words: the numbers, and a CONCURRENCY limit's id after them
+    local nwords = A.nparams + (A.id or 0)
+    if i + nwords > nargs then
       -- Parameters missing: a bad one before them is named, else syntax.
       local padded = {}
-      for k = 1, A.nparams do padded[k] = argv[i + k] or '1' end
+      for k = 1, nwords do padded[k] = argv[i + k] or '1' end
       local _, e = A.params(padded, 1)
       return e or redis.error_reply(SYNTAX_ERR)
     end
     local p, e = A.params(argv, i + 1)
     if not p then return e end
-    i = i + 1 + A.nparams
+    i = i + 1 + nwords
     local w = 1
     if argv[i] and string.upper(argv[i]) == 'WEIGHT' then
       if i == nargs then return redis.error_reply(SYNTAX_ERR) end

@@ -50,10 +50,11 @@ local FW = {command = 'RL.FIXEDWINDOW', script = 'rl.fixedwindow', nparams = 2,
 -- The window at `now` (us): {count, start (ms), left = ms to its end,
 -- avail = units that can be taken}.
 function FW.load(key, p, now)
-  -- 'tokens' (token bucket) and 'win' (sliding counter): not ours.
-  local st = redis.pcall('HMGET', key, 'start', 'count', 'tokens', 'win')
+  -- 'tokens' (token bucket), 'win' (sliding counter), 'last' (RL.CONCURRENCY's
+  -- leases): not ours.
+  local st = redis.pcall('HMGET', key, 'start', 'count', 'tokens', 'win', 'last')
   if st.err then return nil, st end
-  if st[3] or st[4] then return nil, redis.error_reply(WRONGTYPE) end
+  if st[3] or st[4] or st[5] then return nil, redis.error_reply(WRONGTYPE) end
   local w = p.window_ms
   if p.fromfirst and w > MAX_WINDOW_MS then
     return nil, redis.error_reply('ERR window_ms is beyond the exact range of the Lua script with FROMFIRST (at most 9007199254740)')

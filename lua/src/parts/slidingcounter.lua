@@ -47,11 +47,11 @@ end
 
 -- The counter at `now`: {cur, prev, e, start, lag, avail}.
 function SC.load(key, p, now)
-  -- 'tokens' belongs to the token bucket, 'count' to the fixed window: a
-  -- hash holding either is not ours.
-  local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens', 'count')
+  -- 'tokens' belongs to the token bucket, 'count' to the fixed window,
+  -- 'last' to RL.CONCURRENCY's leases: a hash holding any is not ours.
+  local st = redis.pcall('HMGET', key, 'win', 'cur', 'prev', 'tokens', 'count', 'last')
   if st.err then return nil, st end
-  if st[4] or st[5] then return nil, redis.error_reply(WRONGTYPE) end
+  if st[4] or st[5] or st[6] then return nil, redis.error_reply(WRONGTYPE) end
   local W = p.W
   local at = now -- the instant the call is evaluated at
   local k, e = divmod(now, W) -- its window index, us since that window began

@@ -78,11 +78,11 @@ end
 -- The bucket at `now`: {n = whole tokens, f = fraction in 1/P, t = time,
 -- avail = whole tokens that can be taken}.
 function TB.load(key, p, now)
-  -- 'win' belongs to the sliding counter, 'count' to the fixed window: a
-  -- hash holding either is not ours.
-  local st = redis.pcall('HMGET', key, 'tokens', 'frac', 'ts', 'scale', 'win', 'count')
+  -- 'win' belongs to the sliding counter, 'count' to the fixed window,
+  -- 'last' to RL.CONCURRENCY's leases: a hash holding any is not ours.
+  local st = redis.pcall('HMGET', key, 'tokens', 'frac', 'ts', 'scale', 'win', 'count', 'last')
   if st.err then return nil, st end
-  if st[5] or st[6] then return nil, redis.error_reply(WRONGTYPE) end
+  if st[5] or st[6] or st[7] then return nil, redis.error_reply(WRONGTYPE) end
   local capacity, rate, P = p.capacity, p.rate, p.P
   local n, f, t = capacity, 0, now -- a fresh bucket is full
   if st[1] then

@@ -8,13 +8,14 @@
 //! bucket's or a sliding log's state, whose gap these models count into the
 //! waits, as the module does, and models.py, as the Lua twins, does not.)
 
+use super::concurrency::Leases;
 use super::fixedwindow as fwm;
 use super::multi::{self as mm, Limit};
 use super::slidingcounter::{self as scm, Search};
 use super::slidinglog::Log;
 use super::tokenbucket::Bucket;
 use crate::multi::{Op, Params};
-use crate::{fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
+use crate::{concurrency as cc, fixedwindow as fw, slidingcounter as sc, slidinglog as sl, tokenbucket as tb, Decision};
 
 const CORPUS: &str = include_str!("corpus.txt");
 
@@ -27,14 +28,29 @@ fn params(spec: &str) -> Params {
         "sl" => Params::SlidingLog(sl::Params { limit: n[0], window_ms: n[1] }),
         "sc" => Params::SlidingCounter(sc::Params { limit: n[0], window_ms: n[1] }),
         "fw" => Params::FixedWindow(fw::Params { limit: n[0], window_ms: n[1], from_first: n[2] == 1 }),
+        // a single key's calls name their ids; RL.MULTI's limit has one
+        "cc" => Params::Concurrency(cc::Params { limit: n[0], lease_ms: n[1], id_hash: n.get(2).copied().unwrap_or(0) }),
         _ => panic!("{spec}"),
     }
 }
 
 #[derive(Clone, Copy, Debug)]
 enum Call {
-    Take { cost: u64, partial: bool, dryrun: bool },
+    Take {
+        cost: u64,
+        partial: bool,
+        dryrun: bool,
+    },
     Refund(u64),
+    /// RL.CONCURRENCY's actions, each naming its id.
+    Acquire {
+        id: u64,
+        cost: u64,
+        partial: bool,
+        dryrun: bool,
+    },
+    Release(u64),
+    Renew(u64),
 }
 
 /// A `u64` as the commands reply it (saturated at `i64::MAX`).
@@ -52,6 +68,7 @@ enum Single {
     Sl(sl::Params, Log),
     Sc(sc::Params, sc::State),
     Fw(fw::Params, fw::State),
+    Cc(cc::Params, Leases),
 }
 
 impl Single {
@@ -61,6 +78,7 @@ impl Single {
             Params::SlidingLog(p) => Single::Sl(p, Log::default()),
             Params::SlidingCounter(p) => Single::Sc(p, sc::State::default()),
             Params::FixedWindow(p) => Single::Fw(p, fw::State::default()),
+            Params::Concurrency(p) => Single::Cc(p, Leases::default()),
         }
     }
 
@@ -69,6 +87,19 @@ impl Single {
     /// (the units with PARTIAL, else 1/0; a refund's units given back, its
     /// reply for one more unit).
     fn call(&mut self, now: u64, c: Call) -> Vec<i128> {
+        if let Single::Cc(p, m) = self {
+            let d = match c {
+                Call::Acquire { id, cost, partial, dryrun } => {
+                    let mut d = m.acquire(&cc::Params { id_hash: id, ..*p }, cost, partial, now, !dryrun);
+                    d.granted = d.allowed(cost, partial);
+                    d
+                }
+                Call::Release(id) => m.give_back(&cc::Params { id_hash: id, ..*p }, u64::MAX, 1, now),
+                Call::Renew(id) => m.renew(&cc::Params { id_hash: id, ..*p }, now),
+                other => panic!("{other:?} on a concurrency key"),
+            };
+            return five(&d);
+        }
         let d = match c {
             Call::Take { cost, partial, dryrun } => {
                 let mut d = match self {
@@ -94,6 +125,7 @@ impl Single {
                         }
                         d
                     }
+                    Single::Cc(..) => unreachable!("answered above"),
                 };
                 if !partial {
                     d.granted = u64::from(d.granted == cost);
@@ -114,6 +146,7 @@ impl Single {
                         *s = after;
                         d
                     }
+                    Single::Cc(..) => unreachable!("answered above"),
                 };
                 // a refund that leaves the limit fresh deletes the key
                 if d.granted > 0 && d.reset_after_ms == 0 {
@@ -122,10 +155,12 @@ impl Single {
                         Single::Sl(p, _) => Params::SlidingLog(*p),
                         Single::Sc(p, _) => Params::SlidingCounter(*p),
                         Single::Fw(p, _) => Params::FixedWindow(*p),
+                        Single::Cc(p, _) => Params::Concurrency(*p),
                     });
                 }
                 d
             }
+            other => panic!("{other:?} on a rate limit"),
         };
         five(&d)
     }
@@ -135,7 +170,7 @@ impl Single {
 fn the_rust_and_python_models_agree_on_the_corpus() {
     let mut single: Option<Single> = None;
     let mut multi: Option<(Vec<Limit>, Vec<u64>)> = None;
-    let (mut cases, mut calls, mut kinds) = (0, 0, [0usize; 5]);
+    let (mut cases, mut calls, mut kinds) = (0, 0, [0usize; 6]);
     let mut wrong: Vec<String> = Vec::new();
     let mut case_line = "";
     // the latest instant of the case so far: a call behind it is a clock step back
@@ -148,7 +183,7 @@ fn the_rust_and_python_models_agree_on_the_corpus() {
             latest = 0;
             if words[1] == "single" {
                 let p = params(words[2]);
-                kinds[["tb", "sl", "sc", "fw"].iter().position(|k| words[2].starts_with(k)).unwrap()] += 1;
+                kinds[["tb", "sl", "sc", "fw", "multi", "cc"].iter().position(|k| words[2].starts_with(k)).unwrap()] += 1;
                 (single, multi) = (Some(Single::fresh(p)), None);
             } else {
                 kinds[4] += 1;
@@ -171,6 +206,9 @@ fn the_rust_and_python_models_agree_on_the_corpus() {
         let call = match w[2] {
             "take" => Call::Take { cost: n[0], partial: n[1] == 1, dryrun: n[2] == 1 },
             "refund" => Call::Refund(n[0]),
+            "acquire" => Call::Acquire { id: n[0], cost: n[1], partial: n[2] == 1, dryrun: n[3] == 1 },
+            "release" => Call::Release(n[0]),
+            "renew" => Call::Renew(n[0]),
             other => panic!("{other}"),
         };
         let want: Vec<Vec<i128>> =
@@ -182,6 +220,7 @@ fn the_rust_and_python_models_agree_on_the_corpus() {
             let op = match call {
                 Call::Take { cost, partial, dryrun } => Op::Take { cost, partial, dryrun },
                 Call::Refund(n) => Op::Refund(n),
+                other => panic!("{other:?} in RL.MULTI"),
             };
             let (whole, per) = mm::call(limits, weights, op, now);
             let head = vec![
@@ -202,7 +241,7 @@ fn the_rust_and_python_models_agree_on_the_corpus() {
     if std::env::var_os("RL_AGREEMENT_ALL").is_some() {
         println!("{}", wrong.join("\n"));
     }
-    println!("{cases} cases (tb, sl, sc, fw, multi: {kinds:?}), {calls} calls");
+    println!("{cases} cases (tb, sl, sc, fw, multi, cc: {kinds:?}), {calls} calls");
     assert!(cases >= 300 && calls >= 3000 && kinds.iter().all(|&k| k >= 50), "the corpus is short: {kinds:?}");
     assert!(
         wrong.is_empty(),

@@ -17,6 +17,9 @@
 //! - [`fixedwindow`]: whether the stored window holds an instant, stated
 //!   directly; grants and `remaining` the largest fit, waits the first
 //!   millisecond that fits, all searched.
+//! - [`concurrency`]: a map from id hash to `(units, expiry)`; every wait
+//!   the first of the instants at which a lease lapses that fits, tried in
+//!   order.
 //! - [`multi`]: each limit on its own, then the largest common grant, all
 //!   or nothing, and the whole reply by the words of docs/contract.md.
 //!
@@ -26,6 +29,7 @@
 
 #[cfg(test)]
 mod agreement;
+pub mod concurrency;
 pub mod fixedwindow;
 pub mod gcra;
 pub mod multi;

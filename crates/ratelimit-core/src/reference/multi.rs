@@ -2,6 +2,7 @@
 //! model), the largest common grant found by counting down, all or nothing,
 //! and the whole reply picked from the per-limit ones.
 
+use super::concurrency::Leases;
 use super::fixedwindow as fwm;
 use super::slidingcounter::{self as scm, Search};
 use super::slidinglog::Log;
@@ -16,6 +17,7 @@ pub enum Limit {
     SlidingLog(crate::slidinglog::Params, Log),
     SlidingCounter(sc::Params, sc::State),
     FixedWindow(fw::Params, fw::State),
+    Concurrency(crate::concurrency::Params, Leases),
 }
 
 impl Limit {
@@ -26,6 +28,7 @@ impl Limit {
             Params::SlidingLog(p) => Limit::SlidingLog(p, Log::default()),
             Params::SlidingCounter(p) => Limit::SlidingCounter(p, sc::State::default()),
             Params::FixedWindow(p) => Limit::FixedWindow(p, fw::State::default()),
+            Params::Concurrency(p) => Limit::Concurrency(p, Leases::default()),
         }
     }
 
@@ -37,6 +40,7 @@ impl Limit {
             Limit::SlidingCounter(p, s) => scm::avail(s, p, now, Search::Bisect),
             // As much as a PARTIAL call of `limit` units is granted.
             Limit::FixedWindow(p, s) => fwm::decide(s, p, p.limit, true, now, Search::Bisect).0.granted,
+            Limit::Concurrency(p, m) => m.room(p, now),
         }
     }
 
@@ -47,6 +51,7 @@ impl Limit {
             Limit::SlidingLog(p, m) => m.reply(p, now, taken, want),
             Limit::SlidingCounter(p, s) => scm::reply(s, p, now, taken, want, Search::Bisect).0,
             Limit::FixedWindow(p, s) => fwm::take(s, p, taken, want, now, Search::Bisect).0,
+            Limit::Concurrency(p, m) => m.take(p, taken, want, now).0,
         }
     }
 
@@ -57,6 +62,7 @@ impl Limit {
             Limit::SlidingLog(p, m) => m.grant(p.window_ms, taken, now),
             Limit::SlidingCounter(p, s) => *s = scm::reply(s, p, now, taken, taken, Search::Bisect).1,
             Limit::FixedWindow(p, s) => *s = fwm::take(s, p, taken, taken, now, Search::Bisect).1,
+            Limit::Concurrency(p, m) => *m = m.take(p, taken, taken, now).1,
         }
     }
 
@@ -76,6 +82,7 @@ impl Limit {
                 *s = after;
                 d
             }
+            Limit::Concurrency(p, m) => m.give_back(p, n, want, now),
         };
         if d.granted > 0 && d.reset_after_ms == 0 {
             *self = match self {
@@ -83,6 +90,7 @@ impl Limit {
                 Limit::SlidingLog(p, _) => Limit::SlidingLog(*p, Log::default()),
                 Limit::SlidingCounter(p, _) => Limit::SlidingCounter(*p, sc::State::default()),
                 Limit::FixedWindow(p, _) => Limit::FixedWindow(*p, fw::State::default()),
+                Limit::Concurrency(p, _) => Limit::Concurrency(*p, Leases::default()),
             };
         }
         d
