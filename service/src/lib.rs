@@ -7,6 +7,7 @@
 //! * [`conn`] — the connection of `REDIS_TYPE` (single, sentinel, cluster).
 //! * [`config`] — the YAML files, their load errors and descriptor matching.
 //! * [`settings`] — the environment variables.
+//! * [`upstream_settings`] — the status of each of envoyproxy/ratelimit's settings.
 //! * [`runtime`] — the configuration directory and its hot reload.
 //! * [`service`] — `ShouldRateLimit`: [`plan`] → [`backend`] → [`respond`].
 //! * [`plan`] — a request and the configuration give the parts to decide (pure).
@@ -30,3 +31,4 @@ pub mod runtime;
 pub mod server;
 pub mod service;
 pub mod settings;
+pub mod upstream_settings;

@@ -2,7 +2,8 @@
 //! `src/settings/settings.go`), read with the same names and defaults where
 //! this service supports them. A variable this service does not support is
 //! refused at startup when it asks for something other than the default,
-//! never silently ignored (the README lists them).
+//! or accepted without effect where that is safe, never silently ignored:
+//! [`crate::upstream_settings`] has the status of every one.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -222,6 +223,9 @@ pub struct Settings {
     /// `:9090`, Go's `host:port` with an empty host for every address) and
     /// the path (`PROMETHEUS_PATH`, default `/metrics`) of the metrics listener.
     pub prometheus: Option<(String, String)>,
+    /// envoyproxy/ratelimit's variables set here that are accepted without
+    /// effect, each with why (`upstream_settings`): printed at startup.
+    pub notices: Vec<String>,
 }
 
 /// Parses a Go `time.ParseDuration` string: a sequence of decimal numbers
@@ -291,26 +295,7 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
 }
 
 /// Unset, empty, or false as Go's strconv.ParseBool reads it.
-const FALSE: &[&str] = &["", "false", "0", "f", "F", "FALSE", "False"];
-
-/// Variables this service refuses when set to anything but these values
-/// (what they ask for is not built). `(name, accepted values)`.
-const REFUSED: &[(&str, &[&str])] = &[
-    ("REDIS_PERSECOND", FALSE),
-    ("QUOTA_MODE", FALSE),
-    ("RESPONSE_DYNAMIC_METADATA", FALSE),
-    ("PROMETHEUS_MAPPER_YAML", &[""]),
-    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", FALSE),
-    ("USE_STATSD", FALSE),
-    ("USE_DOG_STATSD", FALSE),
-    ("GRPC_SERVER_USE_TLS", FALSE),
-    ("TRACING_ENABLED", FALSE),
-    ("GRPC_UDS", &[""]),
-    ("BACKEND_TYPE", &["", "redis"]),
-    ("CONFIG_TYPE", &["", "FILE", "file"]),
-    ("MEMCACHE_HOST_PORT", &[""]),
-    ("MEMCACHE_SRV", &[""]),
-];
+pub(crate) const FALSE: &[&str] = &["", "false", "0", "f", "F", "FALSE", "False"];
 
 /// The variables read, by their names (envoyproxy/ratelimit's, and
 /// `RUNTIME_POLL_INTERVAL`): the one table of what a process reads. Unset
@@ -431,6 +416,7 @@ impl Vars {
             merge_domains: flag("MERGE_DOMAIN_CONFIG", &self.merge_domain_config)?,
             poll_interval,
             prometheus,
+            notices: Vec::new(),
         })
     }
 
@@ -527,16 +513,39 @@ impl Settings {
 
     /// The settings of a map of variables (the environment, or a test's).
     pub fn from_map(env: &HashMap<String, String>) -> Result<Settings, String> {
-        for (name, ok) in REFUSED {
-            if let Some(v) = env.get(*name) {
-                if !ok.contains(&v.as_str()) {
-                    return Err(format!("{name}={v:?} is not supported by this service (see service/README.md)"));
-                }
-            }
-        }
+        let notices = crate::upstream_settings::check(env)?;
         let vars = env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let vars = Vars::deserialize(MapDeserializer::<_, serde::de::value::Error>::new(vars)).map_err(|e| e.to_string())?;
-        vars.settings()
+        Ok(Settings { notices, ..vars.settings()? })
+    }
+
+    /// The names of the variables read (envoyproxy/ratelimit's and this
+    /// service's own): the fields of [`Vars`], as serde names them.
+    pub fn read_names() -> &'static [&'static str] {
+        use serde::de::{Error as _, Visitor};
+        struct Fields(&'static [&'static str]);
+        impl<'de> serde::Deserializer<'de> for &mut Fields {
+            type Error = serde::de::value::Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+                Err(Self::Error::custom("only a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                self.0 = fields;
+                Err(Self::Error::custom("fields taken"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+                unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+            }
+        }
+        let mut f = Fields(&[]);
+        let _ = Vars::deserialize(&mut f);
+        f.0
     }
 
     /// The `redis://` URLs (`rediss://` with `REDIS_TLS`) of the sentinels

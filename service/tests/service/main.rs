@@ -15,6 +15,7 @@ mod configuration;
 mod decisions;
 mod metrics;
 mod outage;
+mod settings_table;
 mod streams;
 mod tls;
 mod topology;
