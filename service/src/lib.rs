@@ -17,6 +17,8 @@
 //! * [`json`] — proto3 JSON for `POST /json`.
 //! * [`server`] — the gRPC and HTTP listeners.
 //! * [`metrics`] — the statistics, Prometheus `/metrics`.
+//! * [`statsd`] — the statsd and DogStatsD sinks.
+//! * [`mapper`] — `PROMETHEUS_MAPPER_YAML`, a statsd-exporter mapping.
 #![warn(missing_docs)]
 
 pub mod backend;
@@ -24,6 +26,7 @@ pub mod config;
 pub mod conn;
 pub mod error;
 pub mod json;
+pub mod mapper;
 pub mod metrics;
 pub mod plan;
 pub mod respond;
@@ -31,4 +34,5 @@ pub mod runtime;
 pub mod server;
 pub mod service;
 pub mod settings;
+pub mod statsd;
 pub mod upstream_settings;

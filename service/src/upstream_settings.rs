@@ -122,7 +122,6 @@ const PERSECOND: &str = "read by envoyproxy/ratelimit only with `REDIS_PERSECOND
 const MEMCACHE: &str = "read by envoyproxy/ratelimit only with `BACKEND_TYPE=memcache`, which is refused";
 const TRACING: &str = "read by envoyproxy/ratelimit only with `TRACING_ENABLED=true`, which is refused";
 const SERVER_TLS: &str = "read by envoyproxy/ratelimit only with `GRPC_SERVER_USE_TLS=true`, which is refused";
-const STATSD_ONLY: &str = "read by envoyproxy/ratelimit only for its statsd sinks (`USE_STATSD`, `USE_DOG_STATSD`), refused";
 const POOL: &str = "no pool: one multiplexed connection carries every request (redis-rs writes each \
      call as it comes, and the replies return in order), so there is no pool size to choose";
 
@@ -165,25 +164,22 @@ pub const UPSTREAM: &[(&str, Status)] = &[
     ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Accepted(K::Float, XDS)),
     ("XDS_CLIENT_BACKOFF_JITTER", Accepted(K::Bool, XDS)),
     ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Accepted(K::Int, XDS)),
-    ("USE_DOG_STATSD", Refused(A::False, "DogStatsD is not built")),
-    ("USE_DOG_STATSD_MOGRIFIERS", Accepted(K::List, STATSD_ONLY)),
+    ("USE_DOG_STATSD", Differs("DogStatsD lines over UDP to `STATSD_HOST:STATSD_PORT`, as there, without datadog-go's own telemetry metrics (`datadog.dogstatsd.client.*`)")),
+    ("USE_DOG_STATSD_MOGRIFIERS", Same),
     (
         "USE_STATSD",
-        Refused(
-            A::False,
-            "statsd is not built; envoyproxy/ratelimit's default is true: set `USE_STATSD=false` when moving",
-        ),
+        Differs("true unless set, as there (statsd over TCP to `STATSD_HOST:STATSD_PORT`; gostats's `STATSD_PROTOCOL=udp` for UDP); with no sink at all, envoyproxy/ratelimit logs its statistics to stdout, this service writes none"),
     ),
-    ("STATSD_HOST", Accepted(K::Str, STATSD_ONLY)),
-    ("STATSD_PORT", Accepted(K::Int, STATSD_ONLY)),
-    ("EXTRA_TAGS", Refused(A::Values(&[""]), "the statistics' tags are not built")),
-    ("STATS_FLUSH_INTERVAL", Accepted(K::Duration, "how often statsd counters are sent; `/metrics` shows every counter live")),
-    ("DISABLE_STATS", Refused(A::False, "the statistics cannot be turned off (leave `USE_PROMETHEUS` unset for no listener)")),
+    ("STATSD_HOST", Same),
+    ("STATSD_PORT", Same),
+    ("EXTRA_TAGS", Same),
+    ("STATS_FLUSH_INTERVAL", Differs("how often the statsd counters are sent, as there (the response-time lines go with them); `/metrics` shows every counter live rather than as of the last flush")),
+    ("DISABLE_STATS", Same),
     ("USE_PROMETHEUS", Same),
     ("PROMETHEUS_ADDR", Same),
     ("PROMETHEUS_PATH", Same),
-    ("PROMETHEUS_MAPPER_YAML", Refused(A::Values(&[""]), "the statsd-exporter mapping file is not read")),
-    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Refused(A::False, "the response time is exported in seconds")),
+    ("PROMETHEUS_MAPPER_YAML", Differs("statsd-exporter's mapping rules, the subset Envoy Gateway's file and envoyproxy/ratelimit's own use (any other key refused at startup, naming it); a summary has no quantiles")),
+    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Same),
     ("RUNTIME_ROOT", Same),
     ("RUNTIME_SUBDIRECTORY", Same),
     ("RUNTIME_APPDIRECTORY", Same),

@@ -16,6 +16,7 @@ mod decisions;
 mod metrics;
 mod outage;
 mod settings_table;
+mod statsd;
 mod streams;
 mod tls;
 mod topology;

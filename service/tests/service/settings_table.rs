@@ -14,11 +14,12 @@ use redis_ratelimit_service::settings::Settings;
 use redis_ratelimit_service::upstream_settings::{describe, status, Accept, Kind, Status, UPSTREAM};
 
 /// This service's own variables (not envoyproxy/ratelimit's).
-const OWN: &[&str] = &["PANIC_MODE", "PANIC_INSTANCES", "RUNTIME_POLL_INTERVAL"];
+/// (`STATSD_PROTOCOL` is gostats's, which envoyproxy/ratelimit's statsd client reads.)
+const OWN: &[&str] = &["PANIC_MODE", "PANIC_INSTANCES", "RUNTIME_POLL_INTERVAL", "STATSD_PROTOCOL"];
 
 /// Refused names whose upstream default is itself refused (a default this
 /// service cannot honour: the docs say so).
-const DEFAULT_REFUSED: &[&str] = &["USE_STATSD"];
+const DEFAULT_REFUSED: &[&str] = &[];
 
 struct Row {
     name: String,
