@@ -21,3 +21,4 @@ mod streams;
 mod tls;
 mod topology;
 mod units;
+mod upstream;
