@@ -71,7 +71,7 @@ async fn start_upstream(bin: &str, config: &str) -> Upstream {
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .envs([
-                ("USE_STATSD", "false".to_owned()),
+                ("DISABLE_STATS", "true".to_owned()),
                 ("LOG_LEVEL", "warn".to_owned()),
                 ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
                 ("REDIS_URL", format!("127.0.0.1:{rport}")),
