@@ -22,6 +22,18 @@ descriptors:
   - key: tenant
     detailed_metric: true
     rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: route
+    value_to_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: svc
+    value: "api*"
+    value_to_metric: true
+    rate_limit: {unit: hour, requests_per_unit: 10}
+  - key: org
+    descriptors:
+      - key: team
+        value_to_metric: true
+        rate_limit: {unit: hour, requests_per_unit: 10}
 "#;
 
 /// What a statsd listener received: counters summed by name, and the
@@ -158,6 +170,10 @@ async fn statsd_over_udp_counts_as_envoyproxy_ratelimit() {
         assert_eq!(e.ask(hits("s", "shadow", "x", 3)).await.overall_code, OK);
         // detailed_metric: the request's value in the name, an IPv4 address's dots made _
         e.ask(hits("s", "tenant", "10.1.2.3", 1)).await;
+        // value_to_metric: the request's value in place of a default key's or a wildcard's
+        e.ask(hits("s", "route", "r1", 1)).await;
+        e.ask(hits("s", "svc", "api7", 1)).await;
+        e.ask(req("s", vec![desc(&[("org", "o1"), ("team", "t1")])])).await;
         // a domain no file has: domain_not_found once per descriptor
         e.ask(req("nope", vec![desc(&[("a", "1")]), desc(&[("b", "2")])])).await;
         let tags = ".__a=b.__env=prod_eu";
@@ -174,13 +190,19 @@ async fn statsd_over_udp_counts_as_envoyproxy_ratelimit() {
             (rl("s.shadow", "shadow_mode"), 2),
             (rl("s.tenant_10_1_2_3", "total_hits"), 1),
             (rl("s.tenant_10_1_2_3", "within_limit"), 1),
+            (rl("s.route_r1", "total_hits"), 1),
+            (rl("s.route_r1", "within_limit"), 1),
+            (rl("s.svc_api7", "total_hits"), 1),
+            (rl("s.svc_api7", "within_limit"), 1),
+            (rl("s.org.team_t1", "total_hits"), 1),
+            (rl("s.org.team_t1", "within_limit"), 1),
             (rl("nope", "domain_not_found"), 2),
             (format!("ratelimit.service.config_load_success{tags}"), 1),
-            (format!("ratelimit_server.ShouldRateLimit.total_requests{tags}"), 6),
+            (format!("ratelimit_server.ShouldRateLimit.total_requests{tags}"), 9),
         ]
         .into_iter()
         .collect();
-        until_counters(&got, &want, 6).await;
+        until_counters(&got, &want, 9).await;
         let r = got.lock().unwrap();
         assert_eq!(r.timers.keys().collect::<Vec<_>>(), [&format!("ratelimit_server.ShouldRateLimit.response_time{tags}")]);
     })
