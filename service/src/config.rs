@@ -243,6 +243,10 @@ pub struct Matched {
     /// Per entry, the wildcard pattern that replaces the entry's value in
     /// the counter's key (`share_threshold`), or `None`.
     pub share: Vec<Option<String>>,
+    /// The stats key `value_to_metric` makes (the request's value in place
+    /// of a default key's or a wildcard's), when it differs from the
+    /// limit's `full_key`; `None` otherwise.
+    pub metric_key: Option<String>,
 }
 
 /// A load error: the file's name and what is wrong, as
@@ -296,6 +300,11 @@ struct Node {
     limit: Option<Arc<RateLimit>>,
     /// `share_threshold`: the wildcard pattern (`key_value*`).
     share_pattern: Option<String>,
+    /// `value_to_metric`: the request's value in the stats key.
+    value_to_metric: bool,
+    /// This node or one below it has `value_to_metric` (a domain without
+    /// any builds no stats key while matching).
+    any_value_to_metric: bool,
 }
 
 /// A loaded configuration: every domain's descriptor tree.
@@ -542,13 +551,20 @@ impl Config {
 
     /// A configured domain, looked up once for all of a request's descriptors.
     pub fn domain(&self, domain: &str) -> Option<Domain<'_>> {
-        self.domains.get(domain).map(Domain)
+        self.domains.get_key_value(domain).map(|(name, node)| Domain(node, name))
     }
 }
 
-/// One domain of a [`Config`] ([`Config::domain`]).
+/// One domain of a [`Config`] ([`Config::domain`]): its tree and its name.
 #[derive(Debug, Clone, Copy)]
-pub struct Domain<'c>(&'c Node);
+pub struct Domain<'c>(&'c Node, &'c str);
+
+/// How a request entry found its node: its `key_value`, a wildcard pattern, or its key alone.
+enum How<'n> {
+    Value,
+    Wildcard(&'n str),
+    Key,
+}
 
 impl Domain<'_> {
     /// [`Config::get_limit`] in this domain, over the entries as an
@@ -559,6 +575,8 @@ impl Domain<'_> {
         let mut found = None;
         let mut share: Vec<Option<String>> = Vec::new();
         let count = entries.len();
+        // value_to_metric (only in a domain that has it): the stats key, as envoyproxy/ratelimit builds it
+        let mut metric = self.0.any_value_to_metric.then(|| self.1.to_owned());
         for (i, (k, v)) in entries.enumerate() {
             let (mut next, by_wildcard) = with_joined(k, v, |kv| {
                 if let Some(next) = node.children.get(kv) {
@@ -571,10 +589,25 @@ impl Domain<'_> {
                 }
                 (None, None)
             });
+            let how = match (next.is_some(), by_wildcard) {
+                (true, Some(p)) => How::Wildcard(p),
+                (true, None) => How::Value,
+                _ => How::Key,
+            };
             if next.is_none() {
                 next = node.children.get(k);
             }
             let Some(n) = next else { break };
+            if let Some(m) = metric.as_mut() {
+                m.push('.');
+                match how {
+                    How::Value => push_kv(m, k, v),
+                    How::Wildcard(p) if n.share_pattern.is_some() || !n.value_to_metric => m.push_str(p),
+                    How::Wildcard(_) => push_kv(m, k, v),
+                    How::Key if n.value_to_metric => push_kv(m, k, v),
+                    How::Key => m.push_str(k),
+                }
+            }
             if let (Some(_), Some(pattern)) = (by_wildcard, &n.share_pattern) {
                 if share.len() < count {
                     share.resize(count, None);
@@ -592,7 +625,19 @@ impl Domain<'_> {
             }
             node = n;
         }
-        found.map(|limit| Matched { limit, share })
+        found.map(|limit| {
+            let metric_key = metric.filter(|m| !limit.detailed_metric && *m != limit.full_key);
+            Matched { limit, share, metric_key }
+        })
+    }
+}
+
+/// `key_value`, or `key` alone for an empty value.
+fn push_kv(out: &mut String, key: &str, value: &str) {
+    out.push_str(key);
+    if !value.is_empty() {
+        out.push('_');
+        out.push_str(value);
     }
 }
 
@@ -630,7 +675,7 @@ fn load_descriptors(file: &str, node: &mut Node, parent: &str, descriptors: Vec<
         }
         let shadow_mode = d.shadow_mode.boolean(file, "shadow_mode")?;
         let detailed_metric = d.detailed_metric.boolean(file, "detailed_metric")?;
-        d.value_to_metric.boolean(file, "value_to_metric")?;
+        let value_to_metric = d.value_to_metric.boolean(file, "value_to_metric")?;
         let share_threshold = d.share_threshold.boolean(file, "share_threshold")?;
         let limit = match &d.rate_limit.0 {
             None | Some(Value::Null) => None,
@@ -651,9 +696,16 @@ fn load_descriptors(file: &str, node: &mut Node, parent: &str, descriptors: Vec<
             let parts = final_key.split('*').map(str::to_owned).collect();
             node.wildcards.push((final_key.clone(), parts));
         }
-        let mut child = Node { limit, share_pattern: share_threshold.then(|| final_key.clone()), ..Node::default() };
+        let mut child = Node {
+            limit,
+            share_pattern: share_threshold.then(|| final_key.clone()),
+            value_to_metric,
+            any_value_to_metric: value_to_metric,
+            ..Node::default()
+        };
         let children = d.descriptors.list(file, "descriptors", "error loading config file: a descriptor must be a map")?;
         load_descriptors(file, &mut child, &format!("{path}."), children)?;
+        node.any_value_to_metric |= child.any_value_to_metric;
         node.children.insert(final_key, child);
     }
     Ok(())

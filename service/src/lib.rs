@@ -7,6 +7,7 @@
 //! * [`conn`] — the connection of `REDIS_TYPE` (single, sentinel, cluster).
 //! * [`config`] — the YAML files, their load errors and descriptor matching.
 //! * [`settings`] — the environment variables.
+//! * [`upstream_settings`] — the status of each of envoyproxy/ratelimit's settings.
 //! * [`runtime`] — the configuration directory and its hot reload.
 //! * [`service`] — `ShouldRateLimit`: [`plan`] → [`backend`] → [`respond`].
 //! * [`plan`] — a request and the configuration give the parts to decide (pure).
@@ -16,6 +17,8 @@
 //! * [`json`] — proto3 JSON for `POST /json`.
 //! * [`server`] — the gRPC and HTTP listeners.
 //! * [`metrics`] — the statistics, Prometheus `/metrics`.
+//! * [`statsd`] — the statsd and DogStatsD sinks.
+//! * [`mapper`] — `PROMETHEUS_MAPPER_YAML`, a statsd-exporter mapping.
 #![warn(missing_docs)]
 
 pub mod backend;
@@ -23,6 +26,7 @@ pub mod config;
 pub mod conn;
 pub mod error;
 pub mod json;
+pub mod mapper;
 pub mod metrics;
 pub mod plan;
 pub mod respond;
@@ -30,3 +34,5 @@ pub mod runtime;
 pub mod server;
 pub mod service;
 pub mod settings;
+pub mod statsd;
+pub mod upstream_settings;

@@ -11,6 +11,9 @@ fn main() {
             std::process::exit(2);
         }
     };
+    for n in &settings.notices {
+        eprintln!("redis-ratelimit-service: {n}");
+    }
     // One CPU (an affinity mask or a cgroup quota of one): tokio's
     // single-threaded runtime, which costs less per decision than a
     // multi-threaded one with one worker (BENCHMARKS.md). More CPUs: one

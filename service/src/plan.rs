@@ -104,7 +104,8 @@ pub struct Descriptor {
     /// `requests_per_unit: 0`, decided without Redis).
     pub part: Option<usize>,
     /// The stats key of a `detailed_metric` limit (`domain.key_value…` of
-    /// the request's values), else `None` (the limit's own `full_key`).
+    /// the request's values) or of a `value_to_metric` match, else `None`
+    /// (the limit's own `full_key`).
     pub detailed_key: Option<String>,
 }
 
@@ -212,7 +213,8 @@ impl Plan {
                 Some(add_part(&mut self.keys, list, start, shape, m.limit.shadow_mode, n))
             };
             desc.unit = m.limit.reported_unit().map(Unit::proto).unwrap_or(0);
-            desc.detailed_key = m.limit.detailed_metric.then(|| detailed_key(&req.domain, d, &m.share));
+            desc.detailed_key =
+                m.limit.detailed_metric.then(|| detailed_key(&req.domain, d, &m.share)).or_else(|| m.metric_key.clone());
             (desc.window_ms, desc.hits, desc.part) = (window_ms, hits, part);
         }
         Ok(())
@@ -300,6 +302,7 @@ fn match_one(
             burst: None,
         }),
         share: Vec::new(),
+        metric_key: None,
     }))
 }
 

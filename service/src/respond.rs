@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 
 use crate::config::{Algorithm, RateLimit, Unit};
-use crate::metrics::{near_hits, Metrics};
+use crate::metrics::{count_hits, Counted, Metrics};
 use crate::plan::{Descriptor, Part, PartState, Plan};
 use crate::settings::Settings;
 use ratelimit_core::catalogue::Kind;
@@ -85,28 +85,25 @@ pub fn respond(plan: &Plan, settings: &Settings, metrics: &Metrics) -> RateLimit
 }
 
 /// A limited descriptor's statistics, as envoyproxy/ratelimit counts them
-/// (docs/envoy.md): a denied request takes nothing, so all its hits are
-/// over; near-limit hits of a counted part from where its count is now.
+/// ([`count_hits`]; `total_hits` was counted before Redis): the count
+/// before and after the hits from the part's state, where they were taken
+/// or, when the request took nothing, where they would have taken it.
 fn count(plan: &Plan, desc: &Descriptor, limit: &RateLimit, over: bool, settings: &Settings, metrics: &Metrics) {
     let stats_key = desc.detailed_key.as_deref().unwrap_or(limit.full_key.as_str());
-    metrics.with_key(stats_key, |k| {
-        k.total_hits.fetch_add(desc.hits, Relaxed);
-        if over {
-            k.over_limit.fetch_add(desc.hits, Relaxed);
-            if limit.shadow_mode {
-                k.shadow_mode.fetch_add(desc.hits, Relaxed);
+    let rpu = u64::from(limit.requests_per_unit);
+    let (before, after) = match part(plan, desc) {
+        Some(p) => {
+            let now = rpu.saturating_sub(p.state.remaining);
+            if p.taken {
+                (now.saturating_sub(desc.hits), now)
+            } else {
+                (now, now.saturating_add(desc.hits))
             }
-            return;
         }
-        k.within_limit.fetch_add(desc.hits, Relaxed);
-        if let (true, Some(p)) = (desc.hits > 0, part(plan, desc)) {
-            let rpu = u64::from(limit.requests_per_unit);
-            let count = rpu.saturating_sub(p.state.remaining);
-            // a part of a request denied by another took nothing: count + hits is where it would be
-            let after = if p.taken { count } else { count.saturating_add(desc.hits) };
-            k.near_limit.fetch_add(near_hits(rpu, settings.near_limit_ratio, after, desc.hits), Relaxed);
-        }
-    });
+        None => (0, desc.hits),
+    };
+    let c = Counted { limit: rpu, before, after, hits: desc.hits };
+    metrics.with_key(stats_key, |k| count_hits(k, c, settings.near_limit_ratio, over, limit.shadow_mode));
 }
 
 /// `duration_until_reset` in seconds, rounded up (Envoy reads the seconds).

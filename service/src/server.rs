@@ -253,6 +253,7 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let metrics_path = settings.prometheus.as_ref().map(|p| p.1.clone()).unwrap_or_default();
     let svc = Arc::new(Service::new(rl, cfg, settings));
     let reloader = spawn_reloader(svc.clone(), files);
+    let statsd = crate::statsd::spawn(svc.clone());
     let svc_m = svc.clone();
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<RateLimitServiceServer<Grpc<RedisConn>>>().await;
@@ -278,6 +279,9 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
             r = metrics => r.map_err(|e| format!("Prometheus server: {e}")),
         };
         reloader.abort();
+        if let Some(s) = statsd {
+            s.abort();
+        }
         r
     });
     Ok(Running { service: svc, grpc_addr, http_addr, metrics_addr, task })

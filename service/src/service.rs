@@ -61,16 +61,23 @@ impl<C: Connection> Service<C> {
     /// The Prometheus text of the statistics and of the client's counters.
     pub fn render_metrics(&self) -> String {
         let m = self.backend.client().metrics();
-        self.metrics.render(&[
-            ("redis_ratelimit_client_redis_calls", "Redis calls made by the client.", m.calls),
-            ("redis_ratelimit_client_redis_failures", "Redis calls that failed or timed out (REDIS_TIMEOUT).", m.failures),
-            ("redis_ratelimit_client_breaker_trips", "Times the client's circuit breaker opened.", m.trips),
-            (
-                "redis_ratelimit_client_decisions_unavailable",
-                "Decisions Redis did not give (timeout, failure, breaker open).",
-                m.decisions_panic,
-            ),
-        ])
+        self.metrics.render_as(
+            &self.settings,
+            &[
+                ("redis_ratelimit_client_redis_calls", "Redis calls made by the client.", m.calls),
+                (
+                    "redis_ratelimit_client_redis_failures",
+                    "Redis calls that failed or timed out (REDIS_TIMEOUT).",
+                    m.failures,
+                ),
+                ("redis_ratelimit_client_breaker_trips", "Times the client's circuit breaker opened.", m.trips),
+                (
+                    "redis_ratelimit_client_decisions_unavailable",
+                    "Decisions Redis did not give (timeout, failure, breaker open).",
+                    m.decisions_panic,
+                ),
+            ],
+        )
     }
 
     /// The live configuration.
@@ -120,7 +127,17 @@ impl<C: Connection> Service<C> {
 
     /// Plan, backend, respond.
     async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
-        let mut plan = Plan::new(req, &self.config(), &self.settings.cache_key_prefix)?;
+        let cfg = self.config();
+        let mut plan = Plan::new(req, &cfg, &self.settings.cache_key_prefix)?;
+        // counted before Redis is called, as envoyproxy/ratelimit counts them
+        if !cfg.has_domain(&req.domain) {
+            self.metrics.domain_not_found(&req.domain, req.descriptors.len() as u64);
+        }
+        for d in plan.descriptors.iter().filter(|d| d.limited()) {
+            if let Some(m) = &d.matched {
+                self.metrics.total_hits(d.detailed_key.as_deref().unwrap_or(&m.limit.full_key), d.hits);
+            }
+        }
         run(&self.backend, &mut plan, self.settings.shadow_mode).await?;
         Ok(respond(&plan, &self.settings, &self.metrics))
     }
@@ -128,8 +145,10 @@ impl<C: Connection> Service<C> {
 
 /// Decides a plan's parts on `backend`: the counted parts in one call and
 /// the check-only ones in another with cost 0, at the same time; then,
-/// when only shadow-mode limits denied (and `SHADOW_MODE` is off), the
-/// enforced ones again, so that they count the request that passes.
+/// when the request passes though denied (only shadow-mode limits denied,
+/// or `SHADOW_MODE` is on), the parts within their limits again, so that
+/// they count the request that passes, as envoyproxy/ratelimit's counters
+/// would.
 pub async fn run<B: Backend>(backend: &B, plan: &mut Plan, global_shadow: bool) -> Result<(), ServiceError> {
     let Plan { keys, counted, checked, .. } = plan;
     let allowed = if checked.is_empty() {
@@ -151,8 +170,8 @@ pub async fn run<B: Backend>(backend: &B, plan: &mut Plan, global_shadow: bool) 
     }
     let over = || (0..plan.counted.len()).filter(|&j| plan.counted[j].state.over);
     let shadow_only = !allowed && over().next().is_some() && over().all(|j| plan.counted[j].shadow);
-    if shadow_only && !global_shadow {
-        Box::pin(count_enforced(backend, plan)).await?;
+    if shadow_only || (global_shadow && !allowed) {
+        Box::pin(count_within(backend, plan)).await?;
     }
     Ok(())
 }
@@ -182,10 +201,10 @@ async fn counted_and_checked<B: Backend>(
     Ok(main)
 }
 
-/// Denied only by shadow-mode limits: the request passes, so the enforced
-/// limits count it (a second call without the shadow ones; rare, out of line).
-async fn count_enforced<B: Backend>(backend: &B, plan: &mut Plan) -> Result<(), ServiceError> {
-    let keep: Vec<usize> = (0..plan.counted.len()).filter(|&j| !plan.counted[j].shadow).collect();
+/// Denied, yet the request passes: the limits it is within count it (a
+/// second call without the ones over; rare, out of line).
+async fn count_within<B: Backend>(backend: &B, plan: &mut Plan) -> Result<(), ServiceError> {
+    let keep: Vec<usize> = (0..plan.counted.len()).filter(|&j| !plan.counted[j].state.over).collect();
     if keep.is_empty() {
         return Ok(());
     }
@@ -266,8 +285,13 @@ descriptors:
         let both = vec!["{d}_shadow_v_3600".to_owned(), "{d}_user_v_3600".to_owned()];
         assert_eq!(calls, [(both.clone(), 1), (vec!["{d}_user_v_3600".to_owned()], 1)]);
         assert!(plan.counted[1].taken && !plan.counted[0].taken, "the enforced part took its hit, the second time");
-        // SHADOW_MODE on: no second call (the overall answer is OK anyway)
-        assert_eq!(decided(vec![desc("shadow", None), desc("user", None)], true).await.1, [(both, 1)]);
+        // SHADOW_MODE on: the same (the request passes)
+        let user = vec!["{d}_user_v_3600".to_owned()];
+        assert_eq!(decided(vec![desc("shadow", None), desc("user", None)], true).await.1, [(both, 1), (user.clone(), 1)]);
+        // SHADOW_MODE on, an enforced limit over: the others count the request that passes
+        let (plan, calls) = decided(vec![desc("tight", None), desc("user", None)], true).await;
+        assert_eq!(calls[1], (user, 1));
+        assert!(plan.counted[1].taken && !plan.counted[0].taken);
         // an enforced limit over too: no second call
         assert_eq!(decided(vec![desc("shadow", None), desc("tight", None)], false).await.1.len(), 1);
     }

@@ -2,7 +2,8 @@
 //! `src/settings/settings.go`), read with the same names and defaults where
 //! this service supports them. A variable this service does not support is
 //! refused at startup when it asks for something other than the default,
-//! never silently ignored (the README lists them).
+//! or accepted without effect where that is safe, never silently ignored:
+//! [`crate::upstream_settings`] has the status of every one.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -222,6 +223,129 @@ pub struct Settings {
     /// `:9090`, Go's `host:port` with an empty host for every address) and
     /// the path (`PROMETHEUS_PATH`, default `/metrics`) of the metrics listener.
     pub prometheus: Option<(String, String)>,
+    /// The statistics' sink (`USE_STATSD`, `USE_DOG_STATSD`,
+    /// `USE_PROMETHEUS`, `DISABLE_STATS`; one at most, as there).
+    pub stats_sink: StatsSink,
+    /// `EXTRA_TAGS` (`k1:v1,k2:v2`): tags of every statistic, sorted by
+    /// name, their values with `.`, `:` and `|` made `_` (gostats's rules).
+    pub extra_tags: Vec<(String, String)>,
+    /// `STATS_FLUSH_INTERVAL` (Go duration, default 10s): how often the
+    /// statsd counters are sent.
+    pub stats_flush_interval: Duration,
+    /// `PROMETHEUS_MAPPER_YAML`: the statsd-exporter mapping file's path
+    /// and text, read (and checked) at startup.
+    pub prometheus_mapper: Option<(String, String)>,
+    /// `PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS`: the response-time
+    /// histogram in milliseconds.
+    pub prometheus_response_time_ms: bool,
+    /// envoyproxy/ratelimit's variables set here that are accepted without
+    /// effect, each with why (`upstream_settings`): printed at startup.
+    pub notices: Vec<String>,
+}
+
+/// Where the statistics go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatsSink {
+    /// Nowhere: `DISABLE_STATS=true`, or every sink turned off.
+    None,
+    /// `USE_STATSD` (true unless set false): statsd lines to
+    /// `STATSD_HOST:STATSD_PORT` (`localhost:8125`) over `STATSD_PROTOCOL`
+    /// (gostats's variable: `tcp`, the default, or `udp`).
+    Statsd {
+        /// `host:port`.
+        addr: String,
+        /// UDP rather than TCP.
+        udp: bool,
+    },
+    /// `USE_DOG_STATSD=true`: DogStatsD lines (tags after `|#`) over UDP to
+    /// `STATSD_HOST:STATSD_PORT`, renamed by `USE_DOG_STATSD_MOGRIFIERS`.
+    DogStatsd {
+        /// `host:port`.
+        addr: String,
+        /// The mogrifiers, in the order named.
+        mogrifiers: Vec<Mogrifier>,
+    },
+    /// `USE_PROMETHEUS=true`: [`Settings::prometheus`].
+    Prometheus,
+}
+
+/// One DogStatsD mogrifier: `DOG_STATSD_MOGRIFIER_<NAME>_PATTERN` (a
+/// regular expression), `_NAME` and `_TAGS` (`k:v,...`), where `$1`…
+/// stand for the pattern's groups.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mogrifier {
+    /// The pattern (checked to compile at startup).
+    pub pattern: String,
+    /// The new name.
+    pub name: String,
+    /// The tags (name, value).
+    pub tags: Vec<(String, String)>,
+}
+
+/// An envconfig map (`k1:v1,k2:v2`): each pair exactly one `:`.
+fn go_map(name: &str, v: &str) -> Result<Vec<(String, String)>, String> {
+    if v.is_empty() {
+        return Ok(Vec::new());
+    }
+    v.split(',')
+        .map(|kv| match kv.split(':').collect::<Vec<_>>()[..] {
+            [k, v] => Ok((k.to_owned(), v.to_owned())),
+            _ => Err(format!("{name}={v:?}: key:value pairs separated by commas ({kv:?})")),
+        })
+        .collect()
+}
+
+/// `USE_STATSD`, `USE_DOG_STATSD` (+ mogrifiers), `USE_PROMETHEUS`,
+/// `DISABLE_STATS`: the one sink, as envoyproxy/ratelimit's runner picks it.
+fn stats_sink(vars: &Vars, env: &HashMap<String, String>) -> Result<StatsSink, String> {
+    let use_statsd = match vars.use_statsd.as_str() {
+        "" => true,
+        v => parse_bool("USE_STATSD", v)?,
+    };
+    let dog = flag("USE_DOG_STATSD", &vars.use_dog_statsd)?;
+    let prom = flag("USE_PROMETHEUS", &vars.use_prometheus)?;
+    let port = port("STATSD_PORT", &vars.statsd_port, 8125)?;
+    let addr = format!("{}:{port}", or(&vars.statsd_host, "localhost"));
+    let udp = match or(&vars.statsd_protocol, "tcp").as_str() {
+        "tcp" | "tcp4" | "tcp6" => false,
+        "udp" | "udp4" | "udp6" => true,
+        other => return Err(format!("STATSD_PROTOCOL={other:?}: tcp or udp")),
+    };
+    if flag("DISABLE_STATS", &vars.disable_stats)? {
+        return Ok(StatsSink::None);
+    }
+    if (dog && (use_statsd || prom)) || (use_statsd && prom) {
+        return Err("unable to use more than one stats sink at the same time. Set one of USE_DOG_STATSD, USE_STATSD, \
+                    USE_PROMETHEUS (USE_STATSD is true unless set to false)"
+            .into());
+    }
+    if dog {
+        let mut mogrifiers = Vec::new();
+        for m in vars.use_dog_statsd_mogrifiers.split(',').filter(|m| !m.is_empty()) {
+            let get = |part: &str| env.get(&format!("DOG_STATSD_MOGRIFIER_{m}_{part}")).cloned().unwrap_or_default();
+            let (pattern, name) = (get("PATTERN"), get("NAME"));
+            if pattern.is_empty() {
+                return Err(format!("no PATTERN specified for mogrifier {m} (DOG_STATSD_MOGRIFIER_{m}_PATTERN)"));
+            }
+            regex::Regex::new(&pattern).map_err(|e| format!("DOG_STATSD_MOGRIFIER_{m}_PATTERN: {e}"))?;
+            if name.is_empty() {
+                return Err(format!("no NAME specified for mogrifier {m} (DOG_STATSD_MOGRIFIER_{m}_NAME)"));
+            }
+            let tags = go_map(&format!("DOG_STATSD_MOGRIFIER_{m}_TAGS"), &get("TAGS"))?;
+            if let Some((k, v)) = tags.iter().find(|(k, v)| k.is_empty() || v.is_empty()) {
+                return Err(format!("DOG_STATSD_MOGRIFIER_{m}_TAGS: tag {k:?}:{v:?} needs a name and a value"));
+            }
+            mogrifiers.push(Mogrifier { pattern, name, tags });
+        }
+        return Ok(StatsSink::DogStatsd { addr, mogrifiers });
+    }
+    Ok(if use_statsd {
+        StatsSink::Statsd { addr, udp }
+    } else if prom {
+        StatsSink::Prometheus
+    } else {
+        StatsSink::None
+    })
 }
 
 /// Parses a Go `time.ParseDuration` string: a sequence of decimal numbers
@@ -291,26 +415,7 @@ fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
 }
 
 /// Unset, empty, or false as Go's strconv.ParseBool reads it.
-const FALSE: &[&str] = &["", "false", "0", "f", "F", "FALSE", "False"];
-
-/// Variables this service refuses when set to anything but these values
-/// (what they ask for is not built). `(name, accepted values)`.
-const REFUSED: &[(&str, &[&str])] = &[
-    ("REDIS_PERSECOND", FALSE),
-    ("QUOTA_MODE", FALSE),
-    ("RESPONSE_DYNAMIC_METADATA", FALSE),
-    ("PROMETHEUS_MAPPER_YAML", &[""]),
-    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", FALSE),
-    ("USE_STATSD", FALSE),
-    ("USE_DOG_STATSD", FALSE),
-    ("GRPC_SERVER_USE_TLS", FALSE),
-    ("TRACING_ENABLED", FALSE),
-    ("GRPC_UDS", &[""]),
-    ("BACKEND_TYPE", &["", "redis"]),
-    ("CONFIG_TYPE", &["", "FILE", "file"]),
-    ("MEMCACHE_HOST_PORT", &[""]),
-    ("MEMCACHE_SRV", &[""]),
-];
+pub(crate) const FALSE: &[&str] = &["", "false", "0", "f", "F", "FALSE", "False"];
 
 /// The variables read, by their names (envoyproxy/ratelimit's, and
 /// `RUNTIME_POLL_INTERVAL`): the one table of what a process reads. Unset
@@ -354,6 +459,18 @@ struct Vars {
     use_prometheus: String,
     prometheus_addr: String,
     prometheus_path: String,
+    prometheus_mapper_yaml: String,
+    prometheus_response_time_as_milliseconds: String,
+    use_statsd: String,
+    statsd_host: String,
+    statsd_port: String,
+    /// gostats's own variable (envoyproxy/ratelimit's statsd client reads it)
+    statsd_protocol: String,
+    use_dog_statsd: String,
+    use_dog_statsd_mogrifiers: String,
+    extra_tags: String,
+    stats_flush_interval: String,
+    disable_stats: String,
 }
 
 /// A variable's value, or its default when unset or empty.
@@ -431,6 +548,12 @@ impl Vars {
             merge_domains: flag("MERGE_DOMAIN_CONFIG", &self.merge_domain_config)?,
             poll_interval,
             prometheus,
+            stats_sink: StatsSink::None,
+            extra_tags: Vec::new(),
+            stats_flush_interval: Duration::from_secs(10),
+            prometheus_mapper: None,
+            prometheus_response_time_ms: false,
+            notices: Vec::new(),
         })
     }
 
@@ -527,16 +650,74 @@ impl Settings {
 
     /// The settings of a map of variables (the environment, or a test's).
     pub fn from_map(env: &HashMap<String, String>) -> Result<Settings, String> {
-        for (name, ok) in REFUSED {
-            if let Some(v) = env.get(*name) {
-                if !ok.contains(&v.as_str()) {
-                    return Err(format!("{name}={v:?} is not supported by this service (see service/README.md)"));
-                }
-            }
-        }
+        let notices = crate::upstream_settings::check(env)?;
         let vars = env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
         let vars = Vars::deserialize(MapDeserializer::<_, serde::de::value::Error>::new(vars)).map_err(|e| e.to_string())?;
-        vars.settings()
+        let stats_sink = stats_sink(&vars, env)?;
+        let mut extra_tags: Vec<(String, String)> = go_map("EXTRA_TAGS", &vars.extra_tags)?
+            .into_iter()
+            .filter(|(k, v)| !k.is_empty() && !v.is_empty())
+            .map(|(k, v)| (k, v.replace(['.', ':', '|'], "_")))
+            .collect();
+        extra_tags.sort();
+        let stats_flush_interval =
+            parse_go_duration(&or(&vars.stats_flush_interval, "10s")).map_err(|e| format!("STATS_FLUSH_INTERVAL: {e}"))?;
+        if stats_flush_interval.is_zero() {
+            return Err("STATS_FLUSH_INTERVAL must be above 0".into());
+        }
+        let prometheus_mapper = match vars.prometheus_mapper_yaml.as_str() {
+            "" => None,
+            path => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("PROMETHEUS_MAPPER_YAML={path:?}: cannot read it: {e}"))?;
+                crate::mapper::Mapper::parse(&text).map_err(|e| format!("PROMETHEUS_MAPPER_YAML={path:?}: {e}"))?;
+                Some((path.to_owned(), text))
+            }
+        };
+        let prometheus_response_time_ms =
+            flag("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", &vars.prometheus_response_time_as_milliseconds)?;
+        let mut s = vars.settings()?;
+        if stats_sink != StatsSink::Prometheus {
+            s.prometheus = None; // DISABLE_STATS: no listener either, as there
+        }
+        Ok(Settings {
+            notices,
+            stats_sink,
+            extra_tags,
+            stats_flush_interval,
+            prometheus_mapper,
+            prometheus_response_time_ms,
+            ..s
+        })
+    }
+
+    /// The names of the variables read (envoyproxy/ratelimit's and this
+    /// service's own): the fields of [`Vars`], as serde names them.
+    pub fn read_names() -> &'static [&'static str] {
+        use serde::de::{Error as _, Visitor};
+        struct Fields(&'static [&'static str]);
+        impl<'de> serde::Deserializer<'de> for &mut Fields {
+            type Error = serde::de::value::Error;
+            fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+                Err(Self::Error::custom("only a struct"))
+            }
+            fn deserialize_struct<V: Visitor<'de>>(
+                self,
+                _: &'static str,
+                fields: &'static [&'static str],
+                _: V,
+            ) -> Result<V::Value, Self::Error> {
+                self.0 = fields;
+                Err(Self::Error::custom("fields taken"))
+            }
+            serde::forward_to_deserialize_any! {
+                bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+                unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+            }
+        }
+        let mut f = Fields(&[]);
+        let _ = Vars::deserialize(&mut f);
+        f.0
     }
 
     /// The `redis://` URLs (`rediss://` with `REDIS_TLS`) of the sentinels

@@ -26,6 +26,9 @@ pub(crate) fn usage() -> &'static str {
   --cg-n N          decisions per callgrind cell (default 1000; quick 200; 0: none)
   --write PATH      replace the bench-envoy section of PATH (BENCHMARKS.md)
   --note TEXT       a note for the section (e.g. which profile, its build time)
+  --envoy-ratelimit PATH  envoyproxy/ratelimit's binary for the side-by-side
+                    phase (default: $ENVOY_RATELIMIT_BIN; unset: no such phase)
+  --side-only       only the side-by-side phase (needs the binary)
   --count-only N    only this: the service under callgrind (Redis as usual),
                     N decisions at 1, 2 and 4 descriptors, one at a time, and
                     its instructions and allocations (malloc, calloc, realloc,
@@ -54,6 +57,8 @@ pub(crate) struct Args {
     pub(crate) oa_requests: usize,
     pub(crate) cg_n: u64,
     pub(crate) count_only: u64,
+    pub(crate) envoy_bin: Option<String>,
+    pub(crate) side_only: bool,
     pub(crate) write: Option<PathBuf>,
     pub(crate) note: String,
 }
@@ -63,12 +68,14 @@ pub(crate) fn parse_args() -> Args {
     let mut kv: HashMap<String, String> = HashMap::new();
     let mut quick = false;
     let mut fifo = false;
+    let mut side_only = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
             "--bench" => {} // cargo bench passes it
             "--quick" => quick = true,
             "--fifo" => fifo = true,
+            "--side-only" => side_only = true,
             "-h" | "--help" => {
                 println!("{}", usage());
                 std::process::exit(0);
@@ -115,6 +122,12 @@ pub(crate) fn parse_args() -> Args {
         oa_requests: num("oa-requests", q(4000.0, 1000.0)) as usize,
         cg_n: num("cg-n", q(1000.0, 200.0)) as u64,
         count_only: num("count-only", 0.0) as u64,
+        envoy_bin: kv
+            .get("envoy-ratelimit")
+            .cloned()
+            .or_else(|| std::env::var("ENVOY_RATELIMIT_BIN").ok())
+            .filter(|b| !b.is_empty()),
+        side_only,
         write: kv.get("write").map(PathBuf::from),
         note: kv.get("note").cloned().unwrap_or_default(),
     }

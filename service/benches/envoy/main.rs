@@ -36,6 +36,11 @@
 //!    instructions per decision, one decision at a time. Deterministic where
 //!    CPU time on a shared 2-core machine is not; kernel work not counted.
 //!
+//! 6. **side by side**, when `ENVOY_RATELIMIT_BIN` names a binary of
+//!    envoyproxy/ratelimit (built by hand; `side.rs`): both services' max
+//!    decisions/s and per core-second, p50/p99 at the same offered load, and
+//!    Redis's time per decision; `--side-only` runs this phase alone.
+//!
 //! `--count-only N` runs none of these but the service under callgrind: its
 //! instructions and heap allocations per decision (see `count_only`).
 //!
@@ -50,6 +55,7 @@ mod load;
 mod procs;
 mod redis_time;
 mod report;
+mod side;
 mod workload;
 
 use std::collections::HashMap;
@@ -75,6 +81,7 @@ use load::*;
 use procs::*;
 use redis_time::*;
 use report::*;
+use side::*;
 use workload::*;
 
 const OK: i32 = 1;
@@ -104,6 +111,19 @@ fn main() {
     if a.count_only > 0 {
         // the dumps stay, for callgrind_annotate
         rt.block_on(count_only(&a, &dir));
+        return;
+    }
+    if a.side_only {
+        let bin = a.envoy_bin.clone().expect("--side-only needs ENVOY_RATELIMIT_BIN (or --envoy-ratelimit PATH)");
+        let out = rt.block_on(side_by_side(&a, &dir, &bin));
+        for l in &out {
+            println!("{l}");
+        }
+        if let Some(path) = &a.write {
+            write_side_section(path, &a, started, &out);
+            eprintln!("wrote the side-by-side section of {}", path.display());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
         return;
     }
     let (redis, rport) = start_redis(&a, &dir, false);
@@ -458,9 +478,16 @@ fn main() {
     });
     drop(svc);
     drop(redis);
+    // 6. envoyproxy/ratelimit itself beside the service, when its binary is named
+    let side = a.envoy_bin.as_ref().map(|bin| rt.block_on(side_by_side(&a, &dir, bin)));
     let _ = std::fs::remove_dir_all(&dir);
     if let Some(path) = &a.write {
         write_section(path, &a, &out);
         eprintln!("wrote the bench-envoy section of {}", path.display());
+    }
+    match (&side, &a.write) {
+        (Some(t), Some(path)) => write_side_section(path, &a, started, t),
+        (Some(t), None) => t.iter().for_each(|l| println!("{l}")),
+        (None, _) => eprintln!("no side-by-side phase: ENVOY_RATELIMIT_BIN is not set"),
     }
 }

@@ -126,6 +126,8 @@ pub(crate) fn start_service_in(a: &Args, dir: &Path, rport: u16, wrapper: &[Stri
                 ("RUNTIME_ROOT", dir.join("runtime").to_string_lossy().into_owned()),
                 ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
                 ("RUNTIME_APPDIRECTORY", "config".to_owned()),
+                // statsd is on unless set off (envoyproxy/ratelimit's default): no sink here
+                ("USE_STATSD", "false".to_owned()),
             ])
             .envs(env.iter().copied())
             .current_dir(dir)

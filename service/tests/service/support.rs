@@ -128,6 +128,9 @@ impl Env {
             ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
             ("RUNTIME_APPDIRECTORY", "config".to_owned()),
             ("RUNTIME_POLL_INTERVAL", "20ms".to_owned()),
+            // envoyproxy/ratelimit's default is true (statsd on localhost:8125);
+            // the tests of the statsd sink set it and their own listener
+            ("USE_STATSD", "false".to_owned()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v))

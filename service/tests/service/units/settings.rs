@@ -85,7 +85,9 @@ fn refuses_what_it_does_not_support() {
 #[test]
 fn prometheus_settings() {
     assert_eq!(Settings::from_map(&env(&[])).unwrap().prometheus, None);
-    let p = |vars: &[(&str, &str)]| Settings::from_map(&env(vars)).map(|s| s.prometheus);
+    // USE_STATSD is true unless set (envoyproxy/ratelimit's default), and refused with Prometheus
+    let p =
+        |vars: &[(&str, &str)]| Settings::from_map(&env(&[vars, &[("USE_STATSD", "false")]].concat())).map(|s| s.prometheus);
     // envoyproxy/ratelimit's defaults; Go's ":port" listens on every address
     assert_eq!(p(&[("USE_PROMETHEUS", "true")]), Ok(Some(("0.0.0.0:9090".into(), "/metrics".into()))));
     assert_eq!(

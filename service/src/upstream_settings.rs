@@ -1,0 +1,319 @@
+//! Every setting of envoyproxy/ratelimit (the environment variables of its
+//! `src/settings/settings.go`; the list, with their types and defaults, is
+//! `service/upstream-settings.tsv`) and what this service does with it:
+//! read with the same meaning, read with a difference, refused at startup
+//! when set to anything but the values it accepts, or accepted without
+//! effect for a reason that makes that safe. No name is silently ignored:
+//! `tests/service/settings_table.rs` fails when a name of the list has no
+//! status here, when a "read" name is not read, or when a refused one is
+//! not refused; docs/envoy.md's table is generated from this one.
+
+use crate::settings::{parse_go_duration, FALSE};
+
+/// The type of a variable's value, as envoyproxy/ratelimit parses it
+/// (envconfig): a value that does not parse stops its start, and this
+/// service's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Any text.
+    Str,
+    /// Go's `strconv.ParseBool`.
+    Bool,
+    /// A decimal integer.
+    Int,
+    /// A Go duration (`time.ParseDuration`).
+    Duration,
+    /// A decimal number.
+    Float,
+    /// `a,b,c`.
+    List,
+    /// `k1:v1,k2:v2`.
+    Map,
+}
+
+impl Kind {
+    /// The Go type's name in `upstream-settings.tsv`.
+    pub fn go_type(self) -> &'static [&'static str] {
+        match self {
+            Kind::Str => &["string"],
+            Kind::Bool => &["bool"],
+            Kind::Int => &["int", "int64"],
+            Kind::Duration => &["duration"],
+            Kind::Float => &["float32", "float64"],
+            Kind::List => &["[]string"],
+            Kind::Map => &["map[string]string"],
+        }
+    }
+
+    /// Whether `v` parses as this type (empty: the default, always).
+    pub fn parses(self, v: &str) -> bool {
+        if v.is_empty() {
+            return true;
+        }
+        match self {
+            Kind::Str | Kind::List => true,
+            Kind::Bool => FALSE.contains(&v) || ["1", "t", "T", "true", "TRUE", "True"].contains(&v),
+            Kind::Int => v.parse::<i64>().is_ok(),
+            Kind::Duration => parse_go_duration(v.strip_prefix('-').unwrap_or(v)).is_ok(),
+            Kind::Float => v.parse::<f64>().is_ok(),
+            Kind::Map => v.split(',').all(|kv| kv.split(':').count() == 2),
+        }
+    }
+}
+
+/// The values a refused variable may still have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accept {
+    /// Exactly these texts (unset and empty are `""`).
+    Values(&'static [&'static str]),
+    /// A duration equal to this one (Go syntax), or unset.
+    Duration(&'static str),
+    /// An integer equal to this one, or unset.
+    Int(i64),
+    /// `false` as Go's `strconv.ParseBool` reads it, or unset.
+    False,
+}
+
+impl Accept {
+    /// Whether `v` is one of the accepted values.
+    pub fn accepts(self, v: &str) -> bool {
+        match self {
+            Accept::Values(ok) => ok.contains(&v),
+            Accept::False => FALSE.contains(&v),
+            Accept::Duration(d) => v.is_empty() || parse_go_duration(v).ok() == parse_go_duration(d).ok(),
+            Accept::Int(n) => v.is_empty() || v.parse::<i64>().ok() == Some(n),
+        }
+    }
+
+    /// The accepted values, for the docs.
+    pub fn describe(self) -> String {
+        match self {
+            Accept::Values(ok) => {
+                let ok: Vec<String> = ok.iter().filter(|v| !v.is_empty()).map(|v| format!("`{v}`")).collect();
+                if ok.is_empty() {
+                    "unset or empty".to_owned()
+                } else {
+                    format!("unset or {}", ok.join(", "))
+                }
+            }
+            Accept::False => "unset or false".to_owned(),
+            Accept::Duration(d) => format!("unset or `{d}`"),
+            Accept::Int(n) => format!("unset or `{n}`"),
+        }
+    }
+}
+
+/// What this service does with one of envoyproxy/ratelimit's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// Read, with the same meaning and default.
+    Same,
+    /// Read; how it differs.
+    Differs(&'static str),
+    /// Refused at startup (exit 2, naming it) unless [`Accept`]ed; why.
+    Refused(Accept, &'static str),
+    /// Accepted (its value must parse as its type, as there) and without
+    /// effect; why that is safe.
+    Accepted(Kind, &'static str),
+}
+
+const XDS: &str = "read by envoyproxy/ratelimit only with `CONFIG_TYPE=GRPC_XDS_SOTW`, which is refused";
+const PERSECOND: &str = "read by envoyproxy/ratelimit only with `REDIS_PERSECOND=true`, which is refused";
+const MEMCACHE: &str = "read by envoyproxy/ratelimit only with `BACKEND_TYPE=memcache`, which is refused";
+const TRACING: &str = "read by envoyproxy/ratelimit only with `TRACING_ENABLED=true`, which is refused";
+const SERVER_TLS: &str = "read by envoyproxy/ratelimit only with `GRPC_SERVER_USE_TLS=true`, which is refused";
+const POOL: &str = "no pool: one multiplexed connection carries every request (redis-rs writes each \
+     call as it comes, and the replies return in order), so there is no pool size to choose";
+
+use Accept as A;
+use Kind as K;
+use Status::{Accepted, Differs, Refused, Same};
+
+/// Every setting of envoyproxy/ratelimit, in `settings.go`'s order, and its status here.
+pub const UPSTREAM: &[(&str, Status)] = &[
+    ("HOST", Same),
+    ("PORT", Same),
+    ("DEBUG_HOST", Accepted(K::Str, "the debug listener's address: there is no debug listener (`DEBUG_PORT`), so nothing binds it")),
+    ("DEBUG_PORT", Refused(A::Int(6070), "no debug listener (`/rlconfig`, `/stats`) is built; nothing listens on 6070")),
+    ("GRPC_UDS", Refused(A::Values(&[""]), "gRPC on a Unix socket is not built")),
+    ("GRPC_HOST", Same),
+    ("GRPC_PORT", Same),
+    ("GRPC_MAX_CONNECTION_AGE", Refused(A::Duration("24h"), "connections are not closed by age (no GOAWAY), whatever the value")),
+    ("GRPC_MAX_CONNECTION_AGE_GRACE", Refused(A::Duration("1h"), "connections are not closed by age (no GOAWAY), whatever the value")),
+    ("GRPC_SERVER_USE_TLS", Refused(A::False, "TLS on the gRPC listener is not built")),
+    ("GRPC_SERVER_TLS_CERT", Accepted(K::Str, SERVER_TLS)),
+    ("GRPC_SERVER_TLS_KEY", Accepted(K::Str, SERVER_TLS)),
+    ("GRPC_CLIENT_TLS_CACERT", Accepted(K::Str, SERVER_TLS)),
+    ("GRPC_CLIENT_TLS_SAN", Accepted(K::Str, SERVER_TLS)),
+    ("LOG_LEVEL", Accepted(K::Str, "the log's verbosity only: this service writes its few lines (startup, reloads, refusals) to stderr at any level")),
+    ("LOG_FORMAT", Accepted(K::Str, "the log's format only: plain lines on stderr either way; no decision depends on it")),
+    ("CONFIG_TYPE", Refused(A::Values(&["", "FILE", "file"]), "only the configuration files: xDS (`GRPC_XDS_SOTW`) is not built")),
+    ("FORCE_START_WITHOUT_INITIAL_CONFIG", Refused(A::False, "the service does not start without a first configuration")),
+    ("CONFIG_GRPC_XDS_NODE_ID", Accepted(K::Str, XDS)),
+    ("CONFIG_GRPC_XDS_NODE_METADATA", Accepted(K::Str, XDS)),
+    ("CONFIG_GRPC_XDS_SERVER_URL", Accepted(K::Str, XDS)),
+    ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", Accepted(K::Duration, XDS)),
+    ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", Accepted(K::Map, XDS)),
+    ("CONFIG_GRPC_XDS_SERVER_USE_TLS", Accepted(K::Bool, XDS)),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", Accepted(K::Str, XDS)),
+    ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", Accepted(K::Str, XDS)),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", Accepted(K::Str, XDS)),
+    ("CONFIG_GRPC_XDS_SERVER_TLS_SAN", Accepted(K::Str, XDS)),
+    ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", Accepted(K::Duration, XDS)),
+    ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", Accepted(K::Duration, XDS)),
+    ("XDS_CLIENT_BACKOFF_RANDOM_FACTOR", Accepted(K::Float, XDS)),
+    ("XDS_CLIENT_BACKOFF_JITTER", Accepted(K::Bool, XDS)),
+    ("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES", Accepted(K::Int, XDS)),
+    ("USE_DOG_STATSD", Differs("DogStatsD lines over UDP to `STATSD_HOST:STATSD_PORT`, as there, without datadog-go's own telemetry metrics (`datadog.dogstatsd.client.*`)")),
+    ("USE_DOG_STATSD_MOGRIFIERS", Same),
+    (
+        "USE_STATSD",
+        Differs("true unless set, as there (statsd over TCP to `STATSD_HOST:STATSD_PORT`; gostats's `STATSD_PROTOCOL=udp` for UDP); with no sink at all, envoyproxy/ratelimit logs its statistics to stdout, this service writes none"),
+    ),
+    ("STATSD_HOST", Same),
+    ("STATSD_PORT", Same),
+    ("EXTRA_TAGS", Same),
+    ("STATS_FLUSH_INTERVAL", Differs("how often the statsd counters are sent, as there (the response-time lines go with them); `/metrics` shows every counter live rather than as of the last flush")),
+    ("DISABLE_STATS", Same),
+    ("USE_PROMETHEUS", Same),
+    ("PROMETHEUS_ADDR", Same),
+    ("PROMETHEUS_PATH", Same),
+    ("PROMETHEUS_MAPPER_YAML", Differs("statsd-exporter's mapping rules, the subset Envoy Gateway's file and envoyproxy/ratelimit's own use (any other key refused at startup, naming it); a summary has no quantiles")),
+    ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", Same),
+    ("RUNTIME_ROOT", Same),
+    ("RUNTIME_SUBDIRECTORY", Same),
+    ("RUNTIME_APPDIRECTORY", Same),
+    ("RUNTIME_IGNOREDOTFILES", Same),
+    (
+        "RUNTIME_WATCH_ROOT",
+        Differs("read (a boolean) either way: the directory is polled through its path every `RUNTIME_POLL_INTERVAL`, which sees a file change and a swap of the root's symlink alike"),
+    ),
+    (
+        "EXPIRATION_JITTER_MAX_SECONDS",
+        Accepted(K::Int, "the jitter spreads envoyproxy/ratelimit's key expiries; here the module expires each key at its window's end, and no decision reads an expired key"),
+    ),
+    (
+        "LOCAL_CACHE_SIZE_IN_BYTES",
+        Accepted(K::Int, "the cache spares Redis the calls of keys already over their limit; the decisions are the same without it, and here a denied request writes nothing"),
+    ),
+    ("NEAR_LIMIT_RATIO", Same),
+    ("CACHE_KEY_PREFIX", Differs("prepended to keys of another shape (the domain is their hash tag); must not contain `{` or `}`")),
+    ("BACKEND_TYPE", Refused(A::Values(&["", "redis"]), "only Redis (with the module): memcache is not built")),
+    (
+        "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
+        Accepted(K::Bool, "a denied request never increments a key here (one atomic `RL.MULTI`): as if it were true, always"),
+    ),
+    ("LIMIT_RESPONSE_HEADERS_ENABLED", Same),
+    ("LIMIT_LIMIT_HEADER", Same),
+    ("LIMIT_REMAINING_HEADER", Same),
+    ("LIMIT_RESET_HEADER", Same),
+    (
+        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
+        Accepted(K::Bool, "the service does not start without a first configuration, so it is healthy only with one loaded: as if it were true"),
+    ),
+    ("REDIS_SOCKET_TYPE", Same),
+    ("REDIS_TYPE", Same),
+    ("REDIS_URL", Same),
+    ("REDIS_POOL_SIZE", Accepted(K::Int, POOL)),
+    ("REDIS_AUTH", Same),
+    ("REDIS_TLS", Same),
+    ("REDIS_TLS_CLIENT_CERT", Differs("with `REDIS_TLS_CLIENT_KEY`, both or neither (one alone is refused at startup; there it is ignored)")),
+    ("REDIS_TLS_CLIENT_KEY", Differs("with `REDIS_TLS_CLIENT_CERT`, both or neither (one alone is refused at startup; there it is ignored)")),
+    ("REDIS_TLS_CACERT", Differs("replaces the system's roots (there it is added to them)")),
+    ("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", Differs("refused with `REDIS_TYPE=sentinel`")),
+    (
+        "REDIS_PIPELINE_WINDOW",
+        Accepted(K::Duration, "a flush window batches the writes of several calls; the multiplexed connection already writes each call as it comes, one call per request"),
+    ),
+    ("REDIS_PIPELINE_LIMIT", Accepted(K::Int, "deprecated and unused by envoyproxy/ratelimit itself")),
+    (
+        "REDIS_CLUSTER_PIPELINE_PARALLELISM",
+        Accepted(K::Int, "a request is one `RL.MULTI` on one slot (the domain is the hash tag): there are no per-key groups to run in parallel"),
+    ),
+    ("REDIS_PERSECOND", Refused(A::False, "a second Redis for per-second limits is not built")),
+    ("REDIS_PERSECOND_SOCKET_TYPE", Accepted(K::Str, PERSECOND)),
+    ("REDIS_PERSECOND_TYPE", Accepted(K::Str, PERSECOND)),
+    ("REDIS_PERSECOND_URL", Accepted(K::Str, PERSECOND)),
+    ("REDIS_PERSECOND_POOL_SIZE", Accepted(K::Int, PERSECOND)),
+    ("REDIS_PERSECOND_AUTH", Accepted(K::Str, PERSECOND)),
+    ("REDIS_PERSECOND_TLS", Differs("read (a boolean) and without effect: `REDIS_PERSECOND` is refused")),
+    ("REDIS_SENTINEL_AUTH", Same),
+    ("REDIS_PERSECOND_SENTINEL_AUTH", Accepted(K::Str, PERSECOND)),
+    ("REDIS_PERSECOND_PIPELINE_WINDOW", Accepted(K::Duration, PERSECOND)),
+    ("REDIS_PERSECOND_PIPELINE_LIMIT", Accepted(K::Int, PERSECOND)),
+    ("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", Accepted(K::Int, PERSECOND)),
+    ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Refused(A::False, "the health checks do not follow the Redis connection")),
+    ("REDIS_TIMEOUT", Same),
+    ("REDIS_PERSECOND_TIMEOUT", Accepted(K::Duration, PERSECOND)),
+    (
+        "REDIS_POOL_ON_EMPTY_BEHAVIOR",
+        Refused(A::Values(&["", "WAIT", "wait", "Wait"]), "no pool: requests share one multiplexed connection, as `WAIT`; `CREATE` and `ERROR` (which envoyproxy/ratelimit refuses too) are refused"),
+    ),
+    ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", Accepted(K::Str, PERSECOND)),
+    ("REDIS_STARTUP_INITIAL_INTERVAL", Refused(A::Duration("1s"), "no retry at startup: the service exits 1 when Redis does not answer within `REDIS_TIMEOUT`")),
+    ("REDIS_STARTUP_MAX_INTERVAL", Refused(A::Duration("30s"), "no retry at startup: the service exits 1 when Redis does not answer within `REDIS_TIMEOUT`")),
+    ("REDIS_STARTUP_MAX_ELAPSED_TIME", Refused(A::Duration("0"), "no retry at startup: the service exits 1 when Redis does not answer within `REDIS_TIMEOUT`")),
+    ("MEMCACHE_HOST_PORT", Refused(A::Values(&[""]), "memcache is not built")),
+    ("MEMCACHE_MAX_IDLE_CONNS", Accepted(K::Int, MEMCACHE)),
+    ("MEMCACHE_SRV", Refused(A::Values(&[""]), "memcache is not built")),
+    ("MEMCACHE_SRV_REFRESH", Accepted(K::Duration, MEMCACHE)),
+    ("MEMCACHE_TLS", Accepted(K::Bool, MEMCACHE)),
+    ("MEMCACHE_TLS_CLIENT_CERT", Accepted(K::Str, MEMCACHE)),
+    ("MEMCACHE_TLS_CLIENT_KEY", Accepted(K::Str, MEMCACHE)),
+    ("MEMCACHE_TLS_CACERT", Accepted(K::Str, MEMCACHE)),
+    ("MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", Accepted(K::Bool, MEMCACHE)),
+    ("SHADOW_MODE", Same),
+    ("QUOTA_MODE", Refused(A::False, "quota mode is not built")),
+    ("RESPONSE_DYNAMIC_METADATA", Refused(A::False, "the response's dynamic metadata is not built")),
+    ("MERGE_DOMAIN_CONFIG", Same),
+    ("TRACING_ENABLED", Refused(A::False, "tracing (OTLP) is not built")),
+    ("TRACING_SERVICE_NAME", Accepted(K::Str, TRACING)),
+    ("TRACING_SERVICE_NAMESPACE", Accepted(K::Str, TRACING)),
+    ("TRACING_SERVICE_INSTANCE_ID", Accepted(K::Str, TRACING)),
+    ("TRACING_EXPORTER_PROTOCOL", Accepted(K::Str, TRACING)),
+    ("TRACING_SAMPLING_RATE", Accepted(K::Float, TRACING)),
+];
+
+/// The status of one of envoyproxy/ratelimit's settings (`None`: not one of them).
+pub fn status(name: &str) -> Option<Status> {
+    UPSTREAM.iter().find(|(n, _)| *n == name).map(|(_, s)| *s)
+}
+
+/// Checks the refused and the accepted variables of `env`: a refused one
+/// set to a value it does not accept, or an accepted one whose value does
+/// not parse, is the error (the first in the table's order). Otherwise the
+/// notices of the accepted ones set, each with why it has no effect.
+pub fn check(env: &std::collections::HashMap<String, String>) -> Result<Vec<String>, String> {
+    let mut notices = Vec::new();
+    for (name, st) in UPSTREAM {
+        let Some(v) = env.get(*name) else { continue };
+        match st {
+            Refused(ok, why) if !ok.accepts(v) => {
+                return Err(format!(
+                    "{name}={v:?} is not supported by this service ({why}; accepted: {}; see docs/envoy.md)",
+                    ok.describe()
+                ));
+            }
+            Accepted(kind, why) => {
+                if !kind.parses(v) {
+                    return Err(format!("{name}={v:?}: not a {} (as envoyproxy/ratelimit reads it)", kind.go_type()[0]));
+                }
+                if !v.is_empty() {
+                    notices.push(format!("{name}={v:?} accepted without effect: {why}"));
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(notices)
+}
+
+/// One row of docs/envoy.md's table: what this service does.
+pub fn describe(st: Status) -> String {
+    match st {
+        Same => "read, same meaning".to_owned(),
+        Differs(how) => format!("read, differs: {how}"),
+        Refused(ok, why) => format!("refused at startup unless {}: {why}", ok.describe()),
+        Accepted(_, why) => format!("accepted without effect: {why}"),
+    }
+}
