@@ -71,11 +71,17 @@ pub fn metrics_router<C: Connection>(svc: Arc<Service<C>>, path: &str) -> axum::
         .with_state(svc)
 }
 
+/// The gRPC listener: `GRPC_HOST:GRPC_PORT`, or `GRPC_UDS`.
+enum GrpcListener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
 /// A started service: its state, the bound addresses, and the task serving both listeners.
 pub struct Running {
     /// The service (its live configuration, its last refusal).
     pub service: Arc<Service<RedisConn>>,
-    /// The gRPC listener's address.
+    /// The gRPC listener's address (0.0.0.0:0 with `GRPC_UDS`).
     pub grpc_addr: std::net::SocketAddr,
     /// The HTTP listener's address.
     pub http_addr: std::net::SocketAddr,
@@ -235,10 +241,25 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let (cfg, files) = load_dir(&settings).map_err(|e| format!("config refused: {e}"))?;
     let grpc_addr = format!("{}:{}", settings.grpc_host, settings.grpc_port);
     let http_addr = format!("{}:{}", settings.host, settings.port);
-    let grpc_listener =
-        tokio::net::TcpListener::bind(&grpc_addr).await.map_err(|e| format!("GRPC_PORT {grpc_addr}: {e}"))?;
+    let grpc_listener = match &settings.grpc_uds {
+        Some(path) => {
+            // a socket left by a previous process; anything else is not removed
+            if std::fs::symlink_metadata(path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())) {
+                let _ = std::fs::remove_file(path);
+            }
+            GrpcListener::Unix(
+                tokio::net::UnixListener::bind(path).map_err(|e| format!("GRPC_UDS {}: {e}", path.display()))?,
+            )
+        }
+        None => GrpcListener::Tcp(
+            tokio::net::TcpListener::bind(&grpc_addr).await.map_err(|e| format!("GRPC_PORT {grpc_addr}: {e}"))?,
+        ),
+    };
     let http_listener = tokio::net::TcpListener::bind(&http_addr).await.map_err(|e| format!("PORT {http_addr}: {e}"))?;
-    let grpc_addr = grpc_listener.local_addr().map_err(|e| e.to_string())?;
+    let grpc_addr = match &grpc_listener {
+        GrpcListener::Tcp(l) => l.local_addr().map_err(|e| e.to_string())?,
+        GrpcListener::Unix(_) => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+    };
     let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
     let metrics_listener = match &settings.prometheus {
         None => None,
@@ -256,14 +277,23 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let svc_m = svc.clone();
     let (health, health_svc) = tonic_health::server::health_reporter();
     health.set_serving::<RateLimitServiceServer<Grpc<RedisConn>>>().await;
-    let grpc = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(health_svc)
-        .add_service(RateLimitServiceServer::new(Grpc(svc.clone())))
+        .add_service(RateLimitServiceServer::new(Grpc(svc.clone())));
+    type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+    let grpc: Serving = match (grpc_listener, svc.settings().grpc_tls.clone()) {
+        (GrpcListener::Unix(l), _) => {
+            Box::pin(router.serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(l)))
+        }
+        (GrpcListener::Tcp(l), Some(tls)) => Box::pin(router.serve_with_incoming(crate::tls::incoming(l, &tls))),
         // TCP_NODELAY: tonic sets it only on listeners it binds itself; without
         // it Nagle holds a response behind an unacknowledged one (Envoy's delayed ACK)
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)));
+        (GrpcListener::Tcp(l), None) => {
+            Box::pin(router.serve_with_incoming(tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true))))
+        }
+    };
     let http = axum::serve(http_listener, http_router(svc.clone()));
     let metrics = async move {
         match metrics_listener {

@@ -222,6 +222,13 @@ pub struct Settings {
     /// `:9090`, Go's `host:port` with an empty host for every address) and
     /// the path (`PROMETHEUS_PATH`, default `/metrics`) of the metrics listener.
     pub prometheus: Option<(String, String)>,
+    /// `GRPC_SERVER_USE_TLS=true` (+ `GRPC_SERVER_TLS_CERT`, `_KEY`,
+    /// `GRPC_CLIENT_TLS_CACERT`, `GRPC_CLIENT_TLS_SAN`; Envoy Gateway's
+    /// `GRPC_SERVER_TLS_CA_CERT` checked, without effect as upstream).
+    pub grpc_tls: Option<crate::tls::GrpcTls>,
+    /// `GRPC_UDS`: the gRPC listener on this Unix socket instead of
+    /// `GRPC_HOST:GRPC_PORT`.
+    pub grpc_uds: Option<PathBuf>,
 }
 
 /// Parses a Go `time.ParseDuration` string: a sequence of decimal numbers
@@ -303,9 +310,7 @@ const REFUSED: &[(&str, &[&str])] = &[
     ("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", FALSE),
     ("USE_STATSD", FALSE),
     ("USE_DOG_STATSD", FALSE),
-    ("GRPC_SERVER_USE_TLS", FALSE),
     ("TRACING_ENABLED", FALSE),
-    ("GRPC_UDS", &[""]),
     ("BACKEND_TYPE", &["", "redis"]),
     ("CONFIG_TYPE", &["", "FILE", "file"]),
     ("MEMCACHE_HOST_PORT", &[""]),
@@ -354,6 +359,13 @@ struct Vars {
     use_prometheus: String,
     prometheus_addr: String,
     prometheus_path: String,
+    grpc_server_use_tls: String,
+    grpc_server_tls_cert: String,
+    grpc_server_tls_key: String,
+    grpc_client_tls_cacert: String,
+    grpc_client_tls_san: String,
+    grpc_server_tls_ca_cert: String,
+    grpc_uds: String,
 }
 
 /// A variable's value, or its default when unset or empty.
@@ -407,6 +419,18 @@ impl Vars {
         }
         let (config_dir, poll_interval) = self.runtime()?;
         let prometheus = self.prometheus()?;
+        let grpc_tls = crate::tls::GrpcTls::from_vars(&crate::tls::GrpcTlsVars {
+            use_tls: flag("GRPC_SERVER_USE_TLS", &self.grpc_server_use_tls)?,
+            cert: &self.grpc_server_tls_cert,
+            key: &self.grpc_server_tls_key,
+            client_ca: &self.grpc_client_tls_cacert,
+            client_san: &self.grpc_client_tls_san,
+            server_ca: &self.grpc_server_tls_ca_cert,
+        })?;
+        let grpc_uds = (!self.grpc_uds.is_empty()).then(|| PathBuf::from(&self.grpc_uds));
+        if grpc_uds.is_some() && grpc_tls.is_some() {
+            return Err("GRPC_UDS with GRPC_SERVER_USE_TLS=true is not supported here (TLS on TCP only)".into());
+        }
         Ok(Settings {
             host: or(&self.host, "0.0.0.0"),
             port: port("PORT", &self.port, 8080)?,
@@ -431,6 +455,8 @@ impl Vars {
             merge_domains: flag("MERGE_DOMAIN_CONFIG", &self.merge_domain_config)?,
             poll_interval,
             prometheus,
+            grpc_tls,
+            grpc_uds,
         })
     }
 
