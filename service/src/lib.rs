@@ -35,4 +35,5 @@ pub mod server;
 pub mod service;
 pub mod settings;
 pub mod statsd;
+pub mod tls;
 pub mod upstream_settings;

@@ -54,9 +54,72 @@ async fn json_handler<C: Connection>(State(svc): State<Arc<Service<C>>>, body: B
     }
 }
 
-/// The HTTP router: `POST /json`, `GET /healthcheck`.
+/// The HTTP router: `POST /json`, `GET /healthcheck` (always OK; a
+/// started service answers [`health_router`]'s instead).
 pub fn http_router<C: Connection>(svc: Arc<Service<C>>) -> axum::Router {
     axum::Router::new().route("/json", post(json_handler::<C>)).route("/healthcheck", get(|| async { "OK" })).with_state(svc)
+}
+
+/// The health of a started service, as envoyproxy/ratelimit keeps it:
+/// healthy while Redis is (with `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`)
+/// and no SIGTERM came. `GET /healthcheck` answers 200 `OK` or 500; the
+/// gRPC health service SERVING or NOT_SERVING for `""`, `ratelimit` and
+/// the RateLimitService's full name.
+pub struct Health {
+    redis_down: std::sync::atomic::AtomicBool,
+    stopping: std::sync::atomic::AtomicBool,
+    reporter: tonic_health::server::HealthReporter,
+    // one update at a time: the reporter's status is the last one computed
+    lock: tokio::sync::Mutex<()>,
+}
+
+/// The gRPC health service's names of the service.
+const HEALTH_NAMES: [&str; 3] = ["", "ratelimit", "envoy.service.ratelimit.v3.RateLimitService"];
+
+impl Health {
+    /// Healthy now.
+    pub fn ok(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        !self.redis_down.load(SeqCst) && !self.stopping.load(SeqCst)
+    }
+
+    async fn publish(&self) {
+        let _g = self.lock.lock().await;
+        let status = if self.ok() { tonic_health::ServingStatus::Serving } else { tonic_health::ServingStatus::NotServing };
+        for name in HEALTH_NAMES {
+            self.reporter.set_service_status(name, status).await;
+        }
+    }
+
+    /// Redis answered (`true`) or did not.
+    pub async fn set_redis(&self, up: bool) {
+        if self.redis_down.swap(!up, std::sync::atomic::Ordering::SeqCst) == up {
+            self.publish().await;
+        }
+    }
+
+    /// The service is stopping (SIGTERM): unhealthy from now on.
+    pub async fn set_stopping(&self) {
+        self.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.publish().await;
+    }
+}
+
+/// `GET /healthcheck` of a started service: 200 `OK` while healthy, else 500.
+pub fn health_router(health: Arc<Health>) -> axum::Router {
+    axum::Router::new().route(
+        "/healthcheck",
+        get(move || {
+            let h = health.clone();
+            async move {
+                if h.ok() {
+                    (StatusCode::OK, "OK")
+                } else {
+                    (StatusCode::INTERNAL_SERVER_ERROR, "unhealthy")
+                }
+            }
+        }),
+    )
 }
 
 /// The Prometheus router: the statistics in the text exposition format on `path`.
@@ -71,18 +134,65 @@ pub fn metrics_router<C: Connection>(svc: Arc<Service<C>>, path: &str) -> axum::
         .with_state(svc)
 }
 
+/// The gRPC listener: `GRPC_HOST:GRPC_PORT`, or `GRPC_UDS`.
+enum GrpcListener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener),
+}
+
 /// A started service: its state, the bound addresses, and the task serving both listeners.
 pub struct Running {
     /// The service (its live configuration, its last refusal).
     pub service: Arc<Service<RedisConn>>,
-    /// The gRPC listener's address.
+    /// The gRPC listener's address (0.0.0.0:0 with `GRPC_UDS`).
     pub grpc_addr: std::net::SocketAddr,
     /// The HTTP listener's address.
     pub http_addr: std::net::SocketAddr,
     /// The Prometheus listener's address (`USE_PROMETHEUS=true`).
     pub metrics_addr: Option<std::net::SocketAddr>,
-    /// Serves until aborted or a listener fails.
+    /// Serves until aborted, a listener fails, or [`stop`](Self::stop)
+    /// has let every in-flight request finish.
     pub task: tokio::task::JoinHandle<Result<(), String>>,
+    /// The health both checks answer.
+    pub health: Arc<Health>,
+    stop: tokio::sync::watch::Sender<bool>,
+}
+
+impl Running {
+    /// Both health checks fail from now on; the listeners stop accepting,
+    /// the gRPC connections get GOAWAY, and [`task`](Self::task) ends once
+    /// the requests in flight are answered.
+    pub async fn stop(&self) {
+        self.health.set_stopping().await;
+        let _ = self.stop.send(true);
+    }
+}
+
+/// How long a stopping service waits for its requests in flight before it
+/// exits anyway.
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// [`connect`], retried as envoyproxy/ratelimit retries at startup: after
+/// `REDIS_STARTUP_INITIAL_INTERVAL`, each wait 1.5 times the last up to
+/// `REDIS_STARTUP_MAX_INTERVAL`, for ever unless
+/// `REDIS_STARTUP_MAX_ELAPSED_TIME` is set (then the last error).
+async fn connect_with_retries(settings: &Settings) -> Result<RedisConn, String> {
+    let (initial, max, max_elapsed) = settings.redis_startup;
+    let began = tokio::time::Instant::now();
+    let mut wait = initial;
+    loop {
+        match connect(settings).await {
+            Ok(c) => return Ok(c),
+            Err(e) => {
+                if !max_elapsed.is_zero() && began.elapsed() + wait > max_elapsed {
+                    return Err(e);
+                }
+                eprintln!("{e}; retrying in {wait:?} (REDIS_STARTUP_*)");
+                tokio::time::sleep(wait).await;
+                wait = wait.mul_f64(1.5).min(max);
+            }
+        }
+    }
 }
 
 /// The connection of `REDIS_TYPE`, connected (single, cluster) or with
@@ -219,7 +329,8 @@ pub const MAX_PENDING_RESETS: usize = 4096;
 /// starts serving (and reloading) in the background. Errors: Redis cannot
 /// be reached, the first configuration does not load, a port cannot be bound.
 pub async fn start(settings: Settings) -> Result<Running, String> {
-    let conn = connect(&settings).await?;
+    let conn = connect_with_retries(&settings).await?;
+    let probe = conn.clone();
     let timeout_ms = u64::try_from(settings.redis_timeout.as_millis()).unwrap_or(u64::MAX).max(1);
     // A decision Redis gives within REDIS_TIMEOUT, however slow, is a
     // decision: the breaker's latency budget is REDIS_TIMEOUT itself, not the
@@ -235,10 +346,25 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let (cfg, files) = load_dir(&settings).map_err(|e| format!("config refused: {e}"))?;
     let grpc_addr = format!("{}:{}", settings.grpc_host, settings.grpc_port);
     let http_addr = format!("{}:{}", settings.host, settings.port);
-    let grpc_listener =
-        tokio::net::TcpListener::bind(&grpc_addr).await.map_err(|e| format!("GRPC_PORT {grpc_addr}: {e}"))?;
+    let grpc_listener = match &settings.grpc_uds {
+        Some(path) => {
+            // a socket left by a previous process; anything else is not removed
+            if std::fs::symlink_metadata(path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())) {
+                let _ = std::fs::remove_file(path);
+            }
+            GrpcListener::Unix(
+                tokio::net::UnixListener::bind(path).map_err(|e| format!("GRPC_UDS {}: {e}", path.display()))?,
+            )
+        }
+        None => GrpcListener::Tcp(
+            tokio::net::TcpListener::bind(&grpc_addr).await.map_err(|e| format!("GRPC_PORT {grpc_addr}: {e}"))?,
+        ),
+    };
     let http_listener = tokio::net::TcpListener::bind(&http_addr).await.map_err(|e| format!("PORT {http_addr}: {e}"))?;
-    let grpc_addr = grpc_listener.local_addr().map_err(|e| e.to_string())?;
+    let grpc_addr = match &grpc_listener {
+        GrpcListener::Tcp(l) => l.local_addr().map_err(|e| e.to_string())?,
+        GrpcListener::Unix(_) => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
+    };
     let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
     let metrics_listener = match &settings.prometheus {
         None => None,
@@ -255,44 +381,113 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let reloader = spawn_reloader(svc.clone(), files);
     let statsd = crate::statsd::spawn(svc.clone());
     let svc_m = svc.clone();
-    let (health, health_svc) = tonic_health::server::health_reporter();
-    health.set_serving::<RateLimitServiceServer<Grpc<RedisConn>>>().await;
-    let grpc = tonic::transport::Server::builder()
+    let (reporter, health_svc) = tonic_health::server::health_reporter();
+    let health =
+        Arc::new(Health { redis_down: false.into(), stopping: false.into(), reporter, lock: tokio::sync::Mutex::new(()) });
+    health.publish().await;
+    let checker = svc.settings().redis_health_check.then(|| {
+        let (h, mut probe, t) = (health.clone(), probe, svc.settings().redis_timeout);
+        tokio::spawn(async move {
+            loop {
+                let up =
+                    matches!(tokio::time::timeout(t, redis::cmd("PING").query_async::<String>(&mut probe)).await, Ok(Ok(_)));
+                h.set_redis(up).await;
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+        })
+    });
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let (age, grace) = svc.settings().grpc_max_connection_age;
+    let router = tonic::transport::Server::builder()
+        .max_connection_age(age)
+        .max_connection_age_grace(grace)
         .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(health_svc)
-        .add_service(RateLimitServiceServer::new(Grpc(svc.clone())))
+        .add_service(RateLimitServiceServer::new(Grpc(svc.clone())));
+    type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>;
+    let grpc: Serving = match (grpc_listener, svc.settings().grpc_tls.clone()) {
+        (GrpcListener::Unix(l), _) => Box::pin(router.serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(l),
+            until_stopped(stopped.clone()),
+        )),
+        (GrpcListener::Tcp(l), Some(tls)) => {
+            Box::pin(router.serve_with_incoming_shutdown(crate::tls::incoming(l, &tls), until_stopped(stopped.clone())))
+        }
         // TCP_NODELAY: tonic sets it only on listeners it binds itself; without
         // it Nagle holds a response behind an unacknowledged one (Envoy's delayed ACK)
-        .serve_with_incoming(tonic::transport::server::TcpIncoming::from(grpc_listener).with_nodelay(Some(true)));
-    let http = axum::serve(http_listener, http_router(svc.clone()));
+        (GrpcListener::Tcp(l), None) => Box::pin(router.serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true)),
+            until_stopped(stopped.clone()),
+        )),
+    };
+    let http_app = axum::Router::new()
+        .merge(health_router(health.clone()))
+        .merge(axum::Router::new().route("/json", post(json_handler::<RedisConn>)).with_state(svc.clone()));
+    let http = axum::serve(http_listener, http_app).with_graceful_shutdown(until_stopped(stopped.clone()));
+    let stopped_m = stopped.clone();
     let metrics = async move {
         match metrics_listener {
-            Some(l) => axum::serve(l, metrics_router(svc_m, &metrics_path)).await,
-            None => std::future::pending().await,
+            Some(l) => {
+                axum::serve(l, metrics_router(svc_m, &metrics_path)).with_graceful_shutdown(until_stopped(stopped_m)).await
+            }
+            None => {
+                until_stopped(stopped_m).await;
+                Ok(())
+            }
         }
     };
     let task = tokio::spawn(async move {
-        let r = tokio::select! {
-            r = grpc => r.map_err(|e| format!("gRPC server: {e}")),
-            r = http => r.map_err(|e| format!("HTTP server: {e}")),
-            r = metrics => r.map_err(|e| format!("Prometheus server: {e}")),
-        };
+        let r = tokio::try_join!(
+            async { grpc.await.map_err(|e| format!("gRPC server: {e}")) },
+            async { http.await.map_err(|e| format!("HTTP server: {e}")) },
+            async { metrics.await.map_err(|e| format!("Prometheus server: {e}")) },
+        );
         reloader.abort();
         if let Some(s) = statsd {
             s.abort();
         }
-        r
+        if let Some(c) = checker {
+            c.abort();
+        }
+        r.map(|_| ())
     });
-    Ok(Running { service: svc, grpc_addr, http_addr, metrics_addr, task })
+    Ok(Running { service: svc, grpc_addr, http_addr, metrics_addr, task, health, stop })
 }
 
-/// [`start`], then serves until the process ends.
+/// [`start`], then serves until SIGTERM: both health checks fail, the
+/// requests in flight are answered (within [`SHUTDOWN_GRACE`]), and it
+/// returns `Ok` (exit 0). SIGTERM while Redis is still awaited ends it at once.
 pub async fn run(settings: Settings) -> Result<(), String> {
-    let r = start(settings).await?;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("SIGTERM handler: {e}"))?;
+    let r = tokio::select! {
+        r = start(settings) => r?,
+        _ = term.recv() => {
+            eprintln!("SIGTERM before the service started: exiting");
+            return Ok(());
+        }
+    };
     match r.metrics_addr {
         Some(m) => eprintln!("listening: grpc {} http {} prometheus {m}", r.grpc_addr, r.http_addr),
         None => eprintln!("listening: grpc {} http {}", r.grpc_addr, r.http_addr),
     }
-    r.task.await.map_err(|e| e.to_string())?
+    let mut task = r.task;
+    tokio::select! {
+        done = &mut task => return done.map_err(|e| e.to_string())?,
+        _ = term.recv() => {}
+    }
+    eprintln!("SIGTERM: health checks failing, answering the requests in flight");
+    r.health.set_stopping().await;
+    let _ = r.stop.send(true);
+    match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {
+        Ok(done) => done.map_err(|e| e.to_string())?,
+        Err(_) => {
+            eprintln!("SIGTERM: requests still in flight after {SHUTDOWN_GRACE:?}; exiting");
+            Ok(())
+        }
+    }
 }

@@ -241,6 +241,23 @@ pub struct Settings {
     /// envoyproxy/ratelimit's variables set here that are accepted without
     /// effect, each with why (`upstream_settings`): printed at startup.
     pub notices: Vec<String>,
+    /// `GRPC_SERVER_USE_TLS=true` (+ `GRPC_SERVER_TLS_CERT`, `_KEY`,
+    /// `GRPC_CLIENT_TLS_CACERT`, `GRPC_CLIENT_TLS_SAN`; Envoy Gateway's
+    /// `GRPC_SERVER_TLS_CA_CERT` checked, without effect as upstream).
+    pub grpc_tls: Option<crate::tls::GrpcTls>,
+    /// `GRPC_UDS`: the gRPC listener on this Unix socket instead of
+    /// `GRPC_HOST:GRPC_PORT`.
+    pub grpc_uds: Option<PathBuf>,
+    /// `REDIS_STARTUP_INITIAL_INTERVAL` (1s), `REDIS_STARTUP_MAX_INTERVAL`
+    /// (30s), `REDIS_STARTUP_MAX_ELAPSED_TIME` (0: retry for ever): the
+    /// backoff of the first connection to Redis.
+    pub redis_startup: (Duration, Duration, Duration),
+    /// `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`: the health checks fail while
+    /// Redis does not answer.
+    pub redis_health_check: bool,
+    /// `GRPC_MAX_CONNECTION_AGE` (24h) and `GRPC_MAX_CONNECTION_AGE_GRACE`
+    /// (1h): a gRPC connection gets GOAWAY at that age, and is closed after the grace.
+    pub grpc_max_connection_age: (Duration, Duration),
 }
 
 /// Where the statistics go.
@@ -471,6 +488,20 @@ struct Vars {
     extra_tags: String,
     stats_flush_interval: String,
     disable_stats: String,
+    grpc_server_use_tls: String,
+    grpc_server_tls_cert: String,
+    grpc_server_tls_key: String,
+    grpc_client_tls_cacert: String,
+    grpc_client_tls_san: String,
+    grpc_server_tls_ca_cert: String,
+    grpc_uds: String,
+    redis_startup_initial_interval: String,
+    redis_startup_max_interval: String,
+    redis_startup_max_elapsed_time: String,
+    redis_health_check_active_connection: String,
+    healthy_with_at_least_one_config_loaded: String,
+    grpc_max_connection_age: String,
+    grpc_max_connection_age_grace: String,
 }
 
 /// A variable's value, or its default when unset or empty.
@@ -524,6 +555,35 @@ impl Vars {
         }
         let (config_dir, poll_interval) = self.runtime()?;
         let prometheus = self.prometheus()?;
+        let grpc_tls = crate::tls::GrpcTls::from_vars(&crate::tls::GrpcTlsVars {
+            use_tls: flag("GRPC_SERVER_USE_TLS", &self.grpc_server_use_tls)?,
+            cert: &self.grpc_server_tls_cert,
+            key: &self.grpc_server_tls_key,
+            client_ca: &self.grpc_client_tls_cacert,
+            client_san: &self.grpc_client_tls_san,
+            server_ca: &self.grpc_server_tls_ca_cert,
+        })?;
+        let grpc_uds = (!self.grpc_uds.is_empty()).then(|| PathBuf::from(&self.grpc_uds));
+        if grpc_uds.is_some() && grpc_tls.is_some() {
+            return Err("GRPC_UDS with GRPC_SERVER_USE_TLS=true is not supported here (TLS on TCP only)".into());
+        }
+        let dur =
+            |name: &str, v: &str, default: &str| parse_go_duration(&or(v, default)).map_err(|e| format!("{name}: {e}"));
+        let redis_startup = (
+            dur("REDIS_STARTUP_INITIAL_INTERVAL", &self.redis_startup_initial_interval, "1s")?,
+            dur("REDIS_STARTUP_MAX_INTERVAL", &self.redis_startup_max_interval, "30s")?,
+            dur("REDIS_STARTUP_MAX_ELAPSED_TIME", &self.redis_startup_max_elapsed_time, "0")?,
+        );
+        if redis_startup.0.is_zero() || redis_startup.1 < redis_startup.0 {
+            return Err("REDIS_STARTUP_INITIAL_INTERVAL must be above 0 and at most REDIS_STARTUP_MAX_INTERVAL".into());
+        }
+        // the first configuration must load for the service to start, so
+        // "at least one config loaded" holds whenever it serves
+        flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &self.healthy_with_at_least_one_config_loaded)?;
+        let grpc_max_connection_age = (
+            dur("GRPC_MAX_CONNECTION_AGE", &self.grpc_max_connection_age, "24h")?,
+            dur("GRPC_MAX_CONNECTION_AGE_GRACE", &self.grpc_max_connection_age_grace, "1h")?,
+        );
         Ok(Settings {
             host: or(&self.host, "0.0.0.0"),
             port: port("PORT", &self.port, 8080)?,
@@ -554,6 +614,11 @@ impl Vars {
             prometheus_mapper: None,
             prometheus_response_time_ms: false,
             notices: Vec::new(),
+            grpc_tls,
+            grpc_uds,
+            redis_startup,
+            redis_health_check: flag("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", &self.redis_health_check_active_connection)?,
+            grpc_max_connection_age,
         })
     }
 

@@ -121,7 +121,6 @@ const XDS: &str = "read by envoyproxy/ratelimit only with `CONFIG_TYPE=GRPC_XDS_
 const PERSECOND: &str = "read by envoyproxy/ratelimit only with `REDIS_PERSECOND=true`, which is refused";
 const MEMCACHE: &str = "read by envoyproxy/ratelimit only with `BACKEND_TYPE=memcache`, which is refused";
 const TRACING: &str = "read by envoyproxy/ratelimit only with `TRACING_ENABLED=true`, which is refused";
-const SERVER_TLS: &str = "read by envoyproxy/ratelimit only with `GRPC_SERVER_USE_TLS=true`, which is refused";
 const POOL: &str = "no pool: one multiplexed connection carries every request (redis-rs writes each \
      call as it comes, and the replies return in order), so there is no pool size to choose";
 
@@ -135,16 +134,16 @@ pub const UPSTREAM: &[(&str, Status)] = &[
     ("PORT", Same),
     ("DEBUG_HOST", Accepted(K::Str, "the debug listener's address: there is no debug listener (`DEBUG_PORT`), so nothing binds it")),
     ("DEBUG_PORT", Refused(A::Int(6070), "no debug listener (`/rlconfig`, `/stats`) is built; nothing listens on 6070")),
-    ("GRPC_UDS", Refused(A::Values(&[""]), "gRPC on a Unix socket is not built")),
+    ("GRPC_UDS", Differs("the gRPC listener on that Unix socket instead of `GRPC_HOST:GRPC_PORT`; TLS over the socket is refused at startup")),
     ("GRPC_HOST", Same),
     ("GRPC_PORT", Same),
-    ("GRPC_MAX_CONNECTION_AGE", Refused(A::Duration("24h"), "connections are not closed by age (no GOAWAY), whatever the value")),
-    ("GRPC_MAX_CONNECTION_AGE_GRACE", Refused(A::Duration("1h"), "connections are not closed by age (no GOAWAY), whatever the value")),
-    ("GRPC_SERVER_USE_TLS", Refused(A::False, "TLS on the gRPC listener is not built")),
-    ("GRPC_SERVER_TLS_CERT", Accepted(K::Str, SERVER_TLS)),
-    ("GRPC_SERVER_TLS_KEY", Accepted(K::Str, SERVER_TLS)),
-    ("GRPC_CLIENT_TLS_CACERT", Accepted(K::Str, SERVER_TLS)),
-    ("GRPC_CLIENT_TLS_SAN", Accepted(K::Str, SERVER_TLS)),
+    ("GRPC_MAX_CONNECTION_AGE", Same),
+    ("GRPC_MAX_CONNECTION_AGE_GRACE", Same),
+    ("GRPC_SERVER_USE_TLS", Same),
+    ("GRPC_SERVER_TLS_CERT", Differs("read at startup only: upstream reloads the files when they change; here a restart rotates them")),
+    ("GRPC_SERVER_TLS_KEY", Differs("read at startup only: upstream reloads the files when they change; here a restart rotates them")),
+    ("GRPC_CLIENT_TLS_CACERT", Same),
+    ("GRPC_CLIENT_TLS_SAN", Differs("needs `GRPC_CLIENT_TLS_CACERT` (refused at startup without it; upstream checks nothing then)")),
     ("LOG_LEVEL", Accepted(K::Str, "the log's verbosity only: this service writes its few lines (startup, reloads, refusals) to stderr at any level")),
     ("LOG_FORMAT", Accepted(K::Str, "the log's format only: plain lines on stderr either way; no decision depends on it")),
     ("CONFIG_TYPE", Refused(A::Values(&["", "FILE", "file"]), "only the configuration files: xDS (`GRPC_XDS_SOTW`) is not built")),
@@ -207,10 +206,7 @@ pub const UPSTREAM: &[(&str, Status)] = &[
     ("LIMIT_LIMIT_HEADER", Same),
     ("LIMIT_REMAINING_HEADER", Same),
     ("LIMIT_RESET_HEADER", Same),
-    (
-        "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED",
-        Accepted(K::Bool, "the service does not start without a first configuration, so it is healthy only with one loaded: as if it were true"),
-    ),
+    ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", Differs("read (a boolean) and always holds: the service does not start without a first configuration")),
     ("REDIS_SOCKET_TYPE", Same),
     ("REDIS_TYPE", Same),
     ("REDIS_URL", Same),
@@ -242,7 +238,7 @@ pub const UPSTREAM: &[(&str, Status)] = &[
     ("REDIS_PERSECOND_PIPELINE_WINDOW", Accepted(K::Duration, PERSECOND)),
     ("REDIS_PERSECOND_PIPELINE_LIMIT", Accepted(K::Int, PERSECOND)),
     ("REDIS_PERSECOND_CLUSTER_PIPELINE_PARALLELISM", Accepted(K::Int, PERSECOND)),
-    ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Refused(A::False, "the health checks do not follow the Redis connection")),
+    ("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", Same),
     ("REDIS_TIMEOUT", Same),
     ("REDIS_PERSECOND_TIMEOUT", Accepted(K::Duration, PERSECOND)),
     (
@@ -250,9 +246,9 @@ pub const UPSTREAM: &[(&str, Status)] = &[
         Refused(A::Values(&["", "WAIT", "wait", "Wait"]), "no pool: requests share one multiplexed connection, as `WAIT`; `CREATE` and `ERROR` (which envoyproxy/ratelimit refuses too) are refused"),
     ),
     ("REDIS_PERSECOND_POOL_ON_EMPTY_BEHAVIOR", Accepted(K::Str, PERSECOND)),
-    ("REDIS_STARTUP_INITIAL_INTERVAL", Refused(A::Duration("1s"), "no retry at startup: the service exits 1 when Redis does not answer within `REDIS_TIMEOUT`")),
-    ("REDIS_STARTUP_MAX_INTERVAL", Refused(A::Duration("30s"), "no retry at startup: the service exits 1 when Redis does not answer within `REDIS_TIMEOUT`")),
-    ("REDIS_STARTUP_MAX_ELAPSED_TIME", Refused(A::Duration("0"), "no retry at startup: the service exits 1 when Redis does not answer within `REDIS_TIMEOUT`")),
+    ("REDIS_STARTUP_INITIAL_INTERVAL", Differs("the same backoff (each wait 1.5 times the last), without upstream's ±50 % jitter")),
+    ("REDIS_STARTUP_MAX_INTERVAL", Differs("the same backoff (each wait 1.5 times the last), without upstream's ±50 % jitter")),
+    ("REDIS_STARTUP_MAX_ELAPSED_TIME", Differs("the same backoff (each wait 1.5 times the last), without upstream's ±50 % jitter")),
     ("MEMCACHE_HOST_PORT", Refused(A::Values(&[""]), "memcache is not built")),
     ("MEMCACHE_MAX_IDLE_CONNS", Accepted(K::Int, MEMCACHE)),
     ("MEMCACHE_SRV", Refused(A::Values(&[""]), "memcache is not built")),

@@ -68,6 +68,7 @@ async fn a_bad_first_config_or_no_redis_is_refused() {
     held.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     vars.insert("REDIS_URL".into(), format!("127.0.0.1:{}", held.local_addr().unwrap().port()));
     vars.insert("REDIS_TIMEOUT".into(), "200ms".into());
+    vars.insert("REDIS_STARTUP_MAX_ELAPSED_TIME".into(), "1ns".into());
     let err = server::start(Settings::from_map(&vars).unwrap()).await.err().unwrap();
     assert!(err.contains("connecting to Redis"), "{err}");
 }

@@ -13,6 +13,7 @@ mod support;
 mod algorithms;
 mod configuration;
 mod decisions;
+mod lifecycle;
 mod metrics;
 mod outage;
 mod settings_table;

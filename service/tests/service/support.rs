@@ -120,6 +120,8 @@ impl Env {
             ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
             ("REDIS_URL", format!("127.0.0.1:{rport}")),
             ("REDIS_TIMEOUT", "2s".to_owned()),
+            // one attempt: a test of a refused start gets its error at once
+            ("REDIS_STARTUP_MAX_ELAPSED_TIME", "1ns".to_owned()),
             ("GRPC_HOST", "127.0.0.1".to_owned()),
             ("GRPC_PORT", "0".to_owned()),
             ("HOST", "127.0.0.1".to_owned()),

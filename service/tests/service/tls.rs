@@ -11,6 +11,7 @@
 //! redis-server 7.0) fails instead.
 
 use crate::support::*;
+use rustls::pki_types::pem::PemObject;
 
 /// The certificates of one test, in a temp dir removed when dropped:
 /// `ca` (the CA), `server` (signed by it, for `localhost` and 127.0.0.1),
@@ -48,6 +49,7 @@ impl Pki {
         pki.leaf("server", "subjectAltName=DNS:localhost,IP:127.0.0.1");
         pki.leaf("elsewhere", "subjectAltName=DNS:elsewhere.example");
         pki.leaf("client", "subjectAltName=DNS:rl-client");
+        pki.leaf_of("other-ca", "stranger", "subjectAltName=DNS:rl-client");
         pki
     }
 
@@ -62,6 +64,11 @@ impl Pki {
     /// A certificate signed by `ca`, for servers and clients alike (Redis
     /// presents its own to the nodes it connects to).
     fn leaf(&self, name: &str, san: &str) {
+        self.leaf_of("ca", name, san)
+    }
+
+    /// A certificate signed by the CA `ca`.
+    fn leaf_of(&self, ca: &str, name: &str, san: &str) {
         let (key, csr, crt, ext) =
             (format!("{name}.key"), format!("{name}.csr"), format!("{name}.crt"), format!("{name}.ext"));
         let subj = format!("/CN=rl-test-{name}");
@@ -76,9 +83,9 @@ impl Pki {
         openssl(&self.dir, &args);
         openssl(
             &self.dir,
-            &["x509", "-req", "-in", &csr, "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2"]
+            &["x509", "-req", "-in", &csr, "-CA", &format!("{ca}.crt"), "-CAkey", &format!("{ca}.key")]
                 .into_iter()
-                .chain(["-out", &crt, "-extfile", &ext])
+                .chain(["-CAcreateserial", "-days", "2", "-out", &crt, "-extfile", &ext])
                 .collect::<Vec<_>>(),
         );
     }
@@ -426,4 +433,146 @@ async fn sentinel_over_mutual_tls() {
     assert_eq!(keys.len(), 1, "{keys:?}");
     drop(e);
     drop((sentinel, primary));
+}
+
+// ---- the gRPC listener's own TLS (GRPC_SERVER_USE_TLS) and GRPC_UDS ----
+
+/// A gRPC client over TLS to the service on `port` (the server named
+/// `localhost`, verified against `ca.crt`), with the client certificate
+/// `client` when given; the error of the handshake or of the call.
+async fn ask_tls(pki: &Pki, port: u16, client: Option<&str>) -> Result<RateLimitResponse, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in rustls::pki_types::CertificateDer::pem_file_iter(pki.path("ca.crt")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let b = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let mut cfg = match client {
+        None => b.with_no_client_auth(),
+        Some(name) => {
+            let chain = rustls::pki_types::CertificateDer::pem_file_iter(pki.path(&format!("{name}.crt")))
+                .unwrap()
+                .map(|c| c.unwrap())
+                .collect();
+            let key = rustls::pki_types::PrivateKeyDer::from_pem_file(pki.path(&format!("{name}.key"))).unwrap();
+            b.with_client_auth_cert(chain, key).unwrap()
+        }
+    };
+    cfg.alpn_protocols = vec![b"h2".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(cfg));
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let connector = connector.clone();
+            async move {
+                let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+                let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+                let tls = connector.connect(name, tcp).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tls))
+            }
+        }))
+        .await
+        .map_err(|e| format!("connect: {e:?}"))?;
+    let r = RateLimitServiceClient::new(channel).should_rate_limit(one_user()).await;
+    r.map(|r| r.into_inner()).map_err(|e| format!("call: {e:?}"))
+}
+
+fn one_user() -> RateLimitRequest {
+    req("basic", vec![desc(&[("user", "grpc-tls")])])
+}
+
+/// The service with plain Redis and the gRPC listener's TLS of `vars`.
+async fn grpc_tls_service(name: &str, vars: &[(&str, &str)]) -> Env {
+    Env::start(name, CONFIG, vars).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_over_tls_and_plaintext_refused() {
+    let pki = Pki::new();
+    let (cert, key) = (pki.path("server.crt"), pki.path("server.key"));
+    let vars = [("GRPC_SERVER_USE_TLS", "true"), ("GRPC_SERVER_TLS_CERT", &*cert), ("GRPC_SERVER_TLS_KEY", &*key)];
+    let e = grpc_tls_service("grpc-tls", &vars).await;
+    let a = ask_tls(&pki, e.grpc, None).await.unwrap();
+    assert_eq!(a.overall_code, OK);
+    // a plaintext HTTP/2 client is not answered
+    let plain = match RateLimitServiceClient::connect(format!("http://127.0.0.1:{}", e.grpc)).await {
+        Ok(mut c) => c.should_rate_limit(one_user()).await.map(|_| ()).map_err(|e| e.to_string()),
+        Err(err) => Err(err.to_string()),
+    };
+    assert!(plain.is_err(), "a plaintext call was answered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_mutual_tls_refuses_no_certificate_a_stranger_and_a_wrong_san() {
+    let pki = Pki::new();
+    let (cert, key, ca) = (pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt"));
+    let mut vars = vec![
+        ("GRPC_SERVER_USE_TLS", "true"),
+        ("GRPC_SERVER_TLS_CERT", &*cert),
+        ("GRPC_SERVER_TLS_KEY", &*key),
+        ("GRPC_CLIENT_TLS_CACERT", &*ca),
+        ("GRPC_CLIENT_TLS_SAN", "rl-client"),
+        // Envoy Gateway's name: checked to be a CA file, without effect (as upstream)
+        ("GRPC_SERVER_TLS_CA_CERT", &*ca),
+    ];
+    let e = grpc_tls_service("grpc-mtls", &vars).await;
+    assert_eq!(ask_tls(&pki, e.grpc, Some("client")).await.unwrap().overall_code, OK);
+    let none = ask_tls(&pki, e.grpc, None).await;
+    assert!(none.is_err(), "no client certificate was answered");
+    let stranger = ask_tls(&pki, e.grpc, Some("stranger")).await;
+    assert!(stranger.is_err(), "a certificate of another CA was answered");
+    // the right CA, another name: the server's own certificate (localhost)
+    let wrong_san = ask_tls(&pki, e.grpc, Some("server")).await;
+    assert!(wrong_san.is_err(), "a certificate without GRPC_CLIENT_TLS_SAN was answered");
+    drop(e);
+    // without GRPC_CLIENT_TLS_SAN the same CA's server certificate is a client certificate
+    vars.retain(|(k, _)| *k != "GRPC_CLIENT_TLS_SAN");
+    let e = grpc_tls_service("grpc-mtls-nosan", &vars).await;
+    assert_eq!(ask_tls(&pki, e.grpc, Some("server")).await.unwrap().overall_code, OK);
+    assert!(ask_tls(&pki, e.grpc, None).await.is_err(), "no client certificate was answered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_tls_settings_checked_at_start() {
+    let pki = Pki::new();
+    let (cert, key, ca) = (pki.path("server.crt"), pki.path("server.key"), pki.path("ca.crt"));
+    let p = port();
+    let on = ("GRPC_SERVER_USE_TLS", "true");
+    let err = refused(p, &[on, ("GRPC_SERVER_TLS_CERT", &cert)]).await;
+    assert!(err.contains("GRPC_SERVER_TLS_KEY"), "{err}");
+    let err = refused(p, &[on, ("GRPC_SERVER_TLS_CERT", &cert), ("GRPC_SERVER_TLS_KEY", &ca)]).await;
+    assert!(err.contains("GRPC_SERVER_TLS_KEY"), "{err}");
+    let err =
+        refused(p, &[on, ("GRPC_SERVER_TLS_CERT", &cert), ("GRPC_SERVER_TLS_KEY", &key), ("GRPC_CLIENT_TLS_SAN", "x")])
+            .await;
+    assert!(err.contains("GRPC_CLIENT_TLS_SAN needs GRPC_CLIENT_TLS_CACERT"), "{err}");
+    let err = refused(p, &[("GRPC_SERVER_TLS_CERT", &cert)]).await;
+    assert!(err.contains("GRPC_SERVER_USE_TLS is not true"), "{err}");
+    let missing = pki.path("missing.crt");
+    let err = refused(
+        p,
+        &[on, ("GRPC_SERVER_TLS_CERT", &cert), ("GRPC_SERVER_TLS_KEY", &key), ("GRPC_CLIENT_TLS_CACERT", &missing)],
+    )
+    .await;
+    assert!(err.contains("GRPC_CLIENT_TLS_CACERT"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_on_a_unix_socket() {
+    let pki = Pki::new();
+    let sock = pki.path("grpc.sock");
+    let e = grpc_tls_service("grpc-uds", &[("GRPC_UDS", &sock)]).await;
+    let path = sock.clone();
+    let channel = tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move { Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(tokio::net::UnixStream::connect(path).await?)) }
+        }))
+        .await
+        .unwrap();
+    let a = RateLimitServiceClient::new(channel).should_rate_limit(one_user()).await.unwrap().into_inner();
+    assert_eq!(a.overall_code, OK);
+    // no TCP gRPC listener was bound
+    assert_eq!(e.grpc, 0);
 }
