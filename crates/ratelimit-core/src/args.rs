@@ -384,6 +384,20 @@ pub(crate) fn eq_upper_letters(w: &[u8], upper: &[u8]) -> bool {
                 && u64::from_le_bytes(*x1) & CASE == u64::from_le_bytes(*y1);
         }
     }
+    // Four to seven bytes (COST, RENEW, DRYRUN, PARTIAL, ACQUIRE, ...): the
+    // first four and the last four, overlapping.
+    if let (Some((x0, _)), Some((_, x1)), Some((y0, _)), Some((_, y1))) = (
+        w.split_first_chunk::<4>(),
+        w.split_last_chunk::<4>(),
+        upper.split_first_chunk::<4>(),
+        upper.split_last_chunk::<4>(),
+    ) {
+        if w.len() < 8 {
+            const CASE: u32 = 0xDFDF_DFDF;
+            return u32::from_le_bytes(*x0) & CASE == u32::from_le_bytes(*y0)
+                && u32::from_le_bytes(*x1) & CASE == u32::from_le_bytes(*y1);
+        }
+    }
     let (mut a, mut b) = (w, upper);
     while a.len() >= 8 {
         let (Some((x, ra)), Some((y, rb))) = (a.split_first_chunk::<8>(), b.split_first_chunk::<8>()) else {

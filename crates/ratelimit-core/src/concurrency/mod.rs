@@ -171,7 +171,32 @@ impl State {
     /// buffer grows only when a lease is added to a full one. Afterwards
     /// [`State::is_fresh_at`] `now_eff` says whether the key is to be
     /// deleted.
+    #[inline(always)]
     pub fn apply(&mut self, c: &Change) -> Result<(), &'static str> {
+        // The common write, in place: the id's lease is the latest, none
+        // has lapsed, and the new one (renewed, or resized by a retried
+        // ACQUIRE) stays the latest. Everything else: `apply_any`.
+        let now = c.now_us.max(self.last_us);
+        if let Some((last, before)) = self.leases.split_last_mut() {
+            let lease = Lease { expiry_us: c.expiry_us, hash: c.hash, units: c.units };
+            if last.hash == c.hash
+                && (1..=MAX_ARG).contains(&c.units)
+                && c.expiry_us > now
+                && before.first().unwrap_or(last).expiry_us > now
+                && before.last().is_none_or(|l| *l <= lease)
+                && before.iter().try_fold(c.units, |sum, l| sum.checked_add(l.units).filter(|&s| s <= MAX_ARG)).is_some()
+            {
+                *last = lease;
+                self.last_us = now;
+                return Ok(());
+            }
+        }
+        self.apply_any(c)
+    }
+
+    /// [`State::apply`] for any change.
+    #[inline(never)]
+    fn apply_any(&mut self, c: &Change) -> Result<(), &'static str> {
         if c.units > MAX_ARG {
             return Err("concurrency: units above 2^53-1");
         }
@@ -202,7 +227,15 @@ impl State {
                 // In place, moved to its sorted place by a rotation of the
                 // leases between (a renewal: usually to the end).
                 let old = self.leases.get(i).copied().unwrap_or(lease);
-                if lease > old {
+                let stays = self.leases.get(i + 1).is_none_or(|next| lease <= *next)
+                    && i.checked_sub(1).and_then(|p| self.leases.get(p)).is_none_or(|prev| *prev <= lease);
+                if stays {
+                    // Already in its sorted place (a renewal of the latest
+                    // lease, the common case): written where it is.
+                    if let Some(l) = self.leases.get_mut(i) {
+                        *l = lease;
+                    }
+                } else if lease > old {
                     let after = self.leases.get(i + 1..).map_or(0, |t| t.partition_point(|l| *l < lease));
                     if let Some(span) = self.leases.get_mut(i..=i + after) {
                         span.rotate_left(1);
@@ -436,6 +469,7 @@ pub struct Call {
 /// `limit lease_ms (ACQUIRE id [COST n] [PARTIAL] [DRYRUN] | RELEASE id | RENEW id)`.
 /// Fewer than four → `Arity`; bad numbers → `Number(Limit | LeaseMs | Cost)`;
 /// anything else out of place → `Syntax`.
+#[inline(always)]
 pub fn parse(args: &[&[u8]]) -> Result<Call, ArgError> {
     let [limit, lease_ms, action, id, opts @ ..] = args else { return Err(ArgError::Arity) };
     let limit = parse_num(limit, Arg::Limit.min()).ok_or(ArgError::Number(Arg::Limit))?;
@@ -484,7 +518,7 @@ pub fn parse(args: &[&[u8]]) -> Result<Call, ArgError> {
 /// RENEW of an id without a live lease). `granted` is the units an ACQUIRE
 /// held (the reply's element 1 is [`Decision::allowed`] of it), the units
 /// a RELEASE freed, 1/0 for RENEW: what element 1 says.
-#[inline]
+#[inline(always)]
 pub fn step(state: &State, call: &Call, now_us: u64) -> (Decision, Option<Change>) {
     let v = View::at(state, &call.params, now_us);
     match call.action {

@@ -315,3 +315,27 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(cfg(2000))]
+
+    /// `apply`'s in-place path changes a state exactly as the general one
+    /// does, and refuses what it refuses: random changes (few ids, times
+    /// forward and back, units up to and past MAX_ARG) applied to two
+    /// copies, one through each.
+    #[test]
+    fn the_in_place_write_is_the_general_one(
+        changes in proptest::collection::vec(
+            (0u64..3_000, 0u64..4, prop_oneof![4 => 0u64..4, 1 => Just(MAX_ARG), 1 => Just(MAX_ARG + 1)], 0u64..4_000),
+            1..40,
+        )
+    ) {
+        let (mut fast, mut general) = (State::default(), State::default());
+        for (now, hash, units, expiry) in changes {
+            let c = Change { now_us: T0 + now * MS, hash, units, expiry_us: T0 + expiry * MS };
+            let (a, b) = (fast.apply(&c), general.apply_any(&c));
+            prop_assert_eq!(a, b);
+            prop_assert_eq!(&fast, &general);
+        }
+    }
+}
