@@ -34,6 +34,8 @@ deps:  ## install missing system packages (Debian/Ubuntu)
 	command -v nft >/dev/null || missing="$$missing nftables"; \
 	command -v openssl >/dev/null || missing="$$missing openssl"; \
 	ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || missing="$$missing postgresql"; \
+	command -v mvn >/dev/null || missing="$$missing maven"; \
+	javac -version 2>&1 | grep -Eq 'javac (1[7-9]|[2-9][0-9])' || missing="$$missing openjdk-17-jdk-headless"; \
 	[ -e $(FAKETIME_LIB) ] || missing="$$missing libfaketime"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
@@ -84,7 +86,7 @@ venv: deps $(PY)  ## the test virtualenv .venv (integration/requirements.txt, te
 
 # make test's stages, in the order they run; .ci/run runs them one by one
 # under their names (make test-stages prints them).
-TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-bench-edge test-clients-py test-clients-node test-clients-rust test-service test-clients-fresh test-packaging test-arm64 test-container version-check lua-check
+TEST_STAGES := lint build venv test-rust test-py test-fuzz test-bench test-bench-edge test-clients-py test-clients-node test-clients-rust test-java-client test-java-gateway test-service test-clients-fresh test-packaging test-arm64 test-container version-check lua-check
 test: $(TEST_STAGES)  ## every stage of TEST_STAGES, in order (what CI runs)
 
 test-stages:  ## print the stages of make test, in order
