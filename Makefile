@@ -678,11 +678,17 @@ test-container: image $(VENV)/.container-py container/node/node_modules/.install
 # PostgreSQL started by the test and an upstream started by the test.
 GATEWAY_M2 ?= $(CURDIR)/.cache/m2/repository
 GATEWAY_MVN = mvn -B -ntp -Dmaven.repo.local=$(GATEWAY_M2) -Drl.module=$(CURDIR)/target/release/libredis_ratelimit.so
-test-java-gateway: build  ## Spring Cloud Gateway 4.3 and 5.0 with the starter, next to Spring's RedisRateLimiter
+test-java-gateway: build venv client-lua  ## Spring Cloud Gateway 4.3 and 5.0 with the starter, next to Spring's RedisRateLimiter
 	@command -v mvn >/dev/null || { echo "mvn (Maven) is required: make deps"; exit 1; }
+	$(GATEWAY_MVN) -q -f clients/java/pom.xml install -DskipTests  # the client library the starter calls through
 	$(GATEWAY_MVN) -f clients/java/spring-gateway4/pom.xml test
 	$(GATEWAY_MVN) -f clients/java/spring-gateway5/pom.xml install
 	$(GATEWAY_MVN) -q -f examples/java/pom.xml package  # the example builds on the starter
+	@set -e; for s in $(client_servers); do [ $$s = redis7.0 ] && continue; \
+	  bin=$$($(PY) -m rltesting.servers path $$s); echo "== gateway 5.0 on $$s ($$bin), with the module"; \
+	  $(GATEWAY_MVN) -q -f clients/java/spring-gateway5/pom.xml test -Drl.server=$$bin; done; \
+	  bin=$$($(PY) -m rltesting.servers path valkey9.1); echo "== gateway 5.0 on valkey9.1 without the module (the Lua twins)"; \
+	  $(GATEWAY_MVN) -q -f clients/java/spring-gateway5/pom.xml test -Drl.server=$$bin -Drl.module=none
 # The Java client library (clients/java/client, clients/java/API.md): one
 # JVM per driver generation, each starting its own servers (RL_SERVERS:
 # name=binary ...; RL_MODULE): the newest Lettuce 7 and Jedis 8 on every

@@ -43,7 +43,9 @@ POMS = [
     ("clients/java/pom.xml", "version"),
     ("clients/java/client/pom.xml", "parent/version"),
     ("clients/java/spring-gateway4/pom.xml", "version"),
+    ("clients/java/spring-gateway4/pom.xml", "dep:redis-ratelimit-client"),
     ("clients/java/spring-gateway5/pom.xml", "version"),
+    ("clients/java/spring-gateway5/pom.xml", "dep:redis-ratelimit-client"),
     ("examples/java/pom.xml", "dep:redis-ratelimit-spring-gateway5"),
 ]
 

@@ -1,40 +1,51 @@
 package io.redisratelimit.spring;
 
-import java.nio.charset.StandardCharsets;
 import java.time.Duration;
-import java.util.List;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
 
 import io.lettuce.core.ClientOptions;
 import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisURI;
 import io.lettuce.core.api.StatefulRedisConnection;
 import io.lettuce.core.codec.StringCodec;
-import io.lettuce.core.output.ArrayOutput;
-import io.lettuce.core.protocol.CommandArgs;
-import io.lettuce.core.protocol.ProtocolKeyword;
+import io.redisratelimit.Decision;
+import io.redisratelimit.Limiter;
+import io.redisratelimit.Policy;
+import io.redisratelimit.RateLimit;
+import io.redisratelimit.Source;
 import reactor.core.publisher.Mono;
 import reactor.core.scheduler.Schedulers;
 
 /**
- * One native call per decision: RL.TOKENBUCKET or RL.SLIDINGLOG over one
- * Lettuce connection. The reply is the module's five integers
- * (allowed, limit, remaining, retry_after_ms, reset_after_ms). Each call is
- * bounded by its own timeout on a timer of its own, whatever Lettuce does
- * with the command (queued while disconnected, stuck on a stopped server).
+ * One call per decision through the Java client library
+ * (io.redisratelimit:redis-ratelimit-client, clients/java/client): a
+ * token bucket or a sliding log over one Lettuce connection, as
+ * RL.TOKENBUCKET / RL.SLIDINGLOG where the module is loaded and as their
+ * Lua twins (EVALSHA) where it is not (managed Redis), told apart by the
+ * library's detection. The answer is the module's five integers
+ * (allowed, limit, remaining, retry_after_ms, reset_after_ms). A call the
+ * library could not make (Redis slow, down, or its breaker open: a panic
+ * decision) is an error here, so the starter's fail-open or panic limits
+ * and its failure counter decide it, as they always have. Each call is
+ * also bounded by its own timeout on a timer of its own.
  */
 public final class RlCommands implements AutoCloseable {
-
-    enum Rl implements ProtocolKeyword {
-        TOKENBUCKET, SLIDINGLOG;
-        private final byte[] bytes = ("RL." + name()).getBytes(StandardCharsets.US_ASCII);
-        @Override public byte[] getBytes() { return bytes; }
-        @Override public String toString() { return "RL." + name(); }
-    }
 
     private final RedisClient client;
     private final RedisURI uri;
     private volatile StatefulRedisConnection<String, String> connection;
     private final java.util.concurrent.atomic.AtomicBoolean connecting = new java.util.concurrent.atomic.AtomicBoolean();
+    /** The library on the current connection: one RateLimit per timeout, one Limiter per policy. */
+    private volatile Library library;
+
+    private record Library(StatefulRedisConnection<String, String> connection,
+                           Map<Long, RateLimit> byTimeout, Map<String, Limiter> limiters) {
+        Limiter limiter(long timeoutMs, String name, Policy policy) {
+            return limiters.computeIfAbsent(timeoutMs + " " + name, k -> byTimeout.computeIfAbsent(timeoutMs,
+                t -> RateLimit.lettuce(connection, RateLimit.options().timeoutMs(t))).limiter(policy));
+        }
+    }
 
     /**
      * Connects now if it can; a server down at startup does not stop the
@@ -50,7 +61,7 @@ public final class RlCommands implements AutoCloseable {
             .autoReconnect(true)
             .build());
         try {
-            this.connection = client.connect(StringCodec.UTF8, this.uri);
+            use(client.connect(StringCodec.UTF8, this.uri));
         } catch (RuntimeException e) {
             connectInBackground();
         }
@@ -62,50 +73,57 @@ public final class RlCommands implements AutoCloseable {
         }
         client.connectAsync(StringCodec.UTF8, uri).whenComplete((c, e) -> {
             if (c != null) {
-                connection = c;
+                use(c);
             }
             connecting.set(false);
         });
     }
 
-    /** RL.TOKENBUCKET key capacity rate period_ms COST cost. */
+    private void use(StatefulRedisConnection<String, String> c) {
+        library = new Library(c, new ConcurrentHashMap<>(), new ConcurrentHashMap<>());
+        connection = c;
+    }
+
+    /** RL.TOKENBUCKET key capacity rate period_ms COST cost (or its twin). */
     public Mono<long[]> tokenBucket(String key, long capacity, long rate, long periodMs, long cost,
                                     Duration timeout) {
-        return call(Rl.TOKENBUCKET, key, timeout, capacity, rate, periodMs, cost);
+        String name = "tb " + capacity + " " + rate + " " + periodMs;
+        return call(key, cost, timeout, name, () -> Policy.tokenBucket("token-bucket", capacity, rate, periodMs));
     }
 
-    /** RL.SLIDINGLOG key limit window_ms COST cost. */
+    /** RL.SLIDINGLOG key limit window_ms COST cost (or its twin). */
     public Mono<long[]> slidingLog(String key, long limit, long windowMs, long cost, Duration timeout) {
-        return call(Rl.SLIDINGLOG, key, timeout, limit, windowMs, 0, cost);
+        String name = "sl " + limit + " " + windowMs;
+        return call(key, cost, timeout, name, () -> Policy.slidingLog("sliding-log", limit, windowMs));
     }
 
-    private Mono<long[]> call(Rl cmd, String key, Duration timeout, long a, long b, long c, long cost) {
-        CommandArgs<String, String> args = new CommandArgs<>(StringCodec.UTF8).addKey(key).add(a).add(b);
-        if (cmd == Rl.TOKENBUCKET) {
-            args.add(c);
-        }
-        args.add("COST").add(cost);
+    private Mono<long[]> call(String key, long cost, Duration timeout, String name,
+                              java.util.function.Supplier<Policy> policy) {
         return Mono.defer(() -> {
-                StatefulRedisConnection<String, String> conn = connection;
-                if (conn == null) {
+                Library lib = library;
+                if (lib == null) {
                     connectInBackground();
                     return Mono.error(new IllegalStateException("not connected to " + uri));
                 }
-                return Mono.fromCompletionStage(conn.async().dispatch(cmd, new ArrayOutput<>(StringCodec.UTF8), args));
+                Limiter limiter = lib.limiter(Math.max(1, timeout.toMillis()), name, policy.get());
+                return Mono.fromFuture(() -> limiter.limitAsync(key, cost));
             })
             .timeout(timeout, Schedulers.parallel())
             .map(RlCommands::toLongs);
     }
 
-    private static long[] toLongs(List<Object> reply) {
-        if (reply == null || reply.size() != 5) {
-            throw new IllegalStateException("unexpected reply " + reply);
+    private static long[] toLongs(Decision d) {
+        if (d.source() == Source.PANIC) {
+            throw new IllegalStateException("Redis did not decide (no answer within the timeout, or the breaker is open)");
         }
-        long[] out = new long[5];
-        for (int i = 0; i < 5; i++) {
-            out[i] = (Long) reply.get(i);
-        }
-        return out;
+        return new long[] {d.allowed() ? 1 : 0, d.limit(), d.remaining(), d.retryAfterMs(), d.resetAfterMs()};
+    }
+
+    /** Which backend decides: MODULE or LUA (null before the first call). */
+    public String backend() {
+        Library lib = library;
+        return lib == null ? null : lib.byTimeout().values().stream().map(r -> String.valueOf(r.backend()))
+            .findFirst().orElse(null);
     }
 
     @Override

@@ -367,7 +367,7 @@ class GatewayTest {
                     }
                 }
             }
-            assertEquals(statuses.size(), calls.size(), "one RL.TOKENBUCKET per request");
+            assertEquals(statuses.size(), calls.size(), "one RL.TOKENBUCKET (or EVALSHA of its twin) per request");
             long t0 = calls.get(0).us();
             int[] perTenth = new int[10];
             int inFirstSecond = 0;
