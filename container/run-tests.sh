@@ -35,5 +35,16 @@ t0=$(date +%s)
 t1=$(date +%s)
 ( cd container/node && node --test --test-concurrency=1 test/*.test.js ) || rc=1
 t2=$(date +%s)
-echo "test-container: python $((t1 - t0)) s, node $((t2 - t1)) s"
+# Testcontainers for Java (clients/java/containers): the library on the
+# images, and on the Redis image without the module (Lua twins)
+if command -v mvn >/dev/null; then
+  m2="$root/.cache/m2/repository"
+  ( mvn -B -ntp -q -Dmaven.repo.local="$m2" -f clients/java/pom.xml install -DskipTests &&
+    TESTCONTAINERS_HOST_OVERRIDE=127.0.0.1 mvn -B -ntp -q -Dmaven.repo.local="$m2" \
+      -f clients/java/containers/pom.xml test ) || rc=1
+else
+  echo "run-tests.sh: mvn (Maven) is required for the Java recipe: make deps" >&2; rc=1
+fi
+t3=$(date +%s)
+echo "test-container: python $((t1 - t0)) s, node $((t2 - t1)) s, java $((t3 - t2)) s"
 exit $rc
