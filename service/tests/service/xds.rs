@@ -36,6 +36,23 @@ struct Ads {
     /// The snapshot: (version, resources); a change is sent on every stream.
     snapshot: tokio::sync::watch::Sender<(String, Vec<RateLimitConfig>)>,
     seen: Arc<Mutex<Seen>>,
+    /// Bumped: every open stream ends with UNAVAILABLE (a server restarting).
+    cut: tokio::sync::watch::Sender<u32>,
+}
+
+impl Ads {
+    fn new(version: &str, resources: Vec<RateLimitConfig>) -> Arc<Ads> {
+        Arc::new(Ads {
+            snapshot: tokio::sync::watch::Sender::new((version.to_owned(), resources)),
+            seen: Arc::default(),
+            cut: tokio::sync::watch::Sender::new(0),
+        })
+    }
+
+    /// The subscriptions seen (requests without a nonce), with their metadata.
+    fn subscriptions(&self) -> Vec<(DiscoveryRequest, tonic::metadata::MetadataMap)> {
+        self.seen.lock().unwrap().requests.iter().filter(|(r, _)| r.response_nonce.is_empty()).cloned().collect()
+    }
 }
 
 #[tonic::async_trait]
@@ -52,9 +69,9 @@ impl AggregatedDiscoveryService for Ads {
         let mut incoming = request.into_inner();
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         let mut snap = self.snapshot.subscribe();
+        let mut cut = self.cut.subscribe();
         let seen = self.seen.clone();
         tokio::spawn(async move {
-            let mut nonce = 0u32;
             let mut subscribed = false;
             loop {
                 let send = tokio::select! {
@@ -67,6 +84,10 @@ impl AggregatedDiscoveryService for Ads {
                         first
                     }
                     c = snap.changed(), if subscribed => c.is_ok() || return,
+                    _ = cut.changed() => {
+                        let _ = tx.send(Err(tonic::Status::unavailable("the xDS server restarts"))).await;
+                        return;
+                    }
                 };
                 if !send {
                     continue;
@@ -75,18 +96,23 @@ impl AggregatedDiscoveryService for Ads {
                 if version.is_empty() {
                     continue;
                 }
-                nonce += 1;
+                // unique across streams: an answer names one response
+                let nonce = {
+                    let mut s = seen.lock().unwrap();
+                    let n = (s.nonces.len() + 1).to_string();
+                    s.nonces.push((version.clone(), n.clone()));
+                    n
+                };
                 let resp = DiscoveryResponse {
                     version_info: version.clone(),
                     type_url: TYPE_URL.into(),
-                    nonce: nonce.to_string(),
+                    nonce,
                     resources: resources
                         .iter()
                         .map(|c| Any { type_url: TYPE_URL.into(), value: c.encode_to_vec() })
                         .collect(),
                     ..DiscoveryResponse::default()
                 };
-                seen.lock().unwrap().nonces.push((version, nonce.to_string()));
                 if tx.send(Ok(resp)).await.is_err() {
                     return;
                 }
@@ -101,6 +127,20 @@ impl AggregatedDiscoveryService for Ads {
     ) -> Result<tonic::Response<Self::DeltaAggregatedResourcesStream>, tonic::Status> {
         Err(tonic::Status::unimplemented("state of the world only"))
     }
+}
+
+/// The xDS server on `port` without TLS, until the task is aborted.
+fn plain_xds_server(port: u16, ads: Arc<Ads>) -> tokio::task::JoinHandle<()> {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(AggregatedDiscoveryServiceServer::from_arc(ads))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    })
 }
 
 /// The xDS server on `port`, over mutual TLS (its certificate `server`,
@@ -271,9 +311,8 @@ async fn envoy_gateway_deployment_over_xds() {
         drop(dialled);
 
         // the xDS server appears; the service connects and ACKs version 1
-        let seen = Arc::new(Mutex::new(Seen::default()));
-        let ads =
-            Arc::new(Ads { snapshot: tokio::sync::watch::Sender::new(("1".to_owned(), snapshot(2))), seen: seen.clone() });
+        let ads = Ads::new("1", snapshot(2));
+        let seen = ads.seen.clone();
         let server = xds_server(&pki, xds_port, ads.clone());
         until("the ACK of version 1", || !answers(&seen, "1").is_empty()).await;
         let ack = &answers(&seen, "1")[0];
@@ -337,6 +376,140 @@ async fn envoy_gateway_deployment_over_xds() {
         assert!(body.contains(r#"ratelimit_service_rate_limit_over_limit{domain="gw-a",key1="user"} 1"#), "{body}");
         server.abort();
         let _ = std::fs::remove_file(&mapper);
+    })
+    .await;
+}
+
+async fn health(e: &Env) -> u16 {
+    e.http("GET", "/healthcheck", "").await.0
+}
+
+/// The xDS client's own settings: node metadata and extra headers on every
+/// stream, HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED following what the server
+/// sends (no domain: failing), and a stream the server ends opened again
+/// after the backoff, resuming from the version last applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_headers_health_and_reconnect() {
+    in_one_window(HOUR_MS, || async {
+        let xds_port = port();
+        // nothing to send yet: the subscription gets no answer
+        let ads = Ads::new("", vec![]);
+        let server = plain_xds_server(xds_port, ads.clone());
+        let url = format!("127.0.0.1:{xds_port}");
+        let e = Env::start(
+            "xds-node",
+            "",
+            &[
+                ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
+                ("CONFIG_GRPC_XDS_SERVER_URL", &*url),
+                ("CONFIG_GRPC_XDS_NODE_METADATA", "cluster=eg,zone=a,skipped"),
+                ("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS", "x-tenant:t1,x-team:rl"),
+                ("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL", "100ms"),
+                ("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL", "50ms"),
+                ("XDS_CLIENT_BACKOFF_MAX_INTERVAL", "200ms"),
+                ("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"),
+                ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true"),
+            ],
+        )
+        .await;
+        until("the subscription", || !ads.subscriptions().is_empty()).await;
+        let (sub, md) = ads.subscriptions()[0].clone();
+        let node = sub.node.unwrap();
+        assert_eq!(node.id, "default", "upstream's default node id");
+        let fields = node.metadata.unwrap().fields;
+        let text = |k: &str| match fields.get(k).and_then(|v| v.kind.clone()) {
+            Some(envoy_types::pb::google::protobuf::value::Kind::StringValue(s)) => s,
+            other => panic!("metadata {k}: {other:?}"),
+        };
+        assert_eq!((text("cluster"), text("zone"), fields.len()), ("eg".to_owned(), "a".to_owned(), 2));
+        assert_eq!(
+            (md.get("x-tenant").unwrap().to_str().unwrap(), md.get("x-team").unwrap().to_str().unwrap()),
+            ("t1", "rl")
+        );
+        // no configuration yet: unhealthy, every domain unknown
+        assert_eq!(health(&e).await, 500);
+        let r = e.ask(one("gw-a", "user", "u1")).await;
+        assert!(r.statuses[0].current_limit.is_none());
+
+        ads.snapshot.send_replace(("1".into(), snapshot(2)));
+        until("the ACK of version 1", || !answers(&ads.seen, "1").is_empty()).await;
+        assert_eq!(health(&e).await, 200);
+        // a configuration without any domain: unhealthy again, as upstream
+        ads.snapshot.send_replace(("2".into(), vec![]));
+        until("the ACK of version 2", || !answers(&ads.seen, "2").is_empty()).await;
+        assert_eq!(health(&e).await, 500);
+        ads.snapshot.send_replace(("3".into(), snapshot(4)));
+        until("the ACK of version 3", || !answers(&ads.seen, "3").is_empty()).await;
+        assert_eq!(health(&e).await, 200);
+
+        // the server ends the stream: the service subscribes again, from version 3
+        ads.cut.send_modify(|n| *n += 1);
+        until("a second subscription", || ads.subscriptions().len() >= 2).await;
+        let (again, md) = ads.subscriptions()[1].clone();
+        assert_eq!(again.version_info, "3");
+        assert_eq!(md.get("x-tenant").unwrap().to_str().unwrap(), "t1");
+        until("version 3 ACKed twice", || answers(&ads.seen, "3").len() >= 2).await;
+        ads.snapshot.send_replace(("4".into(), snapshot(1)));
+        until("the ACK of version 4", || !answers(&ads.seen, "4").is_empty()).await;
+        let r = e.ask(one("gw-a", "user", "u-reconnect")).await;
+        assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 1);
+        assert_eq!(health(&e).await, 200);
+        server.abort();
+    })
+    .await;
+}
+
+/// Without FORCE_START_WITHOUT_INITIAL_CONFIG the service waits for the
+/// xDS server's first configuration before it serves, as upstream waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_force_start_the_first_configuration_is_awaited() {
+    in_one_window(HOUR_MS, || async {
+        let xds_port = port();
+        let ads = Ads::new("", vec![]);
+        let server = plain_xds_server(xds_port, ads.clone());
+        let url = format!("127.0.0.1:{xds_port}");
+        let start = tokio::spawn(async move {
+            Env::start("xds-wait", "", &[("CONFIG_TYPE", "GRPC_XDS_SOTW"), ("CONFIG_GRPC_XDS_SERVER_URL", &*url)]).await
+        });
+        until("the subscription", || !ads.subscriptions().is_empty()).await;
+        assert!(!start.is_finished(), "the service started before any configuration arrived");
+        ads.snapshot.send_replace(("1".into(), snapshot(2)));
+        let e = start.await.unwrap();
+        // live from the first request on
+        let r = e.ask(one("gw-a", "user", "u1")).await;
+        assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 2);
+        until("the ACK of version 1", || !answers(&ads.seen, "1").is_empty()).await;
+        server.abort();
+    })
+    .await;
+}
+
+/// FORCE_START_WITHOUT_INITIAL_CONFIG with the files: a configuration that
+/// does not load is no reason not to serve (every domain unknown, the
+/// refusal counted); the first good one is picked up as any reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_start_with_files_that_do_not_load() {
+    in_one_window(HOUR_MS, || async {
+        let bad = "domain: gw-a\ndescriptors:\n  - key: user\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n";
+        let e = Env::start(
+            "force-files",
+            bad,
+            &[("FORCE_START_WITHOUT_INITIAL_CONFIG", "true"), ("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", "true")],
+        )
+        .await;
+        // without it, the same files stop the start
+        let err = Env::try_serve("force-off", &[bad], &[], e.redis_port, None).await.err().unwrap();
+        assert!(err.contains("fortnight"), "{err}");
+        assert!(e.refusal().is_some_and(|r| r.contains("fortnight")));
+        assert_eq!(health(&e).await, 500);
+        let r = e.ask(one("gw-a", "user", "u1")).await;
+        assert_eq!((r.overall_code, r.statuses[0].current_limit.is_none()), (OK, true));
+        let good = "domain: gw-a\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 1}\n";
+        write(&e.dir.join("v1/ratelimit/config/config.yaml"), good);
+        until("the good file loaded", || e.refusal().is_none()).await;
+        assert_eq!(health(&e).await, 200);
+        let r = e.ask(one("gw-a", "user", "u1")).await;
+        assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 1);
     })
     .await;
 }
