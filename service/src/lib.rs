@@ -19,6 +19,7 @@
 //! * [`metrics`] — the statistics, Prometheus `/metrics`.
 //! * [`statsd`] — the statsd and DogStatsD sinks.
 //! * [`mapper`] — `PROMETHEUS_MAPPER_YAML`, a statsd-exporter mapping.
+//! * [`xds`] — `CONFIG_TYPE=GRPC_XDS_SOTW`: the configuration over xDS.
 #![warn(missing_docs)]
 
 pub mod backend;
@@ -37,3 +38,4 @@ pub mod settings;
 pub mod statsd;
 pub mod tls;
 pub mod upstream_settings;
+pub mod xds;

@@ -61,13 +61,15 @@ pub fn http_router<C: Connection>(svc: Arc<Service<C>>) -> axum::Router {
 }
 
 /// The health of a started service, as envoyproxy/ratelimit keeps it:
-/// healthy while Redis is (with `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`)
-/// and no SIGTERM came. `GET /healthcheck` answers 200 `OK` or 500; the
+/// healthy while Redis is (with `REDIS_HEALTH_CHECK_ACTIVE_CONNECTION`),
+/// a configuration with a domain is live (with
+/// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`), and no SIGTERM came. `GET /healthcheck` answers 200 `OK` or 500; the
 /// gRPC health service SERVING or NOT_SERVING for `""`, `ratelimit` and
 /// the RateLimitService's full name.
 pub struct Health {
     redis_down: std::sync::atomic::AtomicBool,
     stopping: std::sync::atomic::AtomicBool,
+    no_config: std::sync::atomic::AtomicBool,
     reporter: tonic_health::server::HealthReporter,
     // one update at a time: the reporter's status is the last one computed
     lock: tokio::sync::Mutex<()>,
@@ -80,7 +82,7 @@ impl Health {
     /// Healthy now.
     pub fn ok(&self) -> bool {
         use std::sync::atomic::Ordering::SeqCst;
-        !self.redis_down.load(SeqCst) && !self.stopping.load(SeqCst)
+        !self.redis_down.load(SeqCst) && !self.stopping.load(SeqCst) && !self.no_config.load(SeqCst)
     }
 
     async fn publish(&self) {
@@ -94,6 +96,13 @@ impl Health {
     /// Redis answered (`true`) or did not.
     pub async fn set_redis(&self, up: bool) {
         if self.redis_down.swap(!up, std::sync::atomic::Ordering::SeqCst) == up {
+            self.publish().await;
+        }
+    }
+
+    /// The live configuration has a domain (`true`) or has none.
+    pub async fn set_config(&self, has_domains: bool) {
+        if self.no_config.swap(!has_domains, std::sync::atomic::Ordering::SeqCst) == has_domains {
             self.publish().await;
         }
     }
@@ -343,7 +352,23 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
         Options { timeout_ms, backend: redis_ratelimit_client::Backend::Auto, breaker, ..Options::default() },
     )
     .map_err(|e| e.to_string())?;
-    let (cfg, files) = load_dir(&settings).map_err(|e| format!("config refused: {e}"))?;
+    // the files, or (CONFIG_TYPE=GRPC_XDS_SOTW) nothing until the xDS
+    // server sends a configuration; FORCE_START_WITHOUT_INITIAL_CONFIG
+    // serves without one (every domain unknown) when the files do not load
+    let mut first_refused = None;
+    let (cfg, files) = match &settings.xds {
+        Some(_) => (crate::config::Config::default(), None),
+        None => match load_dir(&settings) {
+            Ok((cfg, files)) => (cfg, Some(files)),
+            Err(e) if settings.force_start => {
+                eprintln!("config refused: {e}; serving without a configuration (FORCE_START_WITHOUT_INITIAL_CONFIG)");
+                first_refused = Some(e);
+                (crate::config::Config::default(), Some(Vec::new()))
+            }
+            Err(e) => return Err(format!("config refused: {e}")),
+        },
+    };
+    let first_loaded = files.is_some() && first_refused.is_none();
     let grpc_addr = format!("{}:{}", settings.grpc_host, settings.grpc_port);
     let http_addr = format!("{}:{}", settings.host, settings.port);
     let grpc_listener = match &settings.grpc_uds {
@@ -378,13 +403,51 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     };
     let metrics_path = settings.prometheus.as_ref().map(|p| p.1.clone()).unwrap_or_default();
     let svc = Arc::new(Service::new(rl, cfg, settings));
-    let reloader = spawn_reloader(svc.clone(), files);
+    if !first_loaded {
+        // no first configuration loaded: none counted (a refused one is an error)
+        svc.metrics().config_load_success.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(e) = first_refused {
+        svc.refuse_config(e);
+    }
+    let reloader = match (files, svc.settings().xds.clone()) {
+        (Some(files), _) => spawn_reloader(svc.clone(), files),
+        (None, Some(x)) => {
+            // without FORCE_START_WITHOUT_INITIAL_CONFIG, the first response
+            // (loaded or refused) before serving, as upstream waits for it
+            let (first, got_first) = tokio::sync::oneshot::channel();
+            let task = crate::xds::spawn(svc.clone(), x, Some(first));
+            if !svc.settings().force_start {
+                eprintln!("xDS: waiting for the first configuration");
+                let _ = got_first.await;
+            }
+            task
+        }
+        (None, None) => return Err("no configuration source".into()),
+    };
     let statsd = crate::statsd::spawn(svc.clone());
     let svc_m = svc.clone();
     let (reporter, health_svc) = tonic_health::server::health_reporter();
-    let health =
-        Arc::new(Health { redis_down: false.into(), stopping: false.into(), reporter, lock: tokio::sync::Mutex::new(()) });
+    let health = Arc::new(Health {
+        redis_down: false.into(),
+        stopping: false.into(),
+        no_config: (svc.settings().healthy_with_config && !*svc.watch_domains().borrow()).into(),
+        reporter,
+        lock: tokio::sync::Mutex::new(()),
+    });
     health.publish().await;
+    let config_health = svc.settings().healthy_with_config.then(|| {
+        let (h, mut rx) = (health.clone(), svc.watch_domains());
+        tokio::spawn(async move {
+            loop {
+                let has = *rx.borrow_and_update();
+                h.set_config(has).await;
+                if rx.changed().await.is_err() {
+                    break;
+                }
+            }
+        })
+    });
     let checker = svc.settings().redis_health_check.then(|| {
         let (h, mut probe, t) = (health.clone(), probe, svc.settings().redis_timeout);
         tokio::spawn(async move {
@@ -451,6 +514,9 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
             s.abort();
         }
         if let Some(c) = checker {
+            c.abort();
+        }
+        if let Some(c) = config_health {
             c.abort();
         }
         r.map(|_| ())

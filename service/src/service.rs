@@ -39,6 +39,8 @@ pub struct Service<C> {
     refused: Mutex<Option<String>>,
     /// The statistics (`/metrics`).
     metrics: Metrics,
+    /// Whether the live configuration has a domain (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
+    has_domains: tokio::sync::watch::Sender<bool>,
 }
 
 impl<C: Connection> Service<C> {
@@ -46,6 +48,7 @@ impl<C: Connection> Service<C> {
     pub fn new(rl: redis_ratelimit_client::RateLimit<C>, config: Config, settings: Settings) -> Service<C> {
         Service {
             backend: Redis::new(rl, settings.panic_mode),
+            has_domains: tokio::sync::watch::Sender::new(!config.is_empty()),
             config: RwLock::new(Arc::new(config)),
             settings,
             refused: Mutex::new(None),
@@ -87,9 +90,16 @@ impl<C: Connection> Service<C> {
 
     /// Makes `config` the live configuration (requests already running keep theirs).
     pub fn set_config(&self, config: Config) {
+        let has_domains = !config.is_empty();
         *self.config.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
         *self.refused.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        self.has_domains.send_replace(has_domains);
         self.metrics.config_load_success.fetch_add(1, Relaxed);
+    }
+
+    /// Whether the live configuration has a domain, and its changes.
+    pub fn watch_domains(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.has_domains.subscribe()
     }
 
     /// Records why a configuration was refused (the live one stays).

@@ -258,6 +258,15 @@ pub struct Settings {
     /// `GRPC_MAX_CONNECTION_AGE` (24h) and `GRPC_MAX_CONNECTION_AGE_GRACE`
     /// (1h): a gRPC connection gets GOAWAY at that age, and is closed after the grace.
     pub grpc_max_connection_age: (Duration, Duration),
+    /// `CONFIG_TYPE=GRPC_XDS_SOTW`: the configuration from an xDS server
+    /// (`CONFIG_GRPC_XDS_*`, `XDS_CLIENT_*`); `None` (`FILE`): the files.
+    pub xds: Option<crate::xds::XdsSettings>,
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: serve before a first
+    /// configuration has loaded (every domain unknown until then).
+    pub force_start: bool,
+    /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: both health checks fail
+    /// while the live configuration has no domain.
+    pub healthy_with_config: bool,
 }
 
 /// Where the statistics go.
@@ -502,6 +511,23 @@ struct Vars {
     healthy_with_at_least_one_config_loaded: String,
     grpc_max_connection_age: String,
     grpc_max_connection_age_grace: String,
+    config_type: String,
+    force_start_without_initial_config: String,
+    config_grpc_xds_node_id: String,
+    config_grpc_xds_node_metadata: String,
+    config_grpc_xds_server_url: String,
+    config_grpc_xds_server_connect_retry_interval: String,
+    config_grpc_xds_client_additional_headers: String,
+    config_grpc_xds_server_use_tls: String,
+    config_grpc_xds_client_tls_cert: String,
+    config_grpc_xds_client_tls_key: String,
+    config_grpc_xds_server_tls_cacert: String,
+    config_grpc_xds_server_tls_san: String,
+    xds_client_backoff_initial_interval: String,
+    xds_client_backoff_max_interval: String,
+    xds_client_backoff_random_factor: String,
+    xds_client_backoff_jitter: String,
+    xds_client_max_msg_size_in_bytes: String,
 }
 
 /// A variable's value, or its default when unset or empty.
@@ -577,9 +603,10 @@ impl Vars {
         if redis_startup.0.is_zero() || redis_startup.1 < redis_startup.0 {
             return Err("REDIS_STARTUP_INITIAL_INTERVAL must be above 0 and at most REDIS_STARTUP_MAX_INTERVAL".into());
         }
-        // the first configuration must load for the service to start, so
-        // "at least one config loaded" holds whenever it serves
-        flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &self.healthy_with_at_least_one_config_loaded)?;
+        let healthy_with_config =
+            flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &self.healthy_with_at_least_one_config_loaded)?;
+        let force_start = flag("FORCE_START_WITHOUT_INITIAL_CONFIG", &self.force_start_without_initial_config)?;
+        let xds = self.xds()?;
         let grpc_max_connection_age = (
             dur("GRPC_MAX_CONNECTION_AGE", &self.grpc_max_connection_age, "24h")?,
             dur("GRPC_MAX_CONNECTION_AGE_GRACE", &self.grpc_max_connection_age_grace, "1h")?,
@@ -619,7 +646,45 @@ impl Vars {
             redis_startup,
             redis_health_check: flag("REDIS_HEALTH_CHECK_ACTIVE_CONNECTION", &self.redis_health_check_active_connection)?,
             grpc_max_connection_age,
+            xds,
+            force_start,
+            healthy_with_config,
         })
+    }
+
+    /// `CONFIG_TYPE` (`FILE` or `GRPC_XDS_SOTW`, as upstream spells them)
+    /// with the xDS client's variables.
+    fn xds(&self) -> Result<Option<crate::xds::XdsSettings>, String> {
+        match self.config_type.as_str() {
+            "" | "FILE" => return Ok(None),
+            "GRPC_XDS_SOTW" => {}
+            other => return Err(format!("CONFIG_TYPE={other:?}: FILE or GRPC_XDS_SOTW")),
+        }
+        let jitter = match self.xds_client_backoff_jitter.as_str() {
+            "" => true,
+            v => parse_bool("XDS_CLIENT_BACKOFF_JITTER", v)?,
+        };
+        crate::xds::XdsSettings::from_vars(&crate::xds::XdsVars {
+            node_id: &self.config_grpc_xds_node_id,
+            node_metadata: &self.config_grpc_xds_node_metadata,
+            server_url: &self.config_grpc_xds_server_url,
+            connect_retry_interval: &self.config_grpc_xds_server_connect_retry_interval,
+            additional_headers: go_map(
+                "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS",
+                &self.config_grpc_xds_client_additional_headers,
+            )?,
+            use_tls: flag("CONFIG_GRPC_XDS_SERVER_USE_TLS", &self.config_grpc_xds_server_use_tls)?,
+            client_cert: &self.config_grpc_xds_client_tls_cert,
+            client_key: &self.config_grpc_xds_client_tls_key,
+            server_ca: &self.config_grpc_xds_server_tls_cacert,
+            server_san: &self.config_grpc_xds_server_tls_san,
+            backoff_initial: &self.xds_client_backoff_initial_interval,
+            backoff_max: &self.xds_client_backoff_max_interval,
+            backoff_factor: &self.xds_client_backoff_random_factor,
+            backoff_jitter: jitter,
+            max_msg_size: &self.xds_client_max_msg_size_in_bytes,
+        })
+        .map(Some)
     }
 
     /// `REDIS_URL` with `REDIS_TYPE` and `REDIS_SOCKET_TYPE`.

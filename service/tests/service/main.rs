@@ -23,3 +23,4 @@ mod tls;
 mod topology;
 mod units;
 mod upstream;
+mod xds;

@@ -328,7 +328,7 @@ fn one_sink_at_most_as_envoyproxy_ratelimit_starts() {
 /// A mapping file of the kind Envoy Gateway generates for its rate-limit
 /// deployment: two- and three-part keys by glob, the service counters, the
 /// response time as a histogram without a scale, everything else dropped.
-const GATEWAY_MAPPING: &str = r#"
+pub(crate) const GATEWAY_MAPPING: &str = r#"
 mappings:
   - match: "ratelimit.service.rate_limit.*.*.total_hits"
     name: "ratelimit_service_rate_limit_total_hits"

@@ -17,7 +17,7 @@ use rustls::pki_types::pem::PemObject;
 /// `ca` (the CA), `server` (signed by it, for `localhost` and 127.0.0.1),
 /// `elsewhere` (signed by it, for `elsewhere.example` only), `client`
 /// (signed by it), `other-ca` (a CA that signed none of them).
-struct Pki {
+pub(crate) struct Pki {
     dir: PathBuf,
 }
 
@@ -39,7 +39,7 @@ fn openssl(dir: &Path, args: &[&str]) {
 const EC: [&str; 4] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
 
 impl Pki {
-    fn new() -> Pki {
+    pub(crate) fn new() -> Pki {
         let dir = std::env::temp_dir().join(format!("rl-svc-tls-{}-{}", std::process::id(), port()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
@@ -90,7 +90,7 @@ impl Pki {
         );
     }
 
-    fn path(&self, file: &str) -> String {
+    pub(crate) fn path(&self, file: &str) -> String {
         self.dir.join(file).to_string_lossy().into_owned()
     }
 
