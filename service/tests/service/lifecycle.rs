@@ -17,7 +17,7 @@ const CONFIG: &str =
     "domain: basic\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: hour\n      requests_per_unit: 1000000\n";
 
 /// The service binary: `RL_SERVICE_BIN`, or built once with cargo.
-fn service_bin() -> PathBuf {
+pub(crate) fn service_bin() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         if let Ok(b) = std::env::var("RL_SERVICE_BIN") {

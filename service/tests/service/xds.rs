@@ -3,8 +3,9 @@
 //! this process, over mutual TLS with certificates the test makes
 //! (`tls::Pki`), serving `ratelimit.config.ratelimit.v3.RateLimitConfig`
 //! resources and recording every request the service sends (its ACKs and
-//! NACKs). The service runs with Envoy Gateway's environment, started
-//! before the xDS server exists.
+//! NACKs). Envoy Gateway's deployment runs the service binary with Envoy
+//! Gateway's environment, started before the xDS server exists; the other
+//! tests run the service in-process.
 
 use std::sync::{Arc, Mutex};
 
@@ -247,6 +248,40 @@ fn answers(seen: &Mutex<Seen>, version: &str) -> Vec<DiscoveryRequest> {
     s.requests.iter().filter(|(r, _)| nonces.contains(&&r.response_nonce)).map(|(r, _)| r.clone()).collect()
 }
 
+/// A redis-server (REDIS_SERVER) with the module, on a free port.
+struct RedisProc {
+    port: u16,
+    _proc: Proc,
+}
+
+impl RedisProc {
+    fn start() -> RedisProc {
+        let port = port();
+        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let proc = Proc(
+            Command::new(bin)
+                .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args(["--loadmodule", &module()])
+                .current_dir(std::env::temp_dir())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("start REDIS_SERVER"),
+        );
+        wait_for("redis", Duration::from_secs(60), || std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        RedisProc { port, _proc: proc }
+    }
+}
+
+/// `GET path` on the HTTP listener: the status.
+async fn http_get(port: u16, path: &str) -> u16 {
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes()).await.unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.unwrap();
+    out[9..12].parse().unwrap()
+}
+
 async fn scrape(addr: std::net::SocketAddr) -> String {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
@@ -275,7 +310,22 @@ async fn envoy_gateway_deployment_over_xds() {
         let (ccrt, ckey) = (pki.path("client.crt"), pki.path("client.key"));
         let url = format!("localhost:{xds_port}");
         let mapper_path = mapper.to_string_lossy().into_owned();
+        let redis = RedisProc::start();
+        let (grpc, http, prom) = (port(), port(), port());
+        let (redis_url, grpc_port, http_port, prom_addr) =
+            (format!("127.0.0.1:{}", redis.port), grpc.to_string(), http.to_string(), format!("127.0.0.1:{prom}"));
+        let data = std::env::temp_dir().join(format!("rl-xds-eg-{}-{}", std::process::id(), port()));
+        let data_path = data.to_string_lossy().into_owned();
+        // Envoy Gateway's variables (its ports made free ones), nothing else
         let env = [
+            ("REDIS_SOCKET_TYPE", "tcp"),
+            ("REDIS_URL", &*redis_url),
+            ("GRPC_HOST", "127.0.0.1"),
+            ("GRPC_PORT", &*grpc_port),
+            ("HOST", "127.0.0.1"),
+            ("PORT", &*http_port),
+            ("RUNTIME_ROOT", &*data_path),
+            ("RUNTIME_SUBDIRECTORY", "ratelimit"),
             ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
             ("CONFIG_GRPC_XDS_SERVER_URL", &*url),
             ("CONFIG_GRPC_XDS_NODE_ID", "envoy-ratelimit"),
@@ -293,16 +343,25 @@ async fn envoy_gateway_deployment_over_xds() {
             ("RUNTIME_IGNOREDOTFILES", "true"),
             ("LOG_LEVEL", "info"),
             ("USE_PROMETHEUS", "true"),
-            ("PROMETHEUS_ADDR", "127.0.0.1:0"),
+            ("PROMETHEUS_ADDR", &*prom_addr),
             ("PROMETHEUS_MAPPER_YAML", &*mapper_path),
         ];
-        // no xDS server yet: the service starts anyway, every domain unknown
-        let e = Env::start("xds-eg", "", &env).await;
-        let mut c = tls_client(&pki, e.grpc).await;
+        // the binary, with no xDS server yet: it starts anyway, every domain unknown
+        let log = data.with_extension("log");
+        let _svc = Proc(
+            Command::new(crate::lifecycle::service_bin())
+                .env_clear()
+                .envs(env)
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .expect("start the service binary"),
+        );
+        until("the service's listeners", || std::net::TcpStream::connect(("127.0.0.1", http)).is_ok()).await;
+        let mut c = tls_client(&pki, grpc).await;
         let r = c.should_rate_limit(one("gw-a", "user", "u1")).await.unwrap().into_inner();
         assert_eq!((r.overall_code, r.statuses[0].current_limit.is_some()), (OK, false));
-        let (code, _) = e.http("GET", "/healthcheck", "").await;
-        assert_eq!(code, 200);
+        assert_eq!(http_get(http, "/healthcheck").await, 200);
 
         // the service dials the xDS server's address and finds nothing
         // there (a listener that accepts and closes: no xDS server yet)
@@ -361,7 +420,8 @@ async fn envoy_gateway_deployment_over_xds() {
         let detail = nack.error_detail.as_ref().expect("a NACK carries error_detail");
         assert!(detail.message.contains("default/eg/http") && detail.message.contains("UNKNOWN"), "{detail:?}");
         assert_eq!(nack.version_info, "2", "a NACK names the last version applied");
-        assert!(e.refusal().is_some_and(|r| r.contains("UNKNOWN")));
+        let logged = std::fs::read_to_string(&log).unwrap();
+        assert!(logged.contains("config refused: xDS version \"3\""), "{logged}");
         let r = c.should_rate_limit(one("gw-a", "user", "u1")).await.unwrap().into_inner();
         assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 10);
         let r = c.should_rate_limit(one("gw-b", "path", "/x")).await.unwrap().into_inner();
@@ -371,11 +431,12 @@ async fn envoy_gateway_deployment_over_xds() {
         assert!(r.statuses[0].current_limit.is_none());
 
         // the figures through Envoy Gateway's mapping
-        let body = scrape(e.svc.metrics_addr.unwrap()).await;
+        let body = scrape(([127, 0, 0, 1], prom).into()).await;
         assert!(body.contains("ratelimit_service_config_load_success 2"), "{body}");
         assert!(body.contains(r#"ratelimit_service_rate_limit_over_limit{domain="gw-a",key1="user"} 1"#), "{body}");
         server.abort();
         let _ = std::fs::remove_file(&mapper);
+        let _ = std::fs::remove_file(&log);
     })
     .await;
 }
