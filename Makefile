@@ -431,12 +431,13 @@ test-clients-rust: build venv clients/node/node_modules/.installed client-lua  #
 .PHONY: test-service
 test-service: build venv  ## the Envoy rate-limit service: its unit tests and suite on every server
 	$(CARGO) test --profile quick -q -p redis-ratelimit-service --no-default-features --lib
+	$(CARGO) build --profile quick -q -p redis-ratelimit-service --bin redis-ratelimit-service  # the lifecycle and xDS tests run it
 	@rc=0; first=""; for s in $(client_servers); do [ -n "$$first" ] || first=$$s; \
 	  bin=$$($(PY) -m rltesting.servers path $$s) || exit 1; \
 	  topo=$$([ $$s = $$first ] && echo 1 || echo 0); \
 	  echo "== service suite on $$s ($$bin; sentinel and cluster: $$topo)"; \
 	  tls=$$([ $$s = redis7.0 ] && echo 1 || echo 0); \
-	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_SERVICE_TOPOLOGY=$$topo RL_SERVICE_TLS_REQUIRED=$$tls $(CARGO) test --profile quick -q \
+	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_SERVICE_BIN=$(CURDIR)/target/quick/redis-ratelimit-service RL_SERVICE_TOPOLOGY=$$topo RL_SERVICE_TLS_REQUIRED=$$tls $(CARGO) test --profile quick -q \
 	    -p redis-ratelimit-service --no-default-features --test service || rc=1; \
 	done; exit $$rc
 

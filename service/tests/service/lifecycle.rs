@@ -101,7 +101,7 @@ fn redis_on(rport: u16) -> Proc {
             .spawn()
             .expect("start REDIS_SERVER"),
     );
-    wait_for("redis", Duration::from_secs(60), || std::net::TcpStream::connect(("127.0.0.1", rport)).is_ok());
+    wait_for("redis", Duration::from_secs(60), || redis_answers(rport));
     p
 }
 

@@ -34,6 +34,43 @@ impl Drop for Proc {
     }
 }
 
+/// Whether a Redis answers PONG on `port`. A bare TCP connect is not
+/// enough: while nothing listens on a port of the ephemeral range, a
+/// connect to it can pick that same port as its source and connect to
+/// itself (Linux's TCP self-connect), which once made a test believe its
+/// server was up (and kept the server from binding the port): the service
+/// then met "connection reset by peer". A self-connected socket reads back
+/// its own PING, never +PONG.
+pub fn redis_answers(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let mut buf = [0u8; 7];
+    s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+/// Starts a server with `start(port)` on a free port until it answers
+/// PONG: a server that exits first (its port taken meanwhile, as by a
+/// self-connect) is started again on another port, three times at most.
+pub fn start_redis(mut start: impl FnMut(u16) -> Child) -> (Proc, u16) {
+    for _ in 0..3 {
+        let rport = port();
+        let mut p = Proc(start(rport));
+        let t0 = Instant::now();
+        loop {
+            if redis_answers(rport) {
+                return (p, rport);
+            }
+            if p.0.try_wait().ok().flatten().is_some() {
+                break; // exited: another port
+            }
+            assert!(t0.elapsed() < Duration::from_secs(60), "timed out waiting for redis on {rport}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    panic!("redis exited at start three times (REDIS_SERVER, RL_MODULE?)")
+}
+
 pub fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let t0 = Instant::now();
     while !f() {
@@ -75,10 +112,9 @@ impl Env {
 
     /// [`Env::start`] with more arguments for the server.
     pub async fn start_with(name: &str, config: &str, extra_env: &[(&str, &str)], server_args: &[&str]) -> Env {
-        let rport = port();
         let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let redis = Proc(
-            Command::new(bin)
+        let (redis, rport) = start_redis(|rport| {
+            Command::new(&bin)
                 .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
                 .args(["--loadmodule", &module()])
                 .args(server_args)
@@ -86,9 +122,8 @@ impl Env {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
-                .expect("start REDIS_SERVER"),
-        );
-        wait_for("redis", Duration::from_secs(60), || std::net::TcpStream::connect(("127.0.0.1", rport)).is_ok());
+                .expect("start REDIS_SERVER")
+        });
         Env::serve(name, &[config], extra_env, rport, Some(redis)).await
     }
 
