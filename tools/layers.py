@@ -42,12 +42,13 @@ API_MAY_IMPORT = {"ffi", "alloc", "clock"}
 # run by service; plan and respond are pure (neither reaches the backend
 # nor a connection).
 SERVICE_LAYERS = [
-    ["error", "config", "settings", "metrics", "conn", "json"],
+    ["error", "gosyntax", "tls", "mapper", "xds_settings", "upstream_settings"],
+    ["config", "settings", "metrics", "conn", "json"],
     ["plan"],
     ["backend"],
     ["respond"],
     ["service"],
-    ["runtime"],
+    ["runtime", "statsd", "xds"],
     ["server"],
     ["main", "lib"],
 ]

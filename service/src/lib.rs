@@ -20,12 +20,16 @@
 //! * [`statsd`] — the statsd and DogStatsD sinks.
 //! * [`mapper`] — `PROMETHEUS_MAPPER_YAML`, a statsd-exporter mapping.
 //! * [`xds`] — `CONFIG_TYPE=GRPC_XDS_SOTW`: the configuration over xDS.
+//! * [`xds_settings`] — the xDS client's settings.
+//! * [`tls`] — the gRPC listener's TLS.
+//! * [`gosyntax`] — Go's durations and booleans, as upstream's settings read them.
 #![warn(missing_docs)]
 
 pub mod backend;
 pub mod config;
 pub mod conn;
 pub mod error;
+pub mod gosyntax;
 pub mod json;
 pub mod mapper;
 pub mod metrics;
@@ -39,3 +43,4 @@ pub mod statsd;
 pub mod tls;
 pub mod upstream_settings;
 pub mod xds;
+pub mod xds_settings;

@@ -334,11 +334,9 @@ pub const MAX_CONCURRENT_STREAMS: u32 = 1024;
 /// resets without end still meets the guard.
 pub const MAX_PENDING_RESETS: usize = 4096;
 
-/// Connects to Redis, loads the configuration, binds both listeners and
-/// starts serving (and reloading) in the background. Errors: Redis cannot
-/// be reached, the first configuration does not load, a port cannot be bound.
-pub async fn start(settings: Settings) -> Result<Running, String> {
-    let conn = connect_with_retries(&settings).await?;
+/// The client of the decisions on `settings`' Redis, and a connection of its own for the health probe.
+async fn rate_limiter(settings: &Settings) -> Result<(redis_ratelimit_client::RateLimit<RedisConn>, RedisConn), String> {
+    let conn = connect_with_retries(settings).await?;
     let probe = conn.clone();
     let timeout_ms = u64::try_from(settings.redis_timeout.as_millis()).unwrap_or(u64::MAX).max(1);
     // A decision Redis gives within REDIS_TIMEOUT, however slow, is a
@@ -352,26 +350,42 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
         Options { timeout_ms, backend: redis_ratelimit_client::Backend::Auto, breaker, ..Options::default() },
     )
     .map_err(|e| e.to_string())?;
-    // the files, or (CONFIG_TYPE=GRPC_XDS_SOTW) nothing until the xDS
-    // server sends a configuration; FORCE_START_WITHOUT_INITIAL_CONFIG
-    // serves without one (every domain unknown) when the files do not load
-    let mut first_refused = None;
-    let (cfg, files) = match &settings.xds {
-        Some(_) => (crate::config::Config::default(), None),
-        None => match load_dir(&settings) {
-            Ok((cfg, files)) => (cfg, Some(files)),
-            Err(e) if settings.force_start => {
-                eprintln!("config refused: {e}; serving without a configuration (FORCE_START_WITHOUT_INITIAL_CONFIG)");
-                first_refused = Some(e);
-                (crate::config::Config::default(), Some(Vec::new()))
-            }
-            Err(e) => return Err(format!("config refused: {e}")),
-        },
-    };
-    let first_loaded = files.is_some() && first_refused.is_none();
+    Ok((rl, probe))
+}
+
+/// The first configuration: the files' (`None` with xDS, which sends one
+/// later), and the load error FORCE_START_WITHOUT_INITIAL_CONFIG served
+/// without (every domain unknown).
+type FirstConfig = (crate::config::Config, Option<crate::runtime::Files>, Option<String>);
+
+fn first_config(settings: &Settings) -> Result<FirstConfig, String> {
+    if settings.xds.is_some() {
+        return Ok((crate::config::Config::default(), None, None));
+    }
+    match load_dir(settings) {
+        Ok((cfg, files)) => Ok((cfg, Some(files), None)),
+        Err(e) if settings.force_start => {
+            eprintln!("config refused: {e}; serving without a configuration (FORCE_START_WITHOUT_INITIAL_CONFIG)");
+            Ok((crate::config::Config::default(), Some(Vec::new()), Some(e)))
+        }
+        Err(e) => Err(format!("config refused: {e}")),
+    }
+}
+
+/// The bound listeners and their addresses.
+struct Listeners {
+    grpc: GrpcListener,
+    grpc_addr: std::net::SocketAddr,
+    http: tokio::net::TcpListener,
+    http_addr: std::net::SocketAddr,
+    metrics: Option<tokio::net::TcpListener>,
+    metrics_addr: Option<std::net::SocketAddr>,
+}
+
+async fn bind(settings: &Settings) -> Result<Listeners, String> {
     let grpc_addr = format!("{}:{}", settings.grpc_host, settings.grpc_port);
     let http_addr = format!("{}:{}", settings.host, settings.port);
-    let grpc_listener = match &settings.grpc_uds {
+    let grpc = match &settings.grpc_uds {
         Some(path) => {
             // a socket left by a previous process; anything else is not removed
             if std::fs::symlink_metadata(path).is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type())) {
@@ -385,48 +399,57 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
             tokio::net::TcpListener::bind(&grpc_addr).await.map_err(|e| format!("GRPC_PORT {grpc_addr}: {e}"))?,
         ),
     };
-    let http_listener = tokio::net::TcpListener::bind(&http_addr).await.map_err(|e| format!("PORT {http_addr}: {e}"))?;
-    let grpc_addr = match &grpc_listener {
+    let http = tokio::net::TcpListener::bind(&http_addr).await.map_err(|e| format!("PORT {http_addr}: {e}"))?;
+    let grpc_addr = match &grpc {
         GrpcListener::Tcp(l) => l.local_addr().map_err(|e| e.to_string())?,
         GrpcListener::Unix(_) => std::net::SocketAddr::from(([0, 0, 0, 0], 0)),
     };
-    let http_addr = http_listener.local_addr().map_err(|e| e.to_string())?;
-    let metrics_listener = match &settings.prometheus {
+    let http_addr = http.local_addr().map_err(|e| e.to_string())?;
+    let metrics = match &settings.prometheus {
         None => None,
         Some((addr, _)) => {
             Some(tokio::net::TcpListener::bind(addr).await.map_err(|e| format!("PROMETHEUS_ADDR {addr}: {e}"))?)
         }
     };
-    let metrics_addr = match &metrics_listener {
+    let metrics_addr = match &metrics {
         Some(l) => Some(l.local_addr().map_err(|e| e.to_string())?),
         None => None,
     };
-    let metrics_path = settings.prometheus.as_ref().map(|p| p.1.clone()).unwrap_or_default();
-    let svc = Arc::new(Service::new(rl, cfg, settings));
-    if !first_loaded {
-        // no first configuration loaded: none counted (a refused one is an error)
-        svc.metrics().config_load_success.store(0, std::sync::atomic::Ordering::Relaxed);
-    }
-    if let Some(e) = first_refused {
-        svc.refuse_config(e);
-    }
-    let reloader = match (files, svc.settings().xds.clone()) {
-        (Some(files), _) => spawn_reloader(svc.clone(), files),
+    Ok(Listeners { grpc, grpc_addr, http, http_addr, metrics, metrics_addr })
+}
+
+/// The task that keeps the configuration current: the files' reloader, or
+/// the xDS client (without FORCE_START_WITHOUT_INITIAL_CONFIG, after its
+/// first response, loaded or refused, as upstream waits for it).
+async fn config_source(
+    svc: &Arc<Service<RedisConn>>,
+    files: Option<crate::runtime::Files>,
+) -> Result<tokio::task::JoinHandle<()>, String> {
+    match (files, svc.settings().xds.clone()) {
+        (Some(files), _) => Ok(spawn_reloader(svc.clone(), files)),
         (None, Some(x)) => {
-            // without FORCE_START_WITHOUT_INITIAL_CONFIG, the first response
-            // (loaded or refused) before serving, as upstream waits for it
             let (first, got_first) = tokio::sync::oneshot::channel();
             let task = crate::xds::spawn(svc.clone(), x, Some(first));
             if !svc.settings().force_start {
                 eprintln!("xDS: waiting for the first configuration");
                 let _ = got_first.await;
             }
-            task
+            Ok(task)
         }
-        (None, None) => return Err("no configuration source".into()),
-    };
-    let statsd = crate::statsd::spawn(svc.clone());
-    let svc_m = svc.clone();
+        (None, None) => Err("no configuration source".into()),
+    }
+}
+
+/// The health both checks answer, and the tasks that keep it current
+/// (HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED, REDIS_HEALTH_CHECK_ACTIVE_CONNECTION).
+async fn health(
+    svc: &Arc<Service<RedisConn>>,
+    probe: RedisConn,
+) -> (
+    Arc<Health>,
+    tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
     let (reporter, health_svc) = tonic_health::server::health_reporter();
     let health = Arc::new(Health {
         redis_down: false.into(),
@@ -436,9 +459,10 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
         lock: tokio::sync::Mutex::new(()),
     });
     health.publish().await;
-    let config_health = svc.settings().healthy_with_config.then(|| {
+    let mut tasks = Vec::new();
+    if svc.settings().healthy_with_config {
         let (h, mut rx) = (health.clone(), svc.watch_domains());
-        tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             loop {
                 let has = *rx.borrow_and_update();
                 h.set_config(has).await;
@@ -446,23 +470,36 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
                     break;
                 }
             }
-        })
-    });
-    let checker = svc.settings().redis_health_check.then(|| {
+        }));
+    }
+    if svc.settings().redis_health_check {
         let (h, mut probe, t) = (health.clone(), probe, svc.settings().redis_timeout);
-        tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             loop {
                 let up =
                     matches!(tokio::time::timeout(t, redis::cmd("PING").query_async::<String>(&mut probe)).await, Ok(Ok(_)));
                 h.set_redis(up).await;
                 tokio::time::sleep(std::time::Duration::from_secs(1)).await;
             }
-        })
-    });
-    let (stop, stopped) = tokio::sync::watch::channel(false);
-    let until_stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-        let _ = rx.wait_for(|s| *s).await;
-    };
+        }));
+    }
+    (health, health_svc, tasks)
+}
+
+type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
+async fn until_stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
+    let _ = rx.wait_for(|s| *s).await;
+}
+
+/// The three listeners served until `stopped` (each drains what it has in flight).
+fn serve(
+    svc: &Arc<Service<RedisConn>>,
+    l: Listeners,
+    health: &Arc<Health>,
+    health_svc: tonic_health::pb::health_server::HealthServer<impl tonic_health::pb::health_server::Health>,
+    stopped: &tokio::sync::watch::Receiver<bool>,
+) -> [Serving; 3] {
     let (age, grace) = svc.settings().grpc_max_connection_age;
     let router = tonic::transport::Server::builder()
         .max_connection_age(age)
@@ -471,29 +508,30 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(health_svc)
         .add_service(RateLimitServiceServer::new(Grpc(svc.clone())));
-    type Serving = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>;
-    let grpc: Serving = match (grpc_listener, svc.settings().grpc_tls.clone()) {
-        (GrpcListener::Unix(l), _) => Box::pin(router.serve_with_incoming_shutdown(
-            tokio_stream::wrappers::UnixListenerStream::new(l),
-            until_stopped(stopped.clone()),
-        )),
+    let stop = until_stopped(stopped.clone());
+    let grpc = match (l.grpc, svc.settings().grpc_tls.clone()) {
+        (GrpcListener::Unix(l), _) => {
+            Box::pin(router.serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(l), stop))
+                as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>
+        }
         (GrpcListener::Tcp(l), Some(tls)) => {
-            Box::pin(router.serve_with_incoming_shutdown(crate::tls::incoming(l, &tls), until_stopped(stopped.clone())))
+            Box::pin(router.serve_with_incoming_shutdown(crate::tls::incoming(l, &tls), stop))
         }
         // TCP_NODELAY: tonic sets it only on listeners it binds itself; without
         // it Nagle holds a response behind an unacknowledged one (Envoy's delayed ACK)
-        (GrpcListener::Tcp(l), None) => Box::pin(router.serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true)),
-            until_stopped(stopped.clone()),
-        )),
+        (GrpcListener::Tcp(l), None) => Box::pin(
+            router
+                .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true)), stop),
+        ),
     };
     let http_app = axum::Router::new()
         .merge(health_router(health.clone()))
         .merge(axum::Router::new().route("/json", post(json_handler::<RedisConn>)).with_state(svc.clone()));
-    let http = axum::serve(http_listener, http_app).with_graceful_shutdown(until_stopped(stopped.clone()));
-    let stopped_m = stopped.clone();
+    let http = axum::serve(l.http, http_app).with_graceful_shutdown(until_stopped(stopped.clone()));
+    let (svc_m, stopped_m) = (svc.clone(), stopped.clone());
+    let metrics_path = svc.settings().prometheus.as_ref().map(|p| p.1.clone()).unwrap_or_default();
     let metrics = async move {
-        match metrics_listener {
+        match l.metrics {
             Some(l) => {
                 axum::serve(l, metrics_router(svc_m, &metrics_path)).with_graceful_shutdown(until_stopped(stopped_m)).await
             }
@@ -503,21 +541,40 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
             }
         }
     };
+    [
+        Box::pin(async { grpc.await.map_err(|e| format!("gRPC server: {e}")) }),
+        Box::pin(async { http.await.map_err(|e| format!("HTTP server: {e}")) }),
+        Box::pin(async { metrics.await.map_err(|e| format!("Prometheus server: {e}")) }),
+    ]
+}
+
+/// Connects to Redis, loads the configuration, binds both listeners and
+/// starts serving (and reloading) in the background. Errors: Redis cannot
+/// be reached, the first configuration does not load, a port cannot be bound.
+pub async fn start(settings: Settings) -> Result<Running, String> {
+    let (rl, probe) = rate_limiter(&settings).await?;
+    let (cfg, files, first_refused) = first_config(&settings)?;
+    let first_loaded = files.is_some() && first_refused.is_none();
+    let listeners = bind(&settings).await?;
+    let (grpc_addr, http_addr, metrics_addr) = (listeners.grpc_addr, listeners.http_addr, listeners.metrics_addr);
+    let svc = Arc::new(Service::new(rl, cfg, settings));
+    if !first_loaded {
+        // no first configuration loaded: none counted (a refused one is an error)
+        svc.metrics().config_load_success.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(e) = first_refused {
+        svc.refuse_config(e);
+    }
+    let mut tasks = vec![config_source(&svc, files).await?];
+    tasks.extend(crate::statsd::spawn(svc.clone()));
+    let (health, health_svc, health_tasks) = health(&svc, probe).await;
+    tasks.extend(health_tasks);
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let [grpc, http, metrics] = serve(&svc, listeners, &health, health_svc, &stopped);
     let task = tokio::spawn(async move {
-        let r = tokio::try_join!(
-            async { grpc.await.map_err(|e| format!("gRPC server: {e}")) },
-            async { http.await.map_err(|e| format!("HTTP server: {e}")) },
-            async { metrics.await.map_err(|e| format!("Prometheus server: {e}")) },
-        );
-        reloader.abort();
-        if let Some(s) = statsd {
-            s.abort();
-        }
-        if let Some(c) = checker {
-            c.abort();
-        }
-        if let Some(c) = config_health {
-            c.abort();
+        let r = tokio::try_join!(grpc, http, metrics);
+        for t in tasks {
+            t.abort();
         }
         r.map(|_| ())
     });

@@ -15,6 +15,9 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::de::value::MapDeserializer;
 use serde::Deserialize;
 
+use crate::gosyntax::parse_bool;
+pub use crate::gosyntax::parse_go_duration;
+
 /// How to reach Redis.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RedisAddr {
@@ -260,7 +263,7 @@ pub struct Settings {
     pub grpc_max_connection_age: (Duration, Duration),
     /// `CONFIG_TYPE=GRPC_XDS_SOTW`: the configuration from an xDS server
     /// (`CONFIG_GRPC_XDS_*`, `XDS_CLIENT_*`); `None` (`FILE`): the files.
-    pub xds: Option<crate::xds::XdsSettings>,
+    pub xds: Option<crate::xds_settings::XdsSettings>,
     /// `FORCE_START_WITHOUT_INITIAL_CONFIG`: serve before a first
     /// configuration has loaded (every domain unknown until then).
     pub force_start: bool,
@@ -374,55 +377,6 @@ fn stats_sink(vars: &Vars, env: &HashMap<String, String>) -> Result<StatsSink, S
     })
 }
 
-/// Parses a Go `time.ParseDuration` string: a sequence of decimal numbers
-/// with units `ns`, `us` (`µs`), `ms`, `s`, `m`, `h`, e.g. `50ms`, `1m30s`,
-/// `1.5s`; `0` alone. Negative durations are refused.
-pub fn parse_go_duration(s: &str) -> Result<Duration, String> {
-    let bad = || format!("invalid duration {s:?} (Go syntax, e.g. 50ms, 1.5s, 1m30s)");
-    let t = s.strip_prefix('+').unwrap_or(s);
-    if t == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if t.is_empty() || t.starts_with('-') {
-        return Err(bad());
-    }
-    let mut nanos: u128 = 0;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let n_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
-        let (num, tail) = rest.split_at(n_end);
-        if num.is_empty() || num == "." {
-            return Err(bad());
-        }
-        let u_end = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(u_end);
-        let scale: u128 = match unit {
-            "ns" => 1,
-            "us" | "µs" | "μs" => 1_000,
-            "ms" => 1_000_000,
-            "s" => 1_000_000_000,
-            "m" => 60_000_000_000,
-            "h" => 3_600_000_000_000,
-            _ => return Err(bad()),
-        };
-        let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-        if frac.contains('.') {
-            return Err(bad());
-        }
-        let int: u128 = if int.is_empty() { 0 } else { int.parse().map_err(|_| bad())? };
-        let mut v = int.checked_mul(scale).ok_or_else(bad)?;
-        let mut div = 1u128;
-        for c in frac.chars().take(18) {
-            div *= 10;
-            v = v.checked_add(u128::from(c.to_digit(10).ok_or_else(bad)?) * scale / div).ok_or_else(bad)?;
-        }
-        nanos = nanos.checked_add(v).ok_or_else(bad)?;
-        rest = tail;
-    }
-    let secs = u64::try_from(nanos / 1_000_000_000).map_err(|_| bad())?;
-    Ok(Duration::new(secs, (nanos % 1_000_000_000) as u32))
-}
-
 /// A boolean variable: unset or empty, false.
 fn flag(name: &str, v: &str) -> Result<bool, String> {
     if v.is_empty() {
@@ -430,18 +384,6 @@ fn flag(name: &str, v: &str) -> Result<bool, String> {
     }
     parse_bool(name, v)
 }
-
-fn parse_bool(name: &str, v: &str) -> Result<bool, String> {
-    // Go's strconv.ParseBool
-    match v {
-        "1" | "t" | "T" | "true" | "TRUE" | "True" => Ok(true),
-        "0" | "f" | "F" | "false" | "FALSE" | "False" => Ok(false),
-        _ => Err(format!("{name}={v:?}: not a boolean")),
-    }
-}
-
-/// Unset, empty, or false as Go's strconv.ParseBool reads it.
-pub(crate) const FALSE: &[&str] = &["", "false", "0", "f", "F", "FALSE", "False"];
 
 /// The variables read, by their names (envoyproxy/ratelimit's, and
 /// `RUNTIME_POLL_INTERVAL`): the one table of what a process reads. Unset
@@ -553,6 +495,9 @@ fn auth(v: &str) -> Option<(Option<String>, String)> {
     }
 }
 
+/// The startup backoff, the two health options, the connections' age.
+type Lifecycle = ((Duration, Duration, Duration), bool, bool, (Duration, Duration));
+
 impl Vars {
     /// The settings, checked and typed.
     fn settings(self) -> Result<Settings, String> {
@@ -566,13 +511,7 @@ impl Vars {
         if redis_timeout.is_zero() || redis_timeout.as_millis() == 0 {
             return Err("REDIS_TIMEOUT must be at least 1ms".into());
         }
-        let near_limit_ratio: f32 = match self.near_limit_ratio.as_str() {
-            "" => 0.8,
-            v => v.parse().map_err(|_| format!("NEAR_LIMIT_RATIO={v:?}: not a number"))?,
-        };
-        if !(0.0..=1.0).contains(&near_limit_ratio) {
-            return Err(format!("NEAR_LIMIT_RATIO={near_limit_ratio}: between 0 and 1"));
-        }
+        let near_limit_ratio = self.near_limit_ratio()?;
         let cache_key_prefix = self.cache_key_prefix.clone();
         if cache_key_prefix.contains(['{', '}']) {
             return Err(format!(
@@ -581,36 +520,9 @@ impl Vars {
         }
         let (config_dir, poll_interval) = self.runtime()?;
         let prometheus = self.prometheus()?;
-        let grpc_tls = crate::tls::GrpcTls::from_vars(&crate::tls::GrpcTlsVars {
-            use_tls: flag("GRPC_SERVER_USE_TLS", &self.grpc_server_use_tls)?,
-            cert: &self.grpc_server_tls_cert,
-            key: &self.grpc_server_tls_key,
-            client_ca: &self.grpc_client_tls_cacert,
-            client_san: &self.grpc_client_tls_san,
-            server_ca: &self.grpc_server_tls_ca_cert,
-        })?;
-        let grpc_uds = (!self.grpc_uds.is_empty()).then(|| PathBuf::from(&self.grpc_uds));
-        if grpc_uds.is_some() && grpc_tls.is_some() {
-            return Err("GRPC_UDS with GRPC_SERVER_USE_TLS=true is not supported here (TLS on TCP only)".into());
-        }
-        let dur =
-            |name: &str, v: &str, default: &str| parse_go_duration(&or(v, default)).map_err(|e| format!("{name}: {e}"));
-        let redis_startup = (
-            dur("REDIS_STARTUP_INITIAL_INTERVAL", &self.redis_startup_initial_interval, "1s")?,
-            dur("REDIS_STARTUP_MAX_INTERVAL", &self.redis_startup_max_interval, "30s")?,
-            dur("REDIS_STARTUP_MAX_ELAPSED_TIME", &self.redis_startup_max_elapsed_time, "0")?,
-        );
-        if redis_startup.0.is_zero() || redis_startup.1 < redis_startup.0 {
-            return Err("REDIS_STARTUP_INITIAL_INTERVAL must be above 0 and at most REDIS_STARTUP_MAX_INTERVAL".into());
-        }
-        let healthy_with_config =
-            flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &self.healthy_with_at_least_one_config_loaded)?;
-        let force_start = flag("FORCE_START_WITHOUT_INITIAL_CONFIG", &self.force_start_without_initial_config)?;
+        let (grpc_tls, grpc_uds) = self.grpc()?;
+        let (redis_startup, healthy_with_config, force_start, grpc_max_connection_age) = self.lifecycle()?;
         let xds = self.xds()?;
-        let grpc_max_connection_age = (
-            dur("GRPC_MAX_CONNECTION_AGE", &self.grpc_max_connection_age, "24h")?,
-            dur("GRPC_MAX_CONNECTION_AGE_GRACE", &self.grpc_max_connection_age_grace, "1h")?,
-        );
         Ok(Settings {
             host: or(&self.host, "0.0.0.0"),
             port: port("PORT", &self.port, 8080)?,
@@ -652,9 +564,61 @@ impl Vars {
         })
     }
 
+    /// `GRPC_SERVER_USE_TLS` and its files; `GRPC_UDS`.
+    fn grpc(&self) -> Result<(Option<crate::tls::GrpcTls>, Option<PathBuf>), String> {
+        let grpc_tls = crate::tls::GrpcTls::from_vars(&crate::tls::GrpcTlsVars {
+            use_tls: flag("GRPC_SERVER_USE_TLS", &self.grpc_server_use_tls)?,
+            cert: &self.grpc_server_tls_cert,
+            key: &self.grpc_server_tls_key,
+            client_ca: &self.grpc_client_tls_cacert,
+            client_san: &self.grpc_client_tls_san,
+            server_ca: &self.grpc_server_tls_ca_cert,
+        })?;
+        let grpc_uds = (!self.grpc_uds.is_empty()).then(|| PathBuf::from(&self.grpc_uds));
+        if grpc_uds.is_some() && grpc_tls.is_some() {
+            return Err("GRPC_UDS with GRPC_SERVER_USE_TLS=true is not supported here (TLS on TCP only)".into());
+        }
+        Ok((grpc_tls, grpc_uds))
+    }
+
+    /// `NEAR_LIMIT_RATIO` (0.8), between 0 and 1.
+    fn near_limit_ratio(&self) -> Result<f32, String> {
+        let near_limit_ratio: f32 = match self.near_limit_ratio.as_str() {
+            "" => 0.8,
+            v => v.parse().map_err(|_| format!("NEAR_LIMIT_RATIO={v:?}: not a number"))?,
+        };
+        if !(0.0..=1.0).contains(&near_limit_ratio) {
+            return Err(format!("NEAR_LIMIT_RATIO={near_limit_ratio}: between 0 and 1"));
+        }
+        Ok(near_limit_ratio)
+    }
+
+    /// `REDIS_STARTUP_*`, `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`,
+    /// `FORCE_START_WITHOUT_INITIAL_CONFIG`, `GRPC_MAX_CONNECTION_AGE[_GRACE]`.
+    fn lifecycle(&self) -> Result<Lifecycle, String> {
+        let dur =
+            |name: &str, v: &str, default: &str| parse_go_duration(&or(v, default)).map_err(|e| format!("{name}: {e}"));
+        let redis_startup = (
+            dur("REDIS_STARTUP_INITIAL_INTERVAL", &self.redis_startup_initial_interval, "1s")?,
+            dur("REDIS_STARTUP_MAX_INTERVAL", &self.redis_startup_max_interval, "30s")?,
+            dur("REDIS_STARTUP_MAX_ELAPSED_TIME", &self.redis_startup_max_elapsed_time, "0")?,
+        );
+        if redis_startup.0.is_zero() || redis_startup.1 < redis_startup.0 {
+            return Err("REDIS_STARTUP_INITIAL_INTERVAL must be above 0 and at most REDIS_STARTUP_MAX_INTERVAL".into());
+        }
+        let healthy_with_config =
+            flag("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", &self.healthy_with_at_least_one_config_loaded)?;
+        let force_start = flag("FORCE_START_WITHOUT_INITIAL_CONFIG", &self.force_start_without_initial_config)?;
+        let grpc_max_connection_age = (
+            dur("GRPC_MAX_CONNECTION_AGE", &self.grpc_max_connection_age, "24h")?,
+            dur("GRPC_MAX_CONNECTION_AGE_GRACE", &self.grpc_max_connection_age_grace, "1h")?,
+        );
+        Ok((redis_startup, healthy_with_config, force_start, grpc_max_connection_age))
+    }
+
     /// `CONFIG_TYPE` (`FILE` or `GRPC_XDS_SOTW`, as upstream spells them)
     /// with the xDS client's variables.
-    fn xds(&self) -> Result<Option<crate::xds::XdsSettings>, String> {
+    fn xds(&self) -> Result<Option<crate::xds_settings::XdsSettings>, String> {
         match self.config_type.as_str() {
             "" | "FILE" => return Ok(None),
             "GRPC_XDS_SOTW" => {}
@@ -664,7 +628,7 @@ impl Vars {
             "" => true,
             v => parse_bool("XDS_CLIENT_BACKOFF_JITTER", v)?,
         };
-        crate::xds::XdsSettings::from_vars(&crate::xds::XdsVars {
+        crate::xds_settings::XdsSettings::from_vars(&crate::xds_settings::XdsVars {
             node_id: &self.config_grpc_xds_node_id,
             node_metadata: &self.config_grpc_xds_node_metadata,
             server_url: &self.config_grpc_xds_server_url,
@@ -822,7 +786,7 @@ impl Settings {
     }
 
     /// The names of the variables read (envoyproxy/ratelimit's and this
-    /// service's own): the fields of [`Vars`], as serde names them.
+    /// service's own): the fields of `Vars`, as serde names them.
     pub fn read_names() -> &'static [&'static str] {
         use serde::de::{Error as _, Visitor};
         struct Fields(&'static [&'static str]);

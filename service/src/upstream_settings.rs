@@ -8,7 +8,7 @@
 //! status here, when a "read" name is not read, or when a refused one is
 //! not refused; docs/envoy.md's table is generated from this one.
 
-use crate::settings::{parse_go_duration, FALSE};
+use crate::gosyntax::{parse_go_duration, FALSE};
 
 /// The type of a variable's value, as envoyproxy/ratelimit parses it
 /// (envconfig): a value that does not parse stops its start, and this
