@@ -96,28 +96,53 @@ static FIXEDWINDOW_ARGS: [Arg; 5] = [
 //          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
 //          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
 //          | CONCURRENCY limit lease_ms id [WEIGHT w]
+//   each limit then [CHECK] [SHADOW] (not with REFUND)
 const WEIGHT: Arg = opt_int(c"weight", c"WEIGHT", c"w", c"units one request takes from this limit (default 1)");
-static MULTI_TOKENBUCKET: [Arg; 4] = [
+const CHECK: Arg = Arg {
+    since: Some(c"0.3.0"),
+    ..opt_flag(c"check", c"CHECK", c"take nothing from this limit; deny the call when its units do not fit")
+};
+const SHADOW: Arg = Arg {
+    since: Some(c"0.3.0"),
+    ..opt_flag(c"shadow", c"SHADOW", c"never deny the call; on a grant take this limit's units only if they fit")
+};
+static MULTI_TOKENBUCKET: [Arg; 6] = [
     int(c"capacity", c"most tokens the bucket holds"),
     int(c"rate", c"tokens regained every period_ms"),
     int(c"period_ms", c"the refill period in milliseconds"),
     WEIGHT,
+    CHECK,
+    SHADOW,
 ];
-static MULTI_SLIDINGLOG: [Arg; 3] =
-    [int(c"limit", c"most units granted in any window"), int(c"window_ms", c"the window in milliseconds"), WEIGHT];
-static MULTI_SLIDINGCOUNTER: [Arg; 3] =
-    [int(c"limit", c"most units granted in a window (estimated)"), int(c"window_ms", c"the window in milliseconds"), WEIGHT];
-static MULTI_FIXEDWINDOW: [Arg; 4] = [
+static MULTI_SLIDINGLOG: [Arg; 5] = [
+    int(c"limit", c"most units granted in any window"),
+    int(c"window_ms", c"the window in milliseconds"),
+    WEIGHT,
+    CHECK,
+    SHADOW,
+];
+static MULTI_SLIDINGCOUNTER: [Arg; 5] = [
+    int(c"limit", c"most units granted in a window (estimated)"),
+    int(c"window_ms", c"the window in milliseconds"),
+    WEIGHT,
+    CHECK,
+    SHADOW,
+];
+static MULTI_FIXEDWINDOW: [Arg; 6] = [
     int(c"limit", c"most units granted in a window"),
     int(c"window_ms", c"the window in milliseconds, aligned on the server's clock (or from the first grant)"),
     WEIGHT,
     FROMFIRST,
+    CHECK,
+    SHADOW,
 ];
-static MULTI_CONCURRENCY: [Arg; 4] = [
+static MULTI_CONCURRENCY: [Arg; 6] = [
     int(c"limit", c"most units held at once"),
     int(c"lease_ms", c"how long the lease lasts unless renewed or released, in milliseconds"),
     Arg { summary: Some(c"the holder: a grant acquires COST x WEIGHT units for it"), ..arg(c"id", Ty::Str) },
     WEIGHT,
+    CHECK,
+    SHADOW,
 ];
 static MULTI_LIMIT: [Arg; 5] = [
     Arg { token: Some(c"TOKENBUCKET"), sub: &MULTI_TOKENBUCKET, ..arg(c"tokenbucket", Ty::Block) },

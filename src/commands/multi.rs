@@ -140,7 +140,11 @@ fn multi_general<'a, const N: usize>(ctx: Ctx<'a>, call: &MultiCall<N>, names: &
     let Some(slots) = open.get_mut(..n) else {
         return ctx.wrong_arity();
     };
-    let whole = multi::run(slots, op, now, &mut per[..n]);
+    let whole = if call.flagged {
+        multi::run_flagged(slots, &call.flags, op, now, &mut per[..n])
+    } else {
+        multi::run(slots, op, now, &mut per[..n])
+    };
 
     // Write what changed: every limit when a grant was made, each limit
     // that gave units back on a refund.

@@ -335,6 +335,11 @@ pub struct MultiCall<const N: usize = MAX_LIMITS> {
     /// the same meaning, is not plain: it takes the general path, which
     /// the tests compare the fast path with.
     pub plain: bool,
+    /// Each limit's `CHECK` and `SHADOW` words ([`crate::multi::CHECK`],
+    /// [`crate::multi::SHADOW`]), 0 for none.
+    pub flags: [u8; N],
+    /// Some limit has a flag: the call is decided by [`crate::multi::run_flagged`].
+    pub flagged: bool,
 }
 
 impl<const N: usize> MultiCall<N> {
@@ -436,6 +441,7 @@ pub fn distinct_keys<'a, A: Copy>(keys: &[A], bytes: impl Fn(A) -> &'a [u8]) -> 
 ///          | SLIDINGLOG limit window_ms [WEIGHT w]
 ///          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
 ///          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
+///   each limit then [CHECK] [SHADOW] (not with REFUND)
 /// ```
 ///
 /// Errors, first found from the left: fewer than 5 arguments → `Arity`; a
@@ -467,10 +473,12 @@ fn word_at<'a, A: Copy>(args: &[A], bytes: impl Fn(A) -> &'a [u8], i: usize) -> 
 
 /// What may follow one limit of RL.MULTI, `next` at `at` (the word there):
 /// its `WEIGHT w` (the call is then not `plain`), then a fixed window's
-/// `FROMFIRST`; `at` and `next` move past them.
+/// `FROMFIRST`, then `CHECK`, then `SHADOW` (into `flags`; the call is then
+/// not `plain`); `at` and `next` move past them.
 #[inline(always)]
 fn after_limit<'a, A: Copy>(
     limit: &mut LimitSpec,
+    flags: &mut u8,
     plain: &mut bool,
     args: &[A],
     bytes: impl Fn(A) -> &'a [u8] + Copy,
@@ -492,7 +500,31 @@ fn after_limit<'a, A: Copy>(
             *next = word_at(args, bytes, *at);
         }
     }
+    if next.is_some() {
+        after_flags(flags, plain, args, bytes, at, next);
+    }
     Ok(())
+}
+
+/// A limit's `[CHECK] [SHADOW]`, in that order (out of line: the plain
+/// call has none).
+#[inline(never)]
+fn after_flags<'a, A: Copy>(
+    flags: &mut u8,
+    plain: &mut bool,
+    args: &[A],
+    bytes: impl Fn(A) -> &'a [u8] + Copy,
+    at: &mut usize,
+    next: &mut Option<&'a [u8]>,
+) {
+    for (word, flag) in [(&b"CHECK"[..], crate::multi::CHECK), (b"SHADOW", crate::multi::SHADOW)] {
+        if next.is_some_and(|w| eq_upper_letters(w, word)) {
+            *flags |= flag;
+            *plain = false;
+            *at += 1;
+            *next = word_at(args, bytes, *at);
+        }
+    }
 }
 
 /// A `CONCURRENCY limit lease_ms id` limit of RL.MULTI whose word is at
@@ -540,7 +572,17 @@ impl<const N: usize> MultiCall<N> {
     pub fn new() -> MultiCall<N> {
         use crate::{multi::Params, tokenbucket as tb};
         let blank = LimitSpec { params: Params::TokenBucket(tb::Params { capacity: 1, rate: 1, period_ms: 1 }), weight: 1 };
-        MultiCall { n: 0, limits: [blank; N], cost: 1, partial: false, dryrun: false, refund: 0, plain: true }
+        MultiCall {
+            n: 0,
+            limits: [blank; N],
+            cost: 1,
+            partial: false,
+            dryrun: false,
+            refund: 0,
+            plain: true,
+            flags: [0; N],
+            flagged: false,
+        }
     }
 
     /// The branch of [`MultiCall::parse`] for `n = self.n ≤ N` plain
@@ -633,8 +675,11 @@ impl<const N: usize> MultiCall<N> {
         let mut at = 1 + n + 4 * start;
         let mut next = word_at(args, bytes, at);
         // The branch's last limit may be followed by its WEIGHT.
-        if let Some(limit) = start.checked_sub(1).and_then(|i| call.limits.get_mut(i)) {
-            after_limit(limit, &mut call.plain, args, bytes, &mut at, &mut next)?;
+        let mut past_flags = 0u8;
+        if let Some(i) = start.checked_sub(1) {
+            if let (Some(limit), Some(f)) = (call.limits.get_mut(i), call.flags.get_mut(i)) {
+                after_limit(limit, f, &mut call.plain, args, bytes, &mut at, &mut next)?;
+            }
         }
         for i in start..n {
             let limit = match call.limits.get_mut(i) {
@@ -681,8 +726,13 @@ impl<const N: usize> MultiCall<N> {
                 None => return Err(ArgError::Syntax),
             };
             next = word_at(args, bytes, at);
-            after_limit(limit, &mut call.plain, args, bytes, &mut at, &mut next)?;
+            let f = match call.flags.get_mut(i) {
+                Some(f) => f,
+                None => &mut past_flags,
+            };
+            after_limit(limit, f, &mut call.plain, args, bytes, &mut at, &mut next)?;
         }
+        call.flagged = call.flags.iter().any(|&f| f != 0);
         if let Some(first) = next {
             let mut opts = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
             let mut seen_cost = false;
@@ -696,6 +746,10 @@ impl<const N: usize> MultiCall<N> {
             }
             (call.cost, call.partial, call.dryrun, call.refund) = (opts.cost, opts.partial, opts.dryrun, opts.refund);
             call.plain = false;
+            if call.refund > 0 && call.flagged {
+                // a refund gives back what was taken: CHECK and SHADOW do not apply
+                return Err(ArgError::Syntax);
+            }
         }
         Ok(())
     }

@@ -453,3 +453,25 @@ fn multi_errors() {
     assert!(m("1 a SLIDINGLOG 1 1 WEIGHT 9007199254740991 COST 1").is_ok());
     assert!(m("1 a SLIDINGLOG 1 1 WEIGHT 9007199254740991 COST 0").is_ok());
 }
+
+#[test]
+fn check_and_shadow_follow_a_limit_in_that_order_never_with_refund() {
+    use crate::multi::{CHECK, SHADOW};
+    fn w(s: &str) -> Vec<&[u8]> {
+        s.split(' ').map(str::as_bytes).collect()
+    }
+    let c = parse_multi(&w(
+        "3 a b c FIXEDWINDOW 5 1000 WEIGHT 2 FROMFIRST CHECK SHADOW TOKENBUCKET 3 1 10 check SLIDINGLOG 4 100 SHADOW COST 2",
+    ))
+    .unwrap();
+    assert_eq!(&c.flags[..3], &[CHECK | SHADOW, CHECK, SHADOW]);
+    assert!(c.flagged && !c.plain && c.cost == 2);
+    let c = parse_multi(&w("2 a b TOKENBUCKET 3 1 10 TOKENBUCKET 3 1 10")).unwrap();
+    assert!(!c.flagged && c.plain && c.flags.iter().all(|&f| f == 0));
+    // SHADOW before CHECK, twice, or with REFUND: a syntax error
+    assert_eq!(parse_multi(&w("1 a TOKENBUCKET 3 1 10 SHADOW CHECK")), Err(ArgError::Syntax));
+    assert_eq!(parse_multi(&w("1 a TOKENBUCKET 3 1 10 CHECK CHECK")), Err(ArgError::Syntax));
+    assert_eq!(parse_multi(&w("1 a TOKENBUCKET 3 1 10 CHECK REFUND 1")), Err(ArgError::Syntax));
+    // before WEIGHT: WEIGHT is then an unknown option
+    assert_eq!(parse_multi(&w("1 a TOKENBUCKET 3 1 10 CHECK WEIGHT 2")), Err(ArgError::Syntax));
+}

@@ -24,6 +24,14 @@ use crate::{
 /// Most limits one call may name.
 pub const MAX_LIMITS: usize = 16;
 
+/// A limit's `CHECK`: it takes nothing, and the call is denied when its
+/// `COST × WEIGHT` units do not fit.
+pub const CHECK: u8 = 1;
+/// A limit's `SHADOW`: it never denies the call; when the call is granted
+/// it takes its units if they fit (each shadow limit on its own), else
+/// nothing. With `CHECK` too it takes nothing and denies nothing.
+pub const SHADOW: u8 = 2;
+
 /// One limit of a call, read at the call's instant.
 #[derive(Clone, Copy, Debug)]
 pub enum Limit<'a> {
@@ -399,6 +407,97 @@ fn run_n<const N: usize>(limits: &mut [Option<impl Slot>], op: Op, now_us: u64, 
             combine_refund(per, weights, units)
         }
     }
+}
+
+/// What a limit with `flags` takes when the call takes `g` requests of
+/// `cost` and it could take `avail` units: a plain limit `g × w`, a CHECK
+/// limit nothing, a SHADOW limit `g × w` when that fits, else nothing.
+#[inline]
+pub fn flagged_take(flags: u8, avail: u64, g: u64, w: u64) -> u64 {
+    let take = g.saturating_mul(w);
+    if flags & CHECK != 0 || (flags & SHADOW != 0 && take > avail) {
+        0
+    } else {
+        take
+    }
+}
+
+/// [`combine`] of a call with flags: elements 1–6 from the limits without
+/// SHADOW (all of them when every limit has SHADOW), indices kept.
+pub fn combine_flagged(per: &[Decision], weights: &[u64], flags: &[u8], g: u64, cost: u64, partial: bool) -> Whole {
+    let allowed = if partial { g } else { u64::from(g == cost) };
+    let all_shadow = flags.iter().take(per.len()).all(|&f| f & SHADOW != 0);
+    let counts = |i: usize| all_shadow || flags.get(i).is_none_or(|&f| f & SHADOW == 0);
+    if g == cost {
+        let mut best = 0;
+        let mut best_left = u64::MAX;
+        for (i, (d, &w)) in per.iter().zip(weights).enumerate() {
+            let left = if w <= 1 { d.remaining } else { d.remaining / w };
+            if counts(i) && left < best_left {
+                best = i;
+                best_left = left;
+            }
+        }
+        whole_from(allowed, 0, best, per)
+    } else {
+        let mut best = usize::MAX;
+        let mut key = 0u128;
+        for (i, d) in per.iter().enumerate() {
+            let k = wait_key(d.retry_after_ms);
+            if counts(i) && (best == usize::MAX || k > key) {
+                best = i;
+                key = k;
+            }
+        }
+        let best = if best == usize::MAX { 0 } else { best };
+        whole_from(allowed, per.get(best).map_or(0, |d| d.retry_after_ms), best, per)
+    }
+}
+
+/// [`run`] of a take whose limits have flags (`flags[i]` of limit i:
+/// [`CHECK`], [`SHADOW`]; the parser refuses them with REFUND): the
+/// requests `g` the limits without SHADOW can take (all `COST` when every
+/// limit has SHADOW), each limit's take by [`flagged_take`], its reply
+/// `answer(taken, COST × WEIGHT)`; unless DRYRUN, each limit that took
+/// units is written (the others are left untouched, bit for bit).
+pub fn run_flagged(limits: &mut [Option<impl Slot>], flags: &[u8], op: Op, now_us: u64, per: &mut [Decision]) -> Whole {
+    let n = limits.len().min(per.len()).min(MAX_LIMITS);
+    let (limits, per) = (&mut limits[..n], &mut per[..n]);
+    let Op::Take { cost, partial, dryrun } = op else {
+        return run(limits, op, now_us, per);
+    };
+    let mut weights = [1u64; MAX_LIMITS];
+    let mut fl = [0u8; MAX_LIMITS];
+    let mut avail = [0u64; MAX_LIMITS];
+    for (i, e) in limits.iter_mut().enumerate() {
+        let Some(e) = e else { continue };
+        weights[i] = e.weight();
+        fl[i] = flags.get(i).copied().unwrap_or(0);
+        avail[i] = e.limit().view(now_us).available();
+    }
+    let all_shadow = fl[..n].iter().all(|&f| f & SHADOW != 0);
+    let vetoing = (0..n).filter(|&i| all_shadow || fl[i] & SHADOW == 0).map(|i| (avail[i], weights[i]));
+    let g = if all_shadow { cost } else { requests(vetoing, cost, partial) };
+    for (i, (e, d)) in limits.iter_mut().zip(per.iter_mut()).enumerate() {
+        let Some(e) = e else { continue };
+        let taken = flagged_take(fl[i], avail[i], g, weights[i]);
+        let view = e.limit().view(now_us);
+        *d = view.answer(taken, cost.saturating_mul(weights[i]));
+        if taken == 0 || dryrun {
+            continue;
+        }
+        match e.limit() {
+            LimitMut::TokenBucket(s, p) => *s = tb::View::at(s, &p, now_us).state_after(taken),
+            LimitMut::SlidingLog(s, p) => sl::grant(s, p.window_ms, taken, now_us),
+            LimitMut::SlidingCounter(s, p) => *s = sc::View::at(s, &p, now_us).state_after(taken),
+            LimitMut::FixedWindow(s, p) => *s = fw::View::at(s, &p, now_us).state_after(taken),
+            LimitMut::Concurrency(s, p) => {
+                let c = cc::View::at(s, &p, now_us).acquired(taken);
+                let _ = s.apply(&c);
+            }
+        }
+    }
+    combine_flagged(per, &weights[..n], &fl[..n], g, cost, partial)
 }
 
 #[cfg(test)]

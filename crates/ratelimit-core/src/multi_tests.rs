@@ -22,6 +22,18 @@ enum Real {
 }
 
 fn run_real(states: &mut [Real], params: &[Params], weights: &[u64], op: Op, now: u64) -> (Whole, Vec<Decision>) {
+    run_real_flagged(states, params, weights, &[], op, now)
+}
+
+/// [`run_real`] with each limit's flags (none: [`run`], else [`run_flagged`]).
+fn run_real_flagged(
+    states: &mut [Real],
+    params: &[Params],
+    weights: &[u64],
+    flags: &[u8],
+    op: Op,
+    now: u64,
+) -> (Whole, Vec<Decision>) {
     let mut per = [Decision { granted: 0, limit: 0, remaining: 0, retry_after_ms: 0, reset_after_ms: 0 }; MAX_LIMITS];
     let whole = {
         let mut refs: Vec<Option<Entry>> = states
@@ -40,7 +52,11 @@ fn run_real(states: &mut [Real], params: &[Params], weights: &[u64], op: Op, now
                 Some(Entry { limit, weight })
             })
             .collect();
-        run(&mut refs, op, now, &mut per)
+        if flags.iter().any(|&f| f != 0) {
+            run_flagged(&mut refs, flags, op, now, &mut per)
+        } else {
+            run(&mut refs, op, now, &mut per)
+        }
     };
     let per = per[..states.len()].to_vec();
     // The handler deletes a key that a refund made fresh.
@@ -184,6 +200,50 @@ proptest! {
             let (whole, per) = run_real(&mut states, &params, &weights, op, now);
             prop_assert_eq!(&per, &per_model, "op {:?} at {}", op, now);
             prop_assert_eq!(whole, expect, "op {:?} at {}", op, now);
+        }
+    }
+
+    /// CHECK and SHADOW limits mixed with plain ones (takes only: the
+    /// parser refuses flags with REFUND): the implementation agrees with
+    /// the reference's words (`reference::multi::call_flagged`), field by
+    /// field; a denied call writes nothing, a CHECK limit never changes.
+    #[test]
+    fn flagged_multi_agrees_with_the_reference(
+        limits in proptest::collection::vec(limit_strategy(), 1..=4),
+        flags in proptest::collection::vec(0u8..4, 4),
+        steps in proptest::collection::vec(step_strategy(), 1..80),
+    ) {
+        let n = limits.len();
+        let flags = &flags[..n];
+        let (params, mut states): (Vec<Params>, Vec<Real>) = limits.iter().map(|&(algo, limit, rate, ms, _)| match algo {
+            0 => (Params::TokenBucket(tb::Params { capacity: limit, rate, period_ms: ms }), Real::Tb(Default::default())),
+            1 => (Params::SlidingLog(sl::Params { limit, window_ms: ms }), Real::Log(Default::default())),
+            2 => (Params::SlidingCounter(sc::Params { limit, window_ms: ms }), Real::Counter(Default::default())),
+            3 => (Params::FixedWindow(fw::Params { limit, window_ms: ms, from_first: rate % 2 == 1 }), Real::Fw(Default::default())),
+            _ => (Params::Concurrency(cc::Params { limit, lease_ms: ms, id_hash: rate % 3 }), Real::Cc(Default::default())),
+        }).unzip();
+        let weights: Vec<u64> = limits.iter().map(|l| l.4).collect();
+        let mut models: Vec<Limit> = params.iter().map(Limit::fresh).collect();
+        let spans: Vec<u64> = params.iter().map(span_us).collect();
+        let (mut calls, mut now) = (Vec::new(), 1_700_000_000_000_000u64);
+        for step in steps {
+            let op;
+            (now, op) = place(&step, now, &calls, &spans);
+            let (cost, partial, dryrun) = match op {
+                Op::Take { cost, partial, dryrun } => (cost, partial, dryrun),
+                Op::Refund(n) => (n, false, false),
+            };
+            let op = Op::Take { cost, partial, dryrun };
+            calls.push(now);
+            let (expect, per_model) = model::call_flagged(&mut models, &weights, flags, (cost, partial, dryrun), now);
+            let (whole, per) = run_real_flagged(&mut states, &params, &weights, flags, op, now);
+            prop_assert_eq!(&per, &per_model, "op {:?} at {} flags {:?}", op, now, flags);
+            prop_assert_eq!(whole, expect, "op {:?} at {} flags {:?}", op, now, flags);
+            for (i, d) in per.iter().enumerate() {
+                if flags[i] & CHECK != 0 || (whole.allowed == 0 && flags.iter().any(|f| f & SHADOW == 0)) {
+                    prop_assert_eq!(d.granted, 0, "limit {} took units", i);
+                }
+            }
         }
     }
 

@@ -154,3 +154,69 @@ pub fn whole(per: &[Decision], weights: &[u64], op: Op) -> Whole {
         }
     }
 }
+
+/// A take whose limits have `flags` ([`crate::multi::CHECK`],
+/// [`crate::multi::SHADOW`]), by the words of docs/contract.md: the most
+/// requests `g ≤ COST` every limit without SHADOW can take, counting down
+/// (all or nothing unless PARTIAL; `COST` when every limit has SHADOW);
+/// a CHECK limit takes nothing, a SHADOW limit `g × WEIGHT` when that fits
+/// it, else nothing, any other `g × WEIGHT`; each replies for what it took
+/// of `COST × WEIGHT`, and what took units is written (unless DRYRUN). The
+/// whole reply is picked among the limits without SHADOW (all when every
+/// limit has it).
+pub fn call_flagged(
+    limits: &mut [Limit],
+    weights: &[u64],
+    flags: &[u8],
+    (cost, partial, dryrun): (u64, bool, bool),
+    now: u64,
+) -> (Whole, Vec<Decision>) {
+    use crate::multi::{CHECK, SHADOW};
+    let n = limits.len();
+    let avail: Vec<u64> = limits.iter().map(|m| m.avail(now)).collect();
+    let all_shadow = flags.iter().all(|f| f & SHADOW != 0);
+    let decides: Vec<usize> = (0..n).filter(|&i| all_shadow || flags[i] & SHADOW == 0).collect();
+    let mut g = cost;
+    if !all_shadow {
+        while g > 0 && !decides.iter().all(|&i| g * weights[i] <= avail[i]) {
+            g -= 1;
+        }
+        if !partial && g != cost {
+            g = 0;
+        }
+    }
+    let taken: Vec<u64> = (0..n)
+        .map(|i| {
+            let t = g * weights[i];
+            if flags[i] & CHECK != 0 || (flags[i] & SHADOW != 0 && t > avail[i]) {
+                0
+            } else {
+                t
+            }
+        })
+        .collect();
+    let per: Vec<Decision> = (0..n).map(|i| limits[i].reply(now, taken[i], cost * weights[i])).collect();
+    if !dryrun {
+        for i in 0..n {
+            if taken[i] > 0 {
+                limits[i].commit(now, taken[i]);
+            }
+        }
+    }
+    let pick = |b: usize, retry: i64| Whole {
+        allowed: if partial { g } else { u64::from(g == cost) },
+        limit: per[b].limit,
+        remaining: per[b].remaining,
+        retry_after_ms: retry,
+        reset_after_ms: per[b].reset_after_ms,
+        binding: b,
+    };
+    let whole = if g == cost {
+        pick(*decides.iter().min_by_key(|&&i| (per[i].remaining / weights[i], i)).unwrap(), 0)
+    } else {
+        let never = decides.iter().any(|&i| per[i].retry_after_ms == -1);
+        let longest = if never { -1 } else { decides.iter().map(|&i| per[i].retry_after_ms).max().unwrap() };
+        pick(*decides.iter().find(|&&i| per[i].retry_after_ms == longest).unwrap(), longest)
+    };
+    (whole, per)
+}
