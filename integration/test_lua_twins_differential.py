@@ -393,6 +393,75 @@ def test_differential_multi_sequences(both_modes, seed):
             break  # no counter window began during the sequence
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_differential_multi_check_and_shadow(both_modes, seed):
+    """Random RL.MULTI takes whose limits carry CHECK and SHADOW (1-4 mixed
+    limits, WEIGHT, COST, PARTIAL, DRYRUN, single calls on the same keys):
+    the module and multi.lua give the same seven elements; a CHECK limit's
+    key never changes, and a call denied with a limit without SHADOW
+    writes nothing anywhere."""
+    c, tw = both_modes
+    rng = random.Random(9500 + seed)
+    for attempt in range(3):
+        limits = random_limits(rng, rng.randint(1, 4), big=seed >= 6)
+        flags = [rng.choice([[], [], ["CHECK"], ["SHADOW"], ["CHECK", "SHADOW"]]) for _ in limits]
+        room(c, HOUR, ROOM)
+        km = [f"{{m{seed}}}:f{attempt}:{i}" for i in range(len(limits))]
+        kt = [f"{{t{seed}}}:f{attempt}:{i}" for i in range(len(limits))]
+        D, log = 0, []
+        for step in range(40):
+            if rng.random() < 0.15:  # a single-limit call on one of the keys
+                i = rng.randrange(len(limits))
+                alg, params, _ = limits[i]
+                opts = random_multi_opts(rng, [limits[i]])[0]
+
+                def fn(p):
+                    p.execute_command("RL." + alg, km[i], *params, *opts)
+                    tw.send(p, "RL." + alg, kt[i], *params, *opts)
+                check = None
+            else:
+                opts = random_multi_opts(rng, limits)[0]
+                if "REFUND" in opts:
+                    opts = []
+                words = []
+                for (alg, params, w), f in zip(limits, flags):
+                    words += [rng.choice([alg, alg.lower()]), *params]
+                    if w != 1 or rng.random() < 0.2:
+                        words += ["WEIGHT", w]
+                    words += [rng.choice([x, x.lower()]) for x in f]
+                args = words + opts
+                before = [c.dump(k) for k in km]
+
+                def fn(p):
+                    p.execute_command("RL.MULTI", len(km), *km, *args)
+                    tw.send(p, "RL.MULTI", kt, *args)
+                check = (before, args)
+
+            t0, (rm, rt), t1 = timed(c, fn)
+            D = max(D, t1 - t0)
+            log.append((t0, t1))
+            ctx = (step, limits, flags, rm, rt)
+            assert not isinstance(rm, Exception) and not isinstance(rt, Exception), ctx
+            if len(rm) == 7:
+                agree_multi(rt, rm, D / 1000 + 1, ctx)
+                before, args = check
+                after = [c.dump(k) for k in km]
+                vetoed = rm[0] == 0 and any("SHADOW" not in f for f in flags)
+                dryrun = any(str(a).upper() == "DRYRUN" for a in args)
+                for i, f in enumerate(flags):
+                    if "CHECK" in f or vetoed:  # took nothing (a DRYRUN says what it would take)
+                        assert rm[6][i][0] == 0 and after[i] == before[i], (i, ctx)
+                    if dryrun or rm[6][i][0] == 0:
+                        assert after[i] == before[i], (i, ctx)
+            else:
+                tol = D / 1000 + 1
+                assert rm[:3] == rt[:3], ctx
+                assert all(a == b or (a > 0 and b > 0 and abs(a - b) <= tol) for a, b in zip(rm[3:], rt[3:])), ctx
+        windows = {p[-1] * 1000 for a, p, _ in limits if a == "SLIDINGCOUNTER"}
+        if all(log[0][0] // w == log[-1][1] // w for w in windows):
+            break  # no counter window began during the sequence
+
+
 def test_differential_multi_and_refund_errors(both_modes):
     """Every error: the same text from the module and the twin; WRONGTYPE
     for another algorithm's key on both sides."""

@@ -257,4 +257,9 @@ MULTI_ERRORS = [  # (ARGV, KEYS, the error), in the module's wording
     (["SLIDINGLOG", 5, 1000, "PARTIAL", "PARTIAL"], ["a"], "syntax error"),
     (["SLIDINGLOG", 5, 1000, "COST", -1], ["a"], f"COST must be an integer between 0 and {MAX}"),
     (["SLIDINGLOG", 5, 9007199254741], ["a"], "window_ms is beyond the exact range of the Lua script"),
+    (["SLIDINGLOG", 5, 1000, "CHECK", "REFUND", 1], ["a"], "syntax error"),
+    (["SLIDINGLOG", 5, 1000, "SHADOW", "REFUND", 1, "TOKENBUCKET"], ["a"], "the number of limits must equal numkeys"),
+    (["TOKENBUCKET", 5, 1, 1000, "SHADOW", "CHECK"], ["a"], "syntax error"),
+    (["TOKENBUCKET", 5, 1, 1000, "CHECK", "CHECK"], ["a"], "syntax error"),
+    (["TOKENBUCKET", 5, 1, 1000, "CHECK", "WEIGHT", 2], ["a"], "syntax error"),
 ]

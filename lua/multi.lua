@@ -9,6 +9,7 @@
 --          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
 --          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
 --          | CONCURRENCY limit lease_ms id [WEIGHT w]
+--   each limit then [CHECK] [SHADOW] (not with REFUND)
 --
 --   KEYS     one key per limit, 1 to 16, distinct (numkeys = EVALSHA's)
 --   ARGV     the limits, in the order of their keys, then the options: the
@@ -1038,6 +1039,7 @@ end
 --          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
 --          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
 --          | CONCURRENCY limit lease_ms id [WEIGHT w]
+--   each limit then [CHECK] [SHADOW] (not with REFUND)
 --   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
 -- The i-th limit applies to keys[i] and takes COST * WEIGHT of its units.
 -- One clock read; every key is read and every limit decided before anything
@@ -1064,7 +1066,7 @@ local function rl_multi(keys, argv)
   end
   -- numkeys limits: an algorithm's name, its parameters, an optional WEIGHT
   -- (and for FIXEDWINDOW an optional FROMFIRST, after WEIGHT).
-  local lims, i = {}, 1
+  local lims, i, flagged = {}, 1, false
   for j = 1, nkeys do
     local word = argv[i]
     if word == nil then return redis.error_reply(LIMIT_COUNT_ERR) end
@@ -1098,10 +1100,22 @@ local function rl_multi(keys, argv)
       p.fromfirst = true
       i = i + 1
     end
-    lims[j] = {A = A, p = p, w = w}
+    -- then CHECK (takes nothing, denies when its units do not fit) and
+    -- SHADOW (never denies; on a grant takes its units if they fit)
+    local check, shadow = false, false
+    if argv[i] and string.upper(argv[i]) == 'CHECK' then
+      check, flagged = true, true
+      i = i + 1
+    end
+    if argv[i] and string.upper(argv[i]) == 'SHADOW' then
+      shadow, flagged = true, true
+      i = i + 1
+    end
+    lims[j] = {A = A, p = p, w = w, check = check, shadow = shadow}
   end
   local cost, partial, dryrun, refund = parse_options(argv, i, MULTI_ALGS, LIMIT_COUNT_ERR)
   if not cost then return partial end
+  if refund and flagged then return redis.error_reply(SYNTAX_ERR) end
   local n = nkeys
   for j = 2, n do
     for j2 = 1, j - 1 do
@@ -1131,6 +1145,14 @@ local function rl_multi(keys, argv)
     st[j] = s
   end
 
+  -- The limits that decide the call: those without SHADOW (all of them
+  -- when every limit has SHADOW, and the call then takes COST).
+  local all_shadow = true
+  for j = 1, n do
+    if not lims[j].shadow then all_shadow = false end
+  end
+  local function counts(j) return all_shadow or not lims[j].shadow end
+
   -- Decide: took[j] units taken (or given back), wanted[j] = COST * WEIGHT.
   local took, wanted = {}, {}
   local allowed, granted = 0, true
@@ -1145,15 +1167,20 @@ local function rl_multi(keys, argv)
     for j = 1, n do
       local L = lims[j]
       local a = st[j].avail
-      if partial then
-        local q = divmod(a, L.w)
-        if q < g then g = q end
-      elseif a < cost * L.w then
-        g = 0
+      if counts(j) and not all_shadow then
+        if partial then
+          local q = divmod(a, L.w)
+          if q < g then g = q end
+        elseif a < cost * L.w then
+          g = 0
+        end
       end
     end
     for j = 1, n do
-      wanted[j], took[j] = cost * lims[j].w, g * lims[j].w
+      local L = lims[j]
+      wanted[j], took[j] = cost * L.w, g * L.w
+      -- CHECK takes nothing; SHADOW takes its units only if they fit
+      if L.check or (L.shadow and took[j] > st[j].avail) then took[j] = 0 end
     end
     granted = (g == cost)
     if partial then
@@ -1168,8 +1195,12 @@ local function rl_multi(keys, argv)
   -- left (remaining / WEIGHT), else the longest wait (-1 longest); ties to
   -- the lowest index. retry_after_ms: the longest wait (0 when granted; for
   -- a refund, the wait for one more request).
+  -- (With SHADOW limits, the binding limit and the wait are the others'.)
   local replies, b, best = {}, 1, nil
   local retry = 0
+  for j = 1, n do
+    if counts(j) then b = j break end
+  end
   for j = 1, n do
     local L = lims[j]
     local rem, wait, reset
@@ -1179,11 +1210,11 @@ local function rl_multi(keys, argv)
       rem, wait, reset = L.A.report(L.p, st[j], wanted[j], took[j])
     end
     replies[j] = {took[j], L.p.limit, rem, wait, reset}
-    if granted then
+    if granted and counts(j) then
       local left = divmod(rem, L.w)
       if best == nil or left < best then b, best = j, left end
     end
-    if retry ~= -1 and (wait == -1 or wait > retry) then
+    if counts(j) and retry ~= -1 and (wait == -1 or wait > retry) then
       retry = wait
       if not granted then b = j end
     end
@@ -1194,9 +1225,9 @@ local function rl_multi(keys, argv)
     for j = 1, n do
       if took[j] > 0 then lims[j].A.write(keys[j], lims[j].p, st[j], replies[j][5]) end
     end
-  elseif took[1] > 0 and not dryrun then
+  elseif not dryrun then
     for j = 1, n do
-      lims[j].A.write(keys[j], lims[j].p, st[j], replies[j][5])
+      if took[j] > 0 then lims[j].A.write(keys[j], lims[j].p, st[j], replies[j][5]) end
     end
   end
   local rb = replies[b]

@@ -8,6 +8,7 @@
 --          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
 --          | FIXEDWINDOW limit window_ms [WEIGHT w] [FROMFIRST]
 --          | CONCURRENCY limit lease_ms id [WEIGHT w]
+--   each limit then [CHECK] [SHADOW] (not with REFUND)
 --
 --   KEYS     one key per limit, 1 to 16, distinct (numkeys = EVALSHA's)
 --   ARGV     the limits, in the order of their keys, then the options: the
