@@ -24,6 +24,10 @@ pub struct Policy {
     params: Vec<u64>,
     weight: u64,
     from_first: bool,
+    /// RL.MULTI's CHECK: take nothing, deny when its units do not fit.
+    check: bool,
+    /// RL.MULTI's SHADOW: never deny; on a grant take its units if they fit.
+    shadow: bool,
 }
 
 impl Policy {
@@ -62,6 +66,24 @@ impl Policy {
         check_int("weight", w, 1)?;
         Ok(Policy { weight: w, ..self.clone() })
     }
+    /// `RL.MULTI`'s `CHECK` (inside `all_of` only): the limit takes
+    /// nothing, and the call is denied when its units do not fit.
+    pub fn checked(&self) -> Policy {
+        Policy { check: true, ..self.clone() }
+    }
+    /// `RL.MULTI`'s `SHADOW` (inside `all_of` only): the limit never
+    /// denies the call; on a grant it takes its units only if they fit.
+    pub fn shadowed(&self) -> Policy {
+        Policy { shadow: true, ..self.clone() }
+    }
+    /// Whether it is [`Policy::checked`].
+    pub fn check(&self) -> bool {
+        self.check
+    }
+    /// Whether it is [`Policy::shadowed`].
+    pub fn shadow(&self) -> bool {
+        self.shadow
+    }
 }
 
 pub(crate) fn check_name(name: &str) -> Result<()> {
@@ -94,7 +116,17 @@ fn single(kind: Kind, name: &str, params: &[u64]) -> Result<Policy> {
         check_int(a.name(), v, a.min())?;
     }
     let (limit, window_ms) = (params[0], params[params.len() - 1]);
-    Ok(Policy { kind, name: name.to_owned(), limit, window_ms, params: params.to_vec(), weight: 1, from_first: false })
+    Ok(Policy {
+        kind,
+        name: name.to_owned(),
+        limit,
+        window_ms,
+        params: params.to_vec(),
+        weight: 1,
+        from_first: false,
+        check: false,
+        shadow: false,
+    })
 }
 
 /// A token bucket: at most `capacity` tokens, regains `rate` tokens every

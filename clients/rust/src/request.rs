@@ -219,6 +219,12 @@ impl<'k> Request<'k> {
             if p.from_first() {
                 args.push(Arg::Word("FROMFIRST"));
             }
+            if p.check() {
+                args.push(Arg::Word("CHECK"));
+            }
+            if p.shadow() {
+                args.push(Arg::Word("SHADOW"));
+            }
         }
         tail.push(&mut args);
         let fixed = parts.iter().any(|p| p.kind() == Kind::FixedWindow);
