@@ -18,12 +18,15 @@ use crate::error::ServiceError;
 use crate::plan::{Part, PartState, Shape, MAX_LIMITED_DESCRIPTORS};
 use crate::settings::PanicMode;
 use ratelimit_core::catalogue::Kind;
+use ratelimit_core::multi::{CHECK, SHADOW};
 
 /// Decides parts together, all or nothing.
 pub trait Backend {
     /// Decides `parts` (their keys ranges of `keys`) in one atomic call,
-    /// `cost` 1 (count their weights) or 0 (check only); writes each
-    /// part's [`PartState`] and answers whether every part took its units.
+    /// `cost` 1 (each part by its weight and its flags: [`Shape::flags`])
+    /// or 0 (check only); writes each part's [`PartState`] and whether it
+    /// took its units ([`Part::taken`]), and answers whether the call was
+    /// granted.
     fn decide(&self, keys: &str, parts: &mut [Part], cost: u64) -> impl Future<Output = Result<bool, ServiceError>> + Send;
 }
 
@@ -133,7 +136,7 @@ impl<C: Connection> Redis<C> {
     /// The call of `parts`: their shapes looked up on the stack (a plan has
     /// at most [`MAX_LIMITED_DESCRIPTORS`] parts), prepared on a miss.
     fn prepared(&self, parts: &[Part]) -> Result<Prepared<C>, ServiceError> {
-        let zero = Shape { algorithm: Algorithm(Kind::FixedWindow), limit: 0, window_ms: 0, burst: 0, weight: 0 };
+        let zero = Shape { algorithm: Algorithm(Kind::FixedWindow), limit: 0, window_ms: 0, burst: 0, weight: 0, flags: 0 };
         let mut buf = [zero; MAX_LIMITED_DESCRIPTORS];
         let Some(shapes) = buf.get_mut(..parts.len()) else {
             return Err(ServiceError::Invalid(format!("more than {MAX_LIMITED_DESCRIPTORS} limited descriptors")));
@@ -153,17 +156,29 @@ impl<C: Connection> Redis<C> {
         let inv = |e: Error| ServiceError::Invalid(e.to_string());
         let mut policies = Vec::with_capacity(shapes.len());
         for (i, s) in shapes.iter().enumerate() {
-            policies.push(policy(&format!("d{i}"), s).and_then(|p| p.weighted(s.weight)).map_err(inv)?);
+            // `requests_per_unit: 0`: a limit of 1 that each call asks 2 of, never fits
+            let (p, w) = if s.limit == 0 { (Shape { limit: 1, burst: 1, ..*s }, 2) } else { (*s, s.weight) };
+            let mut p = policy(&format!("d{i}"), &p).and_then(|p| p.weighted(w)).map_err(inv)?;
+            if s.flags & CHECK != 0 {
+                p = p.checked();
+            }
+            if s.flags & SHADOW != 0 {
+                p = p.shadowed();
+            }
+            policies.push(p);
         }
         let panic = match self.panic_mode {
             PanicMode::Local(instances) => Panic::Instances(instances),
             _ => Panic::default(),
         };
-        let (limiter, single) = if let [Shape { algorithm: Algorithm(Kind::FixedWindow), limit, window_ms, .. }] = *shapes {
-            (self.rl.limiter(fixed_window("d0", limit, window_ms, false).map_err(inv)?, panic), true)
-        } else {
-            (self.rl.limiter(all_of(policies, Some("envoy")).map_err(inv)?, panic), false)
-        };
+        // (a CHECK part alone: its call with cost 0; a SHADOW part alone takes
+        // when it fits, as RL.FIXEDWINDOW does)
+        let (limiter, single) =
+            if let [Shape { algorithm: Algorithm(Kind::FixedWindow), limit: limit @ 1.., window_ms, .. }] = *shapes {
+                (self.rl.limiter(fixed_window("d0", limit, window_ms, false).map_err(inv)?, panic), true)
+            } else {
+                (self.rl.limiter(all_of(policies, Some("envoy")).map_err(inv)?, panic), false)
+            };
         Ok(Prepared { limiter: limiter.map_err(inv)?, single })
     }
 }
@@ -191,7 +206,10 @@ impl<C: Connection> Backend for Redis<C> {
     async fn decide(&self, keys: &str, parts: &mut [Part], cost: u64) -> Result<bool, ServiceError> {
         let call = self.prepared(parts)?;
         let d = match (call.single, &*parts) {
-            (true, [p]) => call.limiter.limit(key_of(keys, p), Call::cost(if cost == 0 { 0 } else { p.shape.weight })).await,
+            (true, [p]) => {
+                let cost = if cost == 0 || p.shape.flags & CHECK != 0 { 0 } else { p.shape.weight };
+                call.limiter.limit(key_of(keys, p), Call::cost(cost)).await
+            }
             _ => {
                 let keys: Vec<&str> = parts.iter().map(|p| key_of(keys, p)).collect();
                 call.limiter.limit_keys(&keys, Call::cost(cost)).await
@@ -233,13 +251,22 @@ impl<C> Redis<C> {
             let (retry_ms, remaining) = panic.map_or((retry_ms, remaining), |f| f(limit));
             PartState { over: retry_ms != 0, remaining, retry_ms, reset_ms }
         };
+        // whether a part took its units: from Redis's (or the client's
+        // panic limits') answer; PANIC_MODE allow: every part but a check
+        let taken = |p: &Part, granted: u64| match (d.source, self.panic_mode) {
+            (Source::Panic, PanicMode::Allow) => p.shape.flags & CHECK == 0,
+            (Source::Panic, PanicMode::Deny) => false,
+            _ => granted > 0,
+        };
         if single {
             if let Some(p) = parts.first_mut() {
                 p.state = state(d.limit, d.retry_after_ms, d.remaining, d.reset_after_ms);
+                p.taken = taken(p, d.granted);
             }
         } else {
             for (p, x) in parts.iter_mut().zip(&d.parts) {
                 p.state = state(x.limit, x.retry_after_ms, x.remaining, x.reset_after_ms);
+                p.taken = taken(p, x.granted);
             }
         }
         Ok(match (d.source, self.panic_mode) {
@@ -256,7 +283,7 @@ mod tests {
     use super::*;
 
     fn shapes(i: u64) -> Vec<Shape> {
-        vec![Shape { algorithm: Algorithm(Kind::FixedWindow), limit: i, window_ms: 1000, burst: i, weight: 1 }]
+        vec![Shape { algorithm: Algorithm(Kind::FixedWindow), limit: i, window_ms: 1000, burst: i, weight: 1, flags: 0 }]
     }
 
     #[test]

@@ -35,8 +35,12 @@ pub struct Shape {
     pub window_ms: u64,
     /// The token bucket's capacity.
     pub burst: u64,
-    /// The hits it adds per call (1 for a check-only part, sent with cost 0).
+    /// The hits it adds per call (1 for a check-only part).
     pub weight: u64,
+    /// RL.MULTI's per-limit `CHECK` and `SHADOW` ([`ratelimit_core::multi::CHECK`],
+    /// [`ratelimit_core::multi::SHADOW`]): set by [`crate::service::run`]
+    /// before the call, from the part's list and its shadow mode.
+    pub flags: u8,
 }
 
 impl std::hash::Hash for Shape {
@@ -44,7 +48,7 @@ impl std::hash::Hash for Shape {
     /// by its parts' shapes (a write per field cost ~1k instructions at 4 parts).
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         let mut b = [0u8; 33];
-        b[0] = self.algorithm.0 as u8;
+        b[0] = self.algorithm.0 as u8 | self.flags << 4;
         for (i, n) in [self.limit, self.window_ms, self.burst, self.weight].into_iter().enumerate() {
             b[1 + 8 * i..9 + 8 * i].copy_from_slice(&n.to_le_bytes());
         }
@@ -100,8 +104,9 @@ pub struct Descriptor {
     /// The hits it adds: 0 for a check-only descriptor (`hits_addend` 0, sent with `COST 0`).
     pub hits: u64,
     /// Its part among the counted ones, or the checked ones when
-    /// its hits are 0; `None`: no part (not limited, or
-    /// `requests_per_unit: 0`, decided without Redis).
+    /// its hits are 0; `None`: no part (not limited). A
+    /// `requests_per_unit: 0` limit is a part too, of limit 0, decided
+    /// in the same call as the others (a limit that never fits).
     pub part: Option<usize>,
     /// The stats key of a `detailed_metric` limit (`domain.key_value…` of
     /// the request's values) or of a `value_to_metric` match, else `None`
@@ -165,7 +170,7 @@ impl Plan {
         mark_replaced(&mut descriptors);
         let mut plan = Plan { keys: key_buffer(req, prefix), descriptors, counted: Vec::new(), checked: Vec::new() };
         plan.add_parts(req, prefix)?;
-        if plan.counted.len() > MAX_LIMITED_DESCRIPTORS || plan.checked.len() > MAX_LIMITED_DESCRIPTORS {
+        if plan.counted.len() + plan.checked.len() > MAX_LIMITED_DESCRIPTORS {
             return Err(ServiceError::Invalid(format!(
                 "at most {MAX_LIMITED_DESCRIPTORS} limited descriptors per request (one RL.MULTI)"
             )));
@@ -202,16 +207,13 @@ impl Plan {
                 limit: rpu,
                 window_ms,
                 burst: m.limit.burst.unwrap_or(rpu),
-                // a check-only part (hits 0) is sent with weight 1 and COST 0
+                // a check-only part (hits 0) is sent with weight 1 and CHECK
                 weight: hits.max(1),
+                flags: 0,
             };
             let list = if hits == 0 { &mut self.checked } else { &mut self.counted };
-            let part = if rpu == 0 {
-                self.keys.truncate(start);
-                None // decided here: nothing to ask Redis
-            } else {
-                Some(add_part(&mut self.keys, list, start, shape, m.limit.shadow_mode, n))
-            };
+            // `requests_per_unit: 0` too: a part of limit 0, in the same call
+            let part = Some(add_part(&mut self.keys, list, start, shape, m.limit.shadow_mode, n));
             desc.unit = m.limit.reported_unit().map(Unit::proto).unwrap_or(0);
             desc.detailed_key =
                 m.limit.detailed_metric.then(|| detailed_key(&req.domain, d, &m.share)).or_else(|| m.metric_key.clone());
@@ -456,9 +458,15 @@ descriptors:
         let p = plan(vec![desc(&[("user", "a")]), desc(&[("tb", "x")]), desc(&[("nothing", "y")])]).unwrap();
         assert_eq!(keys(&p, &p.counted), ["p_{d}_user_a_60", "p_{d}_tb_x_1_tb"]);
         let shapes: Vec<Shape> = p.counted.iter().map(|x| x.shape).collect();
-        let fw =
-            |limit, window_ms| Shape { algorithm: Algorithm(Kind::FixedWindow), limit, window_ms, burst: limit, weight: 1 };
-        let tb = Shape { algorithm: Algorithm(Kind::TokenBucket), limit: 4, window_ms: 1000, burst: 9, weight: 1 };
+        let fw = |limit, window_ms| Shape {
+            algorithm: Algorithm(Kind::FixedWindow),
+            limit,
+            window_ms,
+            burst: limit,
+            weight: 1,
+            flags: 0,
+        };
+        let tb = Shape { algorithm: Algorithm(Kind::TokenBucket), limit: 4, window_ms: 1000, burst: 9, weight: 1, flags: 0 };
         assert_eq!(shapes, [fw(5, 60_000), tb]);
         assert!(p.checked.is_empty());
         let parts: Vec<Option<usize>> = p.descriptors.iter().map(|d| d.part).collect();
@@ -492,14 +500,15 @@ descriptors:
     }
 
     #[test]
-    fn replaced_unlimited_and_zero_limits_ask_redis_nothing() {
+    fn replaced_and_unlimited_ask_redis_nothing_a_zero_limit_is_a_part() {
         let p = plan(vec![desc(&[("user", "a")]), desc(&[("user2", "a")]), desc(&[("free", "")]), desc(&[("zero", "")])])
             .unwrap();
-        assert_eq!(keys(&p, &p.counted), ["p_{d}_user2_a_60"]);
+        assert_eq!(keys(&p, &p.counted), ["p_{d}_user2_a_60", "p_{d}_zero__1"]);
         let d = &p.descriptors;
         assert!(d[0].replaced && !d[0].limited(), "user2 replaces user");
         assert!(d[1].limited() && !d[2].limited(), "unlimited");
-        assert!(d[3].limited() && d[3].part.is_none() && d[3].hits == 1, "requests_per_unit 0: decided here");
+        assert!(d[3].limited() && d[3].part == Some(1) && d[3].hits == 1, "requests_per_unit 0: in the same call");
+        assert_eq!(p.counted[1].shape.limit, 0);
     }
 
     #[test]

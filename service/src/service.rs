@@ -9,9 +9,8 @@
 //! * [`crate::respond`] — the parts' states give the statuses, the headers
 //!   and the statistics (pure).
 //!
-//! This file holds the live configuration and runs the steps: the counted
-//! parts and the check-only ones in two calls at the same time, and a
-//! second call when only shadow-mode limits denied.
+//! This file holds the live configuration and runs the steps: every part
+//! of a request (counted, check-only, zero-limit, shadow) in one call.
 
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, RwLock};
@@ -22,9 +21,10 @@ use redis_ratelimit_client::Connection;
 use crate::backend::{Backend, Redis};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::plan::{Part, Plan};
+use crate::plan::{Part, PartState, Plan};
 use crate::respond::respond;
 use crate::settings::Settings;
+use ratelimit_core::multi::{CHECK, SHADOW};
 
 pub use crate::error::ServiceError;
 pub use crate::plan::{cache_key, cache_key_with, MAX_LIMITED_DESCRIPTORS};
@@ -153,83 +153,67 @@ impl<C: Connection> Service<C> {
     }
 }
 
-/// Decides a plan's parts on `backend`: the counted parts in one call and
-/// the check-only ones in another with cost 0, at the same time; then,
-/// when the request passes though denied (only shadow-mode limits denied,
-/// or `SHADOW_MODE` is on), the parts within their limits again, so that
-/// they count the request that passes, as envoyproxy/ratelimit's counters
-/// would.
+/// Decides a plan's parts on `backend` in one atomic call (one instant):
+/// the counted parts, the check-only ones (`CHECK`: they take nothing and
+/// deny when nothing is left), the `requests_per_unit: 0` ones (a limit
+/// that never fits) and the shadow-mode ones (`SHADOW`: they never deny,
+/// and take their hits when the request is granted and they fit, each on
+/// its own); with `SHADOW_MODE` on every part is a shadow part. A request
+/// denied by a part that is not a shadow part takes nothing anywhere.
 pub async fn run<B: Backend>(backend: &B, plan: &mut Plan, global_shadow: bool) -> Result<(), ServiceError> {
     let Plan { keys, counted, checked, .. } = plan;
-    let allowed = if checked.is_empty() {
-        if counted.is_empty() {
-            None
-        } else {
-            Some(backend.decide(keys, counted, 1).await?)
+    let shadow = |p: &Part| if p.shadow || global_shadow { SHADOW } else { 0 };
+    for p in counted.iter_mut() {
+        p.shape.flags = shadow(p);
+    }
+    for p in checked.iter_mut() {
+        // one unit to fit: over when nothing is left, whatever the merged hits
+        (p.shape.flags, p.shape.weight) = (CHECK | shadow(p), 1);
+    }
+    if checked.is_empty() {
+        if !counted.is_empty() {
+            backend.decide(keys, counted, 1).await?;
         }
+    } else if counted.is_empty() {
+        backend.decide(keys, checked, 1).await?;
     } else {
-        Box::pin(counted_and_checked(backend, keys, counted, checked)).await?
-    };
+        Box::pin(counted_and_checked(backend, keys, counted, checked)).await?;
+    }
     for p in checked.iter_mut() {
         // a check is over the limit when nothing is left
         p.state.over = p.state.remaining == 0;
     }
-    let Some(allowed) = allowed else { return Ok(()) };
-    for p in counted.iter_mut() {
-        p.taken = allowed;
-    }
-    let over = || (0..plan.counted.len()).filter(|&j| plan.counted[j].state.over);
-    let shadow_only = !allowed && over().next().is_some() && over().all(|j| plan.counted[j].shadow);
-    if shadow_only || (global_shadow && !allowed) {
-        Box::pin(count_within(backend, plan)).await?;
+    for p in counted.iter_mut().chain(checked.iter_mut()).filter(|p| p.shape.limit == 0) {
+        // `requests_per_unit: 0`: over, nothing left, its window's end
+        let reset_ms = crate::respond::ms_until_window_end(p.shape.window_ms);
+        p.state = PartState { over: true, remaining: 0, retry_ms: -1, reset_ms };
     }
     Ok(())
 }
 
-/// The counted parts and the check-only ones at the same time: requests
-/// with a `hits_addend` of 0, rare, out of line (boxed) so that their
-/// second call does not make every request's future larger. Whether the
-/// counted parts took their units, if there are any.
+/// The counted parts and the check-only ones in one call (requests with a
+/// `hits_addend` of 0, rare, out of line: boxed, so that the copy does not
+/// make every request's future larger): the parts one after another, then
+/// each back in its list.
 async fn counted_and_checked<B: Backend>(
     backend: &B,
     keys: &str,
     counted: &mut [Part],
     checked: &mut [Part],
-) -> Result<Option<bool>, ServiceError> {
-    let (main, check) = tokio::join!(
-        async {
-            if counted.is_empty() {
-                Ok(None)
-            } else {
-                backend.decide(keys, counted, 1).await.map(Some)
-            }
-        },
-        backend.decide(keys, checked, 0),
-    );
-    let main = main?;
-    check?;
-    Ok(main)
-}
-
-/// Denied, yet the request passes: the limits it is within count it (a
-/// second call without the ones over; rare, out of line).
-async fn count_within<B: Backend>(backend: &B, plan: &mut Plan) -> Result<(), ServiceError> {
-    let keep: Vec<usize> = (0..plan.counted.len()).filter(|&j| !plan.counted[j].state.over).collect();
-    if keep.is_empty() {
-        return Ok(());
-    }
-    let mut parts: Vec<Part> = keep.iter().map(|&j| plan.counted[j].clone()).collect();
-    let allowed = backend.decide(&plan.keys, &mut parts, 1).await?;
-    for (&j, p) in keep.iter().zip(parts) {
-        (plan.counted[j].state, plan.counted[j].taken) = (p.state, allowed);
-    }
+) -> Result<(), ServiceError> {
+    let mut all: Vec<Part> = counted.iter().chain(checked.iter()).cloned().collect();
+    backend.decide(keys, &mut all, 1).await?;
+    let (c, k) = all.split_at(counted.len());
+    counted.clone_from_slice(c);
+    checked.clone_from_slice(k);
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    //! [`run`] without Redis: a backend that answers from the keys (over
-    //! when the key names `shadow` or `tight`) and records its calls.
+    //! [`run`] without Redis: a backend that answers from the keys (nothing
+    //! left when the key names `shadow` or `tight`), by RL.MULTI's rules for
+    //! CHECK and SHADOW, and records its calls.
     use std::sync::Mutex;
 
     use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -237,25 +221,30 @@ mod tests {
     use envoy_types::pb::google::protobuf::UInt64Value;
 
     use super::*;
-    use crate::plan::PartState;
 
     fn key_of<'k>(keys: &'k str, p: &Part) -> &'k str {
         &keys[p.key.clone()]
     }
 
     #[derive(Default)]
-    struct Answers(Mutex<Vec<(Vec<String>, u64)>>);
+    struct Answers(Mutex<Vec<Vec<(String, u8)>>>);
 
     impl Backend for Answers {
-        async fn decide(&self, keys: &str, parts: &mut [Part], cost: u64) -> Result<bool, ServiceError> {
-            self.0.lock().unwrap().push((parts.iter().map(|p| key_of(keys, p).to_owned()).collect(), cost));
-            for p in parts.iter_mut() {
-                // a check (cost 0) always fits: over only by its remaining 0
+        async fn decide(&self, keys: &str, parts: &mut [Part], _cost: u64) -> Result<bool, ServiceError> {
+            self.0.lock().unwrap().push(parts.iter().map(|p| (key_of(keys, p).to_owned(), p.shape.flags)).collect());
+            let fits = |p: &Part| {
                 let full = key_of(keys, p).contains("shadow") || key_of(keys, p).contains("tight");
-                let over = full && cost > 0;
-                p.state = PartState { over, remaining: if full { 0 } else { 3 }, retry_ms: i64::from(over), reset_ms: 9 };
+                !full && p.shape.limit > 0
+            };
+            let all_shadow = parts.iter().all(|p| p.shape.flags & SHADOW != 0);
+            let granted = all_shadow || parts.iter().filter(|p| p.shape.flags & SHADOW == 0).all(fits);
+            for p in parts.iter_mut() {
+                let fit = fits(p);
+                p.state =
+                    PartState { over: !fit, remaining: if fit { 3 } else { 0 }, retry_ms: i64::from(!fit), reset_ms: 9 };
+                p.taken = granted && fit && p.shape.flags & CHECK == 0;
             }
-            Ok(parts.iter().all(|p| !p.state.over))
+            Ok(granted)
         }
     }
 
@@ -269,6 +258,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 2}
   - key: user
     rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: zero
+    rate_limit: {unit: hour, requests_per_unit: 0}
 ";
 
     fn desc(k: &str, hits: Option<u64>) -> RateLimitDescriptor {
@@ -279,7 +270,7 @@ descriptors:
         }
     }
 
-    async fn decided(ds: Vec<RateLimitDescriptor>, global_shadow: bool) -> (Plan, Vec<(Vec<String>, u64)>) {
+    async fn decided(ds: Vec<RateLimitDescriptor>, global_shadow: bool) -> (Plan, Vec<Vec<(String, u8)>>) {
         let cfg = Config::load([("f", YAML)], false).unwrap();
         let req = RateLimitRequest { domain: "d".into(), descriptors: ds, hits_addend: 0 };
         let mut plan = Plan::new(&req, &cfg, "").unwrap();
@@ -289,31 +280,39 @@ descriptors:
         (plan, calls)
     }
 
-    #[tokio::test]
-    async fn denied_only_by_shadow_limits_the_enforced_ones_count_the_request() {
-        let (plan, calls) = decided(vec![desc("shadow", None), desc("user", None)], false).await;
-        let both = vec!["{d}_shadow_v_3600".to_owned(), "{d}_user_v_3600".to_owned()];
-        assert_eq!(calls, [(both.clone(), 1), (vec!["{d}_user_v_3600".to_owned()], 1)]);
-        assert!(plan.counted[1].taken && !plan.counted[0].taken, "the enforced part took its hit, the second time");
-        // SHADOW_MODE on: the same (the request passes)
-        let user = vec!["{d}_user_v_3600".to_owned()];
-        assert_eq!(decided(vec![desc("shadow", None), desc("user", None)], true).await.1, [(both, 1), (user.clone(), 1)]);
-        // SHADOW_MODE on, an enforced limit over: the others count the request that passes
-        let (plan, calls) = decided(vec![desc("tight", None), desc("user", None)], true).await;
-        assert_eq!(calls[1], (user, 1));
-        assert!(plan.counted[1].taken && !plan.counted[0].taken);
-        // an enforced limit over too: no second call
-        assert_eq!(decided(vec![desc("shadow", None), desc("tight", None)], false).await.1.len(), 1);
+    fn key(k: &str) -> String {
+        format!("{{d}}_{k}_v_3600")
     }
 
     #[tokio::test]
-    async fn checks_go_in_their_own_call_with_cost_0_over_when_nothing_is_left() {
-        let (plan, mut calls) =
-            decided(vec![desc("tight", Some(0)), desc("user", Some(0)), desc("user", None)], false).await;
-        calls.sort();
-        let key = |k: &str| format!("{{d}}_{k}_v_3600");
-        assert_eq!(calls, [(vec![key("tight"), key("user")], 0), (vec![key("user")], 1)]);
-        assert_eq!(plan.checked.iter().map(|p| p.state.over).collect::<Vec<_>>(), [true, false]);
-        assert!(plan.checked.iter().all(|p| !p.taken) && plan.counted[0].taken);
+    async fn every_kind_of_descriptor_in_one_call() {
+        let ds = vec![desc("shadow", None), desc("user", None), desc("tight", Some(0)), desc("zero", None)];
+        let (plan, calls) = decided(ds, false).await;
+        let want = [(key("shadow"), SHADOW), (key("user"), 0), (key("zero"), 0), (key("tight"), CHECK)];
+        assert_eq!(calls, [want.to_vec()]);
+        assert!(plan.counted.iter().chain(&plan.checked).all(|p| !p.taken), "denied: nothing taken anywhere");
+        assert!(plan.checked[0].state.over && plan.counted[2].state.over, "the check and the zero limit are over");
+    }
+
+    #[tokio::test]
+    async fn shadow_parts_never_deny_and_count_on_their_own() {
+        let (plan, calls) = decided(vec![desc("shadow", None), desc("user", None)], false).await;
+        assert_eq!(calls.len(), 1);
+        assert!(plan.counted[1].taken && !plan.counted[0].taken, "the enforced part took its hit");
+        // SHADOW_MODE on: every part a shadow part, each within its limit counts
+        let (plan, calls) = decided(vec![desc("tight", None), desc("user", None), desc("user", Some(0))], true).await;
+        assert_eq!(calls, [vec![(key("tight"), SHADOW), (key("user"), SHADOW), (key("user"), CHECK | SHADOW)]]);
+        assert!(plan.counted[1].taken && !plan.counted[0].taken && !plan.checked[0].taken);
+    }
+
+    #[tokio::test]
+    async fn a_check_takes_nothing_and_denies_when_nothing_is_left() {
+        let (plan, _) = decided(vec![desc("user", Some(0)), desc("user", None)], false).await;
+        assert!(!plan.checked[0].state.over && !plan.checked[0].taken && plan.counted[0].taken);
+        let (plan, _) = decided(vec![desc("tight", Some(0)), desc("user", None)], false).await;
+        assert!(plan.checked[0].state.over && !plan.counted[0].taken, "denied by the check: the other takes nothing");
+        // a zero limit alone, checked: over, in one call
+        let (plan, calls) = decided(vec![desc("zero", Some(0))], false).await;
+        assert_eq!((calls.len(), plan.checked[0].state.over), (1, true));
     }
 }

@@ -11,6 +11,7 @@
 mod support;
 
 mod algorithms;
+mod atomic;
 mod configuration;
 mod decisions;
 mod lifecycle;
