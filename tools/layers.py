@@ -44,6 +44,7 @@ API_MAY_IMPORT = {"ffi", "alloc", "clock"}
 SERVICE_LAYERS = [
     ["error", "config", "settings", "metrics", "conn", "json"],
     ["plan"],
+    ["spread"],
     ["backend"],
     ["respond"],
     ["service"],

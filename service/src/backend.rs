@@ -17,6 +17,7 @@ use crate::config::Algorithm;
 use crate::error::ServiceError;
 use crate::plan::{Part, PartState, Shape, MAX_LIMITED_DESCRIPTORS};
 use crate::settings::PanicMode;
+use crate::spread::{decide_across, groups, took, SlotCalls, Stats, Taken};
 use ratelimit_core::catalogue::Kind;
 
 /// Decides parts together, all or nothing.
@@ -117,12 +118,29 @@ pub struct Redis<C> {
     rl: redis_ratelimit_client::RateLimit<C>,
     panic_mode: PanicMode,
     prepared: Prepareds<Prepared<C>>,
+    /// `REDIS_TYPE=cluster`: parts in several slots are decided per slot
+    /// (crate::spread); else one call whatever the keys' slots.
+    pub(crate) cluster: bool,
+    /// What the cross-slot protocol did.
+    pub(crate) spread: Stats,
 }
 
 impl<C: Connection> Redis<C> {
     /// A backend on the client `rl`, answering `panic_mode` while Redis is unavailable.
     pub fn new(rl: redis_ratelimit_client::RateLimit<C>, panic_mode: PanicMode) -> Redis<C> {
-        Redis { rl, panic_mode, prepared: Prepareds::new() }
+        Redis { rl, panic_mode, prepared: Prepareds::new(), cluster: false, spread: Default::default() }
+    }
+
+    /// On a Redis Cluster (`REDIS_TYPE=cluster`): parts across slots are
+    /// decided per slot, reserved then refunded (crate::spread).
+    pub fn on_cluster(mut self, cluster: bool) -> Redis<C> {
+        self.cluster = cluster;
+        self
+    }
+
+    /// What the cross-slot protocol did (`/metrics`).
+    pub fn spread(&self) -> &Stats {
+        &self.spread
     }
 
     /// The client (its counters are the service's `/metrics` too).
@@ -189,25 +207,73 @@ fn policy(name: &str, s: &Shape) -> redis_ratelimit_client::Result<Policy> {
 
 impl<C: Connection> Backend for Redis<C> {
     async fn decide(&self, keys: &str, parts: &mut [Part], cost: u64) -> Result<bool, ServiceError> {
+        if self.cluster && parts.len() > 1 {
+            if let Some(groups) = groups(keys, parts) {
+                return decide_across(self, keys, parts, cost, groups).await;
+            }
+        }
+        let (d, single) = self.call(keys, parts, cost).await?;
+        self.read(&d, single, parts)
+    }
+}
+
+impl<C: Connection> SlotCalls for Redis<C> {
+    async fn take(&self, keys: &str, parts: &mut [Part], cost: u64) -> Result<Taken, ServiceError> {
+        let (d, single) = self.call(keys, parts, cost).await?;
+        let allowed = self.read(&d, single, parts)?;
+        Ok(Taken { allowed, took: took(&d, cost), single })
+    }
+
+    /// `REFUND 1` (`WEIGHT` per part) on the group's keys, or the single
+    /// fixed window's weight; the parts say what is left after it.
+    async fn give_back(&self, keys: &str, parts: &mut [Part], single: bool) -> bool {
+        let Ok(call) = self.prepared(parts) else { return false };
+        let d = match (single, &*parts) {
+            (true, [p]) => call.limiter.refund(key_of(keys, p), p.shape.weight).await,
+            _ => {
+                let keys: Vec<&str> = parts.iter().map(|p| key_of(keys, p)).collect();
+                call.limiter.refund_keys(&keys, 1).await
+            }
+        };
+        match d {
+            Ok(d) => self.read(&d, single, parts).is_ok(),
+            Err(_) => false,
+        }
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.spread
+    }
+}
+
+impl<C: Connection> Redis<C> {
+    /// The one call of `parts` (one slot on a cluster): the client's
+    /// decision, and whether it is a single `RL.FIXEDWINDOW`'s.
+    async fn call(&self, keys: &str, parts: &[Part], cost: u64) -> Result<(Decision, bool), ServiceError> {
         let call = self.prepared(parts)?;
-        let d = match (call.single, &*parts) {
+        let d = match (call.single, parts) {
             (true, [p]) => call.limiter.limit(key_of(keys, p), Call::cost(if cost == 0 { 0 } else { p.shape.weight })).await,
             _ => {
                 let keys: Vec<&str> = parts.iter().map(|p| key_of(keys, p)).collect();
-                call.limiter.limit_keys(&keys, Call::cost(cost)).await
+                if self.cluster {
+                    call.limiter.limit_keys(&keys, Call::cost(cost)).await
+                } else {
+                    // one server holds every slot: one call, whatever the keys' slots
+                    call.limiter.limit_keys_any_slot(&keys, Call::cost(cost)).await
+                }
             }
         };
         let d = d.map_err(|e| match e {
             Error::Unavailable(m) => ServiceError::Unavailable(m),
             Error::Invalid(m) => ServiceError::Invalid(m),
-            // the keys share the domain's hash tag, so this is a bug here: an
-            // error answer, and nothing was counted anywhere (refused before any call)
+            // parts are grouped by slot first (crate::spread), so this is a
+            // bug here: an error answer, and nothing was counted (refused before any call)
             Error::CrossSlot(m) => {
-                ServiceError::Internal(format!("the keys of one request span cluster slots, nothing counted: {m}"))
+                ServiceError::Internal(format!("the keys of one call span cluster slots, nothing counted: {m}"))
             }
             e => ServiceError::Internal(e.to_string()),
         })?;
-        self.read(&d, call.single, parts)
+        Ok((d, call.single))
     }
 }
 

@@ -27,7 +27,7 @@ use crate::respond::respond;
 use crate::settings::Settings;
 
 pub use crate::error::ServiceError;
-pub use crate::plan::{cache_key, cache_key_with, MAX_LIMITED_DESCRIPTORS};
+pub use crate::plan::{cache_key, cache_key_tagged, cache_key_with, MAX_LIMITED_DESCRIPTORS};
 pub use crate::respond::{ms_until_window_end, seconds_until_reset};
 
 /// The rate-limit service: the live configuration, the backend, the settings.
@@ -45,7 +45,8 @@ impl<C: Connection> Service<C> {
     /// A service over a client and a first configuration.
     pub fn new(rl: redis_ratelimit_client::RateLimit<C>, config: Config, settings: Settings) -> Service<C> {
         Service {
-            backend: Redis::new(rl, settings.panic_mode),
+            backend: Redis::new(rl, settings.panic_mode)
+                .on_cluster(matches!(settings.redis_type, crate::settings::RedisType::Cluster { .. })),
             config: RwLock::new(Arc::new(config)),
             settings,
             refused: Mutex::new(None),
@@ -60,6 +61,14 @@ impl<C: Connection> Service<C> {
 
     /// The Prometheus text of the statistics and of the client's counters.
     pub fn render_metrics(&self) -> String {
+        let mut out = self.render_metrics_only();
+        if self.backend.cluster {
+            out.push_str(&self.backend.spread().render());
+        }
+        out
+    }
+
+    fn render_metrics_only(&self) -> String {
         let m = self.backend.client().metrics();
         self.metrics.render_as(
             &self.settings,
@@ -282,11 +291,11 @@ descriptors:
     #[tokio::test]
     async fn denied_only_by_shadow_limits_the_enforced_ones_count_the_request() {
         let (plan, calls) = decided(vec![desc("shadow", None), desc("user", None)], false).await;
-        let both = vec!["{d}_shadow_v_3600".to_owned(), "{d}_user_v_3600".to_owned()];
-        assert_eq!(calls, [(both.clone(), 1), (vec!["{d}_user_v_3600".to_owned()], 1)]);
+        let both = vec!["d_shadow_v_3600".to_owned(), "d_user_v_3600".to_owned()];
+        assert_eq!(calls, [(both.clone(), 1), (vec!["d_user_v_3600".to_owned()], 1)]);
         assert!(plan.counted[1].taken && !plan.counted[0].taken, "the enforced part took its hit, the second time");
         // SHADOW_MODE on: the same (the request passes)
-        let user = vec!["{d}_user_v_3600".to_owned()];
+        let user = vec!["d_user_v_3600".to_owned()];
         assert_eq!(decided(vec![desc("shadow", None), desc("user", None)], true).await.1, [(both, 1), (user.clone(), 1)]);
         // SHADOW_MODE on, an enforced limit over: the others count the request that passes
         let (plan, calls) = decided(vec![desc("tight", None), desc("user", None)], true).await;
@@ -301,7 +310,7 @@ descriptors:
         let (plan, mut calls) =
             decided(vec![desc("tight", Some(0)), desc("user", Some(0)), desc("user", None)], false).await;
         calls.sort();
-        let key = |k: &str| format!("{{d}}_{k}_v_3600");
+        let key = |k: &str| format!("d_{k}_v_3600");
         assert_eq!(calls, [(vec![key("tight"), key("user")], 0), (vec![key("user")], 1)]);
         assert_eq!(plan.checked.iter().map(|p| p.state.over).collect::<Vec<_>>(), [true, false]);
         assert!(plan.checked.iter().all(|p| !p.taken) && plan.counted[0].taken);
