@@ -45,6 +45,7 @@ SERVICE_LAYERS = [
     ["error", "gosyntax", "tls", "mapper", "xds_settings", "upstream_settings"],
     ["config", "settings", "metrics", "conn", "json"],
     ["plan"],
+    ["spread"],
     ["backend"],
     ["respond"],
     ["service"],

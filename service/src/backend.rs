@@ -17,6 +17,7 @@ use crate::config::Algorithm;
 use crate::error::ServiceError;
 use crate::plan::{Part, PartState, Shape, MAX_LIMITED_DESCRIPTORS};
 use crate::settings::PanicMode;
+use crate::spread::{decide_across, groups, took, SlotCalls, Stats, Taken};
 use ratelimit_core::catalogue::Kind;
 use ratelimit_core::multi::{CHECK, SHADOW};
 
@@ -120,12 +121,29 @@ pub struct Redis<C> {
     rl: redis_ratelimit_client::RateLimit<C>,
     panic_mode: PanicMode,
     prepared: Prepareds<Prepared<C>>,
+    /// `REDIS_TYPE=cluster`: parts in several slots are decided per slot
+    /// (crate::spread); else one call whatever the keys' slots.
+    pub(crate) cluster: bool,
+    /// What the cross-slot protocol did.
+    pub(crate) spread: Stats,
 }
 
 impl<C: Connection> Redis<C> {
     /// A backend on the client `rl`, answering `panic_mode` while Redis is unavailable.
     pub fn new(rl: redis_ratelimit_client::RateLimit<C>, panic_mode: PanicMode) -> Redis<C> {
-        Redis { rl, panic_mode, prepared: Prepareds::new() }
+        Redis { rl, panic_mode, prepared: Prepareds::new(), cluster: false, spread: Default::default() }
+    }
+
+    /// On a Redis Cluster (`REDIS_TYPE=cluster`): parts across slots are
+    /// decided per slot, reserved then refunded (crate::spread).
+    pub fn on_cluster(mut self, cluster: bool) -> Redis<C> {
+        self.cluster = cluster;
+        self
+    }
+
+    /// What the cross-slot protocol did (`/metrics`).
+    pub fn spread(&self) -> &Stats {
+        &self.spread
     }
 
     /// The client (its counters are the service's `/metrics` too).
@@ -204,28 +222,88 @@ fn policy(name: &str, s: &Shape) -> redis_ratelimit_client::Result<Policy> {
 
 impl<C: Connection> Backend for Redis<C> {
     async fn decide(&self, keys: &str, parts: &mut [Part], cost: u64) -> Result<bool, ServiceError> {
+        if self.cluster && parts.len() > 1 {
+            if let Some(groups) = groups(keys, parts) {
+                return decide_across(self, keys, parts, cost, groups).await;
+            }
+        }
+        let (d, single) = self.call(keys, parts, cost).await?;
+        self.read(&d, single, parts)
+    }
+}
+
+impl<C: Connection> SlotCalls for Redis<C> {
+    async fn take(&self, keys: &str, parts: &mut [Part], cost: u64) -> Result<Taken, ServiceError> {
+        let (d, single) = self.call(keys, parts, cost).await?;
+        let allowed = self.read(&d, single, parts)?;
+        Ok(Taken { allowed, took: took(&d, parts) })
+    }
+
+    /// `REFUND 1` (`WEIGHT` per part) on the keys of the parts that took
+    /// (a refund has no CHECK or SHADOW: they are dropped), or the single
+    /// fixed window's weight; those parts say what is left after it, and
+    /// that they hold nothing.
+    async fn give_back(&self, keys: &str, parts: &mut [Part]) -> bool {
+        let idx: Vec<usize> = (0..parts.len()).filter(|&i| parts[i].taken).collect();
+        let mut back: Vec<Part> = idx.iter().map(|&i| parts[i].clone()).collect();
+        for p in &mut back {
+            p.shape.flags = 0;
+        }
+        if back.is_empty() {
+            return true;
+        }
+        let Ok(call) = self.prepared(&back) else { return false };
+        let d = match (call.single, &*back) {
+            (true, [p]) => call.limiter.refund(key_of(keys, p), p.shape.weight).await,
+            _ => {
+                let keys: Vec<&str> = back.iter().map(|p| key_of(keys, p)).collect();
+                call.limiter.refund_keys(&keys, 1).await
+            }
+        };
+        let Ok(d) = d else { return false };
+        let ok = self.read(&d, call.single, &mut back).is_ok();
+        for (&i, p) in idx.iter().zip(&back) {
+            (parts[i].state, parts[i].taken) = (p.state, false);
+        }
+        ok
+    }
+
+    fn stats(&self) -> &Stats {
+        &self.spread
+    }
+}
+
+impl<C: Connection> Redis<C> {
+    /// The one call of `parts` (one slot on a cluster): the client's
+    /// decision, and whether it is a single `RL.FIXEDWINDOW`'s.
+    async fn call(&self, keys: &str, parts: &[Part], cost: u64) -> Result<(Decision, bool), ServiceError> {
         let call = self.prepared(parts)?;
-        let d = match (call.single, &*parts) {
+        let d = match (call.single, parts) {
             (true, [p]) => {
                 let cost = if cost == 0 || p.shape.flags & CHECK != 0 { 0 } else { p.shape.weight };
                 call.limiter.limit(key_of(keys, p), Call::cost(cost)).await
             }
             _ => {
                 let keys: Vec<&str> = parts.iter().map(|p| key_of(keys, p)).collect();
-                call.limiter.limit_keys(&keys, Call::cost(cost)).await
+                if self.cluster {
+                    call.limiter.limit_keys(&keys, Call::cost(cost)).await
+                } else {
+                    // one server holds every slot: one call, whatever the keys' slots
+                    call.limiter.limit_keys_any_slot(&keys, Call::cost(cost)).await
+                }
             }
         };
         let d = d.map_err(|e| match e {
             Error::Unavailable(m) => ServiceError::Unavailable(m),
             Error::Invalid(m) => ServiceError::Invalid(m),
-            // the keys share the domain's hash tag, so this is a bug here: an
-            // error answer, and nothing was counted anywhere (refused before any call)
+            // parts are grouped by slot first (crate::spread), so this is a
+            // bug here: an error answer, and nothing was counted (refused before any call)
             Error::CrossSlot(m) => {
-                ServiceError::Internal(format!("the keys of one request span cluster slots, nothing counted: {m}"))
+                ServiceError::Internal(format!("the keys of one call span cluster slots, nothing counted: {m}"))
             }
             e => ServiceError::Internal(e.to_string()),
         })?;
-        self.read(&d, call.single, parts)
+        Ok((d, call.single))
     }
 }
 

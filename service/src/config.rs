@@ -266,7 +266,7 @@ fn err(file: &str, msg: impl fmt::Display) -> ConfigError {
     ConfigError(format!("{file}: {msg}"))
 }
 
-const VALID_KEYS: [&str; 19] = [
+const VALID_KEYS: [&str; 20] = [
     "domain",
     "key",
     "value",
@@ -287,6 +287,8 @@ const VALID_KEYS: [&str; 19] = [
     "algorithm",
     "burst",
     "window_ms",
+    // and the one valid only at a file's top level (crate::spread)
+    "hash_tag_key",
 ];
 
 /// The extension keys: refused anywhere but directly in a `rate_limit`.
@@ -305,6 +307,9 @@ struct Node {
     /// This node or one below it has `value_to_metric` (a domain without
     /// any builds no stats key while matching).
     any_value_to_metric: bool,
+    /// A domain's root: `hash_tag_key`, the entry whose value is the
+    /// Redis Cluster hash tag of its descriptors' keys (crate::spread).
+    hash_tag_key: Option<String>,
 }
 
 /// A loaded configuration: every domain's descriptor tree.
@@ -419,6 +424,7 @@ fn typed<T: DeserializeOwned>(file: &str, v: &Value, error: &str) -> Result<T, C
 struct FileYaml {
     domain: Given,
     descriptors: Given,
+    hash_tag_key: Given,
 }
 
 /// A descriptor of a file (`metadata` is free-form and not read).
@@ -461,12 +467,20 @@ struct ReplacesYaml {
 /// only of maps, scalars strings, integers, booleans or null (`metadata` free-form).
 /// The extension keys only directly in a `rate_limit` (`in_rate_limit`).
 fn validate_keys(file: &str, m: &serde_yaml::Mapping, in_rate_limit: bool) -> Result<(), ConfigError> {
+    validate_keys_at(file, m, in_rate_limit, false)
+}
+
+/// [`validate_keys`], `top` at a file's top level (where `hash_tag_key` is valid).
+fn validate_keys_at(file: &str, m: &serde_yaml::Mapping, in_rate_limit: bool, top: bool) -> Result<(), ConfigError> {
     for (k, v) in m {
         let Value::String(k) = k else {
             return Err(err(file, format!("config error, key is not of type string: {k:?}")));
         };
         if !VALID_KEYS.contains(&k.as_str()) {
             return Err(err(file, format!("config error, unknown key '{k}'")));
+        }
+        if k == "hash_tag_key" && !top {
+            return Err(err(file, "config error, key 'hash_tag_key' is only valid at the top of a file, beside domain"));
         }
         if !in_rate_limit && EXTENSION_KEYS.contains(&k.as_str()) {
             return Err(err(file, format!("config error, key '{k}' is only valid in a rate_limit")));
@@ -514,7 +528,7 @@ impl Config {
             Value::Null => serde_yaml::Mapping::new(),
             _ => return Err(err(file, "error loading config file: the file must be a map")),
         };
-        validate_keys(file, &root, false)?;
+        validate_keys_at(file, &root, false, true)?;
         let root: FileYaml = typed(file, &Value::Mapping(root), "error loading config file: the file must be a map")?;
         let domain = root.domain.text(file, "domain")?;
         if domain.is_empty() {
@@ -525,8 +539,14 @@ impl Config {
         if self.domains.contains_key(&domain) && !merge {
             return Err(err(file, format!("duplicate domain '{domain}' in config file")));
         }
+        let text = root.hash_tag_key.text(file, "hash_tag_key").map_err(|e| e.0);
+        let tag = check_hash_tag_key(root.hash_tag_key.is_given(), text).map_err(|m| err(file, m))?;
         let node = self.domains.entry(domain.clone()).or_default();
-        load_descriptors(file, node, &format!("{domain}."), descriptors)
+        load_descriptors(file, node, &format!("{domain}."), descriptors)?;
+        let old = node.hash_tag_key.take();
+        let merged = merge_hash_tag_key(&domain, old, tag, |k| node_uses_key(node, k));
+        node.hash_tag_key = merged.map_err(|m| err(file, m))?;
+        Ok(())
     }
 
     /// Whether no domain is loaded.
@@ -555,6 +575,47 @@ impl Config {
     }
 }
 
+/// A file's `hash_tag_key`: absent, or a non-empty descriptor key.
+fn check_hash_tag_key(given: bool, text: Result<String, String>) -> Result<Option<String>, String> {
+    if !given {
+        return Ok(None);
+    }
+    let k = text.map_err(|_| "hash_tag_key must be a descriptor key (a string)".to_owned())?;
+    if k.is_empty() {
+        return Err("hash_tag_key must not be empty (leave it out: every key its own slot)".into());
+    }
+    Ok(Some(k))
+}
+
+/// A domain's `hash_tag_key` after one more file: the same in every file
+/// of a merged domain, and the key of one of its descriptors (`used`).
+fn merge_hash_tag_key(
+    domain: &str,
+    old: Option<String>,
+    new: Option<String>,
+    used: impl Fn(&str) -> bool,
+) -> Result<Option<String>, String> {
+    let k = match (old, new) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(format!("domain '{domain}' has two hash_tag_key: '{a}' and '{b}'"));
+        }
+        (Some(a), _) => return Ok(Some(a)),
+        (None, None) => return Ok(None),
+        (None, Some(b)) => b,
+    };
+    if !used(&k) {
+        return Err(format!("hash_tag_key '{k}' is the key of no descriptor of domain '{domain}'"));
+    }
+    Ok(Some(k))
+}
+
+/// Whether a descriptor below `node` has the key `k`.
+fn node_uses_key(node: &Node, k: &str) -> bool {
+    node.children
+        .iter()
+        .any(|(kv, n)| kv.strip_prefix(k).is_some_and(|r| r.is_empty() || r.starts_with('_')) || node_uses_key(n, k))
+}
+
 /// One domain of a [`Config`] ([`Config::domain`]): its tree and its name.
 #[derive(Debug, Clone, Copy)]
 pub struct Domain<'c>(&'c Node, &'c str);
@@ -564,6 +625,13 @@ enum How<'n> {
     Value,
     Wildcard(&'n str),
     Key,
+}
+
+impl<'c> Domain<'c> {
+    /// `hash_tag_key`: the entry whose value is its keys' hash tag, if configured.
+    pub fn hash_tag_key(&self) -> Option<&'c str> {
+        self.0.hash_tag_key.as_deref()
+    }
 }
 
 impl Domain<'_> {

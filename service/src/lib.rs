@@ -12,6 +12,7 @@
 //! * [`service`] — `ShouldRateLimit`: [`plan`] → [`backend`] → [`respond`].
 //! * [`plan`] — a request and the configuration give the parts to decide (pure).
 //! * [`backend`] — the parts decided in one call on Redis, through the Rust client.
+//! * [`spread`] — the keys' hash tags; parts across cluster slots, reserved then refunded.
 //! * [`respond`] — the parts' states give statuses, headers and statistics (pure).
 //! * [`error`] — why a request gets no decision.
 //! * [`json`] — proto3 JSON for `POST /json`.
@@ -39,6 +40,7 @@ pub mod runtime;
 pub mod server;
 pub mod service;
 pub mod settings;
+pub mod spread;
 pub mod statsd;
 pub mod tls;
 pub mod upstream_settings;

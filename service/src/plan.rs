@@ -169,7 +169,7 @@ impl Plan {
         }
         mark_replaced(&mut descriptors);
         let mut plan = Plan { keys: key_buffer(req, prefix), descriptors, counted: Vec::new(), checked: Vec::new() };
-        plan.add_parts(req, prefix)?;
+        plan.add_parts(req, prefix, domain.and_then(|d| d.hash_tag_key()))?;
         if plan.counted.len() + plan.checked.len() > MAX_LIMITED_DESCRIPTORS {
             return Err(ServiceError::Invalid(format!(
                 "at most {MAX_LIMITED_DESCRIPTORS} limited descriptors per request (one RL.MULTI)"
@@ -186,7 +186,8 @@ impl Plan {
     /// Every limited descriptor's part: its key, its numbers, its hits;
     /// the same key twice (the key holds the algorithm and the window) is
     /// one part, its hits added up.
-    fn add_parts(&mut self, req: &RateLimitRequest, prefix: &str) -> Result<(), ServiceError> {
+    /// `tag`: the domain's `hash_tag_key` (crate::spread).
+    fn add_parts(&mut self, req: &RateLimitRequest, prefix: &str, tag: Option<&str>) -> Result<(), ServiceError> {
         let n = self.descriptors.len();
         for (desc, d) in self.descriptors.iter_mut().zip(&req.descriptors) {
             let Some(m) = desc.matched.as_ref().filter(|_| desc.limited()) else { continue };
@@ -199,7 +200,7 @@ impl Plan {
             }
             let window_ms = m.limit.window().unwrap_or(1000);
             let start = self.keys.len();
-            push_cache_key(&mut self.keys, prefix, &req.domain, entries(d), &m.share);
+            push_cache_key(&mut self.keys, prefix, &req.domain, entries(d), &m.share, tag);
             m.limit.push_key_suffix(&mut self.keys);
             let rpu = u64::from(m.limit.requests_per_unit);
             let shape = Shape {
@@ -335,10 +336,12 @@ fn detailed_key(domain: &str, d: &RateLimitDescriptor, share: &[Option<String>])
 }
 
 /// The key of a limit's counter: envoyproxy/ratelimit's
-/// `prefix + domain + "_" + (key + "_" + value + "_")*`, with the domain as
-/// the hash tag and the window length in seconds in place of the window's
-/// start (`RL.FIXEDWINDOW` keeps the window itself). `{`, `}` and `%` are
-/// %-escaped so that the only hash tag is the domain.
+/// `prefix + domain + "_" + (key + "_" + value + "_")*`, with the window
+/// length in seconds in place of the window's start (`RL.FIXEDWINDOW`
+/// keeps the window itself). `{`, `}` and `%` are %-escaped, so that the
+/// key has no hash tag: Redis Cluster hashes it whole, as upstream's
+/// (docs/envoy.md, "Key layout"; a domain's `hash_tag_key` adds one:
+/// [`cache_key_tagged`]).
 pub fn cache_key(prefix: &str, domain: &str, entries: &[(&str, &str)], share: &[Option<String>], unit: Unit) -> String {
     cache_key_with(prefix, domain, entries, share, &unit.seconds().to_string())
 }
@@ -353,8 +356,21 @@ pub fn cache_key_with(
     share: &[Option<String>],
     suffix: &str,
 ) -> String {
+    cache_key_tagged(prefix, domain, entries, share, None, suffix)
+}
+
+/// [`cache_key_with`] in a domain whose `hash_tag_key` is `tag`: the first
+/// entry of that key is written `{key_value}`, the key's hash tag.
+pub fn cache_key_tagged(
+    prefix: &str,
+    domain: &str,
+    entries: &[(&str, &str)],
+    share: &[Option<String>],
+    tag: Option<&str>,
+    suffix: &str,
+) -> String {
     let mut k = String::with_capacity(prefix.len() + domain.len() + 32);
-    push_cache_key(&mut k, prefix, domain, entries.iter().copied(), share);
+    push_cache_key(&mut k, prefix, domain, entries.iter().copied(), share, tag);
     k.push_str(suffix);
     k
 }
@@ -366,6 +382,7 @@ fn push_cache_key<'e>(
     domain: &str,
     entries: impl Iterator<Item = (&'e str, &'e str)>,
     share: &[Option<String>],
+    tag: Option<&str>,
 ) {
     fn esc(out: &mut String, s: &str) {
         // ASCII bytes never occur inside a multi-byte character: a byte scan finds them
@@ -383,15 +400,23 @@ fn push_cache_key<'e>(
         }
     }
     out.push_str(prefix);
-    out.push('{');
     esc(out, domain);
-    out.push_str("}_");
+    out.push('_');
+    let mut tag = tag;
     for (i, (key, value)) in entries.enumerate() {
+        let tagged = tag == Some(key);
+        if tagged {
+            out.push('{');
+            tag = None; // the first such entry only: Redis reads the first `{…}`
+        }
         esc(out, key);
         out.push('_');
         match share.get(i).and_then(|s| s.as_deref()) {
             Some(pattern) => esc(out, pattern),
             None => esc(out, value),
+        }
+        if tagged {
+            out.push('}');
         }
         out.push('_');
     }
@@ -456,7 +481,7 @@ descriptors:
     #[test]
     fn each_limited_descriptor_is_a_part_with_its_key_and_numbers() {
         let p = plan(vec![desc(&[("user", "a")]), desc(&[("tb", "x")]), desc(&[("nothing", "y")])]).unwrap();
-        assert_eq!(keys(&p, &p.counted), ["p_{d}_user_a_60", "p_{d}_tb_x_1_tb"]);
+        assert_eq!(keys(&p, &p.counted), ["p_d_user_a_60", "p_d_tb_x_1_tb"]);
         let shapes: Vec<Shape> = p.counted.iter().map(|x| x.shape).collect();
         let fw = |limit, window_ms| Shape {
             algorithm: Algorithm(Kind::FixedWindow),
@@ -477,7 +502,7 @@ descriptors:
     #[test]
     fn the_same_counter_twice_is_one_part_its_hits_added_up() {
         let p = plan(vec![hits(&[("user", "a")], 2), desc(&[("tb", "x")]), hits(&[("user", "a")], 3)]).unwrap();
-        assert_eq!(keys(&p, &p.counted), ["p_{d}_user_a_60", "p_{d}_tb_x_1_tb"]);
+        assert_eq!(keys(&p, &p.counted), ["p_d_user_a_60", "p_d_tb_x_1_tb"]);
         assert_eq!(p.counted[0].shape.weight, 5);
         assert_eq!(p.keys.len(), p.counted[1].key.end, "the merged key is not written twice");
         let parts: Vec<Option<usize>> = p.descriptors.iter().map(|d| d.part).collect();
@@ -490,8 +515,8 @@ descriptors:
     #[test]
     fn a_check_only_descriptor_is_a_part_of_its_own_call() {
         let p = plan(vec![hits(&[("user", "a")], 0), desc(&[("tb", "x")])]).unwrap();
-        assert_eq!(keys(&p, &p.checked), ["p_{d}_user_a_60"]);
-        assert_eq!(keys(&p, &p.counted), ["p_{d}_tb_x_1_tb"]);
+        assert_eq!(keys(&p, &p.checked), ["p_d_user_a_60"]);
+        assert_eq!(keys(&p, &p.counted), ["p_d_tb_x_1_tb"]);
         assert_eq!(p.checked[0].shape.weight, 1, "sent with weight 1 and cost 0");
         assert_eq!((p.descriptors[0].hits, p.descriptors[0].part, p.descriptors[1].hits), (0, Some(0), 1));
         // the request's hits_addend applies where a descriptor has none
@@ -503,7 +528,7 @@ descriptors:
     fn replaced_and_unlimited_ask_redis_nothing_a_zero_limit_is_a_part() {
         let p = plan(vec![desc(&[("user", "a")]), desc(&[("user2", "a")]), desc(&[("free", "")]), desc(&[("zero", "")])])
             .unwrap();
-        assert_eq!(keys(&p, &p.counted), ["p_{d}_user2_a_60", "p_{d}_zero__1"]);
+        assert_eq!(keys(&p, &p.counted), ["p_d_user2_a_60", "p_d_zero__1"]);
         let d = &p.descriptors;
         assert!(d[0].replaced && !d[0].limited(), "user2 replaces user");
         assert!(d[1].limited() && !d[2].limited(), "unlimited");
@@ -535,7 +560,7 @@ descriptors:
         let mut d = desc(&[("anything", "v"), ("k", "")]);
         d.limit = Some(RateLimitOverride { requests_per_unit: 2, unit: 3 });
         let p = plan(vec![d.clone()]).unwrap();
-        assert_eq!(keys(&p, &p.counted), ["p_{d}_anything_v_k__3600"]);
+        assert_eq!(keys(&p, &p.counted), ["p_d_anything_v_k__3600"]);
         let l = &p.descriptors[0].matched.as_ref().unwrap().limit;
         assert_eq!((l.requests_per_unit, l.unit, l.full_key.as_str()), (2, Some(Unit::Hour), "d.anything_v.k"));
         // in a domain that is not configured: no match

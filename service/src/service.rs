@@ -27,7 +27,7 @@ use crate::settings::Settings;
 use ratelimit_core::multi::{CHECK, SHADOW};
 
 pub use crate::error::ServiceError;
-pub use crate::plan::{cache_key, cache_key_with, MAX_LIMITED_DESCRIPTORS};
+pub use crate::plan::{cache_key, cache_key_tagged, cache_key_with, MAX_LIMITED_DESCRIPTORS};
 pub use crate::respond::{ms_until_window_end, seconds_until_reset};
 
 /// The rate-limit service: the live configuration, the backend, the settings.
@@ -47,7 +47,8 @@ impl<C: Connection> Service<C> {
     /// A service over a client and a first configuration.
     pub fn new(rl: redis_ratelimit_client::RateLimit<C>, config: Config, settings: Settings) -> Service<C> {
         Service {
-            backend: Redis::new(rl, settings.panic_mode),
+            backend: Redis::new(rl, settings.panic_mode)
+                .on_cluster(matches!(settings.redis_type, crate::settings::RedisType::Cluster { .. })),
             has_domains: tokio::sync::watch::Sender::new(!config.is_empty()),
             config: RwLock::new(Arc::new(config)),
             settings,
@@ -63,6 +64,14 @@ impl<C: Connection> Service<C> {
 
     /// The Prometheus text of the statistics and of the client's counters.
     pub fn render_metrics(&self) -> String {
+        let mut out = self.render_metrics_only();
+        if self.backend.cluster {
+            out.push_str(&self.backend.spread().render());
+        }
+        out
+    }
+
+    fn render_metrics_only(&self) -> String {
         let m = self.backend.client().metrics();
         self.metrics.render_as(
             &self.settings,
@@ -281,7 +290,7 @@ descriptors:
     }
 
     fn key(k: &str) -> String {
-        format!("{{d}}_{k}_v_3600")
+        format!("d_{k}_v_3600")
     }
 
     #[tokio::test]

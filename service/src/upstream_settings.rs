@@ -195,7 +195,7 @@ pub const UPSTREAM: &[(&str, Status)] = &[
         Accepted(K::Int, "the cache spares Redis the calls of keys already over their limit; the decisions are the same without it, and here a denied request writes nothing"),
     ),
     ("NEAR_LIMIT_RATIO", Same),
-    ("CACHE_KEY_PREFIX", Differs("prepended to keys of another shape (the domain is their hash tag); must not contain `{` or `}`")),
+    ("CACHE_KEY_PREFIX", Differs("prepended to keys of another shape (docs/envoy.md, Key layout); must not contain `{` or `}`")),
     ("BACKEND_TYPE", Refused(A::Values(&["", "redis"]), "only Redis (with the module): memcache is not built")),
     (
         "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT",
@@ -223,7 +223,7 @@ pub const UPSTREAM: &[(&str, Status)] = &[
     ("REDIS_PIPELINE_LIMIT", Accepted(K::Int, "deprecated and unused by envoyproxy/ratelimit itself")),
     (
         "REDIS_CLUSTER_PIPELINE_PARALLELISM",
-        Accepted(K::Int, "a request is one `RL.MULTI` on one slot (the domain is the hash tag): there are no per-key groups to run in parallel"),
+        Accepted(K::Int, "the slot groups of one request always run in parallel (docs/envoy.md, Across cluster slots)"),
     ),
     ("REDIS_PERSECOND", Refused(A::False, "a second Redis for per-second limits is not built")),
     ("REDIS_PERSECOND_SOCKET_TYPE", Accepted(K::Str, PERSECOND)),

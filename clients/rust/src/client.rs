@@ -105,6 +105,13 @@ impl<C: Connection> Limiter<C> {
     }
 
     fn keys_each<'k>(&self, keys: &[&'k str]) -> Result<Vec<Cow<'k, str>>> {
+        let keys = self.keys_each_any_slot(keys)?;
+        assert_same_slot(&keys)?;
+        Ok(keys)
+    }
+
+    /// [`Self::keys_each`] without the slot check (a server that is not a cluster).
+    fn keys_each_any_slot<'k>(&self, keys: &[&'k str]) -> Result<Vec<Cow<'k, str>>> {
         let n = self.rule.parts().len();
         if !matches!(&*self.rule, Rule::AllOf(_)) || keys.len() != n {
             return Err(Error::Invalid(format!("{:?} needs {n} keys, got {}", self.rule.name(), keys.len())));
@@ -114,7 +121,6 @@ impl<C: Connection> Limiter<C> {
                 return Err(Error::Invalid("the keys of an all_of call must be distinct".into()));
             }
         }
-        assert_same_slot(keys)?;
         Ok(keys.iter().map(|&k| Cow::Borrowed(k)).collect())
     }
 
@@ -128,6 +134,21 @@ impl<C: Connection> Limiter<C> {
     pub async fn limit_keys(&self, keys: &[&str], call: Call) -> Result<Decision> {
         let keys = self.keys_each(keys)?;
         self.decide(keys, call).await
+    }
+
+    /// [`Self::limit_keys`] on a connection that is not a cluster: the keys
+    /// need not share a slot (one server holds them all).
+    pub async fn limit_keys_any_slot(&self, keys: &[&str], call: Call) -> Result<Decision> {
+        let keys = self.keys_each_any_slot(keys)?;
+        self.decide(keys, call).await
+    }
+
+    /// [`Self::refund`] of an `all_of` call on one key per part (as
+    /// [`Self::limit_keys`] took them): `n × WEIGHT` back to each part.
+    pub async fn refund_keys(&self, keys: &[&str], n: u64) -> Result<Decision> {
+        check_int("refund", n, 1)?;
+        let keys = self.keys_each(keys)?;
+        self.refund_of(keys, n).await
     }
 
     fn request<'k>(&self, keys: Vec<Cow<'k, str>>, tail: Tail) -> Request<'k> {
@@ -177,6 +198,10 @@ impl<C: Connection> Limiter<C> {
     pub async fn refund(&self, key: &str, n: u64) -> Result<Decision> {
         check_int("refund", n, 1)?;
         let keys = self.keys_for(key)?;
+        self.refund_of(keys, n).await
+    }
+
+    async fn refund_of(&self, keys: Vec<Cow<'_, str>>, n: u64) -> Result<Decision> {
         let inner = &self.rl.inner;
         let req = self.request(keys, Tail::Refund(n));
         let (v, source) = inner.bounded(false, inner.run(&req)).await?;

@@ -55,7 +55,7 @@ async fn token_bucket_burst_and_its_reset() {
     let h: Vec<(String, String)> = a.response_headers_to_add.iter().map(|h| (h.key.clone(), h.value.clone())).collect();
     assert_eq!(h[..2], [("RateLimit-Limit".into(), "2".into()), ("RateLimit-Remaining".into(), "0".into())]);
     assert_eq!(h[2], ("RateLimit-Reset".into(), reset_s(&a, 0).to_string()));
-    assert_eq!(type_of(&mut e.redis(), "{ext}_tb_u1_3600_tb"), "rl-tokbkt");
+    assert_eq!(type_of(&mut e.redis(), "ext_tb_u1_3600_tb"), "rl-tokbkt");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,7 +78,7 @@ async fn sliding_windows_count_down() {
                 let slack = 10.max(t0.elapsed().as_secs() as i64 + 1);
                 assert!((3600 - slack..=3600).contains(&got[3].1), "{got:?}");
             }
-            let key = format!("{{ext}}_{k}_u1_3600_{}", if k == "log" { "sl" } else { "sc" });
+            let key = format!("ext_{k}_u1_3600_{}", if k == "log" { "sl" } else { "sc" });
             assert_eq!(type_of(&mut e.redis(), &key), t);
         }
     })
@@ -117,11 +117,11 @@ async fn mixed_algorithms_are_atomic() {
         assert_eq!((a.overall_code, rem(&a.statuses[0])), (OK, (OK, 4)));
         let mut r = e.redis();
         for (k, t) in [
-            ("{ext}_tb_m_3600_tb", "rl-tokbkt"),
-            ("{ext}_ctr_m_3600_sc", "rl-slicnt"),
-            ("{ext}_site__3600", "rl-fixwin"),
-            ("{ext}_log_m_3600_sl", "rl-slilog"),
-            ("{ext}_ctr_m_3600", "rl-fixwin"),
+            ("ext_tb_m_3600_tb", "rl-tokbkt"),
+            ("ext_ctr_m_3600_sc", "rl-slicnt"),
+            ("ext_site__3600", "rl-fixwin"),
+            ("ext_log_m_3600_sl", "rl-slilog"),
+            ("ext_ctr_m_3600", "rl-fixwin"),
         ] {
             assert_eq!(type_of(&mut r, k), t, "{k}");
         }
@@ -148,7 +148,7 @@ async fn a_window_in_ms_resets() {
                 assert_eq!((l.requests_per_unit, l.unit, s.duration_until_reset.unwrap().seconds), (2, 0, 1));
                 got.push(rem(s));
             }
-            let pttl: i64 = redis::cmd("PTTL").arg(format!("{{ext}}_fast_{v}_400ms")).query(&mut e.redis()).unwrap();
+            let pttl: i64 = redis::cmd("PTTL").arg(format!("ext_fast_{v}_400ms")).query(&mut e.redis()).unwrap();
             (v, got, pttl)
         }
     })

@@ -2,24 +2,27 @@
 
 use redis_ratelimit_client::key_slot;
 use redis_ratelimit_service::config::Unit;
-use redis_ratelimit_service::service::{cache_key, ms_until_window_end, seconds_until_reset};
+use redis_ratelimit_service::service::{cache_key, cache_key_tagged, ms_until_window_end, seconds_until_reset};
 
 #[test]
-fn keys_have_the_domain_as_their_only_hash_tag() {
+fn keys_have_no_hash_tag_but_the_configured_one() {
     let k = cache_key("rl_", "edge", &[("user", "u1"), ("path", "/a")], &[], Unit::Minute);
-    assert_eq!(k, "rl_{edge}_user_u1_path_/a_60");
+    assert_eq!(k, "rl_edge_user_u1_path_/a_60");
     // share_threshold: the pattern replaces the value
     let s = cache_key("", "edge", &[("user", "u1"), ("path", "/a")], &[None, Some("/*".into())], Unit::Hour);
-    assert_eq!(s, "{edge}_user_u1_path_/*_3600");
-    // braces and % cannot open another tag or collide with an escape
+    assert_eq!(s, "edge_user_u1_path_/*_3600");
+    // braces and % cannot open a tag or collide with an escape: the key is hashed whole
     let e = cache_key("", "d{x}", &[("k{", "v}%7B")], &[], Unit::Second);
-    assert_eq!(e, "{d%7Bx%7D}_k%7B_v%7D%257B_1");
-    let keys = [
-        cache_key("", "d{x}", &[("a", "}")], &[], Unit::Second),
-        cache_key("", "d{x}", &[("b", "{{")], &[], Unit::Day),
-        cache_key("", "d{x}", &[("c", "")], &[], Unit::Year),
-    ];
-    assert!(keys.iter().all(|k| key_slot(k) == key_slot(&e)), "{keys:?}");
+    assert_eq!(e, "d%7Bx%7D_k%7B_v%7D%257B_1");
+    assert_eq!(key_slot(&e), key_slot(e.as_bytes()));
+    // hash_tag_key: the first entry of that key is the tag, escaped inside
+    let t = |entries: &[(&str, &str)]| cache_key_tagged("", "d{x}", entries, &[], Some("user"), "60");
+    assert_eq!(t(&[("user", "a{b")]), "d%7Bx%7D_{user_a%7Bb}_60");
+    assert_eq!(t(&[("path", "/p"), ("user", "a"), ("user", "b")]), "d%7Bx%7D_path_/p_{user_a}_user_b_60");
+    assert_eq!(key_slot(t(&[("path", "/p"), ("user", "a")])), key_slot("{user_a}"));
+    assert_eq!(key_slot(t(&[("user", "a")])), key_slot(t(&[("user", "a"), ("path", "/q")])));
+    // no entry of that key: hashed whole
+    assert_eq!(t(&[("path", "/p")]), "d%7Bx%7D_path_/p_60");
 }
 
 #[test]
@@ -56,12 +59,12 @@ fn every_algorithm_and_window_has_its_own_key() {
             cache_key_with("", "d", &[("k", "v")], &[], &l.key_suffix())
         })
         .collect();
-    // the default keeps envoyproxy/ratelimit's layout (and this service's earlier keys)
+    // the default keeps envoyproxy/ratelimit's layout, the unit's seconds for the window start
     assert_eq!(keys[0], cache_key("", "d", &[("k", "v")], &[], Unit::Second));
-    assert_eq!(keys[0], "{d}_k_v_1");
-    assert_eq!(keys[5], "{d}_k_v_1_tb");
-    assert_eq!(keys[14], "{d}_k_v_1500ms_sl");
-    assert_eq!(keys[19], "{d}_k_v_1500ms_sc");
+    assert_eq!(keys[0], "d_k_v_1");
+    assert_eq!(keys[5], "d_k_v_1_tb");
+    assert_eq!(keys[14], "d_k_v_1500ms_sl");
+    assert_eq!(keys[19], "d_k_v_1500ms_sc");
     keys.sort();
     keys.dedup();
     assert_eq!(keys.len(), n, "two limits share a key");

@@ -2,6 +2,7 @@
 //! build and link for make test-service).
 
 mod config;
+mod hash_tag;
 mod json;
 mod keys;
 mod settings;
