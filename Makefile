@@ -439,6 +439,11 @@ test-service: build venv  ## the Envoy rate-limit service: its unit tests and su
 	  tls=$$([ $$s = redis7.0 ] && echo 1 || echo 0); \
 	  REDIS_SERVER=$$bin RL_MODULE=$(MODULE) RL_SERVICE_BIN=$(CURDIR)/target/quick/redis-ratelimit-service RL_SERVICE_TOPOLOGY=$$topo RL_SERVICE_TLS_REQUIRED=$$tls $(CARGO) test --profile quick -q \
 	    -p redis-ratelimit-service --no-default-features --test service || rc=1; \
+	  if [ $$s = $$first ]; then \
+	    echo "== service suite on $$s without the module (the Lua twins: managed Redis; sentinel and cluster too)"; \
+	    REDIS_SERVER=$$bin RL_MODULE=none RL_SERVICE_BIN=$(CURDIR)/target/quick/redis-ratelimit-service RL_SERVICE_TOPOLOGY=1 $(CARGO) test --profile quick -q \
+	      -p redis-ratelimit-service --no-default-features --test service || rc=1; \
+	  fi; \
 	done; exit $$rc
 
 # The criterion benchmark of one local (leased) decision of the Rust

@@ -19,8 +19,24 @@ descriptors:
     rate_limit: {window_ms: 400, requests_per_unit: 2}
 "#;
 
+/// A key's type, as the module's type name. Without the module
+/// (`RL_MODULE=none`) the Lua twins write a sorted set (sliding log) or a
+/// hash whose fields say which twin wrote it (docs/lua.md): read as the
+/// module type of that algorithm.
 fn type_of(r: &mut redis::Connection, key: &str) -> String {
-    redis::cmd("TYPE").arg(key).query::<String>(r).unwrap()
+    let t = redis::cmd("TYPE").arg(key).query::<String>(r).unwrap();
+    if !common::without_module() {
+        return t;
+    }
+    let fields: Vec<String> = if t == "hash" { redis::cmd("HKEYS").arg(key).query(r).unwrap() } else { Vec::new() };
+    let has = |f: &str| fields.iter().any(|x| x == f);
+    match t.as_str() {
+        "zset" => "rl-slilog".into(),
+        "hash" if has("tokens") && has("ts") => "rl-tokbkt".into(),
+        "hash" if has("cur") && has("win") => "rl-slicnt".into(),
+        "hash" if has("start") && has("count") => "rl-fixwin".into(),
+        _ => t,
+    }
 }
 
 fn reset_s(a: &RateLimitResponse, i: usize) -> i64 {

@@ -153,7 +153,15 @@ async fn agree(seed: u64, global_shadow: bool) {
             assert_eq!((a.overall_code, got), want, "request {n} of seed {seed}: {picks:?} hits {hits}");
             denied += usize::from(a.overall_code == OVER);
             for &(i, _, own) in picks {
-                let k = if LIMITS[i].1 == 0 { 2 } else if own == Some(0) { 1 } else if LIMITS[i].2 { 3 } else { 0 };
+                let k = if LIMITS[i].1 == 0 {
+                    2
+                } else if own == Some(0) {
+                    1
+                } else if LIMITS[i].2 {
+                    3
+                } else {
+                    0
+                };
                 kinds[k] += 1;
             }
         }

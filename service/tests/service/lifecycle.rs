@@ -94,7 +94,7 @@ fn redis_on(rport: u16) -> Proc {
     let p = Proc(
         Command::new(bin)
             .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--loadmodule", &module()])
+            .args(common::module_args())
             .current_dir(std::env::temp_dir())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

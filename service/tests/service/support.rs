@@ -116,7 +116,7 @@ impl Env {
         let (redis, rport) = start_redis(|rport| {
             Command::new(&bin)
                 .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .args(["--loadmodule", &module()])
+                .args(common::module_args())
                 .args(server_args)
                 .current_dir(std::env::temp_dir())
                 .stdout(Stdio::null())

@@ -125,7 +125,7 @@ fn tls_server(pki: &Pki, cert: &str, auth_clients: bool, port: u16, extra: &[&st
         .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
         .args(["--tls-cert-file", &pki.path(&format!("{cert}.crt")), "--tls-key-file", &pki.path(&format!("{cert}.key"))])
         .args(["--tls-ca-cert-file", &pki.path("ca.crt"), "--tls-auth-clients", if auth_clients { "yes" } else { "no" }])
-        .args(["--loadmodule", &module()])
+        .args(common::module_args())
         .arg("--dir")
         .arg(&pki.dir)
         .arg("--logfile")

@@ -261,7 +261,7 @@ impl RedisProc {
         let proc = Proc(
             Command::new(bin)
                 .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .args(["--loadmodule", &module()])
+                .args(common::module_args())
                 .current_dir(std::env::temp_dir())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())

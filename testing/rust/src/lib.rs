@@ -26,6 +26,21 @@ pub fn module_path() -> String {
     })
 }
 
+/// The server's arguments that load the module: none when `RL_MODULE` is
+/// `none` (a server without it, as managed Redis is: the clients fall back
+/// to the Lua twins).
+pub fn module_args() -> Vec<String> {
+    match std::env::var("RL_MODULE").as_deref() {
+        Ok("none") => Vec::new(),
+        _ => vec!["--loadmodule".to_owned(), module_path()],
+    }
+}
+
+/// Whether the servers run without the module (`RL_MODULE=none`).
+pub fn without_module() -> bool {
+    std::env::var("RL_MODULE").as_deref() == Ok("none")
+}
+
 /// A port free now, never handed out before in this process: the suites
 /// start servers in parallel, and a port given to two tests before either
 /// server bound it would put one test on the other's server.
@@ -81,7 +96,7 @@ impl Server {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         if self.module {
-            cmd.args(["--loadmodule", &module_path()]);
+            cmd.args(module_args());
         }
         cmd.args(&self.extra);
         self.child = Some(cmd.spawn().expect("start redis-server (REDIS_SERVER)"));
