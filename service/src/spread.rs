@@ -8,7 +8,7 @@
 //! descriptor that has it as `{user_<value>}`: one user's limits share a
 //! slot, users spread. Checked at load (crate::config).
 //!
-//! **Reserve, then refund** ([`decide_across`]): on a cluster
+//! **Reserve, then refund** (`decide_across`): on a cluster
 //! (`REDIS_TYPE=cluster`), parts in several slots are grouped by slot and
 //! each group is one atomic call (one `RL.MULTI`, or one `RL.FIXEDWINDOW`),
 //! all groups at the same time. If every group took its units, the request

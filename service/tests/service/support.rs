@@ -23,7 +23,7 @@ pub const OK: i32 = 1;
 pub const OVER: i32 = 2;
 
 /// A free port, and the module's path: the shared harness's.
-pub use rl_test_support::{free_port as port, module_path as module};
+pub use rl_test_support::free_port as port;
 
 /// A process killed when dropped.
 pub struct Proc(pub Child);
