@@ -38,6 +38,8 @@ GRANT_MODE = A("mode", "oneof", flags={"optional"}, children=[
     A("refund", "integer", "REFUND"),
 ])
 WEIGHT = A("weight", "integer", "WEIGHT", {"optional"})
+# RL.MULTI's per-limit flags, after WEIGHT (and FROMFIRST)
+FLAGS = [A("check", "pure-token", "CHECK", {"optional"}), A("shadow", "pure-token", "SHADOW", {"optional"})]
 EXPECTED_ARGS = {
     "RL.TOKENBUCKET": [A("key", "key"), A("capacity", "integer"), A("rate", "integer"),
                        A("period_ms", "integer"), GRANT_MODE],
@@ -50,15 +52,16 @@ EXPECTED_ARGS = {
         A("key", "key", flags={"multiple"}),
         A("limit", "oneof", flags={"multiple"}, children=[
             A("tokenbucket", "block", "TOKENBUCKET", children=[
-                A("capacity", "integer"), A("rate", "integer"), A("period_ms", "integer"), WEIGHT]),
-            A("slidinglog", "block", "SLIDINGLOG", children=[A("limit", "integer"), A("window_ms", "integer"), WEIGHT]),
+                A("capacity", "integer"), A("rate", "integer"), A("period_ms", "integer"), WEIGHT, *FLAGS]),
+            A("slidinglog", "block", "SLIDINGLOG", children=[
+                A("limit", "integer"), A("window_ms", "integer"), WEIGHT, *FLAGS]),
             A("slidingcounter", "block", "SLIDINGCOUNTER", children=[
-                A("limit", "integer"), A("window_ms", "integer"), WEIGHT]),
+                A("limit", "integer"), A("window_ms", "integer"), WEIGHT, *FLAGS]),
             A("fixedwindow", "block", "FIXEDWINDOW", children=[
                 A("limit", "integer"), A("window_ms", "integer"), WEIGHT,
-                A("fromfirst", "pure-token", "FROMFIRST", {"optional"})]),
+                A("fromfirst", "pure-token", "FROMFIRST", {"optional"}), *FLAGS]),
             A("concurrency", "block", "CONCURRENCY", children=[
-                A("limit", "integer"), A("lease_ms", "integer"), A("id", "string"), WEIGHT]),
+                A("limit", "integer"), A("lease_ms", "integer"), A("id", "string"), WEIGHT, *FLAGS]),
         ]),
         A("mode", "oneof", flags={"optional"}, children=[
             A("grant", "block", children=[A("cost", "integer", "COST", {"optional"}),
@@ -645,9 +648,10 @@ def test_cli_shows_argument_hints(server):
         hint = screen_after("RL.TOKENBUCKET ", tb)
         assert re.search(tb, hint), hint
         w = r"\[WEIGHT (w|weight)\]"
-        multi = (rf"RL\.MULTI numkeys key \[key \.\.\.\] TOKENBUCKET capacity rate period_ms {w}"
-                 rf"\|SLIDINGLOG limit window_ms {w}\|SLIDINGCOUNTER limit window_ms {w}"
-                 rf"\|FIXEDWINDOW limit window_ms {w} \[FROMFIRST\]")
+        f = r" \[CHECK\] \[SHADOW\]"
+        multi = (rf"RL\.MULTI numkeys key \[key \.\.\.\] TOKENBUCKET capacity rate period_ms {w}{f}"
+                 rf"\|SLIDINGLOG limit window_ms {w}{f}\|SLIDINGCOUNTER limit window_ms {w}{f}"
+                 rf"\|FIXEDWINDOW limit window_ms {w} \[FROMFIRST\]{f}")
         hint = screen_after("\x15RL.MULTI ", multi)
         assert re.search(multi, hint), hint
         os.write(fd, b"\x15quit\r")
