@@ -325,9 +325,10 @@ impl<C> Redis<C> {
             // the client's panic limits decided, all parts or none
             _ => None,
         };
+        let from_redis = matches!(d.source, Source::Module | Source::Lua);
         let state = |limit: u64, retry_ms: i64, remaining: u64, reset_ms: u64| {
             let (retry_ms, remaining) = panic.map_or((retry_ms, remaining), |f| f(limit));
-            PartState { over: retry_ms != 0, remaining, retry_ms, reset_ms }
+            PartState { over: retry_ms != 0, remaining, retry_ms, reset_ms, redis: panic.is_none() && from_redis }
         };
         // whether a part took its units: from Redis's (or the client's
         // panic limits') answer; PANIC_MODE allow: every part but a check

@@ -21,6 +21,7 @@
 //! * [`statsd`] — the statsd and DogStatsD sinks.
 //! * [`mapper`] — `PROMETHEUS_MAPPER_YAML`, a statsd-exporter mapping.
 //! * [`xds`] — `CONFIG_TYPE=GRPC_XDS_SOTW`: the configuration over xDS.
+//! * [`overcache`] — `LOCAL_CACHE_SIZE_IN_BYTES`: keys known over their limit.
 //! * [`xds_settings`] — the xDS client's settings.
 //! * [`tls`] — the gRPC listener's TLS.
 //! * [`gosyntax`] — Go's durations and booleans, as upstream's settings read them.
@@ -34,6 +35,7 @@ pub mod gosyntax;
 pub mod json;
 pub mod mapper;
 pub mod metrics;
+pub mod overcache;
 pub mod plan;
 pub mod respond;
 pub mod runtime;

@@ -44,6 +44,8 @@ pub struct KeyStats {
     pub within_limit: AtomicU64,
     /// Hits over a shadow-mode limit (answered `OK`).
     pub shadow_mode: AtomicU64,
+    /// Hits denied from the local over-limit cache (`LOCAL_CACHE_SIZE_IN_BYTES`), without Redis.
+    pub over_limit_with_local_cache: AtomicU64,
 }
 
 /// The statsd name of the requests' counter.
@@ -247,6 +249,7 @@ impl Metrics {
                     ("near_limit", &k.near_limit),
                     ("within_limit", &k.within_limit),
                     ("shadow_mode", &k.shadow_mode),
+                    ("over_limit_with_local_cache", &k.over_limit_with_local_cache),
                 ] {
                     name.clear();
                     name.push_str(&base);
@@ -330,11 +333,19 @@ impl Metrics {
     /// The per-key counters (`ratelimit_service_rate_limit_*`).
     fn render_keys(&self, out: &mut String) {
         // stats keys that share their labels (deeper than key2) are added up, as the mapping does
-        let mut per_labels: BTreeMap<&str, [u64; 5]> = BTreeMap::new();
+        let mut per_labels: BTreeMap<&str, [u64; 6]> = BTreeMap::new();
         let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
         for k in keys.values() {
             let e = per_labels.entry(k.labels.as_str()).or_default();
-            for (i, c) in [&k.total_hits, &k.over_limit, &k.near_limit, &k.within_limit, &k.shadow_mode].iter().enumerate() {
+            let all = [
+                &k.total_hits,
+                &k.over_limit,
+                &k.near_limit,
+                &k.within_limit,
+                &k.shadow_mode,
+                &k.over_limit_with_local_cache,
+            ];
+            for (i, c) in all.iter().enumerate() {
                 e[i] = e[i].saturating_add(c.load(Relaxed));
             }
         }
@@ -344,6 +355,7 @@ impl Metrics {
             ("near_limit", "Hits within the limit above NEAR_LIMIT_RATIO of it."),
             ("within_limit", "Hits within the limit."),
             ("shadow_mode", "Hits over a shadow-mode limit, answered OK."),
+            ("over_limit_with_local_cache", "Hits denied from the local over-limit cache, without Redis."),
         ];
         for (i, (name, help)) in names.iter().enumerate() {
             let _ = writeln!(out, "# HELP ratelimit_service_rate_limit_{name} {help}");

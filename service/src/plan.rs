@@ -69,6 +69,9 @@ pub struct PartState {
     pub retry_ms: i64,
     /// ms until the state is fresh again.
     pub reset_ms: u64,
+    /// Redis (the module or its twin) said it: not the panic limits, not
+    /// the local over-limit cache.
+    pub redis: bool,
 }
 
 /// One part of a call: its key (a range of [`Plan::keys`]), its numbers

@@ -186,7 +186,7 @@ descriptors:
         let req = RateLimitRequest { domain: "d".into(), descriptors, hits_addend: 0 };
         let mut plan = Plan::new(&req, &Config::load([("f", YAML)], false).unwrap(), "").unwrap();
         for (p, &(over, remaining)) in plan.counted.iter_mut().zip(states) {
-            p.state = PartState { over, remaining, retry_ms: if over { 2500 } else { 0 }, reset_ms: 7000 };
+            p.state = PartState { over, remaining, retry_ms: if over { 2500 } else { 0 }, reset_ms: 7000, redis: true };
             p.taken = true;
         }
         plan

@@ -19,11 +19,14 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use redis_ratelimit_client::Connection;
 
 use crate::backend::{Backend, Redis};
+use crate::config::Algorithm;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::overcache::OverCache;
 use crate::plan::{Part, PartState, Plan};
 use crate::respond::respond;
 use crate::settings::Settings;
+use ratelimit_core::catalogue::Kind;
 use ratelimit_core::multi::{CHECK, SHADOW};
 
 pub use crate::error::ServiceError;
@@ -41,6 +44,8 @@ pub struct Service<C> {
     metrics: Metrics,
     /// Whether the live configuration has a domain (`HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`).
     has_domains: tokio::sync::watch::Sender<bool>,
+    /// `LOCAL_CACHE_SIZE_IN_BYTES`: the keys known over their limit.
+    cache: Option<OverCache>,
 }
 
 impl<C: Connection> Service<C> {
@@ -50,6 +55,7 @@ impl<C: Connection> Service<C> {
             backend: Redis::new(rl, settings.panic_mode)
                 .on_cluster(matches!(settings.redis_type, crate::settings::RedisType::Cluster { .. })),
             has_domains: tokio::sync::watch::Sender::new(!config.is_empty()),
+            cache: OverCache::new(settings.local_cache_bytes),
             config: RwLock::new(Arc::new(config)),
             settings,
             refused: Mutex::new(None),
@@ -157,8 +163,76 @@ impl<C: Connection> Service<C> {
                 self.metrics.total_hits(d.detailed_key.as_deref().unwrap_or(&m.limit.full_key), d.hits);
             }
         }
+        if let Some(c) = &self.cache {
+            if from_cache(c, &mut plan, self.settings.shadow_mode) {
+                self.count_from_cache(&plan);
+                return Ok(respond(&plan, &self.settings, &self.metrics));
+            }
+        }
+        // the marks count from before the call: they end no later than Redis said
+        let t0 = self.cache.as_ref().map(OverCache::now_ms);
         run(&self.backend, &mut plan, self.settings.shadow_mode).await?;
+        if let (Some(c), Some(t0)) = (&self.cache, t0) {
+            mark(c, &plan, t0);
+        }
         Ok(respond(&plan, &self.settings, &self.metrics))
+    }
+
+    /// `over_limit_with_local_cache`: the hits of the descriptors a request
+    /// was denied by from the cache (their `over_limit` too, in respond).
+    fn count_from_cache(&self, plan: &Plan) {
+        for d in &plan.descriptors {
+            let list = if d.hits == 0 { &plan.checked } else { &plan.counted };
+            let (Some(p), Some(m)) = (d.part.and_then(|j| list.get(j)), &d.matched) else { continue };
+            if p.state.over && !p.state.redis {
+                let key = d.detailed_key.as_deref().unwrap_or(&m.limit.full_key);
+                self.metrics.with_key(key, |k| {
+                    k.over_limit_with_local_cache.fetch_add(d.hits, Relaxed);
+                });
+            }
+        }
+    }
+}
+
+/// `LOCAL_CACHE_SIZE_IN_BYTES`: denies `plan` without Redis when one of
+/// its parts that is not in shadow mode is marked over. That part answers
+/// over (0 left, retry when its mark ends); the others are not read
+/// (0 left); nothing is taken anywhere. Whether it denied.
+fn from_cache(c: &OverCache, plan: &mut Plan, global_shadow: bool) -> bool {
+    if global_shadow {
+        return false; // no request is denied
+    }
+    let now = c.now_ms();
+    let mut hit = false;
+    let Plan { keys, counted, checked, .. } = plan;
+    for p in counted.iter_mut().chain(checked.iter_mut()).filter(|p| !p.shadow) {
+        if let Some(ms) = c.over_for(keys.get(p.key.clone()).unwrap_or_default(), now) {
+            let retry_ms = i64::try_from(ms).unwrap_or(i64::MAX);
+            p.state = PartState { over: true, remaining: 0, retry_ms, reset_ms: ms, redis: false };
+            hit = true;
+        }
+    }
+    hit
+}
+
+/// Marks the keys Redis left with nothing: a fixed window (or a zero
+/// limit) with 0 remaining until its window's end; another algorithm that
+/// denied one unit with 0 remaining, until its retry time; from `now`,
+/// the cache's time before the call.
+fn mark(c: &OverCache, plan: &Plan, now: u64) {
+    for p in plan.counted.iter().chain(&plan.checked) {
+        let s = &p.state;
+        if !s.redis || s.remaining != 0 {
+            continue;
+        }
+        let ms = if p.shape.limit == 0 || p.shape.algorithm == Algorithm(Kind::FixedWindow) {
+            s.reset_ms
+        } else if s.over && p.shape.weight == 1 && s.retry_ms > 0 {
+            s.retry_ms as u64
+        } else {
+            continue;
+        };
+        c.mark(plan.keys.get(p.key.clone()).unwrap_or_default(), ms, now);
     }
 }
 
@@ -195,7 +269,7 @@ pub async fn run<B: Backend>(backend: &B, plan: &mut Plan, global_shadow: bool) 
     for p in counted.iter_mut().chain(checked.iter_mut()).filter(|p| p.shape.limit == 0) {
         // `requests_per_unit: 0`: over, nothing left, its window's end
         let reset_ms = crate::respond::ms_until_window_end(p.shape.window_ms);
-        p.state = PartState { over: true, remaining: 0, retry_ms: -1, reset_ms };
+        p.state = PartState { over: true, remaining: 0, retry_ms: -1, reset_ms, redis: p.state.redis };
     }
     Ok(())
 }
@@ -249,8 +323,13 @@ mod tests {
             let granted = all_shadow || parts.iter().filter(|p| p.shape.flags & SHADOW == 0).all(fits);
             for p in parts.iter_mut() {
                 let fit = fits(p);
-                p.state =
-                    PartState { over: !fit, remaining: if fit { 3 } else { 0 }, retry_ms: i64::from(!fit), reset_ms: 9 };
+                p.state = PartState {
+                    over: !fit,
+                    remaining: if fit { 3 } else { 0 },
+                    retry_ms: i64::from(!fit),
+                    reset_ms: 9,
+                    redis: true,
+                };
                 p.taken = granted && fit && p.shape.flags & CHECK == 0;
             }
             Ok(granted)

@@ -213,6 +213,9 @@ pub struct Settings {
     pub shadow_mode: bool,
     /// `NEAR_LIMIT_RATIO`, default 0.8 (metrics only; validated, kept for them).
     pub near_limit_ratio: f32,
+    /// `LOCAL_CACHE_SIZE_IN_BYTES`, default 0 (no cache): the memory of
+    /// the keys known over their limit ([`crate::overcache`]).
+    pub local_cache_bytes: u64,
     /// `RUNTIME_ROOT`/`RUNTIME_SUBDIRECTORY`/`RUNTIME_APPDIRECTORY`: the directory of the YAML files.
     pub config_dir: PathBuf,
     /// `RUNTIME_IGNOREDOTFILES`: skip files whose name starts with `.`.
@@ -411,6 +414,7 @@ struct Vars {
     panic_instances: String,
     redis_timeout: String,
     near_limit_ratio: String,
+    local_cache_size_in_bytes: String,
     cache_key_prefix: String,
     limit_response_headers_enabled: String,
     limit_limit_header: String,
@@ -542,6 +546,10 @@ impl Vars {
             header_reset: or(&self.limit_reset_header, "RateLimit-Reset"),
             shadow_mode: flag("SHADOW_MODE", &self.shadow_mode)?,
             near_limit_ratio,
+            local_cache_bytes: match self.local_cache_size_in_bytes.as_str() {
+                "" => 0,
+                v => v.parse().map_err(|_| format!("LOCAL_CACHE_SIZE_IN_BYTES={v:?}: a number of bytes"))?,
+            },
             config_dir,
             ignore_dot_files: flag("RUNTIME_IGNOREDOTFILES", &self.runtime_ignoredotfiles)?,
             merge_domains: flag("MERGE_DOMAIN_CONFIG", &self.merge_domain_config)?,

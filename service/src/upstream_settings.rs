@@ -192,7 +192,7 @@ pub const UPSTREAM: &[(&str, Status)] = &[
     ),
     (
         "LOCAL_CACHE_SIZE_IN_BYTES",
-        Accepted(K::Int, "the cache spares Redis the calls of keys already over their limit; the decisions are the same without it, and here a denied request writes nothing"),
+        Differs("a key is marked when its remaining reaches 0 (there: when its count went over), until its window's end or, for the other algorithms, its retry time; a request denied from the cache takes nothing from its other descriptors, which are not read (docs/envoy.md, The local over-limit cache)"),
     ),
     ("NEAR_LIMIT_RATIO", Same),
     ("CACHE_KEY_PREFIX", Differs("prepended to keys of another shape (docs/envoy.md, Key layout); must not contain `{` or `}`")),

@@ -12,6 +12,7 @@ mod support;
 
 mod algorithms;
 mod atomic;
+mod cache;
 mod configuration;
 mod decisions;
 mod lifecycle;
