@@ -24,18 +24,14 @@ async fn cluster_env(nodes: &[common::Server]) -> Env {
     Env::serve("spread", &[SPREAD], &vars, 0, None).await
 }
 
-/// Per primary: its keys, the `RL.*` calls it served and their µs in the commands.
+/// Per primary: its keys, the decisions' calls it served and their µs in the commands.
 fn per_node(nodes: &[common::Server]) -> Vec<(u64, u64, u64)> {
     nodes
         .iter()
         .map(|n| {
             let mut c = n.sync();
             let keys: u64 = redis::cmd("DBSIZE").query(&mut c).unwrap();
-            let info: String = redis::cmd("INFO").arg("commandstats").query(&mut c).unwrap();
-            let rl = || info.lines().filter(|l| l.to_ascii_lowercase().starts_with("cmdstat_rl."));
-            let field = |l: &str, f: &str| l.split(f).nth(1)?.split(',').next()?.parse::<u64>().ok();
-            let calls = rl().filter_map(|l| field(l, "calls=")).sum();
-            let usec = rl().filter_map(|l| field(l, ",usec=")).sum();
+            let (calls, usec) = decision_calls(&mut c);
             (keys, calls, usec)
         })
         .collect()
