@@ -29,6 +29,11 @@ pub(crate) fn usage() -> &'static str {
   --envoy-ratelimit PATH  envoyproxy/ratelimit's binary for the side-by-side
                     phase (default: $ENVOY_RATELIMIT_BIN; unset: no such phase)
   --side-only       only the side-by-side phase (needs the binary)
+  --scale-only      only phase 7: a 3-primary cluster (the spread, across
+                    slots) and the local over-limit cache (scale.rs)
+  --scale-users N   users per row of the cluster-scaling table (default 2000; quick 300)
+  --cache-rate R    the abusive client's requests/s (default 2000)
+  --cache-secs S    its run, per service (default 5; quick 2)
   --count-only N    only this: the service under callgrind (Redis as usual),
                     N decisions at 1, 2 and 4 descriptors, one at a time, and
                     its instructions and allocations (malloc, calloc, realloc,
@@ -59,6 +64,10 @@ pub(crate) struct Args {
     pub(crate) count_only: u64,
     pub(crate) envoy_bin: Option<String>,
     pub(crate) side_only: bool,
+    pub(crate) scale_only: bool,
+    pub(crate) scale_users: u64,
+    pub(crate) cache_rate: f64,
+    pub(crate) cache_secs: f64,
     pub(crate) write: Option<PathBuf>,
     pub(crate) note: String,
 }
@@ -69,6 +78,7 @@ pub(crate) fn parse_args() -> Args {
     let mut quick = false;
     let mut fifo = false;
     let mut side_only = false;
+    let mut scale_only = false;
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -76,6 +86,7 @@ pub(crate) fn parse_args() -> Args {
             "--quick" => quick = true,
             "--fifo" => fifo = true,
             "--side-only" => side_only = true,
+            "--scale-only" => scale_only = true,
             "-h" | "--help" => {
                 println!("{}", usage());
                 std::process::exit(0);
@@ -128,6 +139,10 @@ pub(crate) fn parse_args() -> Args {
             .or_else(|| std::env::var("ENVOY_RATELIMIT_BIN").ok())
             .filter(|b| !b.is_empty()),
         side_only,
+        scale_only,
+        scale_users: num("scale-users", q(2000.0, 300.0)) as u64,
+        cache_rate: num("cache-rate", 2000.0),
+        cache_secs: num("cache-secs", q(5.0, 2.0)),
         write: kv.get("write").map(PathBuf::from),
         note: kv.get("note").cloned().unwrap_or_default(),
     }

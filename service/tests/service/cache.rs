@@ -21,13 +21,8 @@ descriptors:
     rate_limit: {algorithm: token_bucket, unit: hour, requests_per_unit: 1, burst: 2}
 "#;
 
-/// The `RL.*` calls Redis has served (every command of the module).
 fn rl_calls(r: &mut redis::Connection) -> u64 {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(r).unwrap();
-    info.lines()
-        .filter(|l| l.to_ascii_lowercase().starts_with("cmdstat_rl."))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
-        .sum()
+    decision_calls(r).0
 }
 
 /// `n` requests of the client and the site, one after another: (allowed,

@@ -19,6 +19,7 @@ mod lifecycle;
 mod metrics;
 mod outage;
 mod settings_table;
+mod spread;
 mod statsd;
 mod streams;
 mod tls;

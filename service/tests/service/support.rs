@@ -405,3 +405,24 @@ pub async fn timed(c: &mut Grpc, r: RateLimitRequest) -> (Result<RateLimitRespon
 pub fn within_bound(took: Duration, what: &str) {
     assert!(took <= Duration::from_millis(STALL_TIMEOUT_MS + SLACK_MS), "{what}: answered after {took:?}");
 }
+
+/// The decisions' calls Redis has served and their µs inside the commands
+/// (`INFO commandstats`): the module's `RL.*`, or without it
+/// (`RL_MODULE=none`) the Lua twins' `EVALSHA`, `EVAL` and `FCALL`; calls
+/// that answered an error (`failed_calls`: a first `EVALSHA`'s `NOSCRIPT`)
+/// are not decisions.
+pub fn decision_calls(r: &mut redis::Connection) -> (u64, u64) {
+    let info: String = redis::cmd("INFO").arg("commandstats").query(r).unwrap();
+    let field = |l: &str, f: &str| l.split(f).nth(1)?.split(',').next()?.parse::<u64>().ok();
+    let mut out = (0, 0);
+    for l in info.lines() {
+        let l = l.to_ascii_lowercase();
+        let ours = l.starts_with("cmdstat_rl.")
+            || ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"].iter().any(|p| l.starts_with(p));
+        if ours {
+            out.0 += field(&l, "calls=").unwrap_or(0).saturating_sub(field(&l, "failed_calls=").unwrap_or(0));
+            out.1 += field(&l, ",usec=").unwrap_or(0);
+        }
+    }
+    out
+}
