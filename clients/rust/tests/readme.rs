@@ -17,7 +17,7 @@ fn between<'a>(text: &'a str, start: &str, end: &str) -> &'a str {
 
 #[test]
 fn the_snippet_is_this_test() {
-    let block = between(between(README, "Rust (`clients/rust`", "All three print"), "```rust\n", "```");
+    let block = between(between(README, "Rust (`clients/rust`", "All four print"), "```rust\n", "```");
     let ours: String = between(THIS, &format!("// {}\n", "BEGIN"), &format!("// {}", "END"))
         .trim_end()
         .lines()
