@@ -36,9 +36,15 @@ async fn failover(stop: bool) {
     let rl = RateLimit::new(conn, Options { timeout_ms: TIMEOUT_MS, ..Options::default() }).unwrap();
     let lim =
         rl.limiter(token_bucket("api", 1000, 1, HOUR).unwrap(), Panic::Fixed { limit: 100_000, window_ms: None }).unwrap();
-    for _ in 0..10 {
+    // ten grants by Redis (on a loaded machine a first call, which finds
+    // the primary through the sentinels, may outlast the timeout: the panic
+    // limits decide it, and Redis counts nothing)
+    let (mut granted, t0) = (0, Instant::now());
+    while granted < 10 {
         let d = lim.limit("k", Call::default()).await.unwrap();
-        assert_eq!((d.allowed, d.source), (true, Source::Module), "{d:?}");
+        assert!(d.allowed, "{d:?}");
+        granted += usize::from(d.source == Source::Module);
+        assert!(t0.elapsed() < Duration::from_secs(30), "Redis did not answer within 30 s");
     }
     // every grant on the replica before the kill
     let acked: i64 = redis::cmd("WAIT").arg(1).arg(5000).query(&mut primary.sync()).unwrap();
