@@ -42,7 +42,7 @@ API_MAY_IMPORT = {"ffi", "alloc", "clock"}
 # run by service; plan and respond are pure (neither reaches the backend
 # nor a connection).
 SERVICE_LAYERS = [
-    ["error", "gosyntax", "tls", "mapper", "xds_settings", "upstream_settings"],
+    ["error", "gosyntax", "tls", "mapper", "xds_settings", "upstream_settings", "connage"],
     ["config", "settings", "metrics", "conn", "json"],
     ["plan"],
     ["spread"],

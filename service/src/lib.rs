@@ -23,12 +23,14 @@
 //! * [`xds`] — `CONFIG_TYPE=GRPC_XDS_SOTW`: the configuration over xDS.
 //! * [`xds_settings`] — the xDS client's settings.
 //! * [`tls`] — the gRPC listener's TLS.
+//! * [`connage`] — `GRPC_MAX_CONNECTION_AGE_GRACE`: a connection ended at its age and grace.
 //! * [`gosyntax`] — Go's durations and booleans, as upstream's settings read them.
 #![warn(missing_docs)]
 
 pub mod backend;
 pub mod config;
 pub mod conn;
+pub mod connage;
 pub mod error;
 pub mod gosyntax;
 pub mod json;

@@ -13,8 +13,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use redis_ratelimit_client::{Breaker, Connection, Options};
+use tonic::transport::server::TcpIncoming;
 
 use crate::conn::RedisConn;
+use crate::connage::aged;
 use crate::json::{parse_request, render_response};
 use crate::runtime::{load_dir, spawn_reloader};
 use crate::service::{Service, ServiceError};
@@ -501,28 +503,28 @@ fn serve(
     stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> [Serving; 3] {
     let (age, grace) = svc.settings().grpc_max_connection_age;
+    // the age alone: tonic's grace never sends GOAWAY; each connection is Aged instead
+    let limit = age.checked_add(grace);
     let router = tonic::transport::Server::builder()
         .max_connection_age(age)
-        .max_connection_age_grace(grace)
         .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(health_svc)
         .add_service(RateLimitServiceServer::new(Grpc(svc.clone())));
     let stop = until_stopped(stopped.clone());
     let grpc = match (l.grpc, svc.settings().grpc_tls.clone()) {
-        (GrpcListener::Unix(l), _) => {
-            Box::pin(router.serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(l), stop))
-                as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>
-        }
+        (GrpcListener::Unix(l), _) => Box::pin(
+            router.serve_with_incoming_shutdown(aged(tokio_stream::wrappers::UnixListenerStream::new(l), limit), stop),
+        )
+            as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>,
         (GrpcListener::Tcp(l), Some(tls)) => {
-            Box::pin(router.serve_with_incoming_shutdown(crate::tls::incoming(l, &tls), stop))
+            Box::pin(router.serve_with_incoming_shutdown(aged(crate::tls::incoming(l, &tls), limit), stop))
         }
         // TCP_NODELAY: tonic sets it only on listeners it binds itself; without
         // it Nagle holds a response behind an unacknowledged one (Envoy's delayed ACK)
-        (GrpcListener::Tcp(l), None) => Box::pin(
-            router
-                .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true)), stop),
-        ),
+        (GrpcListener::Tcp(l), None) => {
+            Box::pin(router.serve_with_incoming_shutdown(aged(TcpIncoming::from(l).with_nodelay(Some(true)), limit), stop))
+        }
     };
     let http_app = axum::Router::new()
         .merge(health_router(health.clone()))

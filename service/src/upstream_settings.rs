@@ -136,7 +136,7 @@ pub const UPSTREAM: &[(&str, Status)] = &[
     ("GRPC_UDS", Differs("the gRPC listener on that Unix socket instead of `GRPC_HOST:GRPC_PORT`; TLS over the socket is refused at startup")),
     ("GRPC_HOST", Same),
     ("GRPC_PORT", Same),
-    ("GRPC_MAX_CONNECTION_AGE", Same),
+    ("GRPC_MAX_CONNECTION_AGE", Differs("GOAWAY at exactly that age, without grpc-go's ±10 % jitter")),
     ("GRPC_MAX_CONNECTION_AGE_GRACE", Same),
     ("GRPC_SERVER_USE_TLS", Same),
     ("GRPC_SERVER_TLS_CERT", Differs("read at startup only: upstream reloads the files when they change; here a restart rotates them")),

@@ -14,6 +14,7 @@ mod algorithms;
 mod atomic;
 mod configuration;
 mod decisions;
+mod goaway;
 mod lifecycle;
 mod metrics;
 mod outage;
