@@ -131,8 +131,11 @@ use Status::{Accepted, Differs, Refused, Same};
 pub const UPSTREAM: &[(&str, Status)] = &[
     ("HOST", Same),
     ("PORT", Same),
-    ("DEBUG_HOST", Accepted(K::Str, "the debug listener's address: there is no debug listener (`DEBUG_PORT`), so nothing binds it")),
-    ("DEBUG_PORT", Refused(A::Int(6070), "no debug listener (`/rlconfig`, `/stats`) is built; nothing listens on 6070")),
+    ("DEBUG_HOST", Same),
+    (
+        "DEBUG_PORT",
+        Differs("bound at startup as there (6070 unless set; 0: a free port), but a port that cannot be bound stops the start, naming `DEBUG_PORT` (upstream logs it and serves without); `/rlconfig` lists the limits sorted, `/stats` this service's counters (upstream's prints Go's expvar), no `/debug/pprof`"),
+    ),
     ("GRPC_UDS", Differs("the gRPC listener on that Unix socket instead of `GRPC_HOST:GRPC_PORT`; TLS over the socket is refused at startup")),
     ("GRPC_HOST", Same),
     ("GRPC_PORT", Same),
@@ -143,8 +146,14 @@ pub const UPSTREAM: &[(&str, Status)] = &[
     ("GRPC_SERVER_TLS_KEY", Differs("read at startup only: upstream reloads the files when they change; here a restart rotates them")),
     ("GRPC_CLIENT_TLS_CACERT", Same),
     ("GRPC_CLIENT_TLS_SAN", Differs("needs `GRPC_CLIENT_TLS_CACERT` (refused at startup without it; upstream checks nothing then)")),
-    ("LOG_LEVEL", Accepted(K::Str, "the log's verbosity only: this service writes its few lines (startup, reloads, refusals) to stderr at any level")),
-    ("LOG_FORMAT", Accepted(K::Str, "the log's format only: plain lines on stderr either way; no decision depends on it")),
+    (
+        "LOG_LEVEL",
+        Differs("logrus's names in any case, `WARN` unless set, an unknown one refused at startup as there; `trace` reads as `debug` and `panic` as `fatal` (no line here has either level)"),
+    ),
+    (
+        "LOG_FORMAT",
+        Differs("`text` (logrus's `time=… level=… msg=…`) or `json` (upstream's fields: `@message`, `@timestamp`, `level`), any case; anything else is refused at startup, where upstream writes text; times in UTC"),
+    ),
     ("CONFIG_TYPE", Same),
     ("FORCE_START_WITHOUT_INITIAL_CONFIG", Differs("serves at once; until a configuration loads every domain is unknown (no limit applies), where upstream answers each request with the error `no rate limit configuration loaded` (Envoy allows both unless `failure_mode_deny`)")),
     ("CONFIG_GRPC_XDS_NODE_ID", Same),
