@@ -42,14 +42,14 @@ API_MAY_IMPORT = {"ffi", "alloc", "clock"}
 # run by service; plan and respond are pure (neither reaches the backend
 # nor a connection).
 SERVICE_LAYERS = [
-    ["error", "gosyntax", "tls", "mapper", "xds_settings", "upstream_settings", "overcache"],
+    ["error", "gosyntax", "tls", "mapper", "xds_settings", "upstream_settings", "overcache", "logger", "connage"],
     ["config", "settings", "metrics", "conn", "json"],
     ["plan"],
     ["spread"],
     ["backend"],
     ["respond"],
     ["service"],
-    ["runtime", "statsd", "xds"],
+    ["runtime", "statsd", "xds", "debug"],
     ["server"],
     ["main", "lib"],
 ]

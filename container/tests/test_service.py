@@ -133,6 +133,8 @@ def service():
                .with_env("USE_PROMETHEUS", "true")
                .with_env("RUNTIME_ROOT", "/data").with_env("RUNTIME_SUBDIRECTORY", "ratelimit")
                .with_env("RUNTIME_WATCH_ROOT", "false")
+               # the runtime's line is at info (LOG_LEVEL is WARN unless set)
+               .with_env("LOG_LEVEL", "info")
                .with_volume_mapping(conf, "/data/ratelimit", "ro")
                .waiting_for(LogMessageWaitStrategy("listening:")))
         svc.start()

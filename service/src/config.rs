@@ -573,6 +573,48 @@ impl Config {
     pub fn domain(&self, domain: &str) -> Option<Domain<'_>> {
         self.domains.get_key_value(domain).map(|(name, node)| Domain(node, name))
     }
+
+    /// The configuration as envoyproxy/ratelimit's `Dump()` writes it (the
+    /// debug listener's `/rlconfig`): a line per limit,
+    /// `domain.key_value…: unit=HOUR requests_per_unit=10, shadow_mode: false, quota_mode: false`,
+    /// `unit=UNKNOWN` without a unit (`unlimited`, `window_ms`). Sorted by
+    /// domain then key (upstream walks Go maps, in no set order); this
+    /// service's extension keys follow when set (`, algorithm: token_bucket`,
+    /// `, window_ms: 1500`, `, burst: 20`). `quota_mode: true` does not
+    /// load here, so it is always false.
+    pub fn dump(&self) -> String {
+        fn walk(node: &Node, out: &mut String) {
+            if let Some(l) = &node.limit {
+                let unit = l.unit.map_or("UNKNOWN", Unit::name);
+                out.push_str(&format!(
+                    "{}: unit={unit} requests_per_unit={}, shadow_mode: {}, quota_mode: false",
+                    l.full_key, l.requests_per_unit, l.shadow_mode
+                ));
+                if l.algorithm != Algorithm::default() {
+                    out.push_str(&format!(", algorithm: {}", l.algorithm.name()));
+                }
+                if let Some(ms) = l.window_ms {
+                    out.push_str(&format!(", window_ms: {ms}"));
+                }
+                if let Some(b) = l.burst {
+                    out.push_str(&format!(", burst: {b}"));
+                }
+                out.push('\n');
+            }
+            let mut keys: Vec<&String> = node.children.keys().collect();
+            keys.sort();
+            for k in keys {
+                walk(&node.children[k], out);
+            }
+        }
+        let mut out = String::new();
+        let mut names: Vec<&String> = self.domains.keys().collect();
+        names.sort();
+        for d in names {
+            walk(&self.domains[d], &mut out);
+        }
+        out
+    }
 }
 
 /// A file's `hash_tag_key`: absent, or a non-empty descriptor key.

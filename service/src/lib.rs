@@ -24,12 +24,21 @@
 //! * [`overcache`] — `LOCAL_CACHE_SIZE_IN_BYTES`: keys known over their limit.
 //! * [`xds_settings`] — the xDS client's settings.
 //! * [`tls`] — the gRPC listener's TLS.
+//! * [`connage`] — `GRPC_MAX_CONNECTION_AGE_GRACE`: a connection ended at its age and grace.
+//! * [`logger`] — `LOG_LEVEL`, `LOG_FORMAT`: the process's log lines, as upstream's logrus writes them.
+//! * [`debug`] — the debug listener (`DEBUG_HOST:DEBUG_PORT`): `/rlconfig`, `/stats`.
 //! * [`gosyntax`] — Go's durations and booleans, as upstream's settings read them.
 #![warn(missing_docs)]
+
+// first: its `log!` macro is used by the modules below
+#[macro_use]
+pub mod logger;
 
 pub mod backend;
 pub mod config;
 pub mod conn;
+pub mod connage;
+pub mod debug;
 pub mod error;
 pub mod gosyntax;
 pub mod json;

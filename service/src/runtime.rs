@@ -70,7 +70,7 @@ pub fn spawn_reloader<C: Connection>(svc: Arc<Service<C>>, mut last: Files) -> t
                 Ok(f) => f,
                 Err(e) => {
                     // a swap in progress, or the directory gone: keep what is live
-                    eprintln!("config refused: {e}");
+                    log!(crate::logger::Level::Error, "config refused: {e}");
                     svc.refuse_config(e);
                     continue;
                 }
@@ -81,12 +81,12 @@ pub fn spawn_reloader<C: Connection>(svc: Arc<Service<C>>, mut last: Files) -> t
             match load(svc.settings(), &files) {
                 Ok(cfg) => {
                     svc.set_config(cfg);
-                    eprintln!("config loaded: {} file(s)", files.len());
+                    log!(crate::logger::Level::Info, "config loaded: {} file(s)", files.len());
                     last = files;
                     refused = None;
                 }
                 Err(e) => {
-                    eprintln!("config refused: {e}; the last good configuration stays live");
+                    log!(crate::logger::Level::Error, "config refused: {e}; the last good configuration stays live");
                     svc.refuse_config(e);
                     refused = Some(files);
                 }

@@ -13,8 +13,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{RateLimitService, RateLimitServiceServer};
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use redis_ratelimit_client::{Breaker, Connection, Options};
+use tonic::transport::server::TcpIncoming;
 
 use crate::conn::RedisConn;
+use crate::connage::aged;
 use crate::json::{parse_request, render_response};
 use crate::runtime::{load_dir, spawn_reloader};
 use crate::service::{Service, ServiceError};
@@ -159,6 +161,8 @@ pub struct Running {
     pub http_addr: std::net::SocketAddr,
     /// The Prometheus listener's address (`USE_PROMETHEUS=true`).
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// The debug listener's address (`DEBUG_HOST:DEBUG_PORT`: [`crate::debug`]).
+    pub debug_addr: std::net::SocketAddr,
     /// Serves until aborted, a listener fails, or [`stop`](Self::stop)
     /// has let every in-flight request finish.
     pub task: tokio::task::JoinHandle<Result<(), String>>,
@@ -196,7 +200,7 @@ async fn connect_with_retries(settings: &Settings) -> Result<RedisConn, String> 
                 if !max_elapsed.is_zero() && began.elapsed() + wait > max_elapsed {
                     return Err(e);
                 }
-                eprintln!("{e}; retrying in {wait:?} (REDIS_STARTUP_*)");
+                log!(crate::logger::Level::Warn, "{e}; retrying in {wait:?} (REDIS_STARTUP_*)");
                 tokio::time::sleep(wait).await;
                 wait = wait.mul_f64(1.5).min(max);
             }
@@ -365,7 +369,10 @@ fn first_config(settings: &Settings) -> Result<FirstConfig, String> {
     match load_dir(settings) {
         Ok((cfg, files)) => Ok((cfg, Some(files), None)),
         Err(e) if settings.force_start => {
-            eprintln!("config refused: {e}; serving without a configuration (FORCE_START_WITHOUT_INITIAL_CONFIG)");
+            log!(
+                crate::logger::Level::Error,
+                "config refused: {e}; serving without a configuration (FORCE_START_WITHOUT_INITIAL_CONFIG)"
+            );
             Ok((crate::config::Config::default(), Some(Vec::new()), Some(e)))
         }
         Err(e) => Err(format!("config refused: {e}")),
@@ -431,7 +438,7 @@ async fn config_source(
             let (first, got_first) = tokio::sync::oneshot::channel();
             let task = crate::xds::spawn(svc.clone(), x, Some(first));
             if !svc.settings().force_start {
-                eprintln!("xDS: waiting for the first configuration");
+                log!(crate::logger::Level::Info, "xDS: waiting for the first configuration");
                 let _ = got_first.await;
             }
             Ok(task)
@@ -492,7 +499,8 @@ async fn until_stopped(mut rx: tokio::sync::watch::Receiver<bool>) {
     let _ = rx.wait_for(|s| *s).await;
 }
 
-/// The three listeners served until `stopped` (each drains what it has in flight).
+/// The three listeners served until `stopped` (each drains what it has in
+/// flight); the debug listener is [`crate::debug::serve`]'s.
 fn serve(
     svc: &Arc<Service<RedisConn>>,
     l: Listeners,
@@ -501,28 +509,28 @@ fn serve(
     stopped: &tokio::sync::watch::Receiver<bool>,
 ) -> [Serving; 3] {
     let (age, grace) = svc.settings().grpc_max_connection_age;
+    // the age alone: tonic's grace never sends GOAWAY; each connection is Aged instead
+    let limit = age.checked_add(grace);
     let router = tonic::transport::Server::builder()
         .max_connection_age(age)
-        .max_connection_age_grace(grace)
         .max_concurrent_streams(Some(MAX_CONCURRENT_STREAMS))
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_RESETS))
         .add_service(health_svc)
         .add_service(RateLimitServiceServer::new(Grpc(svc.clone())));
     let stop = until_stopped(stopped.clone());
     let grpc = match (l.grpc, svc.settings().grpc_tls.clone()) {
-        (GrpcListener::Unix(l), _) => {
-            Box::pin(router.serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(l), stop))
-                as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>
-        }
+        (GrpcListener::Unix(l), _) => Box::pin(
+            router.serve_with_incoming_shutdown(aged(tokio_stream::wrappers::UnixListenerStream::new(l), limit), stop),
+        )
+            as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tonic::transport::Error>> + Send>>,
         (GrpcListener::Tcp(l), Some(tls)) => {
-            Box::pin(router.serve_with_incoming_shutdown(crate::tls::incoming(l, &tls), stop))
+            Box::pin(router.serve_with_incoming_shutdown(aged(crate::tls::incoming(l, &tls), limit), stop))
         }
         // TCP_NODELAY: tonic sets it only on listeners it binds itself; without
         // it Nagle holds a response behind an unacknowledged one (Envoy's delayed ACK)
-        (GrpcListener::Tcp(l), None) => Box::pin(
-            router
-                .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(l).with_nodelay(Some(true)), stop),
-        ),
+        (GrpcListener::Tcp(l), None) => {
+            Box::pin(router.serve_with_incoming_shutdown(aged(TcpIncoming::from(l).with_nodelay(Some(true)), limit), stop))
+        }
     };
     let http_app = axum::Router::new()
         .merge(health_router(health.clone()))
@@ -557,6 +565,8 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let first_loaded = files.is_some() && first_refused.is_none();
     let listeners = bind(&settings).await?;
     let (grpc_addr, http_addr, metrics_addr) = (listeners.grpc_addr, listeners.http_addr, listeners.metrics_addr);
+    let debug_listener = crate::debug::bind(&settings.debug_addr).await?;
+    let debug_addr = debug_listener.local_addr().map_err(|e| e.to_string())?;
     let svc = Arc::new(Service::new(rl, cfg, settings));
     if !first_loaded {
         // no first configuration loaded: none counted (a refused one is an error)
@@ -570,15 +580,16 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let (health, health_svc, health_tasks) = health(&svc, probe).await;
     tasks.extend(health_tasks);
     let (stop, stopped) = tokio::sync::watch::channel(false);
+    let debug = crate::debug::serve(svc.clone(), debug_listener, until_stopped(stopped.clone()));
     let [grpc, http, metrics] = serve(&svc, listeners, &health, health_svc, &stopped);
     let task = tokio::spawn(async move {
-        let r = tokio::try_join!(grpc, http, metrics);
+        let r = tokio::try_join!(grpc, http, metrics, debug);
         for t in tasks {
             t.abort();
         }
         r.map(|_| ())
     });
-    Ok(Running { service: svc, grpc_addr, http_addr, metrics_addr, task, health, stop })
+    Ok(Running { service: svc, grpc_addr, http_addr, metrics_addr, debug_addr, task, health, stop })
 }
 
 /// [`start`], then serves until SIGTERM: both health checks fail, the
@@ -590,26 +601,27 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     let r = tokio::select! {
         r = start(settings) => r?,
         _ = term.recv() => {
-            eprintln!("SIGTERM before the service started: exiting");
+            log!(crate::logger::Level::Info, "SIGTERM before the service started: exiting");
             return Ok(());
         }
     };
+    const W: crate::logger::Level = crate::logger::Level::Warn;
     match r.metrics_addr {
-        Some(m) => eprintln!("listening: grpc {} http {} prometheus {m}", r.grpc_addr, r.http_addr),
-        None => eprintln!("listening: grpc {} http {}", r.grpc_addr, r.http_addr),
+        Some(m) => log!(W, "listening: grpc {} http {} debug {} prometheus {m}", r.grpc_addr, r.http_addr, r.debug_addr),
+        None => log!(W, "listening: grpc {} http {} debug {}", r.grpc_addr, r.http_addr, r.debug_addr),
     }
     let mut task = r.task;
     tokio::select! {
         done = &mut task => return done.map_err(|e| e.to_string())?,
         _ = term.recv() => {}
     }
-    eprintln!("SIGTERM: health checks failing, answering the requests in flight");
+    log!(crate::logger::Level::Info, "SIGTERM: health checks failing, answering the requests in flight");
     r.health.set_stopping().await;
     let _ = r.stop.send(true);
     match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {
         Ok(done) => done.map_err(|e| e.to_string())?,
         Err(_) => {
-            eprintln!("SIGTERM: requests still in flight after {SHUTDOWN_GRACE:?}; exiting");
+            log!(crate::logger::Level::Warn, "SIGTERM: requests still in flight after {SHUTDOWN_GRACE:?}; exiting");
             Ok(())
         }
     }

@@ -273,6 +273,10 @@ pub struct Settings {
     /// `HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED`: both health checks fail
     /// while the live configuration has no domain.
     pub healthy_with_config: bool,
+    /// `LOG_LEVEL` (`WARN`) and `LOG_FORMAT` (`text`): the process's log.
+    pub log: crate::logger::LogSettings,
+    /// `DEBUG_HOST:DEBUG_PORT` (`0.0.0.0:6070`): the debug listener.
+    pub debug_addr: String,
 }
 
 /// Where the statistics go.
@@ -474,6 +478,10 @@ struct Vars {
     xds_client_backoff_random_factor: String,
     xds_client_backoff_jitter: String,
     xds_client_max_msg_size_in_bytes: String,
+    log_level: String,
+    log_format: String,
+    debug_host: String,
+    debug_port: String,
 }
 
 /// A variable's value, or its default when unset or empty.
@@ -485,6 +493,15 @@ fn port(name: &str, v: &str, default: u16) -> Result<u16, String> {
     match v {
         "" => Ok(default),
         v => v.parse().map_err(|_| format!("{name}={v:?}: not a port")),
+    }
+}
+
+/// `host:port`, an IPv6 host in brackets (Go's `net.JoinHostPort`).
+fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
     }
 }
 
@@ -569,6 +586,8 @@ impl Vars {
             xds,
             force_start,
             healthy_with_config,
+            log: crate::logger::LogSettings::parse(&self.log_level, &self.log_format)?,
+            debug_addr: join_host_port(&or(&self.debug_host, "0.0.0.0"), port("DEBUG_PORT", &self.debug_port, 6070)?),
         })
     }
 

@@ -221,7 +221,7 @@ pub fn spawn<C: Connection>(svc: Arc<Service<C>>) -> Option<tokio::task::JoinHan
                     (last, last_ms, warned) = (now, now_ms, false);
                 }
                 Err(e) if !warned => {
-                    eprintln!("stats: cannot send to the statsd sink: {e} (kept for the next flush)");
+                    log!(crate::logger::Level::Warn, "stats: cannot send to the statsd sink: {e} (kept for the next flush)");
                     warned = true;
                 }
                 Err(_) => {}

@@ -235,17 +235,18 @@ async fn watch<C: Connection>(
         client = client.max_decoding_message_size(n);
     }
     let mut stream = client.stream_aggregated_resources(req).await.map_err(|e| e.to_string())?.into_inner();
-    eprintln!("xDS: stream open to {} (node {:?})", x.server_url, x.node_id);
+    log!(crate::logger::Level::Info, "xDS: stream open to {} (node {:?})", x.server_url, x.node_id);
     while let Some(resp) = stream.message().await.map_err(|e| e.to_string())? {
         match load_response(&resp, svc.settings().merge_domains) {
             Ok((cfg, n)) => {
                 svc.set_config(cfg);
-                eprintln!("config loaded: {n} xDS resource(s), version {:?}", resp.version_info);
+                log!(crate::logger::Level::Info, "config loaded: {n} xDS resource(s), version {:?}", resp.version_info);
                 *acked_version = resp.version_info.clone();
                 tx.send(request(acked_version, &resp.nonce, None)).await.map_err(|e| e.to_string())?;
             }
             Err(e) => {
-                eprintln!(
+                log!(
+                    crate::logger::Level::Error,
                     "config refused: xDS version {:?}: {e}; NACKed, the last good configuration stays live",
                     resp.version_info
                 );
@@ -281,7 +282,7 @@ pub fn spawn<C: Connection>(
                     Ok(c) => break c,
                     Err(e) => {
                         let wait = x.connect_retry_interval.mul_f64(0.5 + unit_random());
-                        eprintln!("xDS: connecting to {}: {e}; retrying in {wait:?}", x.server_url);
+                        log!(crate::logger::Level::Warn, "xDS: connecting to {}: {e}; retrying in {wait:?}", x.server_url);
                         tokio::time::sleep(wait).await;
                     }
                 }
@@ -294,7 +295,7 @@ pub fn spawn<C: Connection>(
             let wait = x.backoff.wait(attempt, unit_random());
             attempt = attempt.saturating_add(1);
             if let Err(e) = r {
-                eprintln!("xDS: {e}; reconnecting in {wait:?} (XDS_CLIENT_BACKOFF_*)");
+                log!(crate::logger::Level::Warn, "xDS: {e}; reconnecting in {wait:?} (XDS_CLIENT_BACKOFF_*)");
             }
             tokio::time::sleep(wait).await;
         }

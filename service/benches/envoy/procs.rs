@@ -123,6 +123,8 @@ pub(crate) fn start_service_in(a: &Args, dir: &Path, rport: u16, wrapper: &[Stri
                 ("GRPC_PORT", gport.to_string()),
                 ("HOST", "127.0.0.1".to_owned()),
                 ("PORT", hport.to_string()),
+                ("DEBUG_HOST", "127.0.0.1".to_owned()),
+                ("DEBUG_PORT", "0".to_owned()),
                 ("RUNTIME_ROOT", dir.join("runtime").to_string_lossy().into_owned()),
                 ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
                 ("RUNTIME_APPDIRECTORY", "config".to_owned()),

@@ -68,6 +68,8 @@ impl Svc {
                 ("GRPC_PORT", grpc.to_string()),
                 ("HOST", "127.0.0.1".into()),
                 ("PORT", http.to_string()),
+                ("DEBUG_HOST", "127.0.0.1".into()),
+                ("DEBUG_PORT", "0".into()),
                 ("RUNTIME_ROOT", dir.to_string_lossy().into_owned()),
                 ("RUNTIME_SUBDIRECTORY", "rl".into()),
                 ("USE_STATSD", "false".into()),

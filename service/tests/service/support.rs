@@ -161,6 +161,9 @@ impl Env {
             ("GRPC_PORT", "0".to_owned()),
             ("HOST", "127.0.0.1".to_owned()),
             ("PORT", "0".to_owned()),
+            // envoyproxy/ratelimit's default is 0.0.0.0:6070, which tests alongside would share
+            ("DEBUG_HOST", "127.0.0.1".to_owned()),
+            ("DEBUG_PORT", "0".to_owned()),
             ("RUNTIME_ROOT", dir.join("current").to_string_lossy().into_owned()),
             ("RUNTIME_SUBDIRECTORY", "ratelimit".to_owned()),
             ("RUNTIME_APPDIRECTORY", "config".to_owned()),

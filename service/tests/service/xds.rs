@@ -324,6 +324,8 @@ async fn envoy_gateway_deployment_over_xds() {
             ("GRPC_PORT", &*grpc_port),
             ("HOST", "127.0.0.1"),
             ("PORT", &*http_port),
+            ("DEBUG_HOST", "127.0.0.1"),
+            ("DEBUG_PORT", "0"),
             ("RUNTIME_ROOT", &*data_path),
             ("RUNTIME_SUBDIRECTORY", "ratelimit"),
             ("CONFIG_TYPE", "GRPC_XDS_SOTW"),
@@ -421,7 +423,8 @@ async fn envoy_gateway_deployment_over_xds() {
         assert!(detail.message.contains("default/eg/http") && detail.message.contains("UNKNOWN"), "{detail:?}");
         assert_eq!(nack.version_info, "2", "a NACK names the last version applied");
         let logged = std::fs::read_to_string(&log).unwrap();
-        assert!(logged.contains("config refused: xDS version \"3\""), "{logged}");
+        // logrus's text: the message quoted, its quotes escaped
+        assert!(logged.contains(r#"level=error msg="config refused: xDS version \"3\""#), "{logged}");
         let r = c.should_rate_limit(one("gw-a", "user", "u1")).await.unwrap().into_inner();
         assert_eq!(r.statuses[0].current_limit.as_ref().unwrap().requests_per_unit, 10);
         let r = c.should_rate_limit(one("gw-b", "path", "/x")).await.unwrap().into_inner();

@@ -5,4 +5,5 @@ mod config;
 mod hash_tag;
 mod json;
 mod keys;
+mod logger;
 mod settings;
