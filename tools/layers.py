@@ -42,7 +42,10 @@ API_MAY_IMPORT = {"ffi", "alloc", "clock"}
 # run by service; plan and respond are pure (neither reaches the backend
 # nor a connection).
 SERVICE_LAYERS = [
-    ["error", "gosyntax", "tls", "mapper", "xds_settings", "upstream_settings", "overcache", "logger", "connage"],
+    [
+        "error", "gosyntax", "tls", "mapper", "xds_settings", "upstream_settings",
+        "overcache", "logger", "connage", "dynamic_metadata",
+    ],
     ["config", "settings", "metrics", "conn", "json"],
     ["plan"],
     ["spread"],
@@ -58,7 +61,7 @@ SERVICE_LAYERS = [
 # backend, no connection, no listener).
 SERVICE_PURE = {
     "plan": {"error", "config"},
-    "respond": {"error", "config", "metrics", "plan", "settings"},
+    "respond": {"error", "config", "metrics", "plan", "settings", "dynamic_metadata"},
 }
 
 # The Rust client's clients/rust/src/: an I/O-free part (what a decision

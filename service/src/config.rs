@@ -1,7 +1,8 @@
 //! envoyproxy/ratelimit's configuration, read unchanged: the YAML files
 //! (`domain`, nested `descriptors` with `key`, `value` and wildcard values,
 //! `rate_limit` with `unit`, `requests_per_unit`, `unlimited`, `name`,
-//! `replaces`; `shadow_mode`, `detailed_metric`, `share_threshold`), the
+//! `replaces`; `shadow_mode`, `quota_mode`, `detailed_metric`,
+//! `share_threshold`, `metadata`), the
 //! same load errors, and the same descriptor matching. Three extension keys
 //! of `rate_limit` (`algorithm`, `burst`, `window_ms`) are this service's
 //! own; a file without them is read exactly as envoyproxy/ratelimit reads it.
@@ -179,6 +180,10 @@ pub struct RateLimit {
     pub replaces: Vec<String>,
     /// `shadow_mode` of its descriptor.
     pub shadow_mode: bool,
+    /// `quota_mode` of its descriptor (docs/envoy.md, "Quota mode").
+    pub quota_mode: bool,
+    /// `metadata` of its descriptor (`RESPONSE_DYNAMIC_METADATA`).
+    pub metadata: Option<crate::dynamic_metadata::Metadata>,
     /// `detailed_metric` of its descriptor (metrics only; kept for them).
     pub detailed_metric: bool,
     /// The descriptor path, `domain.key_value.key…` (the stats key).
@@ -427,7 +432,7 @@ struct FileYaml {
     hash_tag_key: Given,
 }
 
-/// A descriptor of a file (`metadata` is free-form and not read).
+/// A descriptor of a file (`metadata` free-form: any map).
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
 struct DescriptorYaml {
@@ -440,6 +445,7 @@ struct DescriptorYaml {
     detailed_metric: Given,
     value_to_metric: Given,
     share_threshold: Given,
+    metadata: Given,
 }
 
 /// A descriptor's `rate_limit`, with this service's extension keys.
@@ -580,15 +586,14 @@ impl Config {
     /// `unit=UNKNOWN` without a unit (`unlimited`, `window_ms`). Sorted by
     /// domain then key (upstream walks Go maps, in no set order); this
     /// service's extension keys follow when set (`, algorithm: token_bucket`,
-    /// `, window_ms: 1500`, `, burst: 20`). `quota_mode: true` does not
-    /// load here, so it is always false.
+    /// `, window_ms: 1500`, `, burst: 20`).
     pub fn dump(&self) -> String {
         fn walk(node: &Node, out: &mut String) {
             if let Some(l) = &node.limit {
                 let unit = l.unit.map_or("UNKNOWN", Unit::name);
                 out.push_str(&format!(
-                    "{}: unit={unit} requests_per_unit={}, shadow_mode: {}, quota_mode: false",
-                    l.full_key, l.requests_per_unit, l.shadow_mode
+                    "{}: unit={unit} requests_per_unit={}, shadow_mode: {}, quota_mode: {}",
+                    l.full_key, l.requests_per_unit, l.shadow_mode, l.quota_mode
                 ));
                 if l.algorithm != Algorithm::default() {
                     out.push_str(&format!(", algorithm: {}", l.algorithm.name()));
@@ -780,10 +785,9 @@ fn load_descriptors(file: &str, node: &mut Node, parent: &str, descriptors: Vec<
         if node.children.contains_key(&final_key) {
             return Err(err(file, format!("duplicate descriptor composite key '{path}'")));
         }
-        if d.quota_mode.boolean(file, "quota_mode")? {
-            return Err(err(file, format!("quota_mode is not supported by this service ('{path}')")));
-        }
         let shadow_mode = d.shadow_mode.boolean(file, "shadow_mode")?;
+        let quota_mode = d.quota_mode.boolean(file, "quota_mode")?;
+        let metadata = crate::dynamic_metadata::from_yaml(d.metadata.0.as_ref()).map_err(|e| err(file, e))?;
         let detailed_metric = d.detailed_metric.boolean(file, "detailed_metric")?;
         let value_to_metric = d.value_to_metric.boolean(file, "value_to_metric")?;
         let share_threshold = d.share_threshold.boolean(file, "share_threshold")?;
@@ -791,7 +795,9 @@ fn load_descriptors(file: &str, node: &mut Node, parent: &str, descriptors: Vec<
             None | Some(Value::Null) => None,
             Some(r) => {
                 let r: RateLimitYaml = typed(file, r, "error loading config file: rate_limit must be a map")?;
-                Some(Arc::new(rate_limit(file, r, &path, shadow_mode, detailed_metric)?))
+                let mut l = rate_limit(file, r, &path, shadow_mode, detailed_metric)?;
+                (l.quota_mode, l.metadata) = (quota_mode, metadata);
+                Some(Arc::new(l))
             }
         };
         if share_threshold && !final_key.contains('*') {
@@ -876,6 +882,8 @@ fn rate_limit(
         name,
         replaces,
         shadow_mode,
+        quota_mode: false,
+        metadata: None,
         detailed_metric,
         full_key: path.to_owned(),
         algorithm,

@@ -182,5 +182,26 @@ pub fn render_response(r: &RateLimitResponse) -> Value {
         let hs: Vec<Value> = r.response_headers_to_add.iter().map(|h| json!({"key": h.key, "value": h.value})).collect();
         out.insert("responseHeadersToAdd".into(), Value::Array(hs));
     }
+    if let Some(md) = &r.dynamic_metadata {
+        out.insert("dynamicMetadata".into(), struct_json(md));
+    }
     Value::Object(out)
+}
+
+/// A `google.protobuf.Struct` as proto3 JSON: the object it stands for
+/// (a whole number without a fraction, as Go's protojson writes it).
+fn struct_json(s: &envoy_types::pb::google::protobuf::Struct) -> Value {
+    use envoy_types::pb::google::protobuf::value::Kind;
+    fn value(v: &envoy_types::pb::google::protobuf::Value) -> Value {
+        match &v.kind {
+            None | Some(Kind::NullValue(_)) => Value::Null,
+            Some(Kind::BoolValue(b)) => json!(b),
+            Some(Kind::NumberValue(n)) if n.fract() == 0.0 && n.abs() < 9e15 => json!(*n as i64),
+            Some(Kind::NumberValue(n)) => json!(n),
+            Some(Kind::StringValue(s)) => json!(s),
+            Some(Kind::ListValue(l)) => Value::Array(l.values.iter().map(value).collect()),
+            Some(Kind::StructValue(s)) => struct_json(s),
+        }
+    }
+    Value::Object(s.fields.iter().map(|(k, v)| (k.clone(), value(v))).collect())
 }

@@ -14,6 +14,7 @@
 //! * [`backend`] — the parts decided in one call on Redis, through the Rust client.
 //! * [`spread`] — the keys' hash tags; parts across cluster slots, reserved then refunded.
 //! * [`respond`] — the parts' states give statuses, headers and statistics (pure).
+//! * [`dynamic_metadata`] — `RESPONSE_DYNAMIC_METADATA`: the response's dynamic metadata.
 //! * [`error`] — why a request gets no decision.
 //! * [`json`] — proto3 JSON for `POST /json`.
 //! * [`server`] — the gRPC and HTTP listeners.
@@ -39,6 +40,7 @@ pub mod config;
 pub mod conn;
 pub mod connage;
 pub mod debug;
+pub mod dynamic_metadata;
 pub mod error;
 pub mod gosyntax;
 pub mod json;

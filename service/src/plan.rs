@@ -124,6 +124,21 @@ impl Descriptor {
         !self.replaced && self.matched.as_ref().is_some_and(|m| !m.limit.unlimited)
     }
 
+    /// A quota descriptor (`quota_mode`, or every descriptor but an
+    /// `unlimited` one with `QUOTA_MODE`: `global`), as envoyproxy/ratelimit
+    /// counts them (docs/envoy.md, "Quota mode").
+    pub fn quota(&self, global: bool) -> bool {
+        match self.limit() {
+            Some(l) if l.unlimited => false,
+            _ => global || (self.limited() && self.limit().is_some_and(|l| l.quota_mode)),
+        }
+    }
+
+    /// A quota descriptor that may be over its limit: limited, not in shadow mode.
+    fn quota_may_fail(&self, global: bool) -> bool {
+        self.quota(global) && self.limited() && self.limit().is_some_and(|l| !l.shadow_mode)
+    }
+
     /// The matched limit, if any.
     fn limit(&self) -> Option<&Arc<RateLimit>> {
         self.matched.as_ref().map(|m| &m.limit)
@@ -179,6 +194,38 @@ impl Plan {
             )));
         }
         Ok(plan)
+    }
+
+    /// Quota mode (`global`: `QUOTA_MODE`): the quota descriptors' parts
+    /// in the call. A request is denied by its quota descriptors only when
+    /// all of them are over the limit. One quota descriptor that may be
+    /// over is then an ordinary part (it denies the request, which takes
+    /// nothing). Otherwise each quota part is a shadow part (it never
+    /// denies; it takes its hits where they fit): exact when one quota
+    /// descriptor never fails (`shadow_mode`; with `QUOTA_MODE`, one not
+    /// limited) or when every part is a quota part (all over: none took);
+    /// with two or more beside other limits, those others took their hits
+    /// when the quota ones are all over (docs/envoy.md, "Quota mode").
+    pub fn quota_parts(&mut self, global: bool) {
+        let total = self.descriptors.iter().filter(|d| d.quota(global)).count();
+        let may_fail = self.descriptors.iter().filter(|d| d.quota_may_fail(global)).count();
+        if may_fail == 0 || (total == 1 && may_fail == 1) {
+            return;
+        }
+        // a part is a shadow part when each descriptor on it is shadow or quota
+        let mut shadow = [[true; MAX_LIMITED_DESCRIPTORS]; 2];
+        for d in &self.descriptors {
+            if let (Some(j), Some(l)) = (d.part, d.limit()) {
+                if let Some(s) = shadow[usize::from(d.hits == 0)].get_mut(j) {
+                    *s &= l.shadow_mode || d.quota(global);
+                }
+            }
+        }
+        for (list, shadow) in [&mut self.counted, &mut self.checked].into_iter().zip(shadow) {
+            for (p, s) in list.iter_mut().zip(shadow) {
+                p.shadow = s;
+            }
+        }
     }
 
     /// The key of a part.
@@ -300,6 +347,8 @@ fn match_one(
             name: String::new(),
             replaces: Vec::new(),
             shadow_mode: false,
+            quota_mode: false,
+            metadata: None,
             detailed_metric: false,
             full_key,
             // an override has a unit and a number: envoyproxy/ratelimit's fixed window

@@ -10,8 +10,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{self, Code, DescriptorStatus};
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, Struct};
 
 use crate::config::{Algorithm, RateLimit, Unit};
 use crate::metrics::{count_hits, Counted, Metrics};
@@ -40,7 +40,11 @@ pub fn respond(plan: &Plan, settings: &Settings, metrics: &Metrics) -> RateLimit
     let mut over_any = false;
     let mut header_from: Option<(u64, u32, u64)> = None; // (remaining, limit, reset seconds)
     let mut min_remaining = u64::from(u32::MAX);
+    // quota mode: the quota descriptors, and those of them over the limit
+    let (mut quotas, mut quotas_over) = (0usize, 0usize);
     for desc in &plan.descriptors {
+        let quota = desc.quota(settings.quota_mode);
+        quotas += usize::from(quota);
         let (true, Some(m)) = (desc.limited(), &desc.matched) else {
             statuses.push(DescriptorStatus {
                 code: Code::Ok as i32,
@@ -62,13 +66,17 @@ pub fn respond(plan: &Plan, settings: &Settings, metrics: &Metrics) -> RateLimit
             min_remaining = u64::from(st.limit_remaining);
             header_from = Some((min_remaining, limit.requests_per_unit, reset_s));
         }
-        if code == Code::OverLimit {
+        if code == Code::OverLimit && quota {
+            quotas_over += 1;
+        } else if code == Code::OverLimit {
             over_any = true;
             min_remaining = 0;
             header_from = Some((0, limit.requests_per_unit, reset_s));
         }
         statuses.push(st);
     }
+    // over: a descriptor that is not a quota one, or all the quota ones
+    let over_any = over_any || (quotas > 0 && quotas == quotas_over);
     let overall = if over_any && !settings.shadow_mode { Code::OverLimit } else { Code::Ok };
     if over_any && settings.shadow_mode {
         metrics.global_shadow_mode.fetch_add(1, Relaxed);
@@ -82,6 +90,17 @@ pub fn respond(plan: &Plan, settings: &Settings, metrics: &Metrics) -> RateLimit
         _ => Vec::new(),
     };
     RateLimitResponse { overall_code: overall as i32, statuses, response_headers_to_add, ..RateLimitResponse::default() }
+}
+
+/// `RESPONSE_DYNAMIC_METADATA`: the response's dynamic metadata
+/// ([`crate::dynamic_metadata`]), with the `metadata` of the limits of the
+/// descriptors that passed (limited, not answered `OVER_LIMIT`).
+pub fn dynamic_metadata(req: &RateLimitRequest, plan: &Plan, resp: &RateLimitResponse) -> Struct {
+    let passed = plan.descriptors.iter().zip(&resp.statuses).filter_map(|(d, st)| {
+        let m = d.matched.as_ref().filter(|_| d.limited() && st.code != Code::OverLimit as i32)?;
+        m.limit.metadata.as_ref()
+    });
+    crate::dynamic_metadata::of_request(req, passed)
 }
 
 /// A limited descriptor's statistics, as envoyproxy/ratelimit counts them

@@ -154,6 +154,7 @@ impl<C: Connection> Service<C> {
     async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
         let cfg = self.config();
         let mut plan = Plan::new(req, &cfg, &self.settings.cache_key_prefix)?;
+        plan.quota_parts(self.settings.quota_mode);
         // counted before Redis is called, as envoyproxy/ratelimit counts them
         if !cfg.has_domain(&req.domain) {
             self.metrics.domain_not_found(&req.domain, req.descriptors.len() as u64);
@@ -166,7 +167,7 @@ impl<C: Connection> Service<C> {
         if let Some(c) = &self.cache {
             if from_cache(c, &mut plan, self.settings.shadow_mode) {
                 self.count_from_cache(&plan);
-                return Ok(respond(&plan, &self.settings, &self.metrics));
+                return Ok(self.answer(req, &plan));
             }
         }
         // the marks count from before the call: they end no later than Redis said
@@ -175,7 +176,16 @@ impl<C: Connection> Service<C> {
         if let (Some(c), Some(t0)) = (&self.cache, t0) {
             mark(c, &plan, t0);
         }
-        Ok(respond(&plan, &self.settings, &self.metrics))
+        Ok(self.answer(req, &plan))
+    }
+
+    /// The response to `req`, with its dynamic metadata when asked for.
+    fn answer(&self, req: &RateLimitRequest, plan: &Plan) -> RateLimitResponse {
+        let mut r = respond(plan, &self.settings, &self.metrics);
+        if self.settings.response_dynamic_metadata {
+            r.dynamic_metadata = Some(crate::respond::dynamic_metadata(req, plan, &r));
+        }
+        r
     }
 
     /// `over_limit_with_local_cache`: the hits of the descriptors a request

@@ -211,6 +211,10 @@ pub struct Settings {
     pub header_reset: String,
     /// `SHADOW_MODE`: every over-limit answer becomes OK overall.
     pub shadow_mode: bool,
+    /// `QUOTA_MODE`: every descriptor a quota one (docs/envoy.md, "Quota mode").
+    pub quota_mode: bool,
+    /// `RESPONSE_DYNAMIC_METADATA`: the response's dynamic metadata (crate::dynamic_metadata).
+    pub response_dynamic_metadata: bool,
     /// `NEAR_LIMIT_RATIO`, default 0.8 (metrics only; validated, kept for them).
     pub near_limit_ratio: f32,
     /// `LOCAL_CACHE_SIZE_IN_BYTES`, default 0 (no cache): the memory of
@@ -425,6 +429,8 @@ struct Vars {
     limit_remaining_header: String,
     limit_reset_header: String,
     shadow_mode: String,
+    quota_mode: String,
+    response_dynamic_metadata: String,
     runtime_root: String,
     runtime_subdirectory: String,
     runtime_appdirectory: String,
@@ -562,6 +568,8 @@ impl Vars {
             header_remaining: or(&self.limit_remaining_header, "RateLimit-Remaining"),
             header_reset: or(&self.limit_reset_header, "RateLimit-Reset"),
             shadow_mode: flag("SHADOW_MODE", &self.shadow_mode)?,
+            quota_mode: flag("QUOTA_MODE", &self.quota_mode)?,
+            response_dynamic_metadata: flag("RESPONSE_DYNAMIC_METADATA", &self.response_dynamic_metadata)?,
             near_limit_ratio,
             local_cache_bytes: match self.local_cache_size_in_bytes.as_str() {
                 "" => 0,

@@ -36,11 +36,13 @@ async fn rlconfig_shows_the_live_config_and_follows_a_reload() {
     write(
         &e.dir.join("v1/ratelimit/config/config1.yaml"),
         "domain: another\ndescriptors:\n  - key: free\n    rate_limit: {unlimited: true}\n  \
+         - key: tokens\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1000}\n  \
          - key: bucket\n    rate_limit: {unit: second, requests_per_unit: 10, algorithm: token_bucket, burst: 20}\n",
     );
     let want = "another.bucket: unit=SECOND requests_per_unit=10, shadow_mode: false, quota_mode: false, \
                 algorithm: token_bucket, burst: 20\n\
-                another.free: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false\n";
+                another.free: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false\n\
+                another.tokens: unit=MINUTE requests_per_unit=1000, shadow_mode: false, quota_mode: true\n";
     let t0 = Instant::now();
     loop {
         let (_, body) = get(port, "/rlconfig").await;

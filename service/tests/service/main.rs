@@ -21,6 +21,7 @@ mod lifecycle;
 mod logging;
 mod metrics;
 mod outage;
+mod quota;
 mod settings_table;
 mod spread;
 mod statsd;

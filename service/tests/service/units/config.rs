@@ -136,7 +136,7 @@ fn the_load_errors_of_envoyproxy_ratelimit() {
             ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 4294967296}\n", "requests_per_unit"),
             ("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1.5}\n", "error checking config"),
             ("domain: d\ndescriptors: [1]\n", "list of type other than map"),
-            ("domain: d\ndescriptors:\n  - key: a\n    quota_mode: true\n", "quota_mode is not supported"),
+            ("domain: d\ndescriptors:\n  - key: a\n    metadata: 5\n", "error parsing metadata"),
             ("domain: [d\n", "error loading config file"),
         ];
     for (yaml, want) in cases {

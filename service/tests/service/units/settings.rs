@@ -70,7 +70,7 @@ fn refuses_what_it_does_not_support() {
         ("PROMETHEUS_MAPPER_YAML", "/m.yaml", "PROMETHEUS_MAPPER_YAML"),
         ("USE_PROMETHEUS", "yes", "USE_PROMETHEUS"),
         ("BACKEND_TYPE", "memcache", "BACKEND_TYPE"),
-        ("QUOTA_MODE", "true", "QUOTA_MODE"),
+        ("QUOTA_MODE", "yes", "QUOTA_MODE"),
         ("REDIS_TIMEOUT", "10", "REDIS_TIMEOUT"),
         ("REDIS_SOCKET_TYPE", "udp", "REDIS_SOCKET_TYPE"),
         ("SHADOW_MODE", "yes", "SHADOW_MODE"),
