@@ -29,6 +29,11 @@ pub trait Backend {
     /// took its units ([`Part::taken`]), and answers whether the call was
     /// granted.
     fn decide(&self, keys: &str, parts: &mut [Part], cost: u64) -> impl Future<Output = Result<bool, ServiceError>> + Send;
+
+    /// Gives back each part's weight (`REFUND`, never below zero: Envoy's
+    /// `is_negative_hits`), one call per cluster slot; writes each part's
+    /// state after it.
+    fn refund(&self, keys: &str, parts: &mut [Part]) -> impl Future<Output = Result<(), ServiceError>> + Send;
 }
 
 /// A prepared call: the client's limiter for one sequence of shapes.
@@ -229,6 +234,30 @@ impl<C: Connection> Backend for Redis<C> {
         }
         let (d, single) = self.call(keys, parts, cost).await?;
         self.read(&d, single, parts)
+    }
+
+    async fn refund(&self, keys: &str, parts: &mut [Part]) -> Result<(), ServiceError> {
+        let unavailable = || ServiceError::Unavailable("the refund (is_negative_hits) failed: Redis is unavailable".into());
+        for p in parts.iter_mut() {
+            p.taken = true; // give_back refunds the parts that took
+        }
+        let groups = if self.cluster { groups(keys, parts) } else { None };
+        let Some(groups) = groups else {
+            return if self.give_back(keys, parts).await { Ok(()) } else { Err(unavailable()) };
+        };
+        for g in groups {
+            let mut each: Vec<Part> = g.iter().filter_map(|&i| parts.get(i).cloned()).collect();
+            let ok = self.give_back(keys, &mut each).await;
+            for (&i, p) in g.iter().zip(each) {
+                if let Some(x) = parts.get_mut(i) {
+                    *x = p;
+                }
+            }
+            if !ok {
+                return Err(unavailable());
+            }
+        }
+        Ok(())
     }
 }
 

@@ -159,9 +159,19 @@ impl<C: Connection> Service<C> {
         if !cfg.has_domain(&req.domain) {
             self.metrics.domain_not_found(&req.domain, req.descriptors.len() as u64);
         }
-        for d in plan.descriptors.iter().filter(|d| d.limited()) {
+        for d in plan.descriptors.iter().filter(|d| d.limited() && !d.negative) {
             if let Some(m) = &d.matched {
                 self.metrics.total_hits(d.detailed_key.as_deref().unwrap_or(&m.limit.full_key), d.hits);
+            }
+        }
+        if !plan.refunded.is_empty() {
+            // first, so that a denial from the cache never drops a refund
+            let Plan { keys, refunded, .. } = &mut plan;
+            self.backend.refund(keys, refunded).await?;
+            if let Some(c) = &self.cache {
+                for p in &plan.refunded {
+                    c.unmark(plan.key(p));
+                }
             }
         }
         if let Some(c) = &self.cache {
@@ -192,8 +202,7 @@ impl<C: Connection> Service<C> {
     /// was denied by from the cache (their `over_limit` too, in respond).
     fn count_from_cache(&self, plan: &Plan) {
         for d in &plan.descriptors {
-            let list = if d.hits == 0 { &plan.checked } else { &plan.counted };
-            let (Some(p), Some(m)) = (d.part.and_then(|j| list.get(j)), &d.matched) else { continue };
+            let (Some(p), Some(m), false) = (plan.part_of(d), &d.matched, d.negative) else { continue };
             if p.state.over && !p.state.redis {
                 let key = d.detailed_key.as_deref().unwrap_or(&m.limit.full_key);
                 self.metrics.with_key(key, |k| {
@@ -343,6 +352,10 @@ mod tests {
                 p.taken = granted && fit && p.shape.flags & CHECK == 0;
             }
             Ok(granted)
+        }
+
+        async fn refund(&self, _keys: &str, _parts: &mut [Part]) -> Result<(), ServiceError> {
+            unreachable!("run never refunds: Service::decide does, before it")
         }
     }
 

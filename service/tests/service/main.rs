@@ -20,6 +20,7 @@ mod goaway;
 mod lifecycle;
 mod logging;
 mod metrics;
+mod negative;
 mod outage;
 mod quota;
 mod settings_table;
