@@ -14,7 +14,7 @@ use crate::{codec, fw, sc, sl, tb};
 
 fn calls(cost_max: u64) -> impl Iterator<Item = Call> {
     [0, 1, cost_max, cost_max + 1].into_iter().flat_map(|cost| {
-        [false, true].into_iter().map(move |partial| Call { nums: [0; 3], cost, partial, dryrun: false, refund: 0 })
+        [false, true].into_iter().map(move |partial| Call { nums: [0; 3], cost, partial, dryrun: false, refund: 0, force: false })
     })
 }
 
@@ -107,7 +107,7 @@ pub fn decode_codec(data: &[u8]) {
     };
     assert_eq!(again, data, "accepted payload does not re-encode");
     // Apply it the way RL.STATE does, then use the key.
-    let call = Call { nums: [0; 3], cost: 1, partial: true, dryrun: false, refund: 0 };
+    let call = Call { nums: [0; 3], cost: 1, partial: true, dryrun: false, refund: 0, force: false };
     match effect {
         codec::Effect::TokenBucket(s) => {
             tb_call(&s, &tb::Params { capacity: 5, rate: 1, period_ms: 1000 }, &call, s.last_us, 0)
