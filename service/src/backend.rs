@@ -34,6 +34,11 @@ pub trait Backend {
     /// `is_negative_hits`), one call per cluster slot; writes each part's
     /// state after it.
     fn refund(&self, keys: &str, parts: &mut [Part]) -> impl Future<Output = Result<(), ServiceError>> + Send;
+
+    /// Takes each part's weight even past its limit (`FORCE`, a debit:
+    /// usage reports), one call per cluster slot; writes each part's state
+    /// after it.
+    fn debit(&self, keys: &str, parts: &mut [Part]) -> impl Future<Output = Result<(), ServiceError>> + Send;
 }
 
 /// A prepared call: the client's limiter for one sequence of shapes.
@@ -259,6 +264,25 @@ impl<C: Connection> Backend for Redis<C> {
         }
         Ok(())
     }
+
+    async fn debit(&self, keys: &str, parts: &mut [Part]) -> Result<(), ServiceError> {
+        let groups = if self.cluster { groups(keys, parts) } else { None };
+        let Some(groups) = groups else {
+            let (d, single) = self.call_with(keys, parts, Call::debit(1)).await?;
+            return self.read(&d, single, parts).map(|_| ());
+        };
+        for g in groups {
+            let mut each: Vec<Part> = g.iter().filter_map(|&i| parts.get(i).cloned()).collect();
+            let (d, single) = self.call_with(keys, &each, Call::debit(1)).await?;
+            self.read(&d, single, &mut each)?;
+            for (&i, p) in g.iter().zip(each) {
+                if let Some(x) = parts.get_mut(i) {
+                    *x = p;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<C: Connection> SlotCalls for Redis<C> {
@@ -306,19 +330,24 @@ impl<C: Connection> Redis<C> {
     /// The one call of `parts` (one slot on a cluster): the client's
     /// decision, and whether it is a single `RL.FIXEDWINDOW`'s.
     async fn call(&self, keys: &str, parts: &[Part], cost: u64) -> Result<(Decision, bool), ServiceError> {
+        self.call_with(keys, parts, Call::cost(cost)).await
+    }
+
+    /// [`Redis::call`] with the call's options (`FORCE` for a debit).
+    async fn call_with(&self, keys: &str, parts: &[Part], options: Call) -> Result<(Decision, bool), ServiceError> {
         let call = self.prepared(parts)?;
         let d = match (call.single, parts) {
             (true, [p]) => {
-                let cost = if cost == 0 || p.shape.flags & CHECK != 0 { 0 } else { p.shape.weight };
-                call.limiter.limit(key_of(keys, p), Call::cost(cost)).await
+                let cost = if options.cost == 0 || p.shape.flags & CHECK != 0 { 0 } else { p.shape.weight };
+                call.limiter.limit(key_of(keys, p), Call { cost, ..options }).await
             }
             _ => {
                 let keys: Vec<&str> = parts.iter().map(|p| key_of(keys, p)).collect();
                 if self.cluster {
-                    call.limiter.limit_keys(&keys, Call::cost(cost)).await
+                    call.limiter.limit_keys(&keys, options).await
                 } else {
                     // one server holds every slot: one call, whatever the keys' slots
-                    call.limiter.limit_keys_any_slot(&keys, Call::cost(cost)).await
+                    call.limiter.limit_keys_any_slot(&keys, options).await
                 }
             }
         };

@@ -119,6 +119,10 @@ pub struct Descriptor {
     /// `is_negative_hits`: its hits are given back (`REFUND`, never below
     /// zero), before the request's other parts are decided; always `OK`.
     pub negative: bool,
+    /// A usage report (its own `hits_addend` above 0, in a domain of
+    /// `USAGE_REPORT_DOMAINS`): a debit, taken even past the limit, never
+    /// denying; always `OK`.
+    pub debit: bool,
 }
 
 impl Descriptor {
@@ -132,8 +136,8 @@ impl Descriptor {
     /// `unlimited` one with `QUOTA_MODE`: `global`), as envoyproxy/ratelimit
     /// counts them (docs/envoy.md, "Quota mode").
     pub fn quota(&self, global: bool) -> bool {
-        if self.negative {
-            return false; // a refund is never over
+        if self.negative || self.debit {
+            return false; // a refund or a report is never over
         }
         match self.limit() {
             Some(l) if l.unlimited => false,
@@ -166,12 +170,21 @@ pub struct Plan {
     /// The parts of `is_negative_hits` descriptors: their weights given
     /// back (`REFUND`), before the others are decided.
     pub refunded: Vec<Part>,
+    /// The parts of usage reports: taken with `FORCE` (debits), after the
+    /// refunds, before the others are decided.
+    pub debited: Vec<Part>,
 }
 
 impl Plan {
     /// The plan of `req` under `cfg`, its keys prefixed with `prefix`
     /// (`CACHE_KEY_PREFIX`); `Invalid` for what the service refuses.
     pub fn new(req: &RateLimitRequest, cfg: &Config, prefix: &str) -> Result<Plan, ServiceError> {
+        Plan::with_reports(req, cfg, prefix, false)
+    }
+
+    /// [`Plan::new`]; with `reports`, a descriptor's own `hits_addend`
+    /// above 0 is a usage report (a debit: [`Descriptor::debit`]).
+    pub fn with_reports(req: &RateLimitRequest, cfg: &Config, prefix: &str, reports: bool) -> Result<Plan, ServiceError> {
         if req.domain.is_empty() {
             return Err(ServiceError::Invalid("rate limit domain must not be empty".into()));
         }
@@ -191,6 +204,7 @@ impl Plan {
                 part: None,
                 detailed_key: None,
                 negative: d.is_negative_hits,
+                debit: reports && !d.is_negative_hits && d.hits_addend.as_ref().is_some_and(|h| h.value > 0),
             });
         }
         mark_replaced(&mut descriptors);
@@ -200,9 +214,12 @@ impl Plan {
             counted: Vec::new(),
             checked: Vec::new(),
             refunded: Vec::new(),
+            debited: Vec::new(),
         };
         plan.add_parts(req, prefix, domain.and_then(|d| d.hash_tag_key()))?;
-        if plan.counted.len() + plan.checked.len() > MAX_LIMITED_DESCRIPTORS || plan.refunded.len() > MAX_LIMITED_DESCRIPTORS
+        if plan.counted.len() + plan.checked.len() > MAX_LIMITED_DESCRIPTORS
+            || plan.refunded.len() > MAX_LIMITED_DESCRIPTORS
+            || plan.debited.len() > MAX_LIMITED_DESCRIPTORS
         {
             return Err(ServiceError::Invalid(format!(
                 "at most {MAX_LIMITED_DESCRIPTORS} limited descriptors per request (one RL.MULTI)"
@@ -230,7 +247,7 @@ impl Plan {
         // a part is a shadow part when each descriptor on it is shadow or quota
         let mut shadow = [[true; MAX_LIMITED_DESCRIPTORS]; 2];
         for d in &self.descriptors {
-            if let (Some(j), Some(l), false) = (d.part, d.limit(), d.negative) {
+            if let (Some(j), Some(l), false) = (d.part, d.limit(), d.negative || d.debit) {
                 if let Some(s) = shadow[usize::from(d.hits == 0)].get_mut(j) {
                     *s &= l.shadow_mode || d.quota(global);
                 }
@@ -244,11 +261,13 @@ impl Plan {
     }
 
     /// The list a descriptor's part is in: the refunded parts for a
-    /// negative one, the checked ones for a check (`hits_addend` 0), else
-    /// the counted ones.
+    /// negative one, the debited ones for a usage report, the checked ones
+    /// for a check (`hits_addend` 0), else the counted ones.
     pub fn list_of(&self, d: &Descriptor) -> &[Part] {
         if d.negative {
             &self.refunded
+        } else if d.debit {
+            &self.debited
         } else if d.hits == 0 {
             &self.checked
         } else {
@@ -297,6 +316,8 @@ impl Plan {
             };
             let list = if desc.negative {
                 &mut self.refunded
+            } else if desc.debit {
+                &mut self.debited
             } else if hits == 0 {
                 &mut self.checked
             } else {

@@ -55,6 +55,14 @@ pub fn respond(plan: &Plan, settings: &Settings, metrics: &Metrics) -> RateLimit
         };
         let limit = &*m.limit;
         let state = plan.part_of(desc).map(|p| &p.state);
+        if desc.debit {
+            // a usage report: taken whatever was left; OK (nothing is denied
+            // after the fact), with what is left after it
+            count(plan, desc, limit, false, settings, metrics);
+            let reset_s = reset_seconds(limit, desc.window_ms, state);
+            statuses.push(status(Code::Ok, limit, desc.unit, state.map_or(0, |p| p.remaining), reset_s));
+            continue;
+        }
         if desc.negative {
             // a refund: OK, what is left after it, counted in no statistic
             let reset_s = reset_seconds(limit, desc.window_ms, state);

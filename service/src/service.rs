@@ -153,13 +153,15 @@ impl<C: Connection> Service<C> {
     /// Plan, backend, respond.
     async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
         let cfg = self.config();
-        let mut plan = Plan::new(req, &cfg, &self.settings.cache_key_prefix)?;
+        let reports = self.settings.usage_reports(&req.domain);
+        let mut plan = Plan::with_reports(req, &cfg, &self.settings.cache_key_prefix, reports)?;
         plan.quota_parts(self.settings.quota_mode);
         // counted before Redis is called, as envoyproxy/ratelimit counts them
         if !cfg.has_domain(&req.domain) {
             self.metrics.domain_not_found(&req.domain, req.descriptors.len() as u64);
         }
         for d in plan.descriptors.iter().filter(|d| d.limited() && !d.negative) {
+            // a usage report's hits too: they are taken
             if let Some(m) = &d.matched {
                 self.metrics.total_hits(d.detailed_key.as_deref().unwrap_or(&m.limit.full_key), d.hits);
             }
@@ -173,6 +175,12 @@ impl<C: Connection> Service<C> {
                     c.unmark(plan.key(p));
                 }
             }
+        }
+        if !plan.debited.is_empty() {
+            // usage reports: taken past the limit, never denied, before the
+            // request's other parts (the cache never drops one)
+            let Plan { keys, debited, .. } = &mut plan;
+            self.backend.debit(keys, debited).await?;
         }
         if let Some(c) = &self.cache {
             if from_cache(c, &mut plan, self.settings.shadow_mode) {
@@ -356,6 +364,10 @@ mod tests {
 
         async fn refund(&self, _keys: &str, _parts: &mut [Part]) -> Result<(), ServiceError> {
             unreachable!("run never refunds: Service::decide does, before it")
+        }
+
+        async fn debit(&self, _keys: &str, _parts: &mut [Part]) -> Result<(), ServiceError> {
+            unreachable!("run never debits: Service::decide does, before it")
         }
     }
 

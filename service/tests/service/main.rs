@@ -23,6 +23,7 @@ mod metrics;
 mod negative;
 mod outage;
 mod quota;
+mod reports;
 mod settings_table;
 mod spread;
 mod statsd;
