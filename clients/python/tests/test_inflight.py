@@ -216,3 +216,22 @@ def test_an_async_reservation_settles_once(server):
         await c.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_reservation_takes_what_it_used_beyond_the_estimate_even_past_the_limit(server, backend):
+    rl = RateLimit(client(server.port), backend=backend)
+    lim = rl.limiter(fixed_window("tpm", 1000, LONG))
+    k = "rl:{t}:debit"
+    r = lim.reserve(k, 600)
+    d = r.settle(900)                       # COST 300 FORCE
+    assert d is not None and d.allowed and d.granted == 300 and d.remaining == 100
+    r = lim.reserve(k, 100)
+    assert r.allowed and r.decision.remaining == 0
+    d = r.settle(500)                       # 400 past the limit: a debt
+    assert d is not None and d.allowed and d.granted == 400 and d.remaining == 0
+    denied = lim.limit(k)
+    assert not denied.allowed and denied.retry_after_ms > 0, "later calls wait the debt out"
+    # a refund repays the debt first: 400 back leaves the window exactly full
+    assert lim.refund(k, 400).remaining == 0 and not lim.limit(k).allowed
+    assert lim.refund(k, 1).remaining == 1
