@@ -132,6 +132,8 @@ fn multi_general<'a, const N: usize>(ctx: Ctx<'a>, call: &MultiCall<N>, names: &
     }
     let op = if call.refund > 0 {
         Op::Refund(call.refund)
+    } else if call.force {
+        Op::Force { cost: call.cost, dryrun: call.dryrun }
     } else {
         Op::Take { cost: call.cost, partial: call.partial, dryrun: call.dryrun }
     };

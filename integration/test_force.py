@@ -1,0 +1,182 @@
+"""COST n FORCE: debits that settle (issue 46, item 2), on every kind.
+
+A debit takes all its units even past the limit and leaves a debt later
+calls wait out. Time-safe: what must happen at one instant runs in one
+MULTI/EXEC (every command in it reads the server's one cached time); a
+debt's end is awaited by polling the server's clock (rltesting.clock.
+wait_past) past the instant the reply names, measured from a TIME read
+after the call, so a stalled run waits longer but cannot fail.
+"""
+import struct
+
+import pytest
+import redis
+
+from rltesting.clock import server_ms, wait_past
+from rltesting.payloads import payload
+
+# (command, the policy of a limit of 5): a bucket of 5 regaining 5 a second
+# (one token per 200 ms), windows of a second.
+KINDS = {
+    "tokenbucket": ("RL.TOKENBUCKET", [5, 5, 1000]),
+    "slidinglog": ("RL.SLIDINGLOG", [5, 1000]),
+    "slidingcounter": ("RL.SLIDINGCOUNTER", [5, 1000]),
+    "fixedwindow": ("RL.FIXEDWINDOW", [5, 1000]),
+    "fixedwindow-fromfirst": ("RL.FIXEDWINDOW", [5, 1000, "FROMFIRST"]),
+}
+# Reserve-then-settle on a limit of 10 nothing refills during a test.
+SLOW = {
+    "tokenbucket": ("RL.TOKENBUCKET", [10, 1, 3_600_000]),
+    "slidinglog": ("RL.SLIDINGLOG", [10, 3_600_000]),
+    "slidingcounter": ("RL.SLIDINGCOUNTER", [10, 1 << 40]),
+    "fixedwindow": ("RL.FIXEDWINDOW", [10, 1 << 40]),
+    "fixedwindow-fromfirst": ("RL.FIXEDWINDOW", [10, 3_600_000, "FROMFIRST"]),
+}
+
+
+def at_once(r, *calls):
+    """The calls in one MULTI/EXEC: one instant for the module."""
+    p = r.pipeline(transaction=True)
+    for c in calls:
+        p.execute_command(*c)
+    return p.execute()
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_force_takes_past_the_limit_and_the_debt_is_waited_out(r, kind):
+    cmd, policy = KINDS[kind]
+    key = f"force:{kind}"
+    forced, after, dry = at_once(
+        r,
+        [cmd, key, *policy, "COST", 7, "FORCE"],
+        [cmd, key, *policy],
+        [cmd, key, *policy, "DRYRUN"],
+    )
+    t_after = server_ms(r)
+    # Granted all 7 of a limit of 5: remaining 0, never negative.
+    assert forced[0] == 1 and forced[1] == 5 and forced[2] == 0, forced
+    wait = forced[3]
+    assert wait > 0 and forced[4] >= wait, forced
+    # The next call at the same instant is denied, with the same wait
+    # (the forced reply answers for a following call of one unit).
+    assert after == [0, 5, 0, wait, forced[4]], (forced, after)
+    assert dry == after
+    assert r.pttl(key) > 0
+    # Once the debt and the next unit are paid back, it is granted: the
+    # call ran before t_after + 1 (TIME in whole ms, the module in µs).
+    wait_past(r, t_after + 1 + wait)
+    again = r.execute_command(cmd, key, *policy)
+    assert again[0] == 1, (forced, again)
+
+
+@pytest.mark.parametrize("kind", sorted(SLOW))
+def test_reserve_then_settle(r, kind):
+    cmd, policy = SLOW[kind]
+    # Reserve 5 of 10, the work used 3: REFUND 2.
+    down = f"settle:down:{kind}"
+    reserve, settle = at_once(r, [cmd, down, *policy, "COST", 5], [cmd, down, *policy, "REFUND", 2])
+    assert reserve[:3] == [1, 10, 5] and settle[:3] == [2, 10, 7], (reserve, settle)
+    # Reserve 5, the work used 8: COST 3 FORCE (fits: no debt).
+    up = f"settle:up:{kind}"
+    reserve, settle = at_once(r, [cmd, up, *policy, "COST", 5], [cmd, up, *policy, "COST", 3, "FORCE"])
+    assert reserve[:3] == [1, 10, 5] and settle[:4] == [1, 10, 2, 0], (reserve, settle)
+    # Reserve 8, the work used 15: COST 7 FORCE leaves a debt of 5; the
+    # next request is denied; a REFUND repays the debt first.
+    debt = f"settle:debt:{kind}"
+    reserve, settle, nxt, refund, after = at_once(
+        r,
+        [cmd, debt, *policy, "COST", 8],
+        [cmd, debt, *policy, "COST", 7, "FORCE"],
+        [cmd, debt, *policy],
+        [cmd, debt, *policy, "REFUND", 6],
+        [cmd, debt, *policy],
+    )
+    assert reserve[:3] == [1, 10, 2], reserve
+    assert settle[:3] == [1, 10, 0] and settle[3] > 0, settle
+    assert nxt[:3] == [0, 10, 0] and nxt[3] == settle[3], nxt
+    # 15 used of 10, 6 back: 9 used, 1 left (the log gives back the newest
+    # units: the 7 forced then 1 of the 8 reserved).
+    assert refund[:3] == [6, 10, 1], refund
+    assert after[:4] == [1, 10, 0, 0], after
+
+
+def test_multi_force_takes_from_every_limit(r):
+    keys = ["{m}tb", "{m}sl", "{m}sc", "{m}fw"]
+    limits = [
+        "TOKENBUCKET", 5, 5, 1000,
+        "SLIDINGLOG", 5, 1000,
+        "SLIDINGCOUNTER", 5, 1000,
+        "FIXEDWINDOW", 5, 1000, "WEIGHT", 1,
+    ]
+    forced, nxt = at_once(
+        r,
+        ["RL.MULTI", 4, *keys, *limits, "COST", 7, "FORCE"],
+        ["RL.MULTI", 4, *keys, *limits],
+    )
+    t_after = server_ms(r)
+    assert forced[0] == 1 and forced[2] == 0, forced
+    per = forced[6]
+    assert [p[0] for p in per] == [7, 7, 7, 7] and [p[2] for p in per] == [0, 0, 0, 0], per
+    # The call's wait is the longest limit's, for one following request.
+    assert forced[3] == max(p[3] for p in per) > 0, forced
+    assert nxt[0] == 0 and nxt[3] == forced[3], nxt
+    assert all(p[0] == 0 for p in nxt[6]), nxt
+    wait_past(r, t_after + 1 + forced[3])
+    assert r.execute_command("RL.MULTI", 4, *keys, *limits)[0] == 1
+    # WEIGHT multiplies the debit: 3 x 4 = 12 units of a limit of 5.
+    w = r.execute_command("RL.MULTI", 1, "{m}w", "SLIDINGLOG", 5, 1000, "WEIGHT", 4, "COST", 3, "FORCE")
+    assert w[6][0][:3] == [12, 5, 0] and w[0] == 1, w
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["RL.TOKENBUCKET", "k", 5, 1, 1000, "COST", 7, "FORCE", "PARTIAL"],
+        ["RL.SLIDINGLOG", "k", 5, 1000, "FORCE", "REFUND", 2],
+        ["RL.FIXEDWINDOW", "k", 5, 1000, "FORCE", "FORCE"],
+        ["RL.MULTI", 1, "k", "TOKENBUCKET", 5, 1, 1000, "CHECK", "FORCE"],
+        ["RL.MULTI", 1, "k", "SLIDINGCOUNTER", 5, 1000, "SHADOW", "FORCE"],
+        ["RL.MULTI", 1, "k", "CONCURRENCY", 5, 1000, "id-1", "COST", 7, "FORCE"],
+        ["RL.CONCURRENCY", "k", 5, 1000, "ACQUIRE", "id-1", "COST", 7, "FORCE"],
+    ],
+)
+def test_force_is_refused_where_it_has_no_meaning(r, args):
+    with pytest.raises(redis.ResponseError, match="syntax error"):
+        r.execute_command(*args)
+    assert not r.exists("k")
+
+
+def test_a_bucket_in_debt_persists_and_moves(r):
+    """DUMP/RESTORE and DEBUG RELOAD keep a debt; RL.STATE (the decoder
+    RDB and RESTORE share) takes encoding version 2, negative whole tokens
+    down to -(2^53 - 1), and refuses a deeper debt, negative tokens in
+    version 1 and a version 2 state not in debt."""
+    policy = [5, 1, 3_600_000]
+    r.execute_command("RL.TOKENBUCKET", "debt", *policy, "COST", 12, "FORCE")
+    digest = r.execute_command("DEBUG", "DIGEST-VALUE", "debt")
+    pexp = r.pexpiretime("debt")
+    dump = r.dump("debt")
+    r.delete("debt")
+    r.restore("debt", pexp, dump, absttl=True)
+    assert r.execute_command("DEBUG", "DIGEST-VALUE", "debt") == digest
+    r.execute_command("DEBUG", "RELOAD")
+    assert r.execute_command("DEBUG", "DIGEST-VALUE", "debt") == digest
+    dry = r.execute_command("RL.TOKENBUCKET", "debt", *policy, "DRYRUN")
+    # 8 tokens to the next one at 1 an hour (less what refilled meanwhile).
+    assert dry[:3] == [0, 5, 0] and dry[3] > 7 * 3_600_000, dry
+    now_us = server_ms(r) * 1000
+    abs_ms = now_us // 1000 + 3_600_000
+
+    def state(version, tokens):
+        body = struct.pack("<BqQQQ", version, tokens, 0, 3_600_000_000, now_us)
+        return payload("tb", abs_ms, body)
+
+    assert r.execute_command("RL.STATE", "deep", state(2, -((1 << 53) - 1))) is not None
+    deep = r.execute_command("RL.TOKENBUCKET", "deep", *policy, "DRYRUN")
+    assert deep[:3] == [0, 5, 0], deep
+    r.execute_command("RL.STATE", "seven", state(2, -7))
+    assert r.execute_command("DEBUG", "DIGEST-VALUE", "seven") != b"0" * 40
+    for bad in (state(2, -(1 << 53)), state(1, -7), state(2, 3)):
+        with pytest.raises(redis.ResponseError, match="invalid RL.STATE payload"):
+            r.execute_command("RL.STATE", "bad", bad)
+        assert not r.exists("bad")
