@@ -7,6 +7,7 @@ debt's end is awaited by polling the server's clock (rltesting.clock.
 wait_past) past the instant the reply names, measured from a TIME read
 after the call, so a stalled run waits longer but cannot fail.
 """
+import random
 import struct
 
 import pytest
@@ -14,6 +15,7 @@ import redis
 
 from rltesting.clock import server_ms, wait_past
 from rltesting.payloads import payload
+from rltesting.replication import start_replica, wait_ack, wait_aof_rewrite, wait_replica_synced
 
 # (command, the policy of a limit of 5): a bucket of 5 regaining 5 a second
 # (one token per 200 ms), windows of a second.
@@ -180,3 +182,43 @@ def test_a_bucket_in_debt_persists_and_moves(r):
         with pytest.raises(redis.ResponseError, match="invalid RL.STATE payload"):
             r.execute_command("RL.STATE", "bad", bad)
         assert not r.exists("bad")
+
+
+def test_debits_replicate_and_rewrite_as_effects(server_factory):
+    """Debits on every kind and RL.MULTI, mixed with takes and refunds,
+    with a replica and the AOF: the replica's keys have the primary's
+    digests and PEXPIRETIME (the effect carries the state in debt), and an
+    AOF rewrite loaded back gives the same digests."""
+    primary = server_factory(["--appendonly", "yes"])
+    m = primary.client()
+    rc = start_replica(server_factory, primary).client()
+    rng = random.Random(462)
+    hour = 3_600_000
+    for i in range(400):
+        k = rng.randrange(6)
+        opts = rng.choice([["COST", rng.randint(0, 12), "FORCE"], ["COST", rng.randint(0, 4)], ["REFUND", rng.randint(1, 6)],
+                           ["COST", rng.randint(20, 40), "FORCE"]])
+        cmd = [
+            ["RL.TOKENBUCKET", f"r:tb{k}", 5, rng.choice([1, 2]), hour],
+            ["RL.SLIDINGLOG", f"r:sl{k}", 5, hour],
+            ["RL.SLIDINGCOUNTER", f"r:sc{k}", 5, hour],
+            ["RL.FIXEDWINDOW", f"r:fw{k}", 5, hour, *(["FROMFIRST"] if k % 2 else [])],
+            ["RL.MULTI", 2, f"{{r}}mt{k}", f"{{r}}ms{k}", "TOKENBUCKET", 5, 1, hour, "SLIDINGLOG", 5, hour, "WEIGHT", 2],
+        ][rng.randrange(5)]
+        m.execute_command(*cmd, *opts)
+    wait_ack(m)
+    wait_replica_synced(m, rc)
+    keys = sorted(m.keys("*"))
+    assert len(keys) > 20
+    debts = 0
+    for key in keys:
+        assert m.execute_command("DEBUG", "DIGEST-VALUE", key) == rc.execute_command("DEBUG", "DIGEST-VALUE", key), key
+        assert m.pexpiretime(key) == rc.pexpiretime(key), key
+        if key.startswith(b"r:tb") and m.execute_command("RL.TOKENBUCKET", key, 5, 1, hour, "DRYRUN")[3] > 5 * hour:
+            debts += 1
+    assert debts > 0, "no bucket was left in debt"
+    before = {k: m.execute_command("DEBUG", "DIGEST-VALUE", k) for k in keys}
+    m.execute_command("BGREWRITEAOF")
+    wait_aof_rewrite(m)
+    m.execute_command("DEBUG", "LOADAOF")
+    assert {k: m.execute_command("DEBUG", "DIGEST-VALUE", k) for k in keys} == before
