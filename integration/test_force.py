@@ -7,13 +7,16 @@ debt's end is awaited by polling the server's clock (rltesting.clock.
 wait_past) past the instant the reply names, measured from a TIME read
 after the call, so a stalled run waits longer but cannot fail.
 """
+import random
 import struct
 
 import pytest
 import redis
 
 from rltesting.clock import server_ms, wait_past
+from rltesting.cluster import Cluster, key_slot, tags_in_slots
 from rltesting.payloads import payload
+from rltesting.replication import start_replica, wait_ack, wait_aof_rewrite, wait_replica_synced
 
 # (command, the policy of a limit of 5): a bucket of 5 regaining 5 a second
 # (one token per 200 ms), windows of a second.
@@ -180,3 +183,85 @@ def test_a_bucket_in_debt_persists_and_moves(r):
         with pytest.raises(redis.ResponseError, match="invalid RL.STATE payload"):
             r.execute_command("RL.STATE", "bad", bad)
         assert not r.exists("bad")
+
+
+def test_debits_replicate_and_rewrite_as_effects(server_factory):
+    """Debits on every kind and RL.MULTI, mixed with takes and refunds,
+    with a replica and the AOF: the replica's keys have the primary's
+    digests and PEXPIRETIME (the effect carries the state in debt), and an
+    AOF rewrite loaded back gives the same digests."""
+    primary = server_factory(["--appendonly", "yes"])
+    m = primary.client()
+    rc = start_replica(server_factory, primary).client()
+    rng = random.Random(462)
+    hour = 3_600_000
+    for i in range(400):
+        k = rng.randrange(6)
+        opts = rng.choice([["COST", rng.randint(0, 12), "FORCE"], ["COST", rng.randint(0, 4)], ["REFUND", rng.randint(1, 6)],
+                           ["COST", rng.randint(20, 40), "FORCE"]])
+        cmd = [
+            ["RL.TOKENBUCKET", f"r:tb{k}", 5, rng.choice([1, 2]), hour],
+            ["RL.SLIDINGLOG", f"r:sl{k}", 5, hour],
+            ["RL.SLIDINGCOUNTER", f"r:sc{k}", 5, hour],
+            ["RL.FIXEDWINDOW", f"r:fw{k}", 5, hour, *(["FROMFIRST"] if k % 2 else [])],
+            ["RL.MULTI", 2, f"{{r}}mt{k}", f"{{r}}ms{k}", "TOKENBUCKET", 5, 1, hour, "SLIDINGLOG", 5, hour, "WEIGHT", 2],
+        ][rng.randrange(5)]
+        m.execute_command(*cmd, *opts)
+    wait_ack(m)
+    wait_replica_synced(m, rc)
+    keys = sorted(m.keys("*"))
+    assert len(keys) > 20
+    debts = 0
+    for key in keys:
+        assert m.execute_command("DEBUG", "DIGEST-VALUE", key) == rc.execute_command("DEBUG", "DIGEST-VALUE", key), key
+        assert m.pexpiretime(key) == rc.pexpiretime(key), key
+        if key.startswith(b"r:tb") and m.execute_command("RL.TOKENBUCKET", key, 5, 1, hour, "DRYRUN")[3] > 5 * hour:
+            debts += 1
+    assert debts > 0, "no bucket was left in debt"
+    before = {k: m.execute_command("DEBUG", "DIGEST-VALUE", k) for k in keys}
+    m.execute_command("BGREWRITEAOF")
+    wait_aof_rewrite(m)
+    m.execute_command("DEBUG", "LOADAOF")
+    assert {k: m.execute_command("DEBUG", "DIGEST-VALUE", k) for k in keys} == before
+
+
+def node_view(cluster, key):
+    """(digest, PEXPIRETIME) of a key, read on the node that owns it."""
+    c = cluster.owner(key_slot(key.encode())).client()
+    return (c.execute_command("DEBUG", "DIGEST-VALUE", key)[0], c.execute_command("PEXPIRETIME", key))
+
+
+def test_debts_move_with_their_slots(server_factory):
+    """On a three-primary cluster: debits on hash-tagged keys (a bucket in
+    debt, a log and a window past their limits, an RL.MULTI debit of one
+    tenant) are routed to the slot's owner; a reshard of their slots
+    (MIGRATE: DUMP/RESTORE, the bucket's version 2 body) carries them byte
+    for byte, and the new owner goes on with the debt."""
+    cluster = Cluster(server_factory)
+    rc = cluster.client()
+    src = cluster.owner(0)
+    dst = next(s for s in cluster.nodes if s is not src)
+    hour = 3_600_000
+    tags = tags_in_slots(0, 64, 3, prefix="fd")
+    for t in tags:
+        assert rc.execute_command("RL.TOKENBUCKET", f"rl:{{{t}}}:tb", 5, 1, hour, "COST", 9, "FORCE")[:3] == [1, 5, 0]
+        assert rc.execute_command("RL.SLIDINGLOG", f"rl:{{{t}}}:sl", 5, hour, "COST", 8, "FORCE")[:3] == [1, 5, 0]
+        rep = rc.execute_command("RL.MULTI", 2, f"rl:{{{t}}}:fw", f"rl:{{{t}}}:tpm", "FIXEDWINDOW", 5, 1 << 40,
+                                 "TOKENBUCKET", 100, 100, 60_000, "WEIGHT", 20, "COST", 6, "FORCE")
+        assert rep[0] == 1 and [p[:3] for p in rep[6]] == [[6, 5, 0], [120, 100, 0]], rep
+    keys = [f"rl:{{{t}}}:{k}" for t in tags for k in ("tb", "sl", "fw", "tpm")]
+    before = {k: node_view(cluster, k) for k in keys}
+    cluster.reshard(src, dst, 64)
+    rc = cluster.client()
+    for k in keys:
+        assert cluster.owner(key_slot(k.encode())) is dst
+        # the state byte for byte (MIGRATE sends the TTL relative, so the
+        # expiry moves by the time the move took: not compared)
+        assert node_view(cluster, k)[0] == before[k][0], k
+    for t in tags:
+        # still in debt on the new owner: 4 tokens owed, the next one an hour
+        # past them; then a refund of 6 repays the debt and leaves 2
+        d = rc.execute_command("RL.TOKENBUCKET", f"rl:{{{t}}}:tb", 5, 1, hour)
+        assert d[:3] == [0, 5, 0] and d[3] > 4 * hour, d
+        assert rc.execute_command("RL.TOKENBUCKET", f"rl:{{{t}}}:tb", 5, 1, hour, "REFUND", 6)[:3] == [6, 5, 2]
+        assert rc.execute_command("RL.SLIDINGLOG", f"rl:{{{t}}}:sl", 5, hour)[:3] == [0, 5, 0]

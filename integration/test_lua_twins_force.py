@@ -142,3 +142,15 @@ def test_multi_force_refusals_match(pair_modes):
             rt = str(e)
         assert rm == rt == "syntax error", (args, rm, rt)
     assert not c.keys("*")
+
+
+def test_twin_bucket_declines_a_debt_beyond_its_exact_range(pair_modes):
+    """lua.md: the twin's bucket takes a debit only while a full refill from
+    the debt stays below 2^53 us; past that it decides as without FORCE
+    (denied), where the module, whose range is the contract's, takes it."""
+    c, tw = pair_modes
+    # 10^12 ms a token: a bucket of 5 refills in 5 * 10^15 us < 2^53.
+    params = [5, 1, 10**12]
+    assert tw("RL.TOKENBUCKET", "t:in", *params, "COST", 8, "FORCE")[:3] == [1, 5, 0]
+    assert tw("RL.TOKENBUCKET", "t:out", *params, "COST", 10, "FORCE")[:3] == [0, 5, 5]
+    assert c.execute_command("RL.TOKENBUCKET", "m:out", *params, "COST", 10, "FORCE")[:3] == [1, 5, 0]

@@ -51,6 +51,7 @@ impl WordLimiter for tb::State {
     fn refund(&self, p: &tb::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self) {
         tb::refund(self, p, n, want, now_us)
     }
+    #[cold]
     #[inline(never)]
     fn force(&self, p: &tb::Params, cost: u64, want: u64, now_us: u64) -> (Decision, Self) {
         tb::force(self, p, cost, want, now_us)
@@ -76,6 +77,7 @@ impl WordLimiter for sc::State {
     fn refund(&self, p: &sc::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self) {
         sc::refund(self, p, n, want, now_us)
     }
+    #[cold]
     #[inline(never)]
     fn force(&self, p: &sc::Params, cost: u64, want: u64, now_us: u64) -> (Decision, Self) {
         sc::force(self, p, cost, want, now_us)
@@ -160,6 +162,7 @@ impl WordLimiter for fw::State {
     fn refund(&self, p: &fw::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self) {
         fw::refund(self, p, n, want, now_us)
     }
+    #[cold]
     #[inline(never)]
     fn force(&self, p: &fw::Params, cost: u64, want: u64, now_us: u64) -> (Decision, Self) {
         fw::force(self, p, cost, want, now_us)

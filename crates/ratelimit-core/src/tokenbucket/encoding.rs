@@ -38,7 +38,9 @@ impl State {
 
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
         let mut out = [0u8; Self::ENCODED_LEN];
-        out[0] = if self.in_debt() { ENCODING_VERSION_DEBT } else { ENCODING_VERSION };
+        // 1, or 2 in debt (the sign bit of the tokens), without a branch.
+        const _: () = assert!(ENCODING_VERSION_DEBT == ENCODING_VERSION + 1);
+        out[0] = ENCODING_VERSION + (self.tokens >> 63) as u8;
         out[1..9].copy_from_slice(&self.tokens.to_le_bytes());
         out[9..17].copy_from_slice(&self.frac.to_le_bytes());
         out[17..25].copy_from_slice(&self.den.to_le_bytes());

@@ -602,6 +602,7 @@ fn step_wide(state: &State, p: &Params, den: u64, cost: u64, partial: bool, now_
 
 /// [`step`] of a bucket in debt: nothing is available until the debt is
 /// repaid.
+#[cold]
 #[inline(never)]
 fn step_signed(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
     let v = Sv::at(state, p, now_us);
