@@ -462,7 +462,12 @@ def partition_run(topo, hold_grants=2000, minority_clients=1, majority_clients=3
         # role for a while first): gateway A's connection still reaches it.
 
         def rejoined():
-            info = old.client(socket_timeout=2).info("replication")
+            # while it resyncs (a full sync loads the new primary's RDB) it
+            # may not answer within 2 s: not yet, ask again
+            try:
+                info = old.client(socket_timeout=2).info("replication")
+            except (redis.exceptions.TimeoutError, redis.exceptions.ConnectionError):
+                return False
             return (info["role"] == "slave" and info.get("master_host") == new.host
                     and info.get("master_link_status") == "up")
         wait_until(rejoined, timeout=60, interval=0.02, what="the old primary rejoined as a replica")
