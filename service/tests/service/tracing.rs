@@ -315,6 +315,14 @@ async fn parent_based_sampling_at_rate_zero() {
     assert_eq!(spans.len(), 3, "only the sampled parent's request");
     assert!(spans.iter().all(|(_, s)| s.trace_id == unhex(TRACE_ID)));
     assert_eq!(env.svc.service.tracer().unwrap().dropped(), 0);
+    // rate 1: a parent not sampled still decides (ParentBased), nothing
+    let c = http_collector(None).await;
+    let env = traced("trace-rate1", &c, &[]).await;
+    ask_with(&env, user("d"), &[("traceparent", &unsampled)]).await.unwrap();
+    ask_with(&env, user("e"), &[("traceparent", &tp)]).await.unwrap();
+    let spans = c.wait_spans(3).await;
+    assert_eq!(spans.len(), 3, "only the sampled parent's request");
+    assert!(spans.iter().all(|(_, s)| s.trace_id == unhex(TRACE_ID)));
 }
 
 #[tokio::test]
