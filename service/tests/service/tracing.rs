@@ -499,3 +499,37 @@ async fn sigterm_sends_the_spans_still_queued() {
     assert_eq!(names.len(), 3, "{names:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test]
+async fn a_stuck_collector_drops_spans_never_a_decision() {
+    // a collector that takes connections and never answers
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let cport = l.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((s, _)) = l.accept().await {
+            conns.push(s);
+        }
+    });
+    let endpoint = format!("http://127.0.0.1:{cport}");
+    let vars = [
+        ("TRACING_ENABLED", "true"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "1"),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1"),
+        // the first export waits for the whole test
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "600000"),
+        ("OTEL_BSP_EXPORT_TIMEOUT", "600000"),
+    ];
+    let env = Env::start("trace-stuck", CONFIG, &vars).await;
+    let tp = format!("00-{TRACE_ID}-{PARENT_ID}-01");
+    for n in 0..20 {
+        let r = ask_with(&env, user(&format!("u{n}")), &[("traceparent", &tp)]).await.unwrap();
+        assert_eq!(r.overall_code, OK);
+    }
+    // 60 spans: one in the stuck export, at most one in the queue, the rest dropped
+    let t = env.svc.service.tracer().unwrap();
+    assert!(t.dropped() >= 58, "{} dropped", t.dropped());
+    assert_eq!(t.exported(), 0);
+    held.abort();
+}
