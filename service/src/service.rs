@@ -87,6 +87,9 @@ impl<C: Connection> Service<C> {
         if self.backend.cluster {
             out.push_str(&self.backend.spread().render());
         }
+        if let Some(t) = &self.tracer {
+            out.push_str(&t.render());
+        }
         out
     }
 

@@ -278,6 +278,19 @@ impl Tracer {
         self.failed.load(Relaxed)
     }
 
+    /// The counters in Prometheus's text format (`/metrics`).
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        for (name, help, v) in [
+            ("redis_ratelimit_tracing_spans_exported", "Spans the OTLP collector accepted.", self.exported()),
+            ("redis_ratelimit_tracing_spans_failed", "Spans lost to failed OTLP exports.", self.failed()),
+            ("redis_ratelimit_tracing_spans_dropped", "Spans dropped, the export queue full.", self.dropped()),
+        ] {
+            out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}\n"));
+        }
+        out
+    }
+
     /// The server span of a request with this metadata, when sampled
     /// (ParentBased: a remote parent's flag decides, else the ratio).
     pub fn begin(&self, md: &tonic::metadata::MetadataMap, peer: Option<std::net::SocketAddr>) -> Option<ServerSpan> {

@@ -531,5 +531,9 @@ async fn a_stuck_collector_drops_spans_never_a_decision() {
     let t = env.svc.service.tracer().unwrap();
     assert!(t.dropped() >= 58, "{} dropped", t.dropped());
     assert_eq!(t.exported(), 0);
+    // and on /metrics
+    let m = env.svc.service.render_metrics();
+    let line = m.lines().find(|l| l.starts_with("redis_ratelimit_tracing_spans_dropped ")).expect("the dropped spans' line");
+    assert_eq!(line, format!("redis_ratelimit_tracing_spans_dropped {}", t.dropped()));
     held.abort();
 }
