@@ -765,7 +765,6 @@ impl Vars {
         Ok((config_dir, poll_interval))
     }
 
-    /// `USE_PROMETHEUS` with `PROMETHEUS_ADDR` and `PROMETHEUS_PATH`.
     /// `TRACING_ENABLED=true`: `TRACING_*` and the `OTEL_` variables of `env`.
     fn tracing(&self, env: &HashMap<String, String>) -> Result<Option<crate::otlp_settings::TraceSettings>, String> {
         if !flag("TRACING_ENABLED", &self.tracing_enabled)? {
@@ -781,6 +780,7 @@ impl Vars {
         crate::otlp_settings::TraceSettings::from_vars(&t, env).map(Some)
     }
 
+    /// `USE_PROMETHEUS` with `PROMETHEUS_ADDR` and `PROMETHEUS_PATH`.
     fn prometheus(&self) -> Result<Option<(String, String)>, String> {
         if !flag("USE_PROMETHEUS", &self.use_prometheus)? {
             return Ok(None);
