@@ -34,6 +34,7 @@ def A(name, typ, token=None, flags=(), children=()):
 GRANT_MODE = A("mode", "oneof", flags={"optional"}, children=[
     A("grant", "block", children=[A("cost", "integer", "COST", {"optional"}),
                                   A("partial", "pure-token", "PARTIAL", {"optional"}),
+                                  A("force", "pure-token", "FORCE", {"optional"}),
                                   A("dryrun", "pure-token", "DRYRUN", {"optional"})]),
     A("refund", "integer", "REFUND"),
 ])
@@ -66,6 +67,7 @@ EXPECTED_ARGS = {
         A("mode", "oneof", flags={"optional"}, children=[
             A("grant", "block", children=[A("cost", "integer", "COST", {"optional"}),
                                           A("partial", "pure-token", "PARTIAL", {"optional"}),
+                                          A("force", "pure-token", "FORCE", {"optional"}),
                                           A("dryrun", "pure-token", "DRYRUN", {"optional"})]),
             A("refund", "integer", "REFUND"),
         ]),
@@ -83,8 +85,9 @@ EXPECTED_ARGS = {
     "RL.STATE": [A("key", "key"), A("payload", "string")],
 }
 # The options each single command gained after its first version.
-EXPECTED_HISTORY = {c: [["0.2.0", "Added the `REFUND n` option."]]
+EXPECTED_HISTORY = {c: [["0.2.0", "Added the `REFUND n` option."], ["0.3.0", "Added the `FORCE` option."]]
                     for c in ("RL.TOKENBUCKET", "RL.SLIDINGLOG", "RL.SLIDINGCOUNTER")}
+EXPECTED_HISTORY["RL.MULTI"] = [["0.3.0", "Added the `FORCE` option."]]
 
 
 def arg_tree(args):
@@ -644,7 +647,7 @@ def test_cli_shows_argument_hints(server):
         time.sleep(0.5)
         # Redis 7.0 keeps no display text: the hint shows the argument's name.
         tb = (r"RL\.TOKENBUCKET key capacity rate period_ms "
-              r"\[\[COST (n|cost)\] \[PARTIAL\] \[DRYRUN\]\|REFUND (n|refund)\]")
+              r"\[\[COST (n|cost)\] \[PARTIAL\] \[FORCE\] \[DRYRUN\]\|REFUND (n|refund)\]")
         hint = screen_after("RL.TOKENBUCKET ", tb)
         assert re.search(tb, hint), hint
         w = r"\[WEIGHT (w|weight)\]"

@@ -107,14 +107,15 @@ do
   end
   p_limit, p_window_ms, p_fromfirst = limit, window_ms, false
 end
-local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst
+local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force
 do
   local argv, i, other, other_err, ff = argv, 2 + 1, nil, nil, 1
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
+  local cost, partial, dryrun, has_cost, refund, fromfirst, force = 1, false, false, false, nil, false, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST'
+        and opt ~= 'FORCE' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -124,18 +125,21 @@ do
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
+    elseif opt == 'PARTIAL' and not partial and not refund and not force then
       partial = true
       i = i + 1
     elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun or force) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FORCE' and not force and not partial and not refund then
+      force = true
+      i = i + 1
     elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
       fromfirst = true
       i = i + 1
@@ -145,7 +149,7 @@ do
       return redis.error_reply('ERR syntax error')
     end
   end
-  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = cost, partial, dryrun, refund, fromfirst
+  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force = cost, partial, dryrun, refund, fromfirst, force
 end
 p_fromfirst = r_fromfirst
 if p_range_err then return p_range_err end
@@ -208,12 +212,13 @@ if r_refund then
   end
   local r_remaining, r_retry, r_reset
   do
-    local cost, taken = 1, 0
+    local cost, taken, debit = 1, 0, false
     local count2 = s_count + taken
     s_count = count2
     local remaining = s_avail - taken
+    if remaining < 0 then remaining = 0 end
     local retry = 0
-    if taken < cost then
+    if taken < cost or debit then
       if cost > p_limit then
         retry = -1
       elseif cost > remaining then
@@ -238,6 +243,50 @@ if r_refund then
   return {r_given, p_limit, r_remaining, r_retry, r_reset}
 end
 
+if r_force then
+  -- A debit: all COST units, past the limit if the debt stays in range
+  -- (else decided as without FORCE, below); the reply is for a following
+  -- request of one unit.
+  local r_ok
+  do
+    local cost = r_cost
+    r_ok = s_count + cost <= MAX
+  end
+  if r_ok then
+    local r_left, r_wait, r_fresh
+    do
+      local cost, taken, debit = 1, r_cost, true
+      local count2 = s_count + taken
+      s_count = count2
+      local remaining = s_avail - taken
+      if remaining < 0 then remaining = 0 end
+      local retry = 0
+      if taken < cost or debit then
+        if cost > p_limit then
+          retry = -1
+        elseif cost > remaining then
+          retry = s_left
+        end
+      end
+      local reset = 0
+      if count2 > 0 then reset = s_left end
+      r_left, r_wait, r_fresh = remaining, retry, reset
+    end
+    if r_cost > 0 and not r_dryrun then
+      do
+        local key, reset = key, r_fresh
+        if reset == 0 then
+          redis.call('DEL', key)
+        else
+          redis.call('HSET', key, 'start', fmt(s_start), 'count', fmt(s_count))
+          redis.call('PEXPIREAT', key, fmt(s_start + p_window_ms))
+        end
+      end
+    end
+    return {1, p_limit, r_left, r_wait, r_fresh}
+  end
+end
+
 local avail = s_avail
 local granted = 0
 if r_cost <= avail then
@@ -247,12 +296,13 @@ elseif r_partial then
 end
 local r_remaining, r_retry, r_reset
 do
-  local cost, taken = r_cost, granted
+  local cost, taken, debit = r_cost, granted, false
   local count2 = s_count + taken
   s_count = count2
   local remaining = s_avail - taken
+  if remaining < 0 then remaining = 0 end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > p_limit then
       retry = -1
     elseif cost > remaining then

@@ -141,19 +141,21 @@ local function ceil_ms(a, b, c)
 end
 
 -- The options every command takes after its parameters, from argv[i] on:
---   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+--   [COST n] [PARTIAL] [DRYRUN] [REFUND n] [FORCE]
 -- and, when ff == 1 (RL.FIXEDWINDOW), [FROMFIRST] with either,
 -- in any order and case, each at most once; REFUND and the others exclude
 -- each other (the second one named is a syntax error, as in the module).
--- Returns cost, partial, dryrun, refund (nil unless REFUND), fromfirst, or
+-- FORCE (a debit) excludes PARTIAL and REFUND.
+-- Returns cost, partial, dryrun, refund (nil unless REFUND), fromfirst, force, or
 -- nil and an error reply; a word in `other` (RL.MULTI: an algorithm's name,
 -- one limit too many) answers `other_err` instead of a syntax error.
 local function parse_options(argv, i, other, other_err, ff)
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
+  local cost, partial, dryrun, has_cost, refund, fromfirst, force = 1, false, false, false, nil, false, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST'
+        and opt ~= 'FORCE' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -163,18 +165,21 @@ local function parse_options(argv, i, other, other_err, ff)
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
+    elseif opt == 'PARTIAL' and not partial and not refund and not force then
       partial = true
       i = i + 1
     elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun or force) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return nil, redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FORCE' and not force and not partial and not refund then
+      force = true
+      i = i + 1
     elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
       fromfirst = true
       i = i + 1
@@ -184,7 +189,7 @@ local function parse_options(argv, i, other, other_err, ff)
       return nil, redis.error_reply('ERR syntax error')
     end
   end
-  return cost, partial, dryrun, refund, fromfirst
+  return cost, partial, dryrun, refund, fromfirst, force
 end
 
 local MAX_PERIOD_MS = 9007199254740 -- period_ms * 1000 < 2^53
@@ -251,7 +256,8 @@ function TB.load(key, p, now)
   local n, f, t = capacity, 0, now -- a fresh bucket is full
   if st[1] then
     local sn, sf, st_ts, sp = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
-    if not (sn and sf and st_ts and sp) or sn < 0 or sf < 0 or sp < 1 or sf >= sp then
+    -- (negative whole tokens: a debt left by FORCE)
+    if not (sn and sf and st_ts and sp) or sn < -MAX or sf < 0 or sp < 1 or sf >= sp then
       return nil, redis.error_reply('ERR the token bucket state at this key is corrupt')
     end
     n, f, t = sn, sf, st_ts
@@ -282,7 +288,19 @@ function TB.load(key, p, now)
       t = now
     end -- else the clock stepped back (or did not move): nothing elapsed
   end
-  return {n = n, f = f, t = t, avail = n}
+  local avail = 0
+  if n > 0 then avail = n end
+  return {n = n, f = f, t = t, avail = avail}
+end
+
+-- A debit of `cost` tokens may go below zero: the whole tokens stay at or
+-- above -(2^53 - 1), and a full refill from there takes less than 2^53 us
+-- (the script's exact range; the module's range is wider, lua.md).
+function TB.debit_ok(p, s, cost)
+  local ok = false
+  local n = s.n - cost
+  if n >= -MAX and p.capacity - n <= MAX and muldiv(p.capacity - n, p.P, p.rate) ~= nil then ok = true end
+  return ok
 end
 
 -- A refund of m tokens: min(capacity, tokens + m). Returns the whole tokens
@@ -302,13 +320,14 @@ function TB.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function TB.report(p, s, cost, taken)
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function TB.report(p, s, cost, taken, debit)
   local capacity, n = p.capacity, s.n - taken
   s.n = n
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > capacity then
       retry = -1
     elseif cost > n then
@@ -319,7 +338,9 @@ function TB.report(p, s, cost, taken)
   if n < capacity then
     reset = ceil_ms(wait_us(capacity - n, s.f, p.P, p.rate))
   end
-  return n, retry, reset
+  local remaining = 0
+  if n > 0 then remaining = n end
+  return remaining, retry, reset
 end
 
 -- Store the state with TTL reset_after_ms (a full bucket is not stored).
@@ -472,16 +493,23 @@ function SL.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function SL.report(p, s, cost, taken)
+-- A debit of `cost` units may pass the limit (one entry, whatever its
+-- units): the units in the window stay at most 2^53 - 1.
+function SL.debit_ok(p, s, cost)
+  return s.used + cost <= MAX
+end
+
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function SL.report(p, s, cost, taken, debit)
   local limit, now = p.limit, s.now
   s.granted = taken
   local after = s.used + s.granted
   local remaining = 0
   if after < limit then remaining = limit - after end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > limit then
       retry = -1
     elseif cost > remaining then
@@ -666,15 +694,23 @@ function SC.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function SC.report(p, s, cost, taken)
+-- A debit of `cost` units may pass the limit: the current window's count
+-- stays at most 2^53 - 1.
+function SC.debit_ok(p, s, cost)
+  return s.cur + cost <= MAX
+end
+
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function SC.report(p, s, cost, taken, debit)
   local limit, W, e, prev, lag = p.limit, p.W, s.e, s.prev, s.lag
   local cur2 = s.cur + taken
   s.cur = cur2
   local remaining = s.avail - taken
+  if remaining < 0 then remaining = 0 end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > limit then
       retry = -1
     elseif cost > remaining then
@@ -822,14 +858,22 @@ function FW.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function FW.report(p, s, cost, taken)
+-- A debit of `cost` units may pass the limit: the count stays at most
+-- 2^53 - 1.
+function FW.debit_ok(p, s, cost)
+  return s.count + cost <= MAX
+end
+
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function FW.report(p, s, cost, taken, debit)
   local count2 = s.count + taken
   s.count = count2
   local remaining = s.avail - taken
+  if remaining < 0 then remaining = 0 end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > p.limit then
       retry = -1
     elseif cost > remaining then
@@ -1178,9 +1222,17 @@ local function rl_multi(keys, argv)
     end
     lims[j] = {A = A, p = p, w = w, check = check, shadow = shadow}
   end
-  local cost, partial, dryrun, refund = parse_options(argv, i, MULTI_ALGS, LIMIT_COUNT_ERR)
+  local cost, partial, dryrun, refund, _, force = parse_options(argv, i, MULTI_ALGS, LIMIT_COUNT_ERR)
   if not cost then return partial end
   if refund and flagged then return redis.error_reply(SYNTAX_ERR) end
+  if force then
+    -- a debit takes from every limit: not with CHECK or SHADOW, nor past a
+    -- concurrency limit
+    if flagged then return redis.error_reply(SYNTAX_ERR) end
+    for j = 1, nkeys do
+      if lims[j].A == CC then return redis.error_reply(SYNTAX_ERR) end
+    end
+  end
   local n = nkeys
   for j = 2, n do
     for j2 = 1, j - 1 do
@@ -1221,7 +1273,20 @@ local function rl_multi(keys, argv)
   -- Decide: took[j] units taken (or given back), wanted[j] = COST * WEIGHT.
   local took, wanted = {}, {}
   local allowed, granted = 0, true
-  if refund then
+  if force then
+    -- FORCE: every limit takes COST * WEIGHT past its limit, unless a debt
+    -- would leave its range (then the call is decided as without FORCE).
+    for j = 1, n do
+      local L = lims[j]
+      if not L.A.debit_ok(L.p, st[j], cost * L.w) then force = false end
+    end
+  end
+  if force then
+    for j = 1, n do
+      wanted[j], took[j] = lims[j].w, cost * lims[j].w
+    end
+    allowed = 1
+  elseif refund then
     for j = 1, n do
       local L = lims[j]
       took[j] = L.A.give(L.p, st[j], refund * L.w)
@@ -1271,6 +1336,8 @@ local function rl_multi(keys, argv)
     local rem, wait, reset
     if refund then -- the reply for a following request (WEIGHT units)
       rem, wait, reset = L.A.report(L.p, st[j], L.w, 0)
+    elseif force then -- the same, after the debit
+      rem, wait, reset = L.A.report(L.p, st[j], L.w, took[j], true)
     else
       rem, wait, reset = L.A.report(L.p, st[j], wanted[j], took[j])
     end
@@ -1284,7 +1351,7 @@ local function rl_multi(keys, argv)
       if not granted then b = j end
     end
   end
-  if granted and not refund then retry = 0 end
+  if granted and not refund and not force then retry = 0 end
 
   if refund then
     for j = 1, n do
@@ -1330,14 +1397,15 @@ do
     p_range_err = redis.error_reply('ERR capacity*period_ms*1000/rate is beyond the exact range of the Lua script (a full refill must take less than 2^53 us)')
   end
 end
-local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst
+local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force
 do
   local argv, i, other, other_err, ff = argv, 3 + 1, nil, nil, 0
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
+  local cost, partial, dryrun, has_cost, refund, fromfirst, force = 1, false, false, false, nil, false, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST'
+        and opt ~= 'FORCE' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -1347,18 +1415,21 @@ do
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
+    elseif opt == 'PARTIAL' and not partial and not refund and not force then
       partial = true
       i = i + 1
     elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun or force) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FORCE' and not force and not partial and not refund then
+      force = true
+      i = i + 1
     elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
       fromfirst = true
       i = i + 1
@@ -1368,7 +1439,7 @@ do
       return redis.error_reply('ERR syntax error')
     end
   end
-  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = cost, partial, dryrun, refund, fromfirst
+  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force = cost, partial, dryrun, refund, fromfirst, force
 end
 p_fromfirst = r_fromfirst
 if p_range_err then return p_range_err end
@@ -1386,7 +1457,8 @@ do
   local n, f, t = capacity, 0, now -- a fresh bucket is full
   if st[1] then
     local sn, sf, st_ts, sp = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
-    if not (sn and sf and st_ts and sp) or sn < 0 or sf < 0 or sp < 1 or sf >= sp then
+    -- (negative whole tokens: a debt left by FORCE)
+    if not (sn and sf and st_ts and sp) or sn < -MAX or sf < 0 or sp < 1 or sf >= sp then
       return redis.error_reply('ERR the token bucket state at this key is corrupt')
     end
     n, f, t = sn, sf, st_ts
@@ -1417,7 +1489,9 @@ do
       t = now
     end -- else the clock stepped back (or did not move): nothing elapsed
   end
-  s_n, s_f, s_t, s_avail = n, f, t, n
+  local avail = 0
+  if n > 0 then avail = n end
+  s_n, s_f, s_t, s_avail = n, f, t, avail
 end
 
 if r_refund then
@@ -1440,11 +1514,11 @@ if r_refund then
   end
   local r_remaining, r_retry, r_reset
   do
-    local cost, taken = 1, 0
+    local cost, taken, debit = 1, 0, false
     local capacity, n = p_capacity, s_n - taken
     s_n = n
     local retry = 0
-    if taken < cost then
+    if taken < cost or debit then
       if cost > capacity then
         retry = -1
       elseif cost > n then
@@ -1455,7 +1529,9 @@ if r_refund then
     if n < capacity then
       reset = ceil_ms(wait_us(capacity - n, s_f, p_P, p_rate))
     end
-    r_remaining, r_retry, r_reset = n, retry, reset
+    local remaining = 0
+    if n > 0 then remaining = n end
+    r_remaining, r_retry, r_reset = remaining, retry, reset
   end
   if r_given > 0 then
     do
@@ -1471,6 +1547,55 @@ if r_refund then
   return {r_given, p_limit, r_remaining, r_retry, r_reset}
 end
 
+if r_force then
+  -- A debit: all COST units, past the limit if the debt stays in range
+  -- (else decided as without FORCE, below); the reply is for a following
+  -- request of one unit.
+  local r_ok
+  do
+    local cost = r_cost
+    local ok = false
+    local n = s_n - cost
+    if n >= -MAX and p_capacity - n <= MAX and muldiv(p_capacity - n, p_P, p_rate) ~= nil then ok = true end
+    r_ok = ok
+  end
+  if r_ok then
+    local r_left, r_wait, r_fresh
+    do
+      local cost, taken, debit = 1, r_cost, true
+      local capacity, n = p_capacity, s_n - taken
+      s_n = n
+      local retry = 0
+      if taken < cost or debit then
+        if cost > capacity then
+          retry = -1
+        elseif cost > n then
+          retry = ceil_ms(wait_us(cost - n, s_f, p_P, p_rate))
+        end
+      end
+      local reset = 0
+      if n < capacity then
+        reset = ceil_ms(wait_us(capacity - n, s_f, p_P, p_rate))
+      end
+      local remaining = 0
+      if n > 0 then remaining = n end
+      r_left, r_wait, r_fresh = remaining, retry, reset
+    end
+    if r_cost > 0 and not r_dryrun then
+      do
+        local key, reset = key, r_fresh
+        if reset == 0 then
+          redis.call('DEL', key)
+        else
+          redis.call('HSET', key, 'tokens', fmt(s_n), 'frac', fmt(s_f), 'ts', fmt(s_t), 'scale', fmt(p_P))
+          redis.call('PEXPIRE', key, fmt(reset))
+        end
+      end
+    end
+    return {1, p_limit, r_left, r_wait, r_fresh}
+  end
+end
+
 local avail = s_avail
 local granted = 0
 if r_cost <= avail then
@@ -1480,11 +1605,11 @@ elseif r_partial then
 end
 local r_remaining, r_retry, r_reset
 do
-  local cost, taken = r_cost, granted
+  local cost, taken, debit = r_cost, granted, false
   local capacity, n = p_capacity, s_n - taken
   s_n = n
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > capacity then
       retry = -1
     elseif cost > n then
@@ -1495,7 +1620,9 @@ do
   if n < capacity then
     reset = ceil_ms(wait_us(capacity - n, s_f, p_P, p_rate))
   end
-  r_remaining, r_retry, r_reset = n, retry, reset
+  local remaining = 0
+  if n > 0 then remaining = n end
+  r_remaining, r_retry, r_reset = remaining, retry, reset
 end
 if granted > 0 and not r_dryrun then
   do
@@ -1539,14 +1666,15 @@ do
     p_range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
   end
 end
-local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst
+local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force
 do
   local argv, i, other, other_err, ff = argv, 2 + 1, nil, nil, 0
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
+  local cost, partial, dryrun, has_cost, refund, fromfirst, force = 1, false, false, false, nil, false, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST'
+        and opt ~= 'FORCE' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -1556,18 +1684,21 @@ do
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
+    elseif opt == 'PARTIAL' and not partial and not refund and not force then
       partial = true
       i = i + 1
     elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun or force) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FORCE' and not force and not partial and not refund then
+      force = true
+      i = i + 1
     elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
       fromfirst = true
       i = i + 1
@@ -1577,7 +1708,7 @@ do
       return redis.error_reply('ERR syntax error')
     end
   end
-  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = cost, partial, dryrun, refund, fromfirst
+  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force = cost, partial, dryrun, refund, fromfirst, force
 end
 p_fromfirst = r_fromfirst
 if p_range_err then return p_range_err end
@@ -1666,14 +1797,14 @@ if r_refund then
   end
   local r_remaining, r_retry, r_reset
   do
-    local cost, taken = 1, 0
+    local cost, taken, debit = 1, 0, false
     local limit, now = p_limit, s_now
     s_granted = taken
     local after = s_used + s_granted
     local remaining = 0
     if after < limit then remaining = limit - after end
     local retry = 0
-    if taken < cost then
+    if taken < cost or debit then
       if cost > limit then
         retry = -1
       elseif cost > remaining then
@@ -1751,6 +1882,104 @@ if r_refund then
   return {r_given, p_limit, r_remaining, r_retry, r_reset}
 end
 
+if r_force then
+  -- A debit: all COST units, past the limit if the debt stays in range
+  -- (else decided as without FORCE, below); the reply is for a following
+  -- request of one unit.
+  local r_ok
+  do
+    local cost = r_cost
+    r_ok = s_used + cost <= MAX
+  end
+  if r_ok then
+    local r_left, r_wait, r_fresh
+    do
+      local cost, taken, debit = 1, r_cost, true
+      local limit, now = p_limit, s_now
+      s_granted = taken
+      local after = s_used + s_granted
+      local remaining = 0
+      if after < limit then remaining = limit - after end
+      local retry = 0
+      if taken < cost or debit then
+        if cost > limit then
+          retry = -1
+        elseif cost > remaining then
+          -- The same call fits once `need` units have left the window: find the
+          -- oldest grant t_k whose expiry frees that many; retry at t_k + W.
+          -- (0 < need <= after: the walk always ends, at the latest at the units
+          -- this call granted now.)
+          local need = (after - limit) + cost
+          local acc, tk = 0, nil
+          local lo = '(' .. s_cutoff_arg
+          local offset, batch = 0, 16
+          while tk == nil do
+            local rows = redis.call('ZRANGEBYSCORE', s_key, lo, '+inf', 'WITHSCORES', 'LIMIT', offset, batch)
+            for j = 1, #rows, 2 do
+              acc = acc + log_units(rows[j])
+              if acc >= need then
+                tk = tonumber(rows[j + 1])
+                break
+              end
+            end
+            if tk == nil then
+              if #rows < 2 * batch then break end
+              offset = offset + batch
+              if batch < 1024 then batch = batch * 2 end
+            end
+          end
+          if tk == nil then tk = now end -- covered by this call's own grant
+          retry = ceil_ms(p_W - (now - tk))
+        end
+      end
+      local reset = 0
+      if s_granted > 0 then
+        reset = p_window_ms -- the newest grant is now
+      elseif s_newest then
+        reset = ceil_ms(p_W - (now - s_newest))
+      end
+      r_left, r_wait, r_fresh = remaining, retry, reset
+    end
+    if r_cost > 0 and not r_dryrun then
+      do
+        local key, reset = key, r_fresh
+        if reset == 0 then
+          redis.call('DEL', key)
+        else
+          if s_n_expired > 0 then
+            redis.call('ZREMRANGEBYSCORE', key, '(0', s_cutoff_arg)
+          end
+          local after = s_used + s_granted
+          if s_granted > 0 then
+            local u = s_granted
+            if s_newest == s_now then
+              -- A grant in the same microsecond (or after the clock stepped back):
+              -- fold it into the newest entry.
+              u = u + log_units(s_newest_member)
+              redis.call('ZREM', key, s_newest_member)
+            end
+            local t = fmt(s_now)
+            redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(u))
+          else -- a refund
+            if s_lowest then
+              redis.call('ZREMRANGEBYSCORE', key, s_lowest, '+inf')
+            end
+            if s_keep then
+              redis.call('ZREM', key, s_keep)
+              local t = fmt(s_newest)
+              redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(s_keep_units))
+            else
+              redis.call('ZADD', key, fmt(-after), '#')
+            end
+          end
+          redis.call('PEXPIRE', key, fmt(reset))
+        end
+      end
+    end
+    return {1, p_limit, r_left, r_wait, r_fresh}
+  end
+end
+
 local avail = s_avail
 local granted = 0
 if r_cost <= avail then
@@ -1760,14 +1989,14 @@ elseif r_partial then
 end
 local r_remaining, r_retry, r_reset
 do
-  local cost, taken = r_cost, granted
+  local cost, taken, debit = r_cost, granted, false
   local limit, now = p_limit, s_now
   s_granted = taken
   local after = s_used + s_granted
   local remaining = 0
   if after < limit then remaining = limit - after end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > limit then
       retry = -1
     elseif cost > remaining then
@@ -1873,14 +2102,15 @@ do
     p_range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
   end
 end
-local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst
+local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force
 do
   local argv, i, other, other_err, ff = argv, 2 + 1, nil, nil, 0
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
+  local cost, partial, dryrun, has_cost, refund, fromfirst, force = 1, false, false, false, nil, false, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST'
+        and opt ~= 'FORCE' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -1890,18 +2120,21 @@ do
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
+    elseif opt == 'PARTIAL' and not partial and not refund and not force then
       partial = true
       i = i + 1
     elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun or force) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FORCE' and not force and not partial and not refund then
+      force = true
+      i = i + 1
     elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
       fromfirst = true
       i = i + 1
@@ -1911,7 +2144,7 @@ do
       return redis.error_reply('ERR syntax error')
     end
   end
-  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = cost, partial, dryrun, refund, fromfirst
+  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force = cost, partial, dryrun, refund, fromfirst, force
 end
 p_fromfirst = r_fromfirst
 if p_range_err then return p_range_err end
@@ -2000,13 +2233,14 @@ if r_refund then
   end
   local r_remaining, r_retry, r_reset
   do
-    local cost, taken = 1, 0
+    local cost, taken, debit = 1, 0, false
     local limit, W, e, prev, lag = p_limit, p_W, s_e, s_prev, s_lag
     local cur2 = s_cur + taken
     s_cur = cur2
     local remaining = s_avail - taken
+    if remaining < 0 then remaining = 0 end
     local retry = 0
-    if taken < cost then
+    if taken < cost or debit then
       if cost > limit then
         retry = -1
       elseif cost > remaining then
@@ -2057,6 +2291,77 @@ if r_refund then
   return {r_given, p_limit, r_remaining, r_retry, r_reset}
 end
 
+if r_force then
+  -- A debit: all COST units, past the limit if the debt stays in range
+  -- (else decided as without FORCE, below); the reply is for a following
+  -- request of one unit.
+  local r_ok
+  do
+    local cost = r_cost
+    r_ok = s_cur + cost <= MAX
+  end
+  if r_ok then
+    local r_left, r_wait, r_fresh
+    do
+      local cost, taken, debit = 1, r_cost, true
+      local limit, W, e, prev, lag = p_limit, p_W, s_e, s_prev, s_lag
+      local cur2 = s_cur + taken
+      s_cur = cur2
+      local remaining = s_avail - taken
+      if remaining < 0 then remaining = 0 end
+      local retry = 0
+      if taken < cost or debit then
+        if cost > limit then
+          retry = -1
+        elseif cost > remaining then
+          local wait, wait2 = 0, 0 -- in us: wait + wait2 (each < 2^53)
+          local m = nil
+          if cur2 <= limit - cost and prev > 0 then
+            -- In this window once prev's weight has shrunk enough:
+            -- prev*(W-x) <= (limit-cost-cur2)*W  <=>  x >= W - floor((limit-cost-cur2)*W/prev).
+            m = muldiv(limit - cost - cur2, W, prev) -- nil: beyond 2^53, so >= W
+          end
+          if cur2 <= limit - cost and (prev == 0 or m == nil or m > 0) then
+            if m ~= nil and W - m > e then wait = (W - m) - e end
+          else
+            -- Only in the next window, where cur2 becomes prev:
+            -- cur2*(W-x) + cost*W <= limit*W  <=>  x >= W - floor((limit-cost)*W/cur2),
+            -- or else at the start of the window after, where both count zero.
+            wait = W - e
+            local m2 = nil -- (cur2 == 0: nothing counts against it there)
+            if cur2 > 0 then m2 = muldiv(limit - cost, W, cur2) end
+            if m2 == nil or m2 >= W then
+              wait2 = 0
+            else
+              wait2 = W - m2 -- (W when cost == limit: the window after)
+            end
+          end
+          retry = ceil_ms(wait, wait2, lag)
+        end
+      end
+      local reset = 0
+      if cur2 > 0 then
+        reset = ceil_ms(W, W - e, lag)
+      elseif prev > 0 then
+        reset = ceil_ms(W - e, lag)
+      end
+      r_left, r_wait, r_fresh = remaining, retry, reset
+    end
+    if r_cost > 0 and not r_dryrun then
+      do
+        local key, reset = key, r_fresh
+        if reset == 0 then
+          redis.call('DEL', key)
+        else
+          redis.call('HSET', key, 'win', fmt(s_start), 'cur', fmt(s_cur), 'prev', fmt(s_prev))
+          redis.call('PEXPIRE', key, fmt(reset))
+        end
+      end
+    end
+    return {1, p_limit, r_left, r_wait, r_fresh}
+  end
+end
+
 local avail = s_avail
 local granted = 0
 if r_cost <= avail then
@@ -2066,13 +2371,14 @@ elseif r_partial then
 end
 local r_remaining, r_retry, r_reset
 do
-  local cost, taken = r_cost, granted
+  local cost, taken, debit = r_cost, granted, false
   local limit, W, e, prev, lag = p_limit, p_W, s_e, s_prev, s_lag
   local cur2 = s_cur + taken
   s_cur = cur2
   local remaining = s_avail - taken
+  if remaining < 0 then remaining = 0 end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > limit then
       retry = -1
     elseif cost > remaining then
@@ -2146,14 +2452,15 @@ do
   end
   p_limit, p_window_ms, p_fromfirst = limit, window_ms, false
 end
-local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst
+local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force
 do
   local argv, i, other, other_err, ff = argv, 2 + 1, nil, nil, 1
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
+  local cost, partial, dryrun, has_cost, refund, fromfirst, force = 1, false, false, false, nil, false, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST'
+        and opt ~= 'FORCE' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -2163,18 +2470,21 @@ do
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
+    elseif opt == 'PARTIAL' and not partial and not refund and not force then
       partial = true
       i = i + 1
     elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun or force) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FORCE' and not force and not partial and not refund then
+      force = true
+      i = i + 1
     elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
       fromfirst = true
       i = i + 1
@@ -2184,7 +2494,7 @@ do
       return redis.error_reply('ERR syntax error')
     end
   end
-  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = cost, partial, dryrun, refund, fromfirst
+  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force = cost, partial, dryrun, refund, fromfirst, force
 end
 p_fromfirst = r_fromfirst
 if p_range_err then return p_range_err end
@@ -2247,12 +2557,13 @@ if r_refund then
   end
   local r_remaining, r_retry, r_reset
   do
-    local cost, taken = 1, 0
+    local cost, taken, debit = 1, 0, false
     local count2 = s_count + taken
     s_count = count2
     local remaining = s_avail - taken
+    if remaining < 0 then remaining = 0 end
     local retry = 0
-    if taken < cost then
+    if taken < cost or debit then
       if cost > p_limit then
         retry = -1
       elseif cost > remaining then
@@ -2277,6 +2588,50 @@ if r_refund then
   return {r_given, p_limit, r_remaining, r_retry, r_reset}
 end
 
+if r_force then
+  -- A debit: all COST units, past the limit if the debt stays in range
+  -- (else decided as without FORCE, below); the reply is for a following
+  -- request of one unit.
+  local r_ok
+  do
+    local cost = r_cost
+    r_ok = s_count + cost <= MAX
+  end
+  if r_ok then
+    local r_left, r_wait, r_fresh
+    do
+      local cost, taken, debit = 1, r_cost, true
+      local count2 = s_count + taken
+      s_count = count2
+      local remaining = s_avail - taken
+      if remaining < 0 then remaining = 0 end
+      local retry = 0
+      if taken < cost or debit then
+        if cost > p_limit then
+          retry = -1
+        elseif cost > remaining then
+          retry = s_left
+        end
+      end
+      local reset = 0
+      if count2 > 0 then reset = s_left end
+      r_left, r_wait, r_fresh = remaining, retry, reset
+    end
+    if r_cost > 0 and not r_dryrun then
+      do
+        local key, reset = key, r_fresh
+        if reset == 0 then
+          redis.call('DEL', key)
+        else
+          redis.call('HSET', key, 'start', fmt(s_start), 'count', fmt(s_count))
+          redis.call('PEXPIREAT', key, fmt(s_start + p_window_ms))
+        end
+      end
+    end
+    return {1, p_limit, r_left, r_wait, r_fresh}
+  end
+end
+
 local avail = s_avail
 local granted = 0
 if r_cost <= avail then
@@ -2286,12 +2641,13 @@ elseif r_partial then
 end
 local r_remaining, r_retry, r_reset
 do
-  local cost, taken = r_cost, granted
+  local cost, taken, debit = r_cost, granted, false
   local count2 = s_count + taken
   s_count = count2
   local remaining = s_avail - taken
+  if remaining < 0 then remaining = 0 end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > p_limit then
       retry = -1
     elseif cost > remaining then

@@ -156,19 +156,21 @@ local function ceil_ms(a, b, c)
 end
 
 -- The options every command takes after its parameters, from argv[i] on:
---   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+--   [COST n] [PARTIAL] [DRYRUN] [REFUND n] [FORCE]
 -- and, when ff == 1 (RL.FIXEDWINDOW), [FROMFIRST] with either,
 -- in any order and case, each at most once; REFUND and the others exclude
 -- each other (the second one named is a syntax error, as in the module).
--- Returns cost, partial, dryrun, refund (nil unless REFUND), fromfirst, or
+-- FORCE (a debit) excludes PARTIAL and REFUND.
+-- Returns cost, partial, dryrun, refund (nil unless REFUND), fromfirst, force, or
 -- nil and an error reply; a word in `other` (RL.MULTI: an algorithm's name,
 -- one limit too many) answers `other_err` instead of a syntax error.
 local function parse_options(argv, i, other, other_err, ff)
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
+  local cost, partial, dryrun, has_cost, refund, fromfirst, force = 1, false, false, false, nil, false, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST'
+        and opt ~= 'FORCE' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -178,18 +180,21 @@ local function parse_options(argv, i, other, other_err, ff)
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
+    elseif opt == 'PARTIAL' and not partial and not refund and not force then
       partial = true
       i = i + 1
     elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun or force) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return nil, redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FORCE' and not force and not partial and not refund then
+      force = true
+      i = i + 1
     elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
       fromfirst = true
       i = i + 1
@@ -199,7 +204,7 @@ local function parse_options(argv, i, other, other_err, ff)
       return nil, redis.error_reply('ERR syntax error')
     end
   end
-  return cost, partial, dryrun, refund, fromfirst
+  return cost, partial, dryrun, refund, fromfirst, force
 end
 
 local MAX_PERIOD_MS = 9007199254740 -- period_ms * 1000 < 2^53
@@ -266,7 +271,8 @@ function TB.load(key, p, now)
   local n, f, t = capacity, 0, now -- a fresh bucket is full
   if st[1] then
     local sn, sf, st_ts, sp = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
-    if not (sn and sf and st_ts and sp) or sn < 0 or sf < 0 or sp < 1 or sf >= sp then
+    -- (negative whole tokens: a debt left by FORCE)
+    if not (sn and sf and st_ts and sp) or sn < -MAX or sf < 0 or sp < 1 or sf >= sp then
       return nil, redis.error_reply('ERR the token bucket state at this key is corrupt')
     end
     n, f, t = sn, sf, st_ts
@@ -297,7 +303,19 @@ function TB.load(key, p, now)
       t = now
     end -- else the clock stepped back (or did not move): nothing elapsed
   end
-  return {n = n, f = f, t = t, avail = n}
+  local avail = 0
+  if n > 0 then avail = n end
+  return {n = n, f = f, t = t, avail = avail}
+end
+
+-- A debit of `cost` tokens may go below zero: the whole tokens stay at or
+-- above -(2^53 - 1), and a full refill from there takes less than 2^53 us
+-- (the script's exact range; the module's range is wider, lua.md).
+function TB.debit_ok(p, s, cost)
+  local ok = false
+  local n = s.n - cost
+  if n >= -MAX and p.capacity - n <= MAX and muldiv(p.capacity - n, p.P, p.rate) ~= nil then ok = true end
+  return ok
 end
 
 -- A refund of m tokens: min(capacity, tokens + m). Returns the whole tokens
@@ -317,13 +335,14 @@ function TB.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function TB.report(p, s, cost, taken)
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function TB.report(p, s, cost, taken, debit)
   local capacity, n = p.capacity, s.n - taken
   s.n = n
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > capacity then
       retry = -1
     elseif cost > n then
@@ -334,7 +353,9 @@ function TB.report(p, s, cost, taken)
   if n < capacity then
     reset = ceil_ms(wait_us(capacity - n, s.f, p.P, p.rate))
   end
-  return n, retry, reset
+  local remaining = 0
+  if n > 0 then remaining = n end
+  return remaining, retry, reset
 end
 
 -- Store the state with TTL reset_after_ms (a full bucket is not stored).
@@ -487,16 +508,23 @@ function SL.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function SL.report(p, s, cost, taken)
+-- A debit of `cost` units may pass the limit (one entry, whatever its
+-- units): the units in the window stay at most 2^53 - 1.
+function SL.debit_ok(p, s, cost)
+  return s.used + cost <= MAX
+end
+
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function SL.report(p, s, cost, taken, debit)
   local limit, now = p.limit, s.now
   s.granted = taken
   local after = s.used + s.granted
   local remaining = 0
   if after < limit then remaining = limit - after end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > limit then
       retry = -1
     elseif cost > remaining then
@@ -681,15 +709,23 @@ function SC.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function SC.report(p, s, cost, taken)
+-- A debit of `cost` units may pass the limit: the current window's count
+-- stays at most 2^53 - 1.
+function SC.debit_ok(p, s, cost)
+  return s.cur + cost <= MAX
+end
+
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function SC.report(p, s, cost, taken, debit)
   local limit, W, e, prev, lag = p.limit, p.W, s.e, s.prev, s.lag
   local cur2 = s.cur + taken
   s.cur = cur2
   local remaining = s.avail - taken
+  if remaining < 0 then remaining = 0 end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > limit then
       retry = -1
     elseif cost > remaining then
@@ -837,14 +873,22 @@ function FW.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function FW.report(p, s, cost, taken)
+-- A debit of `cost` units may pass the limit: the count stays at most
+-- 2^53 - 1.
+function FW.debit_ok(p, s, cost)
+  return s.count + cost <= MAX
+end
+
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function FW.report(p, s, cost, taken, debit)
   local count2 = s.count + taken
   s.count = count2
   local remaining = s.avail - taken
+  if remaining < 0 then remaining = 0 end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > p.limit then
       retry = -1
     elseif cost > remaining then
@@ -1113,9 +1157,17 @@ local function rl_multi(keys, argv)
     end
     lims[j] = {A = A, p = p, w = w, check = check, shadow = shadow}
   end
-  local cost, partial, dryrun, refund = parse_options(argv, i, MULTI_ALGS, LIMIT_COUNT_ERR)
+  local cost, partial, dryrun, refund, _, force = parse_options(argv, i, MULTI_ALGS, LIMIT_COUNT_ERR)
   if not cost then return partial end
   if refund and flagged then return redis.error_reply(SYNTAX_ERR) end
+  if force then
+    -- a debit takes from every limit: not with CHECK or SHADOW, nor past a
+    -- concurrency limit
+    if flagged then return redis.error_reply(SYNTAX_ERR) end
+    for j = 1, nkeys do
+      if lims[j].A == CC then return redis.error_reply(SYNTAX_ERR) end
+    end
+  end
   local n = nkeys
   for j = 2, n do
     for j2 = 1, j - 1 do
@@ -1156,7 +1208,20 @@ local function rl_multi(keys, argv)
   -- Decide: took[j] units taken (or given back), wanted[j] = COST * WEIGHT.
   local took, wanted = {}, {}
   local allowed, granted = 0, true
-  if refund then
+  if force then
+    -- FORCE: every limit takes COST * WEIGHT past its limit, unless a debt
+    -- would leave its range (then the call is decided as without FORCE).
+    for j = 1, n do
+      local L = lims[j]
+      if not L.A.debit_ok(L.p, st[j], cost * L.w) then force = false end
+    end
+  end
+  if force then
+    for j = 1, n do
+      wanted[j], took[j] = lims[j].w, cost * lims[j].w
+    end
+    allowed = 1
+  elseif refund then
     for j = 1, n do
       local L = lims[j]
       took[j] = L.A.give(L.p, st[j], refund * L.w)
@@ -1206,6 +1271,8 @@ local function rl_multi(keys, argv)
     local rem, wait, reset
     if refund then -- the reply for a following request (WEIGHT units)
       rem, wait, reset = L.A.report(L.p, st[j], L.w, 0)
+    elseif force then -- the same, after the debit
+      rem, wait, reset = L.A.report(L.p, st[j], L.w, took[j], true)
     else
       rem, wait, reset = L.A.report(L.p, st[j], wanted[j], took[j])
     end
@@ -1219,7 +1286,7 @@ local function rl_multi(keys, argv)
       if not granted then b = j end
     end
   end
-  if granted and not refund then retry = 0 end
+  if granted and not refund and not force then retry = 0 end
 
   if refund then
     for j = 1, n do

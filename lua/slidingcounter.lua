@@ -175,14 +175,15 @@ do
     p_range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
   end
 end
-local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst
+local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force
 do
   local argv, i, other, other_err, ff = argv, 2 + 1, nil, nil, 0
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
+  local cost, partial, dryrun, has_cost, refund, fromfirst, force = 1, false, false, false, nil, false, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST'
+        and opt ~= 'FORCE' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -192,18 +193,21 @@ do
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
+    elseif opt == 'PARTIAL' and not partial and not refund and not force then
       partial = true
       i = i + 1
     elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun or force) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FORCE' and not force and not partial and not refund then
+      force = true
+      i = i + 1
     elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
       fromfirst = true
       i = i + 1
@@ -213,7 +217,7 @@ do
       return redis.error_reply('ERR syntax error')
     end
   end
-  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = cost, partial, dryrun, refund, fromfirst
+  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force = cost, partial, dryrun, refund, fromfirst, force
 end
 p_fromfirst = r_fromfirst
 if p_range_err then return p_range_err end
@@ -302,13 +306,14 @@ if r_refund then
   end
   local r_remaining, r_retry, r_reset
   do
-    local cost, taken = 1, 0
+    local cost, taken, debit = 1, 0, false
     local limit, W, e, prev, lag = p_limit, p_W, s_e, s_prev, s_lag
     local cur2 = s_cur + taken
     s_cur = cur2
     local remaining = s_avail - taken
+    if remaining < 0 then remaining = 0 end
     local retry = 0
-    if taken < cost then
+    if taken < cost or debit then
       if cost > limit then
         retry = -1
       elseif cost > remaining then
@@ -359,6 +364,77 @@ if r_refund then
   return {r_given, p_limit, r_remaining, r_retry, r_reset}
 end
 
+if r_force then
+  -- A debit: all COST units, past the limit if the debt stays in range
+  -- (else decided as without FORCE, below); the reply is for a following
+  -- request of one unit.
+  local r_ok
+  do
+    local cost = r_cost
+    r_ok = s_cur + cost <= MAX
+  end
+  if r_ok then
+    local r_left, r_wait, r_fresh
+    do
+      local cost, taken, debit = 1, r_cost, true
+      local limit, W, e, prev, lag = p_limit, p_W, s_e, s_prev, s_lag
+      local cur2 = s_cur + taken
+      s_cur = cur2
+      local remaining = s_avail - taken
+      if remaining < 0 then remaining = 0 end
+      local retry = 0
+      if taken < cost or debit then
+        if cost > limit then
+          retry = -1
+        elseif cost > remaining then
+          local wait, wait2 = 0, 0 -- in us: wait + wait2 (each < 2^53)
+          local m = nil
+          if cur2 <= limit - cost and prev > 0 then
+            -- In this window once prev's weight has shrunk enough:
+            -- prev*(W-x) <= (limit-cost-cur2)*W  <=>  x >= W - floor((limit-cost-cur2)*W/prev).
+            m = muldiv(limit - cost - cur2, W, prev) -- nil: beyond 2^53, so >= W
+          end
+          if cur2 <= limit - cost and (prev == 0 or m == nil or m > 0) then
+            if m ~= nil and W - m > e then wait = (W - m) - e end
+          else
+            -- Only in the next window, where cur2 becomes prev:
+            -- cur2*(W-x) + cost*W <= limit*W  <=>  x >= W - floor((limit-cost)*W/cur2),
+            -- or else at the start of the window after, where both count zero.
+            wait = W - e
+            local m2 = nil -- (cur2 == 0: nothing counts against it there)
+            if cur2 > 0 then m2 = muldiv(limit - cost, W, cur2) end
+            if m2 == nil or m2 >= W then
+              wait2 = 0
+            else
+              wait2 = W - m2 -- (W when cost == limit: the window after)
+            end
+          end
+          retry = ceil_ms(wait, wait2, lag)
+        end
+      end
+      local reset = 0
+      if cur2 > 0 then
+        reset = ceil_ms(W, W - e, lag)
+      elseif prev > 0 then
+        reset = ceil_ms(W - e, lag)
+      end
+      r_left, r_wait, r_fresh = remaining, retry, reset
+    end
+    if r_cost > 0 and not r_dryrun then
+      do
+        local key, reset = key, r_fresh
+        if reset == 0 then
+          redis.call('DEL', key)
+        else
+          redis.call('HSET', key, 'win', fmt(s_start), 'cur', fmt(s_cur), 'prev', fmt(s_prev))
+          redis.call('PEXPIRE', key, fmt(reset))
+        end
+      end
+    end
+    return {1, p_limit, r_left, r_wait, r_fresh}
+  end
+end
+
 local avail = s_avail
 local granted = 0
 if r_cost <= avail then
@@ -368,13 +444,14 @@ elseif r_partial then
 end
 local r_remaining, r_retry, r_reset
 do
-  local cost, taken = r_cost, granted
+  local cost, taken, debit = r_cost, granted, false
   local limit, W, e, prev, lag = p_limit, p_W, s_e, s_prev, s_lag
   local cur2 = s_cur + taken
   s_cur = cur2
   local remaining = s_avail - taken
+  if remaining < 0 then remaining = 0 end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > limit then
       retry = -1
     elseif cost > remaining then

@@ -126,14 +126,15 @@ do
     p_range_err = redis.error_reply('ERR window_ms is beyond the exact range of the Lua script (at most 9007199254740)')
   end
 end
-local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst
+local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force
 do
   local argv, i, other, other_err, ff = argv, 2 + 1, nil, nil, 0
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
+  local cost, partial, dryrun, has_cost, refund, fromfirst, force = 1, false, false, false, nil, false, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST'
+        and opt ~= 'FORCE' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -143,18 +144,21 @@ do
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
+    elseif opt == 'PARTIAL' and not partial and not refund and not force then
       partial = true
       i = i + 1
     elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun or force) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FORCE' and not force and not partial and not refund then
+      force = true
+      i = i + 1
     elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
       fromfirst = true
       i = i + 1
@@ -164,7 +168,7 @@ do
       return redis.error_reply('ERR syntax error')
     end
   end
-  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = cost, partial, dryrun, refund, fromfirst
+  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force = cost, partial, dryrun, refund, fromfirst, force
 end
 p_fromfirst = r_fromfirst
 if p_range_err then return p_range_err end
@@ -253,14 +257,14 @@ if r_refund then
   end
   local r_remaining, r_retry, r_reset
   do
-    local cost, taken = 1, 0
+    local cost, taken, debit = 1, 0, false
     local limit, now = p_limit, s_now
     s_granted = taken
     local after = s_used + s_granted
     local remaining = 0
     if after < limit then remaining = limit - after end
     local retry = 0
-    if taken < cost then
+    if taken < cost or debit then
       if cost > limit then
         retry = -1
       elseif cost > remaining then
@@ -338,6 +342,104 @@ if r_refund then
   return {r_given, p_limit, r_remaining, r_retry, r_reset}
 end
 
+if r_force then
+  -- A debit: all COST units, past the limit if the debt stays in range
+  -- (else decided as without FORCE, below); the reply is for a following
+  -- request of one unit.
+  local r_ok
+  do
+    local cost = r_cost
+    r_ok = s_used + cost <= MAX
+  end
+  if r_ok then
+    local r_left, r_wait, r_fresh
+    do
+      local cost, taken, debit = 1, r_cost, true
+      local limit, now = p_limit, s_now
+      s_granted = taken
+      local after = s_used + s_granted
+      local remaining = 0
+      if after < limit then remaining = limit - after end
+      local retry = 0
+      if taken < cost or debit then
+        if cost > limit then
+          retry = -1
+        elseif cost > remaining then
+          -- The same call fits once `need` units have left the window: find the
+          -- oldest grant t_k whose expiry frees that many; retry at t_k + W.
+          -- (0 < need <= after: the walk always ends, at the latest at the units
+          -- this call granted now.)
+          local need = (after - limit) + cost
+          local acc, tk = 0, nil
+          local lo = '(' .. s_cutoff_arg
+          local offset, batch = 0, 16
+          while tk == nil do
+            local rows = redis.call('ZRANGEBYSCORE', s_key, lo, '+inf', 'WITHSCORES', 'LIMIT', offset, batch)
+            for j = 1, #rows, 2 do
+              acc = acc + log_units(rows[j])
+              if acc >= need then
+                tk = tonumber(rows[j + 1])
+                break
+              end
+            end
+            if tk == nil then
+              if #rows < 2 * batch then break end
+              offset = offset + batch
+              if batch < 1024 then batch = batch * 2 end
+            end
+          end
+          if tk == nil then tk = now end -- covered by this call's own grant
+          retry = ceil_ms(p_W - (now - tk))
+        end
+      end
+      local reset = 0
+      if s_granted > 0 then
+        reset = p_window_ms -- the newest grant is now
+      elseif s_newest then
+        reset = ceil_ms(p_W - (now - s_newest))
+      end
+      r_left, r_wait, r_fresh = remaining, retry, reset
+    end
+    if r_cost > 0 and not r_dryrun then
+      do
+        local key, reset = key, r_fresh
+        if reset == 0 then
+          redis.call('DEL', key)
+        else
+          if s_n_expired > 0 then
+            redis.call('ZREMRANGEBYSCORE', key, '(0', s_cutoff_arg)
+          end
+          local after = s_used + s_granted
+          if s_granted > 0 then
+            local u = s_granted
+            if s_newest == s_now then
+              -- A grant in the same microsecond (or after the clock stepped back):
+              -- fold it into the newest entry.
+              u = u + log_units(s_newest_member)
+              redis.call('ZREM', key, s_newest_member)
+            end
+            local t = fmt(s_now)
+            redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(u))
+          else -- a refund
+            if s_lowest then
+              redis.call('ZREMRANGEBYSCORE', key, s_lowest, '+inf')
+            end
+            if s_keep then
+              redis.call('ZREM', key, s_keep)
+              local t = fmt(s_newest)
+              redis.call('ZADD', key, fmt(-after), '#', t, t .. ':' .. fmt(s_keep_units))
+            else
+              redis.call('ZADD', key, fmt(-after), '#')
+            end
+          end
+          redis.call('PEXPIRE', key, fmt(reset))
+        end
+      end
+    end
+    return {1, p_limit, r_left, r_wait, r_fresh}
+  end
+end
+
 local avail = s_avail
 local granted = 0
 if r_cost <= avail then
@@ -347,14 +449,14 @@ elseif r_partial then
 end
 local r_remaining, r_retry, r_reset
 do
-  local cost, taken = r_cost, granted
+  local cost, taken, debit = r_cost, granted, false
   local limit, now = p_limit, s_now
   s_granted = taken
   local after = s_used + s_granted
   local remaining = 0
   if after < limit then remaining = limit - after end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > limit then
       retry = -1
     elseif cost > remaining then

@@ -191,14 +191,15 @@ do
     p_range_err = redis.error_reply('ERR capacity*period_ms*1000/rate is beyond the exact range of the Lua script (a full refill must take less than 2^53 us)')
   end
 end
-local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst
+local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force
 do
   local argv, i, other, other_err, ff = argv, 3 + 1, nil, nil, 0
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
+  local cost, partial, dryrun, has_cost, refund, fromfirst, force = 1, false, false, false, nil, false, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST'
+        and opt ~= 'FORCE' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -208,18 +209,21 @@ do
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
+    elseif opt == 'PARTIAL' and not partial and not refund and not force then
       partial = true
       i = i + 1
     elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun or force) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FORCE' and not force and not partial and not refund then
+      force = true
+      i = i + 1
     elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
       fromfirst = true
       i = i + 1
@@ -229,7 +233,7 @@ do
       return redis.error_reply('ERR syntax error')
     end
   end
-  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = cost, partial, dryrun, refund, fromfirst
+  r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force = cost, partial, dryrun, refund, fromfirst, force
 end
 p_fromfirst = r_fromfirst
 if p_range_err then return p_range_err end
@@ -247,7 +251,8 @@ do
   local n, f, t = capacity, 0, now -- a fresh bucket is full
   if st[1] then
     local sn, sf, st_ts, sp = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
-    if not (sn and sf and st_ts and sp) or sn < 0 or sf < 0 or sp < 1 or sf >= sp then
+    -- (negative whole tokens: a debt left by FORCE)
+    if not (sn and sf and st_ts and sp) or sn < -MAX or sf < 0 or sp < 1 or sf >= sp then
       return redis.error_reply('ERR the token bucket state at this key is corrupt')
     end
     n, f, t = sn, sf, st_ts
@@ -278,7 +283,9 @@ do
       t = now
     end -- else the clock stepped back (or did not move): nothing elapsed
   end
-  s_n, s_f, s_t, s_avail = n, f, t, n
+  local avail = 0
+  if n > 0 then avail = n end
+  s_n, s_f, s_t, s_avail = n, f, t, avail
 end
 
 if r_refund then
@@ -301,11 +308,11 @@ if r_refund then
   end
   local r_remaining, r_retry, r_reset
   do
-    local cost, taken = 1, 0
+    local cost, taken, debit = 1, 0, false
     local capacity, n = p_capacity, s_n - taken
     s_n = n
     local retry = 0
-    if taken < cost then
+    if taken < cost or debit then
       if cost > capacity then
         retry = -1
       elseif cost > n then
@@ -316,7 +323,9 @@ if r_refund then
     if n < capacity then
       reset = ceil_ms(wait_us(capacity - n, s_f, p_P, p_rate))
     end
-    r_remaining, r_retry, r_reset = n, retry, reset
+    local remaining = 0
+    if n > 0 then remaining = n end
+    r_remaining, r_retry, r_reset = remaining, retry, reset
   end
   if r_given > 0 then
     do
@@ -332,6 +341,55 @@ if r_refund then
   return {r_given, p_limit, r_remaining, r_retry, r_reset}
 end
 
+if r_force then
+  -- A debit: all COST units, past the limit if the debt stays in range
+  -- (else decided as without FORCE, below); the reply is for a following
+  -- request of one unit.
+  local r_ok
+  do
+    local cost = r_cost
+    local ok = false
+    local n = s_n - cost
+    if n >= -MAX and p_capacity - n <= MAX and muldiv(p_capacity - n, p_P, p_rate) ~= nil then ok = true end
+    r_ok = ok
+  end
+  if r_ok then
+    local r_left, r_wait, r_fresh
+    do
+      local cost, taken, debit = 1, r_cost, true
+      local capacity, n = p_capacity, s_n - taken
+      s_n = n
+      local retry = 0
+      if taken < cost or debit then
+        if cost > capacity then
+          retry = -1
+        elseif cost > n then
+          retry = ceil_ms(wait_us(cost - n, s_f, p_P, p_rate))
+        end
+      end
+      local reset = 0
+      if n < capacity then
+        reset = ceil_ms(wait_us(capacity - n, s_f, p_P, p_rate))
+      end
+      local remaining = 0
+      if n > 0 then remaining = n end
+      r_left, r_wait, r_fresh = remaining, retry, reset
+    end
+    if r_cost > 0 and not r_dryrun then
+      do
+        local key, reset = key, r_fresh
+        if reset == 0 then
+          redis.call('DEL', key)
+        else
+          redis.call('HSET', key, 'tokens', fmt(s_n), 'frac', fmt(s_f), 'ts', fmt(s_t), 'scale', fmt(p_P))
+          redis.call('PEXPIRE', key, fmt(reset))
+        end
+      end
+    end
+    return {1, p_limit, r_left, r_wait, r_fresh}
+  end
+end
+
 local avail = s_avail
 local granted = 0
 if r_cost <= avail then
@@ -341,11 +399,11 @@ elseif r_partial then
 end
 local r_remaining, r_retry, r_reset
 do
-  local cost, taken = r_cost, granted
+  local cost, taken, debit = r_cost, granted, false
   local capacity, n = p_capacity, s_n - taken
   s_n = n
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > capacity then
       retry = -1
     elseif cost > n then
@@ -356,7 +414,9 @@ do
   if n < capacity then
     reset = ceil_ms(wait_us(capacity - n, s_f, p_P, p_rate))
   end
-  r_remaining, r_retry, r_reset = n, retry, reset
+  local remaining = 0
+  if n > 0 then remaining = n end
+  r_remaining, r_retry, r_reset = remaining, retry, reset
 end
 if granted > 0 and not r_dryrun then
   do

@@ -57,6 +57,10 @@ fn main() {
         ("tb-small", tb::State { tokens: 3, frac: 500_000, den: 1_000_000, last_us: now }),
         ("tb-max", tb::State { tokens: MAX_ARG - 1, frac: MAX_ARG * 1000 - 1, den: MAX_ARG * 1000, last_us: u64::MAX }),
         ("tb-zero", tb::State { tokens: 0, frac: 0, den: 1000, last_us: 0 }),
+        // In debt (COST n FORCE): encoding version 2, whole tokens -2 and
+        // the deepest, -(2^53 - 1).
+        ("tb-debt", tb::State { tokens: (-2i64) as u64, frac: 250_000, den: 1_000_000, last_us: now }),
+        ("tb-debt-max", tb::State { tokens: (-(MAX_ARG as i64)) as u64, frac: 0, den: 1000, last_us: now }),
     ];
     let scs = [
         ("sc-small", sc::State { start_us: now - now % 1_000_000, cur: 4, prev: 7 }),
@@ -145,6 +149,9 @@ fn main() {
         &["0", "1", "1"],
         &["1", "1", "1", "COST"],
         &["1", "1", "1", "PARTIAL", "PARTIAL"],
+        &["5", "1", "1000", "COST", "7", "FORCE"],
+        &["5", "1", "1000", "force", "DRYRUN", "COST", "9007199254740991"],
+        &["5", "1", "1000", "FORCE", "PARTIAL"],
     ];
     for (i, a) in tb_args.iter().enumerate() {
         put(dir, "args_tokenbucket", &format!("args{i}"), &args_input(now, now - 5_000_000, 0, &[], a));
@@ -159,6 +166,9 @@ fn main() {
         &["10", "0"],
         &["10", "1000", "cost", "9007199254740992"],
         &["10", "1000", "FOO"],
+        &["5", "1000", "COST", "7", "FORCE"],
+        &["5", "1000", "FORCE", "COST", "9007199254740991", "DRYRUN"],
+        &["5", "1000", "FORCE", "REFUND", "2"],
     ];
     for (i, a) in w_args.iter().enumerate() {
         for t in ["args_slidinglog", "args_slidingcounter", "args_fixedwindow"] {
@@ -217,6 +227,29 @@ fn main() {
         &["2", "a", "b", "TOKENBUCKET", "5", "1", "1000", "concurrency", "3", "1000", "COST", "WEIGHT", "2", "PARTIAL"],
         &["1", "a", "CONCURRENCY", "3", "100", "x", "REFUND", "1"],
         &["1", "a", "CONCURRENCY", "3", "100"],
+        &[
+            "3",
+            "a",
+            "b",
+            "c",
+            "TOKENBUCKET",
+            "5",
+            "1",
+            "1000",
+            "SLIDINGLOG",
+            "5",
+            "1000",
+            "WEIGHT",
+            "2",
+            "FIXEDWINDOW",
+            "5",
+            "1000",
+            "COST",
+            "7",
+            "FORCE",
+        ],
+        &["1", "a", "SLIDINGCOUNTER", "5", "1000", "FORCE", "DRYRUN"],
+        &["1", "a", "CONCURRENCY", "5", "1000", "id", "FORCE"],
     ];
     for (i, a) in multi_args.iter().enumerate() {
         put(dir, "args_multi", &format!("args{i}"), &args_input(now, now, (i % 3) as u8, &[7; 96], a));

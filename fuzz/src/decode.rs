@@ -9,12 +9,19 @@ use crate::fixedwindow::fw_call;
 use crate::log::{log_entries, sl_encode};
 use crate::slidingcounter::sc_call;
 use crate::slidinglog::sl_call;
-use crate::tokenbucket::tb_call;
+use crate::tokenbucket::{tb_call, tb_force};
 use crate::{codec, fw, sc, sl, tb};
 
 fn calls(cost_max: u64) -> impl Iterator<Item = Call> {
     [0, 1, cost_max, cost_max + 1].into_iter().flat_map(|cost| {
-        [false, true].into_iter().map(move |partial| Call { nums: [0; 3], cost, partial, dryrun: false, refund: 0 })
+        [false, true].into_iter().map(move |partial| Call {
+            nums: [0; 3],
+            cost,
+            partial,
+            dryrun: false,
+            refund: 0,
+            force: false,
+        })
     })
 }
 
@@ -23,13 +30,15 @@ pub fn decode_tokenbucket(data: &[u8]) {
     assert_eq!(&s.encode()[..], data, "accepted bytes do not re-encode");
     let period_ms = s.den / 1000;
     for p in [
-        tb::Params { capacity: s.tokens + 1, rate: 1, period_ms },
+        // (a bucket in debt has negative whole tokens)
+        tb::Params { capacity: s.whole().max(0) as u64 + 1, rate: 1, period_ms },
         tb::Params { capacity: 1, rate: 1, period_ms: 1 },
         tb::Params { capacity: MAX_ARG, rate: MAX_ARG, period_ms: MAX_ARG },
     ] {
         for now in [s.last_us, s.last_us.saturating_add(s.den), 0, u64::MAX] {
             for call in calls(p.capacity) {
                 tb_call(&s, &p, &call, now, now.wrapping_add(999_999));
+                tb_force(&s, &p, call.cost, now);
             }
         }
     }
@@ -107,7 +116,7 @@ pub fn decode_codec(data: &[u8]) {
     };
     assert_eq!(again, data, "accepted payload does not re-encode");
     // Apply it the way RL.STATE does, then use the key.
-    let call = Call { nums: [0; 3], cost: 1, partial: true, dryrun: false, refund: 0 };
+    let call = Call { nums: [0; 3], cost: 1, partial: true, dryrun: false, refund: 0, force: false };
     match effect {
         codec::Effect::TokenBucket(s) => {
             tb_call(&s, &tb::Params { capacity: 5, rate: 1, period_ms: 1000 }, &call, s.last_us, 0)

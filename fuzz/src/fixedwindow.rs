@@ -14,7 +14,7 @@ use crate::{codec, fw};
 pub struct FixedWindow;
 
 impl Algorithm for FixedWindow {
-    pieces!(fw, WINDOW_ARGS, synth: synth_fw, refund: fw_refund, call: fw_call);
+    pieces!(fw, WINDOW_ARGS, synth: synth_fw, refund: fw_refund, call: fw_call, force: fw_force);
     const FROMFIRST: bool = true;
     fn params(nums: &[u64; 3]) -> fw::Params {
         fw::Params::from_nums(*nums)
@@ -100,4 +100,21 @@ pub fn fw_call(cur: &fw::State, p: &fw::Params, call: &Call, now: u64, now2: u64
     if d2.granted > 0 {
         assert_eq!(fw::State::decode(&new2.encode()), Ok(new2));
     }
+}
+
+/// `COST n FORCE` on a fixed window: the reply and the state equal the
+/// model's, the count stays within 2^53 - 1, what is stored round-trips.
+pub fn fw_force(cur: &fw::State, p: &fw::Params, cost: u64, now: u64) {
+    let (d, new) = fw::force(cur, p, cost, 1, now);
+    if in_range(cur, p, now) {
+        assert_eq!((d, new), fwm::force(cur, p, cost, 1, now, Search::Bisect), "debit differs from the model");
+    }
+    if d.granted == 0 {
+        return;
+    }
+    assert!(!new.is_fresh() && new.count <= MAX_ARG, "{new:?}");
+    assert_eq!(fw::State::decode(&new.encode()), Ok(new));
+    let abs = (now / 1000).saturating_add(d.reset_after_ms);
+    let payload = codec::fixedwindow(&new, abs);
+    assert_eq!(codec::decode(payload.as_bytes()), Ok((codec::Effect::FixedWindow(new), abs)));
 }

@@ -28,13 +28,15 @@ pub trait Algorithm {
     fn refund(cur: &Self::State, p: &Self::Params, n: u64, now: u64);
     /// One call and everything that must hold after it.
     fn call(cur: &Self::State, p: &Self::Params, call: &Call, now: u64, now2: u64);
+    /// `COST n FORCE` (a debit) and everything that must hold after it.
+    fn force(cur: &Self::State, p: &Self::Params, cost: u64, now: u64);
 }
 
 /// The items of an `Algorithm` impl that only name things: the core module
 /// `$m` (its `State`, `Params` and decoder), the positional arguments, and
 /// the functions that synthesize a state and check a refund and a call.
 macro_rules! pieces {
-    ($m:ident, $args:expr, synth: $synth:path, refund: $refund:path, call: $call:path) => {
+    ($m:ident, $args:expr, synth: $synth:path, refund: $refund:path, call: $call:path, force: $force:path) => {
         type State = $m::State;
         type Params = $m::Params;
         const ARGS: &'static [$crate::args::Arg] = $args;
@@ -49,6 +51,9 @@ macro_rules! pieces {
         }
         fn call(cur: &$m::State, p: &$m::Params, call: &$crate::args::Call, now: u64, now2: u64) {
             $call(cur, p, call, now, now2)
+        }
+        fn force(cur: &$m::State, p: &$m::Params, cost: u64, now: u64) {
+            $force(cur, p, cost, now)
         }
     };
 }
@@ -72,6 +77,9 @@ pub fn run_args<A: Algorithm>(data: &[u8]) {
     let p = A::params(&call.nums);
     if call.refund > 0 {
         return A::refund(&cur, &p, call.refund, inp.now);
+    }
+    if call.force {
+        return A::force(&cur, &p, call.cost, inp.now);
     }
     A::call(&cur, &p, &call, inp.now, inp.now2);
 }

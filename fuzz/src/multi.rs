@@ -126,6 +126,8 @@ pub fn args_multi(data: &[u8]) {
         .collect();
     let op = if call.refund > 0 {
         multi::Op::Refund(call.refund)
+    } else if call.force {
+        multi::Op::Force { cost: call.cost, dryrun: call.dryrun }
     } else {
         multi::Op::Take { cost: call.cost, partial: call.partial, dryrun: call.dryrun }
     };
@@ -238,6 +240,21 @@ pub fn args_multi(data: &[u8]) {
                     if d.reset_after_ms > 0 {
                         s.check_round_trip()
                     }
+                }
+            }
+        }
+        multi::Op::Force { cost, dryrun } => {
+            // Every limit took COST x WEIGHT (or, past a debt's range, the
+            // call was decided as without FORCE: all or nothing).
+            let all = per.iter().zip(&weights).all(|(d, &w)| d.granted == cost * w);
+            assert!(all || per.iter().all(|d| d.granted == 0), "{per:?}");
+            assert_eq!(whole.allowed, u64::from(all), "{whole:?}");
+            if dryrun || cost == 0 || !all {
+                assert_eq!(after, before, "a call that writes nothing changed a state");
+            } else {
+                for (s, d) in states.iter().zip(per) {
+                    assert!(d.reset_after_ms > 0, "{d:?}");
+                    s.check_round_trip()
                 }
             }
         }

@@ -43,6 +43,7 @@ pub fn oracle_parse_with(args: &[&[u8]], npos: usize, from_first: bool) -> Resul
         nums[i] = oracle_num(args[i], 1).ok_or(Some(i))?;
     }
     let (mut cost, mut partial, mut dryrun, mut refund) = (None, false, false, None);
+    let mut force = false;
     let mut first = false;
     let mut i = npos;
     while i < args.len() {
@@ -53,7 +54,7 @@ pub fn oracle_parse_with(args: &[&[u8]], npos: usize, from_first: bool) -> Resul
                 nums[2] = 1;
                 i += 1;
             }
-            b"REFUND" if refund.is_none() && cost.is_none() && !partial && !dryrun => {
+            b"REFUND" if refund.is_none() && cost.is_none() && !partial && !dryrun && !force => {
                 let v = args.get(i + 1).ok_or(Some(usize::MAX))?;
                 refund = Some(oracle_num(v, 1).ok_or(Some(npos + 1))?);
                 i += 2;
@@ -64,7 +65,7 @@ pub fn oracle_parse_with(args: &[&[u8]], npos: usize, from_first: bool) -> Resul
                 cost = Some(oracle_num(v, 0).ok_or(Some(npos))?);
                 i += 2;
             }
-            b"PARTIAL" if !partial => {
+            b"PARTIAL" if !partial && !force => {
                 partial = true;
                 i += 1;
             }
@@ -72,10 +73,15 @@ pub fn oracle_parse_with(args: &[&[u8]], npos: usize, from_first: bool) -> Resul
                 dryrun = true;
                 i += 1;
             }
+            // FORCE: a debit, never with PARTIAL (nor REFUND, above)
+            b"FORCE" if !force && !partial => {
+                force = true;
+                i += 1;
+            }
             _ => return Err(Some(usize::MAX)),
         }
     }
-    Ok(Call { nums, cost: cost.unwrap_or(1), partial, dryrun, refund: refund.unwrap_or(0) })
+    Ok(Call { nums, cost: cost.unwrap_or(1), partial, dryrun, refund: refund.unwrap_or(0), force })
 }
 
 /// Runs `args::parse` and checks it against the oracle, the argument an
@@ -132,7 +138,7 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
     let mut limits = [(Kind::TokenBucket, [0u64; 3], 1u64); MAX_LIMITS];
     let mut call = MultiCall::<MAX_LIMITS>::new();
     call.n = n;
-    let is_opt = |w: &[u8]| matches!(w, b"COST" | b"PARTIAL" | b"DRYRUN" | b"REFUND");
+    let is_opt = |w: &[u8]| matches!(w, b"COST" | b"PARTIAL" | b"DRYRUN" | b"REFUND" | b"FORCE");
     let mut i = 1 + n;
     for limit in limits.iter_mut().take(n) {
         let Some(w) = up(i) else { return Err(LimitCount) };
@@ -170,14 +176,18 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
     }
     let (mut cost, mut refund) = (None, None);
     while let Some(w) = up(i) {
-        let opts_taken = cost.is_some() || call.partial || call.dryrun;
+        let opts_taken = cost.is_some() || call.partial || call.dryrun || call.force;
         match &w[..] {
             b"COST" if cost.is_none() && refund.is_none() => {
                 cost = Some(oracle_num(a.get(i + 1).ok_or(Syntax)?, 0).ok_or(Number(Arg::Cost))?);
                 i += 2;
             }
-            b"PARTIAL" if !call.partial && refund.is_none() => {
+            b"PARTIAL" if !call.partial && refund.is_none() && !call.force => {
                 call.partial = true;
+                i += 1;
+            }
+            b"FORCE" if !call.force && refund.is_none() && !call.partial => {
+                call.force = true;
                 i += 1;
             }
             b"DRYRUN" if !call.dryrun && refund.is_none() => {
@@ -194,6 +204,10 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
     }
     call.cost = cost.unwrap_or(1);
     call.refund = refund.unwrap_or(0);
+    if call.force && limits[..n].iter().any(|l| l.0 == Kind::Concurrency) {
+        // no debit past a concurrency limit
+        return Err(Syntax);
+    }
     for x in 0..n {
         for y in 0..x {
             if keys[x] == keys[y] {

@@ -13,7 +13,7 @@ use crate::{codec, sc};
 pub struct SlidingCounter;
 
 impl Algorithm for SlidingCounter {
-    pieces!(sc, WINDOW_ARGS, synth: synth_sc, refund: sc_refund, call: sc_call);
+    pieces!(sc, WINDOW_ARGS, synth: synth_sc, refund: sc_refund, call: sc_call, force: sc_force);
     fn params(nums: &[u64; 3]) -> sc::Params {
         sc::Params::from_nums(*nums)
     }
@@ -93,4 +93,21 @@ pub fn sc_call(cur: &sc::State, p: &sc::Params, call: &Call, now: u64, now2: u64
     if d2.granted > 0 {
         assert_eq!(sc::State::decode(&new2.encode()), Ok(new2));
     }
+}
+
+/// `COST n FORCE` on a counter: the reply and the state equal the model's,
+/// the count stays within 2^53 - 1, what is stored round-trips.
+pub fn sc_force(cur: &sc::State, p: &sc::Params, cost: u64, now: u64) {
+    let (d, new) = sc::force(cur, p, cost, 1, now);
+    let (md, ms) = scm::force(cur, p, now, cost, 1, Search::Bisect);
+    assert_eq!(d, md, "debit differs from the model");
+    if d.granted == 0 {
+        return;
+    }
+    assert_eq!(new, ms, "state differs from the model");
+    assert!(new.cur <= MAX_ARG, "{new:?}");
+    assert_eq!(sc::State::decode(&new.encode()), Ok(new));
+    let abs = now / 1000;
+    let payload = codec::slidingcounter(&new, abs);
+    assert_eq!(codec::decode(payload.as_bytes()), Ok((codec::Effect::SlidingCounter(new), abs)));
 }

@@ -15,7 +15,7 @@ use crate::{codec, sl};
 pub struct SlidingLog;
 
 impl Algorithm for SlidingLog {
-    pieces!(sl, WINDOW_ARGS, synth: synth_sl, refund: sl_refund, call: sl_call);
+    pieces!(sl, WINDOW_ARGS, synth: synth_sl, refund: sl_refund, call: sl_call, force: sl_force);
     fn params(nums: &[u64; 3]) -> sl::Params {
         sl::Params::from_nums(*nums)
     }
@@ -135,4 +135,23 @@ pub fn sl_call(cur: &sl::State, p: &sl::Params, call: &Call, now: u64, now2: u64
         let enc2 = sl_encode(&new);
         assert_eq!(sl::State::decode(&enc2).map(|s| sl_encode(&s)), Ok(enc2));
     }
+}
+
+/// `COST n FORCE` on a log: the reply equals the model's, the grant is one
+/// entry (merged with one at the same µs) whatever its units, and the log
+/// the model's.
+pub fn sl_force(cur: &sl::State, p: &sl::Params, cost: u64, now: u64) {
+    let before = log_entries(&sl_encode(cur));
+    let mut model = Log::from_entries(&before);
+    let d = sl::decide_forced(cur, p, cost, 1, now);
+    assert_eq!(d, model.force(p, cost, 1, now, true), "debit differs from the model");
+    if d.granted == 0 {
+        return;
+    }
+    let mut new = cur.clone();
+    sl::grant(&mut new, p.window_ms, d.granted, now);
+    let enc = sl_encode(&new);
+    assert_eq!(log_entries(&enc), model.entries(), "log differs from the model");
+    assert!(log_entries(&enc).len() <= before.len() + 1, "one entry per debit");
+    assert_eq!(sl::State::decode(&enc).map(|x| sl_encode(&x)), Ok(enc.clone()));
 }

@@ -3,6 +3,7 @@
 
 use crate::args::{Call, TOKENBUCKET_ARGS};
 use crate::core::reference::tokenbucket::Bucket;
+use crate::core::Decision;
 use crate::core::MAX_ARG;
 use crate::harness::{pieces, Algorithm};
 use crate::input::words;
@@ -13,7 +14,7 @@ use crate::{codec, tb};
 pub struct TokenBucket;
 
 impl Algorithm for TokenBucket {
-    pieces!(tb, TOKENBUCKET_ARGS, synth: synth_tb, refund: tb_refund, call: tb_call);
+    pieces!(tb, TOKENBUCKET_ARGS, synth: synth_tb, refund: tb_refund, call: tb_call, force: tb_force);
     fn params(nums: &[u64; 3]) -> tb::Params {
         tb::Params::from_nums(*nums)
     }
@@ -23,7 +24,10 @@ impl Algorithm for TokenBucket {
 pub fn synth_tb(b: &[u8]) -> tb::State {
     let mut w = words(b);
     let mut next = || w.next().unwrap_or(0);
-    let tokens = next() % MAX_ARG;
+    let t = next();
+    // Now and then a bucket in debt (COST n FORCE): whole tokens down to
+    // -(2^53 - 1).
+    let tokens = if t >> 60 == 0xF { (-((t % MAX_ARG) as i64 + 1)) as u64 } else { t % MAX_ARG };
     let den = (next() % MAX_ARG + 1) * 1000;
     let frac = next() % den;
     tb::State { tokens, frac, den, last_us: next() }
@@ -33,10 +37,19 @@ pub fn synth_tb(b: &[u8]) -> tb::State {
 pub fn tb_refund(cur: &tb::State, p: &tb::Params, n: u64, now: u64) {
     let before = tb::step(cur, p, 0, false, now).0.remaining;
     let (d, new) = tb::refund(cur, p, n, 1, now);
-    assert_eq!(d.remaining, p.capacity.min(before.saturating_add(n)), "{d:?}");
-    assert_eq!(d.granted, d.remaining - before, "{d:?}");
-    assert_eq!(d.reset_after_ms == 0, d.remaining == p.capacity && tb::step(&new, p, 0, false, now).0.reset_after_ms == 0);
-    assert_eq!(d.retry_after_ms, 0, "one token is there after a refund of one or more");
+    // In debt (COST n FORCE) a refund repays the debt first: what follows
+    // holds of a bucket not in debt; the model's answer holds of both.
+    if !cur.in_debt() {
+        assert_eq!(d.remaining, p.capacity.min(before.saturating_add(n)), "{d:?}");
+        assert_eq!(d.granted, d.remaining - before, "{d:?}");
+        assert_eq!(
+            d.reset_after_ms == 0,
+            d.remaining == p.capacity && tb::step(&new, p, 0, false, now).0.reset_after_ms == 0
+        );
+        assert_eq!(d.retry_after_ms, 0, "one token is there after a refund of one or more");
+    } else {
+        assert!(d.granted <= n && d.remaining <= p.capacity, "{d:?}");
+    }
     let mut m = Bucket::from_state(cur);
     assert_eq!(d, m.refund(p, now, n, 1), "refund differs from the model");
     if d.granted > 0 && d.reset_after_ms > 0 {
@@ -93,4 +106,31 @@ pub fn tb_call(cur: &tb::State, p: &tb::Params, call: &Call, now: u64, now2: u64
         assert_eq!(tb::State::decode(&new2.encode()), Ok(new2));
         assert!(new2.last_us >= new.last_us, "time went backwards");
     }
+}
+
+/// `COST n FORCE` on a bucket: the reply and the stored level equal the
+/// signed model's, the debt stays in range, what is stored round-trips
+/// (encoding version 2 in debt) and a following call of one token is
+/// granted exactly at the reply's wait.
+pub fn tb_force(cur: &tb::State, p: &tb::Params, cost: u64, now: u64) {
+    let (d, new) = tb::force(cur, p, cost, 1, now);
+    let mut m = Bucket::from_state(cur);
+    assert_eq!(d, m.force(p, cost, 1, now, true), "debit differs from the model");
+    assert!(d.remaining <= p.capacity && d.retry_after_ms >= -1, "{d:?}");
+    if d.granted == 0 {
+        return;
+    }
+    let stored = Bucket::from_state(&new);
+    assert_eq!((stored.num, stored.d, stored.last), (m.num, m.d, m.last), "stored level differs from the model");
+    assert!(new.whole() >= -(MAX_ARG as i64), "{new:?}");
+    assert_eq!(d.remaining == 0, new.whole() <= 0 || new.in_debt(), "{d:?} {new:?}");
+    assert_eq!(tb::State::decode(&new.encode()), Ok(new));
+    if let Some(w) = new.pack() {
+        assert_eq!(tb::State::unpack(w), new);
+    }
+    let abs = now / 1000;
+    let payload = codec::tokenbucket(&new, abs);
+    assert_eq!(codec::decode(payload.as_bytes()), Ok((codec::Effect::TokenBucket(new), abs)));
+    let after = d;
+    check_retry_exact(&Decision { granted: 0, ..after }, 1, now, |t| tb::step(&new, p, 1, false, t).0);
 }

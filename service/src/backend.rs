@@ -29,6 +29,16 @@ pub trait Backend {
     /// took its units ([`Part::taken`]), and answers whether the call was
     /// granted.
     fn decide(&self, keys: &str, parts: &mut [Part], cost: u64) -> impl Future<Output = Result<bool, ServiceError>> + Send;
+
+    /// Gives back each part's weight (`REFUND`, never below zero: Envoy's
+    /// `is_negative_hits`), one call per cluster slot; writes each part's
+    /// state after it.
+    fn refund(&self, keys: &str, parts: &mut [Part]) -> impl Future<Output = Result<(), ServiceError>> + Send;
+
+    /// Takes each part's weight even past its limit (`FORCE`, a debit:
+    /// usage reports), one call per cluster slot; writes each part's state
+    /// after it.
+    fn debit(&self, keys: &str, parts: &mut [Part]) -> impl Future<Output = Result<(), ServiceError>> + Send;
 }
 
 /// A prepared call: the client's limiter for one sequence of shapes.
@@ -230,6 +240,49 @@ impl<C: Connection> Backend for Redis<C> {
         let (d, single) = self.call(keys, parts, cost).await?;
         self.read(&d, single, parts)
     }
+
+    async fn refund(&self, keys: &str, parts: &mut [Part]) -> Result<(), ServiceError> {
+        let unavailable = || ServiceError::Unavailable("the refund (is_negative_hits) failed: Redis is unavailable".into());
+        for p in parts.iter_mut() {
+            p.taken = true; // give_back refunds the parts that took
+        }
+        let groups = if self.cluster { groups(keys, parts) } else { None };
+        let Some(groups) = groups else {
+            return if self.give_back(keys, parts).await { Ok(()) } else { Err(unavailable()) };
+        };
+        for g in groups {
+            let mut each: Vec<Part> = g.iter().filter_map(|&i| parts.get(i).cloned()).collect();
+            let ok = self.give_back(keys, &mut each).await;
+            for (&i, p) in g.iter().zip(each) {
+                if let Some(x) = parts.get_mut(i) {
+                    *x = p;
+                }
+            }
+            if !ok {
+                return Err(unavailable());
+            }
+        }
+        Ok(())
+    }
+
+    async fn debit(&self, keys: &str, parts: &mut [Part]) -> Result<(), ServiceError> {
+        let groups = if self.cluster { groups(keys, parts) } else { None };
+        let Some(groups) = groups else {
+            let (d, single) = self.call_with(keys, parts, Call::debit(1)).await?;
+            return self.read(&d, single, parts).map(|_| ());
+        };
+        for g in groups {
+            let mut each: Vec<Part> = g.iter().filter_map(|&i| parts.get(i).cloned()).collect();
+            let (d, single) = self.call_with(keys, &each, Call::debit(1)).await?;
+            self.read(&d, single, &mut each)?;
+            for (&i, p) in g.iter().zip(each) {
+                if let Some(x) = parts.get_mut(i) {
+                    *x = p;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 impl<C: Connection> SlotCalls for Redis<C> {
@@ -277,19 +330,24 @@ impl<C: Connection> Redis<C> {
     /// The one call of `parts` (one slot on a cluster): the client's
     /// decision, and whether it is a single `RL.FIXEDWINDOW`'s.
     async fn call(&self, keys: &str, parts: &[Part], cost: u64) -> Result<(Decision, bool), ServiceError> {
+        self.call_with(keys, parts, Call::cost(cost)).await
+    }
+
+    /// [`Redis::call`] with the call's options (`FORCE` for a debit).
+    async fn call_with(&self, keys: &str, parts: &[Part], options: Call) -> Result<(Decision, bool), ServiceError> {
         let call = self.prepared(parts)?;
         let d = match (call.single, parts) {
             (true, [p]) => {
-                let cost = if cost == 0 || p.shape.flags & CHECK != 0 { 0 } else { p.shape.weight };
-                call.limiter.limit(key_of(keys, p), Call::cost(cost)).await
+                let cost = if options.cost == 0 || p.shape.flags & CHECK != 0 { 0 } else { p.shape.weight };
+                call.limiter.limit(key_of(keys, p), Call { cost, ..options }).await
             }
             _ => {
                 let keys: Vec<&str> = parts.iter().map(|p| key_of(keys, p)).collect();
                 if self.cluster {
-                    call.limiter.limit_keys(&keys, Call::cost(cost)).await
+                    call.limiter.limit_keys(&keys, options).await
                 } else {
                     // one server holds every slot: one call, whatever the keys' slots
-                    call.limiter.limit_keys_any_slot(&keys, Call::cost(cost)).await
+                    call.limiter.limit_keys_any_slot(&keys, options).await
                 }
             }
         };

@@ -89,6 +89,14 @@ impl OverCache {
         true
     }
 
+    /// Drops `key`'s mark (units were given back to it: `is_negative_hits`).
+    pub fn unmark(&self, key: &str) {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if inner.until.remove(key).is_some() {
+            inner.bytes -= key.len() + ENTRY_BYTES;
+        }
+    }
+
     /// The entries held and their bytes (expired ones included until swept).
     pub fn usage(&self) -> (usize, usize) {
         let inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());

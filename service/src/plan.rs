@@ -106,8 +106,9 @@ pub struct Descriptor {
     pub window_ms: u64,
     /// The hits it adds: 0 for a check-only descriptor (`hits_addend` 0, sent with `COST 0`).
     pub hits: u64,
-    /// Its part among the counted ones, or the checked ones when
-    /// its hits are 0; `None`: no part (not limited). A
+    /// Its part among the counted ones, the checked ones when its hits
+    /// are 0, or the refunded ones when it is negative ([`Plan::list_of`]);
+    /// `None`: no part (not limited). A
     /// `requests_per_unit: 0` limit is a part too, of limit 0, decided
     /// in the same call as the others (a limit that never fits).
     pub part: Option<usize>,
@@ -115,6 +116,13 @@ pub struct Descriptor {
     /// the request's values) or of a `value_to_metric` match, else `None`
     /// (the limit's own `full_key`).
     pub detailed_key: Option<String>,
+    /// `is_negative_hits`: its hits are given back (`REFUND`, never below
+    /// zero), before the request's other parts are decided; always `OK`.
+    pub negative: bool,
+    /// A usage report (its own `hits_addend` above 0, in a domain of
+    /// `USAGE_REPORT_DOMAINS`): a debit, taken even past the limit, never
+    /// denying; always `OK`.
+    pub debit: bool,
 }
 
 impl Descriptor {
@@ -128,6 +136,9 @@ impl Descriptor {
     /// `unlimited` one with `QUOTA_MODE`: `global`), as envoyproxy/ratelimit
     /// counts them (docs/envoy.md, "Quota mode").
     pub fn quota(&self, global: bool) -> bool {
+        if self.negative || self.debit {
+            return false; // a refund or a report is never over
+        }
         match self.limit() {
             Some(l) if l.unlimited => false,
             _ => global || (self.limited() && self.limit().is_some_and(|l| l.quota_mode)),
@@ -156,12 +167,24 @@ pub struct Plan {
     pub counted: Vec<Part>,
     /// The check-only parts (hits 0): one call with cost 0.
     pub checked: Vec<Part>,
+    /// The parts of `is_negative_hits` descriptors: their weights given
+    /// back (`REFUND`), before the others are decided.
+    pub refunded: Vec<Part>,
+    /// The parts of usage reports: taken with `FORCE` (debits), after the
+    /// refunds, before the others are decided.
+    pub debited: Vec<Part>,
 }
 
 impl Plan {
     /// The plan of `req` under `cfg`, its keys prefixed with `prefix`
     /// (`CACHE_KEY_PREFIX`); `Invalid` for what the service refuses.
     pub fn new(req: &RateLimitRequest, cfg: &Config, prefix: &str) -> Result<Plan, ServiceError> {
+        Plan::with_reports(req, cfg, prefix, false)
+    }
+
+    /// [`Plan::new`]; with `reports`, a descriptor's own `hits_addend`
+    /// above 0 is a usage report (a debit: [`Descriptor::debit`]).
+    pub fn with_reports(req: &RateLimitRequest, cfg: &Config, prefix: &str, reports: bool) -> Result<Plan, ServiceError> {
         if req.domain.is_empty() {
             return Err(ServiceError::Invalid("rate limit domain must not be empty".into()));
         }
@@ -171,9 +194,6 @@ impl Plan {
         let mut descriptors = Vec::with_capacity(req.descriptors.len());
         let domain = cfg.domain(&req.domain);
         for d in &req.descriptors {
-            if d.is_negative_hits {
-                return Err(ServiceError::Invalid("is_negative_hits is not supported yet".into()));
-            }
             let matched = match_one(&req.domain, domain, d)?;
             descriptors.push(Descriptor {
                 matched,
@@ -183,12 +203,24 @@ impl Plan {
                 hits: 0,
                 part: None,
                 detailed_key: None,
+                negative: d.is_negative_hits,
+                debit: reports && !d.is_negative_hits && d.hits_addend.as_ref().is_some_and(|h| h.value > 0),
             });
         }
         mark_replaced(&mut descriptors);
-        let mut plan = Plan { keys: key_buffer(req, prefix), descriptors, counted: Vec::new(), checked: Vec::new() };
+        let mut plan = Plan {
+            keys: key_buffer(req, prefix),
+            descriptors,
+            counted: Vec::new(),
+            checked: Vec::new(),
+            refunded: Vec::new(),
+            debited: Vec::new(),
+        };
         plan.add_parts(req, prefix, domain.and_then(|d| d.hash_tag_key()))?;
-        if plan.counted.len() + plan.checked.len() > MAX_LIMITED_DESCRIPTORS {
+        if plan.counted.len() + plan.checked.len() > MAX_LIMITED_DESCRIPTORS
+            || plan.refunded.len() > MAX_LIMITED_DESCRIPTORS
+            || plan.debited.len() > MAX_LIMITED_DESCRIPTORS
+        {
             return Err(ServiceError::Invalid(format!(
                 "at most {MAX_LIMITED_DESCRIPTORS} limited descriptors per request (one RL.MULTI)"
             )));
@@ -215,7 +247,7 @@ impl Plan {
         // a part is a shadow part when each descriptor on it is shadow or quota
         let mut shadow = [[true; MAX_LIMITED_DESCRIPTORS]; 2];
         for d in &self.descriptors {
-            if let (Some(j), Some(l)) = (d.part, d.limit()) {
+            if let (Some(j), Some(l), false) = (d.part, d.limit(), d.negative || d.debit) {
                 if let Some(s) = shadow[usize::from(d.hits == 0)].get_mut(j) {
                     *s &= l.shadow_mode || d.quota(global);
                 }
@@ -226,6 +258,26 @@ impl Plan {
                 p.shadow = s;
             }
         }
+    }
+
+    /// The list a descriptor's part is in: the refunded parts for a
+    /// negative one, the debited ones for a usage report, the checked ones
+    /// for a check (`hits_addend` 0), else the counted ones.
+    pub fn list_of(&self, d: &Descriptor) -> &[Part] {
+        if d.negative {
+            &self.refunded
+        } else if d.debit {
+            &self.debited
+        } else if d.hits == 0 {
+            &self.checked
+        } else {
+            &self.counted
+        }
+    }
+
+    /// The part a descriptor was decided on, if any.
+    pub fn part_of(&self, d: &Descriptor) -> Option<&Part> {
+        d.part.and_then(|j| self.list_of(d).get(j))
     }
 
     /// The key of a part.
@@ -262,9 +314,22 @@ impl Plan {
                 weight: hits.max(1),
                 flags: 0,
             };
-            let list = if hits == 0 { &mut self.checked } else { &mut self.counted };
-            // `requests_per_unit: 0` too: a part of limit 0, in the same call
-            let part = Some(add_part(&mut self.keys, list, start, shape, m.limit.shadow_mode, n));
+            let list = if desc.negative {
+                &mut self.refunded
+            } else if desc.debit {
+                &mut self.debited
+            } else if hits == 0 {
+                &mut self.checked
+            } else {
+                &mut self.counted
+            };
+            // `requests_per_unit: 0` too: a part of limit 0, in the same
+            // call (a refund of nothing, or to a limit of 0, is no part)
+            let part = if desc.negative && (hits == 0 || rpu == 0) {
+                keys_truncate(&mut self.keys, start)
+            } else {
+                Some(add_part(&mut self.keys, list, start, shape, m.limit.shadow_mode, n))
+            };
             desc.unit = m.limit.reported_unit().map(Unit::proto).unwrap_or(0);
             desc.detailed_key =
                 m.limit.detailed_metric.then(|| detailed_key(&req.domain, d, &m.share)).or_else(|| m.metric_key.clone());
@@ -272,6 +337,12 @@ impl Plan {
         }
         Ok(())
     }
+}
+
+/// Drops the key just written at `keys[start..]`: no part.
+fn keys_truncate(keys: &mut String, start: usize) -> Option<usize> {
+    keys.truncate(start);
+    None
 }
 
 /// A request descriptor's entries as (key, value).
@@ -623,14 +694,28 @@ descriptors:
     }
 
     #[test]
+    fn negative_hits_are_refunded_parts() {
+        let neg = |e: &[(&str, &str)], n: u64| RateLimitDescriptor { is_negative_hits: true, ..hits(e, n) };
+        // a refund of 3 beside a take of 1 on the same key: two lists, one part each
+        let p = plan(vec![neg(&[("user", "a")], 3), desc(&[("user", "a")]), neg(&[("user", "a")], 2)]).unwrap();
+        assert_eq!((p.counted.len(), p.checked.len(), p.refunded.len()), (1, 0, 1));
+        assert_eq!(p.refunded[0].shape.weight, 5, "the same key twice: the refunds added up");
+        assert_eq!(p.key(&p.refunded[0]), p.key(&p.counted[0]));
+        assert!(p.descriptors[0].negative && !p.descriptors[1].negative);
+        assert_eq!(p.part_of(&p.descriptors[2]).map(|x| x.shape.weight), Some(5));
+        assert!(!p.descriptors[0].quota(true), "a refund is never a quota descriptor");
+        // a refund of nothing is no part
+        let p = plan(vec![neg(&[("user", "a")], 0)]).unwrap();
+        assert!(p.refunded.is_empty() && p.descriptors[0].part.is_none());
+    }
+
+    #[test]
     fn what_it_refuses() {
         let inv = |m: &str| Err(ServiceError::Invalid(m.into()));
         let err = |r: &RateLimitRequest| Plan::new(r, &cfg(), "").map(|_| ());
         let no_domain = RateLimitRequest { domain: String::new(), ..req(vec![desc(&[("user", "a")])]) };
         assert_eq!(err(&no_domain), inv("rate limit domain must not be empty"));
         assert_eq!(err(&req(vec![])), inv("rate limit descriptor list must not be empty"));
-        let negative = RateLimitDescriptor { is_negative_hits: true, ..desc(&[("user", "a")]) };
-        assert_eq!(err(&req(vec![negative])), inv("is_negative_hits is not supported yet"));
         assert_eq!(err(&req(vec![hits(&[("user", "a")], MAX + 1)])), inv("hits_addend 9007199254740992 is above 2^53-1"));
         assert!(err(&req(vec![hits(&[("user", "a")], MAX)])).is_ok());
         let many = |n: usize| req((0..n).map(|i| desc(&[("user", &i.to_string())])).collect());

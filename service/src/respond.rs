@@ -15,7 +15,7 @@ use envoy_types::pb::google::protobuf::{Duration as PbDuration, Struct};
 
 use crate::config::{Algorithm, RateLimit, Unit};
 use crate::metrics::{count_hits, Counted, Metrics};
-use crate::plan::{Descriptor, Part, PartState, Plan};
+use crate::plan::{Descriptor, PartState, Plan};
 use crate::settings::Settings;
 use ratelimit_core::catalogue::Kind;
 
@@ -54,7 +54,21 @@ pub fn respond(plan: &Plan, settings: &Settings, metrics: &Metrics) -> RateLimit
             continue;
         };
         let limit = &*m.limit;
-        let state = part(plan, desc).map(|p| &p.state);
+        let state = plan.part_of(desc).map(|p| &p.state);
+        if desc.debit {
+            // a usage report: taken whatever was left; OK (nothing is denied
+            // after the fact), with what is left after it
+            count(plan, desc, limit, false, settings, metrics);
+            let reset_s = reset_seconds(limit, desc.window_ms, state);
+            statuses.push(status(Code::Ok, limit, desc.unit, state.map_or(0, |p| p.remaining), reset_s));
+            continue;
+        }
+        if desc.negative {
+            // a refund: OK, what is left after it, counted in no statistic
+            let reset_s = reset_seconds(limit, desc.window_ms, state);
+            statuses.push(status(Code::Ok, limit, desc.unit, state.map_or(0, |p| p.remaining), reset_s));
+            continue;
+        }
         let over = state.map_or(desc.hits > 0, |p| p.over);
         count(plan, desc, limit, over, settings, metrics);
         let code = if over && !limit.shadow_mode { Code::OverLimit } else { Code::Ok };
@@ -110,7 +124,7 @@ pub fn dynamic_metadata(req: &RateLimitRequest, plan: &Plan, resp: &RateLimitRes
 fn count(plan: &Plan, desc: &Descriptor, limit: &RateLimit, over: bool, settings: &Settings, metrics: &Metrics) {
     let stats_key = desc.detailed_key.as_deref().unwrap_or(limit.full_key.as_str());
     let rpu = u64::from(limit.requests_per_unit);
-    let (before, after) = match part(plan, desc) {
+    let (before, after) = match plan.part_of(desc) {
         Some(p) => {
             let now = rpu.saturating_sub(p.state.remaining);
             if p.taken {
@@ -144,13 +158,6 @@ fn reset_seconds(limit: &RateLimit, window_ms: u64, state: Option<&PartState>) -
         _ => ms_until_window_end(window_ms),
     };
     ms.div_ceil(1000)
-}
-
-/// The part a descriptor was decided on: among the checked parts for a
-/// check (`hits_addend` 0), else the counted ones; none when not asked.
-fn part<'p>(plan: &'p Plan, desc: &Descriptor) -> Option<&'p Part> {
-    let list = if desc.hits == 0 { &plan.checked } else { &plan.counted };
-    desc.part.and_then(|j| list.get(j))
 }
 
 fn status(code: Code, limit: &RateLimit, unit: i32, remaining: u64, reset_s: u64) -> DescriptorStatus {

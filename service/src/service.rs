@@ -183,25 +183,50 @@ impl<C: Connection> Service<C> {
         mut redis: Option<&mut crate::trace::RedisCall>,
     ) -> Result<RateLimitResponse, ServiceError> {
         let cfg = self.config();
-        let mut plan = Plan::new(req, &cfg, &self.settings.cache_key_prefix)?;
+        let reports = self.settings.usage_reports(&req.domain);
+        let mut plan = Plan::with_reports(req, &cfg, &self.settings.cache_key_prefix, reports)?;
         plan.quota_parts(self.settings.quota_mode);
         // counted before Redis is called, as envoyproxy/ratelimit counts them
         if !cfg.has_domain(&req.domain) {
             self.metrics.domain_not_found(&req.domain, req.descriptors.len() as u64);
         }
-        for d in plan.descriptors.iter().filter(|d| d.limited()) {
+        for d in plan.descriptors.iter().filter(|d| d.limited() && !d.negative) {
+            // a usage report's hits too: they are taken
             if let Some(m) = &d.matched {
                 self.metrics.total_hits(d.detailed_key.as_deref().unwrap_or(&m.limit.full_key), d.hits);
             }
         }
-        // upstream's span of the Redis call: for every request that gets this far
+        // upstream's span of the Redis call(s): for every request that gets this far
+        let reported = plan.refunded.len() + plan.debited.len();
         if let Some(r) = redis.as_deref_mut() {
-            r.begin(plan.counted.len() + plan.checked.len());
+            r.begin(plan.counted.len() + plan.checked.len() + reported);
+        }
+        if !plan.refunded.is_empty() {
+            // first, so that a denial from the cache never drops a refund
+            let Plan { keys, refunded, .. } = &mut plan;
+            self.backend.refund(keys, refunded).await?;
+            if let Some(c) = &self.cache {
+                for p in &plan.refunded {
+                    c.unmark(plan.key(p));
+                }
+            }
+        }
+        if !plan.debited.is_empty() {
+            // usage reports: taken past the limit, never denied, before the
+            // request's other parts (the cache never drops one)
+            let Plan { keys, debited, .. } = &mut plan;
+            self.backend.debit(keys, debited).await?;
         }
         if let Some(c) = &self.cache {
             if from_cache(c, &mut plan, self.settings.shadow_mode) {
                 if let Some(r) = redis {
-                    (r.keys, r.end_ns) = (0, r.start_ns);
+                    // only the refunds and usage reports went to Redis
+                    r.keys = reported;
+                    if reported == 0 {
+                        r.end_ns = r.start_ns;
+                    } else {
+                        r.end();
+                    }
                 }
                 self.count_from_cache(&plan);
                 return Ok(self.answer(req, &plan));
@@ -233,8 +258,7 @@ impl<C: Connection> Service<C> {
     /// was denied by from the cache (their `over_limit` too, in respond).
     fn count_from_cache(&self, plan: &Plan) {
         for d in &plan.descriptors {
-            let list = if d.hits == 0 { &plan.checked } else { &plan.counted };
-            let (Some(p), Some(m)) = (d.part.and_then(|j| list.get(j)), &d.matched) else { continue };
+            let (Some(p), Some(m), false) = (plan.part_of(d), &d.matched, d.negative) else { continue };
             if p.state.over && !p.state.redis {
                 let key = d.detailed_key.as_deref().unwrap_or(&m.limit.full_key);
                 self.metrics.with_key(key, |k| {
@@ -384,6 +408,14 @@ mod tests {
                 p.taken = granted && fit && p.shape.flags & CHECK == 0;
             }
             Ok(granted)
+        }
+
+        async fn refund(&self, _keys: &str, _parts: &mut [Part]) -> Result<(), ServiceError> {
+            unreachable!("run never refunds: Service::decide does, before it")
+        }
+
+        async fn debit(&self, _keys: &str, _parts: &mut [Part]) -> Result<(), ServiceError> {
+            unreachable!("run never debits: Service::decide does, before it")
         }
     }
 

@@ -215,6 +215,11 @@ pub struct Settings {
     pub quota_mode: bool,
     /// `RESPONSE_DYNAMIC_METADATA`: the response's dynamic metadata (crate::dynamic_metadata).
     pub response_dynamic_metadata: bool,
+    /// `USAGE_REPORT_DOMAINS` (this service's own; `ai-gateway-quota` unless
+    /// set, `*` every domain, empty with `none`): the domains in which a
+    /// descriptor's own `hits_addend` above 0 is a usage report, taken as a
+    /// debit (docs/envoy.md, "Usage reports").
+    pub usage_report_domains: Vec<String>,
     /// `NEAR_LIMIT_RATIO`, default 0.8 (metrics only; validated, kept for them).
     pub near_limit_ratio: f32,
     /// `LOCAL_CACHE_SIZE_IN_BYTES`, default 0 (no cache): the memory of
@@ -433,6 +438,7 @@ struct Vars {
     shadow_mode: String,
     quota_mode: String,
     response_dynamic_metadata: String,
+    usage_report_domains: String,
     runtime_root: String,
     runtime_subdirectory: String,
     runtime_appdirectory: String,
@@ -578,6 +584,11 @@ impl Vars {
             shadow_mode: flag("SHADOW_MODE", &self.shadow_mode)?,
             quota_mode: flag("QUOTA_MODE", &self.quota_mode)?,
             response_dynamic_metadata: flag("RESPONSE_DYNAMIC_METADATA", &self.response_dynamic_metadata)?,
+            usage_report_domains: match self.usage_report_domains.trim() {
+                "" => vec!["ai-gateway-quota".to_owned()],
+                "none" => Vec::new(),
+                v => v.split(',').map(|d| d.trim().to_owned()).filter(|d| !d.is_empty()).collect(),
+            },
             near_limit_ratio,
             local_cache_bytes: match self.local_cache_size_in_bytes.as_str() {
                 "" => 0,
@@ -796,6 +807,11 @@ impl Vars {
 }
 
 impl Settings {
+    /// Whether a descriptor's own `hits_addend` is a usage report in `domain`.
+    pub fn usage_reports(&self, domain: &str) -> bool {
+        self.usage_report_domains.iter().any(|d| d == "*" || d == domain)
+    }
+
     /// The settings of the process environment.
     pub fn from_env() -> Result<Settings, String> {
         Settings::from_map(&std::env::vars().collect())

@@ -50,12 +50,16 @@ pub use self::version::MODULE_VERSION;
 const COST: Arg = opt_int(c"cost", c"COST", c"n", c"units this call asks for (default 1; 0 only reports)");
 const PARTIAL: Arg = opt_flag(c"partial", c"PARTIAL", c"grant as many units as are available, up to COST");
 const DRYRUN: Arg = opt_flag(c"dryrun", c"DRYRUN", c"reply as the call would, write nothing");
+const FORCE: Arg = Arg {
+    since: Some(c"0.3.0"),
+    ..opt_flag(c"force", c"FORCE", c"a debit: take all COST units even past the limit, leaving a debt (not with PARTIAL)")
+};
 const REFUND: Arg =
     Arg { since: Some(c"0.2.0"), ..opt_int(c"refund", c"REFUND", c"n", c"give n units back instead of taking any") };
 
 /// The options after a single command's numbers: a grant with its options,
 /// or a refund, which takes none of them.
-static GRANT: [Arg; 3] = [COST, PARTIAL, DRYRUN];
+static GRANT: [Arg; 4] = [COST, PARTIAL, FORCE, DRYRUN];
 static MODE: [Arg; 2] = [Arg { sub: &GRANT, ..arg(c"grant", Ty::Block) }, Arg { optional: false, ..REFUND }];
 const OPTIONS: Arg = Arg { optional: true, sub: &MODE, ..arg(c"mode", Ty::OneOf) };
 
@@ -151,8 +155,17 @@ static MULTI_LIMIT: [Arg; 5] = [
     Arg { token: Some(c"FIXEDWINDOW"), since: Some(c"0.3.0"), sub: &MULTI_FIXEDWINDOW, ..arg(c"fixedwindow", Ty::Block) },
     Arg { token: Some(c"CONCURRENCY"), since: Some(c"0.3.0"), sub: &MULTI_CONCURRENCY, ..arg(c"concurrency", Ty::Block) },
 ];
-static MULTI_GRANT: [Arg; 3] =
-    [opt_int(c"cost", c"COST", c"n", c"requests this call asks for; each limit takes COST x WEIGHT units"), PARTIAL, DRYRUN];
+static MULTI_GRANT: [Arg; 4] = [
+    opt_int(c"cost", c"COST", c"n", c"requests this call asks for; each limit takes COST x WEIGHT units"),
+    PARTIAL,
+    Arg {
+        summary: Some(
+            c"a debit: every limit takes COST x WEIGHT even past its limit (not with PARTIAL, CHECK, SHADOW, CONCURRENCY)",
+        ),
+        ..FORCE
+    },
+    DRYRUN,
+];
 static MULTI_MODE: [Arg; 2] = [
     Arg { sub: &MULTI_GRANT, ..arg(c"grant", Ty::Block) },
     Arg {
@@ -255,7 +268,9 @@ const RL_FLAGS: &CStr = c"write deny-oom fast";
 /// the keys); test_multi_replication.py's cross-slot test holds this.
 const MULTI_FLAGS: &CStr = c"write deny-oom fast getkeys-api";
 
-static REFUND_ADDED: [(&CStr, &CStr); 1] = [(c"0.2.0", c"Added the `REFUND n` option.")];
+static REFUND_ADDED: [(&CStr, &CStr); 2] =
+    [(c"0.2.0", c"Added the `REFUND n` option."), (c"0.3.0", c"Added the `FORCE` option.")];
+static FORCE_ADDED: [(&CStr, &CStr); 1] = [(c"0.3.0", c"Added the `FORCE` option.")];
 
 /// Like INCR: reads the state (ACCESS: the reply shows it) and updates it
 /// in place, creating it when absent.
@@ -350,7 +365,7 @@ pub static COMMANDS: [Doc; 7] = [
         key_flags: LIMITER_KEY,
         acl: LIMITER_ACL,
         user_facing: true,
-        history: &[],
+        history: &FORCE_ADDED,
     },
     Doc {
         name: c"RL.STATE",

@@ -203,7 +203,7 @@ mod tests {
     }
 
     fn call(dryrun: bool, refund: u64) -> Call {
-        Call { nums: [5, 1, 1000], cost: 1, partial: false, dryrun, refund }
+        Call { nums: [5, 1, 1000], cost: 1, partial: false, dryrun, refund, force: false }
     }
 
     #[test]

@@ -95,7 +95,7 @@ fn multi_n<'a, const N: usize>(ctx: Ctx<'a>, argv: &[Str<'a>]) -> Replied {
 /// path). None for a sliding log, which `plain` rules out.
 #[inline(never)]
 fn multi_one<'a>(ctx: Ctx<'a>, name: Str<'a>, limit: &LimitSpec) -> Option<Replied> {
-    let call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
+    let call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0, force: false };
     let d = match limit.params {
         Params::TokenBucket(p) => word_apply_with::<tb::State, true>(ctx, name, &call, Cmd::MULTI, p),
         Params::SlidingCounter(p) => word_apply_with::<sc::State, true>(ctx, name, &call, Cmd::MULTI, p),
@@ -132,6 +132,8 @@ fn multi_general<'a, const N: usize>(ctx: Ctx<'a>, call: &MultiCall<N>, names: &
     }
     let op = if call.refund > 0 {
         Op::Refund(call.refund)
+    } else if call.force {
+        Op::Force { cost: call.cost, dryrun: call.dryrun }
     } else {
         Op::Take { cost: call.cost, partial: call.partial, dryrun: call.dryrun }
     };

@@ -31,6 +31,8 @@ pub(super) trait WordLimiter: Packable + Copy + Default {
     fn step(&self, p: &Self::Params, cost: u64, partial: bool, now_us: u64) -> (Decision, Self);
     /// `REFUND n`, replying for a following request of `want` units.
     fn refund(&self, p: &Self::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self);
+    /// `COST n FORCE`, replying for a following request of `want` units.
+    fn force(&self, p: &Self::Params, cost: u64, want: u64, now_us: u64) -> (Decision, Self);
     fn effect(&self, abs_expire_ms: u64) -> codec::Small;
 }
 
@@ -48,6 +50,11 @@ impl WordLimiter for tb::State {
     #[inline]
     fn refund(&self, p: &tb::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self) {
         tb::refund(self, p, n, want, now_us)
+    }
+    #[cold]
+    #[inline(never)]
+    fn force(&self, p: &tb::Params, cost: u64, want: u64, now_us: u64) -> (Decision, Self) {
+        tb::force(self, p, cost, want, now_us)
     }
     #[inline]
     fn effect(&self, abs: u64) -> codec::Small {
@@ -69,6 +76,11 @@ impl WordLimiter for sc::State {
     #[inline]
     fn refund(&self, p: &sc::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self) {
         sc::refund(self, p, n, want, now_us)
+    }
+    #[cold]
+    #[inline(never)]
+    fn force(&self, p: &sc::Params, cost: u64, want: u64, now_us: u64) -> (Decision, Self) {
+        sc::force(self, p, cost, want, now_us)
     }
     #[inline]
     fn effect(&self, abs: u64) -> codec::Small {
@@ -122,8 +134,15 @@ pub(super) fn word_apply_with<'a, T: WordLimiter, const MULTI: bool>(
     };
     // A refund that gives nothing back writes nothing; one that leaves the
     // limiter fresh deletes the key (`write`).
-    let (d, new) =
-        if call.refund > 0 { cur.refund(&p, call.refund, 1, now) } else { cur.step(&p, call.cost, call.partial, now) };
+    let (d, new) = if call.refund > 0 {
+        cur.refund(&p, call.refund, 1, now)
+    } else if call.force {
+        // A debit: all COST units, past the limit if need be; the reply
+        // answers for a following request of one unit.
+        cur.force(&p, call.cost, 1, now)
+    } else {
+        cur.step(&p, call.cost, call.partial, now)
+    };
     write(ctx, &mut key, name, Decided { cmd, call, d: &d, now_us: now }, |k| k.store(new), |abs| new.effect(abs))?;
     Ok(d)
 }
@@ -142,6 +161,11 @@ impl WordLimiter for fw::State {
     #[inline]
     fn refund(&self, p: &fw::Params, n: u64, want: u64, now_us: u64) -> (Decision, Self) {
         fw::refund(self, p, n, want, now_us)
+    }
+    #[cold]
+    #[inline(never)]
+    fn force(&self, p: &fw::Params, cost: u64, want: u64, now_us: u64) -> (Decision, Self) {
+        fw::force(self, p, cost, want, now_us)
     }
     #[inline]
     fn effect(&self, abs: u64) -> codec::Small {
@@ -198,9 +222,17 @@ fn log_apply<'a>(ctx: Ctx<'a>, name: Str<'a>, call: &Call, cmd: Cmd) -> Result<D
         write(ctx, &mut key, name, Decided { cmd, call, d: &d, now_us: now }, |_| true, |abs| codec::log_refund(&g, abs))?;
         return Ok(d);
     }
+    let decide = |s: &sl::State| {
+        if call.force {
+            // A debit: one entry of all COST units, past the limit if need be.
+            sl::decide_forced(s, &p, call.cost, 1, now)
+        } else {
+            sl::decide(s, &p, call.cost, call.partial, now)
+        }
+    };
     let d = match key.wide_mut::<sl::State>() {
-        Some(s) => sl::decide(s, &p, call.cost, call.partial, now),
-        None => sl::decide(&empty, &p, call.cost, call.partial, now),
+        Some(s) => decide(s),
+        None => decide(&empty),
     };
     // sl::grant decides everything before it mutates the log: a panic
     // cannot leave it half-updated. A missing log is a new one, set

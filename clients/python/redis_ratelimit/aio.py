@@ -16,8 +16,10 @@ from .breaker import Breaker, Panic
 from .core import (CMD, LUA, WAIT, Args, Backend, StrictArg, Steps, _Base, _LimiterCore, _resume,
                    _T, check_cost, log, options)
 from .decision import Decision
+from .inflight import AsyncInFlight
 from .lease import _LeasedCore
 from .policies import AllOf, Key, Keys, Policy
+from .reserve import AsyncReservation
 
 __all__ = ["AsyncRateLimit", "AsyncLimiter", "AsyncLeasedLimiter"]
 
@@ -116,6 +118,13 @@ class AsyncRateLimit(_Base["AsyncLimiter", "AsyncLeasedLimiter"]):
             return self._failed(e, probe)
 
 
+    def inflight(self, policy: Policy, renew_ms: Optional[int] = None,
+                 panic: Optional[Panic] = None) -> AsyncInFlight:
+        """An in-flight limit (a concurrency policy): holds that renew their
+        lease and release on every exit (clients/DESIGN.md, "In-flight limits")."""
+        return AsyncInFlight(self, policy, renew_ms, panic)
+
+
 class AsyncLimiter(_LimiterCore):
     """As Limiter; the call is awaited."""
 
@@ -133,6 +142,15 @@ class AsyncLimiter(_LimiterCore):
         keys, call = self._begin(key, ["REFUND", n])
         reply = None if call is None else await self.rl.call(*call)
         return self._refunded(reply, keys, n)
+
+    async def reserve(self, key: Keys, estimate: int) -> AsyncReservation:
+        check_cost(estimate, 1)
+        return AsyncReservation(self, key, estimate, await self.limit(key, cost=estimate))
+
+    async def _debit(self, key: Keys, n: int) -> Decision:
+        keys, call = self._begin(key, ["COST", n, "FORCE"])
+        reply = None if call is None else await self.rl.call(*call)
+        return self._debited(reply, keys, n)
 
 
 class AsyncLeasedLimiter(_LeasedCore):

@@ -16,8 +16,10 @@ from .breaker import Breaker, Panic
 from .core import (CMD, LUA, WAIT, Args, Backend, StrictArg, Steps, _Base, _LimiterCore,
                    check_cost, drive, is_outage, log, options)
 from .decision import Decision
+from .inflight import InFlight
 from .lease import _LeasedCore
 from .policies import AllOf, Key, Keys, Policy
+from .reserve import Reservation
 
 __all__ = ["RateLimit", "Limiter", "LeasedLimiter"]
 
@@ -283,6 +285,13 @@ class RateLimit(_Base["Limiter", "LeasedLimiter"]):
             return self._failed(e, probe)
 
 
+    def inflight(self, policy: Policy, renew_ms: Optional[int] = None,
+                 panic: Optional[Panic] = None) -> InFlight:
+        """An in-flight limit (a concurrency policy): holds that renew their
+        lease and release on every exit (clients/DESIGN.md, "In-flight limits")."""
+        return InFlight(self, policy, renew_ms, panic)
+
+
 class Limiter(_LimiterCore):
     """limit()/refund() on one policy, one shared call each."""
 
@@ -303,6 +312,17 @@ class Limiter(_LimiterCore):
         keys, call = self._begin(key, ["REFUND", n])
         reply = None if call is None else self.rl.call(*call)
         return self._refunded(reply, keys, n)
+
+    def reserve(self, key: Keys, estimate: int) -> Reservation:
+        """limit(key, cost=estimate), as a handle to settle(actual) once the
+        real cost is known (clients/DESIGN.md, "Reservations")."""
+        check_cost(estimate, 1)
+        return Reservation(self, key, estimate, self.limit(key, cost=estimate))
+
+    def _debit(self, key: Keys, n: int) -> Decision:
+        keys, call = self._begin(key, ["COST", n, "FORCE"])
+        reply = None if call is None else self.rl.call(*call)
+        return self._debited(reply, keys, n)
 
 
 class LeasedLimiter(_LeasedCore):

@@ -16,9 +16,9 @@ from typing import (Any, Callable, ClassVar, Dict, Generator, Generic, List, Lit
 from . import families
 from .breaker import NO, PROBE, Breaker, BreakerState, Metrics, Panic, PanicBuckets
 from .decision import Decision, Part, Source, _decision
-from .policies import MAX, AllOf, Key, Keys, Policy
+from .policies import MAX, AllOf, Key, Keys, Policy, not_a_rate
 
-SCRIPTS = ("tokenbucket", "slidinglog", "slidingcounter", "fixedwindow", "multi")
+SCRIPTS = ("tokenbucket", "slidinglog", "slidingcounter", "fixedwindow", "multi", "concurrency")
 
 #: What RateLimit(backend=...) takes: "auto" (the module when the server
 #: has its commands, else the Lua twins) or one forced.
@@ -590,6 +590,7 @@ class _LimiterCore:
         if not isinstance(policy, (Policy, AllOf)):
             raise ValueError("policy must come from token_bucket, sliding_log, "
                              "sliding_counter or all_of")
+        not_a_rate(policy, "limiter()")
         self.rl = rl
         self.policy = policy
         self.panic = PanicBuckets(panic or Panic(), policy)
@@ -613,6 +614,14 @@ class _LimiterCore:
         if reply is not None:
             return rl._count(to_decision(reply, self.policy, cost, partial, rl._source()))
         return rl._count(panic_decision(self.panic, self.policy, keys, cost, partial, dry_run))
+
+    def _debited(self, reply: Any, keys: Sequence[str], n: int) -> Decision:
+        """After COST n FORCE (a reservation's settle): the reply's decision,
+        or granted 0 when Redis was unavailable (nothing was debited)."""
+        if reply is not None:
+            return to_decision(reply, self.policy, n, False, self.rl._source())
+        return replace(panic_decision(self.panic, self.policy, keys, n, False, True),
+                       allowed=False, granted=0)
 
     def _refunded(self, reply: Any, keys: Sequence[str], n: int) -> Decision:
         rl = self.rl

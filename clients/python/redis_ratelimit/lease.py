@@ -13,7 +13,7 @@ from .breaker import CLOSED, NO, PROBE, YES, Panic, PanicBuckets
 from .core import (CALL, LOCAL, WAIT, Args, LuaCall, Steps, call_for, check_cost, decision_on,
                    panic_decision)
 from .decision import Decision
-from .policies import AllOf, Key, Policy
+from .policies import AllOf, Key, Policy, not_a_rate
 
 if TYPE_CHECKING:
     from .core import _Base
@@ -54,6 +54,7 @@ class _LeasedCore:
               max_keys: int, idle_ms: float, recheck_ms: float, panic: Optional[Panic]) -> None:
         if not isinstance(policy, Policy):
             raise ValueError("leased() takes a single policy (all_of is not leased)")
+        not_a_rate(policy, "leased()")
         if type(batch) is not int or batch < 1:
             raise ValueError("batch must be an integer >= 1")
         if not 0 <= low_water < 1:

@@ -10,10 +10,10 @@ MAX = (1 << 53) - 1
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 __all__ = ["Policy", "AllOf", "Kind", "token_bucket", "sliding_log", "sliding_counter", "fixed_window",
-           "all_of", "make_key", "key_slot", "CrossSlotError"]
+           "concurrency", "all_of", "make_key", "key_slot", "CrossSlotError"]
 
 #: A single policy's algorithm (its module command is "RL." + kind.upper()).
-Kind = Literal["tokenbucket", "slidinglog", "slidingcounter", "fixedwindow"]
+Kind = Literal["tokenbucket", "slidinglog", "slidingcounter", "fixedwindow", "concurrency"]
 #: One key (a leased limiter's, a single policy's).
 Key = Union[str, bytes]
 #: What limit() and refund() take: one key, or (all_of) one key per policy
@@ -136,6 +136,23 @@ def fixed_window(name: str, limit: int, window_ms: int, *, from_first: bool = Fa
                   from_first=from_first)
 
 
+def concurrency(name: str, limit: int, lease_ms: int) -> Policy:
+    """At most `limit` units in flight at once, each hold a lease of
+    `lease_ms` on the server's clock (RL.CONCURRENCY). Not a rate: use it
+    with RateLimit.inflight(), not limiter(), leased() or all_of."""
+    _name(name)
+    _int("limit", limit), _int("lease_ms", lease_ms)
+    return Policy("concurrency", name, limit, (limit, lease_ms), lease_ms, limit, lease_ms)
+
+
+def not_a_rate(policy: object, what: str) -> None:
+    """A concurrency policy given where a rate is expected: ValueError."""
+    for p in getattr(policy, "parts", ()):
+        if p.kind == "concurrency":
+            raise ValueError(f"{what} takes rates; concurrency {p.name!r} is an in-flight "
+                             "limit: use RateLimit.inflight()")
+
+
 class AllOf:
     """Several policies on several keys, all or nothing (RL.MULTI)."""
 
@@ -187,6 +204,8 @@ def all_of(*policies: Union[Policy, Sequence[Policy]], name: Optional[str] = Non
         raise ValueError("all_of takes single policies (token_bucket, sliding_log, "
                          "sliding_counter, fixed_window)")
     parts = cast(Tuple[Policy, ...], tuple(given))
+    for p in parts:
+        not_a_rate(p, "all_of")
     names = [p.name for p in parts]
     if len(set(names)) != len(names):
         raise ValueError(f"all_of: policy names must be distinct, got {names}")

@@ -165,7 +165,10 @@ impl<C: Connection> Limiter<C> {
     async fn decide(&self, keys: Vec<Cow<'_, str>>, call: Call) -> Result<Decision> {
         check_int("cost", call.cost, 0)?;
         let inner = &self.rl.inner;
-        let tail = Tail::Call { cost: call.cost, partial: call.partial, dry_run: call.dry_run };
+        if call.force && call.partial {
+            return Err(Error::Invalid("a debit (force) takes all its units: not with partial".into()));
+        }
+        let tail = Tail::Call { cost: call.cost, partial: call.partial, dry_run: call.dry_run, force: call.force };
         match inner.breaker.acquire(inner.now()) {
             Permit::Yes => {}
             Permit::No => return Ok(inner.m.count(self.panic(&keys, call))),
@@ -173,7 +176,10 @@ impl<C: Connection> Limiter<C> {
                 // the probe goes out in the background (the same call as a
                 // DRYRUN: it takes nothing); this caller is answered now
                 let probe_req = self
-                    .request(keys.clone(), Tail::Call { cost: call.cost, partial: call.partial, dry_run: true })
+                    .request(
+                        keys.clone(),
+                        Tail::Call { cost: call.cost, partial: call.partial, dry_run: true, force: call.force },
+                    )
                     .into_owned();
                 let bg = inner.clone();
                 tokio::spawn(async move {

@@ -108,7 +108,11 @@ impl<C: Connection> Shared<C> {
         tx: watch::Sender<Option<Outcome>>,
     ) -> Result<(Outcome, Source)> {
         let i = inner(self);
-        let req = Request::single(&self.book.policy, &key, Tail::Call { cost: asked, partial: true, dry_run: false });
+        let req = Request::single(
+            &self.book.policy,
+            &key,
+            Tail::Call { cost: asked, partial: true, dry_run: false, force: false },
+        );
         i.m.leases.fetch_add(1, Relaxed);
         let r = i.bounded_inner(probe, i.run(&req)).await;
         let now = i.now();

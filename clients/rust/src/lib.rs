@@ -33,6 +33,7 @@ mod metrics;
 mod options;
 mod policy;
 mod request;
+mod reserve;
 mod reservoir;
 // The transport (connection, timeout, breaker, detection, strict mode) and
 // what is built on it.
@@ -55,6 +56,7 @@ pub use metrics::Metrics;
 pub use options::{Options, Strict};
 pub use policy::{all_of, fixed_window, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX};
 pub use request::{Backend, Call};
+pub use reserve::Reservation;
 pub use reservoir::Lease;
 #[cfg(feature = "sentinel")]
 pub use sentinel::SentinelConnection;

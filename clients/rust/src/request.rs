@@ -78,11 +78,14 @@ pub struct Call {
     pub partial: bool,
     /// Decide without taking anything.
     pub dry_run: bool,
+    /// `FORCE`: a debit, all `cost` units taken even past the limit
+    /// (docs/contract.md, "Debits (FORCE)"); not with `partial`.
+    pub force: bool,
 }
 
 impl Default for Call {
     fn default() -> Call {
-        Call { cost: 1, partial: false, dry_run: false }
+        Call { cost: 1, partial: false, dry_run: false, force: false }
     }
 }
 
@@ -91,12 +94,19 @@ impl Call {
     pub fn cost(cost: u64) -> Call {
         Call { cost, ..Call::default() }
     }
+
+    /// A debit of `cost` units (`COST n FORCE`): taken even past the limit,
+    /// leaving a debt later calls wait out. Redis unavailable: the panic
+    /// limits decide it as a plain call.
+    pub fn debit(cost: u64) -> Call {
+        Call { cost, force: true, ..Call::default() }
+    }
 }
 
 /// The options after the limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Tail {
-    Call { cost: u64, partial: bool, dry_run: bool },
+    Call { cost: u64, partial: bool, dry_run: bool, force: bool },
     Refund(u64),
 }
 
@@ -111,13 +121,16 @@ impl Tail {
                 v.push(Arg::Word("REFUND"));
                 v.push(Arg::Num(n));
             }
-            Tail::Call { cost, partial, dry_run } => {
+            Tail::Call { cost, partial, dry_run, force } => {
                 if cost != 1 {
                     v.push(Arg::Word("COST"));
                     v.push(Arg::Num(cost));
                 }
                 if partial {
                     v.push(Arg::Word("PARTIAL"));
+                }
+                if force {
+                    v.push(Arg::Word("FORCE"));
                 }
                 if dry_run {
                     v.push(Arg::Word("DRYRUN"));
@@ -127,7 +140,7 @@ impl Tail {
     }
 
     /// The most arguments [`Tail::push`] adds.
-    const MAX_ARGS: usize = 4;
+    const MAX_ARGS: usize = 5;
 }
 
 /// One argument after the keys: a word of the protocol or a number,
@@ -335,11 +348,17 @@ mod tests {
         );
         assert!(r.fixed && r.is_multi() && r.script == "multi");
         assert!(!Request::multi(std::slice::from_ref(&tb), vec!["a".into()], Tail::Refund(1)).fixed);
-        let one = Request::single(&fw, "k", Tail::Call { cost: 2, partial: true, dry_run: false });
+        let one = Request::single(&fw, "k", Tail::Call { cost: 2, partial: true, dry_run: false, force: false });
         assert_eq!((one.command, one.script, one.fixed), ("RL.FIXEDWINDOW", "fixedwindow", true));
         assert_eq!(
             one.args.iter().map(Arg::to_string).collect::<Vec<_>>(),
             ["5", "1000", "COST", "2", "PARTIAL", "FROMFIRST"]
+        );
+        // a debit: COST n FORCE, then the window's FROMFIRST; with DRYRUN all five words
+        let debit = Request::single(&fw, "k", Tail::Call { cost: 7, partial: false, dry_run: true, force: true });
+        assert_eq!(
+            debit.args.iter().map(Arg::to_string).collect::<Vec<_>>(),
+            ["5", "1000", "COST", "7", "FORCE", "DRYRUN", "FROMFIRST"]
         );
         // the command as sent: the same words and numbers, in order
         let packed = String::from_utf8(one.module_cmd().get_packed_command()).unwrap();

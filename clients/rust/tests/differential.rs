@@ -177,7 +177,7 @@ async fn rust_python_and_node_agree_on_decisions_and_headers() {
             }
         };
         let refund = next(6) == 0;
-        let call = Call { cost: next(4), partial: next(3) == 0, dry_run: next(8) == 0 };
+        let call = Call { cost: next(4), partial: next(3) == 0, dry_run: next(8) == 0, ..Call::default() };
         let n = 1 + next(2);
         let q = |lib: &str| {
             if refund {

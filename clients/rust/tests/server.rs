@@ -44,7 +44,7 @@ fn calls(n: usize) -> Vec<Call> {
             x ^= x << 13;
             x ^= x >> 7;
             x ^= x << 17;
-            Call { cost: x % 4, partial: x & 16 != 0, dry_run: x.is_multiple_of(11) }
+            Call { cost: x % 4, partial: x & 16 != 0, dry_run: x.is_multiple_of(11), ..Call::default() }
         })
         .collect()
 }

@@ -58,7 +58,7 @@ async fn grants_count_only_once_a_replica_has_them() {
         let d = lim.limit("k", Call::default()).await.unwrap();
         assert_eq!((d.allowed, d.source), (false, src), "{d:?}");
         // nor a dry run, nor a refund
-        let d = lim.limit("k", Call { cost: 1, partial: false, dry_run: true }).await.unwrap();
+        let d = lim.limit("k", Call { dry_run: true, ..Call::default() }).await.unwrap();
         assert_eq!(d.source, src);
         assert_eq!(lim.refund("k", 1).await.unwrap().granted, 1);
         let m = rl.metrics();

@@ -3,11 +3,11 @@
 //! ([`Arg`]); the module maps each to its static reply text.
 //!
 //! ```text
-//! RL.TOKENBUCKET    key capacity rate period_ms [COST n] [PARTIAL] [DRYRUN] [REFUND n]
-//! RL.SLIDINGLOG     key limit    window_ms      [COST n] [PARTIAL] [DRYRUN] [REFUND n]
-//! RL.SLIDINGCOUNTER key limit    window_ms      [COST n] [PARTIAL] [DRYRUN] [REFUND n]
-//! RL.FIXEDWINDOW    key limit    window_ms      [COST n] [PARTIAL] [DRYRUN] [REFUND n] [FROMFIRST]
-//! RL.MULTI numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+//! RL.TOKENBUCKET    key capacity rate period_ms [COST n] [PARTIAL] [DRYRUN] [FORCE] [REFUND n]
+//! RL.SLIDINGLOG     key limit    window_ms      [COST n] [PARTIAL] [DRYRUN] [FORCE] [REFUND n]
+//! RL.SLIDINGCOUNTER key limit    window_ms      [COST n] [PARTIAL] [DRYRUN] [FORCE] [REFUND n]
+//! RL.FIXEDWINDOW    key limit    window_ms      [COST n] [PARTIAL] [DRYRUN] [FORCE] [REFUND n] [FROMFIRST]
+//! RL.MULTI numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL] [DRYRUN] [FORCE] [REFUND n]
 //!   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
 //!          | SLIDINGLOG limit window_ms [WEIGHT w]
 //!          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
@@ -32,6 +32,9 @@ pub struct Call {
     pub dryrun: bool,
     /// `REFUND n` (then COST, PARTIAL and DRYRUN are absent); 0 when none.
     pub refund: u64,
+    /// `FORCE`: take all COST units even when fewer are left, leaving a
+    /// debt (never with PARTIAL or REFUND).
+    pub force: bool,
 }
 
 /// A numeric argument, as named in error replies.
@@ -221,7 +224,7 @@ fn parse_with<'a>(
     if args.len() < positional.len() {
         return Err(ArgError::Arity);
     }
-    let mut call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
+    let mut call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0, force: false };
     for (i, &arg) in positional.iter().enumerate() {
         let a = args.next().ok_or(ArgError::Arity)?;
         let v = parse_num(a, arg.min()).ok_or(ArgError::Number(arg))?;
@@ -251,16 +254,16 @@ pub fn parse_exact(nums: &[&[u8]], positional: &[Arg]) -> Result<Call, ArgError>
     if nums.len() != positional.len() {
         return parse(nums.iter().copied(), positional);
     }
-    let mut call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
+    let mut call = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0, force: false };
     for ((s, &arg), slot) in nums.iter().zip(positional).zip(call.nums.iter_mut()) {
         *slot = parse_num(s, arg.min()).ok_or(ArgError::Number(arg))?;
     }
     Ok(call)
 }
 
-/// Parse one of the options COST n, PARTIAL, DRYRUN, REFUND n into `call`;
-/// `Ok(false)` when `opt` is none of them, repeated, or REFUND combined
-/// with the others (a syntax error).
+/// Parse one of the options COST n, PARTIAL, DRYRUN, REFUND n, FORCE into
+/// `call`; `Ok(false)` when `opt` is none of them, repeated, REFUND combined
+/// with the others, or FORCE with PARTIAL or REFUND (a syntax error).
 #[inline]
 fn option<'a>(
     opt: &[u8],
@@ -273,13 +276,15 @@ fn option<'a>(
         *seen_cost = true;
         let v = args.next().ok_or(ArgError::Syntax)?;
         call.cost = parse_num(v, Arg::Cost.min()).ok_or(ArgError::Number(Arg::Cost))?;
-    } else if opt.eq_ignore_ascii_case(b"PARTIAL") && !call.partial && !refund {
+    } else if opt.eq_ignore_ascii_case(b"PARTIAL") && !call.partial && !refund && !call.force {
         call.partial = true;
     } else if opt.eq_ignore_ascii_case(b"DRYRUN") && !call.dryrun && !refund {
         call.dryrun = true;
-    } else if opt.eq_ignore_ascii_case(b"REFUND") && !refund && !*seen_cost && !call.partial && !call.dryrun {
+    } else if opt.eq_ignore_ascii_case(b"REFUND") && !refund && !*seen_cost && !call.partial && !call.dryrun && !call.force {
         let v = args.next().ok_or(ArgError::Syntax)?;
         call.refund = parse_num(v, Arg::Refund.min()).ok_or(ArgError::Number(Arg::Refund))?;
+    } else if opt.eq_ignore_ascii_case(b"FORCE") && !call.force && !refund && !call.partial {
+        call.force = true;
     } else {
         return Ok(false);
     }
@@ -329,6 +334,10 @@ pub struct MultiCall<const N: usize = MAX_LIMITS> {
     pub dryrun: bool,
     /// `REFUND n` (then COST, PARTIAL and DRYRUN are absent), 0 when none.
     pub refund: u64,
+    /// `FORCE`: every limit takes its `COST × WEIGHT` units, past its limit
+    /// if need be; no limit denies (never with PARTIAL, REFUND, CHECK,
+    /// SHADOW or a CONCURRENCY limit).
+    pub force: bool,
     /// The commonest call, the module's fast path: word-state limits only
     /// (token buckets, sliding counters, fixed windows), no WEIGHT and no
     /// option (so COST 1). A call that spells out `WEIGHT 1` or `COST 1`,
@@ -417,7 +426,7 @@ pub(crate) fn eq_upper_letters(w: &[u8], upper: &[u8]) -> bool {
 }
 
 fn is_option(w: &[u8]) -> bool {
-    [&b"COST"[..], b"PARTIAL", b"DRYRUN", b"REFUND"].iter().any(|o| w.eq_ignore_ascii_case(o))
+    [&b"COST"[..], b"PARTIAL", b"DRYRUN", b"REFUND", b"FORCE"].iter().any(|o| w.eq_ignore_ascii_case(o))
 }
 
 /// No key is named twice in `keys` (each read through `bytes`).
@@ -436,7 +445,7 @@ pub fn distinct_keys<'a, A: Copy>(keys: &[A], bytes: impl Fn(A) -> &'a [u8]) -> 
 /// Parse `args` = every argument after `RL.MULTI`:
 ///
 /// ```text
-/// numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+/// numkeys key [key ...] limit [limit ...] [COST n] [PARTIAL] [DRYRUN] [FORCE] [REFUND n]
 ///   limit := TOKENBUCKET capacity rate period_ms [WEIGHT w]
 ///          | SLIDINGLOG limit window_ms [WEIGHT w]
 ///          | SLIDINGCOUNTER limit window_ms [WEIGHT w]
@@ -579,6 +588,7 @@ impl<const N: usize> MultiCall<N> {
             partial: false,
             dryrun: false,
             refund: 0,
+            force: false,
             plain: true,
             flags: [0; N],
             flagged: false,
@@ -734,7 +744,7 @@ impl<const N: usize> MultiCall<N> {
         }
         call.flagged = call.flags.iter().any(|&f| f != 0);
         if let Some(first) = next {
-            let mut opts = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0 };
+            let mut opts = Call { nums: [0; 3], cost: 1, partial: false, dryrun: false, refund: 0, force: false };
             let mut seen_cost = false;
             // The first option was read ahead: from there on, the rest.
             let after = args.get(at + 1..).unwrap_or_default().iter().map(|&a| bytes(a));
@@ -744,10 +754,17 @@ impl<const N: usize> MultiCall<N> {
                     return Err(if Kind::from_word(opt).is_some() { ArgError::LimitCount } else { ArgError::Syntax });
                 }
             }
-            (call.cost, call.partial, call.dryrun, call.refund) = (opts.cost, opts.partial, opts.dryrun, opts.refund);
+            (call.cost, call.partial, call.dryrun, call.refund, call.force) =
+                (opts.cost, opts.partial, opts.dryrun, opts.refund, opts.force);
             call.plain = false;
             if call.refund > 0 && call.flagged {
                 // a refund gives back what was taken: CHECK and SHADOW do not apply
+                return Err(ArgError::Syntax);
+            }
+            if call.force && (call.flagged || call.limits().iter().any(|l| l.kind() == Kind::Concurrency)) {
+                // a debit takes from every limit: a limit that takes nothing
+                // (CHECK) or only what fits (SHADOW) has no place in it, and
+                // held leases cannot exceed a concurrency limit
                 return Err(ArgError::Syntax);
             }
         }

@@ -206,9 +206,9 @@ fn parse_exact_agrees_with_parse() {
 #[test]
 fn options_any_order_case_insensitive() {
     let c = p(&["10", "1", "1000", "dryrun", "Cost", "5", "PARTIAL"], TOKENBUCKET_ARGS).unwrap();
-    assert_eq!(c, Call { nums: [10, 1, 1000], cost: 5, partial: true, dryrun: true, refund: 0 });
+    assert_eq!(c, Call { nums: [10, 1, 1000], cost: 5, partial: true, dryrun: true, refund: 0, force: false });
     let c = p(&["10", "1000"], WINDOW_ARGS).unwrap();
-    assert_eq!(c, Call { nums: [10, 1000, 0], cost: 1, partial: false, dryrun: false, refund: 0 });
+    assert_eq!(c, Call { nums: [10, 1000, 0], cost: 1, partial: false, dryrun: false, refund: 0, force: false });
 }
 
 #[test]
@@ -254,11 +254,11 @@ fn fw(args: &[&str]) -> Result<Call, ArgError> {
 #[test]
 fn fixedwindow_takes_fromfirst() {
     use crate::fixedwindow::FROMFIRST;
-    let plain = Call { nums: [10, 1000, 0], cost: 1, partial: false, dryrun: false, refund: 0 };
+    let plain = Call { nums: [10, 1000, 0], cost: 1, partial: false, dryrun: false, refund: 0, force: false };
     assert_eq!(fw(&["10", "1000"]), Ok(plain));
     assert_eq!(fw(&["10", "1000", "FROMFIRST"]), Ok(Call { nums: [10, 1000, FROMFIRST], ..plain }));
     let c = fw(&["10", "1000", "fromFirst", "cost", "3", "DRYRUN", "partial"]).unwrap();
-    assert_eq!(c, Call { nums: [10, 1000, FROMFIRST], cost: 3, partial: true, dryrun: true, refund: 0 });
+    assert_eq!(c, Call { nums: [10, 1000, FROMFIRST], cost: 3, partial: true, dryrun: true, refund: 0, force: false });
     let c = fw(&["10", "1000", "COST", "0", "FROMFIRST"]).unwrap();
     assert_eq!((c.cost, c.nums[2]), (0, FROMFIRST));
     assert_eq!(fw(&["10", "1000", "REFUND", "2", "FROMFIRST"]).map(|c| (c.refund, c.nums[2])), Ok((2, FROMFIRST)));
@@ -474,4 +474,42 @@ fn check_and_shadow_follow_a_limit_in_that_order_never_with_refund() {
     assert_eq!(parse_multi(&w("1 a TOKENBUCKET 3 1 10 CHECK REFUND 1")), Err(ArgError::Syntax));
     // before WEIGHT: WEIGHT is then an unknown option
     assert_eq!(parse_multi(&w("1 a TOKENBUCKET 3 1 10 CHECK WEIGHT 2")), Err(ArgError::Syntax));
+}
+
+/// FORCE: once, with COST and DRYRUN in any order, never with PARTIAL or
+/// REFUND; in RL.MULTI never with CHECK, SHADOW or a CONCURRENCY limit.
+#[test]
+fn force_is_a_debit_option() {
+    let c = p(&["5", "1000", "COST", "7", "force"], WINDOW_ARGS).unwrap();
+    assert_eq!(c, Call { nums: [5, 1000, 0], cost: 7, partial: false, dryrun: false, refund: 0, force: true });
+    let c = p(&["5", "1", "1000", "FORCE", "DRYRUN"], TOKENBUCKET_ARGS).unwrap();
+    assert!(c.force && c.dryrun && c.cost == 1);
+    assert_eq!(
+        fw(&["5", "1000", "FORCE", "FROMFIRST"]).map(|c| (c.force, c.nums[2])),
+        Ok((true, crate::fixedwindow::FROMFIRST))
+    );
+    for bad in [
+        &["5", "1000", "FORCE", "FORCE"][..],
+        &["5", "1000", "FORCE", "PARTIAL"],
+        &["5", "1000", "PARTIAL", "FORCE"],
+        &["5", "1000", "FORCE", "REFUND", "2"],
+        &["5", "1000", "REFUND", "2", "FORCE"],
+    ] {
+        assert_eq!(p(bad, WINDOW_ARGS), Err(ArgError::Syntax), "{bad:?}");
+    }
+    let c = m("2 a b TOKENBUCKET 5 1 1000 SLIDINGLOG 5 1000 WEIGHT 3 COST 7 FORCE").unwrap();
+    assert!(c.force && !c.plain && c.cost == 7);
+    assert_eq!(m("1 a FIXEDWINDOW 5 1000 FORCE DRYRUN").map(|c| (c.force, c.dryrun)), Ok((true, true)));
+    for bad in [
+        "1 a TOKENBUCKET 5 1 1000 CHECK FORCE",
+        "2 a b TOKENBUCKET 5 1 1000 SHADOW SLIDINGLOG 5 1000 FORCE",
+        "2 a b TOKENBUCKET 5 1 1000 CONCURRENCY 5 1000 id-1 FORCE",
+        "1 a TOKENBUCKET 5 1 1000 FORCE PARTIAL",
+        "1 a TOKENBUCKET 5 1 1000 REFUND 1 FORCE",
+    ] {
+        assert_eq!(m(bad).map(|c| c.force), Err(ArgError::Syntax), "{bad}");
+    }
+    // RL.CONCURRENCY takes no FORCE.
+    let cc = |s: &str| crate::concurrency::parse(&s.split(' ').map(str::as_bytes).collect::<Vec<_>>());
+    assert_eq!(cc("5 1000 ACQUIRE id COST 7 FORCE"), Err(ArgError::Syntax));
 }

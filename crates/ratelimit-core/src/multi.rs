@@ -68,6 +68,34 @@ impl Limit<'_> {
     }
 }
 
+impl Limit<'_> {
+    /// A FORCE call can take `units` from it (its range allows the debt;
+    /// never a concurrency limit, which the parser refuses with FORCE).
+    #[inline]
+    pub fn can_force(&self, units: u64) -> bool {
+        match self {
+            Limit::TokenBucket(v) => v.can_force(units),
+            Limit::SlidingLog(v) => v.can_force(units),
+            Limit::SlidingCounter(v) => v.can_force(units),
+            Limit::FixedWindow(v) => v.can_force(units),
+            Limit::Concurrency(_) => false,
+        }
+    }
+
+    /// Its reply after a FORCE call took `taken` units (past its limit when
+    /// need be), for a following call of `want`.
+    #[inline]
+    pub fn answer_forced(&self, taken: u64, want: u64) -> Decision {
+        match self {
+            Limit::TokenBucket(v) => v.answer_forced(taken, want),
+            Limit::SlidingLog(v) => v.answer_forced(taken, want),
+            Limit::SlidingCounter(v) => v.answer_forced(taken, want),
+            Limit::FixedWindow(v) => v.answer_forced(taken, want),
+            Limit::Concurrency(v) => v.answer(taken, want),
+        }
+    }
+}
+
 /// The whole reply's first six elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Whole {
@@ -220,11 +248,21 @@ pub fn decide(limits: &[Option<Limit>], weights: &[u64], cost: u64, partial: boo
     g
 }
 
-/// What a call does: take `cost` requests (PARTIAL, DRYRUN), or give `n`
-/// back.
+/// The whole reply of a FORCE call that took its `COST × WEIGHT` from
+/// every limit: element 1 is 1 (granted), the binding limit the one with
+/// the fewest whole requests left, retry_after_ms the longest of the
+/// limits' waits for one following request (0 when one fits everywhere).
+pub fn combine_forced(per: &[Decision], weights: &[u64]) -> Whole {
+    let (retry, _) = longest_wait(per);
+    whole_from(1, retry, fewest_left(per, weights), per)
+}
+
+/// What a call does: take `cost` requests (PARTIAL, DRYRUN), take them
+/// past the limits (FORCE, DRYRUN), or give `n` back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Take { cost: u64, partial: bool, dryrun: bool },
+    Force { cost: u64, dryrun: bool },
     Refund(u64),
 }
 
@@ -398,6 +436,39 @@ fn run_n<const N: usize>(limits: &mut [Option<impl Slot>], op: Op, now_us: u64, 
             }
             combine(per, weights, g, cost, partial)
         }
+        Op::Force { cost, dryrun } => {
+            let forced = {
+                let mut ok = true;
+                for (e, &w) in limits.iter_mut().zip(weights) {
+                    if let Some(e) = e {
+                        ok &= e.limit().view(now_us).can_force(cost.saturating_mul(w));
+                    }
+                }
+                ok
+            };
+            if !forced {
+                // A debt past 2^53 − 1 somewhere: decided as without FORCE.
+                return run_n::<N>(limits, Op::Take { cost, partial: false, dryrun }, now_us, per);
+            }
+            for ((e, &w), d) in limits.iter_mut().zip(weights).zip(per.iter_mut()) {
+                let Some(e) = e else { continue };
+                let units = cost.saturating_mul(w);
+                // The reply for one following request: WEIGHT units.
+                *d = e.limit().view(now_us).answer_forced(units, w);
+                if units == 0 || dryrun {
+                    continue;
+                }
+                match e.limit() {
+                    LimitMut::TokenBucket(s, p) => *s = tb::View::at(s, &p, now_us).state_after_forced(units),
+                    LimitMut::SlidingLog(s, p) => sl::grant(s, p.window_ms, units, now_us),
+                    LimitMut::SlidingCounter(s, p) => *s = sc::View::at(s, &p, now_us).state_after(units),
+                    LimitMut::FixedWindow(s, p) => *s = fw::View::at(s, &p, now_us).state_after(units),
+                    // Refused by the parser: no lease is taken past a limit.
+                    LimitMut::Concurrency(..) => {}
+                }
+            }
+            combine_forced(per, weights)
+        }
         Op::Refund(units) => {
             for (e, d) in limits.iter_mut().zip(per.iter_mut()) {
                 let Some(e) = e else { continue };
@@ -464,6 +535,8 @@ pub fn run_flagged(limits: &mut [Option<impl Slot>], flags: &[u8], op: Op, now_u
     let n = limits.len().min(per.len()).min(MAX_LIMITS);
     let (limits, per) = (&mut limits[..n], &mut per[..n]);
     let Op::Take { cost, partial, dryrun } = op else {
+        // FORCE has no flagged limits (the parser refuses CHECK and SHADOW
+        // with it); REFUND neither.
         return run(limits, op, now_us, per);
     };
     let mut weights = [1u64; MAX_LIMITS];

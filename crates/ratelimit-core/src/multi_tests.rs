@@ -88,6 +88,12 @@ enum Step {
         dt: i64,
         n: u64,
     },
+    /// `COST n FORCE` (a debit past the limits).
+    Force {
+        dt: i64,
+        cost: u64,
+        dryrun: bool,
+    },
     /// A take at an earlier call's instant plus one limit's window (or
     /// period), -1, 0 or +1 µs: where a grant leaves a window, the edge the
     /// random steps rarely land on (the clock stays put if that is past).
@@ -109,7 +115,9 @@ fn step_strategy() -> impl Strategy<Value = Step> {
     prop_oneof![
         5 => (dt.clone(), cost_strategy(), any::<bool>(), prop::bool::weighted(0.15))
             .prop_map(|(dt, cost, partial, dryrun)| Step::Take { dt, cost, partial, dryrun }),
-        1 => (dt, 1u64..6).prop_map(|(dt, n)| Step::Refund { dt, n }),
+        1 => (dt.clone(), 1u64..6).prop_map(|(dt, n)| Step::Refund { dt, n }),
+        1 => (dt, prop_oneof![cost_strategy(), 1u64..40], prop::bool::weighted(0.15))
+            .prop_map(|(dt, cost, dryrun)| Step::Force { dt, cost, dryrun }),
         2 => (any::<prop::sample::Index>(), any::<prop::sample::Index>(), -1i64..=1, cost_strategy(), any::<bool>())
             .prop_map(|(call, limit, off, cost, partial)| Step::Edge { call, limit, off, cost, partial }),
     ]
@@ -121,6 +129,7 @@ fn place(step: &Step, now: u64, calls: &[u64], spans: &[u64]) -> (u64, Op) {
     match *step {
         Step::Take { dt, cost, partial, dryrun } => (now.saturating_add_signed(dt), Op::Take { cost, partial, dryrun }),
         Step::Refund { dt, n } => (now.saturating_add_signed(dt), Op::Refund(n)),
+        Step::Force { dt, cost, dryrun } => (now.saturating_add_signed(dt), Op::Force { cost, dryrun }),
         Step::Edge { ref call, ref limit, off, cost, partial } => {
             let at = match calls {
                 [] => now,
@@ -191,9 +200,14 @@ proptest! {
         let spans: Vec<u64> = params.iter().map(span_us).collect();
         let mut calls = Vec::new();
         let mut now = t0;
+        let has_cc = params.iter().any(|p| matches!(p, Params::Concurrency(_)));
         for step in steps {
-            let op;
+            let mut op;
             (now, op) = place(&step, now, &calls, &spans);
+            if let (true, Op::Force { cost, dryrun }) = (has_cc, op) {
+                // The parser refuses FORCE with a CONCURRENCY limit.
+                op = Op::Take { cost, partial: false, dryrun };
+            }
             calls.push(now);
             // The reference: each limit on its own, then all or nothing.
             let (expect, per_model) = model::call(&mut models, &weights, op, now);
@@ -232,6 +246,8 @@ proptest! {
             let (cost, partial, dryrun) = match op {
                 Op::Take { cost, partial, dryrun } => (cost, partial, dryrun),
                 Op::Refund(n) => (n, false, false),
+                // The parser refuses FORCE with CHECK or SHADOW.
+                Op::Force { cost, dryrun } => (cost, false, dryrun),
             };
             let op = Op::Take { cost, partial, dryrun };
             calls.push(now);
@@ -266,8 +282,11 @@ proptest! {
         let spans = [span_us(&params)];
         let mut calls = Vec::new();
         for step in steps {
-            let op;
+            let mut op;
             (now, op) = place(&step, now, &calls, &spans);
+            if let (Params::Concurrency(_), Op::Force { cost, dryrun }) = (params, op) {
+                op = Op::Take { cost, partial: false, dryrun };
+            }
             calls.push(now);
             let (whole, per) = run_real(std::slice::from_mut(&mut multi_state), &[params], &[1], op, now);
             let single = single_call(&mut single_state, &params, op, now);
@@ -279,6 +298,10 @@ proptest! {
                 Op::Refund(n) => {
                     prop_assert_eq!(per[0], single);
                     prop_assert_eq!(whole.allowed, if single.granted > 0 { n } else { 0 });
+                }
+                Op::Force { cost, .. } => {
+                    prop_assert_eq!(per[0], single);
+                    prop_assert_eq!(whole.allowed, single.allowed(cost, false));
                 }
             }
             prop_assert_eq!((whole.limit, whole.remaining, whole.retry_after_ms, whole.reset_after_ms, whole.binding),
@@ -323,6 +346,34 @@ fn single_call(s: &mut Real, p: &Params, op: Op, now: u64) -> Decision {
         }
         (Real::Fw(s), Params::FixedWindow(p), Op::Take { cost, partial, dryrun }) => {
             let (d, n) = fw::step(s, p, cost, partial, now);
+            if d.granted > 0 && !dryrun {
+                *s = n;
+            }
+            d
+        }
+        (Real::Tb(s), Params::TokenBucket(p), Op::Force { cost, dryrun }) => {
+            let (d, n) = tb::force(s, p, cost, 1, now);
+            if d.granted > 0 && !dryrun {
+                *s = n;
+            }
+            d
+        }
+        (Real::Log(s), Params::SlidingLog(p), Op::Force { cost, dryrun }) => {
+            let d = sl::decide_forced(s, p, cost, 1, now);
+            if d.granted > 0 && !dryrun {
+                sl::grant(s, p.window_ms, d.granted, now);
+            }
+            d
+        }
+        (Real::Counter(s), Params::SlidingCounter(p), Op::Force { cost, dryrun }) => {
+            let (d, n) = sc::force(s, p, cost, 1, now);
+            if d.granted > 0 && !dryrun {
+                *s = n;
+            }
+            d
+        }
+        (Real::Fw(s), Params::FixedWindow(p), Op::Force { cost, dryrun }) => {
+            let (d, n) = fw::force(s, p, cost, 1, now);
             if d.granted > 0 && !dryrun {
                 *s = n;
             }

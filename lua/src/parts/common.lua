@@ -101,19 +101,21 @@ local function ceil_ms(a, b, c)
 end
 
 -- The options every command takes after its parameters, from argv[i] on:
---   [COST n] [PARTIAL] [DRYRUN] [REFUND n]
+--   [COST n] [PARTIAL] [DRYRUN] [REFUND n] [FORCE]
 -- and, when ff == 1 (RL.FIXEDWINDOW), [FROMFIRST] with either,
 -- in any order and case, each at most once; REFUND and the others exclude
 -- each other (the second one named is a syntax error, as in the module).
--- Returns cost, partial, dryrun, refund (nil unless REFUND), fromfirst, or
+-- FORCE (a debit) excludes PARTIAL and REFUND.
+-- Returns cost, partial, dryrun, refund (nil unless REFUND), fromfirst, force, or
 -- nil and an error reply; a word in `other` (RL.MULTI: an algorithm's name,
 -- one limit too many) answers `other_err` instead of a syntax error.
 local function parse_options(argv, i, other, other_err, ff)
   local nargs = #argv
-  local cost, partial, dryrun, has_cost, refund, fromfirst = 1, false, false, false, nil, false
+  local cost, partial, dryrun, has_cost, refund, fromfirst, force = 1, false, false, false, nil, false, false
   while i <= nargs do
     local opt = argv[i]
-    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST' then
+    if opt ~= 'COST' and opt ~= 'PARTIAL' and opt ~= 'DRYRUN' and opt ~= 'REFUND' and opt ~= 'FROMFIRST'
+        and opt ~= 'FORCE' then
       opt = string.upper(opt) -- (most callers write them upper-case already)
     end
     if opt == 'COST' and not has_cost and not refund and i < nargs then
@@ -123,18 +125,21 @@ local function parse_options(argv, i, other, other_err, ff)
       end
       has_cost = true
       i = i + 2
-    elseif opt == 'PARTIAL' and not partial and not refund then
+    elseif opt == 'PARTIAL' and not partial and not refund and not force then
       partial = true
       i = i + 1
     elseif opt == 'DRYRUN' and not dryrun and not refund then
       dryrun = true
       i = i + 1
-    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun) and i < nargs then
+    elseif opt == 'REFUND' and not refund and not (has_cost or partial or dryrun or force) and i < nargs then
       refund = parse_int(argv[i + 1], 1, MAX)
       if not refund then
         return nil, redis.error_reply('ERR REFUND must be an integer between 1 and 9007199254740991')
       end
       i = i + 2
+    elseif opt == 'FORCE' and not force and not partial and not refund then
+      force = true
+      i = i + 1
     elseif opt == 'FROMFIRST' and ff == 1 and not fromfirst then
       fromfirst = true
       i = i + 1
@@ -144,5 +149,5 @@ local function parse_options(argv, i, other, other_err, ff)
       return nil, redis.error_reply('ERR syntax error')
     end
   end
-  return cost, partial, dryrun, refund, fromfirst
+  return cost, partial, dryrun, refund, fromfirst, force
 end

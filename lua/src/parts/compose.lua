@@ -85,9 +85,17 @@ local function rl_multi(keys, argv)
     end
     lims[j] = {A = A, p = p, w = w, check = check, shadow = shadow}
   end
-  local cost, partial, dryrun, refund = parse_options(argv, i, MULTI_ALGS, LIMIT_COUNT_ERR)
+  local cost, partial, dryrun, refund, _, force = parse_options(argv, i, MULTI_ALGS, LIMIT_COUNT_ERR)
   if not cost then return partial end
   if refund and flagged then return redis.error_reply(SYNTAX_ERR) end
+  if force then
+    -- a debit takes from every limit: not with CHECK or SHADOW, nor past a
+    -- concurrency limit
+    if flagged then return redis.error_reply(SYNTAX_ERR) end
+    for j = 1, nkeys do
+      if lims[j].A == CC then return redis.error_reply(SYNTAX_ERR) end
+    end
+  end
   local n = nkeys
   for j = 2, n do
     for j2 = 1, j - 1 do
@@ -128,7 +136,20 @@ local function rl_multi(keys, argv)
   -- Decide: took[j] units taken (or given back), wanted[j] = COST * WEIGHT.
   local took, wanted = {}, {}
   local allowed, granted = 0, true
-  if refund then
+  if force then
+    -- FORCE: every limit takes COST * WEIGHT past its limit, unless a debt
+    -- would leave its range (then the call is decided as without FORCE).
+    for j = 1, n do
+      local L = lims[j]
+      if not L.A.debit_ok(L.p, st[j], cost * L.w) then force = false end
+    end
+  end
+  if force then
+    for j = 1, n do
+      wanted[j], took[j] = lims[j].w, cost * lims[j].w
+    end
+    allowed = 1
+  elseif refund then
     for j = 1, n do
       local L = lims[j]
       took[j] = L.A.give(L.p, st[j], refund * L.w)
@@ -178,6 +199,8 @@ local function rl_multi(keys, argv)
     local rem, wait, reset
     if refund then -- the reply for a following request (WEIGHT units)
       rem, wait, reset = L.A.report(L.p, st[j], L.w, 0)
+    elseif force then -- the same, after the debit
+      rem, wait, reset = L.A.report(L.p, st[j], L.w, took[j], true)
     else
       rem, wait, reset = L.A.report(L.p, st[j], wanted[j], took[j])
     end
@@ -191,7 +214,7 @@ local function rl_multi(keys, argv)
       if not granted then b = j end
     end
   end
-  if granted and not refund then retry = 0 end
+  if granted and not refund and not force then retry = 0 end
 
   if refund then
     for j = 1, n do

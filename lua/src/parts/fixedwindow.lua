@@ -100,14 +100,22 @@ function FW.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function FW.report(p, s, cost, taken)
+-- A debit of `cost` units may pass the limit: the count stays at most
+-- 2^53 - 1.
+function FW.debit_ok(p, s, cost)
+  return s.count + cost <= MAX
+end
+
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function FW.report(p, s, cost, taken, debit)
   local count2 = s.count + taken
   s.count = count2
   local remaining = s.avail - taken
+  if remaining < 0 then remaining = 0 end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > p.limit then
       retry = -1
     elseif cost > remaining then

@@ -20,7 +20,7 @@ if #argv < A.nparams then
   return redis.error_reply("ERR wrong number of arguments for '" .. A.command .. "' command")
 end
 --@inline p = A.params(argv, 1)
---@inline local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst = parse_options(argv, A.nparams + 1, nil, nil, A.fromfirst)
+--@inline local r_cost, r_partial, r_dryrun, r_refund, r_fromfirst, r_force = parse_options(argv, A.nparams + 1, nil, nil, A.fromfirst)
 p.fromfirst = r_fromfirst
 if p.range_err then return p.range_err end
 
@@ -31,11 +31,25 @@ local clock = redis.call('TIME')
 if r_refund then
   -- The reply after the refund, for a following request of one unit.
   --@inline local r_given = A.give(p, s, r_refund)
-  --@inline local r_remaining, r_retry, r_reset = A.report(p, s, 1, 0)
+  --@inline local r_remaining, r_retry, r_reset = A.report(p, s, 1, 0, false)
   if r_given > 0 then
     --@inline A.write(key, p, s, r_reset)
   end
   return {r_given, p.limit, r_remaining, r_retry, r_reset}
+end
+
+if r_force then
+  -- A debit: all COST units, past the limit if the debt stays in range
+  -- (else decided as without FORCE, below); the reply is for a following
+  -- request of one unit.
+  --@inline local r_ok = A.debit_ok(p, s, r_cost)
+  if r_ok then
+    --@inline local r_left, r_wait, r_fresh = A.report(p, s, 1, r_cost, true)
+    if r_cost > 0 and not r_dryrun then
+      --@inline A.write(key, p, s, r_fresh)
+    end
+    return {1, p.limit, r_left, r_wait, r_fresh}
+  end
 end
 
 local avail = s.avail
@@ -45,7 +59,7 @@ if r_cost <= avail then
 elseif r_partial then
   granted = avail
 end
---@inline local r_remaining, r_retry, r_reset = A.report(p, s, r_cost, granted)
+--@inline local r_remaining, r_retry, r_reset = A.report(p, s, r_cost, granted, false)
 if granted > 0 and not r_dryrun then
   --@inline A.write(key, p, s, r_reset)
 end

@@ -100,15 +100,23 @@ function SC.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function SC.report(p, s, cost, taken)
+-- A debit of `cost` units may pass the limit: the current window's count
+-- stays at most 2^53 - 1.
+function SC.debit_ok(p, s, cost)
+  return s.cur + cost <= MAX
+end
+
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function SC.report(p, s, cost, taken, debit)
   local limit, W, e, prev, lag = p.limit, p.W, s.e, s.prev, s.lag
   local cur2 = s.cur + taken
   s.cur = cur2
   local remaining = s.avail - taken
+  if remaining < 0 then remaining = 0 end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > limit then
       retry = -1
     elseif cost > remaining then

@@ -114,16 +114,23 @@ function SL.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function SL.report(p, s, cost, taken)
+-- A debit of `cost` units may pass the limit (one entry, whatever its
+-- units): the units in the window stay at most 2^53 - 1.
+function SL.debit_ok(p, s, cost)
+  return s.used + cost <= MAX
+end
+
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function SL.report(p, s, cost, taken, debit)
   local limit, now = p.limit, s.now
   s.granted = taken
   local after = s.used + s.granted
   local remaining = 0
   if after < limit then remaining = limit - after end
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > limit then
       retry = -1
     elseif cost > remaining then

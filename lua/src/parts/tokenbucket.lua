@@ -87,7 +87,8 @@ function TB.load(key, p, now)
   local n, f, t = capacity, 0, now -- a fresh bucket is full
   if st[1] then
     local sn, sf, st_ts, sp = tonumber(st[1]), tonumber(st[2]), tonumber(st[3]), tonumber(st[4])
-    if not (sn and sf and st_ts and sp) or sn < 0 or sf < 0 or sp < 1 or sf >= sp then
+    -- (negative whole tokens: a debt left by FORCE)
+    if not (sn and sf and st_ts and sp) or sn < -MAX or sf < 0 or sp < 1 or sf >= sp then
       return nil, redis.error_reply('ERR the token bucket state at this key is corrupt')
     end
     n, f, t = sn, sf, st_ts
@@ -118,7 +119,19 @@ function TB.load(key, p, now)
       t = now
     end -- else the clock stepped back (or did not move): nothing elapsed
   end
-  return {n = n, f = f, t = t, avail = n}
+  local avail = 0
+  if n > 0 then avail = n end
+  return {n = n, f = f, t = t, avail = avail}
+end
+
+-- A debit of `cost` tokens may go below zero: the whole tokens stay at or
+-- above -(2^53 - 1), and a full refill from there takes less than 2^53 us
+-- (the script's exact range; the module's range is wider, lua.md).
+function TB.debit_ok(p, s, cost)
+  local ok = false
+  local n = s.n - cost
+  if n >= -MAX and p.capacity - n <= MAX and muldiv(p.capacity - n, p.P, p.rate) ~= nil then ok = true end
+  return ok
 end
 
 -- A refund of m tokens: min(capacity, tokens + m). Returns the whole tokens
@@ -138,13 +151,14 @@ function TB.give(p, s, m)
   return given
 end
 
--- Take `taken` units (at most s.avail); then remaining, retry_after_ms
--- for `cost` units, reset_after_ms.
-function TB.report(p, s, cost, taken)
+-- Take `taken` units (at most s.avail, or past it for a debit); then
+-- remaining, retry_after_ms for `cost` units (after a debit: for a
+-- following call of `cost`), reset_after_ms.
+function TB.report(p, s, cost, taken, debit)
   local capacity, n = p.capacity, s.n - taken
   s.n = n
   local retry = 0
-  if taken < cost then
+  if taken < cost or debit then
     if cost > capacity then
       retry = -1
     elseif cost > n then
@@ -155,7 +169,9 @@ function TB.report(p, s, cost, taken)
   if n < capacity then
     reset = ceil_ms(wait_us(capacity - n, s.f, p.P, p.rate))
   end
-  return n, retry, reset
+  local remaining = 0
+  if n > 0 then remaining = n end
+  return remaining, retry, reset
 end
 
 -- Store the state with TTL reset_after_ms (a full bucket is not stored).

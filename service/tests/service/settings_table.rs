@@ -15,8 +15,14 @@ use redis_ratelimit_service::upstream_settings::{describe, status, Accept, Kind,
 
 /// This service's own variables (not envoyproxy/ratelimit's).
 /// (`STATSD_PROTOCOL` is gostats's, which envoyproxy/ratelimit's statsd client reads.)
-const OWN: &[&str] =
-    &["PANIC_MODE", "PANIC_INSTANCES", "RUNTIME_POLL_INTERVAL", "STATSD_PROTOCOL", "GRPC_SERVER_TLS_CA_CERT"];
+const OWN: &[&str] = &[
+    "PANIC_MODE",
+    "PANIC_INSTANCES",
+    "RUNTIME_POLL_INTERVAL",
+    "STATSD_PROTOCOL",
+    "GRPC_SERVER_TLS_CA_CERT",
+    "USAGE_REPORT_DOMAINS",
+];
 
 /// Refused names whose upstream default is itself refused (a default this
 /// service cannot honour: the docs say so).

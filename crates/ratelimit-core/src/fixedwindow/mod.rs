@@ -180,6 +180,23 @@ impl View {
         (after, given)
     }
 
+    /// A FORCE call can take `units` past the limit: the count stays
+    /// within `MAX_ARG`.
+    #[inline]
+    pub fn can_force(&self, units: u64) -> bool {
+        self.count.checked_add(units).is_some_and(|c| c <= MAX_ARG)
+    }
+
+    /// The reply after a FORCE call took `taken` units ([`View::can_force`],
+    /// possibly past the limit), answering for a following call of `want`:
+    /// remaining 0 past the limit, retry_after_ms that call's wait (the
+    /// window's end; 0 when it fits now).
+    #[inline]
+    pub fn answer_forced(&self, taken: u64, want: u64) -> Decision {
+        let after = View { count: self.count.saturating_add(taken), ..*self };
+        Decision { granted: taken, ..after.answer(0, want) }
+    }
+
     /// The absolute end of the current window, ms (the key's expiry).
     #[inline]
     pub fn window_end_ms(&self) -> u64 {
@@ -196,6 +213,20 @@ pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) ->
     let granted = crate::grant_size(v.available(), cost, partial);
     let new_state = if granted > 0 { v.state_after(granted) } else { *state };
     (v.answer(granted, cost), new_state)
+}
+
+/// `COST n FORCE`: take `cost` units even past the limit (the count
+/// stays at most `MAX_ARG`; a call that would pass it is decided as without
+/// FORCE). The reply answers for a following call of `want` units
+/// ([`View::answer_forced`]). Returns it and the state to store when
+/// `granted > 0` (else `*state`).
+pub fn force(state: &State, p: &Params, cost: u64, want: u64, now_us: u64) -> (Decision, State) {
+    let v = View::at(state, p, now_us);
+    if !v.can_force(cost) {
+        return step(state, p, cost, false, now_us);
+    }
+    let new_state = if cost > 0 { v.state_after(cost) } else { *state };
+    (v.answer_forced(cost, want), new_state)
 }
 
 /// `REFUND n`: up to `n` units come off the current window's count (an old

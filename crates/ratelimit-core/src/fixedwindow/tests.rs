@@ -503,3 +503,23 @@ proptest! {
         run_sequence(start, limit, window_ms, from_first, &ops)?;
     }
 }
+
+/// COST 7 FORCE on a window of 5: granted, the count 7, remaining 0, and
+/// every call waits for the window's end (the reply's wait for one unit);
+/// a debit that would pass 2^53 - 1 is decided as without FORCE.
+#[test]
+fn force_passes_the_limit_until_the_window_ends() {
+    let pw = p(5, 1000);
+    let t = 1_700_000_000_250_000; // 250 ms into a window
+    let (d, s) = force(&State::default(), &pw, 7, 1, t);
+    assert_eq!(d, dec(7, 5, 0, 750, 750));
+    assert_eq!(s.count, 7);
+    let (d, _) = step(&s, &pw, 1, false, t + 749_999);
+    assert_eq!((d.granted, d.remaining, d.retry_after_ms), (0, 0, 1));
+    assert_eq!(step(&s, &pw, 1, false, t + 750_000).0.granted, 1);
+    // FROMFIRST: the window starts at the debit.
+    let (d, s) = force(&State::default(), &pf(5, 1000), 7, 1, t);
+    assert_eq!((d.remaining, d.retry_after_ms, s.start_ms), (0, 1000, t / 1000));
+    let full = State { start_ms: t / 1000 - t / 1000 % 1000, count: crate::MAX_ARG };
+    assert_eq!(force(&full, &pw, 1, 1, t).0.granted, 0);
+}

@@ -109,6 +109,23 @@ pub fn decide(s: &State, p: &Params, cost: u64, partial: bool, now_us: u64, mode
 /// common grant, which may be less than this window could give) for a call
 /// of `want`, at `now_us`: the reply and the state after it.
 pub fn take(s: &State, p: &Params, taken: u64, want: u64, now_us: u64, mode: Search) -> (Decision, State) {
+    take_with(s, p, taken, want, now_us, mode, taken == want)
+}
+
+/// `COST n FORCE` at `now_us`: all `cost` units into the counted window,
+/// past the limit if need be (as without FORCE when the count would pass
+/// 2^53 − 1); the reply for a following call of `want` (its wait, 0 when
+/// it fits) and the state after it.
+pub fn force(s: &State, p: &Params, cost: u64, want: u64, now_us: u64, mode: Search) -> (Decision, State) {
+    let c = counted(s, p, u128::from(now_us / 1000));
+    if c + u128::from(cost) > u128::from(crate::MAX_ARG) {
+        return decide(s, p, cost, false, now_us, mode);
+    }
+    take_with(s, p, cost, want, now_us, mode, false)
+}
+
+/// [`take`]; `done`: the call got all it asked for (retry 0).
+pub fn take_with(s: &State, p: &Params, taken: u64, want: u64, now_us: u64, mode: Search, done: bool) -> (Decision, State) {
     let t = u128::from(now_us / 1000);
     let c = counted(s, p, t);
     let taken_ = u128::from(taken);
@@ -117,19 +134,19 @@ pub fn take(s: &State, p: &Params, taken: u64, want: u64, now_us: u64, mode: Sea
     } else {
         *s
     };
-    (answer(&after, p, t, taken_, u128::from(want), mode), after)
+    (answer(&after, p, t, taken_, u128::from(want), mode, done), after)
 }
 
 /// The reply at `t` (ms) for the state `after` a call took `taken` of
 /// `want` units.
-fn answer(after: &State, p: &Params, t: u128, taken: u128, want: u128, mode: Search) -> Decision {
+fn answer(after: &State, p: &Params, t: u128, taken: u128, want: u128, mode: Search, done: bool) -> Decision {
     let limit = u128::from(p.limit);
     let c = counted(after, p, t);
     let remaining = largest(limit, mode, |n| c + n <= limit);
     // By the end of the window after `t` (or after the stored start, if
     // the clock is behind it) nothing is counted any more.
     let horizon = t.max(u128::from(after.start_ms)) + u128::from(p.window_ms);
-    let retry = if taken == want {
+    let retry = if done {
         0
     } else if want > limit {
         -1
@@ -160,7 +177,7 @@ pub fn refund(s: &State, p: &Params, n: u64, want: u64, now_us: u64, mode: Searc
     } else {
         *s
     };
-    let mut d = answer(&after, p, t, 0, u128::from(want), mode);
+    let mut d = answer(&after, p, t, 0, u128::from(want), mode, want == 0);
     d.granted = u64::try_from(given).unwrap();
     (d, after)
 }

@@ -55,6 +55,32 @@ impl Limit {
         }
     }
 
+    /// FORCE can take `units` at `now` (its range holds the debt).
+    pub fn can_force(&self, now: u64, units: u64) -> bool {
+        let max = u128::from(crate::MAX_ARG);
+        match self {
+            Limit::TokenBucket(p, m) => m.can_force(p, now, units),
+            Limit::SlidingLog(p, m) => m.can_force(p, now, units),
+            Limit::SlidingCounter(p, s) => {
+                scm::counts(s, u128::from(p.window_ms) * 1000, u128::from(now)).1 + u128::from(units) <= max
+            }
+            Limit::FixedWindow(p, s) => fwm::counted(s, p, u128::from(now / 1000)) + u128::from(units) <= max,
+            Limit::Concurrency(..) => false,
+        }
+    }
+
+    /// The reply after a FORCE call took `taken` units (past the limit),
+    /// for a following call of `want`.
+    pub fn reply_forced(&self, now: u64, taken: u64, want: u64) -> Decision {
+        match self {
+            Limit::TokenBucket(p, m) => m.reply_forced(p, now, taken, want),
+            Limit::SlidingLog(p, m) => m.reply_forced(p, now, taken, want),
+            Limit::SlidingCounter(p, s) => scm::reply_with(s, p, now, taken, want, Search::Bisect, false).0,
+            Limit::FixedWindow(p, s) => fwm::take_with(s, p, taken, want, now, Search::Bisect, false).0,
+            Limit::Concurrency(p, m) => m.take(p, taken, want, now).0,
+        }
+    }
+
     /// Write a take of `taken` units.
     pub fn commit(&mut self, now: u64, taken: u64) {
         match self {
@@ -120,6 +146,21 @@ pub fn call(limits: &mut [Limit], weights: &[u64], op: Op, now: u64) -> (Whole, 
             }
             per
         }
+        Op::Force { cost, dryrun } => {
+            if !limits.iter().zip(weights).all(|(m, &w)| m.can_force(now, cost * w)) {
+                // As without FORCE.
+                return call(limits, weights, Op::Take { cost, partial: false, dryrun }, now);
+            }
+            // Every limit takes COST × WEIGHT; each answers for one
+            // following request (WEIGHT units).
+            let per = limits.iter().zip(weights).map(|(m, &w)| m.reply_forced(now, cost * w, w)).collect();
+            if cost > 0 && !dryrun {
+                for (m, &w) in limits.iter_mut().zip(weights) {
+                    m.commit(now, cost * w);
+                }
+            }
+            per
+        }
         Op::Refund(n) => limits.iter_mut().zip(weights).map(|(m, &w)| m.refund(now, n * w, w)).collect(),
     };
     (whole(&per, weights, op), per)
@@ -142,6 +183,8 @@ pub fn whole(per: &[Decision], weights: &[u64], op: Op) -> Whole {
     };
     match op {
         Op::Refund(units) => pick(fewest, if per.iter().any(|d| d.granted > 0) { units } else { 0 }, longest),
+        // Granted; the wait is the longest for one following request.
+        Op::Force { .. } => pick(fewest, 1, longest),
         Op::Take { cost, partial, .. } => {
             let g = per[0].granted / weights[0];
             let allowed = if partial { g } else { u64::from(g == cost) };

@@ -135,6 +135,23 @@ pub fn decide(s: &State, p: &Params, cost: u64, partial: bool, now: u64, mode: S
 /// The reply after taking `taken` units at `now` for a call that asked for
 /// `want`, and the state after the take.
 pub fn reply(s: &State, p: &Params, now: u64, taken: u64, want: u64, mode: Search) -> (Decision, State) {
+    reply_with(s, p, now, taken, want, mode, taken == want)
+}
+
+/// `COST n FORCE` at `now`: all `cost` units into the current window, past
+/// the limit if need be (as without FORCE when its count would pass
+/// 2^53 − 1); the reply for a following call of `want` (its wait, 0 when
+/// it fits) and the state after it.
+pub fn force(s: &State, p: &Params, now: u64, cost: u64, want: u64, mode: Search) -> (Decision, State) {
+    let (_, cur, _) = counts(s, u128::from(p.window_ms) * 1000, u128::from(now));
+    if cur + u128::from(cost) > u128::from(crate::MAX_ARG) {
+        return decide(s, p, cost, false, now, mode);
+    }
+    reply_with(s, p, now, cost, want, mode, false)
+}
+
+/// [`reply`]; `done`: the call got all it asked for (retry 0).
+pub fn reply_with(s: &State, p: &Params, now: u64, taken: u64, want: u64, mode: Search, done: bool) -> (Decision, State) {
     let w = u128::from(p.window_ms) * 1000;
     let want_ = u128::from(want);
     let t = u128::from(now);
@@ -152,17 +169,18 @@ pub fn reply(s: &State, p: &Params, now: u64, taken: u64, want: u64, mode: Searc
     } else {
         *s
     };
-    (answer(&after, p, now, taken, want_, t_eff - e + 2 * w, mode), after)
+    (answer(&after, p, now, taken, want_, t_eff - e + 2 * w, mode, done), after)
 }
 
 /// The reply for the state `after` (what the call leaves) at `now`;
 /// `horizon`: an instant by which everything has aged out.
-fn answer(after: &State, p: &Params, now: u64, taken: u64, want: u128, horizon: u128, mode: Search) -> Decision {
+#[allow(clippy::too_many_arguments)]
+fn answer(after: &State, p: &Params, now: u64, taken: u64, want: u128, horizon: u128, mode: Search, done: bool) -> Decision {
     let w = u128::from(p.window_ms) * 1000;
     let limit = u128::from(p.limit);
     let t = u128::from(now);
     let remaining = largest(limit, mode, |n| fits(after, p, t, n)).unwrap_or(0);
-    let retry = if u128::from(taken) == want {
+    let retry = if done {
         0
     } else if want > limit {
         -1
@@ -204,7 +222,7 @@ pub fn refund(s: &State, p: &Params, now: u64, n: u64, want: u64, mode: Search) 
     } else {
         *s
     };
-    let mut d = answer(&after, p, now, 0, u128::from(want), t_eff - e + 2 * w, mode);
+    let mut d = answer(&after, p, now, 0, u128::from(want), t_eff - e + 2 * w, mode, want == 0);
     d.granted = given;
     (d, after)
 }

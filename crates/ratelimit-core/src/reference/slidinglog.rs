@@ -74,6 +74,37 @@ impl Log {
     /// appended) from the oldest entry until the units that will have left
     /// the window cover the excess: the call fits once that entry leaves.
     pub fn reply(&self, p: &Params, now_real: u64, taken: u64, want: u64) -> Decision {
+        self.reply_with(p, now_real, taken, want, taken == want)
+    }
+
+    /// The reply after a FORCE call took `taken` units (past the limit),
+    /// for a following call of `want`: its wait, 0 when it fits.
+    pub fn reply_forced(&self, p: &Params, now_real: u64, taken: u64, want: u64) -> Decision {
+        self.reply_with(p, now_real, taken, want, false)
+    }
+
+    /// FORCE can take `units` at `now`: the units in the window stay at
+    /// most 2^53 − 1.
+    pub fn can_force(&self, p: &Params, now: u64, units: u64) -> bool {
+        self.used(p.window_ms, now) + u128::from(units) <= u128::from(crate::MAX_ARG)
+    }
+
+    /// `COST n FORCE`: one entry of all `cost` units, past the limit if need
+    /// be (as without FORCE when the window would pass 2^53 − 1); the reply
+    /// for a following call of `want`; written when `write` and `cost > 0`.
+    pub fn force(&mut self, p: &Params, cost: u64, want: u64, now: u64, write: bool) -> Decision {
+        let d = if self.can_force(p, now, cost) {
+            self.reply_forced(p, now, cost, want)
+        } else {
+            self.decide(p, cost, false, now)
+        };
+        if write && d.granted > 0 {
+            self.grant(p.window_ms, d.granted, now);
+        }
+        d
+    }
+
+    fn reply_with(&self, p: &Params, now_real: u64, taken: u64, want: u64, done: bool) -> Decision {
         let now = self.now_eff(now_real);
         let mut after = self.live(now, p.window_ms);
         let used: i128 = after.iter().map(|&(_, u)| u as i128).sum();
@@ -84,7 +115,7 @@ impl Log {
         let w = i128::from(p.window_ms) * 1000;
         let leaves = |t: u64| ceil_ms(i128::from(t) + w - i128::from(now_real));
         let excess = used + taken_i + want_i - limit;
-        let retry = if taken == want {
+        let retry = if done {
             0
         } else if want_i > limit {
             -1

@@ -7,11 +7,13 @@ use crate::Decision;
 /// The level is `num / d` tokens, `d` the period (µs) it was written under;
 /// the bucket regains `rate / P` tokens per µs (`P` = the call's period in
 /// µs) up to `capacity`. On a period change the fractional part is rounded
-/// down to a multiple of `1 / P`, the documented quantization.
+/// down to a multiple of `1 / P`, the documented quantization. `num` is
+/// negative when a FORCE call left a debt: the whole tokens are then
+/// negative (rounded towards −∞) and the fraction still in `0..1`.
 #[derive(Clone, Debug)]
 pub struct Bucket {
-    pub num: u128,
-    pub d: u128,
+    pub num: i128,
+    pub d: i128,
     /// Instant of the last write, µs.
     pub last: u64,
     /// No state: a full bucket.
@@ -25,19 +27,19 @@ impl Default for Bucket {
 }
 
 /// Units per token under `p`: the period in µs.
-fn per_token(p: &Params) -> u128 {
-    u128::from(p.period_ms) * 1000
+fn per_token(p: &Params) -> i128 {
+    i128::from(p.period_ms) * 1000
 }
 
 impl Bucket {
-    /// The bucket a stored state describes.
+    /// The bucket a stored state describes (negative whole tokens in debt).
     pub fn from_state(s: &State) -> Bucket {
         if s.den == 0 {
             return Bucket::default();
         }
         Bucket {
-            num: u128::from(s.tokens) * u128::from(s.den) + u128::from(s.frac),
-            d: u128::from(s.den),
+            num: i128::from(s.tokens as i64) * i128::from(s.den) + i128::from(s.frac),
+            d: i128::from(s.den),
             last: s.last_us,
             fresh: false,
         }
@@ -47,65 +49,66 @@ impl Bucket {
     /// stored level rescaled to `P`, plus `rate` per µs since the last
     /// write, capped at `capacity × P`. A clock behind the last write reads
     /// the bucket at the last write.
-    pub fn level(&self, p: &Params, now: u64) -> (u128, u64) {
+    pub fn level(&self, p: &Params, now: u64) -> (i128, u64) {
         let d = per_token(p);
-        let full = u128::from(p.capacity) * d;
+        let full = i128::from(p.capacity) * d;
         if self.fresh {
             return (full, now);
         }
         let at = now.max(self.last);
-        let whole = self.num / self.d;
-        let frac = (self.num % self.d) * d / self.d;
-        let refill = u128::from(at - self.last) * u128::from(p.rate);
+        let whole = self.num.div_euclid(self.d);
+        let frac = self.num.rem_euclid(self.d) * d / self.d;
+        let refill = i128::from(at - self.last) * i128::from(p.rate);
         ((whole * d + frac + refill).min(full), at)
     }
 
-    /// Whole tokens a call could take at `now`.
+    /// Whole tokens a call could take at `now` (0 in debt).
     pub fn avail(&self, p: &Params, now: u64) -> u64 {
-        u64::try_from(self.level(p, now).0 / per_token(p)).unwrap_or(u64::MAX)
+        u64::try_from(self.level(p, now).0.div_euclid(per_token(p))).unwrap_or(0)
     }
 
     /// The reply after taking `taken` tokens at `now` for a call that asked
     /// for `want`.
     pub fn reply(&self, p: &Params, now: u64, taken: u64, want: u64) -> Decision {
         let (level, at) = self.level(p, now);
-        Self::reply_at(p, level, at, now, taken, want)
+        Self::reply_at(p, level, at, now, taken, want, taken == want)
     }
 
-    fn reply_at(p: &Params, level: u128, at: u64, now: u64, taken: u64, want: u64) -> Decision {
+    fn reply_at(p: &Params, level: i128, at: u64, now: u64, taken: u64, want: u64, done: bool) -> Decision {
         let d = per_token(p);
-        let after = level - u128::from(taken) * d;
+        let after = level - i128::from(taken) * d;
         // The clock gap (the bucket is read at `at`, the waits are measured
         // from the real `now`).
         let gap = u128::from(at - now);
         // Smallest whole µs after which the level reaches `target`: the
         // deficit over the rate, rounded up, then to whole ms.
-        let wait = |target: u128| -> u64 {
+        let wait = |target: i128| -> u64 {
             if after >= target {
                 0
             } else {
-                ceil_ms((target - after).div_ceil(u128::from(p.rate)) + gap)
+                ceil_ms(((target - after) as u128).div_ceil(u128::from(p.rate)) + gap)
             }
         };
         Decision {
             granted: taken,
             limit: p.capacity,
-            remaining: u64::try_from(after / d).unwrap_or(u64::MAX),
-            retry_after_ms: if taken == want {
+            remaining: u64::try_from(after.div_euclid(d)).unwrap_or(0),
+            retry_after_ms: if done {
                 0
             } else if want > p.capacity {
                 -1
             } else {
-                wait_i64(wait(u128::from(want) * d))
+                wait_i64(wait(i128::from(want) * d))
             },
-            reset_after_ms: wait(u128::from(p.capacity) * d),
+            reset_after_ms: wait(i128::from(p.capacity) * d),
         }
     }
 
-    /// Write the bucket after taking `taken` tokens at `now`.
+    /// Write the bucket after taking `taken` tokens at `now` (past the
+    /// level for FORCE).
     pub fn commit(&mut self, p: &Params, now: u64, taken: u64) {
         let (level, at) = self.level(p, now);
-        *self = Bucket { num: level - u128::from(taken) * per_token(p), d: per_token(p), last: at, fresh: false };
+        *self = Bucket { num: level - i128::from(taken) * per_token(p), d: per_token(p), last: at, fresh: false };
     }
 
     /// One call: take `cost` if it fits, with PARTIAL what is there, else
@@ -126,15 +129,45 @@ impl Bucket {
         dec
     }
 
+    /// FORCE can take `units` at `now`: the whole tokens after it are at
+    /// least −(2^53 − 1).
+    pub fn can_force(&self, p: &Params, now: u64, units: u64) -> bool {
+        let (level, _) = self.level(p, now);
+        (level - i128::from(units) * per_token(p)).div_euclid(per_token(p)) >= -i128::from(crate::MAX_ARG)
+    }
+
+    /// The reply after a FORCE call took `taken` tokens (past the level),
+    /// for a following call of `want`: its wait, 0 when it fits.
+    pub fn reply_forced(&self, p: &Params, now: u64, taken: u64, want: u64) -> Decision {
+        let (level, at) = self.level(p, now);
+        Self::reply_at(p, level, at, now, taken, want, false)
+    }
+
+    /// `COST n FORCE`: all `cost` tokens, into debt if need be, unless the
+    /// debt would pass 2^53 − 1 tokens (then as without FORCE); the reply
+    /// for a following call of `want`. Written when something was taken
+    /// and `write`.
+    pub fn force(&mut self, p: &Params, cost: u64, want: u64, now: u64, write: bool) -> Decision {
+        if !self.can_force(p, now, cost) {
+            return self.call(p, cost, false, now, write);
+        }
+        let dec = self.reply_forced(p, now, cost, want);
+        if write && cost > 0 {
+            self.commit(p, now, cost);
+        }
+        dec
+    }
+
     /// `REFUND n`: `n` tokens back, up to the capacity. Element 1 is the
-    /// whole tokens that came back; the reply is for a following call of
-    /// `want`. Written only when something came back; fresh when full.
+    /// whole tokens that came back (debt repaid included); the reply is for
+    /// a following call of `want`. Written only when something came back;
+    /// fresh when full.
     pub fn refund(&mut self, p: &Params, now: u64, n: u64, want: u64) -> Decision {
         let d = per_token(p);
         let (level, at) = self.level(p, now);
-        let new = (level + u128::from(n) * d).min(u128::from(p.capacity) * d);
-        let mut dec = Self::reply_at(p, new, at, now, 0, want);
-        dec.granted = u64::try_from(new / d - level / d).unwrap_or(u64::MAX);
+        let new = (level + i128::from(n) * d).min(i128::from(p.capacity) * d);
+        let mut dec = Self::reply_at(p, new, at, now, 0, want, want == 0);
+        dec.granted = u64::try_from(new.div_euclid(d) - level.div_euclid(d)).unwrap_or(u64::MAX);
         if dec.granted > 0 {
             *self = Bucket { num: new, d, last: at, fresh: dec.reset_after_ms == 0 };
         }

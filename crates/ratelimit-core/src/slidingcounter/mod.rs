@@ -284,6 +284,24 @@ impl View {
         Decision { granted: taken, limit: self.limit_given, remaining, retry_after_ms, reset_after_ms }
     }
 
+    /// A FORCE call can take `units` past the limit: the current
+    /// window's count stays within `MAX_ARG`.
+    #[inline]
+    pub fn can_force(&self, units: u64) -> bool {
+        self.v.cur.checked_add(units).is_some_and(|c| c <= MAX_ARG)
+    }
+
+    /// The reply after a FORCE call took `taken` units ([`View::can_force`],
+    /// possibly past the limit), answering for a following call of `want`:
+    /// remaining 0 while the estimate is past the limit, retry_after_ms that
+    /// call's exact wait (0 when it fits now).
+    #[inline]
+    pub fn answer_forced(&self, taken: u64, want: u64) -> Decision {
+        let mut after = *self;
+        after.v.cur = self.v.cur.saturating_add(taken);
+        Decision { granted: taken, ..after.answer(0, want) }
+    }
+
     /// The state to store after taking `taken` units (`> 0`).
     ///
     /// `max`: a state written under another window may start inside this
@@ -318,6 +336,20 @@ pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) ->
     let granted = crate::grant_size(a.available(), cost, partial);
     let new_state = if granted > 0 { a.state_after(granted) } else { *state };
     (a.answer(granted, cost), new_state)
+}
+
+/// `COST n FORCE`: take `cost` units even past the limit (the current
+/// window's count stays at most `MAX_ARG`; a call that would pass it is
+/// decided as without FORCE). The reply answers for a following call of
+/// `want` units ([`View::answer_forced`]). Returns it and the state to
+/// store when `granted > 0` (else `*state`).
+pub fn force(state: &State, p: &Params, cost: u64, want: u64, now_us: u64) -> (Decision, State) {
+    let a = View::at(state, p, now_us);
+    if !a.can_force(cost) {
+        return step(state, p, cost, false, now_us);
+    }
+    let new_state = if cost > 0 { a.state_after(cost) } else { *state };
+    (a.answer_forced(cost, want), new_state)
 }
 
 /// `REFUND n`: `n` units come off the current window's count, what is left

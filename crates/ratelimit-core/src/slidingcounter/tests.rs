@@ -666,3 +666,18 @@ proptest! {
     }
 
 }
+
+/// COST 7 FORCE on a counter of 5 a second: granted, remaining 0; the
+/// next unit fits once the estimate 7·(W − x)/W + 1 ≤ 5 in the next
+/// window, x ≥ 3W/7; both windows are empty after two.
+#[test]
+fn force_passes_the_limit_and_the_estimate_decays() {
+    let p = Params { limit: 5, window_ms: 1000 };
+    let t = 1_700_000_000_000_000; // a window's start
+    let (d, s) = force(&State::default(), &p, 7, 1, t);
+    // 1000 ms to the next window, then ⌈3000/7⌉ = 429 ms (428,572 µs).
+    assert_eq!((d.granted, d.limit, d.remaining, d.retry_after_ms, d.reset_after_ms), (7, 5, 0, 1429, 2000));
+    assert_eq!(s.cur, 7);
+    assert_eq!(step(&s, &p, 1, false, t + 1_428_571).0.granted, 0);
+    assert_eq!(step(&s, &p, 1, false, t + 1_428_572).0.granted, 1);
+}

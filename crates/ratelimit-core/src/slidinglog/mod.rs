@@ -113,6 +113,29 @@ impl<'a> View<'a> {
     /// time until `want` units fit again after this take.
     #[inline]
     pub fn answer(&self, taken: u64, want: u64) -> Decision {
+        self.answer_with(taken, want, taken == want)
+    }
+
+    /// A FORCE call can take `units` past the limit: the units in the
+    /// window stay within `MAX_ARG`.
+    #[inline]
+    pub fn can_force(&self, units: u64) -> bool {
+        self.used.checked_add(units).is_some_and(|u| u <= crate::MAX_ARG)
+    }
+
+    /// The reply after a FORCE call took `taken` units ([`View::can_force`],
+    /// possibly past the limit; [`grant`] records them as one entry),
+    /// answering for a following call of `want`: remaining 0 past the limit,
+    /// retry_after_ms that call's wait (0 when it fits now).
+    #[inline]
+    pub fn answer_forced(&self, taken: u64, want: u64) -> Decision {
+        self.answer_with(taken, want, false)
+    }
+
+    /// [`View::answer`]; `done`: the call got all it asked for
+    /// (retry_after_ms 0).
+    #[inline(always)]
+    fn answer_with(&self, taken: u64, want: u64, done: bool) -> Decision {
         let now128 = u128::from(self.now);
         let real = u128::from(self.real);
         let w = self.w;
@@ -120,7 +143,7 @@ impl<'a> View<'a> {
         let remaining = self.available().saturating_sub(taken);
         // Every entry in the window has `t + w > now ≥ real`, so the waits
         // below are positive.
-        let retry_after_ms = if taken == want {
+        let retry_after_ms = if done {
             0
         } else if want > limit {
             -1
@@ -164,6 +187,21 @@ impl<'a> View<'a> {
 pub fn decide(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> Decision {
     let v = View::at(state, p, now_us);
     v.answer(crate::grant_size(v.available(), cost, partial), cost)
+}
+
+/// Pure: what a `COST n FORCE` call would answer at `now_us` (its reply
+/// for a following call of `want`), without changing anything; the caller
+/// records `granted` units with [`grant`], one entry whatever their
+/// number. It takes `cost` even past the limit, unless the units in the
+/// window would pass `MAX_ARG`: then it decides as without FORCE.
+#[inline]
+pub fn decide_forced(state: &State, p: &Params, cost: u64, want: u64, now_us: u64) -> Decision {
+    let v = View::at(state, p, now_us);
+    if v.can_force(cost) {
+        v.answer_forced(cost, want)
+    } else {
+        v.answer(crate::grant_size(v.available(), cost, false), cost)
+    }
 }
 
 /// `REFUND units` at `now_us` under window `window_ms`: trims the entries

@@ -464,3 +464,19 @@ fn a_panic_while_granting_leaves_the_log_unchanged() {
         s.check_invariants();
     }
 }
+
+/// COST 7 FORCE on a log of 5: granted as one entry of 7 units, remaining
+/// 0; a unit fits again when the entry leaves the window.
+#[test]
+fn force_is_one_entry_past_the_limit() {
+    let p = Params { limit: 5, window_ms: 1000 };
+    let t = 1_700_000_000_000_000;
+    let mut s = State::default();
+    grant(&mut s, p.window_ms, 2, t);
+    let d = decide_forced(&s, &p, 7, 1, t + 10);
+    assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (7, 0, 1000, 1000));
+    grant(&mut s, p.window_ms, d.granted, t + 10);
+    assert_eq!(s.entries().collect::<Vec<_>>(), vec![(t, 2), (t + 10, 7)]);
+    assert_eq!(decide(&s, &p, 1, false, t + 1_000_009).granted, 0);
+    assert_eq!(decide(&s, &p, 1, false, t + 1_000_010).granted, 1);
+}

@@ -6,12 +6,21 @@
 //! to `MAX_ARG` ms, `frac < den`, `tokens < MAX_ARG` (a stored bucket is
 //! never full). Anything else, a short or long input, or an unknown
 //! version is refused without panicking.
+//!
+//! Version 2 is the same 33 bytes for a bucket in debt (`COST n FORCE`):
+//! `tokens` read as an `i64` in `−MAX_ARG..=−1`. A bucket not in debt is
+//! written as version 1, byte for byte as before, so its DUMP payloads,
+//! digests and effects are unchanged and an older module loads it; an
+//! older module refuses a version 2 payload rather than misread a debt.
 
 use super::State;
 use crate::{low_bits, split, DecodeError, Reader, MAX_ARG, PACK_EPOCH_US};
 
-/// Encoding version written by `encode` (first byte).
+/// Encoding version written by `encode` (first byte) for a bucket not in
+/// debt.
 pub const ENCODING_VERSION: u8 = 1;
+/// The version of a bucket in debt (negative whole tokens).
+pub const ENCODING_VERSION_DEBT: u8 = 2;
 
 /// Compact in-memory form (`State::pack`), one 128-bit word, low bits first:
 /// `last_us − PACK_EPOCH_US` (51 bits: until 2091), `pb` = the bit length of
@@ -29,7 +38,9 @@ impl State {
 
     pub fn encode(&self) -> [u8; Self::ENCODED_LEN] {
         let mut out = [0u8; Self::ENCODED_LEN];
-        out[0] = ENCODING_VERSION;
+        // 1, or 2 in debt (the sign bit of the tokens), without a branch.
+        const _: () = assert!(ENCODING_VERSION_DEBT == ENCODING_VERSION + 1);
+        out[0] = ENCODING_VERSION + (self.tokens >> 63) as u8;
         out[1..9].copy_from_slice(&self.tokens.to_le_bytes());
         out[9..17].copy_from_slice(&self.frac.to_le_bytes());
         out[17..25].copy_from_slice(&self.den.to_le_bytes());
@@ -158,7 +169,8 @@ impl State {
     /// Strict decoder: every invariant is checked, trailing bytes refused.
     pub fn decode(bytes: &[u8]) -> Result<State, DecodeError> {
         let mut r = Reader::new(bytes);
-        if r.u8()? != ENCODING_VERSION {
+        let version = r.u8()?;
+        if version != ENCODING_VERSION && version != ENCODING_VERSION_DEBT {
             return Err(DecodeError::UnknownVersion);
         }
         let s = State { tokens: r.u64()?, frac: r.u64()?, den: r.u64()?, last_us: r.u64()? };
@@ -169,10 +181,15 @@ impl State {
         if s.frac >= s.den {
             return Err(DecodeError::Invalid("fraction"));
         }
-        if s.tokens >= MAX_ARG {
+        if version == ENCODING_VERSION && s.tokens >= MAX_ARG {
             // A stored bucket is never full, so it holds fewer than
             // capacity ≤ MAX_ARG tokens.
             return Err(DecodeError::Invalid("tokens"));
+        }
+        if version == ENCODING_VERSION_DEBT && !(-(MAX_ARG as i64)..0).contains(&s.whole()) {
+            // A debt: whole tokens from −MAX_ARG to −1 (`force` never
+            // takes a bucket below −MAX_ARG).
+            return Err(DecodeError::Invalid("debt"));
         }
         Ok(s)
     }
@@ -212,8 +229,26 @@ mod tests {
         long.push(0);
         assert_eq!(State::decode(&long), Err(DecodeError::TrailingBytes));
         let mut v = enc;
-        v[0] = 2;
+        v[0] = 3;
         assert_eq!(State::decode(&v), Err(DecodeError::UnknownVersion));
+        // Version 2, a debt: negative whole tokens down to −MAX_ARG.
+        let debt = State { tokens: (-7i64) as u64, ..good };
+        let enc2 = debt.encode();
+        assert_eq!(enc2[0], 2);
+        assert_eq!(State::decode(&enc2), Ok(debt));
+        let deepest = State { tokens: (-(MAX_ARG as i64)) as u64, ..good };
+        assert_eq!(State::decode(&deepest.encode()), Ok(deepest));
+        for bad in [State { tokens: (-(MAX_ARG as i64) - 1) as u64, ..good }, State { tokens: u64::MAX / 2 + 1, ..good }] {
+            assert_eq!(State::decode(&bad.encode()), Err(DecodeError::Invalid("debt")), "{bad:?}");
+        }
+        // A version 1 payload of a debt's bytes, or a version 2 payload of
+        // a bucket not in debt, is refused.
+        let mut v1 = enc2;
+        v1[0] = 1;
+        assert_eq!(State::decode(&v1), Err(DecodeError::Invalid("tokens")));
+        let mut v2 = enc;
+        v2[0] = 2;
+        assert_eq!(State::decode(&v2), Err(DecodeError::Invalid("debt")));
         for bad in [
             State { den: 0, ..good },
             State { den: 1001, ..good },

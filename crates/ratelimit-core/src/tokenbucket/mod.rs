@@ -62,9 +62,14 @@ impl Params {
 
 /// Stored state of a bucket that is not full. `den == 0` means "no state"
 /// (a fresh, full bucket); it is never stored.
+///
+/// A bucket in debt (`COST n FORCE` took more than it held) has negative
+/// whole tokens: `tokens` is then the two's complement of `−debt`
+/// (`tokens as i64` is in `−MAX_ARG..0`), and the level is
+/// `tokens as i64 + frac / den` tokens, `frac` still in `0..den`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct State {
-    /// Whole tokens.
+    /// Whole tokens; read as `i64`, negative in debt ([`State::in_debt`]).
     pub tokens: u64,
     /// Fractional token, in units of `1/den` token; `frac < den`.
     pub frac: u64,
@@ -77,6 +82,18 @@ pub struct State {
 impl State {
     pub fn is_fresh(&self) -> bool {
         self.den == 0
+    }
+
+    /// Its whole tokens are negative: a debt left by `FORCE`.
+    #[inline(always)]
+    pub const fn in_debt(&self) -> bool {
+        self.tokens >> 63 != 0
+    }
+
+    /// Its whole tokens, signed.
+    #[inline]
+    pub const fn whole(&self) -> i64 {
+        self.tokens as i64
     }
 }
 
@@ -98,6 +115,8 @@ pub struct View(Form);
 enum Form {
     Narrow(Lv<u64>),
     Wide(Lv<u128>),
+    /// A bucket in debt, or one a FORCE call reads: a signed level.
+    Signed(Sv),
 }
 
 /// The integer a view counts units in. Every product is of two `u64`
@@ -296,6 +315,9 @@ impl<W: Units> Lv<W> {
 impl View {
     #[inline]
     pub fn at(state: &State, p: &Params, now_us: u64) -> View {
+        if state.in_debt() {
+            return View::at_signed(state, p, now_us);
+        }
         let den = ms_to_us(p.period_ms).max(1);
         match p.capacity.checked_mul(den) {
             Some(full) => View(Form::Narrow(Lv::at(state, p, den, full, now_us))),
@@ -307,16 +329,56 @@ impl View {
     /// form, which the narrow one must agree with).
     #[inline(never)]
     pub fn at_wide(state: &State, p: &Params, now_us: u64) -> View {
+        if state.in_debt() {
+            return View::at_signed(state, p, now_us);
+        }
         let den = ms_to_us(p.period_ms).max(1);
         View(Form::Wide(Lv::at(state, p, den, u128::from(p.capacity) * u128::from(den), now_us)))
     }
 
-    /// Whole tokens a call could take now (`≤ capacity`).
+    /// [`View::at`] as a signed level, whatever the state (a bucket in
+    /// debt, and every FORCE call).
+    #[inline(never)]
+    pub fn at_signed(state: &State, p: &Params, now_us: u64) -> View {
+        View(Form::Signed(Sv::at(state, p, now_us)))
+    }
+
+    /// Whole tokens a call could take now (`≤ capacity`; 0 in debt).
     #[inline]
     pub fn available(&self) -> u64 {
         match &self.0 {
             Form::Narrow(v) => v.tokens(v.level).0,
             Form::Wide(v) => v.tokens(v.level).0,
+            Form::Signed(v) => v.available(),
+        }
+    }
+
+    /// A FORCE call can take `units` (past the level if need be): the whole
+    /// tokens after it stay at or above `−MAX_ARG`.
+    #[inline]
+    pub fn can_force(&self, units: u64) -> bool {
+        match &self.0 {
+            Form::Signed(v) => v.can_force(units),
+            _ => self.signed().can_force(units),
+        }
+    }
+
+    /// The reply after a FORCE call took `taken` tokens (possibly more than
+    /// [`View::available`], when [`View::can_force`]), answering for a
+    /// following call of `want`: retry_after_ms is its wait (0 when it fits
+    /// now), not 0 for this grant.
+    #[inline]
+    pub fn answer_forced(&self, taken: u64, want: u64) -> Decision {
+        self.signed().take(taken, want, false).0
+    }
+
+    /// This view as a signed one (the same level).
+    #[inline]
+    fn signed(&self) -> Sv {
+        match &self.0 {
+            Form::Narrow(v) => Sv::of(v),
+            Form::Wide(v) => Sv::of(v),
+            Form::Signed(v) => *v,
         }
     }
 
@@ -339,6 +401,13 @@ impl View {
         self.take(taken, taken).1
     }
 
+    /// The state after a FORCE call took `taken` tokens
+    /// ([`View::can_force`]), in debt when they were more than the level.
+    #[inline]
+    pub fn state_after_forced(&self, taken: u64) -> State {
+        self.signed().take(taken, taken, true).1
+    }
+
     /// [`View::answer`] and [`View::state_after`] of one take (`taken ≤
     /// available()` of `want`) at once: they share the level after the take
     /// and its division into tokens (RL.MULTI's fast path).
@@ -347,6 +416,7 @@ impl View {
         match &self.0 {
             Form::Narrow(v) => v.take(taken, want),
             Form::Wide(v) => v.take(taken, want),
+            Form::Signed(v) => v.take(taken, want, taken == want),
         }
     }
 
@@ -356,6 +426,7 @@ impl View {
         View(match &self.0 {
             Form::Narrow(v) => Form::Narrow(v.refunded(n)),
             Form::Wide(v) => Form::Wide(v.refunded(n)),
+            Form::Signed(v) => Form::Signed(v.refunded(n)),
         })
     }
 
@@ -365,7 +436,139 @@ impl View {
         match &self.0 {
             Form::Narrow(v) => v.level >= v.full,
             Form::Wide(v) => v.level >= v.full,
+            Form::Signed(v) => v.level >= v.full,
         }
+    }
+
+    /// Whole tokens, signed (negative in debt): a refund gives back the
+    /// difference of two of these.
+    #[inline]
+    fn whole(&self) -> i128 {
+        let v = self.signed();
+        v.level.div_euclid(i128::from(v.den.max(1)))
+    }
+}
+
+/// A bucket's level as a signed number of units (`den` units = one
+/// token): below zero in debt. Every figure fits an `i128` with room to
+/// spare: `|tokens| ≤ 2^64` times `den < 2^64`, a refill below 2^128 is
+/// compared before it is added, `full = capacity × den` saturates.
+#[derive(Clone, Copy, Debug)]
+struct Sv {
+    /// Level in units, `≤ full`, negative in debt.
+    level: i128,
+    full: i128,
+    den: u64,
+    rate: u64,
+    capacity: u64,
+    now_eff: u64,
+    gap: u64,
+}
+
+/// `v` as `i128`, saturating.
+#[inline]
+fn sat_i128(v: u128) -> i128 {
+    i128::try_from(v).unwrap_or(i128::MAX)
+}
+
+impl Sv {
+    #[inline]
+    fn at(state: &State, p: &Params, now_us: u64) -> Sv {
+        let den = ms_to_us(p.period_ms).max(1);
+        let full = sat_i128(u128::from(p.capacity) * u128::from(den));
+        let (level, now_eff) = if state.is_fresh() {
+            (full, now_us)
+        } else {
+            let now_eff = now_us.max(state.last_us);
+            let frac = if state.den == den {
+                u128::from(state.frac)
+            } else {
+                u128::from(state.frac) * u128::from(den) / u128::from(state.den)
+            };
+            // |whole × den| < 2^127; frac < 2^64 (it is below den once
+            // rescaled; a hand-built one saturates).
+            let stored = i128::from(state.whole()).saturating_mul(i128::from(den)).saturating_add(sat_i128(frac));
+            let refill = u128::from(now_eff - state.last_us) * u128::from(p.rate);
+            // stored ≤ full: room ≥ 0 (a stored level above full is capped).
+            let room = u128::try_from(full.saturating_sub(stored)).unwrap_or(0);
+            let level = if refill >= room { full } else { stored.saturating_add(sat_i128(refill)) };
+            (level.min(full), now_eff)
+        };
+        Sv { level, full, den, rate: p.rate, capacity: p.capacity, now_eff, gap: now_eff - now_us }
+    }
+
+    /// A view of the same level, from an unsigned one.
+    #[inline]
+    fn of<W: Units>(v: &Lv<W>) -> Sv {
+        Sv {
+            level: sat_i128(v.level.wide()),
+            full: sat_i128(v.full.wide()),
+            den: v.den,
+            rate: v.rate,
+            capacity: v.capacity,
+            now_eff: v.now_eff,
+            gap: v.gap,
+        }
+    }
+
+    #[inline]
+    fn units(&self, tokens: u64) -> i128 {
+        i128::from(tokens).saturating_mul(i128::from(self.den))
+    }
+
+    #[inline]
+    fn available(&self) -> u64 {
+        u64::try_from(self.level.div_euclid(i128::from(self.den.max(1)))).unwrap_or(0)
+    }
+
+    #[inline]
+    fn can_force(&self, units: u64) -> bool {
+        self.level.saturating_sub(self.units(units)) >= -self.units(crate::MAX_ARG)
+    }
+
+    /// Milliseconds, rounded up, until the level reaches `target` units.
+    #[inline]
+    fn wait_ms(&self, level: i128, target: i128) -> u64 {
+        let deficit = target.saturating_sub(level);
+        if deficit <= 0 {
+            return 0;
+        }
+        let deficit = u128::try_from(deficit).unwrap_or(0);
+        us_to_ms_ceil(div_ceil_u128(deficit, u128::from(self.rate)).saturating_add(u128::from(self.gap)))
+    }
+
+    /// Take `taken` tokens (the level may go below zero); the reply for a
+    /// call of `want` (`done`: it got them all, retry_after_ms 0), and the
+    /// state to store.
+    #[inline]
+    fn take(&self, taken: u64, want: u64, done: bool) -> (Decision, State) {
+        let after = self.level.saturating_sub(self.units(taken));
+        let den = i128::from(self.den.max(1));
+        let (whole, frac) = (after.div_euclid(den), after.rem_euclid(den));
+        let retry_after_ms = if done {
+            0
+        } else if want > self.capacity {
+            -1
+        } else {
+            to_i64(self.wait_ms(after, self.units(want)))
+        };
+        let d = Decision {
+            granted: taken,
+            limit: self.capacity,
+            remaining: u64::try_from(whole).unwrap_or(0),
+            retry_after_ms,
+            reset_after_ms: self.wait_ms(after, self.full),
+        };
+        // whole ≥ −MAX_ARG for every take a caller makes (`can_force`);
+        // its two's complement is the stored form.
+        let tokens = i64::try_from(whole).unwrap_or(i64::MIN) as u64;
+        let s = State { tokens, frac: u64::try_from(frac).unwrap_or(0), den: self.den, last_us: self.now_eff };
+        (d, s)
+    }
+
+    #[inline]
+    fn refunded(&self, n: u64) -> Sv {
+        Sv { level: self.level.saturating_add(self.units(n)).min(self.full), ..*self }
     }
 }
 
@@ -378,6 +581,9 @@ impl View {
 /// `available` and `take`, without building the view of either width.
 #[inline(always)]
 pub fn step(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
+    if state.in_debt() {
+        return step_signed(state, p, cost, partial, now_us);
+    }
     let den = ms_to_us(p.period_ms).max(1);
     match p.capacity.checked_mul(den) {
         Some(full) => Lv::at(state, p, den, full, now_us).step(cost, partial),
@@ -394,6 +600,34 @@ fn step_wide(state: &State, p: &Params, den: u64, cost: u64, partial: bool, now_
     Lv::at(state, p, den, u128::from(p.capacity) * u128::from(den), now_us).step(cost, partial)
 }
 
+/// [`step`] of a bucket in debt: nothing is available until the debt is
+/// repaid.
+#[cold]
+#[inline(never)]
+fn step_signed(state: &State, p: &Params, cost: u64, partial: bool, now_us: u64) -> (Decision, State) {
+    let v = Sv::at(state, p, now_us);
+    let granted = crate::grant_size(v.available(), cost, partial);
+    v.take(granted, cost, granted == cost)
+}
+
+/// `COST n FORCE`: take `cost` tokens even when fewer are there, leaving
+/// the bucket in debt (negative whole tokens, repaid by the refill like
+/// any missing token), unless the debt would pass `MAX_ARG` tokens: then
+/// the call is decided as without FORCE. The reply of a forced grant
+/// answers for a following call of `want` tokens (remaining 0 in debt;
+/// retry_after_ms its wait, 0 when it fits now; reset_after_ms until
+/// full). Returns it, and the state to store when `granted > 0`.
+pub fn force(state: &State, p: &Params, cost: u64, want: u64, now_us: u64) -> (Decision, State) {
+    let v = Sv::at(state, p, now_us);
+    if v.can_force(cost) {
+        let (d, s) = v.take(cost, want, false);
+        (d, s)
+    } else {
+        let granted = crate::grant_size(v.available(), cost, false);
+        v.take(granted, cost, granted == cost)
+    }
+}
+
 /// `REFUND n`: the bucket gets `n` tokens back, up to its capacity.
 /// Returns the reply (element 1: the whole tokens given back, 0 only when
 /// the bucket was already full, then nothing changed) for a following call
@@ -404,6 +638,8 @@ pub fn refund(state: &State, p: &Params, n: u64, want: u64, now_us: u64) -> (Dec
     let v = View::at(state, p, now_us);
     let after = v.refunded(n);
     let (mut d, s) = after.take(0, want);
-    d.granted = after.available().saturating_sub(v.available());
+    // Whole tokens gained, debt repaid included (a level is at most full,
+    // so this is at most n).
+    d.granted = u64::try_from(after.whole().saturating_sub(v.whole())).unwrap_or(0);
     (d, s)
 }

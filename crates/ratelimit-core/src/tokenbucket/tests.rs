@@ -193,6 +193,62 @@ proptest! {
         }
     }
 
+    /// Debits: COST n FORCE (into debt), plain calls and REFUND mixed, with
+    /// parameter changes and clock steps back: every reply field agrees
+    /// with the signed rational model, every stored state round-trips its
+    /// encoding (version 2 in debt) and its compact form, and the debt
+    /// never passes 2^53 − 1 tokens.
+    #[test]
+    fn debits_agree_with_rational_model(
+        caps in proptest::collection::vec((1u64..50, 1u64..20, 1u64..5000), 4),
+        ops in ops(),
+        kinds in proptest::collection::vec(0u8..6, 400),
+        t0 in 0u64..u64::MAX / 2,
+    ) {
+        let params: Vec<Params> = caps.iter().map(|&(c, r, p)| tb(c, r, p)).collect();
+        let mut s = State::default();
+        let mut m = Bucket::default();
+        let mut now = t0;
+        for (op, kind) in ops.into_iter().zip(kinds) {
+            now = now.saturating_add_signed(op.dt);
+            let p = &params[op.params];
+            let (d, n, md) = match kind {
+                0 | 1 => {
+                    let (d, n) = force(&s, p, op.cost, 1, now);
+                    (d, n, m.force(p, op.cost, 1, now, !op.dryrun))
+                }
+                2 if op.cost > 0 => {
+                    let (d, n) = refund(&s, p, op.cost, 1, now);
+                    (d, n, m.refund(p, now, op.cost, 1))
+                }
+                _ => {
+                    let (d, n) = step(&s, p, op.cost, op.partial, now);
+                    (d, n, m.call(p, op.cost, op.partial, now, !op.dryrun))
+                }
+            };
+            prop_assert_eq!(d, md, "kind {} cost {} at {}", kind, op.cost, now);
+            let writes = d.granted > 0 && (kind == 2 && op.cost > 0 || !op.dryrun);
+            if writes {
+                prop_assert_eq!(State::decode(&n.encode()), Ok(n));
+                if let Some(w) = n.pack() {
+                    prop_assert_eq!(State::unpack(w), n);
+                }
+                prop_assert!(n.whole() >= -(MAX_ARG as i64));
+                if n.in_debt() {
+                    prop_assert_eq!(d.remaining, 0);
+                }
+                s = if d.reset_after_ms == 0 { State::default() } else { n };
+            } else if kind == 2 && op.cost > 0 {
+                prop_assert_eq!(d.granted, 0);
+            }
+            // The model, read back from the state, agrees too.
+            if !s.is_fresh() {
+                let back = Bucket::from_state(&s);
+                prop_assert_eq!(back.avail(p, now), m.avail(p, now));
+            }
+        }
+    }
+
     /// Never more than capacity + refill: over any sequence at one
     /// parameter set, total granted ≤ capacity + rate × elapsed / period.
     #[test]
@@ -263,4 +319,40 @@ proptest! {
         prop_assert_eq!(ra.state_after(0), rb.state_after(0));
         prop_assert_eq!((a.is_full(), ra.is_full()), (b.is_full(), rb.is_full()));
     }
+}
+
+/// The contract's example: 7 of a bucket of 5 (1 token a second) with
+/// FORCE is granted and leaves a debt of 2 tokens; remaining is 0, the
+/// next call waits until the debt and its own token are back (3 s), the
+/// bucket is full after 7 s; a REFUND repays the debt first.
+#[test]
+fn force_leaves_a_debt_the_refill_repays() {
+    let p = tb(5, 1, 1000);
+    let t = 1_700_000_000_000_000;
+    let (d, s) = force(&State::default(), &p, 7, 1, t);
+    assert_eq!(d, Decision { granted: 7, limit: 5, remaining: 0, retry_after_ms: 3000, reset_after_ms: 7000 });
+    assert_eq!((s.whole(), s.frac, s.in_debt()), (-2, 0, true));
+    assert_eq!(State::decode(&s.encode()), Ok(s));
+    assert_eq!(s.encode()[0], super::encoding::ENCODING_VERSION_DEBT);
+    assert_eq!(s.pack(), None);
+    // Denied until the debt is repaid: 1 ms before, and at, 3 s.
+    let (d, _) = step(&s, &p, 1, false, t + 2_999_999);
+    assert_eq!((d.granted, d.remaining, d.retry_after_ms), (0, 0, 1));
+    assert_eq!(step(&s, &p, 1, true, t + 2_999_999).0.granted, 0);
+    let (d, _) = step(&s, &p, 1, false, t + 3_000_000);
+    assert_eq!((d.granted, d.remaining, d.retry_after_ms, d.reset_after_ms), (1, 0, 0, 5000));
+    // Half a token into the debt: −1.5 tokens stored as −2 + 0.5.
+    let (d, r) = refund(&s, &p, 3, 1, t + 500_000);
+    assert_eq!((d.granted, d.remaining, d.retry_after_ms), (3, 1, 0));
+    assert_eq!((r.whole(), r.frac), (1, 500_000));
+    // A debit of the whole range is taken; one more token is not (as
+    // without FORCE: denied).
+    let big = tb(MAX_ARG, 1, 1);
+    let (d, deep) = force(&State::default(), &big, MAX_ARG, 1, t);
+    assert_eq!(d.granted, MAX_ARG);
+    let (d, deep) = force(&deep, &big, MAX_ARG, 1, t);
+    assert_eq!((d.granted, deep.whole()), (MAX_ARG, -(MAX_ARG as i64)));
+    assert_eq!(State::decode(&deep.encode()), Ok(deep));
+    let (d, _) = force(&deep, &big, 1, 1, t);
+    assert_eq!(d.granted, 0);
 }
