@@ -78,7 +78,7 @@ CLIENT_LAYERS = [
     ["reservoir"],
     ["transport", "sentinel"],
     ["client"],
-    ["lease"],
+    ["lease", "reserve"],
     ["tower"],
     ["lib"],
 ]
