@@ -44,9 +44,10 @@ API_MAY_IMPORT = {"ffi", "alloc", "clock"}
 SERVICE_LAYERS = [
     [
         "error", "gosyntax", "tls", "mapper", "xds_settings", "upstream_settings",
-        "overcache", "logger", "connage", "dynamic_metadata",
+        "overcache", "logger", "connage", "dynamic_metadata", "otlp_settings",
     ],
-    ["config", "settings", "metrics", "conn", "json"],
+    ["otlp"],
+    ["config", "settings", "metrics", "conn", "json", "trace"],
     ["plan"],
     ["spread"],
     ["backend"],
@@ -77,7 +78,7 @@ CLIENT_LAYERS = [
     ["reservoir"],
     ["transport", "sentinel"],
     ["client"],
-    ["lease"],
+    ["lease", "reserve"],
     ["tower"],
     ["lib"],
 ]

@@ -28,6 +28,9 @@
 //! * [`connage`] — `GRPC_MAX_CONNECTION_AGE_GRACE`: a connection ended at its age and grace.
 //! * [`logger`] — `LOG_LEVEL`, `LOG_FORMAT`: the process's log lines, as upstream's logrus writes them.
 //! * [`debug`] — the debug listener (`DEBUG_HOST:DEBUG_PORT`): `/rlconfig`, `/stats`.
+//! * [`trace`] — `TRACING_ENABLED`: the spans of `ShouldRateLimit`, exported over OTLP.
+//! * [`otlp`] — OTLP's messages and one export over HTTP or gRPC.
+//! * [`otlp_settings`] — the tracing settings (`TRACING_*`, `OTEL_*`).
 //! * [`gosyntax`] — Go's durations and booleans, as upstream's settings read them.
 #![warn(missing_docs)]
 
@@ -46,6 +49,8 @@ pub mod gosyntax;
 pub mod json;
 pub mod mapper;
 pub mod metrics;
+pub mod otlp;
+pub mod otlp_settings;
 pub mod overcache;
 pub mod plan;
 pub mod respond;
@@ -56,6 +61,7 @@ pub mod settings;
 pub mod spread;
 pub mod statsd;
 pub mod tls;
+pub mod trace;
 pub mod upstream_settings;
 pub mod xds;
 pub mod xds_settings;

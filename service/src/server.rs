@@ -31,12 +31,30 @@ impl<C: Connection> RateLimitService for Grpc<C> {
         &self,
         request: tonic::Request<RateLimitRequest>,
     ) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
-        match self.0.should_rate_limit(request.get_ref()).await {
-            Ok(r) => Ok(tonic::Response::new(r)),
-            Err(ServiceError::Invalid(m)) => Err(tonic::Status::invalid_argument(m)),
-            Err(ServiceError::Unavailable(m)) => Err(tonic::Status::unavailable(m)),
-            Err(ServiceError::Internal(m)) => Err(tonic::Status::internal(m)),
+        // TRACING_ENABLED: a sampled request's spans (crate::trace); else nothing more
+        if let Some(t) = self.0.tracer() {
+            if let Some(span) = t.begin(request.metadata(), request.remote_addr()) {
+                let exec_start = crate::trace::now_ns();
+                let mut redis = crate::trace::RedisCall::default();
+                let r = grpc_answer(self.0.should_rate_limit_traced(request.get_ref(), Some(&mut redis)).await);
+                let (code, msg) = match &r {
+                    Ok(_) => (tonic::Code::Ok, ""),
+                    Err(s) => (s.code(), s.message()),
+                };
+                t.end(span, request.get_ref(), exec_start, redis, code, msg);
+                return r;
+            }
         }
+        grpc_answer(self.0.should_rate_limit(request.get_ref()).await)
+    }
+}
+
+fn grpc_answer(r: Result<RateLimitResponse, ServiceError>) -> Result<tonic::Response<RateLimitResponse>, tonic::Status> {
+    match r {
+        Ok(r) => Ok(tonic::Response::new(r)),
+        Err(ServiceError::Invalid(m)) => Err(tonic::Status::invalid_argument(m)),
+        Err(ServiceError::Unavailable(m)) => Err(tonic::Status::unavailable(m)),
+        Err(ServiceError::Internal(m)) => Err(tonic::Status::internal(m)),
     }
 }
 
@@ -567,7 +585,9 @@ pub async fn start(settings: Settings) -> Result<Running, String> {
     let (grpc_addr, http_addr, metrics_addr) = (listeners.grpc_addr, listeners.http_addr, listeners.metrics_addr);
     let debug_listener = crate::debug::bind(&settings.debug_addr).await?;
     let debug_addr = debug_listener.local_addr().map_err(|e| e.to_string())?;
-    let svc = Arc::new(Service::new(rl, cfg, settings));
+    // its exporting task outlives the listeners: it ends at Tracer::shutdown, having sent what is queued
+    let tracer = settings.tracing.clone().map(|t| crate::trace::Tracer::start(t).0);
+    let svc = Arc::new(Service::new(rl, cfg, settings).with_tracer(tracer));
     if !first_loaded {
         // no first configuration loaded: none counted (a refused one is an error)
         svc.metrics().config_load_success.store(0, std::sync::atomic::Ordering::Relaxed);
@@ -618,11 +638,16 @@ pub async fn run(settings: Settings) -> Result<(), String> {
     log!(crate::logger::Level::Info, "SIGTERM: health checks failing, answering the requests in flight");
     r.health.set_stopping().await;
     let _ = r.stop.send(true);
-    match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {
+    let done = match tokio::time::timeout(SHUTDOWN_GRACE, &mut task).await {
         Ok(done) => done.map_err(|e| e.to_string())?,
         Err(_) => {
             log!(crate::logger::Level::Warn, "SIGTERM: requests still in flight after {SHUTDOWN_GRACE:?}; exiting");
             Ok(())
         }
+    };
+    // TRACING_ENABLED: the spans still queued, sent (within 5 s)
+    if let Some(t) = r.service.tracer() {
+        t.shutdown().await;
     }
+    done
 }

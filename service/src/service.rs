@@ -46,6 +46,8 @@ pub struct Service<C> {
     has_domains: tokio::sync::watch::Sender<bool>,
     /// `LOCAL_CACHE_SIZE_IN_BYTES`: the keys known over their limit.
     cache: Option<OverCache>,
+    /// `TRACING_ENABLED=true`: the spans' tracer ([`Service::with_tracer`]).
+    tracer: Option<Arc<crate::trace::Tracer>>,
 }
 
 impl<C: Connection> Service<C> {
@@ -60,7 +62,18 @@ impl<C: Connection> Service<C> {
             settings,
             refused: Mutex::new(None),
             metrics: Metrics::new(),
+            tracer: None,
         }
+    }
+
+    /// The service with `TRACING_ENABLED`'s tracer.
+    pub fn with_tracer(self, tracer: Option<Arc<crate::trace::Tracer>>) -> Service<C> {
+        Service { tracer, ..self }
+    }
+
+    /// The tracer (`TRACING_ENABLED=true`).
+    pub fn tracer(&self) -> Option<&Arc<crate::trace::Tracer>> {
+        self.tracer.as_ref()
     }
 
     /// The statistics.
@@ -73,6 +86,9 @@ impl<C: Connection> Service<C> {
         let mut out = self.render_metrics_only();
         if self.backend.cluster {
             out.push_str(&self.backend.spread().render());
+        }
+        if let Some(t) = &self.tracer {
+            out.push_str(&t.render());
         }
         out
     }
@@ -135,8 +151,18 @@ impl<C: Connection> Service<C> {
 
     /// `ShouldRateLimit`, timed and counted in the statistics.
     pub async fn should_rate_limit(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
+        self.should_rate_limit_traced(req, None).await
+    }
+
+    /// [`should_rate_limit`](Self::should_rate_limit), the Redis call's
+    /// times kept in `redis` (a traced request's).
+    pub async fn should_rate_limit_traced(
+        &self,
+        req: &RateLimitRequest,
+        redis: Option<&mut crate::trace::RedisCall>,
+    ) -> Result<RateLimitResponse, ServiceError> {
         let t0 = std::time::Instant::now();
-        let r = self.decide(req).await;
+        let r = self.decide(req, redis).await;
         self.metrics.observe(t0.elapsed());
         match &r {
             Ok(_) => {}
@@ -151,7 +177,11 @@ impl<C: Connection> Service<C> {
     }
 
     /// Plan, backend, respond.
-    async fn decide(&self, req: &RateLimitRequest) -> Result<RateLimitResponse, ServiceError> {
+    async fn decide(
+        &self,
+        req: &RateLimitRequest,
+        mut redis: Option<&mut crate::trace::RedisCall>,
+    ) -> Result<RateLimitResponse, ServiceError> {
         let cfg = self.config();
         let reports = self.settings.usage_reports(&req.domain);
         let mut plan = Plan::with_reports(req, &cfg, &self.settings.cache_key_prefix, reports)?;
@@ -165,6 +195,11 @@ impl<C: Connection> Service<C> {
             if let Some(m) = &d.matched {
                 self.metrics.total_hits(d.detailed_key.as_deref().unwrap_or(&m.limit.full_key), d.hits);
             }
+        }
+        // upstream's span of the Redis call(s): for every request that gets this far
+        let reported = plan.refunded.len() + plan.debited.len();
+        if let Some(r) = redis.as_deref_mut() {
+            r.begin(plan.counted.len() + plan.checked.len() + reported);
         }
         if !plan.refunded.is_empty() {
             // first, so that a denial from the cache never drops a refund
@@ -184,13 +219,26 @@ impl<C: Connection> Service<C> {
         }
         if let Some(c) = &self.cache {
             if from_cache(c, &mut plan, self.settings.shadow_mode) {
+                if let Some(r) = redis {
+                    // only the refunds and usage reports went to Redis
+                    r.keys = reported;
+                    if reported == 0 {
+                        r.end_ns = r.start_ns;
+                    } else {
+                        r.end();
+                    }
+                }
                 self.count_from_cache(&plan);
                 return Ok(self.answer(req, &plan));
             }
         }
         // the marks count from before the call: they end no later than Redis said
         let t0 = self.cache.as_ref().map(OverCache::now_ms);
-        run(&self.backend, &mut plan, self.settings.shadow_mode).await?;
+        let ran = run(&self.backend, &mut plan, self.settings.shadow_mode).await;
+        if let Some(r) = redis {
+            r.end();
+        }
+        ran?;
         if let (Some(c), Some(t0)) = (&self.cache, t0) {
             mark(c, &plan, t0);
         }

@@ -286,6 +286,8 @@ pub struct Settings {
     pub log: crate::logger::LogSettings,
     /// `DEBUG_HOST:DEBUG_PORT` (`0.0.0.0:6070`): the debug listener.
     pub debug_addr: String,
+    /// `TRACING_ENABLED=true`: the spans' settings ([`crate::trace`]); `None`: no tracing.
+    pub tracing: Option<crate::otlp_settings::TraceSettings>,
 }
 
 /// Where the statistics go.
@@ -494,6 +496,12 @@ struct Vars {
     log_format: String,
     debug_host: String,
     debug_port: String,
+    tracing_enabled: String,
+    tracing_service_name: String,
+    tracing_service_namespace: String,
+    tracing_service_instance_id: String,
+    tracing_exporter_protocol: String,
+    tracing_sampling_rate: String,
 }
 
 /// A variable's value, or its default when unset or empty.
@@ -607,6 +615,7 @@ impl Vars {
             healthy_with_config,
             log: crate::logger::LogSettings::parse(&self.log_level, &self.log_format)?,
             debug_addr: join_host_port(&or(&self.debug_host, "0.0.0.0"), port("DEBUG_PORT", &self.debug_port, 6070)?),
+            tracing: None,
         })
     }
 
@@ -767,6 +776,21 @@ impl Vars {
         Ok((config_dir, poll_interval))
     }
 
+    /// `TRACING_ENABLED=true`: `TRACING_*` and the `OTEL_` variables of `env`.
+    fn tracing(&self, env: &HashMap<String, String>) -> Result<Option<crate::otlp_settings::TraceSettings>, String> {
+        if !flag("TRACING_ENABLED", &self.tracing_enabled)? {
+            return Ok(None);
+        }
+        let t = crate::otlp_settings::TracingVars {
+            service_name: &self.tracing_service_name,
+            service_namespace: &self.tracing_service_namespace,
+            service_instance_id: &self.tracing_service_instance_id,
+            exporter_protocol: &self.tracing_exporter_protocol,
+            sampling_rate: &self.tracing_sampling_rate,
+        };
+        crate::otlp_settings::TraceSettings::from_vars(&t, env).map(Some)
+    }
+
     /// `USE_PROMETHEUS` with `PROMETHEUS_ADDR` and `PROMETHEUS_PATH`.
     fn prometheus(&self) -> Result<Option<(String, String)>, String> {
         if !flag("USE_PROMETHEUS", &self.use_prometheus)? {
@@ -821,7 +845,9 @@ impl Settings {
         };
         let prometheus_response_time_ms =
             flag("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", &vars.prometheus_response_time_as_milliseconds)?;
+        let tracing = vars.tracing(env)?;
         let mut s = vars.settings()?;
+        s.tracing = tracing;
         if stats_sink != StatsSink::Prometheus {
             s.prometheus = None; // DISABLE_STATS: no listener either, as there
         }

@@ -119,7 +119,6 @@ pub enum Status {
 
 const PERSECOND: &str = "read by envoyproxy/ratelimit only with `REDIS_PERSECOND=true`, which is refused";
 const MEMCACHE: &str = "read by envoyproxy/ratelimit only with `BACKEND_TYPE=memcache`, which is refused";
-const TRACING: &str = "read by envoyproxy/ratelimit only with `TRACING_ENABLED=true`, which is refused";
 const POOL: &str = "no pool: one multiplexed connection carries every request (redis-rs writes each \
      call as it comes, and the replies return in order), so there is no pool size to choose";
 
@@ -270,12 +269,12 @@ pub const UPSTREAM: &[(&str, Status)] = &[
     ("QUOTA_MODE", Differs("the same answers and statistics; a request denied because its quota descriptors are all over the limit takes nothing, unless it has two or more of them beside other limits (docs/envoy.md, \"Quota mode\")")),
     ("RESPONSE_DYNAMIC_METADATA", Differs("the same fields; a limit's `metadata` is given also for `detailed_metric` and `value_to_metric` limits, which envoyproxy/ratelimit rebuilds without it")),
     ("MERGE_DOMAIN_CONFIG", Same),
-    ("TRACING_ENABLED", Refused(A::False, "tracing (OTLP) is not built")),
-    ("TRACING_SERVICE_NAME", Accepted(K::Str, TRACING)),
-    ("TRACING_SERVICE_NAMESPACE", Accepted(K::Str, TRACING)),
-    ("TRACING_SERVICE_INSTANCE_ID", Accepted(K::Str, TRACING)),
-    ("TRACING_EXPORTER_PROTOCOL", Accepted(K::Str, TRACING)),
-    ("TRACING_SAMPLING_RATE", Accepted(K::Float, TRACING)),
+    ("TRACING_ENABLED", Differs("the spans of gRPC `ShouldRateLimit` as upstream's, over OTLP; `POST /json` is not traced; TLS to the collector takes its CA from `OTEL_EXPORTER_OTLP_CERTIFICATE` (the system's roots are not read); an `OTEL_` variable not read is refused (docs/envoy.md, Tracing)")),
+    ("TRACING_SERVICE_NAME", Same),
+    ("TRACING_SERVICE_NAMESPACE", Same),
+    ("TRACING_SERVICE_INSTANCE_ID", Same),
+    ("TRACING_EXPORTER_PROTOCOL", Same),
+    ("TRACING_SAMPLING_RATE", Same),
 ];
 
 /// The status of one of envoyproxy/ratelimit's settings (`None`: not one of them).

@@ -30,6 +30,7 @@ mod statsd;
 mod streams;
 mod tls;
 mod topology;
+mod tracing;
 mod units;
 mod upstream;
 mod xds;
