@@ -123,9 +123,19 @@ def configure(topo, minrep):
     topo.data_args = args  # what a restarted node gets (the module fixture starts with none)
     for n in topo.data_nodes:
         if n.alive():
-            c = n.client()
-            c.config_set("min-replicas-to-write", 1 if minrep else 0)
-            c.config_set("min-replicas-max-lag", 1 if minrep else 10)
+            wait_until(lambda: set_minrep(n, minrep), timeout=60, what=f"{n.addr} configured")
+
+
+def set_minrep(n, minrep):
+    """True once the node took both settings; False while a node the last
+    run restarted does not answer yet (a reset connection, a timeout)."""
+    try:
+        c = n.client()
+        c.config_set("min-replicas-to-write", 1 if minrep else 0)
+        c.config_set("min-replicas-max-lag", 1 if minrep else 10)
+        return True
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError):
+        return False
 
 
 def one_run(topo, config, fault, after_cut):
