@@ -18,6 +18,8 @@ import { RateLimit, Panic, concurrency, fixedWindow, tokenBucket, allOf } from '
 
 const BACKENDS = ['module', 'lua'];
 const LONG = 10 ** 12; // a fixed window no test run reaches the end of
+// a test that hangs (a guard that never lets go of an aborted body) fails
+const T = { timeout: 60000 };
 let server;
 before(async () => { server = await startServer(); });
 after(async () => { await server.close(); });
@@ -25,7 +27,7 @@ after(async () => { await server.close(); });
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 const del = (rl, key) => rl._backend.io.send(key, ['DEL', key]);
 
-test('concurrency: arguments checked, and the rate limiters refuse it', async () => {
+test('concurrency: arguments checked, and the rate limiters refuse it', T, async () => {
   const { client, close } = await connect(KINDS[0], server.port);
   try {
     const rl = new RateLimit(client, { timeoutMs: 2000 });
@@ -49,7 +51,7 @@ test('concurrency: arguments checked, and the rate limiters refuse it', async ()
 
 for (const kind of KINDS) {
   for (const backend of BACKENDS) {
-    test(`the guard releases on every exit path (${backend}, ${kind})`, async () => {
+    test(`the guard releases on every exit path (${backend}, ${kind})`, T, async () => {
       const { client, close } = await connect(kind, server.port);
       try {
         const rl = new RateLimit(client, { timeoutMs: 2000, backend });
@@ -113,7 +115,7 @@ for (const kind of KINDS) {
 }
 
 for (const backend of BACKENDS) {
-  test(`a hold longer than twice its lease keeps its unit by renewals (${backend})`, async () => {
+  test(`a hold longer than twice its lease keeps its unit by renewals (${backend})`, T, async () => {
     const { client, close } = await connect(KINDS[0], server.port);
     try {
       const rl = new RateLimit(client, { timeoutMs: 2000, backend });
@@ -132,7 +134,7 @@ for (const backend of BACKENDS) {
     } finally { await close(); }
   });
 
-  test(`a lease the server lost sets lost and stops renewing (${backend})`, async () => {
+  test(`a lease the server lost sets lost and stops renewing (${backend})`, T, async () => {
     const { client, close } = await connect(KINDS[0], server.port);
     try {
       const rl = new RateLimit(client, { timeoutMs: 2000, backend });
@@ -153,7 +155,7 @@ for (const backend of BACKENDS) {
     } finally { await close(); }
   });
 
-  test(`concurrent holds never pass the limit (${backend})`, async () => {
+  test(`concurrent holds never pass the limit (${backend})`, T, async () => {
     const { client, close } = await connect(KINDS[0], server.port);
     try {
       const rl = new RateLimit(client, { timeoutMs: 2000, backend });
@@ -182,7 +184,7 @@ for (const backend of BACKENDS) {
   });
 }
 
-test('with the breaker open, holds are local, bounded and released', async () => {
+test('with the breaker open, holds are local, bounded and released', T, async () => {
   const own = await startServer();
   const { client, close } = await connect(KINDS[0], own.port);
   try {
@@ -218,7 +220,7 @@ test('with the breaker open, holds are local, bounded and released', async () =>
 });
 
 for (const backend of BACKENDS) {
-  test(`a reservation gives back what it did not use, once (${backend})`, async () => {
+  test(`a reservation gives back what it did not use, once (${backend})`, T, async () => {
     const { client, close } = await connect(KINDS[0], server.port);
     try {
       const rl = new RateLimit(client, { timeoutMs: 2000, backend });
@@ -248,7 +250,7 @@ for (const backend of BACKENDS) {
     } finally { await close(); }
   });
 
-  test(`a reservation takes what it used beyond the estimate, even past the limit (${backend})`, async () => {
+  test(`a reservation takes what it used beyond the estimate, even past the limit (${backend})`, T, async () => {
     const { client, close } = await connect(KINDS[0], server.port);
     try {
       const rl = new RateLimit(client, { timeoutMs: 2000, backend });
