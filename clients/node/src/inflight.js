@@ -10,6 +10,7 @@ import { isConcurrency, checkInt } from './policy.js';
 const NEW = 0;
 const HELD = 1;
 const DONE = 2;
+const ACQUIRING = 3; // the ACQUIRE is out
 
 /** One hold: what inflight.run(key, fn) passes to fn. */
 export class Hold {
@@ -103,7 +104,7 @@ export class InFlight {
   /** Acquire a hold from hold(): its decision (source 'panic' when decided locally). */
   async acquire(h) {
     if (h._state !== NEW) throw new Error('a hold is acquired once');
-    h._state = DONE; // while the ACQUIRE is out: acquired once, whatever happens
+    h._state = ACQUIRING;
     const rl = this.rl;
     const be = rl._backend;
     const p = this.policy;
@@ -118,8 +119,16 @@ export class InFlight {
       d = this._localAcquire(h);
     }
     h.decision = rl.count(d);
-    if (!d.allowed) return d;
+    if (!d.allowed) {
+      h._state = DONE;
+      return d;
+    }
     h._state = HELD;
+    if (h._released !== null) { // released while the ACQUIRE was out: release what it took
+      h._released = this._release(h);
+      await h._released;
+      return d;
+    }
     if (!h._local) this._schedule(h);
     return d;
   }
@@ -172,7 +181,7 @@ export class InFlight {
       h._timer = null;
     }
     if (h._state !== HELD) {
-      h._state = DONE;
+      if (h._state !== ACQUIRING) h._state = DONE; // (acquire() releases once it knows)
       return;
     }
     h._state = DONE;

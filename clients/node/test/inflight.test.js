@@ -104,11 +104,17 @@ for (const kind of KINDS) {
         });
         await inf.run(k, async (j) => assert.ok(j.allowed && j.decision.remaining === 0, 'every unit came back'), { cost: 2 });
         await inf.run(k, async (big) => assert.ok(!big.allowed && big.decision.retryAfterMs === -1), { cost: 3 });
+        // released while its ACQUIRE was out: the units it took go back once it answers
+        const early = inf.hold(k, { cost: 2 });
+        const acquiring = inf.acquire(early);
+        await early.release();
+        assert.ok((await acquiring).allowed && !early.held);
+        await assert.rejects(inf.acquire(early), /acquired once/);
         assert.equal(Number(await rl._backend.io.send(k, ['EXISTS', k])), 0, 'the last release deleted the key');
         const m = rl.metrics();
         assert.equal(m.failures, 0);
-        // 17 acquires (the pre-aborted run sent none), 4 denied
-        assert.deepEqual([m[backend === 'module' ? 'decisionsModule' : 'decisionsLua'], m.denied], [17, 4]);
+        // 18 acquires (the pre-aborted run sent none), 4 denied
+        assert.deepEqual([m[backend === 'module' ? 'decisionsModule' : 'decisionsLua'], m.denied], [18, 4]);
       } finally { await close(); }
     });
   }
