@@ -115,7 +115,10 @@ export class InFlight {
       const ok = Number(r[0]) === 1;
       d = makeDecision(ok, ok ? h.cost : 0, Number(r[1]), Number(r[2]), Number(r[3]), Number(r[4]), p.name, p.name, be.source, EMPTY, p);
     } catch (e) {
-      if (!(e instanceof UnavailableError)) throw e;
+      if (!(e instanceof UnavailableError)) {
+        h._state = DONE; // an error reply (WRONGTYPE, …): nothing held
+        throw e;
+      }
       d = this._localAcquire(h);
     }
     h.decision = rl.count(d);

@@ -49,6 +49,12 @@ test('concurrency: arguments checked, and the rate limiters refuse it', T, async
     assert.equal(ids.size, 2);
     for (const id of ids) assert.match(id, /^[0-9a-f]{32}$/);
     await assert.rejects(inf.run('k', async () => {}, { cost: 0 }), RangeError);
+    // an error reply is thrown, not taken for an outage: nothing held, the body never runs
+    await rl._backend.io.send('rl:{wt}:s', ['SET', 'rl:{wt}:s', 'x']);
+    const h = inf.hold('rl:{wt}:s');
+    await assert.rejects(inf.run('rl:{wt}:s', async () => assert.fail('ran')), /WRONGTYPE/);
+    await assert.rejects(inf.acquire(h), /WRONGTYPE/);
+    assert.ok(!h.held && !h.allowed && inf.heldLocally('rl:{wt}:s') === 0);
   } finally { await close(); }
 });
 
