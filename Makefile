@@ -335,7 +335,7 @@ clients/node/node_modules/.installed: clients/node/package-lock.json
 # clients (iovalkey and GLIDE), runs on the servers of NODE_VALKEY_SERVERS
 # (Redis 7.0, Valkey 8.1 and 9.1) with the suites of NODE_VALKEY_TESTS (the
 # bound, the breaker, both backends and cluster routing, GLIDE's own, fixed
-# windows), and on the last of them NODE_VALKEY_ONCE too (leases across
+# windows, the in-flight guard), and on the last of them NODE_VALKEY_ONCE too (leases across
 # processes, strict mode and Sentinel: 50 s of the 90 s a server took).
 # The runs go CLIENTS_JOBS at a time (tools/lanes.sh). One junit file per
 # test file, then the matrix (rltesting.matrix).
@@ -343,7 +343,7 @@ NODE_DRIVERS ?= ioredis6,node-redis6 ioredis5,node-redis5 node-redis4
 NODE_NO_CLIENT := unit.test.js types.test.js
 NODE_VALKEY_DRIVERS ?= iovalkey,glide2
 NODE_VALKEY_SERVERS ?= redis7.0 valkey8.1 valkey9.1
-NODE_VALKEY_TESTS := bound.test.js breaker.test.js backends.test.js glide.test.js fixedwindow.test.js
+NODE_VALKEY_TESTS := bound.test.js breaker.test.js backends.test.js glide.test.js fixedwindow.test.js inflight.test.js
 NODE_VALKEY_ONCE := leased.test.js sentinel.test.js
 test-clients-node: build venv clients/node/node_modules/.installed client-lua  ## the Node client library: every driver line x server
 	@rm -rf $(CLIENTS_MATRIX)/node && mkdir -p $(CLIENTS_MATRIX)/node

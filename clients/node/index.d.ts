@@ -49,6 +49,22 @@ export function slidingLog(name: string, limit: number, windowMs: number): Polic
 export function slidingCounter(name: string, limit: number, windowMs: number): Policy;
 /** At most `limit` units per fixed window of `windowMs`, aligned on the epoch or (fromFirst) from the first grant; up to 2 x limit across one boundary. */
 export function fixedWindow(name: string, limit: number, windowMs: number, opts?: { fromFirst?: boolean }): Policy;
+/**
+ * An in-flight limit (RL.CONCURRENCY, twin concurrency.lua): at most `limit`
+ * units held at once on a key, each hold a lease of `leaseMs`. Not a rate:
+ * rl.inflight(policy) takes it; limiter(), leased() and allOf refuse it
+ * (TypeError).
+ */
+export function concurrency(name: string, limit: number, leaseMs: number): ConcurrencyPolicy;
+
+export interface ConcurrencyPolicy {
+  readonly kind: 'concurrency';
+  readonly name: string;
+  readonly limit: number;
+  /** leaseMs (the window for headers) */
+  readonly windowMs: number;
+}
+
 /** 1-16 distinct-named policies, all or nothing (RL.MULTI). Default name: the part names joined by '.' (RangeError when that is over 64 characters: give a name). */
 export function allOf(parts: Policy[], opts?: { name?: string }): AllOf;
 
@@ -79,7 +95,7 @@ export interface Decision {
   /** allOf: one Part per policy; empty for a single policy */
   readonly parts: readonly Part[];
   /** the policy object the decision was made for */
-  readonly rule: Policy | AllOf;
+  readonly rule: Policy | AllOf | ConcurrencyPolicy;
 }
 
 export interface LimitOptions { cost?: number; partial?: boolean; dryRun?: boolean }
@@ -152,7 +168,63 @@ export class RateLimit {
   detect(): Promise<'module' | 'lua'>;
   limiter(policy: Policy | AllOf, opts?: { panic?: Panic | PanicOptions; maxKeys?: number }): Limiter;
   leased(policy: Policy, opts?: LeasedOptions): LeasedLimiter;
+  /** An in-flight limit: holds renewed every renewMs (default max(1, floor(leaseMs / 3))); panic: the local limit under the breaker. */
+  inflight(policy: ConcurrencyPolicy, opts?: { renewMs?: number; panic?: Panic | PanicOptions }): InFlight;
   metrics(): Metrics;
+}
+
+/** One hold of an in-flight limit: what run() passes to its body. */
+export class Hold {
+  /** 32 lowercase hex: 128 random bits, one per hold */
+  readonly id: string;
+  readonly key: string;
+  readonly cost: number;
+  /** the ACQUIRE's decision (source 'panic' when decided locally); null before it */
+  readonly decision: Decision | null;
+  /** the units are held (false after a denial) */
+  readonly allowed: boolean;
+  /** held now: acquired, granted, not yet released */
+  readonly held: boolean;
+  /** a renewal found the lease lapsed: the work is no longer counted, renewals stopped */
+  readonly lost: boolean;
+  /** renewals the server answered 1 */
+  readonly renewals: number;
+  /** release now (once; run() does it on exit otherwise) */
+  release(): Promise<void>;
+}
+
+export class InFlight {
+  readonly policy: ConcurrencyPolicy;
+  readonly leaseMs: number;
+  readonly renewMs: number;
+  /**
+   * Acquire `cost` units on `key`, run fn(h) (also when denied: check
+   * h.allowed), release on every exit: return, throw, rejection, or
+   * `signal` aborting (run then rejects with signal.reason at once).
+   */
+  run<T>(key: string, fn: (h: Hold) => T | Promise<T>, opts?: { cost?: number; signal?: AbortSignal }): Promise<T>;
+  /** a hold not yet acquired (acquire it, release it yourself) */
+  hold(key: string, opts?: { cost?: number }): Hold;
+  acquire(h: Hold): Promise<Decision>;
+  /** units held on `key` by the local in-flight limit (breaker open) */
+  heldLocally(key: string): number;
+}
+
+/** Limiter.reserve's handle: settle(actual) once. */
+export class Reservation {
+  readonly key: string | string[];
+  readonly estimate: number;
+  /** the decision on limit(key, {cost: estimate}) */
+  readonly decision: Decision;
+  readonly allowed: boolean;
+  /** settle() was called */
+  readonly settled: boolean;
+  /**
+   * REFUND (estimate - actual), COST (actual - estimate) FORCE, or nothing
+   * (null; also for a denied or panic-decided reservation). A second call
+   * throws and sends nothing.
+   */
+  settle(actual: number): Promise<Decision | null>;
 }
 
 export class Limiter {
@@ -160,6 +232,10 @@ export class Limiter {
   /** allOf: one key (each part uses `${key}:${part.name}`) or one key per part */
   limit(key: string | string[], opts?: LimitOptions): Promise<Decision>;
   refund(key: string | string[], n: number): Promise<Decision>;
+  /** limit(key, {cost: estimate}) as a handle to settle with the real cost */
+  reserve(key: string | string[], estimate: number): Promise<Reservation>;
+  /** COST n FORCE: taken even past the limit (a debt later calls wait out) */
+  debit(key: string | string[], n: number): Promise<Decision>;
 }
 
 export interface LeasedOptions {

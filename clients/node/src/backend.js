@@ -11,7 +11,7 @@ import { keySlot } from './keys.js';
 import { glideAdapter, glideKind } from './glide.js';
 
 const LUA_DIR = new URL('../lua/', import.meta.url);
-const SCRIPT_NAMES = ['tokenbucket', 'slidinglog', 'slidingcounter', 'fixedwindow', 'multi'];
+const SCRIPT_NAMES = ['tokenbucket', 'slidinglog', 'slidingcounter', 'fixedwindow', 'multi', 'concurrency'];
 
 /** The Lua twins shipped in this package: {name: {text, sha}} (multi when present). */
 export const SCRIPTS = {};
@@ -219,6 +219,21 @@ export class Backend {
     return this.script('multi', keys, [...limits, ...tail], grants(opt));
   }
 
+  /**
+   * RL.CONCURRENCY (twin concurrency.lua): `action` ACQUIRE | RENEW |
+   * RELEASE for `id`, ACQUIRE with COST `cost` when not 1. An ACQUIRE is a
+   * grant (strict mode waits for its copy).
+   */
+  async concurrency(policy, key, action, id, cost = 1) {
+    if (this.source === null || (this.source === 'module' && this.hasModuleMulti === null)) await this.detect();
+    const args = [...policy.args, action, id];
+    if (cost !== 1) args.push('COST', String(cost));
+    const grant = action === 'ACQUIRE';
+    if (this.source === 'module') return this.run(key, [policy.command, key, ...args], grant);
+    if (!SCRIPTS.concurrency) throw new BackendError('this package ships no concurrency.lua: inflight() needs the module');
+    return this.script('concurrency', [key], args, grant);
+  }
+
   async run(firstKey, args, grant) {
     try {
       if (grant && this.strict) return await this.waited(firstKey, [args]);
@@ -287,8 +302,9 @@ function optionArgs(opt) {
     a.push('REFUND', String(opt.refund));
     return a;
   }
-  if (opt.cost !== undefined && opt.cost !== 1) a.push('COST', String(opt.cost));
+  if (opt.cost !== undefined && (opt.cost !== 1 || opt.force)) a.push('COST', String(opt.cost));
   if (opt.partial) a.push('PARTIAL');
+  if (opt.force) a.push('FORCE'); // a debit: taken even past the limit
   if (opt.dryRun) a.push('DRYRUN');
   return a;
 }

@@ -1,8 +1,10 @@
-export { tokenBucket, slidingLog, slidingCounter, fixedWindow, allOf } from './policy.js';
+export { tokenBucket, slidingLog, slidingCounter, fixedWindow, concurrency, allOf } from './policy.js';
 export { makeKey, keySlot, assertSameSlot, CrossSlotError } from './keys.js';
 export { RateLimit, Limiter } from './ratelimit.js';
 export { UnavailableError, UnsupportedError } from './decision.js';
 export { LeasedLimiter } from './leased.js';
+export { InFlight, Hold } from './inflight.js';
+export { Reservation } from './reserve.js';
 export { Breaker, Panic } from './breaker.js';
 export { headers, problem } from './headers.js';
 export { SCRIPTS, BackendError } from './backend.js';

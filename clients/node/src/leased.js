@@ -4,7 +4,7 @@
 // takes no I/O. Refills run in the background, one per key at a time. Idle
 // or evicted keys give their unused tokens back with REFUND.
 import { performance } from 'node:perf_hooks';
-import { isPolicy, checkInt } from './policy.js';
+import { isPolicy, isConcurrency, notARate, checkInt } from './policy.js';
 import { UnavailableError, makeDecision, decodeSingle, EMPTY } from './decision.js';
 import { Deadline, PanicBuckets, toPanic } from './breaker.js';
 
@@ -33,6 +33,7 @@ class Entry {
 
 export class LeasedLimiter {
   constructor(rl, policy, { batch = 50, lowWater = 0.2, maxKeys = 10000, idleMs = 5000, recheckMs = 250, panic } = {}) {
+    if (isConcurrency(policy)) throw notARate('leased()', policy);
     if (!isPolicy(policy)) throw new RangeError('leased() takes a single policy (allOf leases are not supported)');
     this.rl = rl;
     this.policy = policy;

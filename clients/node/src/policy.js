@@ -25,7 +25,7 @@ function ceilMulDiv(a, b, c) {
 
 class Policy {
   constructor(kind, name, limit, windowMs, args, weight = 1, fromFirst = false) {
-    this.kind = kind; // 'tokenBucket' | 'slidingLog' | 'slidingCounter' | 'fixedWindow'
+    this.kind = kind; // 'tokenBucket' | 'slidingLog' | 'slidingCounter' | 'fixedWindow' | 'concurrency'
     this.name = name;
     this.limit = limit;
     this.windowMs = windowMs;
@@ -52,9 +52,14 @@ class Policy {
 
 const COMMAND = {
   tokenBucket: 'RL.TOKENBUCKET', slidingLog: 'RL.SLIDINGLOG', slidingCounter: 'RL.SLIDINGCOUNTER', fixedWindow: 'RL.FIXEDWINDOW',
+  concurrency: 'RL.CONCURRENCY',
 };
-const MULTI_NAME = { tokenBucket: 'TOKENBUCKET', slidingLog: 'SLIDINGLOG', slidingCounter: 'SLIDINGCOUNTER', fixedWindow: 'FIXEDWINDOW' };
-const SCRIPT = { tokenBucket: 'tokenbucket', slidingLog: 'slidinglog', slidingCounter: 'slidingcounter', fixedWindow: 'fixedwindow' };
+const MULTI_NAME = {
+  tokenBucket: 'TOKENBUCKET', slidingLog: 'SLIDINGLOG', slidingCounter: 'SLIDINGCOUNTER', fixedWindow: 'FIXEDWINDOW', concurrency: 'CONCURRENCY',
+};
+const SCRIPT = {
+  tokenBucket: 'tokenbucket', slidingLog: 'slidinglog', slidingCounter: 'slidingcounter', fixedWindow: 'fixedwindow', concurrency: 'concurrency',
+};
 
 /** A token bucket: at most `capacity`, regains `rate` tokens every `periodMs`. */
 export function tokenBucket(name, capacity, rate, periodMs) {
@@ -96,6 +101,19 @@ export function fixedWindow(name, limit, windowMs, { fromFirst = false } = {}) {
   return new Policy('fixedWindow', name, limit, windowMs, [limit, windowMs], 1, fromFirst);
 }
 
+/**
+ * An in-flight limit (RL.CONCURRENCY, twin concurrency.lua): at most
+ * `limit` units held at once on a key, each hold a lease of `leaseMs` on the
+ * server's clock. Not a rate: use it with rl.inflight(policy); limiter(),
+ * leased() and allOf refuse it. Its windowMs (for headers) is leaseMs.
+ */
+export function concurrency(name, limit, leaseMs) {
+  checkName(name);
+  checkInt('limit', limit);
+  checkInt('leaseMs', leaseMs);
+  return new Policy('concurrency', name, limit, leaseMs, [limit, leaseMs]);
+}
+
 class AllOf {
   constructor(parts, name) {
     this.kind = 'allOf';
@@ -111,6 +129,7 @@ export function allOf(parts, { name } = {}) {
     throw new RangeError('allOf takes an array of 1 to 16 policies');
   }
   for (const p of parts) {
+    if (p instanceof Policy && p.kind === 'concurrency') throw notARate('allOf', p);
     if (!(p instanceof Policy)) throw new TypeError('allOf parts must be tokenBucket / slidingLog / slidingCounter / fixedWindow policies');
   }
   if (new Set(parts.map((p) => p.name)).size !== parts.length) throw new RangeError('allOf parts need distinct names');
@@ -124,4 +143,11 @@ export function allOf(parts, { name } = {}) {
 }
 
 export function isPolicy(p) { return p instanceof Policy; }
+/** A rate policy (not concurrency): what limiter(), leased() and allOf take. */
+export function isRate(p) { return p instanceof Policy && p.kind !== 'concurrency'; }
+export function isConcurrency(p) { return p instanceof Policy && p.kind === 'concurrency'; }
+/** The TypeError for a concurrency policy given where a rate is expected. */
+export function notARate(what, p) {
+  return new TypeError(`${what} takes rates; concurrency "${p.name}" is an in-flight limit: use rl.inflight(policy)`);
+}
 export function isAllOf(p) { return p instanceof AllOf; }

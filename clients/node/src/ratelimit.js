@@ -4,9 +4,11 @@ import { performance } from 'node:perf_hooks';
 import { Backend, BackendError, strictWait } from './backend.js';
 import { Breaker, Deadline, PanicBuckets, TIMEOUT, toPanic } from './breaker.js';
 import { EMPTY, UnavailableError, UnsupportedError, makeDecision, decodeSingle } from './decision.js';
-import { isPolicy, isAllOf, checkInt } from './policy.js';
+import { isPolicy, isAllOf, isConcurrency, notARate, checkInt } from './policy.js';
 import { assertSameSlot } from './keys.js';
 import { LeasedLimiter } from './leased.js';
+import { InFlight } from './inflight.js';
+import { Reservation } from './reserve.js';
 
 const OPEN = new UnavailableError('circuit breaker open');
 // Errors that mean "the server answered": not an availability failure,
@@ -47,6 +49,9 @@ export class RateLimit {
   limiter(policy, { panic, maxKeys = 10000 } = {}) { return new Limiter(this, policy, toPanic(panic), maxKeys); }
 
   leased(policy, opts = {}) { return new LeasedLimiter(this, policy, opts); }
+
+  /** An in-flight limit on a concurrency policy: inflight(policy, {renewMs, panic}). */
+  inflight(policy, { renewMs, panic } = {}) { return new InFlight(this, policy, renewMs, toPanic(panic)); }
 
   metrics() {
     const b = this.breaker;
@@ -113,6 +118,7 @@ export class RateLimit {
 /** Decides every call on Redis (one call per decision); panic limits while it is unavailable. */
 export class Limiter {
   constructor(rl, policy, panic, maxKeys) {
+    if (isConcurrency(policy)) throw notARate('limiter()', policy);
     if (!isPolicy(policy) && !isAllOf(policy)) throw new TypeError('limiter needs a policy (tokenBucket, slidingLog, slidingCounter, fixedWindow or allOf)');
     this.rl = rl;
     this.policy = policy;
@@ -237,6 +243,30 @@ export class Limiter {
         remaining: v.remaining, retryAfterMs: v.retryAfterMs, resetAfterMs: v.resetAfterMs })))
       : EMPTY;
     return makeDecision(allowed, g, b.limit, b.remaining, retry, b.resetAfterMs, rule.name, pp[bi].name, 'panic', parts, rule);
+  }
+
+  /**
+   * await reserve(key, estimate) -> Reservation: limit(key, {cost:
+   * estimate}), then settle(actual) once with the real cost.
+   */
+  async reserve(key, estimate) {
+    checkInt('estimate', estimate);
+    return new Reservation(this, key, estimate, await this.limit(key, { cost: estimate }));
+  }
+
+  /** COST n FORCE (a reservation's settle): taken even past the limit. Throws UnavailableError when Redis is. */
+  async debit(key, n) {
+    checkInt('debit', n);
+    const rl = this.rl;
+    const be = rl._backend;
+    const opt = { cost: n, force: true };
+    if (!this.multi) {
+      const p = this.policy;
+      const x = decodeSingle(await rl.call(() => be.single(p, key, opt)), n, false);
+      return makeDecision(x.granted === n, x.granted, x.limit, x.remaining, x.retryAfterMs, x.resetAfterMs, p.name, p.name, be.source, EMPTY, p);
+    }
+    const keys = this.keysFor(key);
+    return this.decodeMulti(await rl.call(() => this.multiCall(keys, opt)), n, false, be.source);
   }
 
   /** await refund(key, n) -> Decision with granted = units given back. */

@@ -148,10 +148,10 @@ test('the packaged Lua scripts are the project\'s lua/ (python3 lua/build.py wri
   assert.deepEqual(have, want);
   for (const f of want) {
     assert.equal(readFileSync(new URL(`../lua/${f}`, import.meta.url), 'utf8'), readFileSync(new URL(f, src), 'utf8'), f);
-    // every script but RL.CONCURRENCY's twin is loaded (this client has no in-flight limits yet)
-    if (f !== 'concurrency.lua') assert.ok(SCRIPTS[f.replace('.lua', '')].sha.match(/^[0-9a-f]{40}$/), f);
+    // every script is loaded (RL.CONCURRENCY's twin too: the in-flight guard)
+    assert.ok(SCRIPTS[f.replace('.lua', '')].sha.match(/^[0-9a-f]{40}$/), f);
   }
-  assert.deepEqual(Object.keys(SCRIPTS).sort(), want.filter((f) => f !== 'concurrency.lua').map((f) => f.replace('.lua', '')).sort());
+  assert.deepEqual(Object.keys(SCRIPTS).sort(), want.map((f) => f.replace('.lua', '')).sort());
 });
 
 test('src/ has no import cycle (decisions and errors in decision.js, Panic beside the breaker)', () => {

@@ -1,7 +1,7 @@
 // Compiled by tsc --noEmit in types.test.js: the declarations describe the API as used.
 import {
-  RateLimit, tokenBucket, slidingLog, fixedWindow, allOf, Panic, headers, problem, makeKey, keySlot, expressRateLimit,
-  GlideReplyError, type Decision, type Metrics, type GlideLike,
+  RateLimit, tokenBucket, slidingLog, fixedWindow, concurrency, allOf, Panic, headers, problem, makeKey, keySlot, expressRateLimit,
+  GlideReplyError, type Decision, type Metrics, type GlideLike, type Hold, type Reservation,
 } from 'redis-ratelimit';
 import { GlideClient, GlideClusterClient } from '@valkey/valkey-glide';
 import { Redis as Valkey, Cluster as ValkeyCluster } from 'iovalkey';
@@ -28,6 +28,17 @@ async function f(): Promise<void> {
   void s; void m; void u; void mw; void (await lim.close());
   // @ts-expect-error: a leased limiter takes a single policy
   rl.leased(both);
+  // in-flight limits and reservations (issue 46)
+  const jobs = concurrency('jobs', 10, 30000);
+  const inflight = rl.inflight(jobs, { renewMs: 5000, panic: { limit: 2 } });
+  const out: string = await inflight.run('k', async (hd: Hold) => (hd.allowed && !hd.lost ? hd.id : 'busy'), { cost: 2, signal: new AbortController().signal });
+  const r: Reservation = await rl.limiter(api).reserve('k', 600);
+  const settled: Decision | null = await r.settle(100);
+  void out; void settled; void inflight.heldLocally('k');
+  // @ts-expect-error: a concurrency policy is not a rate
+  rl.limiter(jobs);
+  // @ts-expect-error: nor inside allOf
+  allOf([jobs]);
 }
 void f;
 
