@@ -32,16 +32,6 @@ def names():
     return [k["name"] for k in kinds()]
 
 
-# The kinds the Node client makes policies of: the rate limits. RL.CONCURRENCY
-# is not a rate policy; the Python client has it (its in-flight guard, issue
-# 46's item 3), the Node client's guard adds it here.
-NOT_IN_CLIENTS = {"concurrency"}
-
-
-def client_kinds():
-    return [k for k in kinds() if k["name"] not in NOT_IN_CLIENTS]
-
-
 def test_the_catalogue_lists_the_five_kinds():
     assert names() == ["tokenbucket", "slidinglog", "slidingcounter", "fixedwindow", "concurrency"]
 
@@ -82,7 +72,8 @@ def test_the_python_client_knows_every_kind():
 NODE_PROBE = """
 import * as rl from './src/policy.js';
 const made = [rl.tokenBucket('a', 5, 1, 1000), rl.slidingLog('a', 5, 1000),
-              rl.slidingCounter('a', 5, 1000), rl.fixedWindow('a', 5, 1000)];
+              rl.slidingCounter('a', 5, 1000), rl.fixedWindow('a', 5, 1000),
+              rl.concurrency('a', 5, 1000)];
 console.log(JSON.stringify(made.map(p => ({command: p.command, word: p.multiName,
                                            script: p.script, nargs: p.params.length}))));
 """
@@ -95,11 +86,12 @@ def test_the_node_client_knows_every_kind():
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     want = [{"command": k["command"], "word": k["word"], "script": k["name"], "nargs": len(k["args"])}
-            for k in client_kinds()]
+            for k in kinds()]
     assert got == want
     with open(os.path.join(node, "src", "backend.js")) as f:
         scripts = re.search(r"SCRIPT_NAMES = \[([^\]]*)\]", f.read()).group(1)
-    assert re.findall(r"'([a-z]+)'", scripts) == [k["name"] for k in client_kinds()] + ["multi"]
+    rates = [k["name"] for k in kinds() if k["name"] != "concurrency"]
+    assert re.findall(r"'([a-z]+)'", scripts) == rates + ["multi", "concurrency"]
 
 
 def test_module_info_counters_and_events_are_the_catalogue_s(server_factory):
