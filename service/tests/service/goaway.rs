@@ -177,11 +177,12 @@ async fn an_old_connection_gets_goaway_and_no_request_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_still_open_after_the_grace_ends_with_its_connection() {
     // Redis stopped: a decision would wait for REDIS_TIMEOUT (60 s); the
-    // connection's age (1 s) and grace (1 s) end it first
+    // connection's age (3 s: room for the first request on a loaded
+    // machine, which must end before it) and grace (1 s) end it first
     let e = Env::start(
         "grace",
         CONFIG,
-        &[("GRPC_MAX_CONNECTION_AGE", "1s"), ("GRPC_MAX_CONNECTION_AGE_GRACE", "1s"), ("REDIS_TIMEOUT", "60s")],
+        &[("GRPC_MAX_CONNECTION_AGE", "3s"), ("GRPC_MAX_CONNECTION_AGE_GRACE", "1s"), ("REDIS_TIMEOUT", "60s")],
     )
     .await;
     let (channel, conns) = spied(e.grpc).await;
