@@ -28,7 +28,7 @@ public class RlAutoConfiguration {
     @Bean(destroyMethod = "close")
     @ConditionalOnMissingBean
     RlCommands rlCommands(RlProperties props) {
-        return new RlCommands(props.getRedisUri());
+        return new RlCommands(props.getRedisUri(), props.getBreaker()::newBreaker);
     }
 
     /** Where the application has no registry (no actuator), one of the starter's own, so the counters exist. */

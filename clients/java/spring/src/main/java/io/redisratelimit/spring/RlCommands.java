@@ -3,12 +3,14 @@ package io.redisratelimit.spring;
 import java.time.Duration;
 import java.util.Map;
 import java.util.concurrent.ConcurrentHashMap;
+import java.util.function.Supplier;
 
 import io.lettuce.core.ClientOptions;
 import io.lettuce.core.RedisClient;
 import io.lettuce.core.RedisURI;
 import io.lettuce.core.api.StatefulRedisConnection;
 import io.lettuce.core.codec.StringCodec;
+import io.redisratelimit.Breaker;
 import io.redisratelimit.Decision;
 import io.redisratelimit.Limiter;
 import io.redisratelimit.Policy;
@@ -39,11 +41,15 @@ public final class RlCommands implements AutoCloseable {
     /** The library on the current connection: one RateLimit per timeout, one Limiter per policy. */
     private volatile Library library;
 
-    private record Library(StatefulRedisConnection<String, String> connection,
+    /** A breaker for each RateLimit (the library's defaults unless ratelimit.breaker.* says otherwise). */
+    private final Supplier<Breaker> breakers;
+
+    private record Library(StatefulRedisConnection<String, String> connection, Supplier<Breaker> breakers,
                            Map<Long, RateLimit> byTimeout, Map<String, Limiter> limiters) {
         Limiter limiter(long timeoutMs, String name, Policy policy) {
             return limiters.computeIfAbsent(timeoutMs + " " + name, k -> byTimeout.computeIfAbsent(timeoutMs,
-                t -> RateLimit.lettuce(connection, RateLimit.options().timeoutMs(t))).limiter(policy));
+                t -> RateLimit.lettuce(connection, RateLimit.options().timeoutMs(t).breaker(breakers.get())))
+                .limiter(policy));
         }
     }
 
@@ -54,6 +60,12 @@ public final class RlCommands implements AutoCloseable {
      * disconnected Lettuce rejects commands rather than queueing them.
      */
     public RlCommands(String uri) {
+        this(uri, Breaker::new);
+    }
+
+    /** As above, each RateLimit with a breaker from {@code breakers} (ratelimit.breaker.*). */
+    public RlCommands(String uri, Supplier<Breaker> breakers) {
+        this.breakers = breakers;
         this.uri = RedisURI.create(uri);
         this.client = RedisClient.create();
         this.client.setOptions(ClientOptions.builder()
@@ -80,7 +92,7 @@ public final class RlCommands implements AutoCloseable {
     }
 
     private void use(StatefulRedisConnection<String, String> c) {
-        library = new Library(c, new ConcurrentHashMap<>(), new ConcurrentHashMap<>());
+        library = new Library(c, breakers, new ConcurrentHashMap<>(), new ConcurrentHashMap<>());
         connection = c;
     }
 
@@ -124,6 +136,19 @@ public final class RlCommands implements AutoCloseable {
         Library lib = library;
         return lib == null ? null : lib.byTimeout().values().stream().map(r -> String.valueOf(r.backend()))
             .findFirst().orElse(null);
+    }
+
+    /**
+     * The client library's counters and its breaker's state (RateLimit.metrics()),
+     * one map per call timeout in milliseconds; empty before the first call.
+     */
+    public Map<Long, Map<String, Object>> libraryMetrics() {
+        Library lib = library;
+        Map<Long, Map<String, Object>> m = new java.util.TreeMap<>();
+        if (lib != null) {
+            lib.byTimeout().forEach((t, rl) -> m.put(t, rl.metrics()));
+        }
+        return m;
     }
 
     @Override

@@ -30,7 +30,7 @@ import reactor.core.publisher.Mono;
  * failing, counts in {@code rate_limit.redis.failures} and is decided
  * without Redis: let through (OPEN) or by a local bucket of limit /
  * panic-divisor (PANIC). Every decision counts in {@code rate_limit.decisions}
- * (tag outcome) and {@code rate_limit.decision} (a timer).
+ * (tag outcome) and {@code rate_limit.decision} (a timer, tag route).
  */
 public class RlGlobalFilter implements GlobalFilter, Ordered {
 
@@ -39,7 +39,8 @@ public class RlGlobalFilter implements GlobalFilter, Ordered {
     private final RlProperties props;
     private final MeterRegistry registry;
     private final Counter failures;
-    private final Timer decisionTime;
+    /** rate_limit.decision per route: one route's latency is not hidden by another's. */
+    private final Map<String, Timer> decisionTime = new ConcurrentHashMap<>();
     private final Map<String, LocalBucket> panic = new ConcurrentHashMap<>();
 
     public RlGlobalFilter(RlCommands redis, RuleStore rules, RlProperties props, MeterRegistry registry) {
@@ -49,7 +50,6 @@ public class RlGlobalFilter implements GlobalFilter, Ordered {
         this.registry = registry;
         this.failures = Counter.builder("rate_limit.redis.failures").tag("limiter", "global-filter")
             .register(registry);
-        this.decisionTime = Timer.builder("rate_limit.decision").register(registry);
     }
 
     @Override
@@ -77,7 +77,8 @@ public class RlGlobalFilter implements GlobalFilter, Ordered {
             .map(r -> new Decision(r[0] != 0, r[1], r[2], r[3], r[4], r[0] != 0 ? "allowed" : "denied"))
             .onErrorResume(e -> Mono.just(withoutRedis(key, rule)))
             .flatMap(d -> {
-                decisionTime.record(System.nanoTime() - start, java.util.concurrent.TimeUnit.NANOSECONDS);
+                decisionTime.computeIfAbsent(routeId, r -> Timer.builder("rate_limit.decision").tag("route", r)
+                    .register(registry)).record(System.nanoTime() - start, java.util.concurrent.TimeUnit.NANOSECONDS);
                 registry.counter("rate_limit.decisions", "outcome", d.outcome).increment();
                 HttpHeaders h = exchange.getResponse().getHeaders();
                 h.set("X-RateLimit-Limit", Long.toString(d.limit));

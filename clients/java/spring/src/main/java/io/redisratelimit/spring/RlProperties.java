@@ -18,6 +18,7 @@ public class RlProperties {
     private RateLimiter rateLimiter = new RateLimiter();
     private Filter filter = new Filter();
     private Rules rules = new Rules();
+    private Breaker breaker = new Breaker();
 
     public String getRedisUri() { return redisUri; }
     public void setRedisUri(String v) { redisUri = v; }
@@ -26,6 +27,38 @@ public class RlProperties {
     public RateLimiter getRateLimiter() { return rateLimiter; }
     public Filter getFilter() { return filter; }
     public Rules getRules() { return rules; }
+    public Breaker getBreaker() { return breaker; }
+
+    /**
+     * The client library's circuit breaker, one per call timeout (clients/DESIGN.md,
+     * "Circuit breaker"): open after {@code failures} consecutive failures, or when the
+     * p95 of the last {@code latencyWindow} calls stays above {@code latencyBudget} for
+     * {@code latencyPeriod}; open, every decision is the on-failure one, for {@code open}.
+     * The defaults are the library's.
+     */
+    public static class Breaker {
+        private int failures = 5;
+        private Duration latencyBudget = Duration.ofMillis(50);
+        private Duration latencyPeriod = Duration.ofMillis(1000);
+        private int latencyWindow = 64;
+        private Duration open = Duration.ofMillis(1000);
+        public int getFailures() { return failures; }
+        public void setFailures(int v) { failures = v; }
+        public Duration getLatencyBudget() { return latencyBudget; }
+        public void setLatencyBudget(Duration v) { latencyBudget = v; }
+        public Duration getLatencyPeriod() { return latencyPeriod; }
+        public void setLatencyPeriod(Duration v) { latencyPeriod = v; }
+        public int getLatencyWindow() { return latencyWindow; }
+        public void setLatencyWindow(int v) { latencyWindow = v; }
+        public Duration getOpen() { return open; }
+        public void setOpen(Duration v) { open = v; }
+
+        /** A new breaker with these settings (each RateLimit owns one). */
+        public io.redisratelimit.Breaker newBreaker() {
+            return new io.redisratelimit.Breaker(failures, latencyBudget.toMillis(), latencyPeriod.toMillis(),
+                latencyWindow, open.toMillis());
+        }
+    }
 
     /** The RedisRateLimiter replacement. */
     public static class RateLimiter {

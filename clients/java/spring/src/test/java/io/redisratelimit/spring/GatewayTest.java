@@ -67,6 +67,9 @@ class GatewayTest {
         p.put("spring.data.redis.port", Integer.toString(redis.port));
         p.put("ratelimit.redis-uri", redis.uri());
         p.put("ratelimit.timeout", "5s");
+        // A loaded machine's 5,000 parallel requests are slow, not failing: the breaker's
+        // latency budget goes with the 5 s timeout (the library's 50 ms tripped it).
+        p.put("ratelimit.breaker.latency-budget", "5s");
         p.put("ratelimit.filter.enabled", "true");
         p.put("ratelimit.filter.route-ids", "tenant,bucket,pg,stop,open");
         p.put("ratelimit.filter.on-failure", "panic");
@@ -110,12 +113,40 @@ class GatewayTest {
         }
     }
 
-    static HttpResponse<String> get(String path, String... headers) throws Exception {
+    static HttpRequest request(String path, String... headers) {
         HttpRequest.Builder b = HttpRequest.newBuilder(URI.create(base + path)).timeout(Duration.ofSeconds(30));
         for (int i = 0; i < headers.length; i += 2) {
             b.header(headers[i], headers[i + 1]);
         }
-        return http.send(b.build(), HttpResponse.BodyHandlers.ofString());
+        return b.build();
+    }
+
+    static HttpResponse<String> get(String path, String... headers) throws Exception {
+        return http.send(request(path, headers), HttpResponse.BodyHandlers.ofString());
+    }
+
+    /**
+     * One request on a connection of its own. Reactor Netty 1.3.6 (Spring Boot
+     * 4.0.7's) can stop reading a keep-alive connection (reactor/reactor-netty#4361,
+     * docs/java.md "Keep-alive stall"): a request that arrives before the previous
+     * response's operations have terminated (a response written from another
+     * thread, after a Redis reply or the upstream's) is queued, and when it is
+     * answered synchronously as it is dequeued (the RequestRateLimiter's
+     * deny-empty-key 403, a burstCapacity 0 route), the connection's next request
+     * is never read. The route scenarios answer synchronously, so each of their
+     * requests has a connection of its own: the same assertions, on a server
+     * behaviour that is not the starter's.
+     */
+    static HttpResponse<String> getAlone(String path, String... headers) throws Exception {
+        HttpClient alone = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1)
+            .connectTimeout(Duration.ofSeconds(10)).build();
+        try {
+            return alone.send(request(path, headers), HttpResponse.BodyHandlers.ofString());
+        } finally {
+            if (alone instanceof AutoCloseable c) {
+                c.close(); // JDK 21 and later; on 17 the idle connection goes with the client
+            }
+        }
     }
 
     static String h(HttpResponse<?> r, String name) {
@@ -166,7 +197,7 @@ class GatewayTest {
             List<Long> remainings = new ArrayList<>();
             long startUs = redis.timeUs();
             for (int i = 0; i < 4; i++) {
-                HttpResponse<String> r = get("/burst" + suffix + "/x", "X-Key", key);
+                HttpResponse<String> r = getAlone("/burst" + suffix + "/x", "X-Key", key);
                 assertEquals(i < 3 ? 200 : 429, r.statusCode(), "burst" + suffix + " request " + (i + 1));
                 if (i < 3) {
                     assertEquals("ok", r.body());
@@ -191,12 +222,12 @@ class GatewayTest {
             assertEquals("1000", headers.get(0).get("x-ratelimit-requested-tokens"));
             seen.put(suffix, headers);
 
-            assertEquals(403, get("/burst" + suffix + "/x").statusCode(), "deny-empty-key, empty-key-status 403");
-            HttpResponse<String> z = get("/zero" + suffix + "/x", "X-Key", key);
+            assertEquals(403, getAlone("/burst" + suffix + "/x").statusCode(), "deny-empty-key, empty-key-status 403");
+            HttpResponse<String> z = getAlone("/zero" + suffix + "/x", "X-Key", key);
             assertEquals(429, z.statusCode(), "burstCapacity 0 blocks everything");
         }
         assertEquals(seen.get("-spring"), seen.get(""), "the same X-RateLimit-* headers as Spring's");
-        HttpResponse<String> denied = get("/burst/x", "X-Key", "caller-x");
+        HttpResponse<String> denied = getAlone("/burst/x", "X-Key", "caller-x");
         assertTrue(denied.statusCode() == 200 || h(denied, "Retry-After") == null);
     }
 
@@ -322,7 +353,8 @@ class GatewayTest {
         long spanMs = (redis.timeUs() - t0) / 1000;
         assertEquals(0, other.get(), "every request answered 200 or 429 with Retry-After");
         assertEquals(failuresBefore, count("rate_limit.redis.failures", "limiter", "global-filter"),
-            "no Redis failure: every decision is the module's");
+            "no Redis failure: every decision is the module's; the library: "
+            + ctx.getBean(RlCommands.class).libraryMetrics());
         Assumptions.assumeTrue(spanMs < 60_000, "the run took " + spanMs + " ms on the server's clock:"
             + " past a minute the log may grant again, so the count cannot be judged");
         assertEquals(100, ok.get(), "exactly 100 of 5,000 (" + limited.get() + " limited)");
@@ -439,7 +471,10 @@ class GatewayTest {
         double failures = count("rate_limit.redis.failures", "limiter", "global-filter");
         double panicAllowed = count("rate_limit.decisions", "outcome", "panic_allowed");
         double panicDenied = count("rate_limit.decisions", "outcome", "panic_denied");
-        long maxBefore = (long) reg.find("rate_limit.decision").timer().max(java.util.concurrent.TimeUnit.MILLISECONDS);
+        // The stop route's own timer: its max is of the last two minutes, and the 5,000
+        // parallel requests' decisions on the other routes may be slower than the bound.
+        var before = reg.find("rate_limit.decision").tags("route", "stop").timer();
+        long countBefore = before == null ? 0 : before.count();
         redis.signal("STOP");
         int n = 10;
         List<Integer> statuses = new ArrayList<>();
@@ -456,8 +491,10 @@ class GatewayTest {
         assertEquals(failures + n, count("rate_limit.redis.failures", "limiter", "global-filter"));
         assertEquals(panicAllowed + 3, count("rate_limit.decisions", "outcome", "panic_allowed"));
         assertEquals(panicDenied + 7, count("rate_limit.decisions", "outcome", "panic_denied"));
-        double maxMs = reg.find("rate_limit.decision").timer().max(java.util.concurrent.TimeUnit.MILLISECONDS);
+        var timer = reg.find("rate_limit.decision").tags("route", "stop").timer();
+        assertEquals(countBefore + n, timer.count(), "every decision timed on the stop route's timer");
+        double maxMs = timer.max(java.util.concurrent.TimeUnit.MILLISECONDS);
         assertTrue(maxMs >= STOP_TIMEOUT_MS, "the timeout was waited for: " + maxMs);
-        assertTrue(maxMs <= STOP_TIMEOUT_MS + DECISION_BOUND_MS, "slowest decision " + maxMs + " ms (before: " + maxBefore + ")");
+        assertTrue(maxMs <= STOP_TIMEOUT_MS + DECISION_BOUND_MS, "slowest decision " + maxMs + " ms");
     }
 }
