@@ -18,7 +18,7 @@ once the stream ends (clients/DESIGN.md, "In-flight limits" and
 * Order: the stream slot first (429, `X-RateLimit-Reason: streams`, when
   the tenant has N streams running), then the tokens: `reserve(max_tokens)`
   (429, reason `tokens`, when the budget has not that many left). After the
-  stream, `settle(actual)`: the unused part goes back (REFUND), an overrun
+  stream, before its `[DONE]`, `settle(actual)`: the unused part goes back (REFUND), an overrun
   is taken past the budget (COST n FORCE), so the tenant's next request
   waits the debt out. The slot is released on every exit, the client
   hanging up included.
@@ -136,12 +136,15 @@ class Handler(BaseHTTPRequestHandler):
                     sent += 1
                     if self.delay_s:
                         time.sleep(self.delay_s)
+                # settled before [DONE]: a client that saw the end sees its usage
+                r.settle(sent)
                 self.chunk("data: [DONE]\n\n")
                 self.wfile.write(b"0\r\n\r\n")
                 self.wfile.flush()
             finally:
                 # what the model produced is spent, whether or not the client read it
-                r.settle(sent)
+                if not r.settled:
+                    r.settle(sent)
 
     def chunk(self, text):
         b = text.encode()
