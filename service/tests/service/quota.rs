@@ -47,9 +47,14 @@ fn codes(r: &RateLimitResponse) -> (i32, Vec<(i32, u32)>) {
 }
 
 /// The count of an hour's fixed window key (0: absent): what a check
-/// (`COST 0`) against a large limit says is used.
+/// (`COST 0`) against a large limit says is used; without the module, the
+/// twin's `count` field (lua/src/parts/fixedwindow.lua keeps a hash).
 fn count(e: &Env, key: &str) -> u64 {
     const BIG: u64 = 1 << 40;
+    if common::without_module() {
+        let n: Option<u64> = redis::cmd("HGET").arg(key).arg("count").query(&mut e.redis()).unwrap();
+        return n.unwrap_or(0);
+    }
     let reply: Vec<i64> =
         redis::cmd("RL.FIXEDWINDOW").arg(key).arg(BIG).arg(HOUR_MS).arg("COST").arg(0).query(&mut e.redis()).unwrap();
     BIG - reply[2] as u64
