@@ -20,7 +20,7 @@ import pytest
 import redis
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPTS = ["fixedwindow.lua", "multi.lua", "slidingcounter.lua", "slidinglog.lua", "tokenbucket.lua"]
+SCRIPTS = ["concurrency.lua", "fixedwindow.lua", "multi.lua", "slidingcounter.lua", "slidinglog.lua", "tokenbucket.lua"]
 NPM = shutil.which("npm")
 NODE = shutil.which("node")
 
