@@ -242,46 +242,35 @@ impl<C: Connection> Backend for Redis<C> {
     }
 
     async fn refund(&self, keys: &str, parts: &mut [Part]) -> Result<(), ServiceError> {
-        let unavailable = || ServiceError::Unavailable("the refund (is_negative_hits) failed: Redis is unavailable".into());
         for p in parts.iter_mut() {
             p.taken = true; // give_back refunds the parts that took
         }
-        let groups = if self.cluster { groups(keys, parts) } else { None };
-        let Some(groups) = groups else {
-            return if self.give_back(keys, parts).await { Ok(()) } else { Err(unavailable()) };
-        };
-        for g in groups {
-            let mut each: Vec<Part> = g.iter().filter_map(|&i| parts.get(i).cloned()).collect();
+        for (g, mut each) in self.slot_groups(keys, parts) {
             let ok = self.give_back(keys, &mut each).await;
-            for (&i, p) in g.iter().zip(each) {
-                if let Some(x) = parts.get_mut(i) {
-                    *x = p;
-                }
-            }
+            put_back(parts, &g, each);
             if !ok {
-                return Err(unavailable());
+                return Err(ServiceError::Unavailable("the refund (is_negative_hits) failed: Redis is unavailable".into()));
             }
         }
         Ok(())
     }
 
     async fn debit(&self, keys: &str, parts: &mut [Part]) -> Result<(), ServiceError> {
-        let groups = if self.cluster { groups(keys, parts) } else { None };
-        let Some(groups) = groups else {
-            let (d, single) = self.call_with(keys, parts, Call::debit(1)).await?;
-            return self.read(&d, single, parts).map(|_| ());
-        };
-        for g in groups {
-            let mut each: Vec<Part> = g.iter().filter_map(|&i| parts.get(i).cloned()).collect();
+        for (g, mut each) in self.slot_groups(keys, parts) {
             let (d, single) = self.call_with(keys, &each, Call::debit(1)).await?;
             self.read(&d, single, &mut each)?;
-            for (&i, p) in g.iter().zip(each) {
-                if let Some(x) = parts.get_mut(i) {
-                    *x = p;
-                }
-            }
+            put_back(parts, &g, each);
         }
         Ok(())
+    }
+}
+
+/// Writes each part of a slot group (`g`: their indices) back into `parts`.
+fn put_back(parts: &mut [Part], g: &[usize], each: Vec<Part>) {
+    for (&i, p) in g.iter().zip(each) {
+        if let Some(x) = parts.get_mut(i) {
+            *x = p;
+        }
     }
 }
 
@@ -327,6 +316,20 @@ impl<C: Connection> SlotCalls for Redis<C> {
 }
 
 impl<C: Connection> Redis<C> {
+    /// `parts` as calls that need not be atomic together (refunds, debits)
+    /// make them: one group per cluster slot, or all of them in one.
+    fn slot_groups(&self, keys: &str, parts: &[Part]) -> Vec<(Vec<usize>, Vec<Part>)> {
+        let groups = if self.cluster { groups(keys, parts) } else { None };
+        let groups = groups.unwrap_or_else(|| vec![(0..parts.len()).collect()]);
+        groups
+            .into_iter()
+            .map(|g| {
+                let each = g.iter().filter_map(|&i| parts.get(i).cloned()).collect();
+                (g, each)
+            })
+            .collect()
+    }
+
     /// The one call of `parts` (one slot on a cluster): the client's
     /// decision, and whether it is a single `RL.FIXEDWINDOW`'s.
     async fn call(&self, keys: &str, parts: &[Part], cost: u64) -> Result<(Decision, bool), ServiceError> {
