@@ -8,7 +8,13 @@ use std::time::{Duration, Instant};
 use common::{wait_until, Server};
 use redis_ratelimit_client::*;
 
-const SLACK_MS: u128 = 20; // the bound: the timeout plus 20 ms
+/// The bound asserted: the slowest decision under two timeouts. A second
+/// wait (a retry, a reconnect) takes at least one more timeout, which load
+/// only lengthens, so a wrong client cannot pass; the scheduling slack of a
+/// loaded 2-core machine fits in the other (a fixed "+ 20 ms" on a 30 ms
+/// timeout failed CI runs in the Python client's twin of this test).
+const TIMEOUT_MS: u64 = 100;
+const BOUND_MS: u128 = 2 * TIMEOUT_MS as u128;
 
 fn opts(timeout_ms: u64, failures: u32, open_ms: f64) -> Options {
     Options { timeout_ms, breaker: Breaker { failures, open_ms, ..Breaker::default() }, ..Options::default() }
@@ -21,11 +27,11 @@ async fn timed<C: Connection>(lim: &Limiter<C>, key: &str) -> (Decision, u128) {
 }
 
 #[tokio::test]
-async fn sigstop_every_decision_within_the_timeout_plus_20_ms() {
+async fn sigstop_every_decision_under_two_timeouts() {
     let s = Server::start(true);
     // the driver's defaults (reconnect with backoff); the breaker never
     // opens here, so every one of the 10 decisions waits the whole bound
-    let r = RateLimit::new(s.manager().await, opts(30, 1000, 1000.0)).unwrap();
+    let r = RateLimit::new(s.manager().await, opts(TIMEOUT_MS, 1000, 1000.0)).unwrap();
     let lim = r.limiter(token_bucket("api", 100, 100, 1000).unwrap(), Panic::default()).unwrap();
     assert_eq!(timed(&lim, "k").await.0.source, Source::Module);
     s.sigstop();
@@ -37,9 +43,9 @@ async fn sigstop_every_decision_within_the_timeout_plus_20_ms() {
         slowest = slowest.max(ms);
     }
     s.sigcont();
-    println!("slowest decision under SIGSTOP: {slowest} ms (timeout 30 ms)");
-    assert!(slowest <= 30 + SLACK_MS, "slowest decision {slowest} ms");
-    assert!(slowest >= 29, "the calls did wait for Redis: {slowest} ms");
+    println!("slowest decision under SIGSTOP: {slowest} ms (timeout {TIMEOUT_MS} ms)");
+    assert!(slowest < BOUND_MS, "slowest decision {slowest} ms");
+    assert!(slowest >= TIMEOUT_MS as u128 - 1, "the calls did wait for Redis: {slowest} ms");
     let m = r.metrics();
     assert_eq!((m.failures, m.decisions_panic, m.trips), (10, 10, 0));
     wait_until(10, "the module again", || async { timed(&lim, "k").await.0.source == Source::Module }).await;
@@ -48,7 +54,7 @@ async fn sigstop_every_decision_within_the_timeout_plus_20_ms() {
 #[tokio::test]
 async fn kill_and_restart_no_decision_waits_for_the_reconnect() {
     let mut s = Server::start(true);
-    let r = RateLimit::new(s.manager().await, opts(30, 3, 200.0)).unwrap();
+    let r = RateLimit::new(s.manager().await, opts(TIMEOUT_MS, 3, 200.0)).unwrap();
     let lim = r.limiter(sliding_log("api", 1000, 60_000).unwrap(), Panic::default()).unwrap();
     assert_eq!(timed(&lim, "k").await.0.source, Source::Module);
     s.kill();
@@ -75,7 +81,7 @@ async fn kill_and_restart_no_decision_waits_for_the_reconnect() {
     }
     assert!(back, "no module decision 15 s after the restart: {:?}", r.metrics());
     println!("back after {} ms; slowest decision {slowest} ms", t0.elapsed().as_millis());
-    assert!(slowest <= 30 + SLACK_MS, "slowest decision {slowest} ms");
+    assert!(slowest < BOUND_MS, "slowest decision {slowest} ms");
     let m = r.metrics();
     assert!(m.probes_ok >= 1 && m.state == State::Closed, "{m:?}");
 }

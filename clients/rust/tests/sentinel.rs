@@ -75,8 +75,9 @@ async fn failover(stop: bool) {
         t0.elapsed().as_secs_f64(),
         worst.as_millis()
     );
-    // the bound the library promises: a decision within the timeout (+20 ms)
-    assert!(worst <= Duration::from_millis(TIMEOUT_MS + 20), "slowest decision {worst:?}");
+    // the bound the library promises: no second wait, so every decision
+    // under two timeouts (outage.rs says why not "timeout + 20 ms")
+    assert!(worst < Duration::from_millis(2 * TIMEOUT_MS), "slowest decision {worst:?}");
     assert!(panics > 0, "the kill was seen");
     assert_eq!(role(&replica), "master");
     // the promoted replica goes on from the replicated state: 10 before, this one

@@ -14,13 +14,14 @@ import redis.clients.jedis.UnifiedJedis;
 /**
  * Jedis blocks, so its own settings bound a call: a client that could wait longer than timeoutMs is
  * refused, naming each setting (as the Python client refuses such a redis-py client); a bounded one
- * decides within the timeout plus 50 ms on a SIGSTOPped server and after a kill.
+ * decides in under two timeouts on a SIGSTOPped server and after a kill.
  */
 class JedisBoundTest {
-    static final int TIMEOUT = 30;
-    // the bound: the timeout plus 50 ms of scheduling on a loaded machine (2 cores, six builds: the
-    // slowest of 5 runs in a row was 54 ms for a 30 ms timeout, during a restart; typically 31-41 ms)
-    static final long SLACK = 50;
+    static final int TIMEOUT = 100;
+    // the bound asserted: under two timeouts. A second wait (a retry, a reconnect, a queued replay)
+    // takes at least one more timeout, which load only lengthens, so a wrong client cannot pass;
+    // scheduling on a loaded machine fits in the other (54 ms over a 30 ms timeout was seen here)
+    static final long BOUND = 2 * TIMEOUT;
     TestServer s;
     UnifiedJedis j;
 
@@ -63,7 +64,7 @@ class JedisBoundTest {
     }
 
     @Test
-    void boundedClientSigstopAndKillWithinTheTimeoutPlus50ms() {
+    void boundedClientSigstopAndKillUnderTwoTimeouts() {
         j = Clients.boundedJedis(s, TIMEOUT);
         RateLimit rl = RateLimit.jedis(j, RateLimit.options().timeoutMs(TIMEOUT)
                 .breaker(new Breaker(1000, 10_000, 1000, 64, 1000)));
@@ -81,7 +82,7 @@ class JedisBoundTest {
         }
         s.signal("CONT");
         System.out.println("Jedis, SIGSTOP: slowest decision " + slowest + " ms (socket timeout " + TIMEOUT + " ms)");
-        assertTrue(slowest <= TIMEOUT + SLACK, "slowest decision " + slowest + " ms");
+        assertTrue(slowest < BOUND, "slowest decision " + slowest + " ms");
         assertEquals(10L, rl.metrics().get("failures"));
         Poll.until(10, "a module decision again", () -> lim.limit("k").source() == Source.MODULE);
         s.stop();
@@ -91,7 +92,7 @@ class JedisBoundTest {
             assertEquals(Source.PANIC, lim.limit("k").source());
             slowest = Math.max(slowest, Poll.ms(t0));
         }
-        assertTrue(slowest <= TIMEOUT + SLACK, "killed: slowest decision " + slowest + " ms");
+        assertTrue(slowest < BOUND, "killed: slowest decision " + slowest + " ms");
         s.start();
         Poll.until(10, "a module decision after the restart", () -> lim.limit("k").source() == Source.MODULE);
     }

@@ -19,13 +19,14 @@ import org.junit.jupiter.api.Test;
  * "A decision within its timeout, whatever the driver does" on Lettuce, against a real server SIGSTOPped
  * and killed (the first server of the matrix, with the module): Lettuce's own command timeout (60 s by
  * default), its reconnect, and its request queue while disconnected (disconnectedBehavior,
- * requestQueueSize). The bound asserted: the timeout plus 50 ms.
+ * requestQueueSize). The bound asserted: under two timeouts.
  */
 class LettuceOutageTest {
-    static final long TIMEOUT = 30;
-    // the bound: the timeout plus 50 ms of scheduling on a loaded machine (2 cores, six builds: the
-    // slowest of 5 runs in a row was 54 ms for a 30 ms timeout, during a restart; typically 31-41 ms)
-    static final long SLACK = 50;
+    static final long TIMEOUT = 100;
+    // the bound asserted: under two timeouts. A second wait (a retry, a reconnect, a queued replay)
+    // takes at least one more timeout, which load only lengthens, so a wrong client cannot pass;
+    // scheduling on a loaded machine fits in the other (54 ms over a 30 ms timeout was seen here)
+    static final long BOUND = 2 * TIMEOUT;
 
     TestServer s;
     Clients.Lettuce c;
@@ -62,7 +63,7 @@ class LettuceOutageTest {
     }
 
     @Test
-    void sigstopWithLettuceDefaultsEveryDecisionWithinTheTimeoutPlus50ms() {
+    void sigstopWithLettuceDefaultsEveryDecisionUnderTwoTimeouts() {
         // Lettuce's defaults: a 60 s command timeout, auto-reconnect, an unbounded request queue
         c = Clients.lettuce(s);
         RateLimit rl = RateLimit.lettuce(c.conn, RateLimit.options().timeoutMs(TIMEOUT).breaker(breaker(1000, 1000)));
@@ -79,7 +80,7 @@ class LettuceOutageTest {
         }
         s.signal("CONT");
         System.out.println("Lettuce defaults, SIGSTOP: slowest decision " + slowest + " ms (timeout " + TIMEOUT + " ms)");
-        assertTrue(slowest <= TIMEOUT + SLACK, "slowest decision " + slowest + " ms");
+        assertTrue(slowest < BOUND, "slowest decision " + slowest + " ms");
         assertTrue(slowest >= TIMEOUT - 1, "the calls did wait for Redis: " + slowest + " ms");
         Map<String, Object> m = rl.metrics();
         assertEquals(10L, m.get("failures"));
@@ -125,7 +126,7 @@ class LettuceOutageTest {
         }
         assertTrue(back != null, "no module decision 20 s after the restart: " + rl.metrics());
         System.out.println("killed: back after " + Poll.ms(t0) + " ms; slowest decision " + slowest + " ms");
-        assertTrue(slowest <= TIMEOUT + SLACK, "slowest decision " + slowest + " ms");
+        assertTrue(slowest < BOUND, "slowest decision " + slowest + " ms");
         // every call made since the restart may have reached the new server (one that timed out during
         // the reconnect still ran there: 998 in 2 of 5 runs); the ones given up on while it was down
         // must not: without the cancel they were (996 after 1 call)
@@ -177,7 +178,7 @@ class LettuceOutageTest {
         for (CompletableFuture<Decision> f : fs) {
             assertEquals(Source.PANIC, f.join().source());
         }
-        assertTrue(ms <= TIMEOUT + SLACK, "20 decisions took " + ms + " ms");
+        assertTrue(ms < BOUND, "20 decisions took " + ms + " ms");
         assertEquals(20L, rl.metrics().get("failures"));
     }
 
@@ -196,7 +197,7 @@ class LettuceOutageTest {
             assertEquals(Source.PANIC, d[0].source());
         }
         s.signal("CONT");
-        assertTrue(slowest <= TIMEOUT + SLACK, "slowest " + slowest + " ms");
+        assertTrue(slowest < BOUND, "slowest " + slowest + " ms");
     }
 
     /** A connection that would never reconnect is refused, naming the setting. */
