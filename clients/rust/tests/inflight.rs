@@ -388,3 +388,22 @@ async fn a_forgotten_guard_lapses_within_its_lease_once_its_runtime_stops() {
         wait_held(&s, module, "rl:{t}:f", 1, lease, 0, "the forgotten guard's lease lapsed").await;
     }
 }
+
+#[tokio::test]
+async fn a_failed_renewal_counts_as_a_failure_and_is_tried_again() {
+    let s = Server::start(true);
+    let o = Options { timeout_ms: 100, breaker: Breaker { failures: 1000, ..Breaker::default() }, ..Options::default() };
+    let rl = RateLimit::new(s.manager().await, o).unwrap();
+    let renew = InFlightOptions { renew_ms: Some(20), ..Default::default() };
+    let inf = rl.inflight(concurrency("r", 1, LONG).unwrap(), renew).unwrap();
+    let g = inf.acquire("rl:{t}:r", 1).await.unwrap();
+    assert_eq!(g.decision().source, Source::Module);
+    s.sigstop();
+    wait_until(30, "two RENEWs failed", || async { rl.metrics().failures >= 2 }).await;
+    s.sigcont();
+    let n = g.renewals();
+    wait_until(30, "renewals again", || async { g.renewals() >= n + 3 }).await;
+    assert!(!g.lost(), "the lease outlived the outage");
+    g.release().await.unwrap();
+    assert_eq!(held(&s, true, "rl:{t}:r", 1, LONG), 0);
+}
