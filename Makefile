@@ -392,7 +392,7 @@ clients-node-run:
 # servers CLIENTS_JOBS at a time (tools/lanes.sh); within a server one test
 # at a time, as the outage tests bound a decision's time.
 .PHONY: test-clients-rust
-RUST_CLIENT_TESTS := server outage leased differential tower readme cluster strict sentinel
+RUST_CLIENT_TESTS := server outage leased differential tower readme cluster strict sentinel inflight
 test-clients-rust: build venv clients/node/node_modules/.installed client-lua  ## the Rust client library: unit tests, then its suites on every server
 	$(CARGO) test --profile quick -p redis-ratelimit-client --lib
 	@rm -rf $(CLIENTS_MATRIX)/rust && mkdir -p $(CLIENTS_MATRIX)/rust

@@ -78,7 +78,7 @@ CLIENT_LAYERS = [
     ["reservoir"],
     ["transport", "sentinel"],
     ["client"],
-    ["lease", "reserve"],
+    ["lease", "reserve", "inflight"],
     ["tower"],
     ["lib"],
 ]

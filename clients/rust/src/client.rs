@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::keys::assert_same_slot;
 use crate::metrics::Metrics;
 use crate::options::Options;
-use crate::policy::{check_int, Rule};
+use crate::policy::{check_int, not_concurrency, Rule};
 use crate::request::{Call, Request, Tail};
 use crate::transport::{Connection, Fail, Inner};
 
@@ -60,6 +60,9 @@ impl<C: Connection> RateLimit<C> {
     pub fn limiter(&self, rule: impl Into<Rule>, panic: Panic) -> Result<Limiter<C>> {
         panic.check()?;
         let rule = Arc::new(rule.into());
+        for p in rule.parts() {
+            not_concurrency(p, "a limiter")?;
+        }
         let panics = PanicBuckets::new(&panic, rule.parts(), 100_000);
         Ok(Limiter { rl: self.clone(), rule, panics: Arc::new(panics) })
     }

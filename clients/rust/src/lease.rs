@@ -16,7 +16,7 @@ use crate::breaker::Permit;
 use crate::client::RateLimit;
 use crate::decision::{Decision, Source};
 use crate::error::{Error, Result};
-use crate::policy::{check_int, Policy};
+use crate::policy::{check_int, not_concurrency, Policy};
 use crate::request::{Request, Tail};
 use crate::reservoir::{Book, Lease};
 use crate::transport::{Connection, Inner};
@@ -59,6 +59,7 @@ impl<C: Connection> RateLimit<C> {
     /// A leased limiter for a single policy (`all_of` leases are not
     /// supported). Needs a tokio runtime (its idle sweeper is a task).
     pub fn leased(&self, policy: Policy, opts: Lease) -> Result<LeasedLimiter<C>> {
+        not_concurrency(&policy, "a leased limiter")?;
         let sh = Arc::new(Shared { rl: self.clone(), book: Book::new(policy, opts)? });
         let sweeper = tokio::spawn(sweep(Arc::downgrade(&sh)));
         Ok(LeasedLimiter { sh, sweeper })

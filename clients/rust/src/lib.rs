@@ -11,6 +11,9 @@
 //!   module's commands or the Lua twins, a circuit breaker and panic limits.
 //! * [`LeasedLimiter`]s ([`RateLimit::leased`]): a local reservoir per key
 //!   filled with `PARTIAL` leases, refunded on idle, eviction and close.
+//! * In-flight limits ([`RateLimit::inflight`] on a [`concurrency`]
+//!   policy): a [`Guard`] holds units until it is dropped, renews its lease
+//!   meanwhile, and falls back to a local in-flight limit under the breaker.
 //! * [`headers`] of a [`Decision`], identical to the other libraries'.
 //! * [`SentinelConnection`] (feature `sentinel`, on by default): a
 //!   connection that follows a Sentinel service's primary across failovers.
@@ -28,6 +31,7 @@ mod breaker;
 mod decision;
 mod error;
 mod headers;
+mod inflight;
 mod keys;
 mod metrics;
 mod options;
@@ -50,11 +54,14 @@ pub use client::{Limiter, RateLimit};
 pub use decision::{Decision, Part, Source};
 pub use error::{Error, Result};
 pub use headers::{headers, problem, Problem, QUOTA_EXCEEDED, QUOTA_TITLE};
+pub use inflight::{Guard, InFlight, InFlightOptions};
 pub use keys::{assert_same_slot, key_slot, make_key, make_key_with_prefix};
 pub use lease::LeasedLimiter;
 pub use metrics::Metrics;
 pub use options::{Options, Strict};
-pub use policy::{all_of, fixed_window, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX};
+pub use policy::{
+    all_of, concurrency, fixed_window, sliding_counter, sliding_log, token_bucket, AllOf, Kind, Policy, Rule, MAX,
+};
 pub use request::{Backend, Call};
 pub use reserve::Reservation;
 pub use reservoir::Lease;

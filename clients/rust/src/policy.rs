@@ -162,6 +162,28 @@ pub fn fixed_window(name: &str, limit: u64, window_ms: u64, from_first: bool) ->
     Ok(p)
 }
 
+/// An in-flight limit (`RL.CONCURRENCY`, twin `lua/concurrency.lua`): at
+/// most `limit` units held at once on a key, each hold a lease of
+/// `lease_ms` on the server's clock. Its `window_ms` (for headers' `w`) is
+/// `lease_ms`. It is not a rate: only [`RateLimit::inflight`] takes it;
+/// the per-call and leased limiters and [`all_of`] refuse it.
+///
+/// [`RateLimit::inflight`]: crate::RateLimit::inflight
+pub fn concurrency(name: &str, limit: u64, lease_ms: u64) -> Result<Policy> {
+    single(Kind::Concurrency, name, &[limit, lease_ms])
+}
+
+/// `Err` when `p` is a [`concurrency`] policy, which `what` does not take.
+pub(crate) fn not_concurrency(p: &Policy, what: &str) -> Result<()> {
+    if p.kind() == Kind::Concurrency {
+        return Err(Error::Invalid(format!(
+            "{what} does not take a concurrency policy ({:?}): it is not a rate; use RateLimit::inflight",
+            p.name()
+        )));
+    }
+    Ok(())
+}
+
 /// Several policies decided together, all or nothing (`RL.MULTI`).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct AllOf {
@@ -188,6 +210,7 @@ pub fn all_of(parts: Vec<Policy>, name: Option<&str>) -> Result<AllOf> {
         return Err(Error::Invalid("all_of takes 1 to 16 policies".into()));
     }
     for (i, p) in parts.iter().enumerate() {
+        not_concurrency(p, "all_of")?;
         if parts[..i].iter().any(|q| q.name == p.name) {
             return Err(Error::Invalid(format!("all_of: policy names must be distinct, got {:?} twice", p.name)));
         }
@@ -275,6 +298,11 @@ mod tests {
         assert!(fw.from_first() && fw.window_ms() == 1000);
         assert_eq!(all_of(vec![p, fw], None).unwrap().name(), "a.fw");
         assert!(fixed_window("fw", 0, 1000, false).is_err() && fixed_window("fw", 1, MAX + 1, false).is_err());
+        let c = concurrency("streams", 10, 30_000).unwrap();
+        assert_eq!((c.kind(), c.limit(), c.window_ms(), c.params()), (Kind::Concurrency, 10, 30_000, &[10, 30_000][..]));
+        assert!(concurrency("c", 0, 1).is_err() && concurrency("c", 1, 0).is_err() && concurrency("c+", 1, 1).is_err());
+        let e = all_of(vec![token_bucket("a", 1, 1, 1).unwrap(), c], None).unwrap_err();
+        assert!(e.to_string().contains("concurrency"), "{e}");
     }
 
     #[test]
@@ -284,6 +312,7 @@ mod tests {
             sliding_log("l", 5, 1000).unwrap(),
             sliding_counter("c", 5, 1000).unwrap(),
             fixed_window("f", 5, 1000, true).unwrap(),
+            concurrency("n", 5, 1000).unwrap(),
         ];
         for (p, k) in ps.iter().zip(ratelimit_core::catalogue::KINDS) {
             assert_eq!(p.kind(), k);

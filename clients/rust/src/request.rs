@@ -143,12 +143,44 @@ impl Tail {
     const MAX_ARGS: usize = 5;
 }
 
+/// What an RL.CONCURRENCY call does with a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hold {
+    Acquire,
+    Renew,
+    Release,
+}
+
+impl Hold {
+    fn word(self) -> &'static str {
+        match self {
+            Hold::Acquire => "ACQUIRE",
+            Hold::Renew => "RENEW",
+            Hold::Release => "RELEASE",
+        }
+    }
+}
+
 /// One argument after the keys: a word of the protocol or a number,
 /// written straight into the command (no string per argument).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Arg {
     Word(&'static str),
     Num(u64),
+    /// An in-flight hold's id: 128 bits, sent as 32 lowercase hex digits
+    /// (written from the stack: the enum stays the size of a word).
+    Id([u8; 16]),
+}
+
+/// 32 lowercase hex digits of `id`.
+pub(crate) fn hex(id: &[u8; 16]) -> [u8; 32] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0u8; 32];
+    for (i, b) in id.iter().enumerate() {
+        out[2 * i] = DIGITS[usize::from(b >> 4)];
+        out[2 * i + 1] = DIGITS[usize::from(b & 15)];
+    }
+    out
 }
 
 impl Arg {
@@ -157,6 +189,7 @@ impl Arg {
         match self {
             Arg::Word(w) => w.len(),
             Arg::Num(_) => 20,
+            Arg::Id(_) => 32,
         }
     }
 }
@@ -169,6 +202,7 @@ impl redis::ToRedisArgs for Arg {
         match *self {
             Arg::Word(w) => w.write_redis_args(out),
             Arg::Num(n) => n.write_redis_args(out),
+            Arg::Id(id) => out.write_arg(&hex(&id)),
         }
     }
 }
@@ -180,6 +214,7 @@ impl std::fmt::Display for Arg {
         match self {
             Arg::Word(w) => f.write_str(w),
             Arg::Num(n) => write!(f, "{n}"),
+            Arg::Id(id) => f.write_str(std::str::from_utf8(&hex(id)).unwrap_or("?")),
         }
     }
 }
@@ -217,6 +252,23 @@ impl<'k> Request<'k> {
         let (command, script, fixed) = (p.kind().command(), p.kind().name(), p.kind() == Kind::FixedWindow);
         let grants = tail.grants();
         Request { command, script, keys, args, multi: false, fixed, grants }
+    }
+
+    /// `RL.CONCURRENCY key limit lease_ms ACQUIRE|RENEW|RELEASE id [COST n]`
+    /// (twin `concurrency.lua`) of the concurrency policy `p`; only an
+    /// ACQUIRE can grant (strict mode waits for it).
+    pub fn concurrency(p: &Policy, key: &'k str, action: Hold, id: [u8; 16], cost: u64) -> Request<'k> {
+        let mut args = Vec::with_capacity(p.params().len() + 4);
+        args.extend(p.params().iter().map(|&n| Arg::Num(n)));
+        args.push(Arg::Word(action.word()));
+        args.push(Arg::Id(id));
+        if cost != 1 {
+            args.push(Arg::Word("COST"));
+            args.push(Arg::Num(cost));
+        }
+        let (command, script) = (p.kind().command(), p.kind().name());
+        let grants = action == Hold::Acquire;
+        Request { command, script, keys: vec![Cow::Borrowed(key)], args, multi: false, fixed: false, grants }
     }
 
     pub fn multi(parts: &[Policy], keys: Vec<Cow<'k, str>>, tail: Tail) -> Request<'k> {
@@ -377,6 +429,37 @@ mod tests {
             .starts_with("*16\r\n$8\r\nRL.MULTI\r\n$1\r\n2\r\n$1\r\na\r\n"));
         assert!(script("fixedwindow").text.contains("RL.FIXEDWINDOW as a Lua script"));
         assert!(!Request::single(&tb, "k", Tail::Refund(1)).fixed);
+    }
+
+    #[test]
+    fn a_hold_sends_its_action_and_id_as_32_hex_digits() {
+        let c = crate::policy::concurrency("n", 10, 30_000).unwrap();
+        let id = [0x01, 0x23, 0x45, 0x67, 0x89, 0xab, 0xcd, 0xef, 0, 0xff, 0x10, 0x0f, 0xa0, 0x0a, 0x55, 0xaa];
+        assert_eq!(&hex(&id), b"0123456789abcdef00ff100fa00a55aa");
+        let r = Request::concurrency(&c, "k", Hold::Acquire, id, 3);
+        assert_eq!(
+            (r.command, r.script, r.grants, r.is_multi(), r.fixed),
+            ("RL.CONCURRENCY", "concurrency", true, false, false)
+        );
+        let packed = String::from_utf8(r.module_cmd().get_packed_command()).unwrap();
+        assert_eq!(
+            packed,
+            "*8\r\n$14\r\nRL.CONCURRENCY\r\n$1\r\nk\r\n$2\r\n10\r\n$5\r\n30000\r\n$7\r\nACQUIRE\r\n\
+             $32\r\n0123456789abcdef00ff100fa00a55aa\r\n$4\r\nCOST\r\n$1\r\n3\r\n"
+        );
+        for (h, w) in [(Hold::Renew, "RENEW"), (Hold::Release, "RELEASE")] {
+            let r = Request::concurrency(&c, "k", h, id, 1);
+            assert_eq!(
+                r.args.iter().map(Arg::to_string).collect::<Vec<_>>(),
+                ["10", "30000", w, "0123456789abcdef00ff100fa00a55aa"]
+            );
+            assert!(!r.grants);
+        }
+        let lua = String::from_utf8(Request::concurrency(&c, "k", Hold::Acquire, id, 1).lua_cmd(false).get_packed_command())
+            .unwrap();
+        assert!(lua
+            .starts_with(&format!("*8\r\n$7\r\nEVALSHA\r\n$40\r\n{}\r\n$1\r\n1\r\n$1\r\nk\r\n", script("concurrency").sha)));
+        assert_eq!(std::mem::size_of::<Arg>(), 24, "an id makes no argument larger");
     }
 
     #[test]
