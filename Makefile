@@ -388,11 +388,12 @@ clients-node-run:
 # decisions equal to the module's replies, the Lua twins, the SIGSTOP
 # bound, kill and restart, the breaker's counts, leased limiters, and the differential test
 # against the Python (.venv) and Node (clients/node) libraries. The test
-# binaries are built once (RUST_CLIENT_TESTS), then run per server, the
+# binaries (RUST_CLIENT_TESTS: every file of clients/rust/tests, so none is
+# left out) are built once, then run per server, the
 # servers CLIENTS_JOBS at a time (tools/lanes.sh); within a server one test
 # at a time, as the outage tests bound a decision's time.
 .PHONY: test-clients-rust
-RUST_CLIENT_TESTS := server outage leased differential tower readme cluster strict sentinel inflight
+RUST_CLIENT_TESTS := $(basename $(notdir $(wildcard clients/rust/tests/*.rs)))
 test-clients-rust: build venv clients/node/node_modules/.installed client-lua  ## the Rust client library: unit tests, then its suites on every server
 	$(CARGO) test --profile quick -p redis-ratelimit-client --lib
 	@rm -rf $(CLIENTS_MATRIX)/rust && mkdir -p $(CLIENTS_MATRIX)/rust
