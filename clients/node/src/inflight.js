@@ -110,7 +110,12 @@ export class InFlight {
     const p = this.policy;
     let d;
     try {
-      const r = await rl.call(() => be.concurrency(p, h.key, 'ACQUIRE', h.id, h.cost));
+      // An ACQUIRE that timed out may still be applied (a stalled server
+      // reads it later): when its late reply says it holds, a RELEASE of
+      // its id follows, so the units are freed as soon as Redis answers
+      // rather than when the lease lapses.
+      const r = await rl.call(() => be.concurrency(p, h.key, 'ACQUIRE', h.id, h.cost),
+        (late) => { if (Number(late[0]) === 1) this._lateRelease(h); });
       if (!Array.isArray(r) || r.length !== 5) throw new Error(`unexpected RL.CONCURRENCY reply: ${JSON.stringify(r)}`);
       const ok = Number(r[0]) === 1;
       d = makeDecision(ok, ok ? h.cost : 0, Number(r[1]), Number(r[2]), Number(r[3]), Number(r[4]), p.name, p.name, be.source, EMPTY, p);
@@ -176,6 +181,17 @@ export class InFlight {
       // Redis away or slow (the breaker counted it): try again at the next tick
     }
     if (again && h._state === HELD) this._schedule(h);
+  }
+
+  // The RELEASE after a late ACQUIRE reply: sent at once, past the breaker
+  // (the server has just answered; an open breaker would hold it back
+  // until the lease lapsed), counted in calls and failures, not awaited.
+  _lateRelease(h) {
+    const m = this.rl.m;
+    m.calls++;
+    Promise.resolve()
+      .then(() => this.rl._backend.concurrency(this.policy, h.key, 'RELEASE', h.id))
+      .catch(() => { m.failures++; }); // not retried: the lease lapses
   }
 
   async _release(h) {

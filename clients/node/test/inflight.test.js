@@ -236,6 +236,33 @@ test('with the breaker open, holds are local, bounded and released', T, async ()
 });
 
 for (const backend of BACKENDS) {
+  // An ACQUIRE sent to a stopped server times out (the hold is decided
+  // locally) but is applied when the server wakes: without a RELEASE of its
+  // id its unit stays held for the whole lease (60 s here). The library
+  // sends that RELEASE when the late reply comes, though the breaker is open.
+  test(`an unanswered ACQUIRE is released when its late reply comes (${backend})`, T, async () => {
+    const own = await startServer();
+    const { client, close } = await connect(KINDS[0], own.port);
+    try {
+      const rl = new RateLimit(client, { timeoutMs: 50, backend, breaker: { failures: 1, openMs: 100 } });
+      const inf = rl.inflight(concurrency('one', 1, 60000));
+      const k = 'rl:{late}:one';
+      // the twin's script cached: the stalled EVALSHA applies
+      await inf.run(k, async (w) => assert.equal(w.decision.source, backend));
+      own.signal('SIGSTOP');
+      try {
+        await inf.run(k, async (a) => assert.equal(a.decision.source, 'panic'));
+      } finally { own.signal('SIGCONT'); }
+      await waitUntil(async () => inf.run(k, async (h) => h.allowed && h.decision.source === backend),
+        { timeout: 10000, interval: 20, what: 'the stalled ACQUIRE released' });
+    } finally {
+      await close();
+      await own.close();
+    }
+  });
+}
+
+for (const backend of BACKENDS) {
   test(`a reservation gives back what it did not use, once (${backend})`, T, async () => {
     const { client, close } = await connect(KINDS[0], server.port);
     try {

@@ -14,7 +14,7 @@ import weakref
 from time import monotonic
 from typing import Any, Dict, List, Optional, Tuple, Union, cast
 
-from .breaker import NO, PROBE, Panic
+from .breaker import CLOSED, NO, PROBE, Panic
 from .core import PANIC, Args, LuaCall, _Base, check_cost, log
 from .decision import Decision, _decision
 from .policies import Key, Policy
@@ -80,6 +80,12 @@ class _InFlightCore:
         self.local_cap = (panic or Panic()).capacity(policy)
         self._local: Dict[Key, int] = {}
         self._local_lock = threading.Lock()
+        # ACQUIREs that failed after they were sent (a timeout: a stalled
+        # server may still apply them): id -> (key, until when its lease
+        # could hold). A RELEASE of each id is sent once Redis answers
+        # again (the breaker closed), so what the server took is freed
+        # then rather than when the lease lapses.
+        self._late: Dict[str, Tuple[Key, float]] = {}
 
     def _call(self, key: Key, action: str, id_: str, cost: int = 1) -> Tuple[Args, LuaCall]:
         p = self.policy
@@ -115,6 +121,34 @@ class _InFlightCore:
             return False
         h._state = HELD
         return not h._local
+
+    def _unanswered(self, h: _HoldState) -> None:
+        """The ACQUIRE of `h` was sent and not answered: release its id later."""
+        with self._local_lock:
+            self._late[h.id] = (h.key, monotonic() + self.lease_ms / 1000.0)
+
+    def _late_due(self) -> List[Tuple[Args, LuaCall, bool, None, bool, str]]:
+        """The RELEASEs of unanswered ACQUIREs to send now: none while the
+        breaker is not closed; an id whose lease has lapsed is forgotten."""
+        with self._local_lock:
+            if not self._late:
+                return []
+            now = monotonic()
+            for i in [i for i, (_, until) in self._late.items() if until <= now]:
+                del self._late[i]
+            if self.rl.breaker.state != CLOSED:
+                return []
+            return [(*self._call(k, RELEASE, i), False, None, False, i) for i, (k, _) in self._late.items()]
+
+    def _late_sent(self, id_: str, reply: Any) -> None:
+        if reply is not None:
+            with self._local_lock:
+                self._late.pop(id_, None)
+
+    def late_releases(self) -> int:
+        """ACQUIREs sent but not answered whose RELEASE is still to be sent."""
+        with self._local_lock:
+            return len(self._late)
 
     def _local_acquire(self, h: _HoldState) -> Decision:
         """The local in-flight limit: at most local_cap units per key in this process."""
@@ -218,14 +252,23 @@ class InFlight(_InFlightCore):
     def _enter(self, h: Hold) -> None:
         call = self._begin(h)
         reply = None if call is None else self.rl.call(*call)
+        if call is not None and reply is None:
+            self._unanswered(h)
         if self._acquired(h, reply):
             with self._cond:
                 self._due[h.id] = (monotonic() + self.renew_s, weakref.ref(h))
-                if self._thread is None:
-                    self._thread = threading.Thread(target=self._renew_loop, daemon=True,
-                                                    name="rl-inflight-renew")
-                    self._thread.start()
-                self._cond.notify()
+                self._start()
+        elif call is not None and reply is None:
+            with self._cond:
+                self._start()
+
+    def _start(self) -> None:
+        """(Under _cond.) The renewer thread started, and woken."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._renew_loop, daemon=True,
+                                            name="rl-inflight-renew")
+            self._thread.start()
+        self._cond.notify()
 
     def _release(self, h: Hold) -> None:
         with self._cond:
@@ -235,18 +278,26 @@ class InFlight(_InFlightCore):
             self.rl.call(*call)
 
     def _renew_loop(self) -> None:
+        late_at = 0.0
         while True:
             with self._cond:
                 while not self._closed:
                     now = monotonic()
                     due = [i for i, (t, _) in self._due.items() if t <= now]
-                    if due:
+                    late = self.late_releases() > 0
+                    if due or (late and late_at <= now):
                         break
                     nxt = min((t for t, _ in self._due.values()), default=None)
+                    if late:        # unanswered ACQUIREs: look again at the next tick
+                        nxt = late_at if nxt is None else min(nxt, late_at)
                     self._cond.wait(None if nxt is None else nxt - now)
                 if self._closed:
                     return
                 refs = [self._due.pop(i)[1] for i in due]
+            if late_at <= monotonic():
+                late_at = monotonic() + self.renew_s
+                for *call, id_ in self._late_due():
+                    self._late_sent(id_, self.rl.call(*call))
             for ref in refs:
                 h = ref()
                 if h is None or h._state != HELD:   # dropped without its exit: its lease lapses
@@ -297,6 +348,7 @@ class AsyncInFlight(_InFlightCore):
                  panic: Optional[Panic] = None) -> None:
         super().__init__(rl, policy, renew_ms, panic)
         self._tasks: Dict[str, asyncio.Task[None]] = {}
+        self._late_task: Optional[asyncio.Task[None]] = None
 
     def hold(self, key: Key, cost: int = 1) -> AsyncHold:
         """A guard holding `cost` units on `key` while its `async with` body runs."""
@@ -305,6 +357,11 @@ class AsyncInFlight(_InFlightCore):
     async def _enter(self, h: AsyncHold) -> None:
         call = self._begin(h)
         reply = None if call is None else await self.rl.call(*call)
+        if call is not None and reply is None:
+            self._unanswered(h)
+            if self._late_task is None or self._late_task.done():
+                self._late_task = asyncio.get_running_loop().create_task(
+                    self._late_releases(), name="rl-inflight-late-releases")
         if self._acquired(h, reply):
             self._tasks[h.id] = asyncio.get_running_loop().create_task(
                 self._renew_task(weakref.ref(h), h.id), name=f"rl-inflight-renew-{h.id}")
@@ -316,6 +373,13 @@ class AsyncInFlight(_InFlightCore):
         call = self._ending(h)
         if call is not None:
             await self.rl.call(*call)
+
+    async def _late_releases(self) -> None:
+        """Sends the RELEASEs of unanswered ACQUIREs once Redis answers again."""
+        while self.late_releases():
+            await asyncio.sleep(self.renew_s)
+            for *call, id_ in self._late_due():
+                self._late_sent(id_, await self.rl.call(*call))
 
     async def _renew_task(self, ref: weakref.ref[AsyncHold], id_: str) -> None:
         """Renews the hold every renew_s while it is held; holds it weakly,

@@ -150,6 +150,72 @@ def test_the_breaker_open_holds_are_local_and_bounded(server):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_an_unanswered_acquire_is_released_once_redis_answers(server, backend, flavour):
+    """An ACQUIRE sent to a stopped server times out (the hold is decided
+    locally) but is applied when the server wakes: without a RELEASE of its
+    id, its unit stays held for the whole lease (60 s here). The library
+    sends that RELEASE once the breaker has closed again."""
+    k = "rl:{t}:one"
+    pol = concurrency("one", 1, 60_000)
+    brk = {"breaker": Breaker(failures=1, open_ms=100)}
+
+    def stopped(hold):
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            return hold()
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+
+    if flavour == "sync":
+        rl = RateLimit(client(server.port, 0.05), backend=backend, **brk)
+        rl.detect()
+        inf = rl.inflight(pol, renew_ms=50)
+        with inf.hold(k) as w:      # the twin's script cached: the stalled EVALSHA applies
+            assert w.allowed
+
+        def local():
+            with inf.hold(k) as a:
+                return a.decision.source, inf.late_releases()
+        assert stopped(local) == ("panic", 1)
+
+        def free():
+            with inf.hold(k) as h:   # the first one after open_ms is the probe
+                return h.allowed and h.decision.source == backend
+        wait_until(lambda: free() and inf.late_releases() == 0, timeout=10,
+                   what="the stalled ACQUIRE released")
+        inf.close()
+        return
+
+    async def main():
+        c = redis.asyncio.Redis(host="127.0.0.1", port=server.port)
+        rl = AsyncRateLimit(c, backend=backend, timeout_ms=50, **brk)
+        await rl.detect()
+        inf = rl.inflight(pol, renew_ms=50)
+        async with inf.hold(k) as w:  # the twin's script cached: the stalled EVALSHA applies
+            assert w.allowed
+
+        async def local():
+            async with inf.hold(k) as a:
+                return a.decision.source, inf.late_releases()
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            assert await local() == ("panic", 1)
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        t0 = time.monotonic()
+        while True:
+            async with inf.hold(k) as h:
+                if h.allowed and h.decision.source == backend and not inf.late_releases():
+                    break
+            assert time.monotonic() - t0 < 10, "the stalled ACQUIRE was not released"
+            await asyncio.sleep(0.02)
+        await c.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_threads_never_hold_more_than_the_limit(server, backend):
     rl = RateLimit(client(server.port), backend=backend)
     inf = rl.inflight(concurrency("pool", 3, 60_000))
