@@ -244,17 +244,20 @@ for (const backend of BACKENDS) {
     const own = await startServer();
     const { client, close } = await connect(KINDS[0], own.port);
     try {
-      const rl = new RateLimit(client, { timeoutMs: 50, backend, breaker: { failures: 1, openMs: 100 } });
+      // 100 ms: a stopped server's ACQUIRE times out; a loaded machine's
+      // answer may too, so the warm-up goes on until one comes in time
+      const rl = new RateLimit(client, { timeoutMs: 100, backend, breaker: { failures: 1, openMs: 100 } });
       const inf = rl.inflight(concurrency('one', 1, 60000));
       const k = 'rl:{late}:one';
-      // the twin's script cached: the stalled EVALSHA applies
-      await inf.run(k, async (w) => assert.equal(w.decision.source, backend));
+      // (the twin's script cached: the stalled EVALSHA applies)
+      const answered = () => inf.run(k, async (h) => h.allowed && h.decision.source === backend);
+      await waitUntil(answered, { timeout: 30000, interval: 20, what: 'an answered hold' });
       own.signal('SIGSTOP');
       try {
         await inf.run(k, async (a) => assert.equal(a.decision.source, 'panic'));
       } finally { own.signal('SIGCONT'); }
-      await waitUntil(async () => inf.run(k, async (h) => h.allowed && h.decision.source === backend),
-        { timeout: 10000, interval: 20, what: 'the stalled ACQUIRE released' });
+      // the unit is free once the late RELEASE went out (without it: denied for 60 s)
+      await waitUntil(answered, { timeout: 30000, interval: 20, what: 'the stalled ACQUIRE released' });
     } finally {
       await close();
       await own.close();
