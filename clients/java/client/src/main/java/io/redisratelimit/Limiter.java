@@ -20,6 +20,7 @@ public final class Limiter {
             throw new IllegalArgumentException("rule must come from Policy.tokenBucket, slidingLog, "
                     + "slidingCounter, fixedWindow or allOf");
         }
+        Policy.notARate(rule, "limiter()");
         this.rl = rl;
         this.rule = rule;
         this.panic = new PanicBuckets(panic != null ? panic : Panic.instances(1), rule);
