@@ -3,6 +3,7 @@ package io.redisratelimit;
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertNotEquals;
+import static org.junit.jupiter.api.Assertions.assertNull;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
@@ -21,8 +22,8 @@ import org.junit.jupiter.api.function.Executable;
 import redis.clients.jedis.UnifiedJedis;
 
 /**
- * The in-flight guard (RL.CONCURRENCY, twin concurrency.lua):
- * clients/DESIGN.md, "In-flight limits: the guard". Real servers started here: the
+ * The in-flight guard (RL.CONCURRENCY, twin concurrency.lua) and reserve/settle (COST n FORCE, REFUND):
+ * clients/DESIGN.md, "In-flight limits: the guard" and "Reservations". Real servers started here: the
  * first server of the matrix, with the module and without it (the Lua twins), through Lettuce and Jedis;
  * the breaker case on a server of its own, SIGSTOPped.
  */
@@ -92,6 +93,9 @@ class InFlightTest {
                 scenarios.put("renewal keeps a hold past its lease", InFlightTest::renewalKeepsTheHold);
                 scenarios.put("lost when the key is deleted", InFlightTest::lostWhenDeleted);
                 scenarios.put("a dropped hold stops renewing", InFlightTest::droppedHoldLapses);
+                scenarios.put("reserve then settle: refund", InFlightTest::settleRefund);
+                scenarios.put("reserve then settle: debit past the limit", InFlightTest::settleDebit);
+                scenarios.put("settle once; denied settles to nothing", InFlightTest::settleOnce);
                 scenarios.forEach((n, sc) -> tests.add(DynamicTest.dynamicTest(n, shared(f, module, driver, sc, n))));
                 tests.add(DynamicTest.dynamicTest("breaker open on SIGSTOP: the local in-flight limit",
                         () -> breakerLocalLimit(f, module, driver)));
@@ -252,6 +256,7 @@ class InFlightTest {
              Env e = new Env(s, driver, 50, new Breaker(2, 10_000, 1000, 64, 200))) {
             String key = key("panic");
             InFlight inf = e.rl.inflight(Policy.concurrency("p", 10, 2000), InFlight.options().panic(Panic.instances(4)));
+            Limiter lim = e.rl.limiter(Policy.tokenBucket("tb", 10, 1, 3_600_000));
             assertEquals(2, inf.localCap());
             Hold server = inf.hold(key);
             assertEquals(e.source(), server.decision().source());
@@ -275,6 +280,10 @@ class InFlightTest {
                 assertEquals(1, third.decision().retryAfterMs(), "a local release may come any time");
                 Hold big = inf.hold(key, 3);
                 assertEquals(-1, big.decision().retryAfterMs(), "cost 3 > the local limit 2");
+                // a reservation decided by the panic limits settles to nothing sent
+                Reservation r = lim.reserve(key + ":tb", 4);
+                assertEquals(Source.PANIC, r.decision().source());
+                assertNull(r.settle(9));
                 local.get(0).close();
                 assertEquals(1, inf.heldLocally(key));
                 Hold again = inf.hold(key);
@@ -298,6 +307,83 @@ class InFlightTest {
             });
             assertEquals(0, inf.heldLocally(key));
         }
+    }
+
+    // ---- reserve / settle ----
+
+    /** capacity 10, no refill to speak of: reserve 6, settle 2: REFUND 4 (remaining 4 -> 8). */
+    static void settleRefund(Env e, String key) {
+        Limiter lim = e.rl.limiter(Policy.tokenBucket("tpm", 10, 1, 3_600_000));
+        Reservation r = lim.reserve(key, 6);
+        assertTrue(r.allowed());
+        assertEquals(4, r.decision().remaining());
+        Decision d = r.settle(2);
+        assertEquals(4, d.granted(), "4 units given back: " + d);
+        assertEquals(8, d.remaining(), d.toString());
+        assertTrue(r.settled());
+        Decision eight = lim.limit(key, 8);
+        assertTrue(eight.allowed(), "8 fit again: " + eight);
+        assertEquals(0, eight.remaining());
+        assertFalse(lim.limit(key).allowed());
+        // allOf: the refund goes to every part
+        Limiter all = e.rl.limiter(Policy.allOf("both", Policy.tokenBucket("a", 10, 1, 3_600_000),
+                Policy.slidingLog("b", 20, 3_600_000)));
+        Reservation ra = all.reserve(key, 5);
+        Decision da = ra.settle(1);
+        assertEquals(List.of(4L, 4L), da.parts().stream().map(Decision.Part::granted).toList(), da.toString());
+        assertEquals(9, all.limit(key, 0, false, false).remaining(), "10 - 5 + 4");
+    }
+
+    /**
+     * capacity 10, 1 token a minute: reserve 6 (4 left), settle 15: COST 9 FORCE takes the bucket to -5.
+     * The next call of 1 waits for 6 tokens: 6 minutes (less the refill since the debit), denied.
+     */
+    static void settleDebit(Env e, String key) {
+        Limiter lim = e.rl.limiter(Policy.tokenBucket("tpm", 10, 1, 60_000));
+        Reservation r = lim.reserve(key, 6);
+        assertTrue(r.allowed());
+        assertEquals(4, r.decision().remaining());
+        long t0 = System.nanoTime();
+        Decision d = r.settle(15);
+        assertTrue(d.allowed(), "a settle is never denied by its own limit: " + d);
+        assertEquals(9, d.granted(), d.toString());
+        assertEquals(0, d.remaining(), d.toString());
+        assertTrue(d.retryAfterMs() <= 360_000 && d.retryAfterMs() > 359_000 - Poll.ms(t0), d.toString());
+        Decision next = lim.limit(key);
+        long elapsed = Poll.ms(t0);
+        assertFalse(next.allowed(), "the debt is waited out: " + next);
+        assertTrue(next.retryAfterMs() <= 360_000 && next.retryAfterMs() >= 360_000 - elapsed - 1, next
+                + " after " + elapsed + " ms");
+        // allOf: every part takes the debit
+        Limiter all = e.rl.limiter(Policy.allOf("both", Policy.tokenBucket("a", 10, 1, 60_000),
+                Policy.fixedWindow("b", 5, 1L << 40)));
+        Reservation ra = all.reserve(key, 2);
+        Decision da = ra.settle(7);
+        assertTrue(da.allowed());
+        assertFalse(all.limit(key).allowed(), "fixed window 5: 7 counted");
+    }
+
+    /** Equal: nothing sent; a second settle throws and sends nothing; a denied reservation sends nothing. */
+    static void settleOnce(Env e, String key) {
+        Limiter lim = e.rl.limiter(Policy.slidingLog("log", 10, 3_600_000));
+        Reservation r = lim.reserve(key, 3);
+        long calls = e.calls();
+        assertNull(r.settle(3));
+        assertEquals(calls, e.calls(), "actual = estimate: nothing sent");
+        assertThrows(IllegalStateException.class, () -> r.settle(1));
+        assertThrows(IllegalStateException.class, () -> r.settle(5));
+        assertEquals(calls, e.calls(), "a second settle sends nothing");
+        Reservation r2 = lim.reserve(key, 2);
+        assertEquals(2, r2.settle(0).granted());
+        assertThrows(IllegalStateException.class, () -> r2.settle(0));
+        assertEquals(7, lim.limit(key, 0, false, false).remaining(), "3 taken, 2 reserved and given back");
+        Reservation denied = lim.reserve(key, 11);
+        assertFalse(denied.allowed());
+        calls = e.calls();
+        assertNull(denied.settle(20));
+        assertEquals(calls, e.calls(), "a denied reservation settles to nothing");
+        assertThrows(IllegalArgumentException.class, () -> lim.reserve(key, 0));
+        assertThrows(IllegalArgumentException.class, () -> lim.reserve(key, 1).settle(-1));
     }
 
     // ---- refusals ----
