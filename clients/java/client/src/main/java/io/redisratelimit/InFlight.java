@@ -235,13 +235,15 @@ public final class InFlight {
                 if (g.state != HELD) {
                     return; // released meanwhile: a RENEW after the RELEASE holds nothing
                 }
-                if (e == null && reply != null) {
-                    if (RateLimit.num(reply5(reply).get(0)) == 1) {
-                        g.renewals.incrementAndGet();
-                    } else {
-                        g.lost = true; // the lease lapsed, or the key is gone: no longer counted
-                        return;
-                    }
+                long renewed = -1;
+                if (e == null && reply instanceof List<?> r && r.size() == 5) {
+                    renewed = RateLimit.num(r.get(0));
+                }
+                if (renewed == 1) {
+                    g.renewals.incrementAndGet();
+                } else if (renewed == 0) {
+                    g.lost = true; // the lease lapsed, or the key is gone: no longer counted
+                    return;
                 }
                 // answered 1, Redis unavailable (the breaker counted it), or an error: the next tick
                 schedule(ref, g);
