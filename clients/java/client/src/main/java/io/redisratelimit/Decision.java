@@ -32,6 +32,11 @@ public record Decision(boolean allowed, long granted, long limit, long remaining
                 source, List.of(), p);
     }
 
+    Decision unsent() {
+        return new Decision(false, 0, limit, remaining, retryAfterMs, resetAfterMs, policy, binding, source, parts,
+                rule);
+    }
+
     Decision withGranted(long g) {
         return new Decision(allowed, g, limit, remaining, retryAfterMs, resetAfterMs, policy, binding, source,
                 parts, rule);

@@ -101,6 +101,7 @@ public final class LeasedLimiter implements AutoCloseable {
         if (policy == null) {
             throw new IllegalArgumentException("leased() takes a single policy (allOf is not leased)");
         }
+        Policy.notARate(policy, "leased()");
         this.rl = rl;
         this.policy = policy;
         this.batch = Math.min(o.batch, policy.limit());

@@ -20,6 +20,7 @@ public final class Limiter {
             throw new IllegalArgumentException("rule must come from Policy.tokenBucket, slidingLog, "
                     + "slidingCounter, fixedWindow or allOf");
         }
+        Policy.notARate(rule, "limiter()");
         this.rl = rl;
         this.rule = rule;
         this.panic = new PanicBuckets(panic != null ? panic : Panic.instances(1), rule);
@@ -115,6 +116,40 @@ public final class Limiter {
 
     public Decision refund(String key, long n) {
         return join(refundAsync(key, n));
+    }
+
+    /**
+     * Reserve-then-settle (clients/DESIGN.md, "Reservations"): {@code limit(key, estimate)}, all or
+     * nothing, as a handle whose {@link Reservation#settle(long)} sends the REFUND or the debit once.
+     */
+    public CompletableFuture<Reservation> reserveAsync(String key, long estimate) {
+        checkCost(estimate, 1);
+        return limitAsync(key, estimate, false, false).thenApply(d -> new Reservation(this, key, estimate, d));
+    }
+
+    /** {@link #reserveAsync}, blocking (at most the timeout). */
+    public Reservation reserve(String key, long estimate) {
+        return join(reserveAsync(key, estimate));
+    }
+
+    /**
+     * A debit: {@code COST n FORCE}, taken even past the limit. Redis unavailable: a Decision with granted
+     * 0 from the panic limits' view (nothing was debited).
+     */
+    CompletableFuture<Decision> debitAsync(String key, long n) {
+        checkCost(n, 1);
+        List<String> keys = keysFor(key);
+        int allow = rl.breaker.allow(System.nanoTime());
+        if (allow == Breaker.NO) {
+            return CompletableFuture.completedFuture(panicDebit(keys, n));
+        }
+        RateLimit.Call c = RateLimit.callFor(rule, keys, List.of("COST", Long.toString(n), "FORCE"));
+        return rl.call(c, allow == Breaker.PROBE, rule, true).thenApply(reply -> reply == null
+                ? panicDebit(keys, n) : RateLimit.toDecision(reply, rule, n, false, rl.source(), false));
+    }
+
+    private Decision panicDebit(List<String> keys, long n) {
+        return RateLimit.panicDecision(panic, rule, keys, n, false, true).unsent();
     }
 
     private Decision panicRefund(List<String> keys) {

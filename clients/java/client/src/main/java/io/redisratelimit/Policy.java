@@ -14,7 +14,9 @@ public final class Policy implements Rule {
 
     /** A single policy's algorithm; its module command is "RL." + kind in capitals. */
     public enum Kind {
-        TOKENBUCKET, SLIDINGLOG, SLIDINGCOUNTER, FIXEDWINDOW;
+        TOKENBUCKET, SLIDINGLOG, SLIDINGCOUNTER, FIXEDWINDOW,
+        /** An in-flight limit (RL.CONCURRENCY): not a rate, used only by {@link RateLimit#inflight}. */
+        CONCURRENCY;
 
         /** The Lua twin's name (tokenbucket.lua ...). */
         public String script() {
@@ -93,6 +95,29 @@ public final class Policy implements Rule {
         return windowed(Kind.FIXEDWINDOW, name, limit, windowMs, fromFirst);
     }
 
+    /**
+     * At most {@code limit} units in flight at once, each hold a lease of {@code leaseMs} on the server's
+     * clock (RL.CONCURRENCY). Not a rate: use it with {@link RateLimit#inflight}; limiter(), leased() and
+     * allOf refuse it (IllegalArgumentException). Its windowMs (headers' {@code w}) is leaseMs.
+     */
+    public static Policy concurrency(String name, long limit, long leaseMs) {
+        checkName(name);
+        check("limit", limit);
+        check("leaseMs", leaseMs);
+        return new Policy(Kind.CONCURRENCY, name, limit, new long[] {limit, leaseMs}, leaseMs, limit, leaseMs, 1,
+                false);
+    }
+
+    /** A concurrency policy given where a rate is expected: IllegalArgumentException naming it. */
+    static void notARate(Rule rule, String what) {
+        for (Policy p : rule.parts()) {
+            if (p.kind == Kind.CONCURRENCY) {
+                throw new IllegalArgumentException(what + " takes rates; concurrency '" + p.name
+                        + "' is an in-flight limit: use RateLimit.inflight()");
+            }
+        }
+    }
+
     private static Policy windowed(Kind kind, String name, long limit, long windowMs, boolean fromFirst) {
         checkName(name);
         check("limit", limit);
@@ -113,6 +138,7 @@ public final class Policy implements Rule {
         }
         List<String> names = new ArrayList<>();
         for (Policy p : policies) {
+            notARate(p, "allOf");
             names.add(p.name);
         }
         if (new HashSet<>(names).size() != names.size()) {

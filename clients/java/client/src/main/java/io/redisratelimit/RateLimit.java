@@ -188,6 +188,18 @@ public final class RateLimit {
         return new LeasedLimiter(this, policy, options);
     }
 
+    /**
+     * An in-flight limit on a concurrency policy: {@code try (Hold h = inflight.hold(key, cost)) {...}}
+     * (clients/DESIGN.md, "In-flight limits: the guard"). Options: renewMs, and the local limit's Panic.
+     */
+    public io.redisratelimit.InFlight inflight(Policy policy, io.redisratelimit.InFlight.Options options) {
+        return new io.redisratelimit.InFlight(this, policy, options);
+    }
+
+    public io.redisratelimit.InFlight inflight(Policy policy) {
+        return new io.redisratelimit.InFlight(this, policy, null);
+    }
+
     public static LeasedLimiter.Options lease() {
         return new LeasedLimiter.Options();
     }

@@ -10,7 +10,7 @@ import java.util.Map;
 
 /** The Lua twins shipped in the jar (io/redisratelimit/lua/, copied from lua/ at build time) and their SHA1s. */
 final class Scripts {
-    static final String[] NAMES = {"tokenbucket", "slidinglog", "slidingcounter", "fixedwindow", "multi"};
+    static final String[] NAMES = {"tokenbucket", "slidinglog", "slidingcounter", "fixedwindow", "multi", "concurrency"};
     static final Scripts INSTANCE = new Scripts();
 
     final Map<String, String> text = new HashMap<>();
