@@ -56,6 +56,16 @@ public final class InFlight {
     private final long renewMs;
     private final long localCap;
     private final Map<String, Long> local = new HashMap<>();
+    /**
+     * ACQUIREs sent and not answered (a timeout: a stalled server may still apply them when it wakes): id
+     * -> key and until when (System.nanoTime) their lease could hold. A RELEASE of each is sent at the
+     * renewMs ticks once the breaker has closed again, until answered or the lease has lapsed, so what the
+     * server took is freed then rather than at the end of the lease. Guarded by itself.
+     */
+    private final Map<String, Late> late = new HashMap<>();
+    private boolean lateTicking;
+
+    private record Late(String key, long until) {}
 
     InFlight(RateLimit rl, Policy policy, Options o) {
         if (policy == null || policy.kind() != Policy.Kind.CONCURRENCY) {
@@ -127,9 +137,64 @@ public final class InFlight {
             return CompletableFuture.completedFuture(h);
         }
         return rl.call(call(key, "ACQUIRE", h.id(), cost), allow == Breaker.PROBE, null, true).thenApply(reply -> {
+            if (reply == null) {
+                unanswered(h);
+            }
             acquired(h, reply);
             return h;
         });
+    }
+
+    /** ACQUIREs sent but not answered whose RELEASE is still to be sent. */
+    public int lateReleases() {
+        synchronized (late) {
+            return late.size();
+        }
+    }
+
+    private void unanswered(Hold h) {
+        synchronized (late) {
+            late.put(h.id(), new Late(h.key(), System.nanoTime() + leaseMs * 1_000_000L));
+            if (!lateTicking) {
+                lateTicking = scheduleLate();
+            }
+        }
+    }
+
+    private boolean scheduleLate() {
+        try {
+            RateLimit.TIMER.schedule(this::lateTick, renewMs, TimeUnit.MILLISECONDS);
+            return true;
+        } catch (RejectedExecutionException e) {
+            return false; // the JVM is shutting down: the leases lapse
+        }
+    }
+
+    /** One tick: forget the lapsed, send the others' RELEASE while the breaker is closed. */
+    private void lateTick() {
+        List<Map.Entry<String, Late>> due = new ArrayList<>();
+        synchronized (late) {
+            long now = System.nanoTime();
+            late.values().removeIf(l -> now - l.until() >= 0);
+            if (late.isEmpty()) {
+                lateTicking = false;
+                return;
+            }
+            if (rl.breaker.state() == Breaker.State.CLOSED) {
+                due.addAll(Map.copyOf(late).entrySet());
+            }
+            lateTicking = scheduleLate();
+        }
+        for (Map.Entry<String, Late> d : due) {
+            String id = d.getKey();
+            rl.call(call(d.getValue().key(), "RELEASE", id, 1), false, null, false).whenComplete((r, e) -> {
+                if (e == null && r != null) {
+                    synchronized (late) {
+                        late.remove(id);
+                    }
+                }
+            });
+        }
     }
 
     /** Units held on {@code key} by the local in-flight limit (breaker open). */

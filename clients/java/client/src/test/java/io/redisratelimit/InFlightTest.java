@@ -28,6 +28,9 @@ import redis.clients.jedis.UnifiedJedis;
  * breaker case on the first, on a server of its own, SIGSTOPped.
  */
 class InFlightTest {
+    /** The timeout of the SIGSTOP tests: a decision under two of them (LettuceOutageTest says why). */
+    static final long TIMEOUT = 100;
+
     /** A RateLimit on one driver; closes the driver's client. */
     static final class Env implements AutoCloseable {
         final TestServer s;
@@ -107,6 +110,8 @@ class InFlightTest {
                 if (first) {
                     tests.add(DynamicTest.dynamicTest("breaker open on SIGSTOP: the local in-flight limit",
                             () -> breakerLocalLimit(f, module, driver)));
+                    tests.add(DynamicTest.dynamicTest("an unanswered ACQUIRE is released once Redis answers",
+                            () -> unansweredAcquireReleased(f, module, driver)));
                 }
                 out.add(DynamicContainer.dynamicContainer(name, tests));
             }
@@ -261,7 +266,7 @@ class InFlightTest {
      */
     static void breakerLocalLimit(Map.Entry<String, String> f, boolean module, String driver) {
         try (TestServer s = new TestServer(f.getKey(), f.getValue(), module, 0);
-             Env e = new Env(s, driver, 50, new Breaker(2, 10_000, 1000, 64, 200))) {
+             Env e = new Env(s, driver, TIMEOUT, new Breaker(2, 10_000, 1000, 64, 200))) {
             String key = key("panic");
             InFlight inf = e.rl.inflight(Policy.concurrency("p", 10, 2000), InFlight.options().panic(Panic.instances(4)));
             Limiter lim = e.rl.limiter(Policy.tokenBucket("tb", 10, 1, 3_600_000));
@@ -282,11 +287,11 @@ class InFlightTest {
                     local.add(h);
                 }
                 assertEquals(0, local.get(1).decision().remaining());
-                // the ACQUIREs met the stopped server: each decided within the timeout (+ 50 ms of
-                // scheduling, the bound LettuceOutageTest and JedisBoundTest hold the other calls to)
+                // the ACQUIREs met the stopped server: each decided in under two timeouts, the bound
+                // LettuceOutageTest and JedisBoundTest hold the other calls to (no second wait)
                 System.out.println(s.name + (module ? "+module " : "+lua ") + driver + ", SIGSTOP: slowest hold "
-                        + slowest + " ms (timeout 50 ms)");
-                assertTrue(slowest <= 50 + 50, "slowest hold " + slowest + " ms for a 50 ms timeout");
+                        + slowest + " ms (timeout " + TIMEOUT + " ms)");
+                assertTrue(slowest < 2 * TIMEOUT, "slowest hold " + slowest + " ms for a " + TIMEOUT + " ms timeout");
                 assertEquals(2, inf.heldLocally(key));
                 Poll.until(10, "the breaker to open", () -> "open".equals(e.rl.metrics().get("state")));
                 long calls = e.calls();
@@ -322,6 +327,37 @@ class InFlightTest {
                 }
             });
             assertEquals(0, inf.heldLocally(key));
+        }
+    }
+
+    /**
+     * An ACQUIRE sent to a stopped server times out (the hold is decided locally) but is applied when the
+     * server wakes: without a RELEASE of its id its unit stays held for the whole lease (60 s here). The
+     * library sends that RELEASE once the breaker has closed again. A 100 ms timeout: a loaded machine's
+     * answer may exceed it too, so the warm-up goes on until a hold is answered in time.
+     */
+    static void unansweredAcquireReleased(Map.Entry<String, String> f, boolean module, String driver) {
+        try (TestServer s = new TestServer(f.getKey(), f.getValue(), module, 0);
+             Env e = new Env(s, driver, 100, new Breaker(1, 10_000, 1000, 64, 100))) {
+            String key = key("late");
+            InFlight inf = e.rl.inflight(Policy.concurrency("one", 1, 60_000), InFlight.options().renewMs(50));
+            java.util.function.BooleanSupplier answered = () -> {
+                try (Hold h = inf.hold(key)) { // (the twin's script cached: the stalled EVALSHA applies)
+                    return h.allowed() && h.decision().source() == e.source() && inf.lateReleases() == 0;
+                }
+            };
+            Poll.until(30, "an answered hold", answered);
+            s.signal("STOP");
+            try {
+                try (Hold a = inf.hold(key)) {
+                    assertEquals(Source.PANIC, a.decision().source());
+                }
+                assertEquals(1, inf.lateReleases());
+            } finally {
+                s.signal("CONT");
+            }
+            // the first hold after openMs is the probe; the unit is free once the RELEASE went out
+            Poll.until(30, "the stalled ACQUIRE released", answered);
         }
     }
 
