@@ -8,11 +8,11 @@
 //! [`crate::otlp`]'s.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
+
+use crate::tls::ClientTls;
 
 /// `TRACING_EXPORTER_PROTOCOL`: how spans reach the collector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,28 +21,6 @@ pub enum Protocol {
     Http,
     /// OTLP/gRPC (`grpc`).
     Grpc,
-}
-
-/// TLS to the collector: the handshake's configuration and the name the
-/// collector's certificate must have.
-#[derive(Clone)]
-pub struct CollectorTls {
-    /// rustls's client configuration (ALPN `h2` for gRPC, none for HTTP).
-    pub config: Arc<rustls::ClientConfig>,
-    /// The endpoint's host.
-    pub server_name: ServerName<'static>,
-}
-
-impl std::fmt::Debug for CollectorTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CollectorTls").field("server_name", &self.server_name).finish_non_exhaustive()
-    }
-}
-
-impl PartialEq for CollectorTls {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.config, &other.config) && self.server_name == other.server_name
-    }
 }
 
 /// The tracing settings (`TRACING_ENABLED=true`).
@@ -64,7 +42,7 @@ pub struct TraceSettings {
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`'s as it is).
     pub path: String,
     /// TLS to the collector (an `https` endpoint, or `OTEL_EXPORTER_OTLP_INSECURE=false`).
-    pub tls: Option<CollectorTls>,
+    pub tls: Option<ClientTls>,
     /// `OTEL_EXPORTER_OTLP_HEADERS` / `_TRACES_HEADERS` (`k1=v1,k2=v2`).
     pub headers: Vec<(String, String)>,
     /// `OTEL_EXPORTER_OTLP_TIMEOUT` / `_TRACES_TIMEOUT` (10 s): one export's bound.
@@ -394,49 +372,23 @@ impl TraceSettings {
     /// TLS to the collector: its CA from `OTEL_EXPORTER_OTLP_CERTIFICATE`
     /// (the system's roots are not read here), a client certificate from
     /// `_CLIENT_CERTIFICATE` and `_CLIENT_KEY`.
-    fn tls(env: &HashMap<String, String>, host: &str, http: bool) -> Result<CollectorTls, String> {
+    fn tls(env: &HashMap<String, String>, host: &str, http: bool) -> Result<ClientTls, String> {
         let Some((ca_name, ca)) = either(env, "CERTIFICATE") else {
             return Err("TLS to the OTLP collector (an https:// endpoint, no endpoint set, or \
                  OTEL_EXPORTER_OTLP_INSECURE=false) needs OTEL_EXPORTER_OTLP_CERTIFICATE here: the system's roots \
                  are not read (or set an http:// OTEL_EXPORTER_OTLP_ENDPOINT)"
                 .into());
         };
-        let mut roots = rustls::RootCertStore::empty();
-        for c in pem_certs(&ca_name, ca)? {
-            roots.add(c).map_err(|e| format!("{ca_name}={ca:?}: {e}"))?;
-        }
-        let b = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_protocol_versions(rustls::DEFAULT_VERSIONS)
-            .map_err(|e| format!("{ca_name}: {e}"))?
-            .with_root_certificates(roots);
-        let mut config = match (either(env, "CLIENT_CERTIFICATE"), either(env, "CLIENT_KEY")) {
-            (None, None) => b.with_no_client_auth(),
-            (Some((cn, cert)), Some((kn, key))) => {
-                let chain = pem_certs(&cn, cert)?;
-                let pem = std::fs::read(key).map_err(|e| format!("{kn}={key:?}: {e}"))?;
-                let k = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| format!("{kn}={key:?}: no PEM private key: {e}"))?;
-                b.with_client_auth_cert(chain, k).map_err(|e| format!("{cn}={cert:?} with {kn}={key:?}: {e}"))?
-            }
+        let client = match (either(env, "CLIENT_CERTIFICATE"), either(env, "CLIENT_KEY")) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((cert, key)),
             _ => return Err("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY go together".into()),
         };
-        if !http {
-            config.alpn_protocols = vec![b"h2".to_vec()];
-        }
         let server_name = ServerName::try_from(host.to_owned())
             .map_err(|e| format!("the OTLP collector's host {host:?} as a TLS name: {e}"))?;
-        Ok(CollectorTls { config: Arc::new(config), server_name })
+        let client = client.as_ref().map(|((cn, cert), (kn, key))| ((cn.as_str(), *cert), (kn.as_str(), *key)));
+        ClientTls::new((&ca_name, ca), client, !http, server_name)
     }
-}
-
-fn pem_certs(name: &str, path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("{name}={path:?}: {e}"))?;
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{name}={path:?}: not PEM certificates: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!("{name}={path:?}: no PEM certificate"));
-    }
-    Ok(certs)
 }
 
 #[cfg(test)]

@@ -61,7 +61,8 @@ fn read(name: &str, path: &str) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("{name}={path:?}: {e}"))
 }
 
-fn certs(name: &str, path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+/// The PEM certificates of the file a setting names (errors name the setting).
+pub fn certs(name: &str, path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
     let pem = read(name, path)?;
     let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<_, _>>()
@@ -70,6 +71,70 @@ fn certs(name: &str, path: &str) -> Result<Vec<CertificateDer<'static>>, String>
         return Err(format!("{name}={path:?}: no PEM certificate"));
     }
     Ok(certs)
+}
+
+/// The PEM private key of the file a setting names (PKCS#8, PKCS#1 or SEC1).
+pub fn key(name: &str, path: &str) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_slice(&read(name, path)?)
+        .map_err(|e| format!("{name}={path:?}: no PEM private key (PKCS#8, PKCS#1 or SEC1): {e}"))
+}
+
+/// A setting's name and the path it holds.
+pub type Setting<'a> = (&'a str, &'a str);
+
+/// A TLS client's configuration checked at startup (the xDS client's, the
+/// OTLP exporter's): the handshake's configuration and the name the
+/// server's certificate must have.
+#[derive(Clone)]
+pub struct ClientTls {
+    /// rustls's client configuration.
+    pub config: Arc<rustls::ClientConfig>,
+    /// The name the server's certificate must have.
+    pub server_name: ServerName<'static>,
+}
+
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls").field("server_name", &self.server_name).finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for ClientTls {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.config, &other.config) && self.server_name == other.server_name
+    }
+}
+
+impl ClientTls {
+    /// Trusting only the certificates of `ca` (the system's roots are not
+    /// read), presenting `client`'s certificate and key when given, ALPN
+    /// `h2` when `h2`.
+    pub fn new(
+        ca: Setting<'_>,
+        client: Option<(Setting<'_>, Setting<'_>)>,
+        h2: bool,
+        server_name: ServerName<'static>,
+    ) -> Result<ClientTls, String> {
+        let (ca_name, ca_path) = ca;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in certs(ca_name, ca_path)? {
+            roots.add(c).map_err(|e| format!("{ca_name}={ca_path:?}: {e}"))?;
+        }
+        let b = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_protocol_versions(rustls::DEFAULT_VERSIONS)
+            .map_err(|e| format!("{ca_name}: {e}"))?
+            .with_root_certificates(roots);
+        let mut config = match client {
+            None => b.with_no_client_auth(),
+            Some(((cn, cert), (kn, k))) => b
+                .with_client_auth_cert(certs(cn, cert)?, key(kn, k)?)
+                .map_err(|e| format!("{cn}={cert:?} with {kn}={k:?}: {e}"))?,
+        };
+        if h2 {
+            config.alpn_protocols = vec![b"h2".to_vec()];
+        }
+        Ok(ClientTls { config: Arc::new(config), server_name })
+    }
 }
 
 impl GrpcTls {
@@ -95,9 +160,7 @@ impl GrpcTls {
             return Err("GRPC_SERVER_USE_TLS=true needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY".into());
         }
         let chain = certs("GRPC_SERVER_TLS_CERT", v.cert)?;
-        let key_pem = read("GRPC_SERVER_TLS_KEY", v.key)?;
-        let key = PrivateKeyDer::from_pem_slice(&key_pem)
-            .map_err(|e| format!("GRPC_SERVER_TLS_KEY={:?}: no PEM private key (PKCS#8, PKCS#1 or SEC1): {e}", v.key))?;
+        let key = key("GRPC_SERVER_TLS_KEY", v.key)?;
         // Envoy Gateway sets it; envoyproxy/ratelimit does not read it, so
         // it asks for nothing there: checked to be a CA file, without effect
         if !v.server_ca.is_empty() {

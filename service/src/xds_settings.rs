@@ -2,13 +2,13 @@
 //! and checked at startup with the other settings; the client itself is
 //! [`crate::xds`].
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::Node;
 use envoy_types::pb::google::protobuf::{value::Kind, Struct, Value};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
+
+use crate::tls::ClientTls;
 
 /// `XDS_CLIENT_BACKOFF_*`: the wait before a stream is opened again.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -57,27 +57,6 @@ pub fn unit_random() -> f64 {
     (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
-/// The client's TLS (`CONFIG_GRPC_XDS_SERVER_USE_TLS=true`), checked at startup.
-#[derive(Clone)]
-pub struct XdsTls {
-    /// The handshake's configuration (ALPN `h2`).
-    pub config: Arc<rustls::ClientConfig>,
-    /// The name the server's certificate must have.
-    pub server_name: ServerName<'static>,
-}
-
-impl std::fmt::Debug for XdsTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("XdsTls").field("server_name", &self.server_name).finish_non_exhaustive()
-    }
-}
-
-impl PartialEq for XdsTls {
-    fn eq(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.config, &other.config) && self.server_name == other.server_name
-    }
-}
-
 /// The xDS client's settings (`CONFIG_GRPC_XDS_*`, `XDS_CLIENT_*`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct XdsSettings {
@@ -92,7 +71,7 @@ pub struct XdsSettings {
     /// `CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS` (`k1:v1,k2:v2`): the stream's metadata.
     pub additional_headers: Vec<(String, String)>,
     /// `CONFIG_GRPC_XDS_SERVER_USE_TLS` and its files.
-    pub tls: Option<XdsTls>,
+    pub tls: Option<ClientTls>,
     /// `XDS_CLIENT_BACKOFF_*`.
     pub backoff: Backoff,
     /// `XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES` (unset: gRPC's 4 MiB).
@@ -139,17 +118,6 @@ fn or<'a>(v: &'a str, default: &'a str) -> &'a str {
     } else {
         v
     }
-}
-
-fn pem_certs(name: &str, path: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    let pem = std::fs::read(path).map_err(|e| format!("{name}={path:?}: {e}"))?;
-    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("{name}={path:?}: not PEM certificates: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!("{name}={path:?}: no PEM certificate"));
-    }
-    Ok(certs)
 }
 
 impl XdsSettings {
@@ -209,39 +177,22 @@ impl XdsSettings {
         })
     }
 
-    fn tls(v: &XdsVars<'_>, host: &str) -> Result<XdsTls, String> {
+    fn tls(v: &XdsVars<'_>, host: &str) -> Result<ClientTls, String> {
         if v.server_ca.is_empty() {
             return Err("CONFIG_GRPC_XDS_SERVER_USE_TLS=true needs CONFIG_GRPC_XDS_SERVER_TLS_CACERT here (the system's roots are not read)".into());
         }
-        let mut roots = rustls::RootCertStore::empty();
-        for c in pem_certs("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", v.server_ca)? {
-            roots.add(c).map_err(|e| format!("CONFIG_GRPC_XDS_SERVER_TLS_CACERT={:?}: {e}", v.server_ca))?;
-        }
-        let b = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_protocol_versions(rustls::DEFAULT_VERSIONS)
-            .map_err(|e| format!("CONFIG_GRPC_XDS_SERVER_USE_TLS: {e}"))?
-            .with_root_certificates(roots);
-        let mut config = match (v.client_cert, v.client_key) {
-            ("", "") => b.with_no_client_auth(),
+        let client = match (v.client_cert, v.client_key) {
+            ("", "") => None,
             ("", _) | (_, "") => {
                 return Err("CONFIG_GRPC_XDS_CLIENT_TLS_CERT and CONFIG_GRPC_XDS_CLIENT_TLS_KEY go together".into())
             }
-            (cert, key) => {
-                let chain = pem_certs("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert)?;
-                let pem = std::fs::read(key).map_err(|e| format!("CONFIG_GRPC_XDS_CLIENT_TLS_KEY={key:?}: {e}"))?;
-                let k = PrivateKeyDer::from_pem_slice(&pem)
-                    .map_err(|e| format!("CONFIG_GRPC_XDS_CLIENT_TLS_KEY={key:?}: no PEM private key: {e}"))?;
-                b.with_client_auth_cert(chain, k).map_err(|e| {
-                    format!("CONFIG_GRPC_XDS_CLIENT_TLS_CERT={cert:?} with CONFIG_GRPC_XDS_CLIENT_TLS_KEY={key:?}: {e}")
-                })?
-            }
+            (cert, key) => Some((("CONFIG_GRPC_XDS_CLIENT_TLS_CERT", cert), ("CONFIG_GRPC_XDS_CLIENT_TLS_KEY", key))),
         };
-        config.alpn_protocols = vec![b"h2".to_vec()];
         let name = or(v.server_san, host);
         let server_name = ServerName::try_from(name.to_owned()).map_err(|e| {
             format!("the xDS server's name {name:?} (CONFIG_GRPC_XDS_SERVER_TLS_SAN or the URL's host): {e}")
         })?;
-        Ok(XdsTls { config: Arc::new(config), server_name })
+        ClientTls::new(("CONFIG_GRPC_XDS_SERVER_TLS_CACERT", v.server_ca), client, true, server_name)
     }
 
     /// The node of every request: the id, and the metadata as string values.
