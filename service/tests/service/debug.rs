@@ -91,19 +91,7 @@ async fn a_debug_port_in_use_or_not_a_port_is_refused_naming_it() {
     // held bound and listening: nothing else can take it meanwhile
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let taken = held.local_addr().unwrap().port().to_string();
-    let (_redis, rport) = {
-        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        start_redis(|rport| {
-            Command::new(&bin)
-                .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .args(common::module_args())
-                .current_dir(std::env::temp_dir())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start REDIS_SERVER")
-        })
-    };
+    let (_redis, rport) = plain_redis(&[]);
     let err = Env::try_serve("debug-taken", &[CONFIG], &[("DEBUG_PORT", &taken)], rport, None).await.err().unwrap();
     assert!(err.contains(&format!("DEBUG_PORT 127.0.0.1:{taken}")), "{err}");
     let err = Env::try_serve("debug-nan", &[CONFIG], &[("DEBUG_PORT", "debug")], rport, None).await.err().unwrap();

@@ -53,28 +53,37 @@ impl Drop for Svc {
     }
 }
 
+/// The service binary on Redis at `rport`, its configuration under `dir`
+/// (`rl/config/*.yaml`), gRPC and HTTP on `grpc` and `http` (0: any port),
+/// the settings every test of a spawned service shares, then `extra`:
+/// ready to spawn (stdout and stderr are the caller's).
+pub(crate) fn service_command(dir: &Path, rport: u16, grpc: u16, http: u16, extra: &[(&str, &str)]) -> Command {
+    let mut c = Command::new(service_bin());
+    c.env_clear()
+        .envs([
+            ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
+            ("REDIS_URL", format!("127.0.0.1:{rport}")),
+            ("GRPC_HOST", "127.0.0.1".into()),
+            ("GRPC_PORT", grpc.to_string()),
+            ("HOST", "127.0.0.1".into()),
+            ("PORT", http.to_string()),
+            ("DEBUG_HOST", "127.0.0.1".into()),
+            ("DEBUG_PORT", "0".into()),
+            ("RUNTIME_ROOT", dir.to_string_lossy().into_owned()),
+            ("RUNTIME_SUBDIRECTORY", "rl".into()),
+            ("USE_STATSD", "false".into()),
+        ])
+        .envs(extra.iter().map(|(k, v)| (*k, *v)));
+    c
+}
+
 impl Svc {
     fn start(name: &str, rport: u16, extra: &[(&str, &str)]) -> Svc {
         let dir = std::env::temp_dir().join(format!("rl-svc-life-{}-{name}-{}", std::process::id(), port()));
         let _ = std::fs::remove_dir_all(&dir);
         write(&dir.join("rl/config/config.yaml"), CONFIG);
         let (grpc, http) = (port(), port());
-        let child = Command::new(service_bin())
-            .env_clear()
-            .envs([
-                ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
-                ("REDIS_URL", format!("127.0.0.1:{rport}")),
-                ("GRPC_HOST", "127.0.0.1".into()),
-                ("GRPC_PORT", grpc.to_string()),
-                ("HOST", "127.0.0.1".into()),
-                ("PORT", http.to_string()),
-                ("DEBUG_HOST", "127.0.0.1".into()),
-                ("DEBUG_PORT", "0".into()),
-                ("RUNTIME_ROOT", dir.to_string_lossy().into_owned()),
-                ("RUNTIME_SUBDIRECTORY", "rl".into()),
-                ("USE_STATSD", "false".into()),
-            ])
-            .envs(extra.iter().map(|(k, v)| (*k, *v)))
+        let child = service_command(&dir, rport, grpc, http, extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -92,17 +101,7 @@ impl Svc {
 }
 
 fn redis_on(rport: u16) -> Proc {
-    let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-    let p = Proc(
-        Command::new(bin)
-            .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(common::module_args())
-            .current_dir(std::env::temp_dir())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start REDIS_SERVER"),
-    );
+    let p = Proc(spawn_redis(rport, &[]));
     wait_for("redis", Duration::from_secs(60), || redis_answers(rport));
     p
 }

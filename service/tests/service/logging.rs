@@ -16,24 +16,9 @@ fn run(name: &str, rport: u16, extra: &[(&str, &str)]) -> (Option<i32>, String) 
     let (grpc, http) = (port(), port());
     let log = dir.join("stderr.log");
     let mut child = Proc(
-        Command::new(crate::lifecycle::service_bin())
-            .env_clear()
-            .envs([
-                ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
-                ("REDIS_URL", format!("127.0.0.1:{rport}")),
-                ("GRPC_HOST", "127.0.0.1".into()),
-                ("GRPC_PORT", grpc.to_string()),
-                ("HOST", "127.0.0.1".into()),
-                ("PORT", http.to_string()),
-                ("DEBUG_HOST", "127.0.0.1".into()),
-                ("DEBUG_PORT", "0".into()),
-                ("RUNTIME_ROOT", dir.to_string_lossy().into_owned()),
-                ("RUNTIME_SUBDIRECTORY", "rl".into()),
-                ("USE_STATSD", "false".into()),
-                // an accepted-without-effect variable: its notice is a warning
-                ("REDIS_POOL_SIZE", "4".into()),
-            ])
-            .envs(extra.iter().map(|(k, v)| (*k, *v)))
+        crate::lifecycle::service_command(&dir, rport, grpc, http, extra)
+            // an accepted-without-effect variable: its notice is a warning
+            .env("REDIS_POOL_SIZE", "4")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
@@ -57,20 +42,6 @@ fn run(name: &str, rport: u16, extra: &[(&str, &str)]) -> (Option<i32>, String) 
     (status.unwrap().code(), out)
 }
 
-fn redis() -> (Proc, u16) {
-    let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-    start_redis(|rport| {
-        Command::new(&bin)
-            .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(common::module_args())
-            .current_dir(std::env::temp_dir())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start REDIS_SERVER")
-    })
-}
-
 /// Each line parsed as JSON: (level, message); the timestamp checked.
 fn json_lines(out: &str) -> Vec<(String, String)> {
     out.lines()
@@ -85,7 +56,7 @@ fn json_lines(out: &str) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_format_json_and_log_level() {
-    let (_redis, rport) = redis();
+    let (_redis, rport) = plain_redis(&[]);
     // info: the startup, the notice and SIGTERM's lines, each a JSON object
     let (_, out) = run("json-info", rport, &[("LOG_FORMAT", "json"), ("LOG_LEVEL", "Info")]);
     let lines = json_lines(&out);
@@ -106,7 +77,7 @@ async fn log_format_json_and_log_level() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_format_text_and_unknown_values_refused() {
-    let (_redis, rport) = redis();
+    let (_redis, rport) = plain_redis(&[]);
     // logrus's text (unset LOG_FORMAT): time, level, msg quoted
     let (_, out) = run("text", rport, &[]);
     let line = out.lines().find(|l| l.contains("listening: ")).unwrap_or_else(|| panic!("{out}"));

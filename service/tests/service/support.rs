@@ -49,6 +49,25 @@ pub fn redis_answers(port: u16) -> bool {
     s.write_all(b"PING\r\n").is_ok() && s.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
 }
 
+/// REDIS_SERVER on `rport`, with the module unless RL_MODULE=none, no
+/// persistence, `server_args` after: spawned.
+pub fn spawn_redis(rport: u16, server_args: &[&str]) -> Child {
+    Command::new(std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()))
+        .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(common::module_args())
+        .args(server_args)
+        .current_dir(std::env::temp_dir())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start REDIS_SERVER")
+}
+
+/// [`spawn_redis`] on a free port, once it answers.
+pub fn plain_redis(server_args: &[&str]) -> (Proc, u16) {
+    start_redis(|rport| spawn_redis(rport, server_args))
+}
+
 /// Starts a server with `start(port)` on a free port until it answers
 /// PONG: a server that exits first (its port taken meanwhile, as by a
 /// self-connect) is started again on another port, three times at most.
@@ -112,18 +131,7 @@ impl Env {
 
     /// [`Env::start`] with more arguments for the server.
     pub async fn start_with(name: &str, config: &str, extra_env: &[(&str, &str)], server_args: &[&str]) -> Env {
-        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let (redis, rport) = start_redis(|rport| {
-            Command::new(&bin)
-                .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .args(common::module_args())
-                .args(server_args)
-                .current_dir(std::env::temp_dir())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("start REDIS_SERVER")
-        });
+        let (redis, rport) = plain_redis(server_args);
         Env::serve(name, &[config], extra_env, rport, Some(redis)).await
     }
 

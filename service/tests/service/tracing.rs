@@ -433,43 +433,28 @@ async fn otlp_http_over_tls_with_the_collector_s_ca() {
 #[tokio::test]
 async fn sigterm_sends_the_spans_still_queued() {
     let c = http_collector(None).await;
-    let (_redis, rport) = start_redis(|rport| {
-        Command::new(std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into()))
-            .args(["--port", &rport.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(common::module_args())
-            .current_dir(std::env::temp_dir())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start REDIS_SERVER")
-    });
+    let (_redis, rport) = plain_redis(&[]);
     let dir = std::env::temp_dir().join(format!("rl-svc-trace-term-{}-{}", std::process::id(), port()));
     write(&dir.join("rl/config/config.yaml"), CONFIG);
     let grpc = port();
+    let endpoint = format!("http://127.0.0.1:{}", c.port);
     let mut child = Proc(
-        Command::new(crate::lifecycle::service_bin())
-            .env_clear()
-            .envs([
-                ("REDIS_SOCKET_TYPE", "tcp".to_owned()),
-                ("REDIS_URL", format!("127.0.0.1:{rport}")),
-                ("GRPC_HOST", "127.0.0.1".into()),
-                ("GRPC_PORT", grpc.to_string()),
-                ("HOST", "127.0.0.1".into()),
-                ("PORT", "0".into()),
-                ("DEBUG_HOST", "127.0.0.1".into()),
-                ("DEBUG_PORT", "0".into()),
-                ("RUNTIME_ROOT", dir.to_string_lossy().into_owned()),
-                ("RUNTIME_SUBDIRECTORY", "rl".into()),
-                ("USE_STATSD", "false".into()),
-                ("TRACING_ENABLED", "true".into()),
-                ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{}", c.port)),
+        crate::lifecycle::service_command(
+            &dir,
+            rport,
+            grpc,
+            0,
+            &[
+                ("TRACING_ENABLED", "true"),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
                 // a batch only at shutdown (10 minutes, as far as this test goes)
-                ("OTEL_BSP_SCHEDULE_DELAY", "600000".into()),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start the service binary"),
+                ("OTEL_BSP_SCHEDULE_DELAY", "600000"),
+            ],
+        )
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the service binary"),
     );
     let t0 = Instant::now();
     let mut client = loop {
