@@ -15,7 +15,7 @@ import struct
 import pytest
 import redis
 
-from rltesting.clock import server_ms, wait_past
+from rltesting.clock import one_window, server_ms, wait_past
 from rltesting.cluster import Cluster, key_slot, tags_in_slots
 from rltesting.payloads import payload
 from rltesting.replies import ClockSlack
@@ -49,6 +49,16 @@ def at_once(r, *calls, clk=None):
     return clk.execute(p) if clk else p.execute()
 
 
+def one_instant(r, calls):
+    """at_once inside one epoch-aligned window of a second, with 300 ms of
+    it left: on Redis 7.0 the calls of one MULTI read the clock apart, so a
+    window boundary between them would let the second one in (one_window
+    runs it again, on fresh keys, if it straddled one). `calls(attempt)`
+    gives the calls; returns (attempt, replies, the ClockSlack)."""
+    clk = ClockSlack(r)
+    return one_window(r, 1000, 300, lambda a: (a, at_once(r, *calls(a), clk=clk), clk))
+
+
 def same(clk, u, v):
     """Two replies alike: the first three elements equal, the wait and the
     reset within the clock's slack."""
@@ -58,15 +68,12 @@ def same(clk, u, v):
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_force_takes_past_the_limit_and_the_debt_is_waited_out(r, kind):
     cmd, policy = KINDS[kind]
-    key = f"force:{kind}"
-    clk = ClockSlack(r)
-    forced, after, dry = at_once(
-        r,
-        [cmd, key, *policy, "COST", 7, "FORCE"],
-        [cmd, key, *policy],
-        [cmd, key, *policy, "DRYRUN"],
-        clk=clk,
-    )
+    attempt, (forced, after, dry), clk = one_instant(r, lambda a: [
+        [cmd, f"force:{kind}:{a}", *policy, "COST", 7, "FORCE"],
+        [cmd, f"force:{kind}:{a}", *policy],
+        [cmd, f"force:{kind}:{a}", *policy, "DRYRUN"],
+    ])
+    key = f"force:{kind}:{attempt}"
     t_after = server_ms(r)
     # Granted all 7 of a limit of 5: remaining 0, never negative.
     assert forced[0] == 1 and forced[1] == 5 and forced[2] == 0, forced
@@ -118,20 +125,19 @@ def test_reserve_then_settle(r, kind):
 
 
 def test_multi_force_takes_from_every_limit(r):
-    keys = ["{m}tb", "{m}sl", "{m}sc", "{m}fw"]
     limits = [
         "TOKENBUCKET", 5, 5, 1000,
         "SLIDINGLOG", 5, 1000,
         "SLIDINGCOUNTER", 5, 1000,
         "FIXEDWINDOW", 5, 1000, "WEIGHT", 1,
     ]
-    clk = ClockSlack(r)
-    forced, nxt = at_once(
-        r,
-        ["RL.MULTI", 4, *keys, *limits, "COST", 7, "FORCE"],
-        ["RL.MULTI", 4, *keys, *limits],
-        clk=clk,
-    )
+    def tagged(a):
+        return [f"{{m}}tb{a}", f"{{m}}sl{a}", f"{{m}}sc{a}", f"{{m}}fw{a}"]
+    attempt, (forced, nxt), clk = one_instant(r, lambda a: [
+        ["RL.MULTI", 4, *tagged(a), *limits, "COST", 7, "FORCE"],
+        ["RL.MULTI", 4, *tagged(a), *limits],
+    ])
+    keys = tagged(attempt)
     t_after = server_ms(r)
     assert forced[0] == 1 and forced[2] == 0, forced
     per = forced[6]
