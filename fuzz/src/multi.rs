@@ -80,10 +80,13 @@ pub fn args_multi(data: &[u8]) {
     }
     if let Ok(c) = &got {
         let words = c.limits[..c.n].iter().all(|l| l.kind() != Kind::SlidingLog && l.kind() != Kind::Concurrency);
-        // options and WEIGHT follow the keys: a key may be named `cost`
-        let opts = !inp.args[(1 + c.n).min(inp.args.len())..]
-            .iter()
-            .any(|w| [&b"WEIGHT"[..], b"COST", b"PARTIAL", b"DRYRUN", b"REFUND"].iter().any(|o| w.eq_ignore_ascii_case(o)));
+        // options, WEIGHT and a limit's CHECK / SHADOW follow the keys: a
+        // key may be named `cost`
+        let opts = !inp.args[(1 + c.n).min(inp.args.len())..].iter().any(|w| {
+            [&b"WEIGHT"[..], b"COST", b"PARTIAL", b"DRYRUN", b"REFUND", b"FORCE", b"CHECK", b"SHADOW"]
+                .iter()
+                .any(|o| w.eq_ignore_ascii_case(o))
+        });
         assert_eq!(c.plain, words && opts, "plain, args {:?}", inp.args);
     }
     let want = oracle_multi(&inp.args);
@@ -150,7 +153,11 @@ pub fn args_multi(data: &[u8]) {
                 Some(multi::Entry { limit, weight })
             })
             .collect();
-        multi::run(&mut refs, op, inp.now, &mut per)
+        if call.flagged {
+            multi::run_flagged(&mut refs, &call.flags[..n], op, inp.now, &mut per)
+        } else {
+            multi::run(&mut refs, op, inp.now, &mut per)
+        }
     };
     let per = &per[..n];
     // The model counts the common grant down from COST: only small COSTs;
@@ -164,6 +171,21 @@ pub fn args_multi(data: &[u8]) {
         }
         _ => true,
     });
+    if call.flagged {
+        // CHECK / SHADOW (never with FORCE or REFUND: the parser refuses them)
+        let multi::Op::Take { cost, partial, dryrun } = op else { unreachable!("flags with {op:?}") };
+        check_flagged(
+            &states,
+            &mut models,
+            (&weights, &call.flags[..n]),
+            (cost, partial, dryrun),
+            fw_exact,
+            inp.now,
+            (per, whole),
+        );
+        check_flagged_writes(&states, per, &call.flags[..n], dryrun, (&before, whole));
+        return;
+    }
     if fw_exact && (call.refund > 0 || call.cost <= 4096) {
         let (mwhole, mper) = multi_model::call(&mut models, &weights, op, inp.now);
         assert_eq!(per, &mper[..], "per-limit replies differ from the model");
@@ -267,6 +289,70 @@ pub fn args_multi(data: &[u8]) {
                     s.check_round_trip()
                 }
             }
+        }
+    }
+}
+
+/// A flagged take against the reference (`reference::multi::call_flagged`,
+/// where the model is exact: small COST, times in range): the per-limit
+/// replies, the whole reply and every written state.
+fn check_flagged(
+    states: &[Owned],
+    models: &mut [Limit],
+    (weights, flags): (&[u64], &[u8]),
+    (cost, partial, dryrun): (u64, bool, bool),
+    exact: bool,
+    now: u64,
+    (per, whole): (&[Decision], multi::Whole),
+) {
+    if !exact || cost > 4096 {
+        return;
+    }
+    let (mwhole, mper) = multi_model::call_flagged(models, weights, flags, (cost, partial, dryrun), now);
+    assert_eq!(per, &mper[..], "flagged: per-limit replies differ from the model");
+    assert_eq!(whole, mwhole, "flagged: whole reply differs from the model");
+    for ((s, m), d) in states.iter().zip(models.iter()).zip(per) {
+        if d.granted == 0 || dryrun {
+            continue;
+        }
+        match (s, m) {
+            (Owned::Tb(s), Limit::TokenBucket(_, m)) => {
+                let b = Bucket::from_state(s);
+                assert_eq!((b.num, b.d, b.last), (m.num, m.d, m.last), "flagged: bucket differs from the model");
+            }
+            (Owned::Log(s), Limit::SlidingLog(_, m)) => {
+                assert_eq!(log_entries(&sl_encode(s)), m.entries(), "flagged: log differs from the model")
+            }
+            (Owned::Sc(s), Limit::SlidingCounter(_, m)) => assert_eq!(s, m, "flagged: counter differs"),
+            (Owned::Fw(s), Limit::FixedWindow(_, m)) => assert_eq!(s, m, "flagged: fixed window differs"),
+            (Owned::Cc(s), Limit::Concurrency(_, m)) => {
+                assert_eq!(crate::concurrency::model_of(s).live(now), m.live(now), "flagged: leases differ from the model")
+            }
+            _ => unreachable!(),
+        }
+    }
+}
+
+/// Always, for a flagged take: a CHECK limit, and any limit under DRYRUN
+/// or that took nothing, is left bit for bit; a written state round-trips;
+/// no limit takes more than `COST × WEIGHT`; the binding limit is one of
+/// the call's.
+fn check_flagged_writes(
+    states: &[Owned],
+    per: &[Decision],
+    flags: &[u8],
+    dryrun: bool,
+    (before, whole): (&[Vec<u8>], multi::Whole),
+) {
+    assert!(whole.binding < per.len());
+    for (((s, d), &f), b) in states.iter().zip(per).zip(flags).zip(before) {
+        if f & crate::core::multi::CHECK != 0 {
+            assert_eq!(d.granted, 0, "a CHECK limit took units: {d:?}");
+        }
+        if d.granted == 0 || dryrun {
+            assert_eq!(&s.digest(), b, "a limit that took nothing changed: {d:?}");
+        } else if d.reset_after_ms > 0 {
+            s.check_round_trip()
         }
     }
 }

@@ -140,7 +140,9 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
     call.n = n;
     let is_opt = |w: &[u8]| matches!(w, b"COST" | b"PARTIAL" | b"DRYRUN" | b"REFUND" | b"FORCE");
     let mut i = 1 + n;
-    for limit in limits.iter_mut().take(n) {
+    // Each limit's CHECK / SHADOW flags, by its index `li`.
+    let mut flags = [0u8; MAX_LIMITS];
+    for (li, limit) in limits.iter_mut().take(n).enumerate() {
         let Some(w) = up(i) else { return Err(LimitCount) };
         let (kind, args): (Kind, &[Arg]) = match &w[..] {
             b"TOKENBUCKET" => (Kind::TokenBucket, &[Arg::Capacity, Arg::Rate, Arg::PeriodMs]),
@@ -173,6 +175,13 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
             limit.1[2] = 1;
             i += 1;
         }
+        // Then CHECK, then SHADOW, each at most once and in that order.
+        for (word, flag) in [(&b"CHECK"[..], crate::core::multi::CHECK), (b"SHADOW", crate::core::multi::SHADOW)] {
+            if up(i).as_deref() == Some(word) {
+                flags[li] |= flag;
+                i += 1;
+            }
+        }
     }
     let (mut cost, mut refund) = (None, None);
     while let Some(w) = up(i) {
@@ -204,8 +213,15 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
     }
     call.cost = cost.unwrap_or(1);
     call.refund = refund.unwrap_or(0);
+    call.flags = flags;
+    call.flagged = flags.iter().any(|&f| f != 0);
     if call.force && limits[..n].iter().any(|l| l.0 == Kind::Concurrency) {
         // no debit past a concurrency limit
+        return Err(Syntax);
+    }
+    if call.flagged && (call.force || call.refund > 0) {
+        // a debit or a refund applies to every limit: none may only look
+        // (CHECK) or take what fits (SHADOW)
         return Err(Syntax);
     }
     for x in 0..n {
@@ -233,10 +249,14 @@ pub fn oracle_multi(a: &[&[u8]]) -> Result<MultiCall, ArgError> {
             *spec = LimitSpec { params, weight };
         }
     }
-    // options and WEIGHT follow the keys: a key may be named `cost`
+    // options, WEIGHT and a limit's CHECK / SHADOW follow the keys: a key
+    // may be named `cost`
     call.plain = limits[..n].iter().all(|l| l.0 != Kind::SlidingLog && l.0 != Kind::Concurrency)
-        && !a[1 + n..]
-            .iter()
-            .any(|w| matches!(&w.to_ascii_uppercase()[..], b"WEIGHT" | b"COST" | b"PARTIAL" | b"DRYRUN" | b"REFUND"));
+        && !a[1 + n..].iter().any(|w| {
+            matches!(
+                &w.to_ascii_uppercase()[..],
+                b"WEIGHT" | b"COST" | b"PARTIAL" | b"DRYRUN" | b"REFUND" | b"FORCE" | b"CHECK" | b"SHADOW"
+            )
+        });
     Ok(call)
 }
