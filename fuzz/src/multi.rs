@@ -195,25 +195,7 @@ pub fn args_multi(data: &[u8]) {
             if !written {
                 continue;
             }
-            match (s, m) {
-                (Owned::Tb(s), Limit::TokenBucket(_, m)) => {
-                    let b = Bucket::from_state(s);
-                    assert_eq!((b.num, b.d, b.last), (m.num, m.d, m.last), "bucket differs from the model");
-                }
-                (Owned::Log(s), Limit::SlidingLog(_, m)) => {
-                    assert_eq!(log_entries(&sl_encode(s)), m.entries(), "log differs from the model")
-                }
-                (Owned::Sc(s), Limit::SlidingCounter(_, m)) => assert_eq!(s, m, "counter differs from the model"),
-                (Owned::Fw(s), Limit::FixedWindow(_, m)) => assert_eq!(s, m, "fixed window differs from the model"),
-                (Owned::Cc(s), Limit::Concurrency(_, m)) => {
-                    assert_eq!(
-                        crate::concurrency::model_of(s).live(inp.now),
-                        m.live(inp.now),
-                        "leases differ from the model"
-                    )
-                }
-                _ => unreachable!(),
-            }
+            assert_state_matches(s, m, inp.now);
         }
     }
     // The whole reply is the binding limit's, by the rules of docs/contract.md, "RL.MULTI".
@@ -315,21 +297,7 @@ fn check_flagged(
         if d.granted == 0 || dryrun {
             continue;
         }
-        match (s, m) {
-            (Owned::Tb(s), Limit::TokenBucket(_, m)) => {
-                let b = Bucket::from_state(s);
-                assert_eq!((b.num, b.d, b.last), (m.num, m.d, m.last), "flagged: bucket differs from the model");
-            }
-            (Owned::Log(s), Limit::SlidingLog(_, m)) => {
-                assert_eq!(log_entries(&sl_encode(s)), m.entries(), "flagged: log differs from the model")
-            }
-            (Owned::Sc(s), Limit::SlidingCounter(_, m)) => assert_eq!(s, m, "flagged: counter differs"),
-            (Owned::Fw(s), Limit::FixedWindow(_, m)) => assert_eq!(s, m, "flagged: fixed window differs"),
-            (Owned::Cc(s), Limit::Concurrency(_, m)) => {
-                assert_eq!(crate::concurrency::model_of(s).live(now), m.live(now), "flagged: leases differ from the model")
-            }
-            _ => unreachable!(),
-        }
+        assert_state_matches(s, m, now);
     }
 }
 
@@ -354,5 +322,24 @@ fn check_flagged_writes(
         } else if d.reset_after_ms > 0 {
             s.check_round_trip()
         }
+    }
+}
+
+/// A written state equals its limit's model (at `now`, for leases).
+fn assert_state_matches(s: &Owned, m: &Limit, now: u64) {
+    match (s, m) {
+        (Owned::Tb(s), Limit::TokenBucket(_, m)) => {
+            let b = Bucket::from_state(s);
+            assert_eq!((b.num, b.d, b.last), (m.num, m.d, m.last), "bucket differs from the model");
+        }
+        (Owned::Log(s), Limit::SlidingLog(_, m)) => {
+            assert_eq!(log_entries(&sl_encode(s)), m.entries(), "log differs from the model")
+        }
+        (Owned::Sc(s), Limit::SlidingCounter(_, m)) => assert_eq!(s, m, "counter differs from the model"),
+        (Owned::Fw(s), Limit::FixedWindow(_, m)) => assert_eq!(s, m, "fixed window differs from the model"),
+        (Owned::Cc(s), Limit::Concurrency(_, m)) => {
+            assert_eq!(crate::concurrency::model_of(s).live(now), m.live(now), "leases differ from the model")
+        }
+        _ => unreachable!("a limit's state has its algorithm"),
     }
 }
