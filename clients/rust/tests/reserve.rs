@@ -13,7 +13,7 @@ const LONG: u64 = 1_000_000_000_000;
 async fn settle_gives_back_or_takes_the_difference_once() {
     for (module, backend) in [(true, Backend::Module), (false, Backend::Lua)] {
         let s = Server::start(module);
-        let rl = RateLimit::new(s.manager().await, Options { backend, ..Options::default() }).unwrap();
+        let rl = RateLimit::new(s.manager().await, Options { backend, timeout_ms: 2000, ..Options::default() }).unwrap();
         let lim = rl.limiter(fixed_window("tpm", 1000, LONG, false).unwrap(), Panic::default()).unwrap();
         let left = |d: &Decision| d.remaining;
         // 600 reserved, 100 used: 500 back
