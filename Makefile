@@ -100,6 +100,13 @@ test-stages:  ## print the stages of make test, in order
 # PYTEST_ARGS=... as for test-py. It prints its elapsed time; make test
 # stays the full gate.
 CHECK_SERVER = $(or $(SERVER),valkey8.1)
+# The unit and property tests of the core crate and the module, as
+# test-rust runs them. make check runs the same command, not `-p
+# ratelimit-core`: another package selection builds a second test binary
+# (a first make check after make test spent about 100 s more on it).
+RUST_UNIT_TESTS = $(CARGO) test --release --workspace --exclude redis-ratelimit-client \
+  --exclude redis-ratelimit-gateway --exclude redis-ratelimit-service --exclude rl-test-support
+
 check:  ## fmt, clippy, ruff, core tests, one server's suites without slow ones (SERVER=...)
 	@t0=$$(date +%s); $(MAKE) --no-print-directory check-steps; rc=$$?; \
 	echo "make check: $$(( $$(date +%s) - t0 )) s on $(CHECK_SERVER), load average $$(cut -d' ' -f1-3 /proc/loadavg) ($$([ $$rc = 0 ] && echo passed || echo FAILED))"; \
@@ -111,7 +118,7 @@ check-steps: build venv dist client-lua peers gateway-rust
 	cd fuzz && $(CARGO) fmt --check
 	$(CARGO) clippy --workspace --all-targets --release -- -D warnings
 	$(VENV)/bin/ruff check .
-	$(CARGO) test --release -p ratelimit-core
+	$(RUST_UNIT_TESTS)
 	@bin=$$($(PY) -m rltesting.servers path $(CHECK_SERVER)) || exit 1; \
 	echo "== integration suites on $(CHECK_SERVER) ($$bin), not slow"; \
 	cd integration && REDIS_SERVER=$$bin RL_MODULE=$(MODULE) $(CELL_ENV) $(PY) -m pytest -q -rfEs -m "not slow" $(PYTEST_ARGS) .
@@ -193,7 +200,7 @@ soak: build venv client-lua  ## long soak and connection storm (minutes)
 # Python suites, integration/). The Rust client's tests start servers:
 # they (and their harness, testing/rust) are test-clients-rust's.
 test-rust: build  ## unit and property tests of the workspace
-	$(CARGO) test --release --workspace --exclude redis-ratelimit-client --exclude redis-ratelimit-gateway --exclude redis-ratelimit-service --exclude rl-test-support
+	$(RUST_UNIT_TESTS)
 
 # The Rust example gateway (examples/rust: axum on the Rust client), built
 # once with the quick profile (release optimizations without the module's
