@@ -41,7 +41,7 @@ import redis
 from redis.connection import Connection
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
-from rltesting.proc import MODULE, REDIS_SERVER, ServerProcess, wait_until
+from rltesting.proc import MODULE, REDIS_SERVER, PortInUse, ServerProcess, wait_until
 
 SERVICE = "rl"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
@@ -185,10 +185,8 @@ class Process(ServerProcess):
         wait_until(self._ready, timeout=30, what=f"{cmd[0]} on {self.host}:{self.port}")
 
     def _ready(self):
-        if self.proc.poll() is not None:
-            raise AssertionError(f"exited with {self.proc.returncode}: {self.log_tail()}")
         try:
-            return self.client(socket_timeout=2).ping()
+            return self.answers_as_itself(self.client(socket_timeout=2))
         except (redis.exceptions.BusyLoadingError, redis.exceptions.ConnectionError,
                 redis.exceptions.TimeoutError):
             return False
@@ -203,7 +201,14 @@ class DataNode(Process):
     def __init__(self, host, dir, args=()):
         super().__init__(host, dir)
         self.args = list(args)
-        self.start()
+        for attempt in range(5):
+            try:
+                self.start()
+                return
+            except PortInUse:  # taken since free_port: pick another
+                if attempt == 4:
+                    raise
+                self.port = free_port(self.host)
 
     def command_line(self):
         return [

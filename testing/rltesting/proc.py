@@ -123,10 +123,27 @@ def wait_until(pred, timeout=30.0, interval=0.01, what="condition"):
     raise AssertionError(f"timed out waiting for {what} (last error: {last_exc})")
 
 
+class PortInUse(AssertionError):
+    """The server could not listen on its port: another process took it
+    between free_port() and the server's bind (a test run in another lane,
+    or a client's outgoing connection)."""
+
+
 class ServerProcess:
     """What every server process of the tests shares: `proc`, the log file
     LOG in `dir`, and how to tell it is alive and kill it."""
     LOG = "redis.log"
+
+    def answers_as_itself(self, client):
+        """True when the server answering `client` is this process. A server
+        that failed to bind its port exits, but a ping may meanwhile reach
+        another test's server that holds the port: it must not pass for
+        this one. Raises PortInUse or AssertionError once it has exited."""
+        if self.proc.poll() is not None:
+            tail = self.log_tail()
+            kind = PortInUse if "Address already in use" in tail else AssertionError
+            raise kind(f"{os.path.basename(REDIS_SERVER)} exited with {self.proc.returncode}: {tail}")
+        return int(client.info("server").get("process_id", -1)) == self.proc.pid
 
     def _log_lines(self):
         try:
@@ -168,7 +185,16 @@ class Server(ServerProcess):
         self.extra = list(args)
         self.module = module
         self.proc = None
-        self.start()
+        for attempt in range(5):
+            try:
+                self.start()
+                return
+            except PortInUse:
+                # a port picked here was taken before the server bound it:
+                # pick another (a port the caller chose is kept, and fails)
+                if port is not None or attempt == 4:
+                    raise
+                self.port = free_port()
 
     def command_line(self):
         cmd = [
@@ -195,14 +221,10 @@ class Server(ServerProcess):
         wait_until(self._ready, timeout=30, what=f"redis-server on {self.port}")
 
     def _ready(self):
-        if self.proc.poll() is not None:
-            raise AssertionError(
-                f"redis-server exited with {self.proc.returncode}: {self.log_tail()}"
-            )
         try:
             # no retries: redis-py 6+ would retry a refused connection with
             # backoff (in 7: seconds per server start)
-            return self.client(retry=Retry(NoBackoff(), 0)).ping()
+            return self.answers_as_itself(self.client(retry=Retry(NoBackoff(), 0)))
         except redis.exceptions.BusyLoadingError:
             return False
         except redis.exceptions.ConnectionError:
