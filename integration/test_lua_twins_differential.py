@@ -230,6 +230,15 @@ def test_differential_token_bucket_refill(both):
         if tokens(t0) == tokens(t1 + pair.D):
             pair.agree(rm, rt)
             exact += 1
+        elif rm[0] != rt[0]:
+            # The two straddle the boundary of the 2nd token: one is
+            # granted, one denied. The granted reply's reset_after counts
+            # the 2 tokens it would take, 2 periods more than the other's.
+            g, d = (rm, rt) if rm[0] else (rt, rm)
+            tol = pair.D * pair.stretch / 1000 + 1
+            ctx = pair.log[-1:]
+            assert g[1:4] == [C, 0, 0] and d[1:3] == [C, 1] and 0 < d[3] <= tol, ctx
+            assert abs(g[4] - 2 * period - d[4]) <= tol, ctx
         else:
             pair.agree(rm, rt, exact=False)
             assert abs(rm[2] - rt[2]) <= 1
