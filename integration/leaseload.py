@@ -23,8 +23,9 @@ were once seen out of order with the pipelines they bracket):
   to the end of their ACQUIRE's plus lease_ms for one abandoned, lapsed
   before its release, or in flight in the killed process; an ACQUIRE the
   killed process sent without seeing its reply counts as held until the
-  kill plus lease_ms). A lease that outlived its lease_ms would show as
-  a denial with fewer than `limit` possible holders.
+  kill plus lease_ms, the kill's instant taken once the server has dropped
+  the process's connections). A lease that outlived its lease_ms would
+  show as a denial with fewer than `limit` possible holders.
 - at the end, once the last lease could have lapsed, the key is gone.
 
     python integration/leaseload.py [--seconds 20] [--server valkey9.1]
@@ -56,10 +57,11 @@ def server_us(t):
     return t[0] * 1_000_000 + t[1]
 
 
-def worker(port, limit, lease_ms, seconds, crash_p, hold_ms, logpath, seed, deadline_us):
-    """One worker's loop, logging every event to `logpath` as it happens."""
+def worker(port, limit, lease_ms, seconds, crash_p, hold_ms, logpath, seed, deadline_us, name):
+    """One worker's loop, logging every event to `logpath` as it happens.
+    Its connection is named `name` (its process and generation)."""
     rng = random.Random(seed)
-    c = redis.Redis(host="127.0.0.1", port=port, socket_timeout=30)
+    c = redis.Redis(host="127.0.0.1", port=port, socket_timeout=30, client_name=name)
     n = 0
     with open(logpath, "a", buffering=1) as log:
         while True:
@@ -105,12 +107,16 @@ def process_main(a):
     for w in range(a.workers):
         path = os.path.join(a.logdir, f"p{a.proc}-{a.gen}-w{w}.log")
         args = (a.port, a.limit, a.lease_ms, a.seconds, a.crash, a.hold_ms, path,
-                a.proc * 100_000 + a.gen * 1000 + w, a.deadline_us)
+                a.proc * 100_000 + a.gen * 1000 + w, a.deadline_us, client_name(a.proc, a.gen))
         threads.append(threading.Thread(target=worker, args=args, daemon=True))
     for t in threads:
         t.start()
     for t in threads:
         t.join()
+
+
+def client_name(proc, gen):
+    return f"leaseload-p{proc}-g{gen}"
 
 
 def spawn(a, proc, gen, deadline_us):
@@ -138,11 +144,18 @@ def run(port, limit=32, lease_ms=300, seconds=20.0, processes=3, workers=64, cra
     victim = random.Random(port).randrange(processes)
     procs[victim].send_signal(signal.SIGKILL)
     procs[victim].wait()
+    # The kill's instant on the server: once it has dropped the victim's
+    # connections, after running what they had sent (a loaded server may
+    # still run a pipeline the process wrote just before it died).
+    gone, waited_from = client_name(victim, 0), server_us(c.time())
+    while any(cl.get("name") == gone for cl in c.client_list()):
+        time.sleep(0.001)
     kills.append((victim, 0, server_us(c.time())))
+    drain_us = kills[-1][2] - waited_from
     procs[victim] = spawn(a, victim, 1, deadline_us)
     for p in procs.values():
         p.wait(timeout=seconds + 120)
-    return analyse(c, logdir, limit, lease_ms, kills, start_us)
+    return {**analyse(c, logdir, limit, lease_ms, kills, start_us), "kill_drain_us": drain_us}
 
 
 def analyse(c, logdir, limit, lease_ms, kills, start_us):
@@ -229,12 +242,16 @@ def analyse(c, logdir, limit, lease_ms, kills, start_us):
     import bisect
     least = None
     unjustified = 0
+    examples = []
     for d0, d1 in denials:
         # maybe-intervals [s, e] meeting [d0, d1]: s <= d1 and e >= d0
         n = bisect.bisect_right(starts, d1) - bisect.bisect_left(ends, d0)
         least = n if least is None else min(least, n)
         if n < limit:
             unjustified += 1
+            if len(examples) < 5:  # where it fell: from the start, and from each kill's lapse
+                examples.append({"from_start_us": d0 - start_us, "bracket_us": d1 - d0, "holders": n,
+                                 "from_kill_lapse_us": [d0 - (t + lease_us) for t in killed.values()]})
     last_end = max((e for _, e in maybe), default=start_us)
     now = server_us(c.time())
     while now <= last_end + 1000:
@@ -244,6 +261,7 @@ def analyse(c, logdir, limit, lease_ms, kills, start_us):
     info = c.info("ratelimit")
     return {**stats, "limit": limit, "lease_ms": lease_ms, "most_surely_held": most,
             "fewest_possible_holders_at_a_denial": least, "unjustified_denials": unjustified,
+            "unjustified_examples": examples,
             "key_gone_after_last_lease": gone, "kills": len(kills),
             "info_granted": info.get("ratelimit_concurrency_granted"),
             "info_denied": info.get("ratelimit_concurrency_denied"),
