@@ -6,10 +6,10 @@
 # reads as if the runs had been made one after another; record "NAME
 # SECONDS EXIT" in LOGDIR/times. Exits 0 when every run did, else 1.
 #
-# make test-py runs the integration suites of the four servers in two lanes
-# with it: a suite run waits on its servers far more than it computes (a
-# quarter of one core, measured), so two of them share the 2 cores of the
-# CI machine without slowing each other much.
+# make test-py runs the integration suites of the four servers in four
+# lanes with it: a suite run waits on its servers far more than it computes
+# (a quarter of one core, measured), so four of them share the 2 cores of
+# the CI machine without slowing each other much.
 set -uo pipefail
 jobs=$1 logdir=$2 cmd=$3
 shift 3
