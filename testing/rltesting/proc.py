@@ -135,15 +135,17 @@ class ServerProcess:
     LOG = "redis.log"
 
     def answers_as_itself(self, client):
-        """True when the server answering `client` is this process. A server
-        that failed to bind its port exits, but a ping may meanwhile reach
+        """True when the server answering `client` is this process and
+        serves commands (PING answers; a server loading its data set
+        raises BusyLoadingError, which INFO alone would not). A server that
+        failed to bind its port exits, but a ping may meanwhile reach
         another test's server that holds the port: it must not pass for
         this one. Raises PortInUse or AssertionError once it has exited."""
         if self.proc.poll() is not None:
             tail = self.log_tail()
             kind = PortInUse if "Address already in use" in tail else AssertionError
             raise kind(f"{os.path.basename(REDIS_SERVER)} exited with {self.proc.returncode}: {tail}")
-        return int(client.info("server").get("process_id", -1)) == self.proc.pid
+        return client.ping() and int(client.info("server").get("process_id", -1)) == self.proc.pid
 
     def _log_lines(self):
         try:
