@@ -302,23 +302,34 @@ def test_differential_sliding_counter_previous_window(both):
         pytest.fail("could not fill a window within one window")
     state = (k * W, 10, 0)
     exact = 0
+
+    def one_side(r, t0, t1):
+        """A weight step or a window boundary fell inside [t0, t1]: each
+        call ran on one side of it (steps are 100 ms apart), on the state
+        both keys hold, so its reply is the model's on that side: exact in
+        allowed, limit and remaining, its waits within the bracket. (The
+        waits jump at a boundary: a reset of 1,001 ms before it, 2,000 after.)"""
+        tol = pair.D / 1000 + 1
+        sides = [sc_model(state, limit, W_ms, 2, False, x) for x in (t0, t1)]
+        assert any(r[:3] == m[:3] and all(abs(r[i] - m[i]) <= tol for i in (3, 4)) for m in sides), \
+            (r, sides, pair.log[-1:])
+
     while True:
         t0, rm, rt, t1 = pair.call(limit, W_ms, "COST", 2, "DRYRUN")
         if t0 // W == k and t1 // W == k:
             pair.agree(rm, rt)  # still the filled window: exact
             exact += 1
-        elif t0 // W == k + 1 and t1 // W == k + 1:
-            w0 = ceil_div(10 * (W - (t0 - (k + 1) * W)), W)
-            w1 = ceil_div(10 * (W - (t1 - (k + 1) * W)), W)
-            pair.agree(rm, rt, exact=(w0 == w1))
-            exact += w0 == w1
-            if w0 == w1:
-                assert rm[:3] == sc_model(state, limit, W_ms, 2, False, t0)[:3]
+        elif t0 // W == k + 1 and t1 // W == k + 1 and \
+                ceil_div(10 * (W - (t0 - (k + 1) * W)), W) == ceil_div(10 * (W - (t1 - (k + 1) * W)), W):
+            pair.agree(rm, rt)  # one weight over the bracket: exact
+            exact += 1
+            assert rm[:3] == sc_model(state, limit, W_ms, 2, False, t0)[:3]
         elif t0 // W >= k + 2:
             pair.agree(rm, rt)
             break
-        else:
-            pair.agree(rm, rt, exact=False)  # the pair straddled a boundary
+        else:  # the pair straddled a weight step or a window boundary
+            one_side(rm, t0, t1)
+            one_side(rt, t0, t1)
         wait_until(lambda: now_us(c) > t1 + 20_000, timeout=5, what="20 ms to pass")
     # both windows aged out: fresh (reset is that of the grant the DRYRUN describes)
     assert rm[:4] == rt[:4] == [1, limit, limit - 2, 0] and exact > 1
