@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from rltesting.proc import free_port, ROOT, wait_until
+from rltesting.proc import free_port, listens, ROOT, wait_until
 
 EXAMPLES = os.path.join(ROOT, "examples")
 NODE_DIR = os.path.join(EXAMPLES, "node")
@@ -122,17 +122,6 @@ def http_request(port, path, method="GET", headers=None, body=None):
         conn.close()
 
 
-def port_open(port):
-    import socket
-    with socket.socket() as s:
-        s.settimeout(1)
-        try:
-            s.connect(("127.0.0.1", port))
-            return True
-        except OSError:
-            return False
-
-
 class Proc:
     """A subprocess with its output in a log file; killed by close()."""
 
@@ -151,6 +140,17 @@ class Proc:
         with open(self.log_path, "rb") as f:
             return f.read().decode(errors="replace")[-4000:]
 
+    def listening(self, port):
+        """Alive and listening on `port` itself (not another test's process
+        that took the port first)."""
+        self.check_alive()
+        return listens(self.proc.pid, port)
+
+    def port_taken(self):
+        """It exited because its port was taken (Python, Node and Rust all
+        say "address already in use")."""
+        return self.proc.poll() is not None and "address already in use" in self.output().lower()
+
     def close(self):
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -160,6 +160,23 @@ class Proc:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.log.close()
+
+
+def start_listening(argv_for, log_for, what, attempts=5):
+    """Start `argv_for(port)` on a free port until one is its own: a port
+    taken between free_port() and the process's bind is retried on another.
+    Returns (Proc, port)."""
+    for attempt in range(attempts):
+        port = free_port()
+        p = Proc(argv_for(port), log_for(port))
+        try:
+            wait_until(lambda: p.listening(port), timeout=30, what=f"{what} on {port}")
+            return p, port
+        except AssertionError:
+            p.close()
+            if not p.port_taken() or attempt == attempts - 1:
+                raise
+    raise AssertionError("unreachable")
 
 
 def write_rules(path, doc):
@@ -198,17 +215,12 @@ class Env:
 
     def upstream(self, lang):
         if lang not in self.upstreams:
-            port = free_port()
             argv = ([sys.executable, os.path.join(EXAMPLES, "python", "upstream.py")]
                     if lang == "python" else ["node", os.path.join(NODE_DIR, "upstream.js")])
-            p = Proc(argv + ["--port", str(port)], str(self.tmp / f"upstream-{lang}.log"))
+            p, port = start_listening(lambda port: argv + ["--port", str(port)],
+                                      lambda port: str(self.tmp / f"upstream-{lang}-{port}.log"),
+                                      f"{lang} upstream")
             self.procs.append(p)
-
-            def up():
-                p.check_alive()
-                return port_open(port)
-
-            wait_until(up, timeout=30, what=f"{lang} upstream")
             self.upstreams[lang] = port
         return self.upstreams[lang]
 
@@ -216,20 +228,23 @@ class Env:
         need(lang)
         if rules is not None:
             write_rules(self.rules_path, rules)
-        port = free_port()
-        args = ["--port", str(port),
-                "--upstream", f"http://127.0.0.1:{self.upstream(UPSTREAM[lang])}",
-                "--redis", f"redis://127.0.0.1:{self.server.port}/0",
-                "--rules", self.rules_path,
-                "--redis-timeout-ms", str(timeout_ms),
-                "--redis-retry-ms", str(retry_ms)]
-        if lang == "python":
-            argv = [sys.executable, os.path.join(EXAMPLES, "python", "gateway.py")] + args
-        elif lang == "rust":
-            argv = [RUST_GATEWAY] + args
-        else:
-            argv = ["node", os.path.join(NODE_DIR, "gateway.js")] + args
-        p = Proc(argv, str(self.tmp / f"gateway-{lang}-{port}.log"))
+        upstream = self.upstream(UPSTREAM[lang])
+
+        def argv(port):
+            args = ["--port", str(port),
+                    "--upstream", f"http://127.0.0.1:{upstream}",
+                    "--redis", f"redis://127.0.0.1:{self.server.port}/0",
+                    "--rules", self.rules_path,
+                    "--redis-timeout-ms", str(timeout_ms),
+                    "--redis-retry-ms", str(retry_ms)]
+            if lang == "python":
+                return [sys.executable, os.path.join(EXAMPLES, "python", "gateway.py")] + args
+            if lang == "rust":
+                return [RUST_GATEWAY] + args
+            return ["node", os.path.join(NODE_DIR, "gateway.js")] + args
+
+        p, port = start_listening(argv, lambda port: str(self.tmp / f"gateway-{lang}-{port}.log"),
+                                  f"{lang} gateway")
         self.procs.append(p)
         gw = Gateway(port, p)
         wait_until(gw.ready, timeout=30, what=f"{lang} gateway on {port}")

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from rltesting.proc import ROOT, free_port, wait_until
-from test_examples import Proc, http_request, port_open
+from rltesting.proc import ROOT, wait_until
+from test_examples import http_request, start_listening
 
 LLM = os.path.join(ROOT, "examples", "python", "llm.py")
 TPM = 1000
@@ -24,12 +24,11 @@ TPM = 1000
 
 @pytest.fixture
 def llm(server, tmp_path):
-    port = free_port()
-    p = Proc([sys.executable, LLM, "--port", str(port), "--redis", f"redis://127.0.0.1:{server.port}/0",
-              "--streams", "2", "--tokens-per-minute", str(TPM), "--token-delay-ms", "2"],
-             str(tmp_path / "llm.log"))
+    p, port = start_listening(
+        lambda port: [sys.executable, LLM, "--port", str(port), "--redis", f"redis://127.0.0.1:{server.port}/0",
+                      "--streams", "2", "--tokens-per-minute", str(TPM), "--token-delay-ms", "2"],
+        lambda port: str(tmp_path / f"llm-{port}.log"), "the LLM example")
     try:
-        wait_until(lambda: (p.check_alive(), port_open(port))[1], timeout=30)
         yield port
     finally:
         p.close()

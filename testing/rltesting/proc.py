@@ -108,6 +108,37 @@ def free_port():
     raise RuntimeError("no free port")
 
 
+def listens(pid, port):
+    """True when process `pid` holds a listening TCP socket on `port`
+    (Linux /proc). A port that merely accepts connections may belong to
+    another test's process that took it between free_port() and the bind
+    of the process this test started."""
+    inodes = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"/proc/{pid}/net/{table}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and cols[3] == "0A" and int(cols[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{cols[9]}]")
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def wait_until(pred, timeout=30.0, interval=0.01, what="condition"):
     """Poll `pred` until it returns a truthy value; fail after `timeout` s."""
     deadline = time.monotonic() + timeout
