@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import redis
 
-from rltesting.proc import free_port, listens, ROOT, wait_until
+from rltesting.proc import exited, free_port, listens, retry_taken_port, ROOT, wait_until
 
 EXAMPLES = os.path.join(ROOT, "examples")
 NODE_DIR = os.path.join(EXAMPLES, "node")
@@ -133,8 +133,7 @@ class Proc:
 
     def check_alive(self):
         if self.proc.poll() is not None:
-            raise AssertionError(f"{self.proc.args[:2]} exited with {self.proc.returncode}:\n"
-                                 + self.output())
+            raise exited(self.proc.args[:2], self.proc.returncode, "\n" + self.output())
 
     def output(self):
         with open(self.log_path, "rb") as f:
@@ -145,11 +144,6 @@ class Proc:
         that took the port first)."""
         self.check_alive()
         return listens(self.proc.pid, port)
-
-    def port_taken(self):
-        """It exited because its port was taken (Python, Node and Rust all
-        say "address already in use")."""
-        return self.proc.poll() is not None and "address already in use" in self.output().lower()
 
     def close(self):
         if self.proc.poll() is None:
@@ -162,21 +156,21 @@ class Proc:
         self.log.close()
 
 
-def start_listening(argv_for, log_for, what, attempts=5):
+def start_listening(argv_for, log_for, what):
     """Start `argv_for(port)` on a free port until one is its own: a port
     taken between free_port() and the process's bind is retried on another.
     Returns (Proc, port)."""
-    for attempt in range(attempts):
+    def start():
         port = free_port()
         p = Proc(argv_for(port), log_for(port))
         try:
             wait_until(lambda: p.listening(port), timeout=30, what=f"{what} on {port}")
-            return p, port
         except AssertionError:
             p.close()
-            if not p.port_taken() or attempt == attempts - 1:
-                raise
-    raise AssertionError("unreachable")
+            raise
+        return p, port
+
+    return retry_taken_port(start)
 
 
 def write_rules(path, doc):

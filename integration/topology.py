@@ -41,7 +41,7 @@ import redis
 from redis.connection import Connection
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
-from rltesting.proc import MODULE, REDIS_SERVER, PortInUse, ServerProcess, wait_until
+from rltesting.proc import MODULE, REDIS_SERVER, ServerProcess, retry_taken_port, wait_until
 
 SERVICE = "rl"
 LOOPBACK = ipaddress.ip_network("127.0.0.0/8")
@@ -201,14 +201,11 @@ class DataNode(Process):
     def __init__(self, host, dir, args=()):
         super().__init__(host, dir)
         self.args = list(args)
-        for attempt in range(5):
-            try:
-                self.start()
-                return
-            except PortInUse:  # taken since free_port: pick another
-                if attempt == 4:
-                    raise
-                self.port = free_port(self.host)
+        retry_taken_port(self._start_on_a_free_port)
+
+    def _start_on_a_free_port(self):
+        self.port = free_port(self.host)
+        self.start()
 
     def command_line(self):
         return [

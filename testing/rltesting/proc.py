@@ -155,9 +155,28 @@ def wait_until(pred, timeout=30.0, interval=0.01, what="condition"):
 
 
 class PortInUse(AssertionError):
-    """The server could not listen on its port: another process took it
-    between free_port() and the server's bind (a test run in another lane,
+    """A child could not listen on its port: another process took it
+    between free_port() and the child's bind (a test run in another lane,
     or a client's outgoing connection)."""
+
+
+def exited(what, code, output):
+    """The error for a child that exited before it was ready, with its
+    output: PortInUse when that says its port was taken (Redis, Valkey,
+    Python, Node and Rust all say "address already in use")."""
+    kind = PortInUse if "address already in use" in output.lower() else AssertionError
+    return kind(f"{what} exited with {code}: {output}")
+
+
+def retry_taken_port(start, attempts=5):
+    """Call `start` (which picks a free port and starts a child on it) again
+    while it raises PortInUse, `attempts` times in all; return its value."""
+    for _ in range(attempts - 1):
+        try:
+            return start()
+        except PortInUse:
+            pass
+    return start()
 
 
 class ServerProcess:
@@ -166,17 +185,15 @@ class ServerProcess:
     LOG = "redis.log"
 
     def answers_as_itself(self, client):
-        """True when the server answering `client` is this process and
-        serves commands (PING answers; a server loading its data set
-        raises BusyLoadingError, which INFO alone would not). A server that
-        failed to bind its port exits, but a ping may meanwhile reach
-        another test's server that holds the port: it must not pass for
-        this one. Raises PortInUse or AssertionError once it has exited."""
+        """True when this process listens on its port and serves commands
+        through `client` (PING answers; a server loading its data set
+        raises BusyLoadingError). A server that failed to bind its port
+        exits, but a ping may meanwhile reach another test's server that
+        holds the port: it must not pass for this one. Raises PortInUse or
+        AssertionError once it has exited."""
         if self.proc.poll() is not None:
-            tail = self.log_tail()
-            kind = PortInUse if "Address already in use" in tail else AssertionError
-            raise kind(f"{os.path.basename(REDIS_SERVER)} exited with {self.proc.returncode}: {tail}")
-        return client.ping() and int(client.info("server").get("process_id", -1)) == self.proc.pid
+            raise exited(os.path.basename(REDIS_SERVER), self.proc.returncode, self.log_tail())
+        return listens(self.proc.pid, self.port) and client.ping()
 
     def _log_lines(self):
         try:
@@ -212,22 +229,18 @@ class Server(ServerProcess):
     """One redis-server process with the module loaded."""
 
     def __init__(self, args=(), module=True, dir=None, port=None):
-        self.port = port or free_port()
+        self.port = port
         self.owns_dir = dir is None
         self.dir = dir or tempfile.mkdtemp(prefix="rl-it-")
         self.extra = list(args)
         self.module = module
         self.proc = None
-        for attempt in range(5):
-            try:
-                self.start()
-                return
-            except PortInUse:
-                # a port picked here was taken before the server bound it:
-                # pick another (a port the caller chose is kept, and fails)
-                if port is not None or attempt == 4:
-                    raise
-                self.port = free_port()
+        # a port the caller chose is kept (and fails if taken)
+        self.start() if port is not None else retry_taken_port(self._start_on_a_free_port)
+
+    def _start_on_a_free_port(self):
+        self.port = free_port()
+        self.start()
 
     def command_line(self):
         cmd = [
