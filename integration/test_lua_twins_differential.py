@@ -78,12 +78,16 @@ class Pair:
         self.log.append((args, rm, rt, t0, t1))
         return t0, rm, rt, t1
 
+    def tol(self):
+        """How far two waits (ms) may differ: D, stretched, and the rounding."""
+        return self.D * self.stretch / 1000 + 1
+
     def agree(self, rm, rt, exact=True):
         ctx = self.log[-1:]
         if isinstance(rm, Exception) or isinstance(rt, Exception):
             assert isinstance(rm, Exception) and isinstance(rt, Exception), ctx
             return
-        tol = self.D * self.stretch / 1000 + 1
+        tol = self.tol()
         if exact:
             assert rm[:3] == rt[:3], ctx
         else:
@@ -235,8 +239,7 @@ def test_differential_token_bucket_refill(both):
             # granted, one denied. The granted reply's reset_after counts
             # the 2 tokens it would take, 2 periods more than the other's.
             g, d = (rm, rt) if rm[0] else (rt, rm)
-            tol = pair.D * pair.stretch / 1000 + 1
-            ctx = pair.log[-1:]
+            tol, ctx = pair.tol(), pair.log[-1:]
             assert g[1:4] == [C, 0, 0] and d[1:3] == [C, 1] and 0 < d[3] <= tol, ctx
             assert abs(g[4] - 2 * period - d[4]) <= tol, ctx
         else:
@@ -309,7 +312,7 @@ def test_differential_sliding_counter_previous_window(both):
         both keys hold, so its reply is the model's on that side: exact in
         allowed, limit and remaining, its waits within the bracket. (The
         waits jump at a boundary: a reset of 1,001 ms before it, 2,000 after.)"""
-        tol = pair.D / 1000 + 1
+        tol = pair.tol()
         sides = [sc_model(state, limit, W_ms, 2, False, x) for x in (t0, t1)]
         assert any(r[:3] == m[:3] and all(abs(r[i] - m[i]) <= tol for i in (3, 4)) for m in sides), \
             (r, sides, pair.log[-1:])
